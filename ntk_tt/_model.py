@@ -1,0 +1,101 @@
+"""The one model convention of ntk_tt: a pure ``apply_fn(params, x) -> logits``.
+
+Every part of the pipeline (linearisation, empirical NTK, dynamics, real fine-tuning) takes
+``apply_fn`` with ``x`` a batch of N inputs and logits of shape (N, C). Flax NNX modules enter
+through :func:`from_nnx`, the single adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+ApplyFn = Callable[[Any, jax.Array], jax.Array]
+
+
+def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
+    """Split a flax NNX module into a pure ``(apply_fn, params)`` pair.
+
+    The module is put in evaluation mode first (``module.eval()``), so batch-norm layers use
+    their frozen running statistics and dropout is off: a sample's output never depends on its
+    batch. ``params`` holds the trainable ``nnx.Param`` leaves only; every other state
+    (batch-norm statistics, RNG counters) is closed over by ``apply_fn`` as a constant and is
+    therefore never differentiated (METHOD.md §1: statistics frozen in prediction and in the
+    real run).
+
+    Args:
+      module: a flax NNX module mapping a batch ``x`` of shape (N, ...) to logits (N, C).
+
+    Returns:
+      ``(apply_fn, params)`` with ``apply_fn(params, x) -> logits`` of shape (N, C) and
+      ``params`` an ``nnx.State`` pytree of the trainable parameters.
+
+    Raises:
+      TypeError: if ``module`` is not an ``nnx.Module``.
+    """
+    if not isinstance(module, nnx.Module):
+        raise TypeError(
+            f"from_nnx expects a flax.nnx.Module, got {type(module).__name__}; for other "
+            "libraries write apply_fn(params, x) -> logits yourself."
+        )
+    module.eval()
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+    def apply_fn(params, x):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    return apply_fn, params
+
+
+def num_params(params: Any) -> int:
+    """Total number of scalars D in a parameter pytree."""
+    return int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)))
+
+
+def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> tuple[int, int]:
+    """Validate ``params``, ``x`` and ``apply_fn``'s output shape before any heavy work.
+
+    Only shapes are traced (``jax.eval_shape``), so this costs no forward pass; finiteness is
+    checked on the concrete arrays.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits``.
+      params: parameter pytree.
+      x: inputs, shape (N, ...) with at least 2 dimensions.
+      name: how ``x`` is called in error messages.
+
+    Returns:
+      ``(N, C)``.
+
+    Raises:
+      ValueError: ``x`` of rank < 2 or empty; non-finite entries in ``x`` or ``params``;
+        ``apply_fn`` output not of shape (N, C).
+    """
+    if np.ndim(x) < 2:
+        raise ValueError(
+            f"{name} must be a batch of inputs with shape (N, ...) and at least 2 dimensions, "
+            f"got shape {np.shape(x)}; add a batch axis, e.g. {name}[None]."
+        )
+    n = int(np.shape(x)[0])
+    if n == 0:
+        raise ValueError(f"{name} is empty (N = 0); pass at least one input.")
+    if not bool(jnp.all(jnp.isfinite(jnp.asarray(x)))):
+        raise ValueError(f"{name} contains NaN or inf; clean or re-normalise the inputs.")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not bool(jnp.all(jnp.isfinite(jnp.asarray(leaf)))):
+            raise ValueError(
+                f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
+                "checkpoint or re-initialise."
+            )
+    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))
+    if len(out.shape) != 2 or out.shape[0] != n:
+        raise ValueError(
+            f"apply_fn(params, {name}) must return logits of shape (N, C) = ({n}, C), got "
+            f"{tuple(out.shape)}; flatten extra output axes or return one row per input."
+        )
+    return n, int(out.shape[1])
