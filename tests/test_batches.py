@@ -1,0 +1,47 @@
+import jax
+import numpy as np
+import pytest
+
+import ntk_tt
+
+
+def test_each_epoch_is_a_fresh_permutation_without_the_incomplete_batch():
+    n, b, steps = 11, 3, 10  # 3 full batches per epoch, 2 samples dropped per epoch
+    idx = np.asarray(ntk_tt.batch_indices(jax.random.key(0), n, b, steps))
+    assert idx.shape == (steps, b)
+    epochs = [idx[e * 3 : (e + 1) * 3].ravel() for e in range(3)]
+    for ep in epochs:
+        assert len(set(ep.tolist())) == 9  # no sample twice within an epoch
+    assert not np.array_equal(epochs[0], epochs[1])  # fresh permutation each epoch
+    # the 10th step opens a 4th epoch
+    assert (
+        idx[9].tolist()
+        == np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.key(0), 3), n))[
+            :3
+        ].tolist()
+    )
+
+
+def test_same_key_same_sequence_and_gd_ignores_key():
+    a = ntk_tt.batch_indices(jax.random.key(1), 20, 5, 9)
+    b = ntk_tt.batch_indices(jax.random.key(1), 20, 5, 9)
+    c = ntk_tt.batch_indices(jax.random.key(2), 20, 5, 9)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    gd1 = ntk_tt.batch_indices(jax.random.key(1), 7, 7, 4)
+    gd2 = ntk_tt.batch_indices(None, 7, 7, 4)
+    assert np.array_equal(gd1, gd2) and np.array_equal(gd1[2], np.arange(7))
+
+
+@pytest.mark.parametrize(
+    "n,b,steps,key,match",
+    [
+        (10, 0, 5, 0, "batch_size"),
+        (10, 11, 5, 0, "batch_size"),
+        (10, 5, 0, 0, "steps"),
+        (10, 5, 5, None, "key"),
+    ],
+)
+def test_bad_arguments_raise(n, b, steps, key, match):
+    k = None if key is None else jax.random.key(key)
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.batch_indices(k, n, b, steps)

@@ -1,0 +1,32 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ntk_tt import _losses
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+def test_logit_residual_is_the_per_sample_gradient(loss):
+    logits = jax.random.normal(jax.random.key(0), (6, 4))
+    y = jnp.array([0, 1, 2, 3, 1, 0])
+    # gradient of the mean loss = residual / N
+    grad = jax.grad(lambda f: _losses.mean_loss(f, y, loss))(logits)
+    np.testing.assert_allclose(grad, _losses.logit_residual(logits, y, loss) / 6, rtol=1e-5)
+
+
+def test_loss_values_match_their_definitions():
+    logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]])
+    y = jnp.array([0, 2])
+    p = np.exp(np.asarray(logits)) / np.exp(np.asarray(logits)).sum(1, keepdims=True)
+    ce = -np.mean([np.log(p[0, 0]), np.log(p[1, 2])])
+    np.testing.assert_allclose(_losses.mean_loss(logits, y, "cross_entropy"), ce, rtol=1e-6)
+    onehot = np.eye(3)[[0, 2]]
+    mse = np.mean(0.5 * ((np.asarray(logits) - onehot) ** 2).sum(1))
+    np.testing.assert_allclose(_losses.mean_loss(logits, y, "mse"), mse, rtol=1e-6)
+    assert float(_losses.error_rate(logits, y)) == 0.5  # second row: argmax 0 != 2
+
+
+def test_unknown_loss_raises():
+    with pytest.raises(ValueError, match="loss must be one of"):
+        _losses.check_loss("hinge")
