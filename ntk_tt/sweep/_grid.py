@@ -1,0 +1,138 @@
+"""The benchmark grid: tasks × optimiser configurations (paper Sec. 5, App. B; METHOD.md §8).
+
+A *task* is one draw of K classes × n images per class from a target set (its seed also fixes
+the new head's initialisation and the SGD batch order). A *configuration* is an optimiser
+setting applied to every task: batch size B (``None`` = gradient descent), momentum m and a
+learning rate given either as an effective κ or as a fixed η.
+
+Learning rates by κ. A fixed η is a different regime on each task, so the main axis is the
+*effective* κ̃ = η·λ_max(Θ) / (N·(1 − m)), with λ_max the top eigenvalue of the empirical NTK Θ
+of the task (mean-loss convention, so GD on the linear MSE model is stable for κ < 2). The
+learning rate actually used is η = κ̃·N·(1 − m)/λ_max: configurations with the same κ̃ and
+different m form the paper's equal-effective-learning-rate pairs (Sec. 3.1, Fig. 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One fine-tuning problem: ``classes`` random classes × ``per_class`` training images."""
+
+    dataset: str
+    per_class: int
+    seed: int
+    classes: int = 5
+
+    @property
+    def num_train(self) -> int:
+        """N, the number of training samples."""
+        return self.classes * self.per_class
+
+    @property
+    def id(self) -> str:
+        return f"{self.dataset}-k{self.classes}-n{self.per_class}-s{self.seed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One optimiser setting; ``lr_kind`` is ``"kappa"`` (effective κ̃) or ``"eta"`` (fixed η)."""
+
+    batch_size: int | None
+    momentum: float
+    lr_kind: str
+    lr_value: float
+
+    @property
+    def optimizer(self) -> str:
+        return "gd" if self.batch_size is None else "sgd"
+
+    @property
+    def id(self) -> str:
+        b = "N" if self.batch_size is None else str(self.batch_size)
+        return f"b{b}-m{self.momentum:g}-{self.lr_kind}{self.lr_value:g}"
+
+    def learning_rate(self, lambda_max: float, num_train: int) -> float:
+        """η for a task whose empirical NTK has top eigenvalue ``lambda_max`` (mean loss)."""
+        if self.lr_kind == "eta":
+            return float(self.lr_value)
+        return float(self.lr_value) * num_train * (1.0 - self.momentum) / float(lambda_max)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """The whole grid; every field is a command-line choice in ``experiments/sweep.py``.
+
+    ``sketch_dims`` lists sketch dimensions D' whose sketched-kernel predictions are recorded
+    next to the exact-kernel ones (sketch vs exact agreement in the summary).
+    """
+
+    datasets: tuple[str, ...]
+    per_class: tuple[int, ...]
+    seeds: tuple[int, ...]
+    batch_sizes: tuple[int | None, ...] = (None, 50, 100)
+    momenta: tuple[float, ...] = (0.0, 0.9)
+    kappas: tuple[float, ...] = (1.0, 4.0, 12.0)
+    etas: tuple[float, ...] = ()
+    steps: int = 150
+    classes: int = 5
+    epsilons: tuple[float, ...] = (0.01, 0.1, 0.4)
+    sketch_dims: tuple[int, ...] = ()
+    checkpoint: str | None = None
+
+    def __post_init__(self):
+        for name in ("datasets", "per_class", "seeds", "batch_sizes", "momenta", "epsilons"):
+            if len(getattr(self, name)) == 0:
+                raise ValueError(f"SweepSpec.{name} is empty; give at least one value.")
+        if not self.kappas and not self.etas:
+            raise ValueError("SweepSpec needs learning rates: give kappas and/or etas.")
+        if self.steps < 1:
+            raise ValueError(f"SweepSpec.steps must be >= 1, got {self.steps}.")
+        if any(not 0.0 <= m < 1.0 for m in self.momenta):
+            raise ValueError(f"momenta must lie in [0, 1), got {self.momenta}.")
+        if any(not 0.0 < e < 1.0 for e in self.epsilons):
+            raise ValueError(f"epsilons must lie in (0, 1), got {self.epsilons}.")
+
+    def tasks(self) -> list[Task]:
+        return [
+            Task(d, n, s, self.classes)
+            for d, n, s in itertools.product(self.datasets, self.per_class, self.seeds)
+        ]
+
+    def configs(self) -> list[Config]:
+        lrs = [("kappa", k) for k in self.kappas] + [("eta", e) for e in self.etas]
+        return [
+            Config(b, m, kind, value)
+            for b, m, (kind, value) in itertools.product(self.batch_sizes, self.momenta, lrs)
+        ]
+
+
+def row_id(task: Task, config: Config) -> str:
+    """The results-table key of one (task, configuration, seed) row."""
+    return f"{task.id}__{config.id}"
+
+
+def plan(spec: SweepSpec) -> tuple[list[tuple[Task, list[Config]]], Counter]:
+    """The runnable (task, configurations) pairs and the count of skipped rows by reason.
+
+    SGD with B ≥ N is skipped: B > N is impossible, and B = N draws the whole set every step,
+    which is gradient descent again (it would duplicate the GD row under an SGD label).
+    """
+    skipped: Counter = Counter()
+    out = []
+    for task in spec.tasks():
+        keep = []
+        for config in spec.configs():
+            b = config.batch_size
+            if b is not None and b > task.num_train:
+                skipped["batch_size > N"] += 1
+            elif b is not None and b == task.num_train:
+                skipped["batch_size == N (same as GD)"] += 1
+            else:
+                keep.append(config)
+        out.append((task, keep))
+    return out, skipped

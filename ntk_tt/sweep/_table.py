@@ -1,0 +1,116 @@
+"""Crash-safe results table: one row per (task, configuration, seed), written as it finishes.
+
+Each finished row is one small JSON file ``rows/<row id>.json``, written to a temporary name,
+fsync-ed and renamed atomically, so a sweep killed at any instant (SIGKILL included) leaves only
+whole rows; a resumed sweep skips the ids already present and can never duplicate one.
+:meth:`ResultsTable.consolidate` gathers the rows into ``results.parquet``, the single table
+that the figures and the summary read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import tempfile
+
+import numpy as np
+import pandas as pd
+
+TABLE_NAME = "results.parquet"
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray | list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class ResultsTable:
+    """The results of one sweep directory ``out``: ``out/rows/*.json`` and ``out/results.parquet``.
+
+    Args:
+      out: the sweep's output directory (created if missing).
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = pathlib.Path(out)
+        self.rows_dir = self.out / "rows"
+        self.rows_dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, rid: str) -> pathlib.Path:
+        if "/" in rid or rid.startswith("."):
+            raise ValueError(f"row id {rid!r} must not contain '/' or start with '.'.")
+        return self.rows_dir / f"{rid}.json"
+
+    def done_ids(self) -> set[str]:
+        """Ids of the rows already written (temporary files of a killed write are ignored)."""
+        return {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
+
+    def write_row(self, row: dict) -> None:
+        """Write one finished row atomically; ``row["row_id"]`` is its key.
+
+        Raises:
+          ValueError: if the row has no ``row_id`` or that id is already in the table.
+        """
+        rid = row.get("row_id")
+        if not rid:
+            raise ValueError("a results row needs a non-empty 'row_id'.")
+        path = self._path(rid)
+        if path.exists():
+            raise ValueError(f"row {rid!r} is already in {self.rows_dir}; a resume must skip it.")
+        _atomic_write(path, json.dumps(_jsonable(row)).encode())
+
+    def load_rows(self) -> pd.DataFrame:
+        """All written rows as a DataFrame (one row each), sorted by ``row_id``."""
+        paths = sorted(p for p in self.rows_dir.glob("*.json") if not p.name.startswith("."))
+        records = [json.loads(p.read_text()) for p in paths]
+        frame = pd.DataFrame.from_records(records)
+        return frame.sort_values("row_id").reset_index(drop=True) if len(frame) else frame
+
+    def consolidate(self) -> pathlib.Path:
+        """Gather the rows into ``results.parquet`` (atomic) and return its path."""
+        frame = self.load_rows()
+        path = self.out / TABLE_NAME
+        tmp = self.out / f".tmp-{TABLE_NAME}"
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        return path
+
+
+def read_table(out: str | os.PathLike) -> pd.DataFrame:
+    """The consolidated results table of a sweep directory (``results.parquet``).
+
+    Raises:
+      ValueError: if the directory holds no ``results.parquet``; run the sweep (or
+        ``--report``, which consolidates ``rows/``) first.
+    """
+    path = pathlib.Path(out) / TABLE_NAME
+    if not path.exists():
+        raise ValueError(f"no results table at {path}; run `experiments/sweep.py --out {out}`.")
+    return pd.read_parquet(path)
