@@ -1,0 +1,125 @@
+"""Real fine-tuning: optax semantics, batch sequence, determinism, divergence, validation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ntk_tt
+from ntk_tt._finetune import finetune_core
+from ntk_tt._losses import error_rate, mean_loss
+
+N, DIN, C = 24, 6, 3
+
+
+def mlp(params, x):
+    h = jnp.tanh(x @ params["w1"] + params["b1"])
+    return h @ params["w2"]
+
+
+def problem(dtype=jnp.float32):
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": jax.random.normal(k1, (DIN, 16), dtype) / np.sqrt(DIN),
+              "b1": jnp.zeros((16,), dtype),
+              "w2": jax.random.normal(k2, (16, C), dtype) / 4.0}
+    x = jax.random.normal(k3, (N, DIN), dtype)
+    y = jnp.arange(N) % C
+    return params, x, y
+
+
+def reference_curve(params, x, y, *, lr, momentum, nesterov, batches, loss):
+    """Independent reference: a plain Python loop of optax.sgd steps."""
+    opt = optax.sgd(lr, momentum, nesterov=nesterov)
+    state = opt.init(params)
+    curve = [mean_loss(mlp(params, x), y, loss)]
+    for idx in np.asarray(batches):
+        g = jax.grad(lambda p: mean_loss(mlp(p, x[idx]), y[idx], loss))(params)
+        upd, state = opt.update(g, state, params)
+        params = optax.apply_updates(params, upd)
+        curve.append(mean_loss(mlp(params, x), y, loss))
+    return np.asarray(curve)
+
+
+@pytest.mark.parametrize("momentum,nesterov,batch_size,loss", [
+    (0.0, False, None, "cross_entropy"), (0.9, False, 8, "cross_entropy"),
+    (0.9, True, 12, "mse"),
+])
+def test_matches_plain_optax_loop(momentum, nesterov, batch_size, loss):
+    with jax.enable_x64(True):
+        params, x, y = problem(jnp.float64)
+        key = jax.random.key(3)
+        run = ntk_tt.finetune(mlp, params, x, y, learning_rate=0.3, steps=12,
+                              batch_size=batch_size, momentum=momentum, nesterov=nesterov,
+                              loss=loss, key=key)
+        batches = ntk_tt.batch_indices(key, N, batch_size or N, 12)
+        ref = reference_curve(params, x, y, lr=0.3, momentum=momentum, nesterov=nesterov,
+                              batches=batches, loss=loss)
+    assert run.loss.shape == run.error.shape == (13,)
+    np.testing.assert_allclose(run.loss, ref, rtol=1e-10)
+    assert not run.diverged and run.diverged_at is None
+
+
+def test_same_key_same_run_and_gd_ignores_key():
+    params, x, y = problem()
+    kw = dict(learning_rate=0.5, steps=10)
+    a = ntk_tt.finetune(mlp, params, x, y, batch_size=6, key=jax.random.key(1), **kw)
+    b = ntk_tt.finetune(mlp, params, x, y, batch_size=6, key=jax.random.key(1), **kw)
+    other = ntk_tt.finetune(mlp, params, x, y, batch_size=6, key=jax.random.key(2), **kw)
+    np.testing.assert_array_equal(a.loss, b.loss)
+    assert not np.array_equal(a.loss, other.loss)
+    gd = [ntk_tt.finetune(mlp, params, x, y, key=k, **kw)
+          for k in (None, jax.random.key(1), jax.random.key(2))]
+    for run in gd[1:]:
+        np.testing.assert_array_equal(run.loss, gd[0].loss)
+
+
+def test_loss_decreases_at_small_lr_and_error_is_full_set():
+    params, x, y = problem()
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=0.05, steps=20,
+                          x_test=x[:6], y_test=y[:6], record_logits=True)
+    assert np.all(np.diff(run.loss) < 0)
+    assert run.logits.shape == (21, N, C)
+    np.testing.assert_allclose(run.error[-1], error_rate(jnp.asarray(run.logits[-1]), y))
+    assert run.test_accuracy == pytest.approx(1 - float(error_rate(run.logits[-1][:6], y[:6])))
+    assert run.seconds_per_step > 0 and set(run.seconds) >= {"compile", "run", "finetune"}
+
+
+def test_huge_lr_divergence_is_flagged_with_finite_curves():
+    params, x, y = problem()
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=1e4, steps=15, loss="mse")
+    assert run.diverged and 1 <= run.diverged_at <= 15
+    assert np.all(np.isfinite(run.loss)) and np.all(np.isfinite(run.error))
+    t = run.diverged_at
+    assert np.all(run.loss[t:] == run.loss[t - 1])
+    assert run.seconds["finetune"] == pytest.approx(run.seconds_per_step * (t))
+
+
+def test_core_vmaps_over_learning_rate_and_momentum():
+    params, x, y = problem()
+    batches = ntk_tt.batch_indices(jax.random.key(0), N, 8, 9)
+    lrs, ms = jnp.array([0.1, 0.4, 1e4]), jnp.array([0.0, 0.9, 0.5])
+    sweep = jax.jit(jax.vmap(lambda lr, m: finetune_core(mlp, params, x, y, batches, lr, m)))(
+        lrs, ms)
+    for i in range(3):
+        one = finetune_core(mlp, params, x, y, batches, lrs[i], ms[i])
+        np.testing.assert_allclose(sweep.loss[i], one.loss, rtol=1e-5)
+        assert int(sweep.diverged_at[i]) == int(one.diverged_at)
+    assert int(sweep.diverged_at[2]) > 0 and int(sweep.diverged_at[0]) == -1
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(learning_rate=0.0), "learning_rate"),
+    (dict(momentum=1.0), "momentum"),
+    (dict(batch_size=100), "batch_size"),
+    (dict(batch_size=4), "key"),
+    (dict(loss="hinge"), "loss"),
+    (dict(y=jnp.zeros((N, C), jnp.int32)), "labels"),
+    (dict(y=jnp.full((N,), C)), r"\[0, 3\)"),
+    (dict(x_test=jnp.zeros((2, DIN))), "y_test"),
+])
+def test_bad_input_raises_value_error(kwargs, match):
+    params, x, y = problem()
+    args = dict(learning_rate=0.1, steps=3, y=y) | kwargs
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.finetune(mlp, params, x, **args)
