@@ -16,5 +16,14 @@ from ntk_tt._model import num_params as num_params
 # --- dynamics and training time (dynamics issue) ---
 
 # --- data, models, fine-tuning, comparison (fine-tuning issue) ---
+from ntk_tt._checkpoint import load_checkpoint as load_checkpoint
+from ntk_tt._checkpoint import save_checkpoint as save_checkpoint
+from ntk_tt._data import known_datasets as known_datasets
+from ntk_tt._data import load_dataset as load_dataset
+from ntk_tt._data import prepare_images as prepare_images
+from ntk_tt._data import sample_task as sample_task
+from ntk_tt._finetune import FineTuneRun as FineTuneRun
+from ntk_tt._finetune import finetune as finetune
+from ntk_tt.models import replace_head as replace_head
 
 __version__ = "0.1.0"
