@@ -1,0 +1,120 @@
+"""Function-space building blocks shared by every dynamics solver (METHOD.md §2).
+
+The state is the (N, C) matrix of training logits f_t. A kernel is carried as ``(mat, traced)``:
+
+* ``traced=False``: the full empirical NTK Θ of shape (N·C, N·C), sample-major (row i*C + c);
+* ``traced=True``: Θ_tr of shape (N, N), already divided by C, acting as Θ_tr ⊗ I_C.
+
+Cross-kernels Θ(x_test, x) use the same two layouts with N_test rows. Gradients are with
+respect to f of the MEAN loss, g = logit_residual / n (n = N for GD, B for a minibatch).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt._losses import error_rate, logit_residual, mean_loss
+
+DIVERGENCE_FACTOR = 10.0
+
+
+def as_operator(kernel: jax.Array, n: int, c: int, *, name: str, rows: int | None = None):
+    """Normalise a kernel argument to ``(mat, traced)``; shapes checked, values untouched.
+
+    ``rows`` is the number of row samples (N for the training kernel, N_test for a cross
+    kernel). An (rows, N) kernel is the logit-SUMMED kernel and is divided by C here.
+    """
+    rows = n if rows is None else rows
+    shape = tuple(np.shape(kernel))
+    if shape == (rows * c, n * c):
+        return jnp.asarray(kernel), False
+    if shape == (rows, n):
+        return jnp.asarray(kernel) / c, True
+    raise ValueError(
+        f"{name} must have shape ({rows * c}, {n * c}) (full empirical NTK, sample-major) or "
+        f"({rows}, {n}) (logit-summed kernel, trace_logits=True), got {shape}; check that it "
+        "was built on the same inputs as f0 / f0_test."
+    )
+
+
+def theta_dot(mat: jax.Array, traced: bool, g: jax.Array) -> jax.Array:
+    """Θ·g for g of shape (N, C); returns (rows, C)."""
+    if traced:
+        return mat @ g
+    return (mat @ g.reshape(-1)).reshape(-1, g.shape[-1])
+
+
+def theta_cols_dot(mat: jax.Array, traced: bool, idx: jax.Array, g_b: jax.Array) -> jax.Array:
+    """Θ[:, B]·g_B for a batch of sample indices ``idx`` (B,) and g_B (B, C): O(N·C·B·C)."""
+    if traced:
+        return mat[:, idx] @ g_b
+    c = g_b.shape[-1]
+    blocks = mat.reshape(mat.shape[0] // c, c, -1, c)[:, :, idx, :]
+    return jnp.einsum("mcbd,bd->mc", blocks, g_b)
+
+
+def mean_grad(f: jax.Array, y: jax.Array, loss: str) -> jax.Array:
+    """∇_f L for the mean loss over all N samples: (N, C)."""
+    return logit_residual(f, y, loss) / f.shape[0]
+
+
+def curves(fs: jax.Array, y: jax.Array, loss: str) -> tuple[jax.Array, jax.Array]:
+    """Loss and error curves (T + 1,) from logits trajectories (T + 1, N, C)."""
+    loss_c = jax.vmap(lambda f: mean_loss(f, y, loss))(fs)
+    err_c = jax.vmap(lambda f: error_rate(f, y))(fs).astype(loss_c.dtype)
+    return loss_c, err_c
+
+
+def divergence_step(loss_curve: jax.Array) -> jax.Array:
+    """First step where the curve is non-finite or above 10·L_0; len(curve) if none (int32)."""
+    bad = ~jnp.isfinite(loss_curve) | (loss_curve > DIVERGENCE_FACTOR * loss_curve[0])
+    return jnp.where(jnp.any(bad), jnp.argmax(bad), loss_curve.shape[0]).astype(jnp.int32)
+
+
+def hold_after(curve: jax.Array, step: jax.Array) -> jax.Array:
+    """Keep ``curve`` before ``step``; from ``step`` on, repeat its last finite value."""
+    t = jnp.arange(curve.shape[0])
+    at = curve[jnp.minimum(step, curve.shape[0] - 1)]
+    before = curve[jnp.maximum(step - 1, 0)]
+    hold = jnp.where(jnp.isfinite(at), at, before)
+    return jnp.where(t < step, curve, hold)
+
+
+def top_eigenvalue(mat: jax.Array, iters: int = 60) -> jax.Array:
+    """λ_max of a symmetric PSD-ish matrix by power iteration (deterministic start)."""
+    v0 = jnp.ones(mat.shape[0], mat.dtype) / np.sqrt(mat.shape[0])
+
+    def body(_, v):
+        w = mat @ v
+        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(mat.dtype).tiny)
+
+    v = jax.lax.fori_loop(0, iters, body, v0)
+    return v @ (mat @ v)
+
+
+def clamp_psd(mat: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Symmetrise Θ and clamp its negative eigenvalues to zero when they are significant.
+
+    A float32 Θ = J Jᵀ has rounding-level negative eigenvalues; those are harmless. The
+    smallest eigenvalue is estimated by power iteration on λ_max·I − Θ; only when it is below
+    −(N·eps)·λ_max is the (costly) eigendecomposition done, inside ``lax.cond``, so a sweep
+    that shares one kernel pays for it once.
+
+    Returns:
+      ``(mat, min_eigenvalue, clamped)``.
+    """
+    mat = 0.5 * (mat + mat.T)
+    lmax = top_eigenvalue(mat)
+    shifted = lmax * jnp.eye(mat.shape[0], dtype=mat.dtype) - mat
+    lmin = lmax - top_eigenvalue(shifted)
+    tol = mat.shape[0] * jnp.finfo(mat.dtype).eps * jnp.abs(lmax)
+    clamped = lmin < -tol
+
+    def clamp(m):
+        w, v = jnp.linalg.eigh(m)
+        return (v * jnp.maximum(w, 0.0)) @ v.T
+
+    mat = jax.lax.cond(clamped, clamp, lambda m: m, mat)
+    return mat, lmin, clamped

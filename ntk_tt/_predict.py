@@ -1,0 +1,202 @@
+"""``predict``: the eager entry point from a model to predicted curves and T_ε.
+
+Pipeline (STYLE.md §1): validate → logits f0 → empirical NTK (exact | traced | sketch) →
+SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. Each stage is timed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ntk_tt._losses import check_loss
+from ntk_tt._model import ApplyFn, check_model
+from ntk_tt._predict_kernel import (
+    EPSILONS,
+    STATIC,
+    check_hyper,
+    check_labels,
+    predict_from_kernel,
+    resolve_method,
+)
+from ntk_tt._training_time import REASONS
+
+KERNELS = ("exact", "traced", "sketch")
+DEFAULT_SKETCH_DIM = 256
+_solve = jax.jit(predict_from_kernel, static_argnames=STATIC)
+
+
+class Prediction(NamedTuple):
+    """Result of :func:`predict` (T = steps; curves indexed by optimiser steps taken).
+
+    loss, error: predicted mean training loss (MEAN over samples) and error rate (T + 1,).
+    loss_band, error_band: 5–95 % band over paths/seeds (2, T + 1), None if deterministic.
+    test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
+    training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
+      NaN when undefined, with the reason in training_time_reasons[curve][ε].
+    diverged, diverged_at: divergence flag and first divergent step (None if none).
+    kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
+    clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
+    method, kernel: what was actually used.
+    seconds: wall time per stage ("kernel", "noise", "solve", "total"), eager timings that
+      include JIT compilation on the first call of a configuration.
+    """
+
+    loss: np.ndarray
+    error: np.ndarray
+    loss_band: np.ndarray | None
+    error_band: np.ndarray | None
+    test_loss: np.ndarray | None
+    test_error: np.ndarray | None
+    training_time: dict
+    training_time_reasons: dict
+    diverged: bool
+    diverged_at: int | None
+    kappa: float
+    beyond_edge: bool
+    clamped: bool
+    min_eigenvalue: float
+    method: str
+    kernel: str
+    seconds: dict
+
+
+def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
+    if sketch_dim is not None and (not isinstance(sketch_dim, (int, np.integer))
+                                   or sketch_dim < 1):
+        raise ValueError(f"sketch_dim must be a positive int (D'), got {sketch_dim!r}.")
+    random = kernel == "sketch" or method == "sde" or batch_size < n
+    if random and key is None:
+        raise ValueError(
+            f"kernel={kernel!r}, method={method!r}, batch_size={batch_size} draws random "
+            "numbers (sketch directions, Brownian paths or minibatch orders): pass "
+            "key=jax.random.key(seed)."
+        )
+
+
+def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
+    """Θ(x, x) and Θ(x_test, x) (or None) of the requested kind."""
+    from ntk_tt import empirical_ntk, sketched_ntk
+
+    if kind == "sketch":
+        feats = sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=key).features
+        if x_test is None:
+            return feats @ feats.T, None
+        feats_t = sketched_ntk(apply_fn, params, x_test, sketch_dim=sketch_dim,
+                               key=key).features
+        return feats @ feats.T, feats_t @ feats.T
+    traced = kind == "traced"
+    k = empirical_ntk(apply_fn, params, x, trace_logits=traced)
+    kt = None if x_test is None else empirical_ntk(apply_fn, params, x_test, x,
+                                                   trace_logits=traced)
+    return k, kt
+
+
+def _timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, time.perf_counter() - start
+
+
+def predict(
+    apply_fn: ApplyFn, params: Any, x, y, *, learning_rate: float, steps: int,
+    batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
+    loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
+    sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
+    x_test=None, y_test=None,
+) -> Prediction:
+    """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
+
+    Linearises the network at the pre-trained weights (Sec. 3), builds the empirical NTK
+    (eq. 2; ``kernel="traced"`` uses the logit-summed N×N kernel as (Θ/C) ⊗ I_C, "sketch" the
+    Achlioptas random projection of Sec. 4 with ``sketch_dim`` D', default 256) and integrates
+    the function-space dynamics (Prop. 1/2, eq. 1) for ``steps`` optimiser updates of optax's
+    ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` picks the
+    exact discrete recursion for momentum or SGD, else the MSE closed form / the cross-entropy
+    ODE. ``method="sde"`` estimates σ_w² at ``params`` and uses ``noise_features`` with D'.
+
+    Example:
+      >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
+      >>> pred.training_time["loss"][0.1]          # T_0.1 in steps (NaN if undefined)
+
+    Args:
+      apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →
+        logits (N, C). x: inputs (N, ...). y: integer labels (N,).
+      learning_rate: η > 0. steps: T ≥ 1. batch_size: B ∈ [1, N], None = N (GD).
+      momentum: m ∈ [0, 1). nesterov: optax's Nesterov form. loss: "cross_entropy" | "mse".
+      method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
+        "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise. num_paths: seeds or
+        Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches).
+      x_test, y_test: optional held-out set, predicted with the cross kernel Θ(x_test, x).
+
+    Returns:
+      :class:`Prediction`.
+
+    Raises:
+      ValueError: bad model output or inputs, labels not matching N or C, η ≤ 0,
+        m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
+        closed form with cross-entropy or SGD, non-finite Θ — all before the kernel is built.
+    """
+    start = time.perf_counter()
+    check_loss(loss)
+    n, c = check_model(apply_fn, params, x)
+    y = check_labels(y, n, c)
+    bs = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, bs, n)
+    method = resolve_method(method, loss, bs == n, momentum)
+    if method == "closed_form" and (loss != "mse" or bs < n):
+        raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
+    _check_kinds(kernel, sketch_dim, key, method, bs, n)
+    if (x_test is None) != (y_test is None):
+        raise ValueError("pass x_test and y_test together (or neither).")
+    if x_test is not None:
+        nt, _ = check_model(apply_fn, params, x_test, name="x_test")
+        check_labels(y_test, nt, c, name="y_test")
+    d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
+    keys = jax.random.split(key, 3) if key is not None else [None] * 3
+    seconds = {}
+    (k, kt), seconds["kernel"] = _timed(_kernels, apply_fn, params, x, x_test, kernel,
+                                        d_sketch, keys[0])
+    feats, seconds["noise"] = None, 0.0
+    if method == "sde":
+        from ntk_tt._noise import noise_features
+
+        feats, seconds["noise"] = _timed(noise_features, apply_fn, params, x, y, loss=loss,
+                                         sketch_dim=d_sketch, key=keys[1])
+    f0 = apply_fn(params, x)
+    f0t = None if x_test is None else apply_fn(params, x_test)
+    out, seconds["solve"] = _timed(
+        _solve, k, f0, y, learning_rate=learning_rate, momentum=momentum, steps=steps,
+        batch_size=batch_size, nesterov=nesterov, loss=loss, method=method, key=keys[2],
+        noise_features=feats, num_paths=num_paths, kernel_test=kt, f0_test=f0t,
+        y_test=y_test)
+    seconds["total"] = time.perf_counter() - start
+    return _to_prediction(out, method, kernel, seconds)
+
+
+def _to_prediction(out, method, kernel, seconds) -> Prediction:
+    t_eps, codes = np.asarray(out.training_time), np.asarray(out.training_time_code)
+    names = ("loss", "error")
+    times = {nm: {e: float(t_eps[i, j]) for j, e in enumerate(EPSILONS)}
+             for i, nm in enumerate(names)}
+    reasons = {nm: {e: REASONS[int(codes[i, j])] for j, e in enumerate(EPSILONS)
+                    if codes[i, j]} for i, nm in enumerate(names)}
+
+    def arr(a):
+        return None if a is None else np.asarray(a)
+
+    at = int(out.diverged_at)
+    return Prediction(
+        loss=arr(out.loss), error=arr(out.error), loss_band=arr(out.loss_band),
+        error_band=arr(out.error_band), test_loss=arr(out.test_loss),
+        test_error=arr(out.test_error), training_time=times, training_time_reasons=reasons,
+        diverged=bool(out.diverged), diverged_at=None if at < 0 else at,
+        kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
+        min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
+        seconds=seconds,
+    )

@@ -1,0 +1,157 @@
+"""Training time T_ε of a loss or error curve, one definition for predicted and measured curves.
+
+METHOD.md §6 (paper Sec. 5, Alg. 1), made precise: on a curve L_0..L_T (T + 1 entries, index
+= optimiser steps taken),
+
+1. smooth with a centred moving average of w steps (w odd; w = 1: no smoothing; at the ends
+   the window shrinks symmetrically, so L̃_0 = L_0 and L̃_T is the raw last entry), giving L̃;
+2. L_T = mean of the last w smoothed values; drop = L_0 − L_T with L_0 the raw first entry;
+3. T_ε = the first t with |L̃_t − L_T| ≤ ε · drop.
+
+T_ε is undefined (NaN, never 0) when the curve has non-finite entries, when the drop is not
+clearly positive (≤ max(1e-3·|L_0|, 3·noise), noise = std of L − L̃: a flat or rising curve),
+or when no step comes within ε·drop of L_T.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED = 0, 1, 2, 3
+REASONS = {
+    NON_FINITE: "curve has NaN or inf entries",
+    NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
+    NOT_SETTLED: "no step comes within epsilon * (L_0 - L_T) of L_T",
+}
+
+
+def _check(curve, epsilon, window) -> jax.Array:
+    curve = jnp.asarray(curve)
+    if curve.ndim != 1 or curve.shape[0] < 2:
+        raise ValueError(
+            f"curve must be 1-D with steps + 1 >= 2 entries, got shape {curve.shape}; pass one "
+            "curve at a time (vmap training_time_array for a batch)."
+        )
+    if (not isinstance(window, (int, np.integer)) or not 1 <= window <= curve.shape[0]
+            or window % 2 == 0):
+        raise ValueError(
+            f"window must be an odd int in [1, len(curve)] (centred moving average), got "
+            f"{window!r}; e.g. window=5, or 1 for no smoothing."
+        )
+    eps = np.asarray(epsilon)
+    if eps.ndim != 0 or not 0.0 < float(eps) < 1.0:
+        raise ValueError(
+            f"epsilon must be a scalar in (0, 1) (fraction of L_0 - L_T), got {epsilon!r}; "
+            "e.g. 0.1 for 10%."
+        )
+    return curve
+
+
+def smooth(curve: jax.Array, window: int) -> jax.Array:
+    """Centred moving average over ``window`` (odd) steps, same length.
+
+    Symmetric at the ends: entry t averages t − h..t + h with h = min(window // 2, t, T − t),
+    so the first and last entries stay the raw L_0 and L_T.
+    """
+    if window == 1:
+        return curve
+    last = curve.shape[0] - 1
+    t = jnp.arange(curve.shape[0])
+    h = jnp.minimum(jnp.minimum(window // 2, t), last - t)
+    csum = jnp.concatenate([jnp.zeros(1, curve.dtype), jnp.cumsum(curve)])
+    return (csum[t + h + 1] - csum[t - h]) / (2 * h + 1).astype(curve.dtype)
+
+
+def _distance(curve, epsilon, window):
+    """(|L̃_t − L_T| − ε·drop for every t, drop, threshold on drop)."""
+    sm = smooth(curve, window)
+    l_t = jnp.mean(sm[-window:])
+    drop = curve[0] - l_t
+    noise = jnp.std(curve - sm)
+    floor = jnp.maximum(1e-3 * jnp.abs(curve[0]), 3.0 * noise)
+    return jnp.abs(sm - l_t) - epsilon * drop, drop, floor
+
+
+def training_time_array(curve: jax.Array, epsilon, window: int = 5):
+    """Jittable T_ε: ``(steps, code)``, steps a float (NaN when undefined), code an int32
+    (0 = defined; otherwise a key of :data:`REASONS`). ``epsilon`` may be traced; ``window``
+    is static. No argument checks (see :func:`training_time`)."""
+    gap, drop, floor = _distance(curve, epsilon, window)
+    hit = gap <= 0
+    finite = jnp.all(jnp.isfinite(curve))
+    code = jnp.where(
+        ~finite, NON_FINITE,
+        jnp.where(drop <= floor, NOT_DECREASING, jnp.where(jnp.any(hit), OK, NOT_SETTLED)),
+    ).astype(jnp.int32)
+    t = jnp.argmax(hit).astype(curve.dtype)
+    return jnp.where(code == OK, t, jnp.nan), code
+
+
+def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str | None]:
+    """T_ε in steps and the reason it is undefined (None when defined).
+
+    Raises:
+      ValueError: curve not 1-D with ≥ 2 entries, ε ∉ (0, 1), window not odd in
+        [1, len(curve)].
+    """
+    curve = _check(curve, epsilon, window)
+    t, code = training_time_array(curve, epsilon, window)
+    return float(t), REASONS.get(int(code))
+
+
+def training_time(curve, epsilon, *, window: int = 5) -> float:
+    """T_ε = first step t with |L̃_t − L_T| ≤ ε·(L_0 − L_T) (module docstring), in steps.
+
+    Args:
+      curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = steps.
+      epsilon: threshold in (0, 1), relative to the curve's drop L_0 − L_T.
+      window: centred moving-average width w (1 = no smoothing); L_T averages the last w.
+
+    Returns:
+      T_ε as a float number of optimiser steps; NaN when undefined (see
+      :func:`training_time_report` for the reason). Never 0 for a flat or rising curve.
+
+    Raises:
+      ValueError: curve not 1-D with ≥ 2 entries, ε ∉ (0, 1), window not odd in
+        [1, len(curve)].
+    """
+    return training_time_report(curve, epsilon, window=window)[0]
+
+
+def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
+    """Differentiable T_ε: Σ_t Π_{s≤t} σ((|L̃_s − L_T| − ε·drop) / (τ·ε·drop)).
+
+    Each factor is ~1 while the curve is still farther than ε·drop from L_T and ~0 after, so
+    the sum counts the steps before the first hit; it tends to the hard T_ε as the relative
+    temperature τ → 0. Jittable, ``jax.grad`` flows to the curve (and through it to η, m).
+    No undefined-case handling: check :func:`training_time` first.
+
+    Args:
+      curve: 1-D curve (steps + 1,). epsilon: in (0, 1) (traceable). window: static.
+      temperature: τ > 0, relative to ε·drop.
+
+    Returns:
+      A scalar, T_ε in (fractional) optimiser steps.
+    """
+    gap, drop, _ = _distance(curve, epsilon, window)
+    log_far = jax.nn.log_sigmoid(gap / (temperature * epsilon * drop))
+    return jnp.sum(jnp.exp(jnp.cumsum(log_far)))
+
+
+def wall_clock_time(steps, seconds_per_step):
+    """Wall-clock training time = T_ε (steps) × measured seconds per optimiser step.
+
+    Works on scalars or arrays; NaN (undefined T_ε) stays NaN.
+
+    Raises:
+      ValueError: a negative or non-finite ``seconds_per_step``.
+    """
+    sps = np.asarray(seconds_per_step, dtype=float)
+    if not np.all(np.isfinite(sps)) or np.any(sps < 0):
+        raise ValueError(
+            f"seconds_per_step must be finite and >= 0 (measured wall time of one optimiser "
+            f"step), got {seconds_per_step!r}."
+        )
+    return np.asarray(steps, dtype=float) * sps
