@@ -14,6 +14,20 @@ from ntk_tt._model import num_params as num_params
 # --- empirical NTK (foundation issue) ---
 
 # --- dynamics and training time (dynamics issue) ---
+# isort: split
+from ntk_tt._noise import gradient_variance as gradient_variance
+from ntk_tt._noise import noise_features as noise_features
+from ntk_tt._predict import Prediction as Prediction
+from ntk_tt._predict import predict as predict
+from ntk_tt._predict_kernel import KernelPrediction as KernelPrediction
+from ntk_tt._predict_kernel import predict_from_kernel as predict_from_kernel
+from ntk_tt._training_time import smooth_training_time as smooth_training_time
+from ntk_tt._training_time import training_time as training_time
+from ntk_tt._training_time import training_time_array as training_time_array
+from ntk_tt._training_time import training_time_report as training_time_report
+from ntk_tt._training_time import wall_clock_time as wall_clock_time
+
+# isort: split
 
 # --- data, models, fine-tuning, comparison (fine-tuning issue) ---
 from ntk_tt._checkpoint import load_checkpoint as load_checkpoint
