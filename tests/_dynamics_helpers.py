@@ -1,0 +1,56 @@
+"""Small models and brute-force references shared by the dynamics tests."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ntk_tt._losses import mean_loss
+
+
+def linear_apply(params, x):
+    """f(x; w, b) = x w + b: linear in the parameters, so its linearisation is exact."""
+    return x @ params["w"] + params["b"]
+
+
+def linear_problem(n=16, d=6, c=3, seed=0, dtype=jnp.float64):
+    """(params, x, y) for the linear model, with small random initial weights."""
+    kx, kw, ky = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (n, d), dtype)
+    params = {"w": 0.3 * jax.random.normal(kw, (d, c), dtype), "b": jnp.zeros(c, dtype)}
+    y = jax.random.randint(ky, (n,), 0, c)
+    return params, x, y
+
+
+def jacobian(apply_fn, params, x):
+    """Brute-force J = ∂f(x)/∂w, (N·C, D), sample-major rows, via jax.jacrev."""
+    jac = jax.jacrev(lambda p: apply_fn(p, x).reshape(-1))(params)
+    return jnp.concatenate([leaf.reshape(leaf.shape[0], -1)
+                            for leaf in jax.tree.leaves(jac)], axis=1)
+
+
+def brute_ntk(apply_fn, params, x, x2=None):
+    """Θ(x, x2) = J(x) J(x2)ᵀ from brute-force Jacobians."""
+    j = jacobian(apply_fn, params, x)
+    j2 = j if x2 is None else jacobian(apply_fn, params, x2)
+    return j @ j2.T
+
+
+def train_optax(apply_fn, params, x, y, batches, x_eval, learning_rate, momentum, *, nesterov,
+                loss):
+    """Real optax.sgd training over a batch-index sequence (η, m traceable).
+
+    Returns the logits on ``x_eval`` after 0..steps updates, (steps + 1, N_eval, C).
+    """
+    opt = optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov)
+
+    def step(carry, idx):
+        p, state = carry
+        grads = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(p)
+        updates, state = opt.update(grads, state, p)
+        p = optax.apply_updates(p, updates)
+        return (p, state), apply_fn(p, x_eval)
+
+    _, fs = jax.lax.scan(step, (params, opt.init(params)), batches)
+    return jnp.concatenate([apply_fn(params, x_eval)[None], fs])
