@@ -1,0 +1,85 @@
+"""Memory guard for the empirical NTK: estimate the bytes a kernel needs, fail before the work.
+
+The available memory is read from ``/proc/meminfo`` (``MemAvailable``), falling back to
+``os.sysconf``; the environment variable ``NTK_TT_MEMORY_LIMIT`` (bytes) or a ``memory_limit``
+argument overrides it (tests use a tiny limit).
+"""
+
+from __future__ import annotations
+
+import os
+
+MEMORY_ENV = "NTK_TT_MEMORY_LIMIT"
+
+
+class NTKMemoryError(MemoryError, ValueError):
+    """The requested kernel does not fit in memory; the message says how much and what to use.
+
+    Subclasses both ``MemoryError`` and ``ValueError``, so either ``except`` clause catches it.
+    Raised before any Jacobian is computed.
+    """
+
+
+def available_memory(memory_limit: int | None = None) -> int:
+    """Bytes available for a kernel computation.
+
+    Args:
+      memory_limit: explicit limit in bytes; wins over everything else.
+
+    Returns:
+      ``memory_limit`` if given, else ``$NTK_TT_MEMORY_LIMIT`` if set, else ``MemAvailable``
+      from ``/proc/meminfo``, else free physical pages × page size from ``os.sysconf``.
+
+    Raises:
+      ValueError: ``memory_limit`` or ``$NTK_TT_MEMORY_LIMIT`` not a positive integer.
+    """
+    if memory_limit is None and os.environ.get(MEMORY_ENV):
+        try:
+            memory_limit = int(float(os.environ[MEMORY_ENV]))
+        except ValueError:
+            raise ValueError(
+                f"${MEMORY_ENV} must be a number of bytes, got {os.environ[MEMORY_ENV]!r}; "
+                f"unset it or write e.g. {MEMORY_ENV}=8e9."
+            ) from None
+    if memory_limit is not None:
+        if int(memory_limit) <= 0:
+            raise ValueError(
+                f"memory_limit must be a positive number of bytes, got {memory_limit}."
+            )
+        return int(memory_limit)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def kernel_memory_bytes(
+    n: int, n2: int, c: int, d: int, *, itemsize: int, trace_logits: bool, jac_rows: int
+) -> int:
+    """Bytes held at the peak of a blocked kernel computation: Jacobian blocks plus Θ.
+
+    Args:
+      n, n2: number of row and column inputs.
+      c: number of logits C.
+      d: number of parameters D.
+      itemsize: bytes per number (4 for float32).
+      trace_logits: the (n, n2) logit-summed kernel instead of the (n·C, n2·C) one.
+      jac_rows: number of inputs whose per-sample Jacobians (C × D each) are alive at once.
+
+    Returns:
+      ``itemsize · (jac_rows·C·D + size of Θ)``. Activations saved for the backward pass are
+      not counted.
+    """
+    kernel = n * n2 * (1 if trace_logits else c * c)
+    return int(itemsize * (jac_rows * c * d + kernel))
+
+
+def format_bytes(b: float) -> str:
+    """Human-readable size: ``"1.50 GiB"``, ``"12.3 MiB"`` or ``"512 B"``."""
+    if b >= 2**30:
+        return f"{b / 2**30:.2f} GiB"
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{int(b)} B"

@@ -1,0 +1,268 @@
+"""Exact empirical NTK Θ = J Jᵀ, in sample blocks, and Θ·v without forming Θ.
+
+Paper: Zancato et al. 2020, eq. (2) and Sec. 4 (METHOD.md §1, §5). Layout: row index
+``i*C + c`` (sample-major); ``trace_logits=True`` gives Σ_c Θ[(i,c),(j,c)].
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse.linalg as sla
+
+from ntk_tt._memory import (
+    NTKMemoryError,
+    available_memory,
+    format_bytes,
+    kernel_memory_bytes,
+)
+from ntk_tt._model import ApplyFn, check_model, num_params
+
+
+def check_block_size(block_size: int | None) -> None:
+    """Raise ``ValueError`` unless ``block_size`` is None or a positive integer."""
+    if block_size is not None and (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, (int, np.integer))
+        or block_size < 1
+    ):
+        raise ValueError(
+            f"block_size must be a positive integer (samples per Jacobian block) or None for "
+            f"automatic, got {block_size!r}."
+        )
+
+
+def output_dtype(apply_fn: ApplyFn, params: Any, x: Any) -> np.dtype:
+    """dtype of ``apply_fn(params, x)``, from shapes only."""
+    spec = jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
+    return np.dtype(jax.eval_shape(apply_fn, params, spec).dtype)
+
+
+@partial(jax.jit, static_argnums=0)
+def per_sample_jacobian(apply_fn: ApplyFn, params: Any, xb: jax.Array) -> list[jax.Array]:
+    """Per-sample Jacobians of a block of B inputs, one array (B, C, size_l) per parameter leaf.
+
+    ``vmap`` over samples of ``jacrev`` of the single-sample network, so a sample's row never
+    depends on the others (batch-norm must be in eval mode, as ``from_nnx`` ensures).
+    """
+
+    def single(p, xi):
+        return apply_fn(p, xi[None])[0]
+
+    jac = jax.vmap(jax.jacrev(single), in_axes=(None, 0))(params, xb)
+    return [leaf.reshape(leaf.shape[0], leaf.shape[1], -1) for leaf in jax.tree.leaves(jac)]
+
+
+@partial(jax.jit, static_argnames="trace_logits")
+def _contract(ja: list[jax.Array], jb: list[jax.Array], trace_logits: bool) -> jax.Array:
+    """Σ_leaves J_a J_bᵀ, leaf by leaf (no (N·C, D) concatenation)."""
+    if trace_logits:
+        return sum(jnp.einsum("bcd,ecd->be", a, b) for a, b in zip(ja, jb, strict=True))
+    return sum(
+        a.reshape(-1, a.shape[-1]) @ b.reshape(-1, b.shape[-1]).T
+        for a, b in zip(ja, jb, strict=True)
+    )
+
+
+def sample_blocks(x: Any, block_size: int) -> list[tuple[int, jax.Array]]:
+    """Split x into blocks of exactly ``block_size`` rows (last one padded by repeating its last
+    row, so one compiled function serves every block); returns (number of real rows, block)."""
+    x = jnp.asarray(x)
+    out = []
+    for start in range(0, x.shape[0], block_size):
+        xb = x[start : start + block_size]
+        real = xb.shape[0]
+        if real < block_size:
+            xb = jnp.concatenate([xb, jnp.repeat(xb[-1:], block_size - real, axis=0)])
+        out.append((real, xb))
+    return out
+
+
+def _plan(n, n2, c, d, itemsize, trace_logits, block_size, memory_limit, symmetric):
+    """Choose the block size and check the memory guard. Returns the block size."""
+    avail = available_memory(memory_limit)
+    kernel_only = kernel_memory_bytes(
+        n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=0
+    )
+    if block_size is None:
+        per_row = itemsize * c * d
+        fits_whole = kernel_only + per_row * (n if symmetric else n + n2) <= avail
+        block_size = max(n, n2) if fits_whole else max(1, (avail - kernel_only) // (2 * per_row))
+        block_size = int(min(block_size, max(n, n2)))
+    single = symmetric and block_size >= n
+    rows = block_size if single else (min(block_size, n) + min(block_size, n2))
+    need = kernel_memory_bytes(
+        n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=rows
+    )
+    if need > avail:
+        shape = f"({n}, {n2})" if trace_logits else f"({n * c}, {n2 * c})"
+        raise NTKMemoryError(
+            f"the empirical NTK {shape} with block_size={block_size} needs about "
+            f"{format_bytes(need)} (Θ: {format_bytes(kernel_only)}, Jacobian blocks of "
+            f"{rows} samples × C={c} × D={d}: {format_bytes(need - kernel_only)}) but only "
+            f"{format_bytes(avail)} is available. Use a smaller block_size, "
+            "trace_logits=True (N×N kernel, C² times smaller), sketched_ntk(..., sketch_dim=...) "
+            "(N·C × D' features), or ntk_vector_product for Θ·v without forming Θ."
+        )
+    return block_size
+
+
+def empirical_ntk(
+    apply_fn: ApplyFn,
+    params: Any,
+    x: Any,
+    x2: Any = None,
+    *,
+    trace_logits: bool = False,
+    block_size: int | None = None,
+    memory_limit: int | None = None,
+) -> jax.Array:
+    """Exact empirical NTK Θ(x, x2) = J(x) J(x2)ᵀ at ``params`` (paper eq. (2), Sec. 4).
+
+    Per-sample Jacobians are computed for blocks of ``block_size`` inputs (``vmap`` of
+    ``jacrev``, one compiled function reused for every block) and contracted parameter leaf by
+    parameter leaf, so peak memory is ~``2·block_size·C·D`` numbers plus Θ, never N·C·D. With
+    several blocks, Jacobian blocks are recomputed for each block pair (time grows with the
+    number of blocks); ``block_size=None`` uses one block when it fits in memory.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
+      params: parameter pytree (trainable leaves only), D numbers in total.
+      x: inputs, shape (N, ...).
+      x2: optional second inputs, shape (N2, ...); None means ``x`` (symmetric kernel).
+      trace_logits: return the logit-summed kernel Σ_c Θ[(i,c),(j,c)] of shape (N, N2).
+      block_size: samples per Jacobian block (positive int) or None for automatic.
+      memory_limit: bytes available, overriding ``$NTK_TT_MEMORY_LIMIT`` and /proc/meminfo.
+
+    Returns:
+      Θ of shape (N·C, N2·C) with entry ``[i*C + c, j*C + c']`` = ∂f_c(x_i)/∂w · ∂f_c'(x2_j)/∂w
+      (sample-major), or (N, N2) when ``trace_logits``; dtype of the logits.
+
+    Raises:
+      ValueError: bad ``x``/``x2``/params/``apply_fn`` output (see ``check_model``),
+        ``block_size`` ≤ 0, or ``x2`` giving a different number of logits.
+      NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when the Jacobian blocks plus Θ
+        exceed the available memory; raised before any Jacobian is computed.
+    """
+    check_block_size(block_size)
+    n, c = check_model(apply_fn, params, x)
+    symmetric = x2 is None
+    n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
+    if c2 != c:
+        raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
+    itemsize = output_dtype(apply_fn, params, x).itemsize
+    bs = _plan(
+        n, n2, c, num_params(params), itemsize, trace_logits, block_size, memory_limit, symmetric
+    )
+    rows = sample_blocks(x, min(bs, n))
+    cols = rows if symmetric else sample_blocks(x2, min(bs, n2))
+    k = 1 if trace_logits else c
+    out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
+    for i, (ri, xi) in enumerate(rows):
+        ji = per_sample_jacobian(apply_fn, params, xi)
+        r0 = i * rows[0][1].shape[0] * k
+        for j in range(i if symmetric else 0, len(cols)):
+            rj, xj = cols[j]
+            jj = ji if (symmetric and i == j) else per_sample_jacobian(apply_fn, params, xj)
+            blk = np.asarray(_contract(ji, jj, trace_logits))[: ri * k, : rj * k]
+            c0 = j * cols[0][1].shape[0] * k
+            out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk
+            if symmetric and j != i:
+                out[c0 : c0 + rj * k, r0 : r0 + ri * k] = blk.T
+    return jnp.asarray(out)
+
+
+def _check_v(v: jax.Array, nc: int) -> None:
+    if v.ndim not in (1, 2) or v.shape[0] != nc:
+        raise ValueError(
+            f"v must have shape (N·C,) = ({nc},) or (N·C, k), got {v.shape}; flatten the "
+            "(N, C) residual sample-major with v.reshape(-1)."
+        )
+
+
+@partial(jax.jit, static_argnums=0)
+def _ntk_mv(apply_fn: ApplyFn, params: Any, x: jax.Array, v: jax.Array) -> jax.Array:
+    def f(p):
+        return apply_fn(p, x)
+
+    out, vjp = jax.vjp(f, params)
+
+    def one(vi):
+        (g,) = vjp(vi.reshape(out.shape).astype(out.dtype))
+        return jax.jvp(f, (params,), (g,))[1].reshape(-1)
+
+    return one(v) if v.ndim == 1 else jax.vmap(one, in_axes=1, out_axes=1)(v)
+
+
+def ntk_vector_product(apply_fn: ApplyFn, params: Any, x: Any):
+    """Return ``v ↦ Θ·v`` for the empirical NTK on ``x``, never forming Θ (or J).
+
+    Θ v = J (Jᵀ v): one reverse-mode ``vjp`` then one forward-mode ``jvp`` per column, compiled
+    once per ``apply_fn`` and shape. For Lanczos (``ntk_top_eigenvalues``) and for N too large
+    for the (N·C)² kernel (METHOD.md §5).
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
+      params: parameter pytree.
+      x: inputs, shape (N, ...).
+
+    Returns:
+      ``mv(v)`` taking v of shape (N·C,) or (N·C, k) (sample-major, index ``i*C + c``) and
+      returning Θ v of the same shape.
+
+    Raises:
+      ValueError: bad ``x``/params/``apply_fn`` output; (from ``mv``) v of the wrong shape.
+    """
+    n, c = check_model(apply_fn, params, x)
+    x = jnp.asarray(x)
+
+    def mv(v):
+        v = jnp.asarray(v)
+        _check_v(v, n * c)
+        return _ntk_mv(apply_fn, params, x, v)
+
+    return mv
+
+
+def ntk_top_eigenvalues(
+    apply_fn: ApplyFn, params: Any, x: Any, k: int, *, key: jax.Array
+) -> jax.Array:
+    """Top-k eigenvalues of the empirical NTK Θ on ``x`` by Lanczos on Θ·v (Θ never formed).
+
+    Uses ``scipy.sparse.linalg.eigsh`` on a ``LinearOperator`` wrapping
+    :func:`ntk_vector_product`; the Lanczos start vector is drawn from ``key``. Cost: a few
+    times k Θ·v products, each about three forward passes over the N inputs. Paper Prop. 2 /
+    METHOD.md §4: these set the fastest decay rates of the loss.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
+      params: parameter pytree.
+      x: inputs, shape (N, ...).
+      k: number of eigenvalues, 1 ≤ k < N·C.
+      key: ``jax.random`` key for the start vector.
+
+    Returns:
+      The k largest eigenvalues of the (N·C, N·C) kernel, descending.
+
+    Raises:
+      ValueError: bad model/input, or k outside [1, N·C).
+    """
+    n, c = check_model(apply_fn, params, x)
+    if not isinstance(k, (int, np.integer)) or not 1 <= k < n * c:
+        raise ValueError(
+            f"k must be an integer with 1 <= k < N·C = {n * c}, got {k!r}; for all eigenvalues "
+            "use jnp.linalg.eigvalsh(empirical_ntk(...))."
+        )
+    mv = ntk_vector_product(apply_fn, params, x)
+    dtype = output_dtype(apply_fn, params, x)
+    op = sla.LinearOperator(
+        (n * c, n * c), matvec=lambda v: np.asarray(mv(jnp.asarray(v, dtype))), dtype=dtype
+    )
+    v0 = np.asarray(jax.random.normal(key, (n * c,), dtype))
+    ncv = min(n * c, max(2 * k + 1, 20))
+    vals = sla.eigsh(op, k=k, which="LA", v0=v0, ncv=ncv, return_eigenvectors=False)
+    return jnp.asarray(np.sort(vals)[::-1].copy())

@@ -1,0 +1,160 @@
+"""Exact empirical NTK, Θ·v, top eigenvalues and the memory guard vs brute-force references."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _ntk_models import brute_ntk, inputs, setup
+
+import ntk_tt
+import ntk_tt._ntk as ntk_module
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+@functools.cache
+def _brute(kind, n):
+    return brute_ntk(*setup(kind, n))
+
+
+def _rel(a, b):
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_exact_kernel_matches_jacrev_contraction(x64, kind):
+    apply_fn, params, x = setup(kind)
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x)
+    assert theta.shape == (5 * 3, 5 * 3) and theta.dtype == jnp.float64
+    assert _rel(theta, _brute(kind, 5)) < 1e-6
+
+
+def test_layout_is_sample_major_element_by_element(x64):
+    apply_fn, params, x = setup("mlp", n=3)
+    theta = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x))
+    c = 3
+    grads = {
+        (i, a): jax.flatten_util.ravel_pytree(
+            jax.grad(lambda p, i=i, a=a: apply_fn(p, x[i : i + 1])[0, a])(params)
+        )[0]
+        for i in range(3)
+        for a in range(c)
+    }
+    for (i, a), gi in grads.items():
+        for (j, b), gj in grads.items():
+            np.testing.assert_allclose(theta[i * c + a, j * c + b], gi @ gj, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_traced_kernel_is_sum_of_diagonal_logit_blocks(x64, kind):
+    apply_fn, params, x = setup(kind)
+    full = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x))
+    traced = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True))
+    assert traced.shape == (5, 5)
+    expected = sum(full[a::3, a::3] for a in range(3))
+    np.testing.assert_allclose(traced, expected, rtol=1e-10)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("trace_logits", [False, True])
+def test_block_size_does_not_change_result(x64, block_size, trace_logits):
+    apply_fn, params, x = setup("cnn")
+    x2 = inputs("cnn", jax.random.key(7), 4)
+    ref = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=trace_logits)
+    got = ntk_tt.empirical_ntk(
+        apply_fn, params, x, trace_logits=trace_logits, block_size=block_size
+    )
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+    cross_ref = ntk_tt.empirical_ntk(apply_fn, params, x, x2, trace_logits=trace_logits)
+    cross = ntk_tt.empirical_ntk(
+        apply_fn, params, x, x2, trace_logits=trace_logits, block_size=block_size
+    )
+    np.testing.assert_allclose(cross, cross_ref, rtol=1e-12, atol=1e-14)
+
+
+def test_cross_kernel_is_off_diagonal_block_of_joint_kernel(x64):
+    apply_fn, params, x = setup("cnn")
+    x2 = inputs("cnn", jax.random.key(3), 3)
+    cross = ntk_tt.empirical_ntk(apply_fn, params, x, x2)
+    assert cross.shape == (15, 9)
+    np.testing.assert_allclose(cross, brute_ntk(apply_fn, params, x, x2), rtol=1e-10)
+    joint = ntk_tt.empirical_ntk(apply_fn, params, jnp.concatenate([x, x2]), trace_logits=True)
+    traced = ntk_tt.empirical_ntk(apply_fn, params, x, x2, trace_logits=True)
+    np.testing.assert_allclose(traced, joint[:5, 5:], rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_ntk_vector_product_equals_dense_product(x64, kind):
+    apply_fn, params, x = setup(kind)
+    theta = _brute(kind, 5)
+    mv = ntk_tt.ntk_vector_product(apply_fn, params, x)
+    v = jax.random.normal(jax.random.key(1), (15, 4))
+    np.testing.assert_allclose(mv(v), theta @ v, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(mv(v[:, 0]), theta @ v[:, 0], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="v must have shape"):
+        mv(jnp.ones((14,)))
+
+
+def test_top_eigenvalues_match_dense_eigh(x64):
+    apply_fn, params, x = setup("cnn")
+    eig = np.linalg.eigvalsh(np.asarray(_brute("cnn", 5)))[::-1]
+    top = ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 4, key=jax.random.key(0))
+    np.testing.assert_allclose(top, eig[:4], rtol=1e-8)
+    with pytest.raises(ValueError, match="k must be"):
+        ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 15, key=jax.random.key(0))
+
+
+def test_memory_guard_fails_before_any_jacobian(monkeypatch):
+    apply_fn, params, x = setup("cnn")
+
+    def no_jacobians(*args, **kwargs):
+        raise AssertionError("a Jacobian was computed before the memory guard")
+
+    monkeypatch.setattr(ntk_module, "per_sample_jacobian", no_jacobians)
+    with pytest.raises(ntk_tt.NTKMemoryError) as err:
+        ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=1000)
+    assert isinstance(err.value, MemoryError) and isinstance(err.value, ValueError)
+    for hint in ("needs about", "block_size", "trace_logits=True", "sketched_ntk"):
+        assert hint in str(err.value)
+    monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", "1000")
+    with pytest.raises(MemoryError, match="available"):
+        ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
+
+
+def test_automatic_block_size_fits_a_tight_memory_limit(x64):
+    apply_fn, params, x = setup("cnn")
+    d, c, n = ntk_tt.num_params(params), 3, 5
+    # room for Θ plus the Jacobians of 2 + 2 samples, not of all 5
+    limit = 8 * ((n * c) ** 2 + 4 * c * d)
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit)
+    np.testing.assert_allclose(theta, _brute("cnn", 5), rtol=1e-10)
+    with pytest.raises(MemoryError):
+        ntk_tt.empirical_ntk(apply_fn, params, x, block_size=3, memory_limit=limit)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_bad_block_size_raises(bad):
+    apply_fn, params, x = setup("mlp")
+    with pytest.raises(ValueError, match="block_size"):
+        ntk_tt.empirical_ntk(apply_fn, params, x, block_size=bad)
+
+
+def test_bad_inputs_raise_value_error():
+    apply_fn, params, x = setup("mlp")
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        ntk_tt.empirical_ntk(apply_fn, params, x[0])
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ntk_tt.empirical_ntk(apply_fn, params, x.at[1, 2].set(jnp.nan))
+    bad_params = dict(params, b1=params["b1"].at[0].set(jnp.inf))
+    with pytest.raises(ValueError, match="params leaf"):
+        ntk_tt.empirical_ntk(apply_fn, bad_params, x)
+    with pytest.raises(ValueError, match=r"shape \(N, C\)"):
+        ntk_tt.empirical_ntk(lambda p, x: apply_fn(p, x)[:, 0], params, x)
+    with pytest.raises(ValueError, match="x2 must be a batch"):
+        ntk_tt.empirical_ntk(apply_fn, params, x, x[0])
