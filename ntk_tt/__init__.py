@@ -12,6 +12,15 @@ from ntk_tt._model import from_nnx as from_nnx
 from ntk_tt._model import num_params as num_params
 
 # --- empirical NTK (foundation issue) ---
+# isort: split
+from ntk_tt._linearize import linearize as linearize
+from ntk_tt._memory import NTKMemoryError as NTKMemoryError
+from ntk_tt._memory import available_memory as available_memory
+from ntk_tt._ntk import empirical_ntk as empirical_ntk
+from ntk_tt._ntk import ntk_top_eigenvalues as ntk_top_eigenvalues
+from ntk_tt._ntk import ntk_vector_product as ntk_vector_product
+from ntk_tt._sketch import SketchedNTK as SketchedNTK
+from ntk_tt._sketch import sketched_ntk as sketched_ntk
 
 # --- dynamics and training time (dynamics issue) ---
 # isort: split
