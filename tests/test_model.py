@@ -1,0 +1,97 @@
+"""from_nnx adapter (batch-norm statistics frozen, not differentiated) and check_model errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import ntk_tt
+from ntk_tt._model import check_model
+
+
+class _BNNet(nnx.Module):
+    def __init__(self, rngs):
+        self.lin1 = nnx.Linear(4, 6, rngs=rngs)
+        self.bn = nnx.BatchNorm(6, rngs=rngs)
+        self.lin2 = nnx.Linear(6, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin2(jax.nn.relu(self.bn(self.lin1(x))))
+
+
+def _bn_model():
+    model = _BNNet(nnx.Rngs(0))
+    model.bn.mean[...] = jnp.linspace(-0.5, 0.5, 6)  # non-trivial frozen statistics
+    model.bn.var[...] = jnp.linspace(0.5, 2.0, 6)
+    return model, jax.random.normal(jax.random.key(1), (5, 4))
+
+
+def test_params_are_trainable_leaves_only_and_stats_get_no_gradient():
+    model, x = _bn_model()
+    _, stats = nnx.state(model, nnx.Param, nnx.BatchStat)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    n_param = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert ntk_tt.num_params(params) == n_param
+    stat_leaves = {id(s) for s in jax.tree.leaves(stats)}
+    assert not stat_leaves & {id(p) for p in jax.tree.leaves(params)}
+    grads = jax.grad(lambda p: jnp.sum(apply_fn(p, x) ** 2))(params)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    assert all(bool(jnp.any(g != 0)) for g in jax.tree.leaves(grads))
+    before = [np.asarray(s) for s in jax.tree.leaves(stats)]
+    apply_fn(params, x)
+    after = jax.tree.leaves(nnx.state(model, nnx.BatchStat))
+    for b, a in zip(before, after, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_eval_mode_makes_samples_independent_and_uses_frozen_stats():
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    np.testing.assert_allclose(apply_fn(params, x)[:2], apply_fn(params, x[:2]), rtol=1e-6)
+    h = model.lin1(x)
+    bn = model.bn
+    normed = (h - bn.mean[...]) / jnp.sqrt(bn.var[...] + bn.epsilon)
+    expected = model.lin2(jax.nn.relu(normed * bn.scale[...] + bn.bias[...]))
+    np.testing.assert_allclose(apply_fn(params, x), expected, rtol=1e-5)
+
+
+def test_ntk_of_batchnorm_model_matches_jacobian_over_params_only():
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    jac = jax.jacrev(lambda w: apply_fn(unravel(w), x).reshape(-1))(flat)
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x)
+    np.testing.assert_allclose(theta, jac @ jac.T, rtol=1e-4, atol=1e-5)
+
+
+def test_from_nnx_rejects_non_modules():
+    with pytest.raises(TypeError, match="nnx.Module"):
+        ntk_tt.from_nnx(lambda x: x)
+
+
+@pytest.mark.parametrize(
+    "out_fn, match",
+    [
+        (lambda f: f[:, 0], r"shape \(N, C\)"),
+        (lambda f: f[..., None], r"shape \(N, C\)"),
+        (lambda f: jnp.concatenate([f, f]), r"shape \(N, C\)"),
+    ],
+)
+def test_check_model_rejects_outputs_not_n_by_c(out_fn, match):
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    with pytest.raises(ValueError, match=match):
+        check_model(lambda p, x: out_fn(apply_fn(p, x)), params, x)
+    assert check_model(apply_fn, params, x) == (5, 3)
+
+
+def test_check_model_rejects_bad_x():
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        check_model(apply_fn, params, x[0])
+    with pytest.raises(ValueError, match="empty"):
+        check_model(apply_fn, params, x[:0])
+    with pytest.raises(ValueError, match="NaN or inf"):
+        check_model(apply_fn, params, x.at[0, 0].set(jnp.inf))
