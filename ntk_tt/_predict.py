@@ -16,7 +16,6 @@ from ntk_tt._losses import check_loss
 from ntk_tt._model import ApplyFn, check_model
 from ntk_tt._predict_kernel import (
     EPSILONS,
-    STATIC,
     check_hyper,
     check_labels,
     predict_from_kernel,
@@ -26,7 +25,6 @@ from ntk_tt._training_time import REASONS
 
 KERNELS = ("exact", "traced", "sketch")
 DEFAULT_SKETCH_DIM = 256
-_solve = jax.jit(predict_from_kernel, static_argnames=STATIC)
 
 
 class Prediction(NamedTuple):
@@ -171,7 +169,7 @@ def predict(
     f0 = apply_fn(params, x)
     f0t = None if x_test is None else apply_fn(params, x_test)
     out, seconds["solve"] = _timed(
-        _solve, k, f0, y, learning_rate=learning_rate, momentum=momentum, steps=steps,
+        predict_from_kernel, k, f0, y, learning_rate=learning_rate, momentum=momentum, steps=steps,
         batch_size=batch_size, nesterov=nesterov, loss=loss, method=method, key=keys[2],
         noise_features=feats, num_paths=num_paths, kernel_test=kt, f0_test=f0t,
         y_test=y_test)

@@ -7,6 +7,7 @@ kernel; steps, batch size, loss, method, num_paths and nesterov are static. Valu
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -225,18 +226,28 @@ def predict_from_kernel(
     f0 = jnp.asarray(f0)
     dtype = f0.dtype
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
-    test_op = None
+    test_mat = test_traced = None
     if kernel_test is not None:
         if f0_test is None or y_test is None or np.ndim(f0_test) != 2:
             raise ValueError("kernel_test needs f0_test (N_test, C) and y_test (N_test,).")
         _check_finite(kernel_test, "kernel_test")
         nt = np.shape(f0_test)[0]
         y_test = check_labels(y_test, nt, c, name="y_test")
-        test_op = as_operator(jnp.asarray(kernel_test, dtype), n, c, name="kernel_test",
-                              rows=nt)
+        test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
+                                            name="kernel_test", rows=nt)
         f0_test = jnp.asarray(f0_test, dtype)
-    lr = jnp.asarray(learning_rate, dtype)
-    m = jnp.asarray(momentum, dtype)
+    return _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
+                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
+                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
+                 nesterov=nesterov, loss=loss, num_paths=num_paths)
+
+
+@partial(jax.jit, static_argnames=("traced", "test_traced", "method", "steps", "batch_size",
+                                   "nesterov", "loss", "num_paths"))
+def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, traced,
+          test_traced, method, steps, batch_size, nesterov, loss, num_paths):
+    """The compiled part of :func:`predict_from_kernel` (arguments already validated)."""
+    test_op = None if test_mat is None else (test_mat, test_traced)
     lam_min = None
     if method != "closed_form":
         mat, lam_min, _ = clamp_psd(mat)

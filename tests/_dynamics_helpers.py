@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -30,6 +32,7 @@ def jacobian(apply_fn, params, x):
                             for leaf in jax.tree.leaves(jac)], axis=1)
 
 
+@partial(jax.jit, static_argnums=0)
 def brute_ntk(apply_fn, params, x, x2=None):
     """Θ(x, x2) = J(x) J(x2)ᵀ from brute-force Jacobians."""
     j = jacobian(apply_fn, params, x)
