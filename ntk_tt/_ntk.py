@@ -21,6 +21,7 @@ from ntk_tt._memory import (
     kernel_memory_bytes,
 )
 from ntk_tt._model import ApplyFn, check_model, num_params
+from ntk_tt._structured import contract, structured_jacobian
 
 
 def check_block_size(block_size: int | None) -> None:
@@ -40,32 +41,6 @@ def output_dtype(apply_fn: ApplyFn, params: Any, x: Any) -> np.dtype:
     """dtype of ``apply_fn(params, x)``, from shapes only."""
     spec = jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
     return np.dtype(jax.eval_shape(apply_fn, params, spec).dtype)
-
-
-@partial(jax.jit, static_argnums=0)
-def per_sample_jacobian(apply_fn: ApplyFn, params: Any, xb: jax.Array) -> list[jax.Array]:
-    """Per-sample Jacobians of a block of B inputs, one array (B, C, size_l) per parameter leaf.
-
-    ``vmap`` over samples of ``jacrev`` of the single-sample network, so a sample's row never
-    depends on the others (batch-norm must be in eval mode, as ``from_nnx`` ensures).
-    """
-
-    def single(p, xi):
-        return apply_fn(p, xi[None])[0]
-
-    jac = jax.vmap(jax.jacrev(single), in_axes=(None, 0))(params, xb)
-    return [leaf.reshape(leaf.shape[0], leaf.shape[1], -1) for leaf in jax.tree.leaves(jac)]
-
-
-@partial(jax.jit, static_argnames="trace_logits")
-def _contract(ja: list[jax.Array], jb: list[jax.Array], trace_logits: bool) -> jax.Array:
-    """Σ_leaves J_a J_bᵀ, leaf by leaf (no (N·C, D) concatenation)."""
-    if trace_logits:
-        return sum(jnp.einsum("bcd,ecd->be", a, b) for a, b in zip(ja, jb, strict=True))
-    return sum(
-        a.reshape(-1, a.shape[-1]) @ b.reshape(-1, b.shape[-1]).T
-        for a, b in zip(ja, jb, strict=True)
-    )
 
 
 def sample_blocks(x: Any, block_size: int) -> list[tuple[int, jax.Array]]:
@@ -163,12 +138,12 @@ def empirical_ntk(
     k = 1 if trace_logits else c
     out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
     for i, (ri, xi) in enumerate(rows):
-        ji = per_sample_jacobian(apply_fn, params, xi)
+        ji = structured_jacobian(apply_fn, params, xi)
         r0 = i * rows[0][1].shape[0] * k
         for j in range(i if symmetric else 0, len(cols)):
             rj, xj = cols[j]
-            jj = ji if (symmetric and i == j) else per_sample_jacobian(apply_fn, params, xj)
-            blk = np.asarray(_contract(ji, jj, trace_logits))[: ri * k, : rj * k]
+            jj = ji if (symmetric and i == j) else structured_jacobian(apply_fn, params, xj)
+            blk = np.asarray(contract(ji, jj, trace_logits))[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k
             out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk
             if symmetric and j != i:

@@ -21,7 +21,8 @@ import numpy as np
 
 from ntk_tt._memory import NTKMemoryError, available_memory, format_bytes
 from ntk_tt._model import ApplyFn, check_model, num_params
-from ntk_tt._ntk import check_block_size, output_dtype, per_sample_jacobian, sample_blocks
+from ntk_tt._ntk import check_block_size, output_dtype, sample_blocks
+from ntk_tt._structured import project, structured_jacobian
 
 DIRECTION_BLOCK = 32
 DISTRIBUTIONS = ("achlioptas", "gaussian")
@@ -74,13 +75,14 @@ def _forward_block(apply_fn, params, xb, key, b, distribution, scale):
     return jax.vmap(jvp)(tangents).reshape(DIRECTION_BLOCK, -1).T
 
 
-@partial(jax.jit, static_argnums=3)
-def _project_block(jac, key, b, distribution, scale):
-    """(B·C, DIRECTION_BLOCK) = J_block diag(s) P_b from per-sample Jacobian leaves."""
-    dirs = _draw(key, b, [j.shape[-1] for j in jac], jac[0].dtype, distribution)
+@partial(jax.jit, static_argnums=(3, 4))
+def _project_block(jac, key, b, distribution, sizes, scale):
+    """(B·C, DIRECTION_BLOCK) = J_block diag(s) P_b from per-sample derivatives."""
+    some = next(iter({**jac.generic, **jac.cotangents}.values()))
+    dirs = _draw(key, b, sizes, some.dtype, distribution)
     if scale is not None:
         dirs = [d * s.reshape(-1) for d, s in zip(dirs, scale, strict=True)]
-    return sum(j.reshape(-1, j.shape[-1]) @ d.T for j, d in zip(jac, dirs, strict=True))
+    return project(jac, dict(enumerate(dirs)))
 
 
 def _forward_flops(apply_fn, params, x) -> float:
@@ -201,6 +203,7 @@ def sketched_ntk(
     dtype = output_dtype(apply_fn, params, x)
     d, nblocks = num_params(params), -(-sketch_dim // DIRECTION_BLOCK)
     bs = _plan_sketch(n, c, d, sketch_dim, dtype.itemsize, route, block_size, memory_limit)
+    sizes = tuple(int(np.size(p)) for p in jax.tree.leaves(params))
     scale = None
     if param_scale is not None:
         scale = [jnp.asarray(s, dtype) for s in jax.tree.leaves(param_scale)]
@@ -212,8 +215,8 @@ def sketched_ntk(
                 for b in range(nblocks)
             ]
         else:
-            jac = per_sample_jacobian(apply_fn, params, xb)
-            cols = [_project_block(jac, key, b, distribution, scale) for b in range(nblocks)]
+            jac = structured_jacobian(apply_fn, params, xb)
+            cols = [_project_block(jac, key, b, distribution, sizes, scale) for b in range(nblocks)]
         rows.append(jnp.concatenate(cols, axis=1)[: real * c, :sketch_dim])
     features = jnp.concatenate(rows, axis=0) / jnp.sqrt(jnp.asarray(sketch_dim, dtype))
     return SketchedNTK(features.astype(dtype))

@@ -10,6 +10,7 @@ from _ntk_models import brute_ntk, inputs, setup
 
 import ntk_tt
 import ntk_tt._ntk as ntk_module
+from ntk_tt._structured import structured_jacobian
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def test_memory_guard_fails_before_any_jacobian(monkeypatch):
     def no_jacobians(*args, **kwargs):
         raise AssertionError("a Jacobian was computed before the memory guard")
 
-    monkeypatch.setattr(ntk_module, "per_sample_jacobian", no_jacobians)
+    monkeypatch.setattr(ntk_module, "structured_jacobian", no_jacobians)
     with pytest.raises(ntk_tt.NTKMemoryError) as err:
         ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=1000)
     assert isinstance(err.value, MemoryError) and isinstance(err.value, ValueError)
@@ -158,3 +159,20 @@ def test_bad_inputs_raise_value_error():
         ntk_tt.empirical_ntk(lambda p, x: apply_fn(p, x)[:, 0], params, x)
     with pytest.raises(ValueError, match="x2 must be a batch"):
         ntk_tt.empirical_ntk(apply_fn, params, x, x[0])
+
+
+def test_structured_dense_leaves_are_detected_and_tied_weights_fall_back(x64):
+    apply_fn, params, x = setup("mlp")
+    jac = structured_jacobian(apply_fn, params, x)
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+    assert sorted(names[i] for i in jac.acts) == ["['w1']", "['w2']"]
+    assert [names[i] for i in jac.generic] == ["['b1']"]
+
+    def tied(p, x):  # W used twice: its Jacobian is not h ⊗ δ, so it must fall back
+        return jnp.tanh(x @ p["w"]) @ p["w"].T @ p["v"]
+
+    k1, k2 = jax.random.split(jax.random.key(2))
+    p = {"w": jax.random.normal(k1, (6, 6)) / 3, "v": jax.random.normal(k2, (6, 3))}
+    jac = structured_jacobian(tied, p, x)  # leaf order: v (dense, used once), w (tied)
+    assert list(jac.acts) == [0] and list(jac.generic) == [1]
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(tied, p, x), brute_ntk(tied, p, x), rtol=1e-10)
