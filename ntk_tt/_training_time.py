@@ -15,6 +15,8 @@ or when no step comes within ε·drop of L_T.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,6 +76,7 @@ def _distance(curve, epsilon, window):
     return jnp.abs(sm - l_t) - epsilon * drop, drop, floor
 
 
+@partial(jax.jit, static_argnames="window")
 def training_time_array(curve: jax.Array, epsilon, window: int = 5):
     """Jittable T_ε: ``(steps, code)``, steps a float (NaN when undefined), code an int32
     (0 = defined; otherwise a key of :data:`REASONS`). ``epsilon`` may be traced; ``window``

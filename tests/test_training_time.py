@@ -1,0 +1,112 @@
+"""T_ε on hand-built curves, the smooth version, gradients vs finite differences, wall clock."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk, linear_apply, linear_problem
+
+import ntk_tt
+from ntk_tt._training_time import NOT_DECREASING, REASONS
+
+
+def _exp_answer(eps, tau=10.0, steps=100):
+    """First integer t with e^(−t/τ) − e^(−T/τ) ≤ ε (1 − e^(−T/τ)), solved by hand."""
+    floor = np.exp(-steps / tau)
+    return float(np.ceil(-tau * np.log(eps * (1 - floor) + floor)))
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1, 0.4])
+def test_exponential_decay_without_smoothing(eps):
+    curve = np.exp(-np.arange(101) / 10.0)
+    assert ntk_tt.training_time(curve, eps, window=1) == _exp_answer(eps)
+
+
+@pytest.mark.parametrize("eps, expected", [(0.39, 31.0), (0.13, 44.0), (0.01, 51.0)])
+def test_ramp_then_plateau_with_smoothing(eps, expected):
+    # L_t = 1 − t/100 up to t = 50, then 0.5: L_T = 0.5, drop 0.5. The centred 5-step average
+    # is exact on the ramp; at the kink L̃_49 = 0.512, L̃_50 = 0.506, L̃_51 = 0.502 (by hand).
+    t = np.arange(101)
+    curve = np.where(t <= 50, 1 - t / 100, 0.5)
+    assert ntk_tt.training_time(curve, eps) == expected
+
+
+def test_noisy_curve_is_close_to_the_noiseless_answer():
+    rng = np.random.default_rng(0)
+    curve = np.exp(-np.arange(101) / 10.0) + 0.01 * rng.standard_normal(101)
+    for eps in (0.1, 0.4):
+        assert abs(ntk_tt.training_time(curve, eps) - _exp_answer(eps)) <= 3
+
+
+@pytest.mark.parametrize("kind", ["constant", "noisy_flat", "rising"])
+def test_flat_or_rising_curves_are_undefined_never_zero(kind):
+    rng = np.random.default_rng(1)
+    t = np.arange(151)
+    curve = {"constant": np.ones(151), "noisy_flat": 1 + 0.05 * rng.standard_normal(151),
+             "rising": 1 + t / 150}[kind]
+    value, reason = ntk_tt.training_time_report(curve, 0.1)
+    assert np.isnan(value) and reason == REASONS[NOT_DECREASING]
+    assert np.isnan(ntk_tt.training_time(curve, 0.4))
+
+
+def test_non_finite_curve_is_undefined():
+    value, reason = ntk_tt.training_time_report(np.array([1.0, 0.5, np.nan, 0.1]), 0.1,
+                                                window=1)
+    assert np.isnan(value) and "NaN" in reason
+
+
+def test_smooth_training_time_tends_to_hard():
+    curve = jnp.exp(-jnp.arange(101) / 10.0)
+    hard = ntk_tt.training_time(curve, 0.1)
+    soft = jax.jit(partial(ntk_tt.smooth_training_time, curve, 0.1))
+    errors = [abs(float(soft(temperature=tmp)) - hard)
+              for tmp in (0.2, 0.05, 0.01)]
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 0.5
+
+
+STEPS = 40
+
+
+@partial(jax.jit, static_argnames="method")
+def _final_loss_and_smooth_t(lr, kernel, f0, y, *, method):
+    pred = ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lr, steps=STEPS,
+                                      method=method)
+    return pred.loss[-1], ntk_tt.smooth_training_time(pred.loss, 0.1, temperature=0.3)
+
+
+@pytest.mark.parametrize("method", ["discrete"])
+def test_grad_wrt_learning_rate_matches_finite_differences(method):
+    with jax.enable_x64(True):
+        params, x, y = linear_problem()
+        kernel, f0 = brute_ntk(linear_apply, params, x), linear_apply(params, x)
+        lr, h = 0.2, 1e-5
+        fn = partial(_final_loss_and_smooth_t, kernel=kernel, f0=f0, y=y, method=method)
+        grads = jax.jacrev(fn)(lr)  # (d final loss/dη, d smooth T_0.1/dη)
+        plus, minus = fn(lr + h), fn(lr - h)
+        for grad, up, down in zip(grads, plus, minus, strict=True):
+            fd = (up - down) / (2 * h)
+            # Tolerance: central differences at h = 1e-5 in x64 (ODE: solver tolerance 1e-6).
+            np.testing.assert_allclose(grad, fd, rtol=1e-4 if method == "discrete" else 1e-3)
+            assert abs(float(grad)) > 0
+
+
+@pytest.mark.parametrize("eps", [0.0, 1.0, -0.1, 1.5])
+def test_epsilon_outside_unit_interval_raises(eps):
+    with pytest.raises(ValueError, match="epsilon"):
+        ntk_tt.training_time(np.linspace(1, 0, 20), eps)
+
+
+def test_bad_curve_or_window_raises():
+    with pytest.raises(ValueError, match="1-D"):
+        ntk_tt.training_time(np.ones((2, 10)), 0.1)
+    with pytest.raises(ValueError, match="odd"):
+        ntk_tt.training_time(np.linspace(1, 0, 20), 0.1, window=4)
+
+
+def test_wall_clock_time():
+    np.testing.assert_allclose(ntk_tt.wall_clock_time(np.array([10.0, np.nan]), 0.25),
+                               [2.5, np.nan])
+    with pytest.raises(ValueError, match="seconds_per_step"):
+        ntk_tt.wall_clock_time(10, -1.0)
