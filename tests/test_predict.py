@@ -1,0 +1,146 @@
+"""predict / predict_from_kernel: end to end, sweeps without retracing, clamping, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk
+from flax import nnx
+
+import ntk_tt
+from ntk_tt._predict_kernel import resolve_method
+
+STEPS = 20
+
+
+class _MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(6, 16, rngs=rngs)
+        self.l2 = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jnp.tanh(self.l1(x)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    apply_fn, params = ntk_tt.from_nnx(_MLP(nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.key(1), (24, 6))
+    y = jax.random.randint(jax.random.key(2), (24,), 0, 3)
+    return apply_fn, params, x[:20], y[:20], x[20:], y[20:]
+
+
+def test_predict_matches_predict_from_kernel_on_brute_force_kernel(model):
+    apply_fn, params, x, y, xt, yt = model
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=2.0, steps=STEPS,
+                          momentum=0.5, x_test=xt, y_test=yt)
+    assert pred.method == "discrete" and pred.kernel == "exact"  # auto with m > 0
+    ref = ntk_tt.predict_from_kernel(
+        brute_ntk(apply_fn, params, x), apply_fn(params, x), y, learning_rate=2.0,
+        momentum=0.5, steps=STEPS, kernel_test=brute_ntk(apply_fn, params, xt, x),
+        f0_test=apply_fn(params, xt), y_test=yt)
+    # float32 kernels from two routes: 1e-4 relative.
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-4)
+    np.testing.assert_allclose(pred.test_loss, ref.test_loss, rtol=1e-4)
+    assert pred.loss.shape == pred.error.shape == (STEPS + 1,)
+    assert pred.loss_band is None and pred.error_band is None
+    assert set(pred.training_time) == {"loss", "error"}
+    assert set(pred.training_time["loss"]) == {0.01, 0.1, 0.4}
+    assert 0 < pred.training_time["loss"][0.4] <= pred.training_time["loss"][0.1]
+    assert set(pred.seconds) == {"kernel", "noise", "solve", "total"}
+    assert not pred.diverged and pred.diverged_at is None
+    np.testing.assert_allclose(pred.kappa, 2.0 * np.linalg.eigvalsh(
+        np.asarray(brute_ntk(apply_fn, params, x), np.float64))[-1] / 20, rtol=1e-3)
+
+
+def test_predict_sgd_on_traced_kernel_has_a_band(model):
+    apply_fn, params, x, y, _, _ = model
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=2.0, steps=STEPS,
+                          batch_size=5, kernel="traced", num_paths=8, key=jax.random.key(0))
+    assert pred.method == "discrete" and pred.kernel == "traced"
+    assert pred.loss_band.shape == pred.error_band.shape == (2, STEPS + 1)
+    assert np.all(pred.loss_band[0] <= pred.loss_band[1])
+
+
+def test_auto_method():
+    assert resolve_method("auto", "mse", True, 0.0) == "closed_form"
+    assert resolve_method("auto", "cross_entropy", True, 0.0) == "ode"
+    assert resolve_method("auto", "cross_entropy", False, 0.0) == "discrete"
+    assert resolve_method("auto", "mse", True, 0.9) == "discrete"
+
+
+def test_sweep_over_32_learning_rates_compiles_once(model):
+    apply_fn, params, x, y, _, _ = model
+    kernel, f0 = brute_ntk(apply_fn, params, x), apply_fn(params, x)
+    traces = []
+
+    def curve(lr, m):
+        traces.append(1)  # runs only while tracing
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lr, momentum=m,
+                                          steps=STEPS).loss
+
+    sweep = jax.jit(jax.vmap(curve))
+    lrs = jnp.geomspace(0.01, 2.0, 32)
+    first = sweep(lrs, jnp.zeros(32))
+    second = sweep(lrs * 1.1, jnp.full(32, 0.5, jnp.float32))
+    assert len(traces) == 1, f"retraced {len(traces) - 1} times"
+    assert first.shape == second.shape == (32, STEPS + 1)
+    single = ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lrs[7], steps=STEPS)
+    np.testing.assert_allclose(first[7], single.loss, rtol=1e-5)
+
+
+def test_non_psd_float32_kernel_is_clamped_and_reported():
+    rng = np.random.default_rng(0)
+    n, c = 10, 2
+    basis = np.linalg.qr(rng.standard_normal((n * c, n * c)))[0]
+    lam = np.linspace(-2.0, 10.0, n * c)  # significant negative eigenvalues
+    kernel = ((basis * lam) @ basis.T).astype(np.float32)
+    clamped = ((basis * np.maximum(lam, 0)) @ basis.T).astype(np.float32)
+    f0 = jnp.zeros((n, c), jnp.float32)
+    y = jnp.arange(n) % c
+    kw = dict(learning_rate=0.5, steps=STEPS, loss="mse")
+    pred = ntk_tt.predict_from_kernel(kernel, f0, y, **kw)
+    ref = ntk_tt.predict_from_kernel(clamped, f0, y, **kw)
+    assert bool(pred.clamped) and not bool(ref.clamped)
+    assert float(pred.min_eigenvalue) < -1.0
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-4)
+    assert np.all(np.isfinite(pred.loss))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(learning_rate=0.0), "learning_rate"), (dict(learning_rate=-1.0), "learning_rate"),
+     (dict(momentum=1.0), "momentum"), (dict(momentum=-0.1), "momentum"),
+     (dict(batch_size=0), "batch_size"), (dict(batch_size=21), "batch_size"),
+     (dict(steps=0), "steps"), (dict(method="euler"), "method"), (dict(loss="hinge"), "loss"),
+     (dict(kernel="random"), "kernel"), (dict(batch_size=5), "key"),
+     (dict(method="closed_form"), "closed_form")],
+)
+def test_predict_rejects_bad_arguments_before_any_work(model, kwargs, match):
+    apply_fn, params, x, y, _, _ = model
+    args = dict(learning_rate=0.1, steps=STEPS) | kwargs
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.predict(apply_fn, params, x, y, **args)
+
+
+def test_predict_rejects_labels_not_matching_n_or_c(model):
+    apply_fn, params, x, y, _, _ = model
+    with pytest.raises(ValueError, match="shape"):
+        ntk_tt.predict(apply_fn, params, x, y[:-1], learning_rate=0.1, steps=STEPS)
+    with pytest.raises(ValueError, match="outside"):
+        ntk_tt.predict(apply_fn, params, x, y.at[0].set(3), learning_rate=0.1, steps=STEPS)
+
+
+def test_predict_from_kernel_rejects_bad_kernels():
+    f0, y = jnp.zeros((4, 2)), jnp.array([0, 1, 0, 1])
+    good = jnp.eye(8)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ntk_tt.predict_from_kernel(good.at[0, 1].set(jnp.nan), f0, y, learning_rate=0.1,
+                                   steps=5)
+    with pytest.raises(ValueError, match="shape"):
+        ntk_tt.predict_from_kernel(jnp.eye(6), f0, y, learning_rate=0.1, steps=5)
+    with pytest.raises(ValueError, match="noise_features"):
+        ntk_tt.predict_from_kernel(good, f0, y, learning_rate=0.1, steps=5, method="sde",
+                                   batch_size=2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="labels"):
+        ntk_tt.predict_from_kernel(good, f0, jnp.eye(4, 2), learning_rate=0.1, steps=5)
