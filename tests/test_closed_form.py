@@ -52,13 +52,6 @@ def test_exact_discrete_closed_form_equals_recursion(problem):
     assert rec.loss[-1] < 0.5 * rec.loss[0]
 
 
-def test_continuous_closed_form_equals_diffrax_ode(problem):
-    lr = 0.3 * problem["lr_per_kappa"]
-    ode = _predict(problem, lr, 0.0, method="ode")
-    # Tolerance 1e-5 relative: the ODE is solved at rtol = atol = 1e-6.
-    np.testing.assert_allclose(ode.loss, _continuous_loss(problem, lr), rtol=1e-5)
-
-
 def test_discrete_tends_to_continuous_in_small_eta_limit(problem):
     def gap(kappa):
         lr = kappa * problem["lr_per_kappa"]
