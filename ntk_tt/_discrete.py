@@ -41,6 +41,7 @@ def discrete_trajectory(
     full_batch = batches.shape[1] == f0.shape[0]
     with_test = test_op is not None
     zeros_test = jnp.zeros_like(f0_test) if with_test else None
+    test_t = (test_op[0].T, test_op[1]) if with_test else None  # Θ(x_test, x)ᵀ, row gathers
 
     def step(carry, idx):
         f, h, ft, ht = carry
@@ -51,8 +52,8 @@ def discrete_trajectory(
             dt = theta_dot(*test_op, g) if with_test else None
         else:
             g_b = logit_residual(f[idx], y[idx], loss) / idx.shape[0]
-            d = theta_cols_dot(mat, traced, idx, g_b)
-            dt = theta_cols_dot(*test_op, idx, g_b) if with_test else None
+            d = theta_cols_dot(mat, traced, idx, g_b)  # Θ symmetric: Θᵀ = Θ
+            dt = theta_cols_dot(*test_t, idx, g_b) if with_test else None
         h = momentum * h + d
         f = f - learning_rate * (d + momentum * h if nesterov else h)
         if with_test:

@@ -46,13 +46,17 @@ def theta_dot(mat: jax.Array, traced: bool, g: jax.Array) -> jax.Array:
     return (mat @ g.reshape(-1)).reshape(-1, g.shape[-1])
 
 
-def theta_cols_dot(mat: jax.Array, traced: bool, idx: jax.Array, g_b: jax.Array) -> jax.Array:
-    """Θ[:, B]·g_B for a batch of sample indices ``idx`` (B,) and g_B (B, C): O(N·C·B·C)."""
+def theta_cols_dot(mat_t: jax.Array, traced: bool, idx: jax.Array, g_b: jax.Array) -> jax.Array:
+    """Θ[:, B]·g_B for a batch of sample indices ``idx`` (B,) and g_B (B, C): O(N·C·B·C).
+
+    Takes the TRANSPOSED kernel ``mat_t`` (= Θ itself for the symmetric training kernel), so
+    the batch is a gather of contiguous rows, which stays cheap under ``vmap`` over seeds.
+    """
     if traced:
-        return mat[:, idx] @ g_b
+        return mat_t[idx].T @ g_b
     c = g_b.shape[-1]
-    blocks = mat.reshape(mat.shape[0] // c, c, -1, c)[:, :, idx, :]
-    return jnp.einsum("mcbd,bd->mc", blocks, g_b)
+    rows = mat_t.reshape(mat_t.shape[0] // c, c, -1)[idx]
+    return jnp.einsum("bcm,bc->m", rows, g_b).reshape(-1, c)
 
 
 def mean_grad(f: jax.Array, y: jax.Array, loss: str) -> jax.Array:
