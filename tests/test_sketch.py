@@ -127,7 +127,7 @@ def _directions(distribution, key, size=300, sketch_dim=64):
 def test_achlioptas_and_gaussian_entries_have_the_stated_law():
     p = _directions("achlioptas", jax.random.key(0))
     values, counts = np.unique(np.round(p, 5), return_counts=True)
-    np.testing.assert_allclose(values, [-math.sqrt(3), 0, math.sqrt(3)], atol=1e-5)
+    np.testing.assert_allclose(values, [-math.sqrt(3), 0, math.sqrt(3)], atol=1e-4)
     # 19,200 entries: frequency std ≈ 0.003; band ±0.015.
     np.testing.assert_allclose(counts / p.size, [1 / 6, 2 / 3, 1 / 6], atol=0.015)
     g = _directions("gaussian", jax.random.key(0))

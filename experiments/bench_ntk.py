@@ -1,0 +1,250 @@
+"""Benchmark: exact vs sketched empirical NTK (ntk_tt) vs neural-tangents, on real images.
+
+Model: the plain-JAX CNN of ``_bench_cnn.py`` (conv16-conv32-dense64-head, D = 105,829 at
+C = 5), pre-trained here for a few hundred Adam steps on ``cifar10_train_source10k`` (10
+classes), then given a fresh seeded 5-class head (paper Sec. 5). Task: CIFAR-10 test images of
+classes 0-4 from ``cifar10_test_300pc`` (N/5 per class). Each measurement runs in its own
+subprocess: wall time of the first call (with compilation) and of a second, steady call;
+peak memory = the subprocess's maximum resident size minus its resident size after imports and data
+loading, polled every 2 ms (``_rss.py``; XLA allocations are host memory on CPU, so RSS sees
+them; tracemalloc would not), over both calls.
+
+Run:  python experiments/bench_ntk.py [--quick] [--nt-python /work/nt-venv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data"
+
+
+def _load_params(path):
+    import jax.numpy as jnp
+
+    data = np.load(path)
+    params = {}
+    for key in data.files:
+        if "/" in key:
+            layer, name = key.split("/")
+            params.setdefault(layer, {})[name] = jnp.asarray(data[key])
+    return params, jnp.asarray(data["x"])
+
+
+def worker(spec: dict) -> None:
+    """One measurement (run in a subprocess): prints a JSON line."""
+    import _bench_cnn
+    import jax
+    from _rss import PeakRSS
+
+    import ntk_tt
+
+    params, x = _load_params(spec["input"])
+    if spec["method"] == "exact":
+
+        def run():
+            return ntk_tt.empirical_ntk(_bench_cnn.apply, params, x, trace_logits=spec["trace"])
+    else:
+
+        def run():
+            return ntk_tt.sketched_ntk(
+                _bench_cnn.apply,
+                params,
+                x,
+                sketch_dim=spec["sketch_dim"],
+                key=jax.random.key(spec.get("seed", 0)),
+            ).features
+
+    times = []
+    with PeakRSS() as mem:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            out = np.asarray(jax.block_until_ready(run()))
+            times.append(time.perf_counter() - t0)
+    np.save(spec["out"], out)
+    print(json.dumps({"first_s": times[0], "steady_s": times[1], "peak_mib": mem.delta_mib}))
+
+
+def _measure(cmd: list[str], timeout: float) -> dict:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    except subprocess.TimeoutExpired:
+        return {"note": f"timeout after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"note": "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:80]}
+    return json.loads(lines[-1])
+
+
+def pretrain(steps: int, width: int, seed: int = 0):
+    """Adam on the 10-class source set, then a fresh 5-class head: dict of numpy arrays."""
+    import _bench_cnn
+    import jax
+    import optax
+
+    src = np.load(DATA / "cifar10_train_source10k.npz")
+    x, y = _bench_cnn.standardise(src["images"]), src["labels"]
+    params = jax.tree.map(jax.numpy.asarray, _bench_cnn.init(jax.random.key(seed), 10, width))
+    opt = optax.adam(1e-3)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, xb, yb):
+        def loss(p):
+            logits = _bench_cnn.apply(p, xb)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, value
+
+    rng = np.random.default_rng(seed)
+    value = np.nan
+    for _ in range(steps):
+        idx = rng.choice(len(y), 128, replace=False)
+        params, state, value = step(params, state, x[idx], y[idx])
+    fresh = _bench_cnn.init(jax.random.key(seed + 1), 5, width)["head"]
+    params = {k: {n: np.asarray(v) for n, v in layer.items()} for k, layer in params.items()}
+    params["head"] = fresh
+    return params, float(value)
+
+
+def task_inputs(n: int) -> np.ndarray:
+    """n CIFAR-10 test images, n/5 from each of classes 0-4, standardised."""
+    import _bench_cnn
+
+    tgt = np.load(DATA / "cifar10_test_300pc.npz")
+    idx = np.concatenate([np.flatnonzero(tgt["labels"] == c)[: n // 5] for c in range(5)])
+    return _bench_cnn.standardise(tgt["images"][idx])
+
+
+def _write_input(tmp: Path, name: str, params, x) -> str:
+    path = tmp / f"{name}.npz"
+    flat = {f"{k}/{n}": v for k, layer in params.items() for n, v in layer.items()}
+    np.savez(path, x=x, **flat)
+    return str(path)
+
+
+def _top_eig_error(theta, approx, k=10):
+    lam = np.linalg.eigvalsh(theta)[::-1][:k]
+    lam_hat = np.linalg.eigvalsh(approx)[::-1][:k]
+    return float(np.max(np.abs(lam_hat - lam) / lam))
+
+
+def _row(rows, **kw):
+    rows.append(kw)
+    cells = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()]
+    print("  " + ", ".join(cells), flush=True)
+
+
+def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained"):
+    me = [sys.executable, str(HERE / "bench_ntk.py"), "--worker"]
+    exact_path = str(tmp / f"exact{n}.npy")
+    for trace in (False, True):
+        out = exact_path if not trace else str(tmp / f"traced{n}.npy")
+        spec = {"method": "exact", "input": inp, "trace": trace, "out": out}
+        res = _measure([*me, json.dumps(spec)], timeout)
+        label = "ntk_tt exact" + (" traced" if trace else "")
+        _row(rows, model=model, method=label, N=n, D=d, **res)
+    theta = np.load(exact_path).astype(np.float64)
+    r = np.trace(theta) ** 2 / np.sum(theta**2)
+    for sd in sketch_dims:
+        out = str(tmp / f"sketch{n}_{sd}.npy")
+        spec = {"method": "sketch", "input": inp, "sketch_dim": sd, "out": out}
+        res = _measure([*me, json.dumps(spec)], timeout)
+        if "steady_s" in res:
+            feats = np.load(out).astype(np.float64)
+            approx = feats @ feats.T
+            res["rel_frob_err"] = float(np.linalg.norm(approx - theta) / np.linalg.norm(theta))
+            res["theory_err"] = float(np.sqrt((1 + r) / sd))
+            res["top10_eig_err"] = _top_eig_error(theta, approx)
+            res["NCDp_mib"] = n * 5 * sd * 4 / 2**20
+            res["DDp_mib"] = d * sd * 4 / 2**20
+        _row(rows, model=model, method=f"ntk_tt sketch D'={sd}", N=n, D=d, **res)
+    return theta
+
+
+def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout):
+    names = {1: "jacobian contraction", 2: "NTK-vector products", 3: "structured derivatives"}
+    if not nt_python or not Path(nt_python).exists():
+        _row(
+            rows,
+            model="pre-trained",
+            method="neural-tangents",
+            N=n,
+            D=d,
+            note=f"not run: no neural-tangents python at {nt_python!r} (--nt-python)",
+        )
+        return
+    for impl in impls:
+        for trace in (0, 1):
+            cmd = [nt_python, str(HERE / "_nt_reference.py"), inp, str(impl), str(trace), "2"]
+            res = _measure(cmd, timeout)
+            if "steady_s" in res and not trace:
+                k = np.load(inp.replace(".npz", f"_nt{impl}{trace}.npy"))
+                res["diff_vs_ntk_tt"] = float(np.linalg.norm(k - theta) / np.linalg.norm(theta))
+            label = f"neural-tangents {names[impl]}" + (" traced" if trace else "")
+            _row(rows, model="pre-trained", method=label, N=n, D=d, **res)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N in {64, 150}, D' in {256, 1024}")
+    ap.add_argument("--nt-python", default=os.environ.get("NT_PYTHON", "/work/nt-venv/bin/python"))
+    ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--widths", default="1,2,4", help="width factors of the D sweep (N=150)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
+    ap.add_argument("--csv", default=None, help="also write the table to this CSV file")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(json.loads(args.worker))
+    import pandas as pd
+
+    sizes = [64, 150] if args.quick else [64, 150, 750]
+    sketch_dims = [256, 1024] if args.quick else [256, 1024, 4096]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        params, loss = pretrain(args.pretrain_steps, 1)
+        d = sum(v.size for layer in params.values() for v in layer.values())
+        print(
+            f"pre-trained {args.pretrain_steps} Adam steps on the source set, loss {loss:.3f};"
+            f" D = {d}",
+            flush=True,
+        )
+        for n in sizes:
+            inp = _write_input(tmp, f"in{n}", params, task_inputs(n))
+            theta = _ours(tmp, inp, rows, n, d, sketch_dims if n > 64 else [], args.timeout)
+            # NTK-vector products: 94 s and 15 GB already at N = 150, so only at N = 64
+            impls = (1, 2, 3) if n == 64 else (1, 3)
+            _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls, args.timeout)
+        if not args.quick:
+            import _bench_cnn
+            import jax
+
+            for w in [int(s) for s in args.widths.split(",")]:
+                p = _bench_cnn.init(jax.random.key(0), 5, w)  # random init for the D sweep
+                dw = sum(v.size for layer in p.values() for v in layer.values())
+                inp = _write_input(tmp, f"wide{w}", p, task_inputs(150))
+                _ours(tmp, inp, rows, 150, dw, [256, 1024], args.timeout, f"random init, w={w}")
+    table = pd.DataFrame(rows)
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 30)
+    print(table.to_string(index=False, float_format="%.3g"))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+
+
+if __name__ == "__main__":
+    main()
