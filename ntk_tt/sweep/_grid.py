@@ -68,7 +68,10 @@ class SweepSpec:
     """The whole grid; every field is a command-line choice in ``experiments/sweep.py``.
 
     ``sketch_dims`` lists sketch dimensions D' whose sketched-kernel predictions are recorded
-    next to the exact-kernel ones (sketch vs exact agreement in the summary).
+    next to the exact-kernel ones (sketch vs exact agreement in the summary). ``noise_dim`` > 0
+    also records the continuous-time predictions (ODE for GD, SDE for SGD with noise features
+    of that sketch dimension). ``num_paths``: minibatch orders (discrete SGD) or Brownian paths
+    (SDE) averaged by a stochastic prediction.
     """
 
     datasets: tuple[str, ...]
@@ -82,6 +85,8 @@ class SweepSpec:
     classes: int = 5
     epsilons: tuple[float, ...] = (0.01, 0.1, 0.4)
     sketch_dims: tuple[int, ...] = ()
+    noise_dim: int = 0
+    num_paths: int = 16
     checkpoint: str | None = None
 
     def __post_init__(self):
@@ -136,3 +141,13 @@ def plan(spec: SweepSpec) -> tuple[list[tuple[Task, list[Config]]], Counter]:
                 keep.append(config)
         out.append((task, keep))
     return out, skipped
+
+
+def spec_to_dict(spec: SweepSpec) -> dict:
+    """A JSON-ready dict of the grid (stored as ``spec.json`` beside the results)."""
+    return dataclasses.asdict(spec)
+
+
+def spec_from_dict(data: dict) -> SweepSpec:
+    """Inverse of :func:`spec_to_dict`."""
+    return SweepSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})

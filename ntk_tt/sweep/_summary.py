@@ -7,7 +7,8 @@ Rules, applied identically to the predictor and to the baselines:
 * real and predicted both diverged: a correct flag, excluded from the T_ε statistics (counted);
 * exactly one of them diverged (a false or a missed flag): |error| = 100 %;
 * real T_ε undefined (flat or rising real curve): excluded (counted);
-* predicted T_ε undefined while the real one exists: |error| = 100 %.
+* predicted T_ε undefined while the real one exists: |error| = 100 %;
+* ``median_other_tasks`` with no other task at that configuration: excluded.
 
 Baselines use only what is known before training: ``line`` is T̂_ε = (1 − ε)·T (a straight-line
 curve from L_0 to L_T), ``median_other_tasks`` is the median real T_ε over the *other* tasks
@@ -74,6 +75,8 @@ def row_errors(frame: pd.DataFrame, predictor: str, eps: float):
         prefix = "pred" if predictor == "ntk" else f"var_{predictor}"
         pred = frame[t_col(prefix, eps)].to_numpy(float)
         pred_div = frame[f"{prefix}_diverged"].to_numpy(bool)
+    if predictor == "median_other_tasks":  # no other task at this configuration: excluded
+        real = np.where(np.isfinite(pred), real, np.nan)
     both = real_div & pred_div
     flag = real_div ^ pred_div
     no_real = ~real_div & ~pred_div & ~np.isfinite(real)

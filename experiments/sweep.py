@@ -1,0 +1,94 @@
+"""Benchmark sweep: predicted vs real training time over a grid of tasks and optimisers.
+
+    python experiments/sweep.py --out DIR [--preset smoke|session|full] [--smoke] [grid options]
+    python experiments/sweep.py --out DIR --report     # rebuild figures + summary from the table
+
+Resumable: rerunning the same command skips every finished row (one crash-safe file per row in
+DIR/rows). At the end the rows are gathered into DIR/results.parquet, and DIR/summary.json,
+Table 1 (table1.csv) and the figures (fig1/2/5/6 PNG) are written from that table alone.
+Presets: ``smoke`` (< 60 s), ``session`` (about 30 min on 2 CPU cores), ``full`` (the issue's
+grid). Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from ntk_tt.sweep import SweepSpec
+from ntk_tt.sweep._run import report, run_sweep
+
+TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
+PRESETS = {
+    "smoke": SweepSpec(datasets=("cifar10_test", "mnist_test"), per_class=(10,), seeds=(0,),
+                       batch_sizes=(None, 25), kappas=(1.0, 4.0), steps=20, sketch_dims=(32,)),
+    "session": SweepSpec(datasets=TARGETS, per_class=(10, 50), seeds=(0,),
+                         batch_sizes=(None, 50), kappas=(1.0, 4.0, 12.0), steps=150,
+                         sketch_dims=(256,), noise_dim=64),
+    "full": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
+                      batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
+                      sketch_dims=(256, 1024), noise_dim=256),
+}
+
+
+def _batch(value: str) -> int | None:
+    return None if value.lower() in ("n", "gd", "none") else int(value)
+
+
+def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="sweep directory (created; resumed if present)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="session")
+    p.add_argument("--smoke", action="store_true", help="same as --preset smoke")
+    p.add_argument("--report", action="store_true", help="only rebuild summary and figures")
+    p.add_argument("--datasets", nargs="+")
+    p.add_argument("--per-class", nargs="+", type=int)
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--batch-sizes", nargs="+", type=_batch, help="N (= GD) or integers")
+    p.add_argument("--momenta", nargs="+", type=float)
+    p.add_argument("--kappas", nargs="+", type=float, help="effective κ̃ values")
+    p.add_argument("--etas", nargs="+", type=float, help="fixed learning rates η")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--sketch-dims", nargs="+", type=int)
+    p.add_argument("--checkpoint", help="pre-trained checkpoint (default: the shipped one)")
+    args = p.parse_args(argv)
+    spec = PRESETS["smoke" if args.smoke else args.preset]
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
+                 if getattr(args, f.name, None) is not None}
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    return args, dataclasses.replace(spec, **overrides)
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _headline(summary: dict) -> str:
+    lines = [f"{summary['rows']} rows, {summary['tasks']} tasks, "
+             f"{summary.get('sweep_wall_seconds', 0):.0f} s of sweep wall time"]
+    for opt in ("gd", "sgd"):
+        block = summary["headline"]["all"][opt].get("pooled_0.1_0.4", {})
+        for name in ("ntk", "line", "median_other_tasks"):
+            s = block.get(name, {})
+            if s.get("n"):
+                lines.append(f"{opt.upper():3s} {name:19s} p95 |err| {s['p95']:.1%} "
+                             f"(CI {s['p95_ci95'][0]:.1%}–{s['p95_ci95'][1]:.1%}), within 13 %: "
+                             f"{s['within_13pct']:.0%}, 20 %: {s['within_20pct']:.0%}, "
+                             f"signed median {_pct(s['median_signed'])}  (n = {s['n']})")
+    w = summary["wall_time"]
+    lines.append(f"fine-tune / predict wall time: per configuration "
+                 f"{w['per_config_median_ratio']:.1f}×, "
+                 f"per task sweep {w['per_task_median_ratio']:.1f}×")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args, spec = parse(argv)
+    if not args.report:
+        print(json.dumps(run_sweep(spec, args.out)))
+    print(_headline(report(args.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""Run the benchmark grid: one kernel per task, jit(vmap) predictions, real fine-tunes, rows.
+
+For each task with unfinished rows: build the exact empirical NTK Θ once (plus the traced
+kernel, derived from Θ for free, and a sketch per requested D'), read λ_max, turn every
+configuration's κ̃ into η, predict all configurations sharing a batch size with one compiled
+``jit(vmap(predict_from_kernel))`` over (η, m), fine-tune them for real with one compiled
+``jit(vmap(...))`` of the fine-tuning core, and write one row per configuration as soon as its
+fine-tune has finished. Compile time is measured apart (ahead-of-time ``lower().compile()``) and
+never counted in the prediction or fine-tuning wall times.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import ntk_tt
+from ntk_tt._checkpoint import load_checkpoint
+from ntk_tt._data import load_dataset, prepare_images, sample_task
+from ntk_tt._finetune import DIVERGENCE_FACTOR
+from ntk_tt._losses import mean_loss
+from ntk_tt.models import replace_head
+from ntk_tt.sweep._figures import make_figures
+from ntk_tt.sweep._grid import Config, SweepSpec, Task, plan, row_id, spec_from_dict, spec_to_dict
+from ntk_tt.sweep._summary import summarize, t_col
+from ntk_tt.sweep._table import ResultsTable, read_table
+
+
+class TaskData(NamedTuple):
+    """Everything one task needs: the model with its fresh head, and the training set."""
+
+    apply_fn: Callable
+    params: Any
+    x: jax.Array
+    y: jax.Array
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - t0
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(name, fn, *args):
+    """``jit(fn)`` compiled ahead of time for ``args``, cached by ``name`` and argument shapes.
+
+    ``name`` must identify ``fn`` with its static settings (and the model's ``apply_fn``), so
+    tasks of equal shapes reuse one executable. Returns (compiled, compile seconds; 0 on reuse).
+    """
+    shapes = jax.tree.map(lambda a: (jnp.shape(a), jnp.result_type(a)), args)
+    key = (name, str(jax.tree.structure(args)), str(shapes))
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    t0 = time.perf_counter()
+    _COMPILED[key] = jax.jit(fn).lower(*args).compile()
+    return _COMPILED[key], time.perf_counter() - t0
+
+
+def _task_key(task: Task) -> jax.Array:
+    """The task's run key: the SGD batch order of both the prediction and the fine-tune."""
+    return jax.random.fold_in(jax.random.key(task.seed), 7919)
+
+
+class Variant(NamedTuple):
+    """An extra prediction recorded beside the primary one (discrete recursion, exact Θ)."""
+
+    kernel: jax.Array
+    label: str
+    continuous: bool
+    noise: jax.Array | None = None
+
+
+def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
+                   num_paths):
+    """Predicted mean loss curves (G, T + 1), divergence flags (G,), seconds, compile seconds."""
+
+    def one(kernel, f0, y, key, noise, lr, m):
+        out = ntk_tt.predict_from_kernel(
+            kernel, f0, y, learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
+            method=method, key=key, noise_features=noise, num_paths=num_paths,
+        )
+        return out.loss, out.diverged
+
+    batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
+    args = (kernel, f0, y, key, noise, lrs, moms)
+    name = ("predict", steps, batch_size, method, num_paths)
+    compiled, compile_s = _compiled(name, batched, *args)
+    (loss, div), seconds = _timed(compiled, *args)
+    return np.asarray(loss), np.asarray(div), seconds, compile_s
+
+
+def _train_step(apply_fn, params, state, x, y, idx, lr, m):
+    """One optax SGD step (heavy ball) on the minibatch ``idx`` for one configuration."""
+    grad = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], "cross_entropy"))(params)
+    updates, state = optax.sgd(lr, m).update(grad, state, params)
+    return optax.apply_updates(params, updates), state
+
+
+def _evaluate(apply_fn, params, x, y):
+    """Full-training-set mean loss (the curve; measurement, not training)."""
+    return mean_loss(apply_fn(params, x), y, "cross_entropy")
+
+
+def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size):
+    """Real fine-tunes of G configurations sharing a batch size, vmapped over (η, m).
+
+    Same conventions as ``ntk_tt.finetune`` (optax ``sgd``, mean cross-entropy,
+    ``ntk_tt.batch_indices(key, N, B, T)``, full-set loss after every step, divergence when
+    the loss is non-finite or above 10·L_0, curves hold the last value after it). The steps
+    run as a host loop over one compiled vmapped step: XLA:CPU ran this CNN's training step
+    about 50× slower inside ``lax.scan`` (``finetune_core``) than as a single call (measured
+    here, N = 50: 1.15 s vs 0.02 s a step). Only training steps are timed (the per-step
+    full-set evaluation is measurement), so the seconds per fine-tune are the summed step
+    times / G over the steps taken.
+
+    Returns loss curves (G, T + 1), divergence flags (G,), seconds per fine-tune (G,) and
+    compile seconds.
+    """
+    n, g = data.x.shape[0], len(lrs)
+    batches = ntk_tt.batch_indices(key, n, n if batch_size is None else batch_size, steps)
+    params = jax.tree.map(lambda a: jnp.broadcast_to(a, (g, *a.shape)), data.params)
+    state = jax.vmap(lambda p: optax.sgd(0.1, 0.9).init(p))(params)
+    step_fn = jax.vmap(functools.partial(_train_step, data.apply_fn),
+                       in_axes=(0, 0, None, None, None, 0, 0))
+    eval_fn = jax.vmap(functools.partial(_evaluate, data.apply_fn), in_axes=(0, None, None))
+    tag = (id(data.apply_fn), batch_size)
+    step, cs = _compiled(("train", tag), step_fn, params, state, data.x, data.y, batches[0],
+                         lrs, moms)
+    ev, ce = _compiled(("eval", tag), eval_fn, params, data.x, data.y)
+    losses = np.empty((g, steps + 1))
+    losses[:, 0] = np.asarray(ev(params, data.x, data.y))
+    div_at = np.full(g, -1)
+    train_s = np.zeros(g)
+    for t in range(steps):
+        (params, state), sec = _timed(step, params, state, data.x, data.y, batches[t], lrs,
+                                      moms)
+        live = div_at < 0
+        train_s[live] += sec / g
+        loss_t = np.asarray(ev(params, data.x, data.y))
+        bad = live & (~np.isfinite(loss_t) | (loss_t > DIVERGENCE_FACTOR * losses[:, 0]))
+        div_at[bad] = t + 1
+        losses[:, t + 1] = np.where(div_at < 0, loss_t, losses[:, t])
+    return losses, div_at >= 0, train_s, cs + ce
+
+
+def _t_eps(curve: np.ndarray, eps: float) -> float:
+    """T_ε in steps from ``ntk_tt.training_time`` (the one definition); NaN where undefined."""
+    return float(ntk_tt.training_time(np.asarray(curve), eps))
+
+
+_KERNEL_SHAPES: set = set()
+
+
+def _kernel(data: TaskData):
+    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), and their wall time in seconds.
+
+    The first task of each input shape is computed once untimed, so compile time is never in
+    the prediction's wall time (the same rule as for the solves and the fine-tunes).
+    """
+
+    def build():
+        theta = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x)
+        f0 = data.apply_fn(data.params, data.x)
+        return theta, f0, jnp.linalg.eigvalsh(theta)[-1]
+
+    if (id(data.apply_fn), data.x.shape) not in _KERNEL_SHAPES:
+        jax.block_until_ready(build())
+        _KERNEL_SHAPES.add((id(data.apply_fn), data.x.shape))
+    (theta, f0, lam), seconds = _timed(build)
+    return theta, f0, float(lam), seconds
+
+
+def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
+    """Traced kernel (derived from Θ), one sketch per D', and the ODE/SDE on the exact Θ."""
+    n, c = f0.shape
+    out = {"traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
+                             "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C", False)}
+    for d in spec.sketch_dims:
+        sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,
+                                 key=jax.random.fold_in(key, d))
+        out[f"sketch{d}"] = Variant(sk.kernel, f"discrete recursion, sketched kernel D'={d}",
+                                    False)
+    if spec.noise_dim:
+        noise = ntk_tt.noise_features(data.apply_fn, data.params, data.x, data.y,
+                                      sketch_dim=spec.noise_dim, key=jax.random.fold_in(key, 1))
+        out["continuous"] = Variant(
+            theta, f"GD: diffrax ODE (m via η/(1−m)); SGD: diffrax SDE, {spec.num_paths} paths, "
+            f"noise sketch D'={spec.noise_dim}; exact kernel", True, noise)
+    return out
+
+
+def _hyper(configs, lam, n):
+    etas = np.array([c.learning_rate(lam, n) for c in configs])
+    moms = np.array([c.momentum for c in configs])
+    return jnp.asarray(etas, jnp.float32), jnp.asarray(moms, jnp.float32)
+
+
+@functools.lru_cache(maxsize=2)
+def _checkpoint(path: str | None):
+    return load_checkpoint(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset(name: str):
+    return load_dataset(name)
+
+
+def load_task(task: Task, spec: SweepSpec) -> TaskData:
+    """The shipped (or ``spec.checkpoint``) pre-trained model with a fresh seeded head, and the
+    task's training images sampled from ``task.dataset`` (resized to the model's input).
+
+    The task seed fixes the classes, the images and the head; the same task always gives the
+    same data and initial logits.
+    """
+    model, meta = _checkpoint(spec.checkpoint)
+    key = jax.random.key(task.seed)
+    sampled = sample_task(_dataset(task.dataset), num_classes=task.classes,
+                          per_class=task.per_class, test_per_class=0,
+                          key=jax.random.fold_in(key, 0))
+    x = prepare_images(sampled.x_train, tuple(meta["input_shape"]), mean=np.asarray(meta["mean"]),
+                       std=np.asarray(meta["std"]))
+    apply_fn, params = _shared_apply(replace_head(model, task.classes,
+                                                  key=jax.random.fold_in(key, 1)))
+    return TaskData(apply_fn, params, x, jnp.asarray(sampled.y_train, jnp.int32))
+
+
+_APPLY: dict = {}
+
+
+def _shared_apply(module):
+    """``ntk_tt.from_nnx(module)``, reusing one ``apply_fn`` for every module of the same graph
+    without non-parameter state, so compiled predictions and fine-tunes are shared by tasks."""
+    graphdef, _, rest = nnx.split(module, nnx.Param, ...)
+    apply_fn, params = ntk_tt.from_nnx(module)
+    if jax.tree.leaves(rest):
+        return apply_fn, params
+    return _APPLY.setdefault(graphdef, apply_fn), params
+
+
+def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:
+    return {
+        "row_id": row_id(task, cfg), "task_id": task.id, "dataset": task.dataset,
+        "per_class": task.per_class, "seed": task.seed, "num_train": n, "num_classes": c,
+        "config_id": cfg.id, "optimizer": cfg.optimizer, "batch_size": n if b is None else b,
+        "momentum": cfg.momentum, "lr_kind": cfg.lr_kind, "lr_value": cfg.lr_value,
+        "learning_rate": lr, "lambda_max": lam, "kappa": lr * lam / n,
+        "kappa_eff": lr * lam / (n * (1 - cfg.momentum)), "steps": spec.steps,
+        "pred_method": "discrete", "pred_kernel": "exact",
+        "pred_paths": 1 if b is None else spec.num_paths,
+    }
+
+
+def _curve_columns(prefix: str, loss, diverged, epsilons) -> dict:
+    out = {f"{prefix}_diverged": bool(diverged)}
+    out.update({t_col(prefix, e): _t_eps(loss, e) for e in epsilons})
+    return out
+
+
+def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
+             table: ResultsTable, *, progress: Callable[[str], None] = print) -> int:
+    """Predict and fine-tune every configuration of one task; write one row each.
+
+    All predictions come first (one compiled vmap per batch size and kernel); then, per batch
+    size, one vmapped real fine-tune of its configurations, whose rows are written as soon as
+    it finishes. Returns the number of rows written.
+    """
+    key = _task_key(task)
+    theta, f0, lam, sec_kernel = _kernel(data)
+    variants = _variants(data, spec, key, theta, f0)
+    n, c = f0.shape
+    groups: dict = {}
+    for cfg in configs:
+        groups.setdefault(cfg.batch_size, []).append(cfg)
+    preds, sec_predict, compile_s = {}, 0.0, 0.0
+    for b, cfgs in groups.items():
+        lrs, moms = _hyper(cfgs, lam, n)
+        kw = {"steps": spec.steps, "batch_size": b, "num_paths": spec.num_paths}
+        main = _predict_group(theta, f0, data.y, key, lrs, moms, None, method="discrete", **kw)
+        var = {}
+        for name, v in variants.items():
+            method = ("ode" if b is None else "sde") if v.continuous else "discrete"
+            var[name] = _predict_group(v.kernel, f0, data.y, key, lrs, moms, v.noise,
+                                       method=method, **kw)
+        preds[b] = (main, var, lrs, moms)
+        sec_predict += main[2]
+        compile_s += main[3]
+    written = 0
+    for b, cfgs in groups.items():
+        (loss_p, div_p, s_pred, _), var, lrs, moms = preds[b]
+        loss_r, div_r, s_ft, cs = _finetune_group(data, key, lrs, moms, steps=spec.steps,
+                                                  batch_size=b)
+        for i, cfg in enumerate(cfgs):
+            row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
+            row.update(_curve_columns("real", loss_r[i], div_r[i], spec.epsilons))
+            row.update(_curve_columns("pred", loss_p[i], div_p[i], spec.epsilons))
+            for name, (vloss, vdiv, vsec, _) in var.items():
+                row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], spec.epsilons))
+                row[f"var_{name}_label"] = variants[name].label
+                row[f"var_{name}_seconds"] = vsec / len(cfgs)
+            row.update(
+                real_loss=loss_r[i], pred_loss=loss_p[i],
+                real_loss_drop=float(1 - loss_r[i][-1] / loss_r[i][0]),
+                seconds_predict=sec_kernel + s_pred / len(cfgs), seconds_finetune=s_ft[i],
+                seconds_compile_finetune=cs, task_seconds_kernel=sec_kernel,
+                task_seconds_predict=sec_predict, task_seconds_compile_predict=compile_s,
+                task_configs=len(configs),
+            )
+            table.write_row(row)
+            written += 1
+        progress(f"{task.id}: batch {b or 'N'}: {len(cfgs)} rows written")
+    return written
+
+
+def _read_json(path: pathlib.Path, default):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def _write_json(path: pathlib.Path, data) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,
+              progress: Callable[[str], None] = print) -> dict:
+    """Run (or resume) the grid into ``out``; finished rows are skipped, never recomputed.
+
+    ``out/spec.json`` records the grid; resuming with a different grid is refused. Each
+    invocation appends its wall time to ``out/runs.json``.
+
+    Returns:
+      counts of rows written now, already present, and skipped (by reason).
+
+    Raises:
+      ValueError: ``out`` holds a sweep of a different grid.
+    """
+    t0 = time.perf_counter()
+    table = ResultsTable(out)
+    spec_path = table.out / "spec.json"
+    old = _read_json(spec_path, None)
+    if old is not None and spec_from_dict(old) != spec:
+        raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}); resume it "
+                         "with the same options or choose a new --out.")
+    _write_json(spec_path, spec_to_dict(spec))
+    done = table.done_ids()
+    todo, skipped = plan(spec)
+    written, present = 0, 0
+    for task, configs in todo:
+        left = [c for c in configs if row_id(task, c) not in done]
+        present += len(configs) - len(left)
+        if left:
+            written += run_task(task, left, spec, loader(task, spec), table, progress=progress)
+    runs = _read_json(table.out / "runs.json", [])
+    runs.append({"seconds": time.perf_counter() - t0, "rows_written": written})
+    _write_json(table.out / "runs.json", runs)
+    return {"written": written, "already_present": present, "skipped": dict(skipped)}
+
+
+def report(out) -> dict:
+    """Consolidate ``out/rows`` into the table, then write ``summary.json``, figures, Table 1.
+
+    Everything is computed from the results table (plus the grid in ``spec.json`` for the
+    skipped-row counts and ``runs.json`` for the sweep's wall time). Returns the summary.
+    """
+    table = ResultsTable(out)
+    if table.done_ids():
+        table.consolidate()
+    frame = read_table(out)
+    meta: dict = {}
+    spec = _read_json(table.out / "spec.json", None)
+    if spec is not None:
+        meta["grid"] = spec
+        meta["skipped_rows"] = dict(plan(spec_from_dict(spec))[1])
+    runs = _read_json(table.out / "runs.json", [])
+    meta["sweep_wall_seconds"] = sum(r["seconds"] for r in runs)
+    meta["sweep_invocations"] = len(runs)
+    summary = summarize(frame, meta=meta)
+    make_figures(frame, table.out)
+    _write_json(table.out / "summary.json", summary)
+    return summary

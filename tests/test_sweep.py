@@ -1,0 +1,172 @@
+"""Benchmark sweep: grid, crash-safe table, summary rules, and a SIGKILL-and-resume smoke run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
+from ntk_tt.sweep._summary import row_errors, summarize
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "sweep.py"
+
+
+# --- grid -------------------------------------------------------------------------------------
+
+
+def test_kappa_learning_rate_and_equal_effective_pairs():
+    lam, n = 37.0, 250
+    plain, heavy = Config(None, 0.0, "kappa", 4.0), Config(None, 0.9, "kappa", 4.0)
+    eta = plain.learning_rate(lam, n)
+    assert eta * lam / n == pytest.approx(4.0)
+    # equal effective learning rate η/(1 − m): the momentum run uses a 10× smaller η
+    assert heavy.learning_rate(lam, n) / (1 - 0.9) == pytest.approx(eta)
+    assert Config(50, 0.9, "eta", 1e-3).learning_rate(lam, n) == 1e-3
+
+
+def test_plan_skips_and_counts_batches_not_below_n():
+    spec = SweepSpec(datasets=("a",), per_class=(10, 50), seeds=(0, 1),
+                     batch_sizes=(None, 50, 100), momenta=(0.0,), kappas=(1.0,))
+    todo, skipped = plan(spec)
+    per_task = {t.per_class: {c.batch_size for c in cfgs} for t, cfgs in todo}
+    assert per_task == {10: {None}, 50: {None, 50, 100}}
+    # N = 50: B = 50 equals GD and B = 100 exceeds N, for each of the 2 seeds
+    assert skipped == {"batch_size == N (same as GD)": 2, "batch_size > N": 2}
+
+
+def test_spec_rejects_bad_grids():
+    with pytest.raises(ValueError, match="momenta"):
+        SweepSpec(datasets=("a",), per_class=(10,), seeds=(0,), momenta=(1.0,))
+    with pytest.raises(ValueError, match="learning rates"):
+        SweepSpec(datasets=("a",), per_class=(10,), seeds=(0,), kappas=())
+
+
+# --- results table ----------------------------------------------------------------------------
+
+
+def test_table_writes_rows_atomically_and_refuses_duplicates(tmp_path):
+    table = ResultsTable(tmp_path)
+    (table.rows_dir / ".tmp-half-written.json").write_text('{"row_id": "x"')  # a killed write
+    table.write_row({"row_id": "a", "value": 1.0, "curve": np.arange(3.0)})
+    table.write_row({"row_id": "b", "value": float("nan"), "curve": [1.0, 2.0]})
+    assert table.done_ids() == {"a", "b"}
+    with pytest.raises(ValueError, match="already"):
+        table.write_row({"row_id": "a", "value": 2.0})
+    table.consolidate()
+    frame = read_table(tmp_path)
+    assert list(frame["row_id"]) == ["a", "b"]
+    assert np.isnan(frame["value"].iloc[1])
+    assert list(frame["curve"].iloc[0]) == [0.0, 1.0, 2.0]
+
+
+# --- summary rules ----------------------------------------------------------------------------
+
+
+def _frame(real, pred, real_div, pred_div, config="c", tasks=None):
+    k = len(real)
+    return pd.DataFrame({
+        "row_id": [f"r{i}" for i in range(k)], "task_id": tasks or [f"t{i}" for i in range(k)],
+        "config_id": config, "per_class": 10, "steps": 100, "optimizer": "gd",
+        "real_T0.1": real, "pred_T0.1": pred, "real_diverged": real_div,
+        "pred_diverged": pred_div,
+    })
+
+
+def test_row_errors_rules():
+    frame = _frame(real=[50.0, 40.0, 30.0, np.nan, 20.0, 10.0],
+                   pred=[55.0, 30.0, np.nan, 10.0, 20.0, 12.0],
+                   real_div=[False, False, False, False, True, False],
+                   pred_div=[False, False, False, False, True, True])
+    abs_err, signed, excluded = row_errors(frame, "ntk", 0.1)
+    # +10 %, −25 %, undefined prediction (100 %), undefined real (excluded), both diverged
+    # (excluded), false divergence flag (100 %)
+    np.testing.assert_allclose(abs_err, [0.1, 0.25, 1.0, np.nan, np.nan, 1.0])
+    np.testing.assert_allclose(signed[:2], [0.1, -0.25])
+    assert excluded == {"both diverged": 1, "real T_eps undefined": 1}
+    line, _, _ = row_errors(frame, "line", 0.1)  # T̂ = (1 − ε)·T = 90 steps
+    assert line[0] == pytest.approx(40 / 50)
+
+
+def test_median_of_other_tasks_baseline_leaves_the_task_out():
+    frame = _frame(real=[10.0, 20.0, 60.0], pred=[10.0, 20.0, 60.0], real_div=[False] * 3,
+                   pred_div=[False] * 3)
+    abs_err, _, _ = row_errors(frame, "median_other_tasks", 0.1)
+    # row 0 sees median(20, 60) = 40 → +300 %; row 1: median(10, 60) = 35; row 2: 15
+    np.testing.assert_allclose(abs_err, [3.0, 0.75, 0.75])
+
+
+# --- smoke sweep, killed with SIGKILL and resumed ---------------------------------------------
+
+
+def _sweep(out, *extra):
+    return [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    rows = out / "rows"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(_sweep(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    while proc.poll() is None and not (rows.exists() and any(rows.glob("*.json"))):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_with = len(list(rows.glob("*.json")))
+    done = subprocess.run(_sweep(out), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"smoke sweep, killed and resumed: {time.perf_counter() - t0:.1f} s")
+    return out, killed_with, done.stdout
+
+
+def test_sigkill_and_resume_gives_every_row_exactly_once(smoke):
+    out, killed_with, stdout = smoke
+    spec = SweepSpec(**{k: tuple(v) if isinstance(v, list) else v
+                        for k, v in json.loads((out / "spec.json").read_text()).items()})
+    todo, _ = plan(spec)
+    expected = sorted(row_id(t, c) for t, cfgs in todo for c in cfgs)
+    frame = read_table(out)
+    assert 1 <= killed_with < len(expected)
+    assert sorted(frame["row_id"]) == expected  # every row, none twice
+    runs = json.loads((out / "runs.json").read_text())
+    assert len(runs) == 1 and runs[0]["rows_written"] == len(expected) - killed_with
+    counts = next(line for line in stdout.splitlines() if line.startswith("{"))
+    assert json.loads(counts)["already_present"] == killed_with
+
+
+def test_smoke_table_figures_and_summary_are_consistent(smoke):
+    out = smoke[0]
+    frame = read_table(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == len(frame) and summary["tasks"] == frame["task_id"].nunique()
+    recomputed = summarize(frame, meta={k: summary[k] for k in ("grid", "skipped_rows",
+                                                                "sweep_wall_seconds",
+                                                                "sweep_invocations")})
+    assert json.loads(json.dumps(recomputed)) == summary  # the summary is the table's
+    for opt in ("gd", "sgd"):
+        block = summary["headline"]["all"][opt]["pooled_0.1_0.4"]["ntk"]
+        assert block["n"] == 2 * (frame["optimizer"] == opt).sum() - sum(
+            block["excluded"].values())
+        assert 0.0 <= block["within_13pct"] <= block["within_20pct"] <= 1.0
+    steps = frame["steps"].iloc[0]
+    assert all(len(c) == steps + 1 for c in frame["real_loss"])
+    assert all(len(c) == steps + 1 for c in frame["pred_loss"])
+    assert (frame["seconds_predict"] > 0).all() and (frame["seconds_finetune"] > 0).all()
+    for name in ("fig1_scatter.png", "fig2_equal_elr.png", "fig5_walltime.png",
+                 "fig6_factors.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    table1 = pd.read_csv(out / "table1.csv")
+    assert set(table1["dataset"]) == set(frame["dataset"])
