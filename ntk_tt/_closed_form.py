@@ -44,13 +44,13 @@ def mse_closed_form(
       test_op, f0_test: optional cross kernel and held-out logits (N_test, C).
 
     Returns:
-      ``(fs, fs_test, min_eigenvalue)``: (T + 1, N, C), (T + 1, N_test, C) or None, and the
-      smallest eigenvalue of Θ before negative ones were clamped to zero.
+      ``(fs, fs_test, (min_eigenvalue, max_eigenvalue))``: (T + 1, N, C), (T + 1, N_test, C)
+      or None, and the extreme eigenvalues of Θ before negative ones were clamped to zero.
     """
     mat, traced = op
     n, c = f0.shape
     lam, v = jnp.linalg.eigh(0.5 * (mat + mat.T))
-    lam_min = lam[0]
+    extremes = (lam[0], lam[-1])
     lam = jnp.maximum(lam, 0.0)
     r0 = f0 - jax.nn.one_hot(y, c, dtype=f0.dtype)
     a = _project(v, traced, r0)
@@ -64,11 +64,11 @@ def mse_closed_form(
     scale = decay[..., None] if traced else decay
     fs = f0 - r0 + _expand(v, traced, scale * a, (n, c))
     if test_op is None:
-        return fs, None, lam_min
+        return fs, None, extremes
     positive = q > jnp.finfo(q.dtype).tiny * 1e6
     s = jnp.where(positive, (1.0 - decay) / jnp.where(positive, q, 1.0), t)
     s = s[..., None] if traced else s
     sums = _expand(v, traced, s * a, (n, c))
     eta = learning_rate / (1.0 - momentum) / n
     fts = f0_test - eta * jax.vmap(lambda r: theta_dot(*test_op, r))(sums)
-    return fs, fts, lam_min
+    return fs, fts, extremes

@@ -107,18 +107,22 @@ def clamp_psd(mat: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     that shares one kernel pays for it once.
 
     Returns:
-      ``(mat, min_eigenvalue, clamped)``.
+      ``(mat, (min_eigenvalue, max_eigenvalue))``; clamping happened iff
+      ``negative_significant(min_eigenvalue, max_eigenvalue, n)``.
     """
     mat = 0.5 * (mat + mat.T)
     lmax = top_eigenvalue(mat)
     shifted = lmax * jnp.eye(mat.shape[0], dtype=mat.dtype) - mat
     lmin = lmax - top_eigenvalue(shifted)
-    tol = mat.shape[0] * jnp.finfo(mat.dtype).eps * jnp.abs(lmax)
-    clamped = lmin < -tol
 
     def clamp(m):
         w, v = jnp.linalg.eigh(m)
         return (v * jnp.maximum(w, 0.0)) @ v.T
 
-    mat = jax.lax.cond(clamped, clamp, lambda m: m, mat)
-    return mat, lmin, clamped
+    mat = jax.lax.cond(negative_significant(lmin, lmax, mat.shape[0]), clamp, lambda m: m, mat)
+    return mat, (lmin, lmax)
+
+
+def negative_significant(lmin: jax.Array, lmax: jax.Array, size: int) -> jax.Array:
+    """True when λ_min < −size·eps·|λ_max|: beyond float rounding of a PSD Θ = J Jᵀ."""
+    return lmin < -size * jnp.finfo(lmax.dtype).eps * jnp.abs(lmax)

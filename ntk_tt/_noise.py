@@ -29,6 +29,12 @@ def _sum_sq_dev(apply_fn, params, xb, yb, loss, mean):
     return jax.tree.map(lambda g, m: jnp.sum((g - m) ** 2, axis=0), grads, mean)
 
 
+@partial(jax.jit, static_argnums=(0, 4))
+def _mean_grad(apply_fn, params, x, y, loss):
+    """∇_w of the mean loss = the mean of the per-sample gradients."""
+    return jax.grad(lambda p: mean_loss(apply_fn(p, x), y, loss))(params)
+
+
 def gradient_variance(
     apply_fn: ApplyFn, params: Any, x, y, *, loss: str = "cross_entropy", block_size: int = 64
 ) -> Any:
@@ -52,7 +58,7 @@ def gradient_variance(
     if y.shape != (n,):
         raise ValueError(f"y must be integer labels of shape ({n},), got {y.shape}.")
     x = jnp.asarray(x)
-    mean = jax.grad(lambda p: mean_loss(apply_fn(p, x), y, loss))(params)
+    mean = _mean_grad(apply_fn, params, x, y, loss)
     total = jax.tree.map(jnp.zeros_like, params)
     for start in range(0, n, block_size):
         part = _sum_sq_dev(apply_fn, params, x[start:start + block_size],

@@ -22,7 +22,7 @@ from ntk_tt._fspace import (
     curves,
     divergence_step,
     hold_after,
-    top_eigenvalue,
+    negative_significant,
 )
 from ntk_tt._losses import check_loss
 from ntk_tt._ode import ode_trajectory
@@ -248,16 +248,16 @@ def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, 
           test_traced, method, steps, batch_size, nesterov, loss, num_paths):
     """The compiled part of :func:`predict_from_kernel` (arguments already validated)."""
     test_op = None if test_mat is None else (test_mat, test_traced)
-    lam_min = None
+    lams = None
     if method != "closed_form":
-        mat, lam_min, _ = clamp_psd(mat)
+        mat, lams = clamp_psd(mat)
     op = (mat, traced)
     fs, fts, lam_exact = _solve(
         method, op, f0, y, test_op, f0_test, lr=lr, m=m, steps=steps, batch_size=batch_size,
         nesterov=nesterov, loss=loss, key=key, noise_features=noise_features,
         num_paths=num_paths)
-    lam_min = lam_exact if lam_min is None else lam_min
-    return _summarise(fs, fts, y, y_test, op, lr, m, lam_min, nesterov=nesterov, loss=loss,
+    lams = lam_exact if lams is None else lams
+    return _summarise(fs, fts, y, y_test, op, lr, m, lams, nesterov=nesterov, loss=loss,
                       stochastic=method == "sde" or fs.shape[0] > 1)
 
 
@@ -266,7 +266,7 @@ def _mean_band(paths, stochastic):
     return jnp.mean(paths, axis=0), band
 
 
-def _summarise(fs, fts, y, y_test, op, lr, m, lam_min, *, nesterov, loss, stochastic):
+def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochastic):
     """Curves per path → divergence hold → mean, band, κ, T_ε."""
     mat, _ = op
     n = fs.shape[2]
@@ -282,18 +282,17 @@ def _summarise(fs, fts, y, y_test, op, lr, m, lam_min, *, nesterov, loss, stocha
         test_loss, test_err = jnp.mean(hold(tl, div), 0), jnp.mean(hold(te, div), 0)
     first = jnp.min(div)
     diverged = first < loss_p.shape[1]
-    lam_max = top_eigenvalue(mat)
+    lam_min, lam_max = lams
     kappa = lr * lam_max / n
     window = 5 if loss_c.shape[0] >= 5 else 1
     eps = jnp.asarray(EPSILONS, loss_c.dtype)
     tt = jax.vmap(lambda cv: jax.vmap(lambda e: training_time_array(cv, e, window))(eps))
     t_eps, codes = tt(jnp.stack([loss_c, err_c]))
-    tol = mat.shape[0] * jnp.finfo(mat.dtype).eps * jnp.abs(lam_max)
     return KernelPrediction(
         loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
         loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,
         diverged=diverged, diverged_at=jnp.where(diverged, first, -1).astype(jnp.int32),
         kappa=kappa, beyond_edge=kappa > _edge(m, nesterov, loss),
-        min_eigenvalue=lam_min, clamped=lam_min < -tol,
+        min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, mat.shape[0]),
         training_time=t_eps, training_time_code=codes,
     )

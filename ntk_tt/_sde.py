@@ -6,7 +6,8 @@
   J diag(σ_w²) Jᵀ, with σ_w² the per-parameter variance of the per-sample loss gradients at
   w0 (the diagonal of Σ in eq. 3) and W' a D'-dimensional Brownian motion.
 * s(f) = ‖∇_f L(f)‖ / ‖∇_f L(f_0)‖ rescales the noise as training converges; without it the
-  predicted loss plateaus (App. C, Fig. 8). ``rescale=False`` switches it off (ablation only).
+  predicted loss plateaus (App. C, Fig. 8). ``rescale=False`` switches it off (ablation only;
+  a bool or a traced bool array).
 * ρ = √((N − B)/(N − 1)): the finite-population factor of sampling B of N without
   replacement, so B = N (GD) has no noise.
 * η' = η/(1 − m): momentum through the effective learning rate in both terms (heavy ball
@@ -50,7 +51,7 @@ def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_s
         return -eta * theta_dot(*op, mean_grad(f, y, loss))
 
     def diffusion(t, f, args):
-        s = jnp.linalg.norm(mean_grad(f, y, loss)) / g0_norm if rescale else 1.0
+        s = jnp.where(rescale, jnp.linalg.norm(mean_grad(f, y, loss)) / g0_norm, 1.0)
         return (scale * s) * g_mat
 
     brownian = diffrax.UnsafeBrownianPath(shape=(noise_features.shape[1],), key=key)

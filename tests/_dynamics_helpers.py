@@ -25,6 +25,7 @@ def linear_problem(n=16, d=6, c=3, seed=0, dtype=jnp.float64):
     return params, x, y
 
 
+@partial(jax.jit, static_argnums=0)
 def jacobian(apply_fn, params, x):
     """Brute-force J = ∂f(x)/∂w, (N·C, D), sample-major rows, via jax.jacrev."""
     jac = jax.jacrev(lambda p: apply_fn(p, x).reshape(-1))(params)

@@ -33,6 +33,7 @@ def _sde(kernel, f0, y, feats, key, lr, **kw):
                      **kw)
 
 
+@partial(jax.jit, static_argnames="loss")
 def _per_sample_grads(params, x, y, loss="cross_entropy"):
     """Brute force: one jax.grad per sample, flattened to (N, D)."""
     def one(xi, yi):
@@ -47,7 +48,7 @@ def _problem(n, d, seed=0):
     return params, x, y, kernel, linear_apply(params, x), float(jnp.linalg.eigvalsh(kernel)[-1])
 
 
-def test_zero_noise_sde_is_discrete_gd_and_close_to_ode():
+def test_zero_noise_sde_is_discrete_gd():
     params, x, y, kernel, f0, lam = _problem(16, 6)
     lr = 0.05 * 16 / lam  # κ = 0.05
     zeros = jnp.zeros((f0.size, 8))
@@ -56,17 +57,13 @@ def test_zero_noise_sde_is_discrete_gd_and_close_to_ode():
                    num_paths=2, **kw)
     gd = _predict(kernel, f0, y, None, lr, None, method="discrete", batch_size=None,
                   num_paths=1, **kw)
-    ode = _predict(kernel, f0, y, None, lr, None, method="ode", batch_size=None, num_paths=1,
-                   **kw)
     # Euler with dt = 1 and no noise is the GD recursion: rounding-level agreement.
     np.testing.assert_allclose(sde.loss_paths, jnp.broadcast_to(gd.loss, (2, 41)), rtol=1e-10)
-    # ... and the ODE to first order in κ: 1 % of L_0 at κ = 0.05.
-    assert float(jnp.max(jnp.abs(sde.loss - ode.loss))) < 0.01 * float(ode.loss[0])
 
 
 def test_gradient_variance_matches_brute_force():
-    params, x, y, *_ = _problem(12, 5)
-    var = ntk_tt.gradient_variance(linear_apply, params, x, y, block_size=5)
+    params, x, y, *_ = _problem(11, 5)
+    var = ntk_tt.gradient_variance(linear_apply, params, x, y, block_size=8)  # blocks 8 + 3
     flat = jnp.concatenate([leaf.reshape(-1) for leaf in jax.tree.leaves(var)])
     np.testing.assert_allclose(flat, _per_sample_grads(params, x, y).var(0), rtol=1e-10)
 
@@ -77,7 +74,7 @@ def test_diffusion_covariance_equals_brute_force():
     sigma2 = _per_sample_grads(params, x, y).var(0)
     jac = jacobian(linear_apply, params, x)
     target = jac @ (sigma2[:, None] * jac.T)  # J diag(σ_w²) Jᵀ, brute force
-    d_sketch = 1024
+    d_sketch = 512
     feats = ntk_tt.noise_features(linear_apply, params, x, y, sketch_dim=d_sketch,
                                   key=jax.random.key(1))
     ratio = float(jnp.trace(target) / jnp.linalg.norm(target))
@@ -89,7 +86,7 @@ def test_diffusion_covariance_equals_brute_force():
     assert rel_err(feats @ feats.T, target) < 3 * np.sqrt((1 + ratio**2) / d_sketch)
     # One SDE step from f0 over P paths: the increment minus the drift has covariance
     # (η/√B)²·ρ²·G Gᵀ (s(f0) = 1); Monte Carlo error √((1 + ratio²)/P), allow 3×.
-    paths = 4000
+    paths = 2000
     fs, _ = _sde(kernel, f0, y, feats, jax.random.key(2), lr, num_paths=paths,
                  batch_size=batch, steps=1, loss="cross_entropy")
     inc = (fs[:, 1] - fs[:, 0]).reshape(paths, -1)
@@ -126,12 +123,13 @@ def test_noise_rescaling_lets_the_loss_keep_falling():
     lr = 0.5 * n / lam
     feats = jacobian(linear_apply, params, x) * jnp.sqrt(
         _per_sample_grads(params, x, y, "mse").var(0))[None]
-    curves = {}
-    for rescale in (True, False):
-        fs, _ = _sde(kernel, f0, y, feats, jax.random.key(3), lr, num_paths=16,
-                     batch_size=batch, steps=steps, loss="mse", rescale=rescale)
-        curves[rescale] = jnp.mean(jax.vmap(jax.vmap(lambda f: mean_loss(f, y, "mse")))(fs), 0)
-    with_r, without = curves[True], curves[False]
+    def mean_curve(rescale):
+        fs, _ = sde_paths((kernel, False), f0, y, feats, key=jax.random.key(3), num_paths=16,
+                          learning_rate=lr, momentum=0.0, batch_size=batch, steps=steps,
+                          loss="mse", rescale=rescale)
+        return jnp.mean(jax.vmap(jax.vmap(lambda f: mean_loss(f, y, "mse")))(fs), 0)
+
+    with_r, without = jax.jit(jax.vmap(mean_curve))(jnp.array([True, False]))
     assert float(with_r[-1]) < 0.1 * float(without[-1])
     # plateau: the constant-noise loss barely moves over the last third
     assert float(without[-1]) > 0.7 * float(without[2 * steps // 3])
