@@ -1,8 +1,11 @@
 """``predict_from_kernel``: pure, jittable curves and T_ε from a given empirical NTK.
 
 Hyperparameters η and m are (traceable) arrays, so ``jit(vmap(...))`` over a sweep shares one
-kernel; steps, batch size, loss, method, num_paths and nesterov are static. Value problems
-(divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, never raised.
+kernel; steps, batch size, loss, method, num_paths and nesterov are static (``STATIC``, the
+``static_argnames`` to use when wrapping it in ``jax.jit``). Called eagerly it validates its
+arguments, then runs one compiled core (cached per static configuration and shapes). Value
+problems (divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, never
+raised.
 """
 
 from __future__ import annotations
