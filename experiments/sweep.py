@@ -6,8 +6,10 @@
 Resumable: rerunning the same command skips every finished row (one crash-safe file per row in
 DIR/rows). At the end the rows are gathered into DIR/results.parquet, and DIR/summary.json,
 Table 1 (table1.csv) and the figures (fig1/2/5/6 PNG) are written from that table alone.
-Presets: ``smoke`` (< 60 s), ``session`` (about 30 min on 2 CPU cores), ``full`` (the issue's
-grid). Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
+Presets: ``smoke`` (2 tasks of 50 images, 20 steps: the test's run), ``session`` (the grid
+run in the first session, sized for ~30 min on 2 shared CPU cores: small tasks, B = 25),
+``full`` (the issue's grid).
+Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
     "smoke": SweepSpec(datasets=("cifar10_test", "mnist_test"), per_class=(10,), seeds=(0,),
                        batch_sizes=(None, 25), kappas=(1.0, 4.0), steps=20, sketch_dims=(32,)),
-    "session": SweepSpec(datasets=TARGETS, per_class=(10, 50), seeds=(0,),
-                         batch_sizes=(None, 50), kappas=(1.0, 4.0, 12.0), steps=150,
+    "session": SweepSpec(datasets=TARGETS, per_class=(6, 10), seeds=(0,),
+                         batch_sizes=(None, 25), kappas=(1.0, 4.0, 12.0), steps=150,
                          sketch_dims=(256,), noise_dim=64),
     "full": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,

@@ -91,19 +91,27 @@ def fig2_equal_elr(frame: pd.DataFrame, path: pathlib.Path) -> None:
 
 
 def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for k, (opt, sub) in enumerate(frame.groupby("optimizer")):
-        a.scatter(sub["seconds_finetune"], sub["seconds_predict"], s=10, color=f"C{k}",
-                  label=opt.upper())
     tasks = task_times(frame)
-    b.scatter(tasks["task_seconds_finetune"],
-              tasks["task_seconds_kernel"] + tasks["task_seconds_predict"], s=18, color="C2")
-    for ax, title in ((a, "one configuration"), (b, "whole task sweep")):
-        lo, hi = ax.get_xlim()
-        t = np.geomspace(max(lo, 1e-3), hi, 20)
+    panels = (
+        ("one configuration", frame.groupby("optimizer"), "seconds_finetune", None),
+        ("whole task sweep", [("task", tasks)], "task_seconds_finetune", "task_seconds_kernel"),
+    )
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    for ax, (title, groups, xcol, kcol) in zip(axes, panels, strict=True):
+        values = []
+        for k, (label, sub) in enumerate(groups):
+            x = sub[xcol].to_numpy(float)
+            y = (sub["seconds_predict"] if kcol is None
+                 else sub[kcol] + sub["task_seconds_predict"]).to_numpy(float)
+            ax.scatter(x, y, s=12, color=f"C{k}", label=label.upper())
+            values += [x, y]
+        v = np.concatenate(values)
+        lo, hi = v[v > 0].min() / 3, v.max() * 3
+        t = np.geomspace(lo, hi, 20)
         for ratio, ls in ((1, "-"), (10, "--"), (100, ":")):
             ax.plot(t, t / ratio, "k", ls=ls, lw=0.8, label=f"{ratio}× cheaper")
-        ax.set(xscale="log", yscale="log", title=title, xlabel="real fine-tuning (s)",
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), title=title,
+               xlabel="real fine-tuning, training steps only (s)",
                ylabel="prediction incl. kernel (s)")
         ax.legend(fontsize=7)
     fig.tight_layout()
