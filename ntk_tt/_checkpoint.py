@@ -52,7 +52,7 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
             f"input_shape, mean, std; missing {sorted(missing)}."
         )
     path = Path(path).absolute()
-    state = nnx.state(model).to_pure_dict()
+    state = nnx.to_pure_dict(nnx.state(model))
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(path, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
@@ -81,7 +81,7 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
             meta = ckptr.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             model = _build(meta)
             abstract = nnx.state(model)
-            target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract.to_pure_dict())
+            target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(abstract))
             state = ckptr.restore(path, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
         nnx.replace_by_pure_dict(abstract, state)

@@ -185,7 +185,7 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
     chosen = np.sort(np.asarray(jax.random.choice(k_cls, eligible, (num_classes,), replace=False)))
     n_test = int(min(max(test_per_class, 0), counts[chosen].min() - per_class))
     train, test = [], []
-    for c, k in zip(chosen, jax.random.split(k_img, num_classes)):
+    for c, k in zip(chosen, jax.random.split(k_img, num_classes), strict=True):
         idx = np.flatnonzero(data.labels == c)[np.asarray(jax.random.permutation(k, counts[c]))]
         train.append(idx[:per_class])
         test.append(idx[per_class:per_class + n_test])

@@ -6,8 +6,10 @@ optimiser = ``optax.sgd(learning_rate, momentum, nesterov)``; minibatches =
 :func:`ntk_tt.batch_indices` for the same key; curves have ``steps + 1`` entries, index t =
 the full-training-set loss / error after t updates (not the minibatch loss).
 
-:func:`finetune_core` is pure and jittable with array hyperparameters, so a sweep is
-``jit(vmap(...))``; :func:`finetune` is the eager entry point that validates and times.
+:func:`finetune_step` (one update + full-set measurement) is pure and jittable with array
+hyperparameters; :func:`finetune_core` scans it, so a sweep is ``jit(vmap(...))``;
+:func:`finetune` is the eager entry point that validates, dispatches one compiled step at a
+time (fast on CPU, see :func:`finetune_core`) and times.
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ DIVERGENCE_FACTOR = 10.0
 TIMING_STEPS = 5
 
 
+class FineTuneState(NamedTuple):
+    """Carry of one fine-tuning step: parameters, optax state, the full-training-set loss,
+    error and logits (N, C) at those parameters, and ``diverged_at`` (int32, −1 if not)."""
+
+    params: Any
+    opt_state: Any
+    loss: jax.Array
+    error: jax.Array
+    logits: jax.Array
+    diverged_at: jax.Array
+
+
 class FineTuneTrace(NamedTuple):
     """Output of :func:`finetune_core` (add a leading axis per ``vmap``).
 
@@ -36,6 +50,8 @@ class FineTuneTrace(NamedTuple):
       the last value before it. diverged_at: int32, the first step whose loss was non-finite or
       above 10·L_0, or −1. params: the final (last non-diverged) parameters. logits: (N, C) at
       those parameters. test_logits: (M, C) or None. trajectory: (T+1, N, C) logits or None.
+      linear_trajectory: (T+1, N, C) outputs f_lin(w_t) = f(w0) + J(w_t − w0) of the
+      linearised model (paper Sec. 3) at the same weights, or None.
     """
 
     loss: jax.Array
@@ -45,22 +61,75 @@ class FineTuneTrace(NamedTuple):
     logits: jax.Array
     test_logits: jax.Array | None
     trajectory: jax.Array | None
+    linear_trajectory: jax.Array | None
 
 
-def _where(pred, a, b):
-    return jax.tree.map(lambda u, v: jnp.where(pred, u, v), a, b)
+def _evaluate(apply_fn, params, x, y, loss):
+    f = apply_fn(params, x)
+    return mean_loss(f, y, loss), error_rate(f, y).astype(f.dtype), f
+
+
+def train_step(apply_fn: ApplyFn, params: Any, opt_state: Any, x: jax.Array, y: jax.Array,
+               idx: jax.Array, learning_rate: jax.Array, momentum: jax.Array, *,
+               nesterov: bool = False, loss: str = "cross_entropy") -> tuple[Any, Any]:
+    """One ``optax.sgd(learning_rate, momentum, nesterov)`` update on the minibatch ``idx``.
+
+    ``g = ∇_w mean_{i∈idx} ℓ(f(x_i; w), y_i)``; heavy ball ``u ← m·u + g, w ← w − η·u``;
+    Nesterov ``w ← w − η·(g + m·u)``. Returns ``(params, opt_state)``.
+    """
+    opt = optax.sgd(learning_rate, momentum, nesterov=nesterov)
+    g = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(params)
+    updates, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def init_state(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
+               momentum: jax.Array, *, loss: str = "cross_entropy") -> FineTuneState:
+    """The state before any update (zero optax momentum, full-set loss L_0)."""
+    l0, e0, f0 = _evaluate(apply_fn, params, x, y, loss)
+    opt_state = optax.sgd(1.0, momentum).init(params)
+    return FineTuneState(params, opt_state, l0, e0, f0, jnp.int32(-1))
+
+
+def finetune_step(apply_fn: ApplyFn, state: FineTuneState, x: jax.Array, y: jax.Array,
+                  idx: jax.Array, t: jax.Array, l0: jax.Array, learning_rate: jax.Array,
+                  momentum: jax.Array, *, nesterov: bool = False,
+                  loss: str = "cross_entropy") -> FineTuneState:
+    """Update t (1-based) then measure the full training set; freeze once diverged.
+
+    Divergence: the new full-set loss is non-finite or above ``10·l0``; the state then keeps
+    its previous values and ``diverged_at = t``. A frozen state stays frozen. Selection is by
+    ``jnp.where`` (no ``lax.cond``), so the step vmaps and XLA keeps its fast CPU convolution.
+    """
+    p, s = train_step(apply_fn, state.params, state.opt_state, x, y, idx, learning_rate,
+                      momentum, nesterov=nesterov, loss=loss)
+    l2, e2, f2 = _evaluate(apply_fn, p, x, y, loss)
+    frozen = state.diverged_at >= 0
+    bad = ~jnp.isfinite(l2) | (l2 > DIVERGENCE_FACTOR * l0)
+    keep = frozen | bad
+    new = FineTuneState(p, s, l2, e2, f2, state.diverged_at)
+    out = jax.tree.map(lambda a, b: jnp.where(keep, a, b), state, new)
+    return out._replace(diverged_at=jnp.where(bad & ~frozen, t, state.diverged_at)
+                        .astype(jnp.int32))
+
+
+def linear_logits(apply_fn: ApplyFn, params0: Any, f0: jax.Array, params: Any,
+                  x: jax.Array) -> jax.Array:
+    """f_lin(x; w) = f(x; w0) + J(x)(w − w0) by one ``jax.jvp`` (paper Sec. 3), (N, C)."""
+    delta = jax.tree.map(jnp.subtract, params, params0)
+    return f0 + jax.jvp(lambda q: apply_fn(q, x), (params0,), (delta,))[1]
 
 
 def finetune_core(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
                   batches: jax.Array, learning_rate: jax.Array, momentum: jax.Array, *,
                   nesterov: bool = False, loss: str = "cross_entropy",
                   x_test: jax.Array | None = None, record_logits: bool = False) -> FineTuneTrace:
-    """Pure, jittable fine-tuning: T steps of ``optax.sgd`` over a given batch sequence.
+    """Pure, jittable fine-tuning: :func:`finetune_step` scanned over a batch sequence.
 
-    Update (optax): ``u ← m·u + g``; ``w ← w − η·u`` (heavy ball) or ``w ← w − η·(g + m·u)``
-    (Nesterov), with ``g = ∇_w mean_{i∈B_t} ℓ(f(x_i; w), y_i)``. Once the full-set loss is
-    non-finite or exceeds ``10·L_0`` the run is frozen (``lax.cond``: no more work unless
-    vmapped) and ``diverged_at`` records the step.
+    For ``jit(vmap(...))`` sweeps over η and m. On CPU prefer :func:`finetune`: XLA:CPU runs
+    convolutions inside a ``lax.scan`` body about 40× slower than at top level (measured on
+    the small ResNet: 1.5 s vs 0.04 s of CPU per step), so the eager entry point dispatches
+    one jitted step at a time instead. Same arithmetic, same results.
 
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` (N, C); static under ``jit``.
@@ -70,69 +139,63 @@ def finetune_core(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
       learning_rate, momentum: scalar arrays η > 0 and m ∈ [0, 1) (traced: vmappable).
       nesterov, loss, record_logits: static.
       x_test: optional held-out inputs (M, ...), evaluated at the final parameters.
+      record_logits: also return the logits trajectory and, for the linearisation gap, the
+        linearised model's outputs at the same weights (one extra ``jax.jvp`` per step).
 
     Returns:
       :class:`FineTuneTrace`.
     """
-    opt = optax.sgd(learning_rate, momentum, nesterov=nesterov)
+    state0 = init_state(apply_fn, params, x, y, momentum, loss=loss)
 
-    def evaluate(p):
-        f = apply_fn(p, x)
-        return mean_loss(f, y, loss), error_rate(f, y).astype(f.dtype), f
-
-    def train(p, s, idx):
-        g = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(p)
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s
-
-    l0, e0, f0 = evaluate(params)
-
-    def active(carry, idx, t):
-        p, s, l_prev, e_prev, f_prev, _ = carry
-        p2, s2 = train(p, s, idx)
-        l2, e2, f2 = evaluate(p2)
-        bad = ~jnp.isfinite(l2) | (l2 > DIVERGENCE_FACTOR * l0)
-        return (_where(bad, p, p2), _where(bad, s, s2), jnp.where(bad, l_prev, l2),
-                jnp.where(bad, e_prev, e2), jnp.where(bad, f_prev, f2),
-                jnp.where(bad, t, -1).astype(jnp.int32))
-
-    def body(carry, inputs):
+    def body(state, inputs):
         idx, t = inputs
-        carry = jax.lax.cond(carry[5] >= 0, lambda c: c, lambda c: active(c, idx, t), carry)
-        return carry, (carry[2], carry[3], carry[4] if record_logits else None)
+        state = finetune_step(apply_fn, state, x, y, idx, t, state0.loss, learning_rate,
+                              momentum, nesterov=nesterov, loss=loss)
+        logits = ((state.logits, linear_logits(apply_fn, params, state0.logits, state.params,
+                                               x)) if record_logits else (None, None))
+        return state, (state.loss, state.error, *logits)
 
-    init = (params, opt.init(params), l0, e0, f0, jnp.int32(-1))
     steps = jnp.arange(1, batches.shape[0] + 1, dtype=jnp.int32)
-    (p, _, _, _, f, div), (ls, es, fs) = jax.lax.scan(body, init, (batches, steps))
+    last, (ls, es, fs, fls) = jax.lax.scan(body, state0, (batches, steps))
+
+    def first(a, rest):
+        return jnp.concatenate([a[None], rest])
+
     return FineTuneTrace(
-        loss=jnp.concatenate([l0[None], ls]), error=jnp.concatenate([e0[None], es]),
-        diverged_at=div, params=p, logits=f,
-        test_logits=None if x_test is None else apply_fn(p, x_test),
-        trajectory=jnp.concatenate([f0[None], fs]) if record_logits else None,
+        loss=first(state0.loss, ls), error=first(state0.error, es),
+        diverged_at=last.diverged_at, params=last.params, logits=last.logits,
+        test_logits=None if x_test is None else apply_fn(last.params, x_test),
+        trajectory=first(state0.logits, fs) if record_logits else None,
+        linear_trajectory=first(state0.logits, fls) if record_logits else None,
     )
 
 
-def _train_only(apply_fn, params, x, y, batches, learning_rate, momentum, *, nesterov, loss):
-    """The same optimiser steps without any evaluation, to time one training step."""
-    opt = optax.sgd(learning_rate, momentum, nesterov=nesterov)
-
-    def body(carry, idx):
-        p, s = carry
-        g = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(p)
-        u, s = opt.update(g, s, p)
-        return (optax.apply_updates(p, u), s), None
-
-    return jax.lax.scan(body, (params, opt.init(params)), batches)[0][0]
+def _time_steps(apply_fn, params, x, y, batches, hyper, statics) -> tuple[float, float]:
+    """(seconds per warm training step over the first ≤ 5 batches, compile seconds)."""
+    k = min(TIMING_STEPS, batches.shape[0])
+    t0 = time.perf_counter()
+    opt_state = optax.sgd(1.0, hyper[1]).init(params)
+    fn = jax.jit(lambda p, s, xx, yy, i, lr, m: train_step(apply_fn, p, s, xx, yy, i, lr, m,
+                                                            **statics))
+    fn = fn.lower(params, opt_state, x, y, batches[0], *hyper).compile()
+    t1 = time.perf_counter()
+    p, s = jax.block_until_ready(fn(params, opt_state, x, y, batches[0], *hyper))  # warm-up
+    t2 = time.perf_counter()
+    for i in range(k):
+        p, s = jax.block_until_ready(fn(p, s, x, y, batches[i], *hyper))
+    return (time.perf_counter() - t2) / k, t1 - t0
 
 
 @dataclasses.dataclass(frozen=True)
 class FineTuneRun:
     """Result of :func:`finetune`. Curves are numpy (steps+1,), index t = after t updates.
 
-    ``seconds``: ``compile`` (both jitted functions, reported apart), ``run`` (the whole
-    recorded run, training plus per-step full-set evaluation, which is measurement),
+    ``seconds``: ``compile`` (all jitted functions, reported apart), ``timing`` (the warm
+    steps timed for ``seconds_per_step``), ``run`` (the recorded run: training plus per-step
+    full-set evaluation, which is measurement),
     ``finetune`` (training steps only: ``seconds_per_step`` × steps taken, the number compared
-    with the prediction's time). ``logits``: (steps+1, N, C) trajectory when recorded.
+    with the prediction's time). ``logits``, ``linear_logits``: (steps+1, N, C) trajectories
+    of the network and of its linearisation at the same weights, when recorded.
     """
 
     loss: np.ndarray
@@ -149,6 +212,7 @@ class FineTuneRun:
     steps: int
     params: Any = dataclasses.field(repr=False)
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    linear_logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
 
 def _labels(y, n, c, name):
@@ -210,34 +274,68 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     statics = dict(nesterov=bool(nesterov), loss=loss)
 
     t0 = time.perf_counter()
-    run_fn = jax.jit(lambda p, xx, yy, bb, lr, mm, xt: finetune_core(
-        apply_fn, p, xx, yy, bb, lr, mm, x_test=xt, record_logits=record_logits, **statics)
-    ).lower(params, x, y, batches, *hyper, x_test).compile()
-    k = min(TIMING_STEPS, int(steps))
-    time_fn = jax.jit(lambda p, xx, yy, bb, lr, mm: _train_only(
-        apply_fn, p, xx, yy, bb, lr, mm, **statics)).lower(params, x, y, batches[:k], *hyper)
-    time_fn = time_fn.compile()
+    state = jax.jit(lambda p, xx, yy, mm: init_state(apply_fn, p, xx, yy, mm, loss=loss))(
+        params, x, y, hyper[1])
+    step = jax.jit(lambda st, xx, yy, i, t, l0, lr, mm: finetune_step(
+        apply_fn, st, xx, yy, i, t, l0, lr, mm, **statics))
+    step = step.lower(state, x, y, batches[0], jnp.int32(1), state.loss, *hyper).compile()
+    lin = jax.jit(lambda p0, f0, p, xx: linear_logits(apply_fn, p0, f0, p, xx))
+    lin = lin.lower(params, state.logits, params, x).compile() if record_logits else None
     t1 = time.perf_counter()
-    jax.block_until_ready(time_fn(params, x, y, batches[:k], *hyper))  # warm-up
+    seconds_per_step, compile_timing = _time_steps(apply_fn, params, x, y, batches, hyper,
+                                                   statics)
     t2 = time.perf_counter()
-    jax.block_until_ready(time_fn(params, x, y, batches[:k], *hyper))
-    seconds_per_step = (time.perf_counter() - t2) / k
+    l0, states, linear = state.loss, [state], [state.logits]
+    for t in range(1, int(steps) + 1):
+        state = step(state, x, y, batches[t - 1], jnp.int32(t), l0, *hyper)
+        if int(state.diverged_at) >= 0:
+            break
+        states.append(state)
+        if record_logits:
+            linear.append(lin(params, states[0].logits, state.params, x))
+    jax.block_until_ready(state)
     t3 = time.perf_counter()
-    trace = jax.block_until_ready(run_fn(params, x, y, batches, *hyper, x_test))
-    t4 = time.perf_counter()
 
-    div = int(trace.diverged_at)
-    taken = int(steps) if div < 0 else div
+    div = int(state.diverged_at)
+    hold = [states[-1]] * (int(steps) + 1 - len(states))
+    curve = states + hold
     acc = None
     if x_test is not None and len(y_test):
-        acc = float(jnp.mean(jnp.argmax(trace.test_logits, -1) == y_test))
+        acc = float(error_rate(apply_fn(state.params, jnp.asarray(x_test)), y_test))
+        acc = 1.0 - acc
     return FineTuneRun(
-        loss=np.asarray(trace.loss), error=np.asarray(trace.error), test_accuracy=acc,
+        loss=np.asarray([float(s.loss) for s in curve]),
+        error=np.asarray([float(s.error) for s in curve]), test_accuracy=acc,
         seconds_per_step=seconds_per_step,
-        seconds={"compile": t1 - t0, "timing": t3 - t1, "run": t4 - t3,
-                 "finetune": seconds_per_step * taken},
+        seconds={"compile": t1 - t0 + compile_timing, "timing": t2 - t1 - compile_timing,
+                 "run": t3 - t2, "finetune": seconds_per_step * (div if div >= 0 else int(steps))},
         diverged=div >= 0, diverged_at=div if div >= 0 else None,
         learning_rate=float(learning_rate), momentum=float(momentum), nesterov=bool(nesterov),
-        batch_size=b, steps=int(steps), params=trace.params,
-        logits=None if trace.trajectory is None else np.asarray(trace.trajectory),
+        batch_size=b, steps=int(steps), params=state.params,
+        logits=np.stack([s.logits for s in curve]) if record_logits else None,
+        linear_logits=np.stack(linear + linear[-1:] * len(hold)) if record_logits else None,
     )
+
+
+def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: float,
+              batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
+              loss: str = "cross_entropy", key: jax.Array | None = None) -> float:
+    """Measured seconds per real training step, without fine-tuning to the end.
+
+    Compiles the optimiser step of :func:`finetune` (same arguments and semantics), runs 5
+    warm steps on the first batches of ``ntk_tt.batch_indices(key, N, B, 5)`` and returns
+    their mean wall time; compile time is excluded. Multiply a predicted T_ε by it for the
+    predicted wall-clock time (METHOD.md §6).
+
+    Raises:
+      ValueError: as :func:`finetune`.
+    """
+    n, c = check_model(apply_fn, params, x)
+    y = _labels(y, n, c, "y")
+    check_loss(loss)
+    b = n if batch_size is None else int(batch_size)
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
+    hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
+    batches = batch_indices(key, n, b, TIMING_STEPS)
+    return _time_steps(apply_fn, params, jnp.asarray(x), y, batches, hyper,
+                       dict(nesterov=bool(nesterov), loss=loss))[0]

@@ -34,7 +34,7 @@ def reference_curve(params, x, y, *, lr, momentum, nesterov, batches, loss):
     state = opt.init(params)
     curve = [mean_loss(mlp(params, x), y, loss)]
     for idx in np.asarray(batches):
-        g = jax.grad(lambda p: mean_loss(mlp(p, x[idx]), y[idx], loss))(params)
+        g = jax.grad(lambda p, i=idx: mean_loss(mlp(p, x[i]), y[i], loss))(params)
         upd, state = opt.update(g, state, params)
         params = optax.apply_updates(params, upd)
         curve.append(mean_loss(mlp(params, x), y, loss))

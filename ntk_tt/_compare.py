@@ -1,0 +1,129 @@
+"""Prediction vs reality: T_ε errors, curve distance, linearisation gap, accuracy, wall time.
+
+One definition of every quantity for both sides (paper Sec. 5, Alg. 1): T_ε comes from
+:func:`ntk_tt.training_time` applied to the predicted and to the measured curve alike; the
+predicted wall-clock time is T̂_ε × the real run's measured seconds per training step; the
+prediction's time is its Jacobians + kernel + solve, the fine-tuning's time its training
+steps only (the per-step full-set evaluation is measurement, and compile time is apart).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ntk_tt._finetune import FineTuneRun
+from ntk_tt._predict import Prediction
+from ntk_tt._predict_kernel import EPSILONS
+from ntk_tt._training_time import training_time_report, wall_clock_time
+
+CURVES = ("loss", "error")
+
+
+def _num(v: Any) -> float | None:
+    """JSON-friendly float: NaN / inf become None."""
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def real_training_time(run: FineTuneRun) -> tuple[dict, dict]:
+    """T_ε of the measured curves: ({curve: {ε: steps or None}}, {curve: {ε: reason}})."""
+    times, reasons = {}, {}
+    for name in CURVES:
+        times[name], reasons[name] = {}, {}
+        for eps in EPSILONS:
+            t, why = training_time_report(getattr(run, name), eps)
+            times[name][eps] = _num(t)
+            if why:
+                reasons[name][eps] = why
+    return times, reasons
+
+
+def _curve_distance(pred: np.ndarray, real: np.ndarray) -> dict[str, float | None]:
+    """max and RMS |pred − real| over steps, and the max relative to the real fall L_0 − L_T."""
+    diff = np.abs(np.asarray(pred, float) - np.asarray(real, float))
+    fall = float(real[0] - real[-1])
+    return {"max_abs": _num(diff.max()), "rms": _num(np.sqrt(np.mean(diff**2))),
+            "real_fall": _num(fall),
+            "max_rel_to_fall": _num(diff.max() / fall) if fall > 0 else None}
+
+
+def linearisation_gap(run: FineTuneRun) -> dict[str, list] | None:
+    """‖f_t − f_lin(w_t)‖ along the real weight path, when the run recorded its logits.
+
+    ``rms``: root mean square over samples of ‖f_t − f_lin(w_t)‖₂ per step (logit units);
+    ``relative``: ‖f_t − f_lin(w_t)‖_F / ‖f_t − f_0‖_F (0 at t = 0 by convention). f_lin is
+    the first-order Taylor model at w0 (paper Sec. 3), the model the predictor integrates.
+    """
+    if run.logits is None or run.linear_logits is None:
+        return None
+    gap = run.logits - run.linear_logits
+    moved = np.linalg.norm((run.logits - run.logits[:1]).reshape(len(gap), -1), axis=1)
+    norm = np.linalg.norm(gap.reshape(len(gap), -1), axis=1)
+    rel = np.divide(norm, moved, out=np.zeros_like(norm), where=moved > 0)
+    rms = np.sqrt(np.mean(np.sum(gap**2, axis=-1), axis=-1))
+    return {"rms": [float(v) for v in rms], "relative": [float(v) for v in rel]}
+
+
+def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
+    """Put a prediction and the real fine-tuning run it predicts side by side.
+
+    Args:
+      prediction: from :func:`ntk_tt.predict` (same task, hyperparameters, steps and key).
+      run: from :func:`ntk_tt.finetune`.
+
+    Returns:
+      A JSON-ready dict. ``predicted`` / ``real``: ``training_time`` {curve: {ε: steps}},
+      ``wall_clock`` {curve: {ε: seconds}} (T_ε × the run's ``seconds_per_step``),
+      ``test_accuracy`` at T, ``diverged``, ``diverged_at``. ``absolute_error`` and
+      ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
+      {curve: {max_abs, rms, real_fall, max_rel_to_fall}}, ``linearisation_gap`` (or None),
+      ``seconds`` {predict, finetune, compile_finetune, ratio = finetune / predict}, and
+      ``diverged`` {predicted, real}. Undefined numbers are None.
+
+    Raises:
+      ValueError: curves of different lengths (different ``steps``).
+    """
+    if len(prediction.loss) != len(run.loss):
+        raise ValueError(f"prediction has {len(prediction.loss)} curve entries and the run "
+                         f"{len(run.loss)}; predict and fine-tune with the same steps.")
+    real_t, real_why = real_training_time(run)
+    pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
+    abs_err, rel_err = {}, {}
+    for c in CURVES:
+        abs_err[c], rel_err[c] = {}, {}
+        for e in EPSILONS:
+            p, r = pred_t[c][e], real_t[c][e]
+            ok = p is not None and r is not None
+            abs_err[c][e] = abs(p - r) if ok else None
+            rel_err[c][e] = abs(p - r) / r if ok and r > 0 else None
+
+    def clock(times):
+        return {c: {e: None if t is None else float(wall_clock_time(t, run.seconds_per_step))
+                    for e, t in times[c].items()} for c in CURVES}
+
+    pred_acc = None if prediction.test_error is None else 1.0 - float(prediction.test_error[-1])
+    t_pred = float(prediction.seconds["total"])
+    return {
+        "predicted": {"training_time": pred_t, "wall_clock": clock(pred_t),
+                      "training_time_reasons": prediction.training_time_reasons,
+                      "test_accuracy": pred_acc, "diverged": prediction.diverged,
+                      "diverged_at": prediction.diverged_at, "kappa": prediction.kappa,
+                      "method": prediction.method, "kernel": prediction.kernel},
+        "real": {"training_time": real_t, "wall_clock": clock(real_t),
+                 "training_time_reasons": real_why, "test_accuracy": run.test_accuracy,
+                 "diverged": run.diverged, "diverged_at": run.diverged_at,
+                 "seconds_per_step": run.seconds_per_step},
+        "absolute_error": abs_err,
+        "relative_error": rel_err,
+        "curve_distance": {c: _curve_distance(getattr(prediction, c), getattr(run, c))
+                           for c in CURVES},
+        "linearisation_gap": linearisation_gap(run),
+        "seconds": {"predict": t_pred, "predict_stages": dict(prediction.seconds),
+                    "finetune": run.seconds["finetune"],
+                    "compile_finetune": run.seconds["compile"],
+                    "ratio": run.seconds["finetune"] / t_pred if t_pred > 0 else None},
+        "diverged": {"predicted": prediction.diverged, "real": run.diverged},
+    }

@@ -1,0 +1,121 @@
+"""``ntk-tt``: predict fine-tuning training time from the empirical NTK, without training.
+
+    ntk-tt                      # the embedded default end to end (= ntk-tt predict --verify)
+    ntk-tt predict [options]    # predicted T_ε and wall-clock time; --verify also fine-tunes
+
+Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ntk_tt._job import DEFAULTS, predict_task
+from ntk_tt._predict_kernel import EPSILONS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ntk-tt", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command")
+    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)")
+    d = DEFAULTS
+    q.add_argument("--checkpoint", default=None, help="orbax checkpoint dir (default: shipped)")
+    q.add_argument("--dataset", default=d["dataset"],
+                   help="short name (ntk_tt.known_datasets()) or a prepared TFDS name")
+    q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
+    q.add_argument("--split", default=d["split"], help="TFDS split")
+    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes")
+    q.add_argument("-n", "--per-class", type=int, default=d["per_class"])
+    q.add_argument("--test-per-class", type=int, default=d["test_per_class"])
+    q.add_argument("-T", "--steps", type=int, default=d["steps"])
+    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate")
+    q.add_argument("-B", "--batch-size", type=int, default=None, help="default: N (GD)")
+    q.add_argument("-m", "--momentum", type=float, default=d["momentum"])
+    q.add_argument("--nesterov", action="store_true")
+    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"))
+    q.add_argument("--method", default=d["method"],
+                   choices=("auto", "closed_form", "ode", "sde", "discrete"))
+    q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"))
+    q.add_argument("--sketch-dim", type=int, default=None)
+    q.add_argument("--num-paths", type=int, default=d["num_paths"])
+    q.add_argument("--seed", type=int, default=d["seed"])
+    q.add_argument("--no-resize", action="store_false", dest="resize",
+                   help="fail instead of resizing images to the model's input size")
+    q.add_argument("--head-scale", type=float, default=d["head_scale"],
+                   help="init scale of the fresh head (× LeCun normal)")
+    q.add_argument("--verify", action="store_true", help="also fine-tune for real and compare")
+    q.add_argument("--figure", default="ntk_tt_predict.png", dest="figure_path")
+    q.add_argument("--json", default=None, dest="json_path")
+    q.add_argument("--no-progress", action="store_false", dest="progress")
+    return p
+
+
+def _fmt(v, unit=""):
+    return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
+
+
+def format_report(r: dict) -> str:
+    """Human-readable table of a :func:`ntk_tt.predict_task` report."""
+    t, pred, real = r["task"], r["predicted"], r["real"]
+    lines = [
+        f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {t['n_train']} train, "
+        f"{t['n_test']} held out; model {t['architecture']} (D = {t['num_params']})",
+        f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
+        f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s",
+    ]
+    head = f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'pred. wall-clock':>17}"
+    if real:
+        head += f" {'real T_ε':>9} {'real wall':>10} {'rel. error':>10}"
+    lines.append(head)
+    for c in ("loss", "error"):
+        for e in EPSILONS:
+            k = str(e)
+            row = (f"{c:6} {e:>5g} {_fmt(pred['training_time'][c][k]):>14} "
+                   f"{_fmt(pred['wall_clock'][c][k], ' s'):>17}")
+            if real:
+                rel = r["relative_error"][c][k]
+                row += (f" {_fmt(real['training_time'][c][k]):>9} "
+                        f"{_fmt(real['wall_clock'][c][k], ' s'):>10} "
+                        f"{'n/a' if rel is None else f'{100 * rel:.0f} %':>10}")
+            lines.append(row)
+    if real:
+        s = r["seconds"]
+        dist = r["curve_distance"]["loss"]
+        lines += [
+            f"real fine-tuning: {real['seconds_per_step'] * 1e3:.0f} ms/step, training "
+            f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
+            f"fine-tuning / prediction wall time = {_fmt(s['ratio'])}",
+            f"loss curves: max |predicted − real| = {_fmt(dist['max_abs'])} "
+            f"({_fmt(None if dist['max_rel_to_fall'] is None else 100 * dist['max_rel_to_fall'])}"
+            f" % of the real fall {_fmt(dist['real_fall'])})",
+            f"held-out accuracy at T: predicted {_fmt(pred['test_accuracy'])}, real "
+            f"{_fmt(real['test_accuracy'])}",
+            f"diverged: predicted {r['diverged']['predicted']}, real {r['diverged']['real']}",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; with no arguments runs ``predict --verify`` on the defaults."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args = parser.parse_args(argv or ["predict", "--verify"])
+    if args.command != "predict":
+        parser.error("choose a command: predict")
+    opts = vars(args)
+    opts.pop("command")
+    try:
+        report = predict_task(**opts)
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    print(format_report(report))
+    if opts["figure_path"]:
+        print(f"figure: {opts['figure_path']}")
+    if opts["json_path"]:
+        print(f"json: {opts['json_path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

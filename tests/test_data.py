@@ -1,0 +1,105 @@
+"""Data loader, task sampler and preprocessing on the vendored real images."""
+
+import jax
+import numpy as np
+import pytest
+
+import ntk_tt
+from ntk_tt._data import Dataset
+
+
+@pytest.fixture(scope="module")
+def flowers():
+    return ntk_tt.load_dataset("flowers5")
+
+
+def test_vendored_set_is_real_and_balanced(flowers):
+    assert flowers.images.dtype == np.uint8 and flowers.images.shape == (1000, 32, 32, 3)
+    assert flowers.class_names == ("daisy", "dandelion", "rose", "sunflower", "tulip")
+    np.testing.assert_array_equal(np.bincount(flowers.labels), [200] * 5)
+    assert flowers.images.std() > 30  # photos, not a constant placeholder
+    assert "flowers5" in ntk_tt.known_datasets()
+
+
+def test_task_sampler_is_seeded_disjoint_and_relabelled(flowers):
+    a = ntk_tt.sample_task(flowers, num_classes=3, per_class=20, test_per_class=7,
+                           key=jax.random.key(0))
+    b = ntk_tt.sample_task(flowers, num_classes=3, per_class=20, test_per_class=7,
+                           key=jax.random.key(0))
+    c = ntk_tt.sample_task(flowers, num_classes=3, per_class=20, test_per_class=7,
+                           key=jax.random.key(1))
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    assert not np.array_equal(a.x_train, c.x_train)
+    assert a.x_train.shape == (60, 32, 32, 3) and a.x_test.shape == (21, 32, 32, 3)
+    np.testing.assert_array_equal(np.bincount(a.y_train), [20] * 3)
+    np.testing.assert_array_equal(np.bincount(a.y_test), [7] * 3)
+    flat = {im.tobytes(): i for i, im in enumerate(flowers.images)}
+    train_ids = [flat[im.tobytes()] for im in a.x_train]
+    test_ids = [flat[im.tobytes()] for im in a.x_test]
+    assert not set(train_ids) & set(test_ids)
+    for ids, labels in ((train_ids, a.y_train), (test_ids, a.y_test)):
+        original = [a.class_names.index(flowers.class_names[flowers.labels[i]]) for i in ids]
+        np.testing.assert_array_equal(original, labels)
+
+
+def test_held_out_is_capped_by_what_is_left(flowers):
+    t = ntk_tt.sample_task(flowers, num_classes=2, per_class=190, test_per_class=50,
+                           key=jax.random.key(0))
+    assert len(t.y_test) == 2 * 10
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_classes=6), "num_classes"), (dict(num_classes=1), "num_classes"),
+    (dict(per_class=201), "per_class"), (dict(per_class=0), "per_class"),
+])
+def test_sampler_rejects_k_and_n_too_large(flowers, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.sample_task(flowers, key=jax.random.key(0), **kwargs)
+
+
+def test_unknown_dataset_lists_known_ones():
+    with pytest.raises(ValueError, match="unknown dataset 'nope'.*flowers5"):
+        ntk_tt.load_dataset("nope")
+
+
+def test_tfds_name_not_prepared_fails_fast(tmp_path):
+    with pytest.raises(ValueError, match="TFDS dataset 'cifar10' is not prepared.*download"):
+        ntk_tt.load_dataset("cifar10", data_dir=tmp_path)
+
+
+def test_prepare_grey_28px_to_rgb_32px():
+    grey = np.zeros((4, 28, 28, 1), np.uint8)
+    grey[:, 7:21, 7:21] = 255
+    mean, std = np.array([0.1, 0.2, 0.3]), np.array([0.5, 0.5, 0.5])
+    x = np.asarray(ntk_tt.prepare_images(grey, (32, 32, 3), mean=mean, std=std))
+    assert x.shape == (4, 32, 32, 3) and x.dtype == np.float32
+    # all three channels carry the same grey image, each normalised by its own statistics
+    np.testing.assert_allclose(x[..., 0] * 0.5 + 0.1, x[..., 2] * 0.5 + 0.3, atol=1e-6)
+    # the bright square stays centred and bright after resizing (28 → 32 px)
+    assert x[0, 16, 16, 0] == pytest.approx((1 - 0.1) / 0.5, abs=1e-5)
+    assert x[0, 1, 1, 0] == pytest.approx((0 - 0.1) / 0.5, abs=1e-5)
+
+
+def test_prepare_same_size_is_exact_normalisation():
+    imgs = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    x = ntk_tt.prepare_images(imgs, (32, 32, 3), mean=np.full(3, 0.5), std=np.full(3, 0.25))
+    np.testing.assert_allclose(np.asarray(x), (imgs / 255 - 0.5) / 0.25, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,kwargs,match", [
+    ((2, 32, 32, 4), {}, "channels"), ((2, 28, 28, 3), dict(resize=False), "resiz"),
+])
+def test_prepare_rejects_mismatching_images(shape, kwargs, match):
+    imgs = np.zeros(shape, np.uint8)
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.prepare_images(imgs, (32, 32, 3), mean=np.zeros(3), std=np.ones(3), **kwargs)
+
+
+def test_npz_loader_adds_channel_axis_to_grey(tmp_path, monkeypatch):
+    path = tmp_path / "mnist_test.npz"
+    np.savez(path, images=np.zeros((6, 28, 28), np.uint8), labels=np.arange(6) % 2,
+             class_names=np.array(["zero", "one"]))
+    monkeypatch.setenv("NTK_TT_DATA_DIR", str(tmp_path))
+    d = ntk_tt.load_dataset("mnist_test")
+    assert isinstance(d, Dataset) and d.images.shape == (6, 28, 28, 1)
+    assert d.class_names == ("zero", "one")
