@@ -71,13 +71,14 @@ def discrete_trajectory(
 def discrete_paths(
     op, f0, y, *, key, num_paths, batch_size, steps, test_op=None, f0_test=None, **kwargs
 ):
-    """The recursion for ``num_paths`` minibatch orders, vmapped; path p uses the batch
-    sequence ``batch_indices(jax.random.split(key, num_paths)[p], N, B, steps)``.
+    """The recursion for ``num_paths`` minibatch orders, vmapped. Path 0 uses
+    ``batch_indices(key, N, B, steps)``, exactly the sequence of a real run with the same key;
+    path p ≥ 1 uses ``batch_indices(jax.random.split(key, num_paths)[p], N, B, steps)``.
 
     Returns ``(fs, fs_test)`` with a leading path axis (num_paths, steps + 1, ...).
     """
     n = f0.shape[0]
-    keys = jax.random.split(key, num_paths)
+    keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
     batches = jax.vmap(lambda k: batch_indices(k, n, batch_size, steps))(keys)
 
     def one(b):

@@ -129,7 +129,9 @@ def predict(
       momentum: m ∈ [0, 1). nesterov: optax's Nesterov form. loss: "cross_entropy" | "mse".
       method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
         "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise. num_paths: seeds or
-        Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches).
+        Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches); with
+        SGD, seed 0 uses the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real
+        run with the same key.
       x_test, y_test: optional held-out set, predicted with the cross kernel Θ(x_test, x).
 
     Returns:
@@ -156,7 +158,10 @@ def predict(
         nt, _ = check_model(apply_fn, params, x_test, name="x_test")
         check_labels(y_test, nt, c, name="y_test")
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
-    keys = jax.random.split(key, 3) if key is not None else [None] * 3
+    # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
+    # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
+    keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1),
+                                           jax.random.fold_in(key, 2), key]
     seconds = {}
     (k, kt), seconds["kernel"] = _timed(_kernels, apply_fn, params, x, x_test, kernel,
                                         d_sketch, keys[0])

@@ -201,7 +201,9 @@ def predict_from_kernel(
       nesterov: optax's Nesterov form. loss: "cross_entropy" or "mse" (mean over samples).
       method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
         η/(1 − m)), "sde" (diffrax, SGD noise), or "auto" (see ``resolve_method``).
-      key: jax.random key for the minibatch orders (discrete SGD) or Brownian paths (SDE).
+      key: jax.random key for the minibatch orders (discrete SGD; seed 0 uses
+        ``batch_indices(key, N, B, steps)``, the order of a real run with the same key) or the
+        Brownian paths (SDE).
       noise_features: (N·C, D') SDE noise features J·diag(σ_w)·P/√D'.
       num_paths: seeds / Brownian paths for stochastic methods.
       kernel_test: cross kernel Θ(x_test, x), (N_test·C, N·C) or (N_test, N) summed.

@@ -57,9 +57,10 @@ def test_recursion_equals_optax_training_of_linear_model(x64, momentum, nesterov
     pred = _run(params, xtr, ytr, xte, yte, lr, momentum, key, batch_size=batch_size,
                 nesterov=nesterov, loss=loss)
     for p in range(PATHS if batch_size else 1):
-        # path p of the prediction uses the batch sequence of split(key, PATHS)[p]
+        # path 0 uses batch_indices(key, ...), path p ≥ 1 that of split(key, PATHS)[p]
         bs = batch_size or 16
-        batches = ntk_tt.batch_indices(jax.random.split(key, PATHS)[p], 16, bs, STEPS)
+        path_key = key if p == 0 else jax.random.split(key, PATHS)[p]
+        batches = ntk_tt.batch_indices(path_key, 16, bs, STEPS)
         fs = _train(params, xtr, ytr, batches, jnp.concatenate([xtr, xte]), lr, momentum,
                     nesterov=nesterov, loss=loss)
         real = jax.vmap(lambda f: ntk_tt.mean_loss(f[:16], ytr, loss))(fs)
