@@ -20,7 +20,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from ntk_tt import load_checkpoint, load_dataset, prepare_images, save_checkpoint
-from ntk_tt.models import SmallResNet
+from ntk_tt._checkpoint import ARCHITECTURES
 
 
 def main() -> None:
@@ -32,7 +32,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--widths", default="16,32,64")
+    p.add_argument("--arch", default="SmallResNet", choices=("SmallResNet", "ResNet18"))
+    p.add_argument("--widths", default="16,32,64", help="SmallResNet stage widths")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     t0 = time.time()
@@ -44,7 +45,8 @@ def main() -> None:
     x = np.asarray(prepare_images(train.images, shape, mean=mean, std=std))
     x_test = prepare_images(test.images, shape, mean=mean, std=std)
     widths = tuple(int(w) for w in a.widths.split(","))
-    model = SmallResNet(len(train.class_names), widths=widths, rngs=nnx.Rngs(a.seed))
+    kwargs = {"widths": list(widths)} if a.arch == "SmallResNet" else {}
+    model = ARCHITECTURES[a.arch](len(train.class_names), rngs=nnx.Rngs(a.seed), **kwargs)
     steps_per_epoch = len(x) // a.batch_size
     schedule = optax.cosine_decay_schedule(a.lr, a.epochs * steps_per_epoch)
     opt = nnx.Optimizer(model, optax.adam(schedule), wrt=nnx.Param)
@@ -59,8 +61,14 @@ def main() -> None:
         return loss
 
     @nnx.jit
-    def accuracy(model, xs, ys):
+    def _accuracy(model, xs, ys):
         return jnp.mean(jnp.argmax(model(xs), -1) == ys)
+
+    def accuracy(model, xs, ys):
+        model.eval()  # ResNet18: frozen batch-norm statistics, as in fine-tuning
+        acc = float(_accuracy(model, xs, ys))
+        model.train()
+        return acc
 
     rng = np.random.default_rng(a.seed)
     for epoch in range(a.epochs):
@@ -72,11 +80,11 @@ def main() -> None:
             xb = np.where(flip[:, None, None, None], x[idx][:, :, ::-1], x[idx])
             loss = step(model, opt, jnp.asarray(xb), jnp.asarray(train.labels[idx]))
             bar.set_postfix(loss=f"{float(loss):.3f}")
-        acc = float(accuracy(model, x_test, jnp.asarray(test.labels)))
+        acc = accuracy(model, x_test, jnp.asarray(test.labels))
         print(f"epoch {epoch + 1}: last loss {float(loss):.3f}, source-test accuracy {acc:.4f}")
     seconds = time.time() - t0
     meta = {
-        "architecture": "SmallResNet", "kwargs": {"widths": list(widths)},
+        "architecture": a.arch, "kwargs": kwargs,
         "num_classes": len(train.class_names), "input_shape": list(shape),
         "mean": mean.tolist(), "std": std.tolist(), "class_names": list(train.class_names),
         "pretrain": {"dataset": a.dataset, "test_dataset": a.test_dataset, "epochs": a.epochs,
@@ -86,7 +94,7 @@ def main() -> None:
     }
     path = save_checkpoint(a.out, model, meta)
     reloaded, _ = load_checkpoint(path)
-    assert float(accuracy(reloaded, x_test, jnp.asarray(test.labels))) == acc
+    assert accuracy(reloaded, x_test, jnp.asarray(test.labels)) == acc
     print(json.dumps(meta["pretrain"]))
     print(f"wrote {path} in {seconds:.0f} s")
 

@@ -108,8 +108,9 @@ def load_dataset(name: str, *, split: str = "train",
 
     Args:
       name: a short name from :func:`known_datasets` (``flowers5`` is vendored; the others
-        live in ``../shared/data``), or a tensorflow-datasets name prepared offline in
-        ``data_dir``.
+        live in ``../shared/data``), a path to an ``.npz`` file with the keys ``images``,
+        ``labels`` and ``class_names`` (the format of ``../shared/data``), or a
+        tensorflow-datasets name prepared offline in ``data_dir``.
       split: TFDS split (ignored for the short names, whose split is fixed by the file).
       data_dir: TFDS data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
 
@@ -122,6 +123,8 @@ def load_dataset(name: str, *, split: str = "train",
     """
     if name in VENDORED:
         return _load_npz(VENDORED[name])
+    if name.endswith(".npz") and Path(name).is_file():
+        return _load_npz(Path(name))
     if name in SHARED and (shared_data_dir() / SHARED[name]).is_file():
         return _load_npz(shared_data_dir() / SHARED[name])
     version_dir = _prepared_version(_tfds_dir(name, data_dir))

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tqdm import tqdm
 
 from ntk_tt._batches import batch_indices
 from ntk_tt._losses import check_loss, error_rate, mean_loss
@@ -229,7 +230,8 @@ def _labels(y, n, c, name):
 def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: float,
              steps: int, batch_size: int | None = None, momentum: float = 0.0,
              nesterov: bool = False, loss: str = "cross_entropy", key: jax.Array | None = None,
-             x_test: Any = None, y_test: Any = None, record_logits: bool = False) -> FineTuneRun:
+             x_test: Any = None, y_test: Any = None, record_logits: bool = False,
+             progress: bool = False) -> FineTuneRun:
     """Fine-tune for real with ``optax.sgd`` and record full-training-set curves (paper Sec. 5).
 
     Same conventions as :func:`ntk_tt.predict`: mean loss, optax SGD semantics, the batch
@@ -245,6 +247,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       loss: "cross_entropy" or "mse". key: ``jax.random`` key, required when B < N.
       x_test, y_test: optional held-out split for the final accuracy.
       record_logits: keep the (steps+1, N, C) logits trajectory (linearisation gap).
+      progress: show a tqdm progress bar over the steps.
 
     Returns:
       :class:`FineTuneRun`. A run whose loss becomes non-finite or exceeds 10·L_0 stops there
@@ -286,7 +289,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                                                    statics)
     t2 = time.perf_counter()
     l0, states, linear = state.loss, [state], [state.logits]
-    for t in range(1, int(steps) + 1):
+    for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
+                  disable=not progress):
         state = step(state, x, y, batches[t - 1], jnp.int32(t), l0, *hyper)
         if int(state.diverged_at) >= 0:
             break

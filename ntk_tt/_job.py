@@ -144,7 +144,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     if verify:
         bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
         run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
-                       y_test=y_test, record_logits=True, **hyper)
+                       y_test=y_test, record_logits=True, progress=progress, **hyper)
         bar.update()
         report = compare(pred, run)
     else:

@@ -103,3 +103,5 @@ def test_npz_loader_adds_channel_axis_to_grey(tmp_path, monkeypatch):
     d = ntk_tt.load_dataset("mnist_test")
     assert isinstance(d, Dataset) and d.images.shape == (6, 28, 28, 1)
     assert d.class_names == ("zero", "one")
+    by_path = ntk_tt.load_dataset(str(path))
+    np.testing.assert_array_equal(by_path.images, d.images)
