@@ -42,6 +42,8 @@ from ntk_tt._training_time import wall_clock_time as wall_clock_time
 from ntk_tt._checkpoint import load_checkpoint as load_checkpoint
 from ntk_tt._checkpoint import save_checkpoint as save_checkpoint
 from ntk_tt._compare import compare as compare
+from ntk_tt._data import Dataset as Dataset
+from ntk_tt._data import Task as Task
 from ntk_tt._data import known_datasets as known_datasets
 from ntk_tt._data import load_dataset as load_dataset
 from ntk_tt._data import prepare_images as prepare_images
@@ -49,6 +51,7 @@ from ntk_tt._data import sample_task as sample_task
 from ntk_tt._finetune import FineTuneRun as FineTuneRun
 from ntk_tt._finetune import finetune as finetune
 from ntk_tt._finetune import step_time as step_time
+from ntk_tt._job import predict_task as predict_task
 from ntk_tt.models import replace_head as replace_head
 
 __version__ = "0.1.0"
