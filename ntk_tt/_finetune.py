@@ -171,14 +171,20 @@ def finetune_core(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
     )
 
 
+_STATIC = ("nesterov", "loss")
+_init_jit = jax.jit(init_state, static_argnums=0, static_argnames="loss")
+_step_jit = jax.jit(finetune_step, static_argnums=0, static_argnames=_STATIC)
+_train_jit = jax.jit(train_step, static_argnums=0, static_argnames=_STATIC)
+_linear_jit = jax.jit(linear_logits, static_argnums=0)
+
+
 def _time_steps(apply_fn, params, x, y, batches, hyper, statics) -> tuple[float, float]:
     """(seconds per warm training step over the first ≤ 5 batches, compile seconds)."""
     k = min(TIMING_STEPS, batches.shape[0])
     t0 = time.perf_counter()
     opt_state = optax.sgd(1.0, hyper[1]).init(params)
-    fn = jax.jit(lambda p, s, xx, yy, i, lr, m: train_step(apply_fn, p, s, xx, yy, i, lr, m,
-                                                            **statics))
-    fn = fn.lower(params, opt_state, x, y, batches[0], *hyper).compile()
+    fn = _train_jit.lower(apply_fn, params, opt_state, x, y, batches[0], *hyper, **statics)
+    fn = fn.compile()
     t1 = time.perf_counter()
     p, s = jax.block_until_ready(fn(params, opt_state, x, y, batches[0], *hyper))  # warm-up
     t2 = time.perf_counter()
@@ -277,47 +283,48 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     statics = dict(nesterov=bool(nesterov), loss=loss)
 
     t0 = time.perf_counter()
-    state = jax.jit(lambda p, xx, yy, mm: init_state(apply_fn, p, xx, yy, mm, loss=loss))(
-        params, x, y, hyper[1])
-    step = jax.jit(lambda st, xx, yy, i, t, l0, lr, mm: finetune_step(
-        apply_fn, st, xx, yy, i, t, l0, lr, mm, **statics))
-    step = step.lower(state, x, y, batches[0], jnp.int32(1), state.loss, *hyper).compile()
-    lin = jax.jit(lambda p0, f0, p, xx: linear_logits(apply_fn, p0, f0, p, xx))
-    lin = lin.lower(params, state.logits, params, x).compile() if record_logits else None
+    state = _init_jit(apply_fn, params, x, y, hyper[1], loss=loss)
+    step = _step_jit.lower(apply_fn, state, x, y, batches[0], jnp.int32(1), state.loss, *hyper,
+                           **statics).compile()
+    lin = (_linear_jit.lower(apply_fn, params, state.logits, params, x).compile()
+           if record_logits else None)
     t1 = time.perf_counter()
     seconds_per_step, compile_timing = _time_steps(apply_fn, params, x, y, batches, hyper,
                                                    statics)
     t2 = time.perf_counter()
-    l0, states, linear = state.loss, [state], [state.logits]
+    l0 = state.loss
+    rec = {"loss": [state.loss], "error": [state.error], "logits": [state.logits],
+           "linear": [state.logits]}
     for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
                   disable=not progress):
         state = step(state, x, y, batches[t - 1], jnp.int32(t), l0, *hyper)
         if int(state.diverged_at) >= 0:
             break
-        states.append(state)
+        rec["loss"].append(state.loss)
+        rec["error"].append(state.error)
         if record_logits:
-            linear.append(lin(params, states[0].logits, state.params, x))
+            rec["logits"].append(state.logits)
+            rec["linear"].append(lin(params, rec["logits"][0], state.params, x))
     jax.block_until_ready(state)
     t3 = time.perf_counter()
 
     div = int(state.diverged_at)
-    hold = [states[-1]] * (int(steps) + 1 - len(states))
-    curve = states + hold
+    held = {k: np.stack(v + v[-1:] * (int(steps) + 1 - len(v))) for k, v in rec.items()}
     acc = None
     if x_test is not None and len(y_test):
         acc = float(error_rate(apply_fn(state.params, jnp.asarray(x_test)), y_test))
         acc = 1.0 - acc
     return FineTuneRun(
-        loss=np.asarray([float(s.loss) for s in curve]),
-        error=np.asarray([float(s.error) for s in curve]), test_accuracy=acc,
+        loss=held["loss"].astype(float), error=held["error"].astype(float), test_accuracy=acc,
         seconds_per_step=seconds_per_step,
         seconds={"compile": t1 - t0 + compile_timing, "timing": t2 - t1 - compile_timing,
-                 "run": t3 - t2, "finetune": seconds_per_step * (div if div >= 0 else int(steps))},
+                 "run": t3 - t2,
+                 "finetune": seconds_per_step * (div if div >= 0 else int(steps))},
         diverged=div >= 0, diverged_at=div if div >= 0 else None,
         learning_rate=float(learning_rate), momentum=float(momentum), nesterov=bool(nesterov),
         batch_size=b, steps=int(steps), params=state.params,
-        logits=np.stack([s.logits for s in curve]) if record_logits else None,
-        linear_logits=np.stack(linear + linear[-1:] * len(hold)) if record_logits else None,
+        logits=held["logits"] if record_logits else None,
+        linear_logits=held["linear"] if record_logits else None,
     )
 
 
