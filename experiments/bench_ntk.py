@@ -9,7 +9,8 @@ peak memory = the subprocess's maximum resident size minus its resident size aft
 loading, polled every 2 ms (``_rss.py``; XLA allocations are host memory on CPU, so RSS sees
 them; tracemalloc would not), over both calls.
 
-Run:  python experiments/bench_ntk.py [--quick] [--nt-python /work/nt-venv/bin/python]
+Run:  python experiments/bench_ntk.py [--quick] [--widths 1,2,4] [--csv out.csv]
+      [--nt-python /work/nt-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -202,7 +203,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="N in {64, 150}, D' in {256, 1024}")
     ap.add_argument("--nt-python", default=os.environ.get("NT_PYTHON", "/work/nt-venv/bin/python"))
     ap.add_argument("--pretrain-steps", type=int, default=300)
-    ap.add_argument("--widths", default="1,2,4", help="width factors of the D sweep (N=150)")
+    ap.add_argument(
+        "--widths", default="", help="width factors of the D sweep at N=150, e.g. 1,2,4 (slow)"
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     ap.add_argument("--csv", default=None, help="also write the table to this CSV file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -229,7 +232,7 @@ def main(argv=None):
             # NTK-vector products: 94 s and 15 GB already at N = 150, so only at N = 64
             impls = (1, 2, 3) if n == 64 else (1, 3)
             _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls, args.timeout)
-        if not args.quick:
+        if args.widths and not args.quick:
             import _bench_cnn
             import jax
 

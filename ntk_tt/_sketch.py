@@ -167,10 +167,10 @@ def sketched_ntk(
     fourth moments agree), i.e. relative Frobenius error ≈ √((1 + r)/D'), r = (tr Θ)²/‖Θ‖²_F
     (paper Sec. 4). P's entries are Achlioptas' √3·{+1, 0, −1} with probabilities
     1/6, 2/3, 1/6 (drawn from 16 random bits: probabilities within 5e-6 of these, magnitude
-    rescaled so that E p² = 1 exactly, hence still unbiased), or standard Gaussian; P is generated per parameter leaf and per block of
-    directions from ``key`` (module docstring), so the same key gives the same features
-    whatever ``route``, ``block_size`` or input set (sketch [x; x_test] or x alone: the x rows
-    agree).
+    rescaled so that E p² = 1 exactly, hence still unbiased), or standard Gaussian; P is
+    generated per parameter leaf and per block of directions from ``key`` (module docstring),
+    so the same key gives the same features whatever ``route``, ``block_size`` or input set
+    (sketch [x; x_test] or x alone: the x rows agree).
 
     Routes: "forward" runs one ``jax.jvp`` per direction, vmapped over a block of directions;
     "reverse" computes per-sample Jacobians for ``block_size`` inputs at a time (like
