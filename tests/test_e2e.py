@@ -2,8 +2,9 @@
 
 Small task (K = 5 classes × n = 10 flowers, T = 30 GD steps, the default fresh head). The
 learning rate is set from the kernel's top eigenvalue (κ = η·λ_max(Θ)/N = 2), a regime where
-the real loss falls by more than 30 % (measured 38 %, max gap 6 % of the fall). Pass criterion: predicted and real full-training-set loss agree at every step
-within 10 % of the real fall; the negative control (Θ doubled) must fail the same criterion.
+the real loss falls by more than 30 % (measured 38 %, max gap 6 % of the fall). Pass
+criterion: predicted and real full-training-set loss agree at every step within 10 % of the
+real fall; the negative control (Θ doubled) must fail the same criterion.
 """
 
 import jax.numpy as jnp
