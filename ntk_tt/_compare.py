@@ -80,7 +80,8 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``test_accuracy`` at T, ``diverged``, ``diverged_at``. ``absolute_error`` and
       ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
       {curve: {max_abs, rms, real_fall, max_rel_to_fall}}, ``linearisation_gap`` (or None),
-      ``seconds`` {predict, finetune, compile_finetune, ratio = finetune / predict}, and
+      ``seconds`` {predict, finetune, compile_predict, compile_finetune,
+      ratio = finetune / predict}, and
       ``diverged`` {predicted, real}. Undefined numbers are None.
 
     Raises:
@@ -124,6 +125,7 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
         "seconds": {"predict": t_pred, "predict_stages": dict(prediction.seconds),
                     "finetune": run.seconds["finetune"],
                     "compile_finetune": run.seconds["compile"],
+                    "compile_predict": prediction.seconds["compile"],
                     "ratio": run.seconds["finetune"] / t_pred if t_pred > 0 else None},
         "diverged": {"predicted": prediction.diverged, "real": run.diverged},
     }

@@ -21,6 +21,7 @@ from ntk_tt._predict_kernel import (
     predict_from_kernel,
     resolve_method,
 )
+from ntk_tt._timing import Stopwatch
 from ntk_tt._training_time import REASONS
 
 KERNELS = ("exact", "traced", "sketch")
@@ -39,8 +40,9 @@ class Prediction(NamedTuple):
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used.
-    seconds: wall time per stage ("kernel", "noise", "solve", "total"), eager timings that
-      include JIT compilation on the first call of a configuration.
+    seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
+      the call to the result, validation included), all WITHOUT JAX compilation (tracing,
+      lowering, XLA compile), which is summed apart in "compile".
     """
 
     loss: np.ndarray
@@ -77,6 +79,10 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
         )
 
 
+def _logits(apply_fn, params, x, x_test):
+    return apply_fn(params, x), None if x_test is None else apply_fn(params, x_test)
+
+
 def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
     """Θ(x, x) and Θ(x_test, x) (or None) of the requested kind."""
     from ntk_tt import empirical_ntk, sketched_ntk
@@ -95,10 +101,13 @@ def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
     return k, kt
 
 
-def _timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args, **kwargs))
-    return out, time.perf_counter() - start
+def _timed(seconds, stage, fn, *args, **kwargs):
+    """Run one stage; its time without compilation goes to ``seconds[stage]``."""
+    with Stopwatch() as sw:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+    seconds[stage] = sw.seconds
+    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
+    return out
 
 
 def predict(
@@ -162,23 +171,22 @@ def predict(
     # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
     keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1),
                                            jax.random.fold_in(key, 2), key]
-    seconds = {}
-    (k, kt), seconds["kernel"] = _timed(_kernels, apply_fn, params, x, x_test, kernel,
-                                        d_sketch, keys[0])
-    feats, seconds["noise"] = None, 0.0
+    seconds = {"noise": 0.0}
+    k, kt = _timed(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
+                   keys[0])
+    feats = None
     if method == "sde":
         from ntk_tt._noise import noise_features
 
-        feats, seconds["noise"] = _timed(noise_features, apply_fn, params, x, y, loss=loss,
-                                         sketch_dim=d_sketch, key=keys[1])
-    f0 = apply_fn(params, x)
-    f0t = None if x_test is None else apply_fn(params, x_test)
-    out, seconds["solve"] = _timed(
-        predict_from_kernel, k, f0, y, learning_rate=learning_rate, momentum=momentum, steps=steps,
-        batch_size=batch_size, nesterov=nesterov, loss=loss, method=method, key=keys[2],
-        noise_features=feats, num_paths=num_paths, kernel_test=kt, f0_test=f0t,
-        y_test=y_test)
-    seconds["total"] = time.perf_counter() - start
+        feats = _timed(seconds, "noise", noise_features, apply_fn, params, x, y, loss=loss,
+                       sketch_dim=d_sketch, key=keys[1])
+    f0, f0t = _timed(seconds, "logits", _logits, apply_fn, params, x, x_test)
+    out = _timed(
+        seconds, "solve", predict_from_kernel, k, f0, y, learning_rate=learning_rate,
+        momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
+        method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
+        f0_test=f0t, y_test=y_test)
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return _to_prediction(out, method, kernel, seconds)
 
 

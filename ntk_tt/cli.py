@@ -62,7 +62,8 @@ def format_report(r: dict) -> str:
         f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {t['n_train']} train, "
         f"{t['n_test']} held out; model {t['architecture']} (D = {t['num_params']})",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
-        f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s",
+        f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s "
+        f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
     ]
     head = f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'pred. wall-clock':>17}"
     if real:
