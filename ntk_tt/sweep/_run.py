@@ -28,7 +28,7 @@ from flax import nnx
 import ntk_tt
 from ntk_tt._checkpoint import load_checkpoint
 from ntk_tt._data import load_dataset, prepare_images, sample_task
-from ntk_tt._finetune import DIVERGENCE_FACTOR
+from ntk_tt._finetune import DIVERGENCE_FACTOR, train_step
 from ntk_tt._losses import mean_loss
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._figures import make_figures
@@ -103,13 +103,6 @@ def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, m
     return np.asarray(loss), np.asarray(div), seconds, compile_s
 
 
-def _train_step(apply_fn, params, state, x, y, idx, lr, m):
-    """One optax SGD step (heavy ball) on the minibatch ``idx`` for one configuration."""
-    grad = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], "cross_entropy"))(params)
-    updates, state = optax.sgd(lr, m).update(grad, state, params)
-    return optax.apply_updates(params, updates), state
-
-
 def _evaluate(apply_fn, params, x, y):
     """Full-training-set mean loss (the curve; measurement, not training)."""
     return mean_loss(apply_fn(params, x), y, "cross_entropy")
@@ -134,7 +127,7 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size):
     batches = ntk_tt.batch_indices(key, n, n if batch_size is None else batch_size, steps)
     params = jax.tree.map(lambda a: jnp.broadcast_to(a, (g, *a.shape)), data.params)
     state = jax.vmap(lambda p: optax.sgd(0.1, 0.9).init(p))(params)
-    step_fn = jax.vmap(functools.partial(_train_step, data.apply_fn),
+    step_fn = jax.vmap(functools.partial(train_step, data.apply_fn),
                        in_axes=(0, 0, None, None, None, 0, 0))
     eval_fn = jax.vmap(functools.partial(_evaluate, data.apply_fn), in_axes=(0, None, None))
     tag = (id(data.apply_fn), batch_size)
