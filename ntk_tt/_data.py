@@ -75,8 +75,24 @@ def _prepared_version(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+NPZ_FORMAT = ("an .npz archive (numpy.savez) with keys images (uint8, N×H×W×C or N×H×W), "
+              "labels (integers, N) and class_names (strings)")
+
+
 def _load_npz(path: Path) -> Dataset:
-    with np.load(path) as d:
+    try:
+        archive = np.load(path)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"{path} is not a numpy .npz archive ({type(err).__name__}); "
+                         f"expected {NPZ_FORMAT}.") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} holds a single array, not a numpy .npz archive; "
+                         f"expected {NPZ_FORMAT}.")
+    with archive as d:
+        missing = [k for k in ("images", "labels", "class_names") if k not in d.files]
+        if missing:
+            raise ValueError(f"{path} lacks the keys {missing} (has {d.files}); expected "
+                             f"{NPZ_FORMAT}.")
         images, labels = d["images"], d["labels"].astype(np.int64)
         names = tuple(str(c) for c in d["class_names"])
     if images.ndim == 3:
@@ -118,12 +134,16 @@ def load_dataset(name: str, *, split: str = "train",
       :class:`Dataset` with images uint8 (N, H, W, C) (grey images get C = 1) and labels (N,).
 
     Raises:
-      ValueError: unknown name (the message lists the known ones); a TFDS name that is not
-        prepared in ``data_dir`` (TFDS cannot download here); an unknown TFDS split.
+      ValueError: unknown name (the message lists the known ones); a path (ends in ``.npz``
+        or contains ``/``) that is not a file, not an .npz archive or lacks a key; a TFDS name
+        that is not prepared in ``data_dir`` (TFDS cannot download here); an unknown split.
     """
     if name in VENDORED:
         return _load_npz(VENDORED[name])
-    if name.endswith(".npz") and Path(name).is_file():
+    if name.endswith(".npz") or "/" in name or os.sep in name:
+        if not Path(name).is_file():
+            raise ValueError(f"dataset file not found: {name!r}; pass an existing path to "
+                             f"{NPZ_FORMAT}, or a short name: {', '.join(known_datasets())}.")
         return _load_npz(Path(name))
     if name in SHARED and (shared_data_dir() / SHARED[name]).is_file():
         return _load_npz(shared_data_dir() / SHARED[name])
@@ -169,16 +189,26 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
       :class:`Task` with uint8 images; x_train has K·n rows grouped by class.
 
     Raises:
-      ValueError: K < 2 or above the classes available; n < 1 or above the images per class.
+      ValueError: K < 2 or above the classes available; fewer than 2 classes in ``data``;
+        n < 1 or above the images per class.
     """
     counts = np.bincount(data.labels, minlength=len(data.class_names))
-    if not 2 <= num_classes <= len(counts):
+    present = int(np.count_nonzero(counts))
+    if num_classes < 2:
+        raise ValueError(f"num_classes (K) must be >= 2 (a task needs at least two classes), "
+                         f"got {num_classes}.")
+    if present < 2:
+        raise ValueError(f"the dataset has only {present} class with images; at least 2 are "
+                         "needed: use another dataset.")
+    if num_classes > len(counts):
         raise ValueError(
-            f"num_classes (K) must be between 2 and the {len(counts)} classes available, got "
-            f"{num_classes}; choose a smaller K or another dataset."
+            f"num_classes (K) = {num_classes} is more than the {len(counts)} classes available; "
+            "choose a smaller K or another dataset."
         )
+    if per_class < 1:
+        raise ValueError(f"per_class (n) must be >= 1 training image per class, got {per_class}.")
     eligible = np.flatnonzero(counts >= per_class)
-    if per_class < 1 or len(eligible) < num_classes:
+    if len(eligible) < num_classes:
         raise ValueError(
             f"per_class (n) = {per_class} images is more than {num_classes} classes have "
             f"(images per class: min {counts.min()}, max {counts.max()}); choose n <= "

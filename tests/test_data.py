@@ -49,12 +49,30 @@ def test_held_out_is_capped_by_what_is_left(flowers):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(num_classes=6), "num_classes"), (dict(num_classes=1), "num_classes"),
-    (dict(per_class=201), "per_class"), (dict(per_class=0), "per_class"),
+    (dict(num_classes=6), "num_classes"), (dict(num_classes=1), r"num_classes \(K\) must be >= 2"),
+    (dict(per_class=201), "per_class"), (dict(per_class=0), r"per_class \(n\) must be >= 1"),
 ])
 def test_sampler_rejects_k_and_n_too_large(flowers, kwargs, match):
     with pytest.raises(ValueError, match=match):
         ntk_tt.sample_task(flowers, key=jax.random.key(0), **kwargs)
+
+
+def test_sampler_rejects_single_class_dataset():
+    one = Dataset(np.zeros((10, 4, 4, 1), np.uint8), np.zeros(10, np.int64), ("only",))
+    with pytest.raises(ValueError, match="only 1 class.*at least 2"):
+        ntk_tt.sample_task(one, num_classes=2, per_class=2, key=jax.random.key(0))
+
+
+def test_bad_npz_paths_say_what_is_wrong(tmp_path):
+    np.savez(tmp_path / "keys.npz", x=np.zeros((2, 4, 4, 3), np.uint8), labels=np.arange(2))
+    (tmp_path / "text.npz").write_text("not an archive")
+    with pytest.raises(ValueError, match=r"lacks the keys \['images', 'class_names'\].*uint8"):
+        ntk_tt.load_dataset(str(tmp_path / "keys.npz"))
+    with pytest.raises(ValueError, match="not a numpy .npz archive"):
+        ntk_tt.load_dataset(str(tmp_path / "text.npz"))
+    for missing in (str(tmp_path / "missing.npz"), "missing.npz", "some/dir"):
+        with pytest.raises(ValueError, match="file not found"):
+            ntk_tt.load_dataset(missing)
 
 
 def test_unknown_dataset_lists_known_ones():
