@@ -29,11 +29,19 @@ def _num(v: Any) -> float | None:
 
 
 def real_training_time(run: FineTuneRun) -> tuple[dict, dict]:
-    """T_ε of the measured curves: ({curve: {ε: steps or None}}, {curve: {ε: reason}})."""
+    """T_ε of the measured curves: ({curve: {ε: steps or None}}, {curve: {ε: reason}}).
+
+    A diverged run has no T_ε (its held curve has no meaningful L_T): every entry is None
+    with the reason ``"diverged at step k"``.
+    """
     times, reasons = {}, {}
     for name in CURVES:
         times[name], reasons[name] = {}, {}
         for eps in EPSILONS:
+            if run.diverged:
+                times[name][eps] = None
+                reasons[name][eps] = f"diverged at step {run.diverged_at}"
+                continue
             t, why = training_time_report(getattr(run, name), eps)
             times[name][eps] = _num(t)
             if why:
@@ -77,7 +85,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     Returns:
       A JSON-ready dict. ``predicted`` / ``real``: ``training_time`` {curve: {ε: steps}},
       ``wall_clock`` {curve: {ε: seconds}} (T_ε × the run's ``seconds_per_step``),
-      ``test_accuracy`` at T, ``diverged``, ``diverged_at``. ``absolute_error`` and
+      ``test_accuracy`` at T, ``diverged``, ``diverged_at`` (``predicted`` also ``kappa``
+      and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
+      predicted curve is not trustworthy; a diverged real run has every T_ε None with the
+      reason "diverged at step k"). ``absolute_error`` and
       ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
       {curve: {max_abs, rms, real_fall, max_rel_to_fall}}, ``linearisation_gap`` (or None),
       ``seconds`` {predict, finetune, compile_predict, compile_finetune,
@@ -85,7 +96,8 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``diverged`` {predicted, real}. Undefined numbers are None.
 
     Raises:
-      ValueError: curves of different lengths (different ``steps``).
+      ValueError: curves of different lengths (different ``steps``). Only the step count is
+        checked: a :class:`Prediction` does not record its hyperparameters.
     """
     if len(prediction.loss) != len(run.loss):
         raise ValueError(f"prediction has {len(prediction.loss)} curve entries and the run "
@@ -112,7 +124,8 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
                       "training_time_reasons": prediction.training_time_reasons,
                       "test_accuracy": pred_acc, "diverged": prediction.diverged,
                       "diverged_at": prediction.diverged_at, "kappa": prediction.kappa,
-                      "method": prediction.method, "kernel": prediction.kernel},
+                      "beyond_edge": bool(prediction.beyond_edge), "method": prediction.method,
+                      "kernel": prediction.kernel},
         "real": {"training_time": real_t, "wall_clock": clock(real_t),
                  "training_time_reasons": real_why, "test_accuracy": run.test_accuracy,
                  "diverged": run.diverged, "diverged_at": run.diverged_at,

@@ -47,9 +47,10 @@ class FineTuneState(NamedTuple):
 class FineTuneTrace(NamedTuple):
     """Output of :func:`finetune_core` (add a leading axis per ``vmap``).
 
-    loss, error: (T+1,) full-training-set mean loss and error rate; after divergence they hold
-      the last value before it. diverged_at: int32, the first step whose loss was non-finite or
-      above 10·L_0, or −1. params: the final (last non-diverged) parameters. logits: (N, C) at
+    loss, error: (T+1,) full-training-set mean loss and error rate; the divergent step keeps
+      its value when finite, later steps (and a non-finite one) hold the last finite value.
+      diverged_at: int32, the first step whose loss was non-finite or above 10·L_0, or −1.
+      params: the final (last non-diverged) parameters. logits: (N, C) at
       those parameters. test_logits: (M, C) or None. trajectory: (T+1, N, C) logits or None.
       linear_trajectory: (T+1, N, C) outputs f_lin(w_t) = f(w0) + J(w_t − w0) of the
       linearised model (paper Sec. 3) at the same weights, or None.
@@ -98,9 +99,11 @@ def finetune_step(apply_fn: ApplyFn, state: FineTuneState, x: jax.Array, y: jax.
                   loss: str = "cross_entropy") -> FineTuneState:
     """Update t (1-based) then measure the full training set; freeze once diverged.
 
-    Divergence: the new full-set loss is non-finite or above ``10·l0``; the state then keeps
-    its previous values and ``diverged_at = t``. A frozen state stays frozen. Selection is by
-    ``jnp.where`` (no ``lax.cond``), so the step vmaps and XLA keeps its fast CPU convolution.
+    Divergence: the new full-set loss is non-finite or above ``10·l0``; then
+    ``diverged_at = t``, the divergent step's loss and error are recorded when the loss is
+    finite (else the previous ones are kept), and parameters, optimiser state and logits keep
+    their pre-divergence values. A frozen state stays frozen. Selection is by ``jnp.where``
+    (no ``lax.cond``), so the step vmaps and XLA keeps its fast CPU convolution.
     """
     p, s = train_step(apply_fn, state.params, state.opt_state, x, y, idx, learning_rate,
                       momentum, nesterov=nesterov, loss=loss)
@@ -110,7 +113,10 @@ def finetune_step(apply_fn: ApplyFn, state: FineTuneState, x: jax.Array, y: jax.
     keep = frozen | bad
     new = FineTuneState(p, s, l2, e2, f2, state.diverged_at)
     out = jax.tree.map(lambda a, b: jnp.where(keep, a, b), state, new)
-    return out._replace(diverged_at=jnp.where(bad & ~frozen, t, state.diverged_at)
+    record = ~frozen & jnp.isfinite(l2)
+    return out._replace(loss=jnp.where(record, l2, out.loss),
+                        error=jnp.where(record, e2, out.error),
+                        diverged_at=jnp.where(bad & ~frozen, t, state.diverged_at)
                         .astype(jnp.int32))
 
 
@@ -257,7 +263,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
 
     Returns:
       :class:`FineTuneRun`. A run whose loss becomes non-finite or exceeds 10·L_0 stops there
-      (``diverged=True``, ``diverged_at`` = that step) and its curves hold the last value.
+      (``diverged=True``, ``diverged_at`` = that step); the curves record that step's value
+      when finite and then hold the last finite value (``steps + 1`` finite entries);
+      ``params`` and the logits trajectories stop at the last step before divergence.
 
     Raises:
       ValueError: bad shapes or labels, η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N], missing key
@@ -298,10 +306,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
                   disable=not progress):
         state = step(state, x, y, batches[t - 1], jnp.int32(t), l0, *hyper)
-        if int(state.diverged_at) >= 0:
-            break
         rec["loss"].append(state.loss)
         rec["error"].append(state.error)
+        if int(state.diverged_at) >= 0:
+            break
         if record_logits:
             rec["logits"].append(state.logits)
             rec["linear"].append(lin(params, rec["logits"][0], state.params, x))

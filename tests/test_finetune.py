@@ -91,8 +91,38 @@ def test_huge_lr_divergence_is_flagged_with_finite_curves():
     assert run.diverged and 1 <= run.diverged_at <= 15
     assert np.all(np.isfinite(run.loss)) and np.all(np.isfinite(run.error))
     t = run.diverged_at
-    assert np.all(run.loss[t:] == run.loss[t - 1])
+    assert run.loss[t] > 10 * run.loss[0] and np.all(run.loss[t:] == run.loss[t])
     assert run.seconds["finetune"] == pytest.approx(run.seconds_per_step * (t))
+
+
+def test_divergent_step_value_is_recorded_then_held():
+    """Spec: the divergent step keeps its finite value (here > 10·L_0), later steps hold it;
+    compared with a plain optax loop. A non-finite step holds the previous finite value."""
+    params, x, y = problem()
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=30.0, steps=5)
+    ref = reference_curve(params, x, y, lr=30.0, momentum=0.0, nesterov=False,
+                          batches=ntk_tt.batch_indices(None, N, N, 1), loss="cross_entropy")
+    assert run.diverged_at == 1 and ref[1] > 10 * ref[0]
+    np.testing.assert_allclose(run.loss[:2], ref, rtol=1e-4)
+    assert np.all(run.loss[1:] == run.loss[1])
+    core = finetune_core(mlp, params, x, y, ntk_tt.batch_indices(None, N, N, 5),
+                         jnp.float32(30.0), jnp.float32(0.0))
+    np.testing.assert_allclose(core.loss, run.loss, rtol=1e-5)
+    inf = ntk_tt.finetune(mlp, params, x, y, learning_rate=1e30, steps=3, loss="mse")
+    assert inf.diverged_at == 1 and np.all(inf.loss == inf.loss[0])
+
+
+def test_compare_diverged_run_and_beyond_edge():
+    params, x, y = problem()
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=30.0, steps=6)
+    pred = ntk_tt.predict(mlp, params, x, y, learning_rate=30.0, steps=6)
+    report = ntk_tt.compare(pred, run)
+    assert report["predicted"]["beyond_edge"] is True
+    assert report["predicted"]["kappa"] > 2
+    for curve in ("loss", "error"):
+        assert all(t is None for t in report["real"]["training_time"][curve].values())
+        assert set(report["real"]["training_time_reasons"][curve].values()) == {
+            "diverged at step 1"}
 
 
 def test_core_vmaps_over_learning_rate_and_momentum():
