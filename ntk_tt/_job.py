@@ -47,6 +47,33 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def check_outputs(figure_path=None, json_path=None) -> None:
+    """Fail fast on output paths, before any work: the folder must exist and be writable, the
+    figure's extension one matplotlib writes (png, pdf, svg, ...). Empty / None = no output.
+
+    Raises:
+      ValueError: one line naming the path and the fix.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    for what, path in (("figure", figure_path), ("json", json_path)):
+        if not path:
+            continue
+        folder = Path(path).expanduser().resolve().parent
+        if not folder.is_dir():
+            raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
+                             "exist; create it first or choose another path.")
+        if not os.access(folder, os.W_OK):
+            raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} is not "
+                             "writable; choose another path.")
+    if figure_path:
+        formats = FigureCanvasBase.get_supported_filetypes()
+        ext = Path(figure_path).suffix.lower().lstrip(".")
+        if ext not in formats:
+            raise ValueError(f"figure path {str(figure_path)!r} must end in a format matplotlib "
+                             f"writes: {', '.join('.' + f for f in sorted(formats))}.")
+
+
 def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="train",
               num_classes=5, per_class=150, test_per_class=50, seed=0, resize=True,
               head_scale=HEAD_SCALE):
@@ -71,6 +98,7 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     info = {"checkpoint": str(checkpoint or "shipped"), "architecture": meta["architecture"],
             "num_params": num_params(params), "dataset": dataset, "classes": task.class_names,
             "n_train": len(task.y_train), "n_test": len(task.y_test),
+            "test_per_class": len(task.y_test) // num_classes,
             "image_shape": list(np.shape(task.x_train)[1:])}
     y_test = task.y_test if x_test is not None else None
     return apply_fn, params, x, task.y_train, x_test, y_test, info
@@ -121,12 +149,17 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
 
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, K, n, checkpoint,
-        image shape, hyperparameters).
+        image shape, hyperparameters, num_paths < 1, output paths); the options and output
+        paths are checked before any work.
     """
     unknown = set(options) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}.")
     o = DEFAULTS | options
+    if not (isinstance(o["num_paths"], (int, np.integer)) and o["num_paths"] >= 1):
+        raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
+                         f"{o['num_paths']!r}.")
+    check_outputs(figure_path, json_path)
     bar = tqdm(total=3 if verify else 2, disable=not progress, unit="stage",
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")
     bar.set_description("loading checkpoint and task")
@@ -159,7 +192,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
                           "test_accuracy": None if pred.test_error is None
                           else 1.0 - float(pred.test_error[-1]),
                           "diverged": pred.diverged, "diverged_at": pred.diverged_at,
-                          "kappa": pred.kappa, "method": pred.method, "kernel": pred.kernel,
+                          "kappa": pred.kappa, "beyond_edge": bool(pred.beyond_edge),
+                          "method": pred.method, "kernel": pred.kernel,
                           "seconds_per_step": sps},
             "real": None, "relative_error": None, "absolute_error": None,
             "seconds": {"predict": pred.seconds["total"], "predict_stages": pred.seconds,

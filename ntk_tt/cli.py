@@ -22,7 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     d = DEFAULTS
     q.add_argument("--checkpoint", default=None, help="orbax checkpoint dir (default: shipped)")
     q.add_argument("--dataset", default=d["dataset"],
-                   help="short name (ntk_tt.known_datasets()) or a prepared TFDS name")
+                   help="short name (ntk_tt.known_datasets()), a prepared TFDS name, or a "
+                   "path to an .npz file with keys images (uint8 N×H×W×C or N×H×W), labels "
+                   "(integers, N) and class_names (strings)")
     q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
     q.add_argument("--split", default=d["split"], help="TFDS split")
     q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes")
@@ -45,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--head-scale", type=float, default=d["head_scale"],
                    help="init scale of the fresh head (× LeCun normal)")
     q.add_argument("--verify", action="store_true", help="also fine-tune for real and compare")
-    q.add_argument("--figure", default="ntk_tt_predict.png", dest="figure_path")
-    q.add_argument("--json", default=None, dest="json_path")
+    q.add_argument("--figure", default="ntk_tt_predict.png", dest="figure_path",
+                   help="figure file, any matplotlib format by its extension (default: "
+                   "ntk_tt_predict.png in the current directory; '' for none)")
+    q.add_argument("--json", default=None, dest="json_path", help="also write the report here")
     q.add_argument("--no-progress", action="store_false", dest="progress")
     return p
 
@@ -65,6 +69,14 @@ def format_report(r: dict) -> str:
         f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
     ]
+    if pred.get("beyond_edge"):
+        lines.append(f"warning: κ = {pred['kappa']:.3g} is beyond the linearised model's "
+                     "stability edge: the real run will likely diverge or oscillate; the "
+                     "predicted curve and T_ε are not trustworthy; lower --lr")
+    asked = r["config"]["test_per_class"]
+    if t["test_per_class"] < asked:
+        lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "
+                     f"{asked} asked for (only that many are left after n per class)")
     head = f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'pred. wall-clock':>17}"
     if real:
         head += f" {'real T_ε':>9} {'real wall':>10} {'rel. error':>10}"
