@@ -18,6 +18,7 @@ from ntk_tt._predict_kernel import (
     EPSILONS,
     check_hyper,
     check_labels,
+    check_num_paths,
     predict_from_kernel,
     resolve_method,
 )
@@ -124,8 +125,9 @@ def predict(
     Achlioptas random projection of Sec. 4 with ``sketch_dim`` D', default 256) and integrates
     the function-space dynamics (Prop. 1/2, eq. 1) for ``steps`` optimiser updates of optax's
     ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` picks the
-    exact discrete recursion for momentum or SGD, else the MSE closed form / the cross-entropy
-    ODE. ``method="sde"`` estimates σ_w² at ``params`` and uses ``noise_features`` with D'.
+    MSE closed form for GD without momentum, else the exact discrete recursion (both exact for
+    the linearised model and able to predict divergence). ``method="sde"`` estimates σ_w² at
+    ``params`` and uses ``noise_features`` with D'.
 
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
@@ -147,7 +149,7 @@ def predict(
       :class:`Prediction`.
 
     Raises:
-      ValueError: bad model output or inputs, labels not matching N or C, η ≤ 0,
+      ValueError: bad model output or inputs, labels not matching N or C, η ≤ 0, num_paths < 1,
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
         closed form with cross-entropy or SGD, non-finite Θ — all before the kernel is built.
     """
@@ -157,6 +159,7 @@ def predict(
     y = check_labels(y, n, c)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
+    check_num_paths(num_paths)
     method = resolve_method(method, loss, bs == n, momentum)
     if method == "closed_form" and (loss != "mse" or bs < n):
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")

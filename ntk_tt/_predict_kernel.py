@@ -30,7 +30,7 @@ from ntk_tt._fspace import (
 from ntk_tt._losses import check_loss
 from ntk_tt._ode import ode_trajectory
 from ntk_tt._sde import sde_paths
-from ntk_tt._training_time import training_time_array
+from ntk_tt._training_time import DIVERGED, training_time_array
 
 EPSILONS = (0.01, 0.1, 0.4)
 METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
@@ -76,8 +76,24 @@ def _concrete(value):
     return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
 
 
+def check_num_paths(num_paths) -> None:
+    """ValueError unless ``num_paths`` (seeds / Brownian paths) is an int >= 1."""
+    if isinstance(num_paths, bool) or not isinstance(num_paths, (int, np.integer)) \
+            or num_paths < 1:
+        raise ValueError(
+            f"num_paths must be an int >= 1 (SGD seeds or Brownian paths), got {num_paths!r}."
+        )
+
+
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
-    """ValueErrors for η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N] (concrete values only)."""
+    """ValueErrors for non-scalar η or m, η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N]
+    (values checked when concrete)."""
+    for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
+        if np.ndim(value) != 0:
+            raise ValueError(
+                f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, "
+                "jax.vmap predict_from_kernel over it (one kernel, one compilation)."
+            )
     lr, m = _concrete(learning_rate), _concrete(momentum)
     if lr is not None and not (np.all(np.isfinite(lr)) and np.all(lr > 0)):
         raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}.")
@@ -121,16 +137,18 @@ def _check_finite(kernel, name):
 
 
 def resolve_method(method, loss, full_batch, momentum) -> str:
-    """"auto": exact discrete recursion for momentum or SGD (and whenever m is traced),
-    else the MSE closed form or the cross-entropy ODE."""
+    """"auto": the MSE closed form for GD without momentum (exact in discrete time), else the
+    exact discrete recursion. Both are exact for the linearised model at any η and predict its
+    divergence; the ODE/SDE are their small-η limits (``method="ode"``/``"sde"``, the paper's
+    choice) and cannot diverge."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     if method != "auto":
         return method
     m = _concrete(momentum)
-    if m is None or np.any(m > 0) or not full_batch:
-        return "discrete"
-    return "closed_form" if loss == "mse" else "ode"
+    if loss == "mse" and full_batch and m is not None and not np.any(m > 0):
+        return "closed_form"
+    return "discrete"
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -213,7 +231,8 @@ def predict_from_kernel(
       :class:`KernelPrediction`.
 
     Raises:
-      ValueError: bad shapes, labels, η ≤ 0, m ∉ [0, 1), B ∉ [1, N], steps < 1, non-finite Θ,
+      ValueError: bad shapes, labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
+        steps < 1, num_paths < 1, non-finite Θ,
         unknown method or loss, missing key / noise features (value checks only when the
         arguments are concrete, i.e. not traced).
     """
@@ -223,6 +242,7 @@ def predict_from_kernel(
     n, c = np.shape(f0)
     batch_size = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_num_paths(num_paths)
     y = check_labels(y, n, c)
     full_batch = batch_size == n
     method = resolve_method(method, loss, full_batch, momentum)
@@ -293,6 +313,9 @@ def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochasti
     eps = jnp.asarray(EPSILONS, loss_c.dtype)
     tt = jax.vmap(lambda cv: jax.vmap(lambda e: training_time_array(cv, e, window))(eps))
     t_eps, codes = tt(jnp.stack([loss_c, err_c]))
+    # a diverged run has no training time, whatever its held (finite) curve looks like
+    t_eps = jnp.where(diverged, jnp.nan, t_eps)
+    codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
     return KernelPrediction(
         loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
         loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,

@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED = 0, 1, 2, 3
+OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED = 0, 1, 2, 3, 4
 REASONS = {
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
     NOT_SETTLED: "no step comes within epsilon * (L_0 - L_T) of L_T",
+    DIVERGED: "training diverged (loss non-finite or above 10 * L_0): no training time",
 }
 
 

@@ -65,7 +65,7 @@ def test_predict_sgd_on_traced_kernel_has_a_band(model):
 
 def test_auto_method():
     assert resolve_method("auto", "mse", True, 0.0) == "closed_form"
-    assert resolve_method("auto", "cross_entropy", True, 0.0) == "ode"
+    assert resolve_method("auto", "cross_entropy", True, 0.0) == "discrete"
     assert resolve_method("auto", "cross_entropy", False, 0.0) == "discrete"
     assert resolve_method("auto", "mse", True, 0.9) == "discrete"
 
@@ -115,7 +115,8 @@ def test_non_psd_float32_kernel_is_clamped_and_reported():
      (dict(batch_size=0), "batch_size"), (dict(batch_size=21), "batch_size"),
      (dict(steps=0), "steps"), (dict(method="euler"), "method"), (dict(loss="hinge"), "loss"),
      (dict(kernel="random"), "kernel"), (dict(batch_size=5), "key"),
-     (dict(method="closed_form"), "closed_form")],
+     (dict(method="closed_form"), "closed_form"), (dict(num_paths=0), "num_paths"),
+     (dict(learning_rate=jnp.array([0.1, 0.2])), "scalar")],
 )
 def test_predict_rejects_bad_arguments_before_any_work(model, kwargs, match):
     apply_fn, params, x, y, _, _ = model
@@ -145,3 +146,17 @@ def test_predict_from_kernel_rejects_bad_kernels():
                                    batch_size=2, key=jax.random.key(0))
     with pytest.raises(ValueError, match="labels"):
         ntk_tt.predict_from_kernel(good, f0, jnp.eye(4, 2), learning_rate=0.1, steps=5)
+
+
+def test_divergent_learning_rate_has_no_training_time(model):
+    """Far beyond the stability edge the default method predicts divergence, and T_ε is
+    undefined with the reason "diverged" (the held curve must not produce a fake T_ε)."""
+    apply_fn, params, x, y, _, _ = model
+    lam_max = float(np.linalg.eigvalsh(np.asarray(brute_ntk(apply_fn, params, x)))[-1])
+    lr = 1e4 * 20 / lam_max  # κ = 1e4, far beyond the cross-entropy edge κ = 4
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=STEPS)
+    assert pred.method == "discrete" and pred.beyond_edge and pred.diverged
+    assert np.all(np.isfinite(pred.loss)) and np.all(np.isfinite(pred.error))
+    for curve in ("loss", "error"):
+        assert all(np.isnan(t) for t in pred.training_time[curve].values())
+        assert all("diverged" in r for r in pred.training_time_reasons[curve].values())
