@@ -23,7 +23,8 @@ from ntk_tt.sweep._run import report, run_sweep
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
-    "smoke": SweepSpec(datasets=("cifar10_test", "mnist_test"), per_class=(10,), seeds=(0,),
+    # smoke: the vendored flowers5 set only, so the test suite runs without ../shared
+    "smoke": SweepSpec(datasets=("flowers5",), per_class=(10,), seeds=(0, 1),
                        batch_sizes=(None, 25), kappas=(1.0, 4.0), steps=20, sketch_dims=(32,)),
     "session": SweepSpec(datasets=TARGETS, per_class=(6, 10), seeds=(0,),
                          batch_sizes=(None, 25), kappas=(1.0, 4.0, 12.0), steps=150,
