@@ -75,6 +75,29 @@ def linearisation_gap(run: FineTuneRun) -> dict[str, list] | None:
     return {"rms": [float(v) for v in rms], "relative": [float(v) for v in rel]}
 
 
+def _clock(times: dict, seconds_per_step: float) -> dict:
+    return {c: {e: None if t is None else float(wall_clock_time(t, seconds_per_step))
+                for e, t in times[c].items()} for c in CURVES}
+
+
+def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[str, Any]:
+    """The prediction's half of a report, JSON-ready.
+
+    ``training_time`` {curve: {ε: steps or None}}, ``wall_clock`` {curve: {ε: seconds}}
+    (T_ε × ``seconds_per_step``, a measured real step), ``training_time_reasons``,
+    ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
+    ``kappa``, ``beyond_edge``, ``method``, ``kernel``.
+    """
+    pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
+    return {"training_time": pred_t, "wall_clock": _clock(pred_t, seconds_per_step),
+            "training_time_reasons": prediction.training_time_reasons,
+            "test_accuracy": None if prediction.test_error is None
+            else 1.0 - float(prediction.test_error[-1]),
+            "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
+            "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
+            "method": prediction.method, "kernel": prediction.kernel}
+
+
 def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     """Put a prediction and the real fine-tuning run it predicts side by side.
 
@@ -103,7 +126,8 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
         raise ValueError(f"prediction has {len(prediction.loss)} curve entries and the run "
                          f"{len(run.loss)}; predict and fine-tune with the same steps.")
     real_t, real_why = real_training_time(run)
-    pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
+    predicted = predicted_summary(prediction, run.seconds_per_step)
+    pred_t = predicted["training_time"]
     abs_err, rel_err = {}, {}
     for c in CURVES:
         abs_err[c], rel_err[c] = {}, {}
@@ -113,20 +137,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
             abs_err[c][e] = abs(p - r) if ok else None
             rel_err[c][e] = abs(p - r) / r if ok and r > 0 else None
 
-    def clock(times):
-        return {c: {e: None if t is None else float(wall_clock_time(t, run.seconds_per_step))
-                    for e, t in times[c].items()} for c in CURVES}
-
-    pred_acc = None if prediction.test_error is None else 1.0 - float(prediction.test_error[-1])
     t_pred = float(prediction.seconds["total"])
     return {
-        "predicted": {"training_time": pred_t, "wall_clock": clock(pred_t),
-                      "training_time_reasons": prediction.training_time_reasons,
-                      "test_accuracy": pred_acc, "diverged": prediction.diverged,
-                      "diverged_at": prediction.diverged_at, "kappa": prediction.kappa,
-                      "beyond_edge": bool(prediction.beyond_edge), "method": prediction.method,
-                      "kernel": prediction.kernel},
-        "real": {"training_time": real_t, "wall_clock": clock(real_t),
+        "predicted": predicted,
+        "real": {"training_time": real_t, "wall_clock": _clock(real_t, run.seconds_per_step),
                  "training_time_reasons": real_why, "test_accuracy": run.test_accuracy,
                  "diverged": run.diverged, "diverged_at": run.diverged_at,
                  "seconds_per_step": run.seconds_per_step},

@@ -16,13 +16,11 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt._checkpoint import load_checkpoint
-from ntk_tt._compare import compare
+from ntk_tt._compare import compare, predicted_summary
 from ntk_tt._data import load_dataset, prepare_images, sample_task
 from ntk_tt._finetune import finetune, step_time
 from ntk_tt._model import from_nnx, num_params
 from ntk_tt._predict import predict
-from ntk_tt._predict_kernel import EPSILONS
-from ntk_tt._training_time import wall_clock_time
 from ntk_tt.models import HEAD_SCALE, replace_head
 
 DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train",
@@ -183,18 +181,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     else:
         bar.set_description("timing a few real training steps")
         sps = step_time(apply_fn, params, x, y, key=key, **hyper)
-        times = {c: {e: pred.training_time[c][e] for e in EPSILONS} for c in ("loss", "error")}
         report = {
-            "predicted": {"training_time": times,
-                          "wall_clock": {c: {e: float(wall_clock_time(t, sps))
-                                             for e, t in v.items()} for c, v in times.items()},
-                          "training_time_reasons": pred.training_time_reasons,
-                          "test_accuracy": None if pred.test_error is None
-                          else 1.0 - float(pred.test_error[-1]),
-                          "diverged": pred.diverged, "diverged_at": pred.diverged_at,
-                          "kappa": pred.kappa, "beyond_edge": bool(pred.beyond_edge),
-                          "method": pred.method, "kernel": pred.kernel,
-                          "seconds_per_step": sps},
+            "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
             "real": None, "relative_error": None, "absolute_error": None,
             "seconds": {"predict": pred.seconds["total"], "predict_stages": pred.seconds,
                         "finetune": None},
