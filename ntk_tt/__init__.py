@@ -36,9 +36,8 @@ from ntk_tt._training_time import training_time_array as training_time_array
 from ntk_tt._training_time import training_time_report as training_time_report
 from ntk_tt._training_time import wall_clock_time as wall_clock_time
 
-# isort: split
-
 # --- data, models, fine-tuning, comparison (fine-tuning issue) ---
+# isort: split
 from ntk_tt._checkpoint import load_checkpoint as load_checkpoint
 from ntk_tt._checkpoint import save_checkpoint as save_checkpoint
 from ntk_tt._compare import compare as compare
