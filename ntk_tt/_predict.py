@@ -124,10 +124,9 @@ def predict(
     (eq. 2; ``kernel="traced"`` uses the logit-summed N×N kernel as (Θ/C) ⊗ I_C, "sketch" the
     Achlioptas random projection of Sec. 4 with ``sketch_dim`` D', default 256) and integrates
     the function-space dynamics (Prop. 1/2, eq. 1) for ``steps`` optimiser updates of optax's
-    ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` picks the
-    MSE closed form for GD without momentum, else the exact discrete recursion (both exact for
-    the linearised model and able to predict divergence). ``method="sde"`` estimates σ_w² at
-    ``params`` and uses ``noise_features`` with D'.
+    ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` is the
+    exact discrete recursion (exact for the linearised model, predicts divergence).
+    ``method="sde"`` estimates σ_w² at ``params`` and uses ``noise_features`` with D'.
 
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
@@ -160,7 +159,7 @@ def predict(
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
     check_num_paths(num_paths)
-    method = resolve_method(method, loss, bs == n, momentum)
+    method = resolve_method(method)
     if method == "closed_form" and (loss != "mse" or bs < n):
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
     _check_kinds(kernel, sketch_dim, key, method, bs, n)

@@ -136,19 +136,14 @@ def _check_finite(kernel, name):
         )
 
 
-def resolve_method(method, loss, full_batch, momentum) -> str:
-    """"auto": the MSE closed form for GD without momentum (exact in discrete time), else the
-    exact discrete recursion. Both are exact for the linearised model at any η and predict its
-    divergence; the ODE/SDE are their small-η limits (``method="ode"``/``"sde"``, the paper's
-    choice) and cannot diverge."""
+def resolve_method(method) -> str:
+    """"auto" is the exact discrete recursion: exact for the linearised model at any η (so it
+    predicts divergence, which the ODE/SDE small-η limits cannot), and the cheapest at usual
+    horizons — T steps cost T·(N·C)² against (N·C)³ for the closed form's eigendecomposition
+    (N·C = 3750: 1.2 s against 74 s, README). Other methods are used when asked for."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    if method != "auto":
-        return method
-    m = _concrete(momentum)
-    if loss == "mse" and full_batch and m is not None and not np.any(m > 0):
-        return "closed_form"
-    return "discrete"
+    return "discrete" if method == "auto" else method
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -245,7 +240,7 @@ def predict_from_kernel(
     check_num_paths(num_paths)
     y = check_labels(y, n, c)
     full_batch = batch_size == n
-    method = resolve_method(method, loss, full_batch, momentum)
+    method = resolve_method(method)
     _check_method_inputs(method, loss, full_batch, key, noise_features, n * c)
     _check_finite(kernel, "kernel")
     f0 = jnp.asarray(f0)

@@ -64,10 +64,8 @@ def test_predict_sgd_on_traced_kernel_has_a_band(model):
 
 
 def test_auto_method():
-    assert resolve_method("auto", "mse", True, 0.0) == "closed_form"
-    assert resolve_method("auto", "cross_entropy", True, 0.0) == "discrete"
-    assert resolve_method("auto", "cross_entropy", False, 0.0) == "discrete"
-    assert resolve_method("auto", "mse", True, 0.9) == "discrete"
+    assert resolve_method("auto") == "discrete"
+    assert resolve_method("closed_form") == "closed_form"
 
 
 def test_sweep_over_32_learning_rates_compiles_once(model):
