@@ -74,7 +74,8 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
 
     Raises:
       ValueError: ``x`` of rank < 2 or empty; non-finite entries in ``x`` or ``params``;
-        ``apply_fn`` output not of shape (N, C).
+        ``apply_fn`` failing on inputs of ``x``'s shape (e.g. a wrong feature size), or its
+        output not of shape (N, C).
     """
     if np.ndim(x) < 2:
         raise ValueError(
@@ -92,7 +93,15 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
                 f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
                 "checkpoint or re-initialise."
             )
-    out = jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))
+    try:
+        out = jax.eval_shape(apply_fn, params,
+                             jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))
+    except (TypeError, ValueError) as err:  # e.g. a layer seeing the wrong feature size
+        raise ValueError(
+            f"apply_fn(params, {name}) fails on {name} of shape {np.shape(x)}: {err}. Check "
+            f"that {name} has the input shape the model was built for (the per-sample shape "
+            "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint)."
+        ) from err
     if len(out.shape) != 2 or out.shape[0] != n:
         raise ValueError(
             f"apply_fn(params, {name}) must return logits of shape (N, C) = ({n}, C), got "

@@ -95,3 +95,5 @@ def test_check_model_rejects_bad_x():
         check_model(apply_fn, params, x[:0])
     with pytest.raises(ValueError, match="NaN or inf"):
         check_model(apply_fn, params, x.at[0, 0].set(jnp.inf))
+    with pytest.raises(ValueError, match=r"fails on x of shape \(5, 7\).*input shape"):
+        check_model(apply_fn, params, jnp.ones((5, 7)))  # the model expects 4 features
