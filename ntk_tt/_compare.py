@@ -86,7 +86,8 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     ``training_time`` {curve: {ε: steps or None}}, ``wall_clock`` {curve: {ε: seconds}}
     (T_ε × ``seconds_per_step``, a measured real step), ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
-    ``kappa``, ``beyond_edge``, ``method``, ``kernel``.
+    ``kappa``, ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov,
+    B, T, loss: what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
     return {"training_time": pred_t, "wall_clock": _clock(pred_t, seconds_per_step),
@@ -95,7 +96,19 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
             else 1.0 - float(prediction.test_error[-1]),
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
             "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
-            "method": prediction.method, "kernel": prediction.kernel}
+            "method": prediction.method, "kernel": prediction.kernel,
+            "hyperparameters": dict(prediction.hyperparameters)}
+
+
+def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
+    hp = prediction.hyperparameters
+    wrong = [f"{name}: predicted {hp[name]!r}, fine-tuned {getattr(run, name)!r}"
+             for name in ("steps", "learning_rate", "momentum", "nesterov", "batch_size")
+             if not np.isclose(float(hp[name]), float(getattr(run, name)), rtol=1e-6, atol=0)]
+    if wrong:
+        raise ValueError("the prediction and the fine-tuning run describe different training ("
+                         + "; ".join(wrong) + "); predict and fine-tune with the same "
+                         "hyperparameters.")
 
 
 def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
@@ -119,12 +132,11 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``diverged`` {predicted, real}. Undefined numbers are None.
 
     Raises:
-      ValueError: curves of different lengths (different ``steps``). Only the step count is
-        checked: a :class:`Prediction` does not record its hyperparameters.
+      ValueError: the prediction and the run differ in steps, learning rate, momentum,
+        Nesterov or batch size (the message names each mismatch) — they would not describe
+        the same training.
     """
-    if len(prediction.loss) != len(run.loss):
-        raise ValueError(f"prediction has {len(prediction.loss)} curve entries and the run "
-                         f"{len(run.loss)}; predict and fine-tune with the same steps.")
+    _check_same_training(prediction, run)
     real_t, real_why = real_training_time(run)
     predicted = predicted_summary(prediction, run.seconds_per_step)
     pred_t = predicted["training_time"]

@@ -41,6 +41,9 @@ class Prediction(NamedTuple):
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used.
+    hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
+      "batch_size": B (N for GD), "steps": T, "loss"}; :func:`ntk_tt.compare` checks them
+      against the fine-tuning run.
     seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
       the call to the result, validation included), all WITHOUT JAX compilation (tracing,
       lowering, XLA compile), which is summed apart in "compile".
@@ -62,6 +65,7 @@ class Prediction(NamedTuple):
     min_eigenvalue: float
     method: str
     kernel: str
+    hyperparameters: dict
     seconds: dict
 
 
@@ -189,10 +193,13 @@ def predict(
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
-    return _to_prediction(out, method, kernel, seconds)
+    hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
+             "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
+             "loss": loss}
+    return _to_prediction(out, method, kernel, hyper, seconds)
 
 
-def _to_prediction(out, method, kernel, seconds) -> Prediction:
+def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
     t_eps, codes = np.asarray(out.training_time), np.asarray(out.training_time_code)
     names = ("loss", "error")
     times = {nm: {e: float(t_eps[i, j]) for j, e in enumerate(EPSILONS)}
@@ -211,5 +218,5 @@ def _to_prediction(out, method, kernel, seconds) -> Prediction:
         diverged=bool(out.diverged), diverged_at=None if at < 0 else at,
         kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
         min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
-        seconds=seconds,
+        hyperparameters=hyper, seconds=seconds,
     )

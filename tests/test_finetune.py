@@ -125,6 +125,22 @@ def test_compare_diverged_run_and_beyond_edge():
             "diverged at step 1"}
 
 
+def test_compare_refuses_a_run_with_other_hyperparameters():
+    params, x, y = problem()
+    key = jax.random.key(3)
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=0.1, steps=4, batch_size=8,
+                          momentum=0.5, key=key)
+    pred = ntk_tt.predict(mlp, params, x, y, learning_rate=0.1, steps=4, batch_size=8,
+                          momentum=0.5, key=key, num_paths=2)
+    assert pred.hyperparameters == {"learning_rate": 0.1, "momentum": 0.5, "nesterov": False,
+                                    "batch_size": 8, "steps": 4, "loss": "cross_entropy"}
+    ntk_tt.compare(pred, run)  # same training: accepted
+    other = ntk_tt.predict(mlp, params, x, y, learning_rate=0.2, steps=4, momentum=0.9)
+    with pytest.raises(ValueError, match=r"learning_rate: predicted 0.2, fine-tuned 0.1.*"
+                                         r"momentum.*batch_size: predicted 24, fine-tuned 8"):
+        ntk_tt.compare(other, run)
+
+
 def test_core_vmaps_over_learning_rate_and_momentum():
     params, x, y = problem()
     batches = ntk_tt.batch_indices(jax.random.key(0), N, 8, 9)
