@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
-from ntk_tt.sweep._summary import row_errors, summarize
+from ntk_tt.sweep._summary import breakdown, row_errors, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "sweep.py"
@@ -103,6 +103,28 @@ def test_median_of_other_tasks_baseline_leaves_the_task_out():
     abs_err, _, _ = row_errors(frame, "median_other_tasks", 0.1)
     # row 0 sees median(20, 60) = 40 → +300 %; row 1: median(10, 60) = 35; row 2: 15
     np.testing.assert_allclose(abs_err, [3.0, 0.75, 0.75])
+
+
+def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
+    frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
+                   real_div=[False] * 4, pred_div=[False] * 4)
+    frame["real_T0.4"], frame["pred_T0.4"] = frame["real_T0.1"], frame["pred_T0.1"]
+    frame["kappa_eff"] = [1.0, 1.0, 4.0, 4.0]
+    frame["dataset"], frame["momentum"], frame["batch_size"] = "d", 0.0, 100
+    frame["real_loss"] = [np.array([2.0, 1.0])] * 4
+    frame["pred_loss"] = [np.array([2.0, 1.5]), np.array([2.0, 1.0]),
+                          np.array([2.0, 1.8]), np.array([2.0, 1.6])]
+    out = breakdown(frame)
+    k1, k4 = out["kappa_eff"]["1.0"], out["kappa_eff"]["4.0"]
+    # κ̃ = 1: errors +10 % and −25 % at both ε (pooled n = 4); κ̃ = 4: −50 % and 0 %
+    assert k1["gd"]["ntk"]["n"] == 4
+    assert k1["gd"]["ntk"]["p95"] == pytest.approx(np.percentile([0.1, 0.25] * 2, 95))
+    assert k4["gd"]["ntk"]["median_signed"] == pytest.approx(-0.25)
+    assert "sgd" not in k1
+    # predicted fall / real fall: (0.5, 1.0) → 0.75 and (0.2, 0.4) → 0.3
+    assert k1["fall_ratio_median"] == pytest.approx(0.75)
+    assert k4["fall_ratio_median"] == pytest.approx(0.3)
+    assert list(out["batch_size"]) == ["gd"]
 
 
 # --- smoke sweep, killed with SIGKILL and resumed ---------------------------------------------

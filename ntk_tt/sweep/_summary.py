@@ -218,6 +218,54 @@ def wall_time(frame: pd.DataFrame) -> dict:
     }
 
 
+FACTORS = ("kappa_eff", "dataset", "per_class", "batch_size", "momentum")
+
+
+def _factor_values(frame: pd.DataFrame, factor: str) -> pd.Series:
+    if factor == "kappa_eff":  # κ̃ as set by the grid (fixed-η rows get their realised κ̃)
+        return frame["kappa_eff"].round(2)
+    if factor == "batch_size":
+        return frame["optimizer"].where(frame["optimizer"] == "gd",
+                                        "B=" + frame["batch_size"].astype(str))
+    return frame[factor]
+
+
+def breakdown(frame: pd.DataFrame) -> dict:
+    """What limits accuracy: pooled-ε error statistics of every predictor by one factor at a
+    time (effective κ̃, target set, per-class size, GD / batch size, momentum), per optimiser.
+
+    Also, per factor level, the median ratio of the predicted to the real loss fall over the
+    whole horizon, (L̂_0 − L̂_T)/(L_0 − L_T): below 1 the linearised model plateaus while the
+    real network keeps learning, which makes T̂_ε early.
+    """
+    predictors = ["ntk", *variants(frame)]
+    pooled = [e for e in POOLED if e in epsilons(frame)]
+    has_curves = {"real_loss", "pred_loss"} <= set(frame.columns)
+    out: dict = {}
+    for factor in FACTORS:
+        if factor not in frame.columns and factor != "batch_size":
+            continue
+        values = _factor_values(frame, factor)
+        out[factor] = {}
+        for level in sorted(values.unique(), key=str):
+            rows = frame[values == level]
+            entry: dict = {}
+            for opt in ("gd", "sgd"):
+                sub = rows[rows["optimizer"] == opt]
+                if len(sub):
+                    entry[opt] = {p: {k: v for k, v in _pooled_stats(sub, p, pooled).items()
+                                      if k in ("n", "p95", "median_signed", "mean_abs")}
+                                  for p in predictors}
+            if has_curves:
+                entry["fall_ratio_median"] = float(np.median([
+                    (pl[0] - pl[-1]) / (rl[0] - rl[-1])
+                    for pl, rl in zip(rows["pred_loss"], rows["real_loss"], strict=True)
+                    if rl[0] - rl[-1] > 0
+                ] or [np.nan]))
+            out[factor][str(level)] = entry
+    return out
+
+
 def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
     """The sweep summary as a JSON-ready dict (see the module docstring for the rules)."""
     if len(frame) == 0:
@@ -232,6 +280,7 @@ def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
         "headline": headline(frame),
         "divergence_confusion": divergence_confusion(frame),
         "sketch_vs_exact": sketch_agreement(frame),
+        "breakdown": breakdown(frame),
         "wall_time": wall_time(frame),
         "methods": {"|".join(k): int(v) for k, v in methods.items()},
         "variants": {v: str(frame[f"var_{v}_label"].iat[0]) for v in variants(frame)
