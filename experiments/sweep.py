@@ -8,7 +8,9 @@ DIR/rows). At the end the rows are gathered into DIR/results.parquet, and DIR/su
 Table 1 (table1.csv) and the figures (fig1/2/5/6 PNG) are written from that table alone.
 Presets: ``smoke`` (2 tasks of 50 images, 20 steps: the test's run), ``session`` (the grid
 run in the first session, sized for ~30 min on 2 shared CPU cores: small tasks, B = 25),
-``full`` (the issue's grid).
+``full`` (the grid committed for
+issue 5: 4 target sets × {10, 50, 150} per class, ~90 min), ``paper`` (the issue's whole
+protocol with three seeds and 125 per class: many hours on 2 cores).
 Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
 """
 
@@ -29,9 +31,15 @@ PRESETS = {
     "session": SweepSpec(datasets=TARGETS, per_class=(6, 10), seeds=(0,),
                          batch_sizes=(None, 25), kappas=(1.0, 4.0, 12.0), steps=150,
                          sketch_dims=(256,), noise_dim=64),
-    "full": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
+    # full: the grid run for issue 5, sized to finish in <= 90 min on 2 CPU cores (the
+    # paper's task size 5 x 150 plus dataset sizes 10 and 50 per class, one task per size)
+    "full": SweepSpec(datasets=TARGETS, per_class=(150, 50, 10), seeds=(0,),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
-                      sketch_dims=(256, 1024), noise_dim=256),
+                      sketch_dims=(256,), noise_dim=64, num_paths=8),
+    # paper: the issue's whole protocol (sizes 10/50/125/150, three seeds): many hours here
+    "paper": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
+                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
+                       sketch_dims=(256, 1024), noise_dim=256),
 }
 
 

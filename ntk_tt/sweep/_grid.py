@@ -103,9 +103,10 @@ class SweepSpec:
             raise ValueError(f"epsilons must lie in (0, 1), got {self.epsilons}.")
 
     def tasks(self) -> list[Task]:
+        """Tasks in run order: dataset size first (in ``per_class`` order), then target set."""
         return [
             Task(d, n, s, self.classes)
-            for d, n, s in itertools.product(self.datasets, self.per_class, self.seeds)
+            for n, d, s in itertools.product(self.per_class, self.datasets, self.seeds)
         ]
 
     def configs(self) -> list[Config]:
