@@ -197,3 +197,20 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     table1 = pd.read_csv(out / "table1.csv")
     assert set(table1["dataset"]) == set(frame["dataset"])
+
+
+def test_sequential_and_vmapped_fine_tunes_agree():
+    """The CPU path (configurations one after another) = the vmapped path, and a divergent
+    configuration is flagged by both."""
+    from ntk_tt.sweep import _run
+    from ntk_tt.sweep._grid import Task
+
+    task = Task("flowers5", 6, 0)
+    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
+    lrs, moms = np.array([1e-3, 5e-3, 50.0], np.float32), np.array([0.0, 0.9, 0.0], np.float32)
+    for b in (None, 10):
+        kw = dict(steps=8, batch_size=b)
+        v = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=True, **kw)
+        s = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=False, **kw)
+        np.testing.assert_allclose(s[0], v[0], rtol=1e-4)
+        assert list(s[1]) == list(v[1]) == [False, False, True]
