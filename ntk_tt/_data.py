@@ -15,6 +15,8 @@ plus a held-out split from the remaining images of the same classes.
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,7 +36,8 @@ SHARED = {
 
 
 class Dataset(NamedTuple):
-    """images uint8 (N, H, W, C); labels int64 (N,) indexing ``class_names``."""
+    """images uint8 (N, H, W, C) (float in [0, 255] if an .npz stores float); labels int64
+    (N,) indexing ``class_names``."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -75,14 +78,75 @@ def _prepared_version(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
-NPZ_FORMAT = ("an .npz archive (numpy.savez) with keys images (uint8, N×H×W×C or N×H×W), "
-              "labels (integers, N) and class_names (strings)")
+NPZ_FORMAT = ("an .npz archive (numpy.savez) with keys images (uint8, N×H×W×C or N×H×W; float "
+              "in [0, 255] is accepted too), labels (integers in [0, K), N) and class_names "
+              "(K strings)")
+
+
+def _check_images(path: Path, images: np.ndarray) -> np.ndarray:
+    """Images of an .npz file: (N, H, W) or (N, H, W, C), uint8 or numbers in [0, 255].
+
+    Float images must be in 0..255 units, like uint8: a float array whose largest value is
+    ≤ 1 is taken to be in [0, 1] units and rejected (it would reach the model divided by 255
+    twice, as near-black inputs). Integer and float images are kept as they are.
+    """
+    where = f"images of {path}"
+    if images.ndim not in (3, 4):
+        raise ValueError(f"{where} have shape {images.shape}; expected (N, H, W, C) or (N, H, W) "
+                         "(grey), e.g. uint8 (N, 32, 32, 3).")
+    if len(images) == 0:
+        raise ValueError(f"{where} are empty (shape {images.shape}); store at least one image "
+                         "per class.")
+    kind = images.dtype.kind
+    if kind not in "uif":
+        raise ValueError(f"{where} have dtype {images.dtype}; store uint8 pixel values in "
+                         "[0, 255] (or float in [0, 255]).")
+    if images.dtype == np.uint8:
+        return images
+    lo, hi = images.min(), images.max()
+    if kind == "f" and not np.isfinite(images).all():
+        raise ValueError(f"{where} contain NaN or infinite values; store finite uint8 pixel "
+                         "values in [0, 255].")
+    if lo < 0 or hi > 255:
+        raise ValueError(f"{where} have values in [{lo}, {hi}], outside [0, 255]; store uint8 "
+                         "pixel values in [0, 255] (or float in [0, 255]).")
+    if kind == "f" and hi <= 1:
+        raise ValueError(f"{where} are float with max {hi}, i.e. in [0, 1] units, but [0, 255] "
+                         "is expected (they would be divided by 255 twice); store uint8 in "
+                         "[0, 255] (e.g. np.round(images * 255).astype(np.uint8)) or float "
+                         "in [0, 255].")
+    return images
+
+
+def _check_labels(path: Path, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Labels of an .npz file as int64 (N,), each a class index in [0, num_classes)."""
+    where = f"labels of {path}"
+    if labels.ndim != 1:
+        hint = (" (one-hot? store labels.argmax(1))" if labels.ndim == 2 else "")
+        raise ValueError(f"{where} have shape {labels.shape}; expected one integer class index "
+                         f"per image, shape (N,){hint}.")
+    kind = labels.dtype.kind
+    if kind not in "uif":
+        raise ValueError(f"{where} have dtype {labels.dtype}; store integer indices into "
+                         "class_names (0 for class_names[0], ...), and the names in class_names.")
+    if kind == "f":
+        bad = labels[~(np.isfinite(labels) & (labels == np.round(labels)))]
+        if len(bad):
+            raise ValueError(f"{where} are float with non-integer values (e.g. {bad[0]}); store "
+                             "integer class indices in [0, K) with K = len(class_names).")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(
+            f"{where} must be integers in [0, K) with K = len(class_names) = {num_classes}; got "
+            f"values from {labels.min():g} to {labels.max():g}: fix the labels or list every "
+            "class in class_names.")
+    return labels.astype(np.int64)
 
 
 def _load_npz(path: Path) -> Dataset:
+    """Read and check an .npz dataset (see :func:`load_dataset` for what is rejected)."""
     try:
         archive = np.load(path)
-    except (ValueError, OSError, EOFError) as err:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path} is not a numpy .npz archive ({type(err).__name__}); "
                          f"expected {NPZ_FORMAT}.") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -93,8 +157,33 @@ def _load_npz(path: Path) -> Dataset:
         if missing:
             raise ValueError(f"{path} lacks the keys {missing} (has {d.files}); expected "
                              f"{NPZ_FORMAT}.")
-        images, labels = d["images"], d["labels"].astype(np.int64)
-        names = tuple(str(c) for c in d["class_names"])
+        arrays = {}
+        for key in ("images", "labels", "class_names"):
+            try:
+                arrays[key] = d[key]
+            except ValueError as err:
+                if "allow_pickle" not in str(err):
+                    raise ValueError(f"{key} of {path} cannot be read ({err}); expected "
+                                     f"{NPZ_FORMAT}.") from None
+                fix = ("np.array(names, dtype=str)" if key == "class_names"
+                       else "a numeric numpy array")
+                raise ValueError(f"{key} of {path} is an object (pickled) array, which is not "
+                                 f"loaded; store it as {fix}.") from None
+            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+                raise ValueError(f"{key} of {path} cannot be read ({type(err).__name__}: the "
+                                 f"archive is corrupt); rewrite the file as {NPZ_FORMAT}."
+                                 ) from None
+    names = arrays["class_names"]
+    if names.ndim != 1 or len(names) == 0 or names.dtype.kind not in "USiu":
+        raise ValueError(f"class_names of {path} has shape {names.shape} and dtype {names.dtype}; "
+                         "store the K class names as a 1-D string array, "
+                         "np.array(names, dtype=str).")
+    names = tuple(c.decode() if isinstance(c, bytes) else str(c) for c in names.tolist())
+    images = _check_images(path, arrays["images"])
+    labels = _check_labels(path, arrays["labels"], len(names))
+    if len(images) != len(labels):
+        raise ValueError(f"images ({len(images)}) and labels ({len(labels)}) of {path} differ in "
+                         "length; store one label per image.")
     if images.ndim == 3:
         images = images[..., None]
     return Dataset(images, labels, names)
@@ -130,13 +219,22 @@ def load_dataset(name: str, *, split: str = "train",
       split: TFDS split (ignored for the short names, whose split is fixed by the file).
       data_dir: TFDS data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
 
+    An ``.npz`` file's images are uint8, or any integer or float numbers in [0, 255] (kept
+    as stored). Float images whose largest value is ≤ 1 are taken to be in [0, 1] units and
+    rejected: multiply them by 255 (or store uint8). Labels may be stored as floats if every
+    value is a whole number.
+
     Returns:
       :class:`Dataset` with images uint8 (N, H, W, C) (grey images get C = 1) and labels (N,).
 
     Raises:
       ValueError: unknown name (the message lists the known ones); a path (ends in ``.npz``
-        or contains ``/``) that is not a file, not an .npz archive or lacks a key; a TFDS name
-        that is not prepared in ``data_dir`` (TFDS cannot download here); an unknown split.
+        or contains ``/``) that is not a file, not an .npz archive (corrupt included) or lacks a
+        key; in an .npz file: an object (pickled) array; images not (N, H, W[, C]), empty, not
+        numbers, outside [0, 255], non-finite, or float with max ≤ 1; labels not 1-D (one-hot),
+        not numbers, non-integer floats, or outside [0, K) with K = len(class_names);
+        class_names not a 1-D array of strings; images and labels of different lengths. A TFDS
+        name that is not prepared in ``data_dir`` (TFDS cannot download here); an unknown split.
     """
     if name in VENDORED:
         return _load_npz(VENDORED[name])
@@ -189,9 +287,21 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
       :class:`Task` with uint8 images; x_train has K·n rows grouped by class.
 
     Raises:
-      ValueError: K < 2 or above the classes available; fewer than 2 classes in ``data``;
-        n < 1 or above the images per class.
+      ValueError: ``data`` has images and labels of different lengths or labels outside
+        [0, len(class_names)); K < 2 or above the classes available; fewer than 2 classes in
+        ``data``; n < 1 or above the images per class.
     """
+    labels, k_all = np.asarray(data.labels), len(data.class_names)
+    if len(data.images) != len(labels):
+        raise ValueError(f"the dataset's images ({len(data.images)}) and labels ({len(labels)}) "
+                         "differ in length; give one label per image.")
+    if labels.dtype.kind not in "iu" or labels.ndim != 1:
+        raise ValueError(f"the dataset's labels have dtype {labels.dtype} and shape "
+                         f"{labels.shape}; expected integer class indices, shape (N,).")
+    if len(labels) and (labels.min() < 0 or labels.max() >= k_all):
+        raise ValueError(f"the dataset's labels must be integers in [0, K) with K = "
+                         f"len(class_names) = {k_all}; got values from {labels.min()} to "
+                         f"{labels.max()}.")
     counts = np.bincount(data.labels, minlength=len(data.class_names))
     present = int(np.count_nonzero(counts))
     if num_classes < 2:
@@ -235,7 +345,8 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
     """uint8 images → float32 model inputs: grey → RGB, resize, per-channel normalisation.
 
     Args:
-      images: uint8 (N, H, W, C) or (N, H, W), values 0..255.
+      images: uint8 (N, H, W, C) or (N, H, W), values 0..255 (float images must be in the
+        same 0..255 units, not [0, 1]).
       input_shape: the model's (H', W', C') (stored with the checkpoint).
       mean, std: per-channel statistics of the pre-training images in [0, 1] units, shape (C',).
       resize: resize H×W to H'×W' (bilinear, antialiased) when they differ, e.g. 28 → 32 px.
@@ -245,7 +356,8 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
 
     Raises:
       ValueError: channels neither C' nor 1 (grey, repeated to C'); H×W ≠ H'×W' with
-        ``resize=False``.
+        ``resize=False``; float images whose largest value is ≤ 1 ([0, 1] units: they would be
+        divided by 255 twice).
     """
     x = np.asarray(images)
     x = x[..., None] if x.ndim == 3 else x
@@ -260,6 +372,12 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
         raise ValueError(
             f"images are {x.shape[1]}×{x.shape[2]} px but the model expects {h}×{w}; allow "
             "resizing (resize=True, drop --no-resize) or use a matching checkpoint."
+        )
+    if x.dtype.kind == "f" and x.size and x.max() <= 1:
+        raise ValueError(
+            f"images are float with max {x.max()}, i.e. in [0, 1] units, but 0..255 is expected "
+            "(they would be divided by 255 twice); pass uint8 in [0, 255] (e.g. "
+            "np.round(images * 255).astype(np.uint8)) or float in [0, 255]."
         )
     out = jnp.asarray(x, jnp.float32) / 255.0
     out = jnp.broadcast_to(out, (*out.shape[:3], c))

@@ -123,3 +123,117 @@ def test_npz_loader_adds_channel_axis_to_grey(tmp_path, monkeypatch):
     assert d.class_names == ("zero", "one")
     by_path = ntk_tt.load_dataset(str(path))
     np.testing.assert_array_equal(by_path.images, d.images)
+
+
+def _npz(tmp_path, images=None, labels=None, class_names=None, name="d.npz"):
+    """A small .npz dataset (2 classes, 6 grey 4×4 uint8 images) with one array replaced."""
+    path = tmp_path / name
+    np.savez(path,
+             images=np.zeros((6, 4, 4), np.uint8) + 100 if images is None else images,
+             labels=np.arange(6) % 2 if labels is None else labels,
+             class_names=np.array(["a", "b"]) if class_names is None else class_names)
+    return str(path)
+
+
+def test_npz_corrupt_zip_is_a_value_error(tmp_path):
+    path = tmp_path / "c.npz"
+    path.write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(ValueError, match=r"c\.npz is not a numpy \.npz archive \(BadZipFile\)"):
+        ntk_tt.load_dataset(str(path))
+
+
+def test_npz_images_and_labels_must_match_in_length(tmp_path):
+    for n in (30, 50):
+        with pytest.raises(ValueError, match=rf"images \(40\) and labels \({n}\) of .*differ in "
+                                             "length"):
+            ntk_tt.load_dataset(_npz(tmp_path, images=np.zeros((40, 4, 4, 3), np.uint8),
+                                     labels=np.arange(n) % 2))
+
+
+def test_npz_float_images_in_0_1_are_rejected(tmp_path):
+    imgs = np.random.default_rng(0).random((6, 4, 4, 3)).astype(np.float32)
+    imgs[0, 0, 0, 0] = 1.0
+    with pytest.raises(ValueError, match=r"images of .* are float with max 1\.0.*store uint8 in "
+                                         r"\[0, 255\].*or float in \[0, 255\]"):
+        ntk_tt.load_dataset(_npz(tmp_path, images=imgs))
+
+
+@pytest.mark.parametrize("images,match", [
+    (np.full((6, 4, 4), 300.0), r"values in \[300\.0, 300\.0\], outside \[0, 255\]"),
+    (np.full((6, 4, 4), -1, np.int16), r"outside \[0, 255\]"),
+    (np.full((6, 4, 4), np.nan), "NaN or infinite"),
+    (np.full((6, 4, 4), "x"), r"dtype <U1; store uint8"),
+    (np.zeros((6, 16), np.uint8), r"shape \(6, 16\); expected \(N, H, W, C\)"),
+])
+def test_npz_images_outside_0_255_or_malformed_are_rejected(tmp_path, images, match):
+    with pytest.raises(ValueError, match="images of .*" + match):
+        ntk_tt.load_dataset(_npz(tmp_path, images=images))
+
+
+def test_npz_float_labels_must_be_whole_numbers(tmp_path):
+    with pytest.raises(ValueError, match=r"labels of .* are float with non-integer values "
+                                         r"\(e\.g\. 0\.5\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, labels=np.array([0.5, 1.5, 0, 1, 0, 1])))
+    d = ntk_tt.load_dataset(_npz(tmp_path, labels=np.array([0.0, 1.0] * 3)))
+    assert d.labels.dtype == np.int64
+    np.testing.assert_array_equal(d.labels, [0, 1] * 3)
+
+
+@pytest.mark.parametrize("labels,values", [
+    (np.array([0, 1, 3, 0, 1, 0]), "from 0 to 3"), (np.array([0, 1, -1, 0, 1, 0]), "from -1 to 1"),
+])
+def test_npz_labels_must_index_class_names(tmp_path, labels, values):
+    with pytest.raises(ValueError, match=r"labels of .* must be integers in \[0, K\) with K = "
+                                         rf"len\(class_names\) = 2; got values {values}"):
+        ntk_tt.load_dataset(_npz(tmp_path, labels=labels))
+
+
+def test_npz_string_labels_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match=r"labels of .* have dtype <U1; store integer indices "
+                                         "into class_names"):
+        ntk_tt.load_dataset(_npz(tmp_path, labels=np.array(["a", "b"] * 3)))
+
+
+def test_npz_one_hot_labels_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match=r"labels of .* have shape \(6, 2\).*one-hot\? store "
+                                         r"labels\.argmax\(1\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, labels=np.eye(2, dtype=np.int64)[np.arange(6) % 2]))
+
+
+def test_npz_object_class_names_are_rejected(tmp_path):
+    names = np.array(["a", "b"], dtype=object)
+    with pytest.raises(ValueError, match=r"class_names of .* is an object \(pickled\) array.*"
+                                         r"np\.array\(names, dtype=str\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, class_names=names))
+    with pytest.raises(ValueError, match=r"class_names of .* has shape \(\).*1-D string array"):
+        ntk_tt.load_dataset(_npz(tmp_path, class_names=np.array("ab")))
+
+
+def test_npz_valid_uint8_and_float_0_255_images_still_load(tmp_path):
+    grey = np.arange(6 * 16, dtype=np.uint8).reshape(6, 4, 4)
+    d = ntk_tt.load_dataset(_npz(tmp_path, images=grey, class_names=np.array([b"a", b"b"])))
+    assert d.images.dtype == np.uint8 and d.images.shape == (6, 4, 4, 1)
+    np.testing.assert_array_equal(d.images[..., 0], grey)
+    assert d.class_names == ("a", "b")
+    f = ntk_tt.load_dataset(_npz(tmp_path, images=grey.astype(np.float32) * 2.5, name="f.npz"))
+    assert f.images.dtype == np.float32 and f.images.max() == pytest.approx(95 * 2.5)
+    x = ntk_tt.prepare_images(f.images, (4, 4, 3), mean=np.zeros(3), std=np.ones(3))
+    np.testing.assert_allclose(np.asarray(x)[..., 1], f.images[..., 0] / 255, rtol=1e-6)
+    task = ntk_tt.sample_task(f, num_classes=2, per_class=2, key=jax.random.key(0))
+    assert task.x_train.shape == (4, 4, 4, 1)
+
+
+def test_prepare_rejects_float_images_in_0_1():
+    with pytest.raises(ValueError, match=r"images are float with max 0\.5.*0\.\.255 is expected"):
+        ntk_tt.prepare_images(np.full((2, 4, 4, 3), 0.5), (4, 4, 3), mean=np.zeros(3),
+                              std=np.ones(3))
+
+
+def test_sampler_rejects_labels_outside_class_names():
+    bad = Dataset(np.zeros((6, 4, 4, 1), np.uint8), np.array([0, 1, 2, 0, 1, 2]), ("a", "b"))
+    with pytest.raises(ValueError, match=r"labels must be integers in \[0, K\) with K = "
+                                         r"len\(class_names\) = 2; got values from 0 to 2"):
+        ntk_tt.sample_task(bad, num_classes=2, per_class=1, key=jax.random.key(0))
+    short = Dataset(np.zeros((5, 4, 4, 1), np.uint8), np.arange(6) % 2, ("a", "b"))
+    with pytest.raises(ValueError, match=r"images \(5\) and labels \(6\) differ in length"):
+        ntk_tt.sample_task(short, num_classes=2, per_class=1, key=jax.random.key(0))
