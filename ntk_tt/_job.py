@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,10 @@ from ntk_tt._checkpoint import load_checkpoint
 from ntk_tt._compare import compare, predicted_summary
 from ntk_tt._data import load_dataset, prepare_images, sample_task
 from ntk_tt._finetune import finetune, step_time
+from ntk_tt._losses import check_loss
 from ntk_tt._model import from_nnx, num_params
-from ntk_tt._predict import predict
+from ntk_tt._predict import KERNELS, predict
+from ntk_tt._predict_kernel import resolve_method
 from ntk_tt.models import HEAD_SCALE, replace_head
 
 DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train",
@@ -46,30 +49,128 @@ def _plain(obj: Any) -> Any:
 
 
 def check_outputs(figure_path=None, json_path=None) -> None:
-    """Fail fast on output paths, before any work: the folder must exist and be writable, the
-    figure's extension one matplotlib writes (png, pdf, svg, ...). Empty / None = no output.
+    """Fail fast on output paths, before any work: each must name a file (not a directory) in
+    an existing folder where a file can be created, an existing file must be writable, and the
+    figure's extension must be one matplotlib writes (png, pdf, svg, ...). Empty / None = no
+    output.
 
     Raises:
       ValueError: one line naming the path and the fix.
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
-    for what, path in (("figure", figure_path), ("json", json_path)):
-        if not path:
-            continue
-        folder = Path(path).expanduser().resolve().parent
+    given = [(what, path) for what, path in (("figure", figure_path), ("json", json_path))
+             if path]
+    for what, path in given:
+        target = Path(path).expanduser()
+        if target.is_dir():
+            raise ValueError(f"{what} path {str(path)!r} is a directory; give a file name "
+                             "inside it.")
+        folder = target.resolve().parent
         if not folder.is_dir():
             raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
                              "exist; create it first or choose another path.")
-        if not os.access(folder, os.W_OK):
-            raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} is not "
-                             "writable; choose another path.")
+        if target.exists() and not (target.is_file() and os.access(target, os.W_OK)):
+            raise ValueError(f"{what} path {str(path)!r} exists and is not a writable file; "
+                             "choose another path.")
+        try:  # os.access alone says yes for root on read-only or virtual file systems
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            raise ValueError(f"{what} path {str(path)!r}: cannot create a file in folder "
+                             f"{str(folder)!r} ({err.strerror or type(err).__name__}); "
+                             "choose another path.") from None
+    if len(given) == 2 and (Path(figure_path).expanduser().resolve()
+                            == Path(json_path).expanduser().resolve()):
+        raise ValueError(f"the figure and the json report would both be written to "
+                         f"{str(figure_path)!r}; give them different paths.")
     if figure_path:
         formats = FigureCanvasBase.get_supported_filetypes()
         ext = Path(figure_path).suffix.lower().lstrip(".")
         if ext not in formats:
             raise ValueError(f"figure path {str(figure_path)!r} must end in a format matplotlib "
                              f"writes: {', '.join('.' + f for f in sorted(formats))}.")
+
+
+def _real(v) -> float | None:
+    """``v`` as a float, or None when it is not a real number."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_options(o: dict[str, Any]) -> None:
+    """Fail fast on the options of :func:`predict_task`, before loading anything.
+
+    Each message names the option as in Python and, in parentheses, its ``ntk-tt predict``
+    flag. N = K·n is known before loading, so the batch size is checked against it here.
+
+    Raises:
+      ValueError: one line naming the option, the value and the fix.
+    """
+    steps = o["steps"]
+    if not _is_int(steps) or steps < 1:
+        raise ValueError(f"steps (-T) must be an integer >= 1 (optimiser updates), got "
+                         f"{steps!r}.")
+    lr = _real(o["learning_rate"])
+    if lr is None or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"learning_rate (--lr) must be a finite number > 0, got "
+                         f"{o['learning_rate']!r}.")
+    m = _real(o["momentum"])
+    if m is None or not 0.0 <= m < 1.0:
+        raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "
+                         "plain (S)GD.")
+    if o["nesterov"] and m == 0.0:
+        raise ValueError("Nesterov needs momentum > 0: nesterov (--nesterov) with momentum "
+                         "(-m) 0 is plain (S)GD; pass e.g. -m 0.9 or drop --nesterov.")
+    k, n, b = o["num_classes"], o["per_class"], o["batch_size"]
+    if b is not None:
+        if not _is_int(b) or b < 1:
+            raise ValueError(f"batch_size (-B) must be an integer >= 1, got {b!r}; omit it "
+                             "(None) for full-batch gradient descent.")
+        if _is_int(k) and _is_int(n) and k >= 2 and n >= 1 and b > k * n:
+            raise ValueError(f"batch_size (-B) = {b} is more than the N = K·n = {k}·{n} = "
+                             f"{k * n} training images; choose B <= {k * n}, or omit it for "
+                             "full-batch gradient descent.")
+    scale = _real(o["head_scale"])
+    if scale is None or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"head_scale (--head-scale) must be a finite number > 0 (the fresh "
+                         f"head's init scale × LeCun normal; 1 = flax's default), got "
+                         f"{o['head_scale']!r}.")
+    tpc = o["test_per_class"]
+    if not _is_int(tpc) or tpc < 0:
+        raise ValueError(f"test_per_class (--test-per-class) must be an integer >= 0 held-out "
+                         f"images per class (0 for none), got {tpc!r}.")
+    check_loss(o["loss"])
+    method = resolve_method(o["method"])
+    if o["kernel"] not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {o['kernel']!r}.")
+    d = o["sketch_dim"]
+    if d is not None:
+        if not _is_int(d) or d < 1:
+            raise ValueError(f"sketch_dim (--sketch-dim) must be an integer >= 1 (D'), got "
+                             f"{d!r}.")
+        if o["kernel"] != "sketch" and method != "sde":
+            raise ValueError(f"sketch_dim (--sketch-dim) only applies to kernel 'sketch' "
+                             f"(--kernel sketch) or method 'sde' (--method sde); got kernel "
+                             f"{o['kernel']!r}, method {o['method']!r}: drop it or choose one "
+                             "of those.")
+    if o["checkpoint"] is not None:
+        ck = Path(o["checkpoint"]).expanduser()
+        if ck.exists() and not ck.is_dir():
+            raise ValueError(f"checkpoint {str(ck)!r} is a file; pass the directory written "
+                             "by ntk_tt.save_checkpoint (or omit it for the shipped one).")
+        if not ck.exists():
+            raise ValueError(f"checkpoint not found: {ck.absolute()} (pass the directory "
+                             "written by ntk_tt.save_checkpoint, or omit it for the shipped "
+                             "one).")
 
 
 def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="train",
@@ -147,8 +248,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
 
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, K, n, checkpoint,
-        image shape, hyperparameters, num_paths < 1, output paths); the options and output
-        paths are checked before any work.
+        image shape, hyperparameters, num_paths < 1, output paths, an output that cannot be
+        written at the end); the options (:func:`check_options`) and output paths
+        (:func:`check_outputs`) are checked before any work.
     """
     unknown = set(options) - set(DEFAULTS)
     if unknown:
@@ -157,6 +259,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     if not (isinstance(o["num_paths"], (int, np.integer)) and o["num_paths"] >= 1):
         raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
                          f"{o['num_paths']!r}.")
+    check_options(o)
     check_outputs(figure_path, json_path)
     bar = tqdm(total=3 if verify else 2, disable=not progress, unit="stage",
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")
@@ -194,10 +297,14 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     report["curves"] = _plain({"predicted": {"loss": pred.loss, "error": pred.error},
                                "real": None if run is None else
                                {"loss": run.loss, "error": run.error}})
-    if figure_path:
-        title = (f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
-                 f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
-        figure(figure_path, pred, run, title)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=1))
+    try:  # checked up front; this catches a folder removed or filled during the work
+        if json_path:
+            Path(json_path).expanduser().write_text(json.dumps(report, indent=1))
+        if figure_path:
+            title = (f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
+                     f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
+            figure(Path(figure_path).expanduser(), pred, run, title)
+    except OSError as err:
+        raise ValueError(f"could not write {err.filename or 'an output'!s}: "
+                         f"{err.strerror or type(err).__name__}.") from None
     return report

@@ -29,17 +29,20 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--split", default=d["split"], help="TFDS split")
     q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes")
     q.add_argument("-n", "--per-class", type=int, default=d["per_class"])
-    q.add_argument("--test-per-class", type=int, default=d["test_per_class"])
+    q.add_argument("--test-per-class", type=int, default=d["test_per_class"],
+                   help="held-out images per class (>= 0; fewer, with a note, when the class "
+                   "has not that many left after n)")
     q.add_argument("-T", "--steps", type=int, default=d["steps"])
     q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate")
     q.add_argument("-B", "--batch-size", type=int, default=None, help="default: N (GD)")
     q.add_argument("-m", "--momentum", type=float, default=d["momentum"])
-    q.add_argument("--nesterov", action="store_true")
+    q.add_argument("--nesterov", action="store_true", help="Nesterov momentum (needs -m > 0)")
     q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"))
     q.add_argument("--method", default=d["method"],
                    choices=("auto", "closed_form", "ode", "sde", "discrete"))
     q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"))
-    q.add_argument("--sketch-dim", type=int, default=None)
+    q.add_argument("--sketch-dim", type=int, default=None,
+                   help="D' of the random projection; only with --kernel sketch or --method sde")
     q.add_argument("--num-paths", type=int, default=d["num_paths"])
     q.add_argument("--seed", type=int, default=d["seed"])
     q.add_argument("--no-resize", action="store_false", dest="resize",
@@ -59,8 +62,70 @@ def _fmt(v, unit=""):
     return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
 
 
+# short forms of the reasons a T_ε is undefined (ntk_tt._training_time.REASONS, and
+# "diverged at step k" for a real run), matched by a phrase each contains
+_SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
+                  ("flat or rising", "curve not falling"),
+                  ("no step comes within", "never within ε of L_T"))
+
+
+def _short(reason: str | None) -> str:
+    if not reason:
+        return "no reason given"
+    return next((short for key, short in _SHORT_REASONS if key in reason), reason)
+
+
+def _why_undefined(side: dict, curve: str, eps: str) -> str | None:
+    """Short reason for an undefined T_ε on one side of the report (None when defined)."""
+    if side["training_time"][curve][eps] is not None:
+        return None
+    return _short((side.get("training_time_reasons") or {}).get(curve, {}).get(eps))
+
+
+def _diverged_lines(r: dict) -> list[str]:
+    """Plain-language lines for a prediction or real run that diverged."""
+    pred, real, lines = r["predicted"], r["real"], []
+    if pred["diverged"]:
+        lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
+                     "(lower --lr)")
+    if real and real["diverged"]:
+        lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
+                     "(lower --lr)")
+    return lines
+
+
+def _comparison_lines(r: dict) -> list[str]:
+    """Loss-curve distance and held-out accuracy, or why they are not meaningful."""
+    pred, real, t = r["predicted"], r["real"], r["task"]
+    who = [name for name, side in (("prediction", pred), ("real run", real))
+           if side["diverged"]]
+    if who:
+        lines = [f"loss curves: not compared ({' and '.join(who)} diverged: the distance "
+                 "is not meaningful)"]
+    else:
+        dist = r["curve_distance"]["loss"]
+        rel = dist["max_rel_to_fall"]
+        share = (f"{_fmt(100 * rel)} % of the real fall {_fmt(dist['real_fall'])}"
+                 if rel is not None else
+                 f"real fall {_fmt(dist['real_fall'])}: not positive, no relative distance")
+        lines = [f"loss curves: max |predicted − real| = {_fmt(dist['max_abs'])} ({share})"]
+    if not t["n_test"]:
+        lines.append("held-out accuracy at T: no held-out images (--test-per-class 0)")
+    else:
+        acc = [f"{name} " + ("not meaningful (diverged)" if side["diverged"]
+                             else _fmt(side["test_accuracy"]))
+               for name, side in (("predicted", pred), ("real", real))]
+        lines.append(f"held-out accuracy at T: {', '.join(acc)}")
+    return lines
+
+
 def format_report(r: dict) -> str:
-    """Human-readable table of a :func:`ntk_tt.predict_task` report."""
+    """Human-readable table of a :func:`ntk_tt.predict_task` report.
+
+    An undefined T_ε has its short reason at the end of its row; a diverged prediction or
+    real run is said in words, and comparisons it makes meaningless are not printed as
+    numbers.
+    """
     t, pred, real = r["task"], r["predicted"], r["real"]
     lines = [
         f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {t['n_train']} train, "
@@ -91,21 +156,23 @@ def format_report(r: dict) -> str:
                 row += (f" {_fmt(real['training_time'][c][k]):>9} "
                         f"{_fmt(real['wall_clock'][c][k], ' s'):>10} "
                         f"{'n/a' if rel is None else f'{100 * rel:.0f} %':>10}")
+            why = [f"{name}: {w}" for name, side in (("predicted", pred), ("real", real))
+                   if side and (w := _why_undefined(side, c, k))]
+            if why:
+                row += f"  ({'; '.join(why)})"
             lines.append(row)
+    lines += _diverged_lines(r)
     if real:
         s = r["seconds"]
-        dist = r["curve_distance"]["loss"]
-        lines += [
+        lines.append(
             f"real fine-tuning: {real['seconds_per_step'] * 1e3:.0f} ms/step, training "
             f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
-            f"fine-tuning / prediction wall time = {_fmt(s['ratio'])}",
-            f"loss curves: max |predicted − real| = {_fmt(dist['max_abs'])} "
-            f"({_fmt(None if dist['max_rel_to_fall'] is None else 100 * dist['max_rel_to_fall'])}"
-            f" % of the real fall {_fmt(dist['real_fall'])})",
-            f"held-out accuracy at T: predicted {_fmt(pred['test_accuracy'])}, real "
-            f"{_fmt(real['test_accuracy'])}",
-            f"diverged: predicted {r['diverged']['predicted']}, real {r['diverged']['real']}",
-        ]
+            f"fine-tuning / prediction wall time = {_fmt(s['ratio'])}")
+        lines += _comparison_lines(r)
+        lines.append(f"diverged: predicted {r['diverged']['predicted']}, "
+                     f"real {r['diverged']['real']}")
+    else:
+        lines.append(f"diverged: predicted {r['diverged']['predicted']}")
     return "\n".join(lines)
 
 

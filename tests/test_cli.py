@@ -1,11 +1,12 @@
 """``ntk-tt predict``: a tiny real run end to end, JSON + figure, and one-line errors."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-from ntk_tt.cli import main
+from ntk_tt.cli import format_report, main
 
 
 def run_cli(args, capsys):
@@ -138,6 +139,9 @@ def test_beyond_edge_warning_and_held_out_note(tmp_path, capsys):
     note = [ln for ln in out.out.splitlines() if ln.startswith("note:")]
     assert len(note) == 1 and "197 held-out images per class" in note[0] and "1000" in note[0]
     assert r["task"]["test_per_class"] == 197
+    assert r["predicted"]["diverged"]  # κ far beyond the edge: the prediction diverges
+    assert "prediction diverged at step" in out.out and "diverged: predicted True" in out.out
+    assert "(predicted: diverged)" in out.out
 
 
 def test_help_names_default_figure_and_npz_format(capsys):
@@ -146,3 +150,144 @@ def test_help_names_default_figure_and_npz_format(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "ntk_tt_predict.png in the current directory" in text
     assert ".npz file with keys images" in text
+
+
+def no_work(monkeypatch):
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+
+
+def one_error_line(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(args, capsys)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
+    return err
+
+
+no_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--json", "TMP"], "is a directory"),
+    (["--figure", "TMP"], "is a directory"),
+    pytest.param(["--json", "/proc/x.json"], "cannot create a file in folder '/proc'",
+                 marks=no_proc),
+    pytest.param(["--figure", "/proc/x.png"], "cannot create a file in folder '/proc'",
+                 marks=no_proc),
+    (["--json", "TMP/same.png", "--figure", "TMP/same.png"], "both be written to"),
+])
+def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, capsys,
+                                                      monkeypatch):
+    no_work(monkeypatch)
+    args = [a.replace("TMP", str(tmp_path)) for a in args]
+    assert match in one_error_line(args, capsys)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--test-per-class", "-1"], "test_per_class (--test-per-class) must be an integer >= 0"),
+    (["--sketch-dim", "64"], "only applies to kernel 'sketch' (--kernel sketch) or method "
+                             "'sde'"),
+    (["--sketch-dim", "64", "--kernel", "traced"], "only applies to kernel 'sketch'"),
+    (["--kernel", "sketch", "--sketch-dim", "0"], "sketch_dim (--sketch-dim) must be"),
+    (["--nesterov"], "Nesterov needs momentum > 0"),
+    (["--nesterov", "-m", "0"], "Nesterov needs momentum > 0"),
+])
+def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch):
+    no_work(monkeypatch)
+    assert match in one_error_line(args, capsys)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
+    (["--lr", "nan"], "learning_rate (--lr) must be a finite number > 0"),
+    (["-m", "1"], "momentum (-m) must be in [0, 1)"),
+    (["-B", "0"], "batch_size (-B) must be an integer >= 1"),
+    (["-K", "2", "-n", "3", "-B", "7"], "more than the N = K·n = 2·3 = 6 training images"),
+    (["-T", "0"], "steps (-T) must be an integer >= 1"),
+    (["--head-scale", "0"], "head_scale (--head-scale) must be a finite number > 0"),
+    (["--checkpoint", "FILE"], "is a file; pass the directory written by "
+                               "ntk_tt.save_checkpoint"),
+    (["--checkpoint", "/nonexistent/ck"], "checkpoint not found"),
+])
+def test_numeric_flags_and_checkpoint_fail_before_loading(args, match, tmp_path, capsys,
+                                                          monkeypatch):
+    no_work(monkeypatch)
+    (tmp_path / "ck").write_text("not a checkpoint")
+    args = [str(tmp_path / "ck") if a == "FILE" else a for a in args]
+    assert match in one_error_line(args, capsys)
+
+
+def fake_report(*, verify, pred_diverged, real_diverged):
+    """The keys format_report reads, as predict_task writes them (tiny task, T = 8)."""
+    def side(diverged, at):
+        reason = (f"diverged at step {at}" if diverged
+                  else "no step comes within epsilon * (L_0 - L_T) of L_T")
+        value = None if diverged else 5.0
+        times = {c: {e: value for e in ("0.01", "0.1", "0.4")} for c in ("loss", "error")}
+        times["loss"]["0.01"] = None
+        return {"training_time": times, "wall_clock": times,
+                "training_time_reasons": {c: {e: reason for e in ("0.01", "0.1", "0.4")
+                                              if times[c][e] is None} for c in times},
+                "test_accuracy": 0.5, "diverged": diverged,
+                "diverged_at": at if diverged else None, "seconds_per_step": 0.005}
+
+    pred = side(pred_diverged, 1) | {"method": "discrete", "kernel": "exact",
+                                     "kappa": 6.9e11 if pred_diverged else 0.9,
+                                     "beyond_edge": pred_diverged}
+    real = side(real_diverged, 2) if verify else None
+    fall = -6.65e33 if real_diverged else 0.5
+    return {
+        "config": {"test_per_class": 2},
+        "task": {"dataset": "flowers5", "classes": ["daisy", "tulip"], "n_train": 10,
+                 "n_test": 4, "test_per_class": 2, "architecture": "SmallResNet",
+                 "num_params": 120706},
+        "predicted": pred, "real": real,
+        "relative_error": ({c: {e: None for e in ("0.01", "0.1", "0.4")}
+                            for c in ("loss", "error")} if verify else None),
+        "curve_distance": {"loss": {"max_abs": 6.65e33 if real_diverged else 0.01,
+                                    "real_fall": fall,
+                                    "max_rel_to_fall": None if real_diverged else 0.02}},
+        "seconds": {"predict": 1.2, "predict_stages": {"compile": 6.0}, "finetune": 0.01,
+                    "compile_finetune": 4.9, "ratio": 0.004},
+        "diverged": {"predicted": pred_diverged, "real": real_diverged if verify else None},
+    }
+
+
+@pytest.mark.parametrize("pred_diverged,real_diverged", [(True, True), (False, True),
+                                                         (True, False)])
+def test_diverged_verify_run_is_said_and_not_compared(pred_diverged, real_diverged):
+    text = format_report(fake_report(verify=True, pred_diverged=pred_diverged,
+                                     real_diverged=real_diverged))
+    assert ("prediction diverged at step 1" in text) == pred_diverged
+    assert ("real run diverged at step 2" in text) == real_diverged
+    assert "max |predicted − real|" not in text and "e+33" not in text
+    assert "loss curves: not compared" in text and "not meaningful" in text
+    acc = [ln for ln in text.splitlines() if ln.startswith("held-out accuracy")]
+    assert len(acc) == 1 and acc[0].count("not meaningful (diverged)") == (pred_diverged
+                                                                           + real_diverged)
+    assert f"diverged: predicted {pred_diverged}, real {real_diverged}" in text
+
+
+def test_converged_verify_run_keeps_the_comparisons():
+    text = format_report(fake_report(verify=True, pred_diverged=False, real_diverged=False))
+    assert "loss curves: max |predicted − real| = 0.01 (2 % of the real fall 0.5)" in text
+    assert "held-out accuracy at T: predicted 0.5, real 0.5" in text
+    assert "diverged" not in text.replace("diverged: predicted False, real False", "")
+
+
+@pytest.mark.parametrize("diverged", [False, True])
+def test_prediction_only_table_gives_reasons_and_a_diverged_line(diverged):
+    text = format_report(fake_report(verify=False, pred_diverged=diverged,
+                                     real_diverged=False))
+    rows = [ln for ln in text.splitlines() if ln.startswith(("loss ", "error "))]
+    assert len(rows) == 6
+    for row in rows:
+        assert ("undefined" in row) == ("(predicted: " in row), row
+    short = "diverged" if diverged else "never within ε of L_T"
+    assert rows[0].endswith(f"(predicted: {short})")
+    assert text.splitlines()[-1] == f"diverged: predicted {diverged}"
+    assert ("prediction diverged at step 1" in text) == diverged
