@@ -101,14 +101,29 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
 
 
 def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
+    if not isinstance(prediction, Prediction) or not isinstance(run, FineTuneRun):
+        raise ValueError(
+            "compare(prediction, run) takes a Prediction from ntk_tt.predict and a FineTuneRun "
+            f"from ntk_tt.finetune, in that order; got {type(prediction).__name__} and "
+            f"{type(run).__name__}.")
     hp = prediction.hyperparameters
-    wrong = [f"{name}: predicted {hp[name]!r}, fine-tuned {getattr(run, name)!r}"
-             for name in ("steps", "learning_rate", "momentum", "nesterov", "batch_size")
-             if not np.isclose(float(hp[name]), float(getattr(run, name)), rtol=1e-6, atol=0)]
+    names = {"num_train": "N (training samples)", "loss_name": "loss"}
+    pairs = [("num_train", "num_train"), ("loss", "loss_name"), ("steps", "steps"),
+             ("learning_rate", "learning_rate"), ("momentum", "momentum"),
+             ("nesterov", "nesterov"), ("batch_size", "batch_size")]
+    wrong = []
+    for mine, theirs in pairs:
+        a, b = hp[mine], getattr(run, theirs)
+        same = a == b if isinstance(a, str) else np.isclose(float(a), float(b), rtol=1e-6,
+                                                           atol=0)
+        if not same:
+            wrong.append(f"{names.get(theirs, mine)}: predicted {a!r}, fine-tuned {b!r}")
+        if mine == "num_train" and not same:
+            break  # a different training set: the batch-size default differs too
     if wrong:
         raise ValueError("the prediction and the fine-tuning run describe different training ("
-                         + "; ".join(wrong) + "); predict and fine-tune with the same "
-                         "hyperparameters.")
+                         + "; ".join(wrong) + "); predict and fine-tune on the same data with "
+                         "the same hyperparameters.")
 
 
 def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
@@ -132,9 +147,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``diverged`` {predicted, real}. Undefined numbers are None.
 
     Raises:
-      ValueError: the prediction and the run differ in steps, learning rate, momentum,
-        Nesterov or batch size (the message names each mismatch) — they would not describe
-        the same training.
+      ValueError: arguments not a (Prediction, FineTuneRun) pair, or the two differ in N,
+        loss, steps, learning rate, momentum, Nesterov or batch size (the message names each
+        mismatch) — they would not describe the same training. Whether both used the same
+        inputs is not checked (only N).
     """
     _check_same_training(prediction, run)
     real_t, real_why = real_training_time(run)

@@ -223,6 +223,8 @@ class FineTuneRun:
     nesterov: bool
     batch_size: int
     steps: int
+    num_train: int
+    loss_name: str
     params: Any = dataclasses.field(repr=False)
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
     linear_logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
@@ -273,7 +275,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     """
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
-    check_loss(loss)
+    check_loss(loss, c)
     if not (np.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}.")
     if not 0.0 <= momentum < 1.0:
@@ -330,7 +332,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                  "finetune": seconds_per_step * (div if div >= 0 else int(steps))},
         diverged=div >= 0, diverged_at=div if div >= 0 else None,
         learning_rate=float(learning_rate), momentum=float(momentum), nesterov=bool(nesterov),
-        batch_size=b, steps=int(steps), params=state.params,
+        batch_size=b, steps=int(steps), num_train=n, loss_name=loss, params=state.params,
         logits=held["logits"] if record_logits else None,
         linear_logits=held["linear"] if record_logits else None,
     )

@@ -42,7 +42,8 @@ class Prediction(NamedTuple):
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used.
     hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
-      "batch_size": B (N for GD), "steps": T, "loss"}; :func:`ntk_tt.compare` checks them
+      "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
+      checks them
       against the fine-tuning run.
     seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
       the call to the result, validation included), all WITHOUT JAX compilation (tracing,
@@ -159,6 +160,7 @@ def predict(
     start = time.perf_counter()
     check_loss(loss)
     n, c = check_model(apply_fn, params, x)
+    check_loss(loss, c)
     y = check_labels(y, n, c)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
@@ -195,7 +197,7 @@ def predict(
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
     hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
-             "loss": loss}
+             "num_train": int(n), "loss": loss}
     return _to_prediction(out, method, kernel, hyper, seconds)
 
 

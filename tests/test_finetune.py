@@ -133,12 +133,22 @@ def test_compare_refuses_a_run_with_other_hyperparameters():
     pred = ntk_tt.predict(mlp, params, x, y, learning_rate=0.1, steps=4, batch_size=8,
                           momentum=0.5, key=key, num_paths=2)
     assert pred.hyperparameters == {"learning_rate": 0.1, "momentum": 0.5, "nesterov": False,
-                                    "batch_size": 8, "steps": 4, "loss": "cross_entropy"}
+                                    "batch_size": 8, "steps": 4, "num_train": N,
+                                    "loss": "cross_entropy"}
     ntk_tt.compare(pred, run)  # same training: accepted
     other = ntk_tt.predict(mlp, params, x, y, learning_rate=0.2, steps=4, momentum=0.9)
     with pytest.raises(ValueError, match=r"learning_rate: predicted 0.2, fine-tuned 0.1.*"
                                          r"momentum.*batch_size: predicted 24, fine-tuned 8"):
         ntk_tt.compare(other, run)
+    mse = ntk_tt.finetune(mlp, params, x, y, learning_rate=0.1, steps=4, batch_size=8,
+                          momentum=0.5, key=key, loss="mse")
+    with pytest.raises(ValueError, match="loss: predicted 'cross_entropy', fine-tuned 'mse'"):
+        ntk_tt.compare(pred, mse)
+    fewer = ntk_tt.finetune(mlp, params, x[:12], y[:12], learning_rate=0.1, steps=4)
+    with pytest.raises(ValueError, match=r"N \(training samples\): predicted 24, fine-tuned 12\)"):
+        ntk_tt.compare(pred, fewer)
+    with pytest.raises(ValueError, match="in that order; got FineTuneRun and Prediction"):
+        ntk_tt.compare(run, pred)
 
 
 def test_core_vmaps_over_learning_rate_and_momentum():
