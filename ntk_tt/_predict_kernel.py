@@ -235,6 +235,7 @@ def predict_from_kernel(
     if np.ndim(f0) != 2:
         raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
     n, c = np.shape(f0)
+    check_loss(loss, c)
     batch_size = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, batch_size, n)
     check_num_paths(num_paths)

@@ -30,3 +30,16 @@ def test_loss_values_match_their_definitions():
 def test_unknown_loss_raises():
     with pytest.raises(ValueError, match="loss must be one of"):
         _losses.check_loss("hinge")
+
+
+def test_single_logit_cross_entropy_is_refused_before_any_work():
+    import ntk_tt
+
+    x = jnp.ones((4, 3))
+    params = {"w": jnp.ones((3, 1))}
+    apply_fn = lambda p, x: x @ p["w"]  # noqa: E731  (one logit: softmax is constant)
+    y = jnp.zeros(4, jnp.int32)
+    for fn in (ntk_tt.predict, ntk_tt.finetune):
+        with pytest.raises(ValueError, match="C >= 2 logits, the model returns C = 1"):
+            fn(apply_fn, params, x, y, learning_rate=0.1, steps=3)
+    ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.1, steps=3, loss="mse")  # fine
