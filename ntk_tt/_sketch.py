@@ -12,6 +12,7 @@ PRNG), and ``sketch_dim`` only truncates it.
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -199,10 +200,18 @@ def sketched_ntk(
         unknown ``distribution`` or ``route``, ``key`` not a key, ``param_scale`` not shaped
         like ``params`` or non-finite.
       NTKMemoryError: features plus blocks exceed the available memory (before any work).
+
+    Warns:
+      UserWarning: ``sketch_dim`` > D (the exact kernel is then cheaper).
     """
     check_block_size(block_size)
     _check_args(params, sketch_dim, key, distribution, route, param_scale)
     n, c = check_model(apply_fn, params, x)
+    if sketch_dim > num_params(params):
+        warnings.warn(
+            f"sketch_dim D' = {sketch_dim} exceeds the number of parameters D = "
+            f"{num_params(params)}: this sketch costs more than the exact kernel "
+            "(ntk_tt.empirical_ntk) and is still only an estimate of it.", stacklevel=2)
     x = jnp.asarray(x)
     if route == "auto":
         route = choose_route(apply_fn, params, x, sketch_dim)

@@ -157,5 +157,8 @@ def test_bad_arguments_raise_value_error():
         )
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         ntk_tt.sketched_ntk(apply_fn, params, x[0], sketch_dim=4, key=key)
+    d = sum(int(np.size(p)) for p in jax.tree.leaves(params))
+    with pytest.warns(UserWarning, match=f"exceeds the number of parameters D = {d}"):
+        ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=d + 1, key=key)
     with pytest.raises(ntk_tt.NTKMemoryError, match="sketch_dim"):
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=key, memory_limit=100)
