@@ -150,8 +150,11 @@ def wall_clock_time(steps, seconds_per_step):
     Works on scalars or arrays; NaN (undefined T_ε) stays NaN.
 
     Raises:
-      ValueError: a negative or non-finite ``seconds_per_step``.
+      ValueError: a negative or non-finite ``seconds_per_step``, or negative ``steps``.
     """
+    if np.any(np.asarray(steps, dtype=float) < 0):
+        raise ValueError(f"steps must be >= 0 (a T_ε in optimiser steps, NaN if undefined), "
+                         f"got {steps!r}.")
     sps = np.asarray(seconds_per_step, dtype=float)
     if not np.all(np.isfinite(sps)) or np.any(sps < 0):
         raise ValueError(

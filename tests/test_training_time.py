@@ -110,3 +110,10 @@ def test_wall_clock_time():
                                [2.5, np.nan])
     with pytest.raises(ValueError, match="seconds_per_step"):
         ntk_tt.wall_clock_time(10, -1.0)
+
+
+def test_wall_clock_time_refuses_negative_steps_and_keeps_nan():
+    assert ntk_tt.wall_clock_time(20, seconds_per_step=0.5) == 10.0
+    assert np.isnan(ntk_tt.wall_clock_time(np.nan, seconds_per_step=0.5))
+    with pytest.raises(ValueError, match="steps must be >= 0"):
+        ntk_tt.wall_clock_time(-5, seconds_per_step=0.1)
