@@ -104,6 +104,10 @@ def empirical_ntk(
     several blocks, Jacobian blocks are recomputed for each block pair (time grows with the
     number of blocks); ``block_size=None`` uses one block when it fits in memory.
 
+    Call it outside ``jax.jit`` (it checks inputs on concrete values and compiles its own
+    block function); the kernel it returns then goes into jitted, vmapped
+    :func:`ntk_tt.predict_from_kernel` calls.
+
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
       params: parameter pytree (trainable leaves only), D numbers in total.
