@@ -23,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--checkpoint", default=None, help="orbax checkpoint dir (default: shipped)")
     q.add_argument("--dataset", default=d["dataset"],
                    help="short name (ntk_tt.known_datasets()), a prepared TFDS name, or a "
-                   "path to an .npz file with keys images (uint8 N×H×W×C or N×H×W), labels "
-                   "(integers, N) and class_names (strings)")
+                   "path to an .npz file with keys images (N×H×W×C or N×H×W, uint8 or float in "
+                   "[0, 255]), labels (integers in [0, K), N) and class_names (K strings)")
     q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
     q.add_argument("--split", default=d["split"], help="TFDS split")
     q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes")
