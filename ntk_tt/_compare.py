@@ -92,7 +92,7 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
     return {"training_time": pred_t, "wall_clock": _clock(pred_t, seconds_per_step),
             "training_time_reasons": prediction.training_time_reasons,
-            "test_accuracy": None if prediction.test_error is None
+            "test_accuracy": None if prediction.test_error is None or prediction.diverged
             else 1.0 - float(prediction.test_error[-1]),
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
             "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
@@ -141,7 +141,9 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       predicted curve is not trustworthy; a diverged real run has every T_ε None with the
       reason "diverged at step k"). ``absolute_error`` and
       ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
-      {curve: {max_abs, rms, real_fall, max_rel_to_fall}}, ``linearisation_gap`` (or None),
+      {curve: {max_abs, rms, real_fall, max_rel_to_fall}} (None when either side diverged:
+      not meaningful), ``linearisation_gap`` (None without recorded logits or when the run
+      diverged), a diverged side's ``test_accuracy`` is None,
       ``seconds`` {predict, finetune, compile_predict, compile_finetune,
       ratio = finetune / predict}, and
       ``diverged`` {predicted, real}. Undefined numbers are None.
@@ -169,14 +171,15 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     return {
         "predicted": predicted,
         "real": {"training_time": real_t, "wall_clock": _clock(real_t, run.seconds_per_step),
-                 "training_time_reasons": real_why, "test_accuracy": run.test_accuracy,
+                 "training_time_reasons": real_why,
+                 "test_accuracy": None if run.diverged else run.test_accuracy,
                  "diverged": run.diverged, "diverged_at": run.diverged_at,
                  "seconds_per_step": run.seconds_per_step},
         "absolute_error": abs_err,
         "relative_error": rel_err,
-        "curve_distance": {c: _curve_distance(getattr(prediction, c), getattr(run, c))
-                           for c in CURVES},
-        "linearisation_gap": linearisation_gap(run),
+        "curve_distance": None if prediction.diverged or run.diverged else {
+            c: _curve_distance(getattr(prediction, c), getattr(run, c)) for c in CURVES},
+        "linearisation_gap": None if run.diverged else linearisation_gap(run),
         "seconds": {"predict": t_pred, "predict_stages": dict(prediction.seconds),
                     "finetune": run.seconds["finetune"],
                     "compile_finetune": run.seconds["compile"],

@@ -119,6 +119,9 @@ def test_compare_diverged_run_and_beyond_edge():
     report = ntk_tt.compare(pred, run)
     assert report["predicted"]["beyond_edge"] is True
     assert report["predicted"]["kappa"] > 2
+    # diverged: no curve distance or linearisation gap, no accuracy (not meaningful)
+    assert report["curve_distance"] is None and report["linearisation_gap"] is None
+    assert report["real"]["test_accuracy"] is None
     for curve in ("loss", "error"):
         assert all(t is None for t in report["real"]["training_time"][curve].values())
         assert set(report["real"]["training_time_reasons"][curve].values()) == {
