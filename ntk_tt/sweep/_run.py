@@ -3,10 +3,11 @@
 For each task with unfinished rows: build the exact empirical NTK Θ once (plus the traced
 kernel, derived from Θ for free, and a sketch per requested D'), read λ_max, turn every
 configuration's κ̃ into η, predict all configurations sharing a batch size with one compiled
-``jit(vmap(predict_from_kernel))`` over (η, m), fine-tune them for real with one compiled
-``jit(vmap(...))`` of the fine-tuning core, and write one row per configuration as soon as its
-fine-tune has finished. Compile time is measured apart (ahead-of-time ``lower().compile()``) and
-never counted in the prediction or fine-tuning wall times.
+``jit(vmap(predict_from_kernel))`` over (η, m), fine-tune them for real through one compiled
+training step (vmapped over (η, m) except on CPU, see :func:`_finetune_group`), and write one
+row per configuration as soon as its batch size's fine-tunes have finished. Compile time is
+measured apart (ahead-of-time ``lower().compile()``) and never counted in the prediction or
+fine-tuning wall times.
 """
 
 from __future__ import annotations
