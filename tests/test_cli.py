@@ -79,6 +79,22 @@ def test_bad_input_is_one_clear_line(args, match, tmp_path, capsys, monkeypatch)
     assert "Traceback" not in err
 
 
+def no_work(monkeypatch):
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+
+
+def one_error_line(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(args, capsys)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
+    return err
+
+
 @pytest.mark.parametrize("args,match", [
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
     (["--figure", "/nonexistent/dir/f.png"], "does not exist"),
@@ -87,15 +103,8 @@ def test_bad_input_is_one_clear_line(args, match, tmp_path, capsys, monkeypatch)
     (["--num-paths", "-3"], "num_paths must be an integer >= 1"),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
-    def no_work(**_):
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr("ntk_tt._job.load_task", no_work)
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(args, capsys)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1
-    assert err.startswith("ntk-tt: error:") and match in err, err
+    no_work(monkeypatch)
+    assert match in one_error_line(args, capsys)
 
 
 @pytest.mark.parametrize("content,match", [
@@ -150,22 +159,6 @@ def test_help_names_default_figure_and_npz_format(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "ntk_tt_predict.png in the current directory" in text
     assert ".npz file with keys images" in text
-
-
-def no_work(monkeypatch):
-    def refuse(**_):
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
-
-
-def one_error_line(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(args, capsys)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
-    return err
 
 
 no_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
