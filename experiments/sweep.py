@@ -35,7 +35,8 @@ PRESETS = {
     # paper's task size 5 x 150 plus dataset sizes 10 and 50 per class, one task per size)
     "full": SweepSpec(datasets=TARGETS, per_class=(150, 50, 10), seeds=(0,),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
-                      sketch_dims=(256,), noise_dim=64, num_paths=8),
+                      sketch_dims=(256,), noise_dim=64, num_paths=8,
+                      edge_kappas=(24.0, 48.0, 96.0)),
     # paper: the whole protocol (sizes 10/50/125/150, three seeds): many hours here
     "paper": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
                        batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
@@ -63,6 +64,11 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--steps", type=int)
     p.add_argument("--sketch-dims", nargs="+", type=int)
     p.add_argument("--checkpoint", help="pre-trained checkpoint (default: the shipped one)")
+    p.add_argument("--edge-kappas", nargs="+", type=float,
+                   help="extra κ̃ values at/past the stability edge, m = 0 only")
+    p.add_argument("--reuse-real", metavar="DIR",
+                   help="reuse the identical real fine-tunes of the sweep in DIR (same task, "
+                        "configuration and η); only the predictions are recomputed")
     args = p.parse_args(argv)
     spec = PRESETS["smoke" if args.smoke else args.preset]
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
@@ -97,7 +103,7 @@ def _headline(summary: dict) -> str:
 def main(argv=None) -> None:
     args, spec = parse(argv)
     if not args.report:
-        print(json.dumps(run_sweep(spec, args.out)))
+        print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real)))
     print(_headline(report(args.out)))
 
 

@@ -24,6 +24,10 @@ from ntk_tt._sketch import sketched_ntk as sketched_ntk
 
 # --- dynamics and training time (dynamics issue) ---
 # isort: split
+from ntk_tt._head_aware import HeadAwareKernel as HeadAwareKernel
+from ntk_tt._head_aware import head_aware_kernel as head_aware_kernel
+from ntk_tt._head_aware import predict_head_aware as predict_head_aware
+from ntk_tt._head_aware import split_head as split_head
 from ntk_tt._noise import gradient_variance as gradient_variance
 from ntk_tt._noise import noise_features as noise_features
 from ntk_tt._predict import Prediction as Prediction

@@ -18,12 +18,15 @@ from ntk_tt.sweep._compile import _compiled, _timed
 
 
 class TaskData(NamedTuple):
-    """Everything one task needs: the model with its fresh head, and the training set."""
+    """Everything one task needs: the model with its fresh head, the training set, and the
+    model split into backbone features and head (``ntk_tt.split_head``; None: no head-aware
+    prediction)."""
 
     apply_fn: Callable
     params: Any
     x: jax.Array
     y: jax.Array
+    split: Any = None
 
 
 def _evaluate(apply_fn, params, x, y):

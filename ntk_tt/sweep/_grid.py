@@ -88,6 +88,7 @@ class SweepSpec:
     noise_dim: int = 0
     num_paths: int = 16
     checkpoint: str | None = None
+    edge_kappas: tuple[float, ...] = ()
 
     def __post_init__(self):
         for name in ("datasets", "per_class", "seeds", "batch_sizes", "momenta", "epsilons"):
@@ -111,10 +112,13 @@ class SweepSpec:
 
     def configs(self) -> list[Config]:
         lrs = [("kappa", k) for k in self.kappas] + [("eta", e) for e in self.etas]
-        return [
+        grid = [
             Config(b, m, kind, value)
             for b, m, (kind, value) in itertools.product(self.batch_sizes, self.momenta, lrs)
         ]
+        edge = [Config(b, 0.0, "kappa", k)
+                for b, k in itertools.product(self.batch_sizes, self.edge_kappas)]
+        return grid + [c for c in edge if c not in grid]
 
 
 def row_id(task: Task, config: Config) -> str:

@@ -1,13 +1,16 @@
 """Run the benchmark grid: one kernel per task, jit(vmap) predictions, real fine-tunes, rows.
 
-For each task with unfinished rows: build the exact empirical NTK Θ once (plus the traced
-kernel, derived from Θ for free, and a sketch per requested D'), read λ_max, turn every
-configuration's κ̃ into η, predict all configurations sharing a batch size with one compiled
-``jit(vmap(predict_from_kernel))`` over (η, m), fine-tune them for real through one compiled
-training step (vmapped over (η, m) except on CPU, see :func:`_finetune_group`), and write one
-row per configuration as soon as its batch size's fine-tunes have finished. Compile time is
-measured apart (ahead-of-time ``lower().compile()``) and never counted in the prediction or
-fine-tuning wall times.
+For each task with unfinished rows: build the exact empirical NTK Θ once, and from it the
+head-aware kernel (the primary prediction, ``ntk_tt.predict_head_aware`` with the Kronecker
+feature kernel; its mixing matrix S from 32 inputs), the traced kernel (free), a sketch per
+requested D'; read λ_max, turn every configuration's κ̃ into η, predict all configurations
+sharing a batch size with one compiled ``jit(vmap(...))`` over (η, m) per predictor (the
+frozen-kernel ``predict_from_kernel`` on Θ is the variant ``linear``, the primary before
+issue 9), fine-tune them for real through one compiled training step (vmapped over (η, m)
+except on CPU, see :func:`_finetune_group`) — or reuse the identical real run of an earlier
+sweep (``reuse``) — and write one row per configuration as soon as its batch size's
+fine-tunes have finished. Compile time is measured apart (ahead-of-time
+``lower().compile()``) and never counted in the prediction or fine-tuning wall times.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import ntk_tt
 from ntk_tt._checkpoint import load_checkpoint
 from ntk_tt._data import load_dataset, prepare_images, sample_task
 from ntk_tt._fspace import top_eigenvalue
+from ntk_tt._head_aware import HeadAwareKernel, feature_mixing, kronecker_backbone, split_head
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._figures import make_figures
@@ -44,28 +48,43 @@ def _task_key(task: Task) -> jax.Array:
 
 
 class Variant(NamedTuple):
-    """An extra prediction recorded beside the primary one (discrete recursion, exact Θ)."""
+    """An extra prediction recorded beside the primary one (head-aware, Kronecker feature
+    kernel); ``kernel`` is a :class:`HeadAwareKernel` for head-aware variants."""
 
-    kernel: jax.Array
+    kernel: jax.Array | HeadAwareKernel
     label: str
     continuous: bool
     noise: jax.Array | None = None
 
 
+PRIMARY = ("head_aware", "kronecker")
+MIXING_SAMPLES = 32
+
+
 def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
                    num_paths):
-    """Predicted mean loss curves (G, T + 1), divergence flags (G,), seconds, compile seconds."""
+    """Predicted mean loss curves (G, T + 1), divergence flags (G,), seconds, compile seconds.
+
+    ``kernel`` is Θ (``predict_from_kernel``) or a :class:`HeadAwareKernel`
+    (``predict_head_aware``; ``f0`` and ``noise`` unused)."""
+    head_aware = isinstance(kernel, HeadAwareKernel)
 
     def one(kernel, f0, y, key, noise, lr, m):
-        out = ntk_tt.predict_from_kernel(
-            kernel, f0, y, learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
-            method=method, key=key, noise_features=noise, num_paths=num_paths,
-        )
+        if head_aware:
+            out = ntk_tt.predict_head_aware(
+                kernel, y, learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
+                key=key, num_paths=num_paths)
+        else:
+            out = ntk_tt.predict_from_kernel(
+                kernel, f0, y, learning_rate=lr, momentum=m, steps=steps,
+                batch_size=batch_size, method=method, key=key, noise_features=noise,
+                num_paths=num_paths,
+            )
         return out.loss, out.diverged
 
     batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
     args = (kernel, f0, y, key, noise, lrs, moms)
-    name = ("predict", steps, batch_size, method, num_paths)
+    name = ("predict", head_aware, steps, batch_size, method, num_paths)
     compiled, compile_s = _compiled(name, batched, *args)
     (loss, div), seconds = _timed(compiled, *args)
     return np.asarray(loss), np.asarray(div), seconds, compile_s
@@ -79,11 +98,14 @@ def _t_eps(curve: np.ndarray, eps: float) -> float:
 _KERNEL_SHAPES: set = set()
 
 
-def _kernel(data: TaskData):
-    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), and their wall time in seconds.
+def _kernel(data: TaskData, key):
+    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the head-aware kernel (or None without
+    ``data.split``), and their wall time in seconds.
 
     λ_max comes from the predictor's own power iteration (``predict_from_kernel`` uses the
-    same one for κ): a full ``eigvalsh`` of Θ took longer than Θ itself at N·C = 3750.
+    same one for κ): a full ``eigvalsh`` of Θ took longer than Θ itself at N·C = 3750. The
+    head-aware kernel takes k_b from Θ's logit trace (free) and S from the feature kernel of
+    ``MIXING_SAMPLES`` inputs drawn with ``key``.
 
     The first task of each input shape is computed once untimed, so compile time is never in
     the prediction's wall time (the same rule as for the solves and the fine-tunes).
@@ -92,20 +114,44 @@ def _kernel(data: TaskData):
     def build():
         theta = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x)
         f0 = data.apply_fn(data.params, data.x)
-        return theta, f0, top_eigenvalue(theta)
+        return theta, f0, top_eigenvalue(theta), _head_aware(data, theta, key)
 
     if (id(data.apply_fn), data.x.shape) not in _KERNEL_SHAPES:
         jax.block_until_ready(build())
         _KERNEL_SHAPES.add((id(data.apply_fn), data.x.shape))
-    (theta, f0, lam), seconds = _timed(build)
-    return theta, f0, float(lam), seconds
+    (theta, f0, lam, hk), seconds = _timed(build)
+    return theta, f0, float(lam), hk, seconds
+
+
+def _head_aware(data: TaskData, theta, key, *, isotropic: bool = False):
+    """The Kronecker head-aware kernel of the task from its exact Θ (None without a split)."""
+    if data.split is None:
+        return None
+    feature_fn, bparams, w0, b0 = data.split
+    h0 = feature_fn(bparams, data.x)
+    n, f = h0.shape
+    traced = theta.reshape(n, w0.shape[1], n, w0.shape[1]).trace(axis1=1, axis2=3)
+    if isotropic:
+        mixing = jnp.eye(f, dtype=h0.dtype)
+    else:
+        pick = jnp.sort(jax.random.choice(jax.random.fold_in(key, 3), n,
+                                          (min(MIXING_SAMPLES, n),), replace=False))
+        mixing = feature_mixing(feature_fn, bparams, data.x[pick])
+    return HeadAwareKernel(h0, w0, b0, kronecker_backbone(traced, h0, h0, w0, mixing), mixing)
 
 
 def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
-    """Traced kernel (derived from Θ), one sketch per D', and the ODE/SDE on the exact Θ."""
+    """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
+    Θ), the isotropic head-aware model, one sketch per D', and the ODE/SDE on the exact Θ."""
     n, c = f0.shape
-    out = {"traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
+    out = {"linear": Variant(theta, "discrete recursion, exact kernel frozen at w0 (the "
+                             "primary before issue 9)", False),
+           "traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
                              "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C", False)}
+    iso = _head_aware(data, theta, key, isotropic=True)
+    if iso is not None:
+        out["head_aware_iso"] = Variant(iso, "head-aware, isotropic feature kernel S = I",
+                                        False)
     for d in spec.sketch_dims:
         sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,
                                  key=jax.random.fold_in(key, d))
@@ -150,9 +196,12 @@ def load_task(task: Task, spec: SweepSpec) -> TaskData:
                           key=jax.random.fold_in(key, 0))
     x = prepare_images(sampled.x_train, tuple(meta["input_shape"]), mean=np.asarray(meta["mean"]),
                        std=np.asarray(meta["std"]))
-    apply_fn, params = _shared_apply(replace_head(model, task.classes,
-                                                  key=jax.random.fold_in(key, 1)))
-    return TaskData(apply_fn, params, x, jnp.asarray(sampled.y_train, jnp.int32))
+    module = replace_head(model, task.classes, key=jax.random.fold_in(key, 1))
+    apply_fn, params = _shared_apply(module)
+    feature_fn, bparams, w0, b0 = split_head(module)
+    feature_fn = _APPLY.setdefault(("features", nnx.graphdef(module)), feature_fn)
+    return TaskData(apply_fn, params, x, jnp.asarray(sampled.y_train, jnp.int32),
+                    (feature_fn, bparams, w0, b0))
 
 
 _APPLY: dict = {}
@@ -176,7 +225,7 @@ def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:
         "momentum": cfg.momentum, "lr_kind": cfg.lr_kind, "lr_value": cfg.lr_value,
         "learning_rate": lr, "lambda_max": lam, "kappa": lr * lam / n,
         "kappa_eff": lr * lam / (n * (1 - cfg.momentum)), "steps": spec.steps,
-        "pred_method": "discrete", "pred_kernel": "exact",
+        "pred_method": PRIMARY[0], "pred_kernel": PRIMARY[1],
         "pred_paths": 1 if b is None else spec.num_paths,
     }
 
@@ -188,17 +237,22 @@ def _curve_columns(prefix: str, loss, diverged, epsilons) -> dict:
 
 
 def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
-             table: ResultsTable, *, progress: Callable[[str], None] = print) -> int:
+             table: ResultsTable, *, progress: Callable[[str], None] = print,
+             reuse: dict | None = None) -> int:
     """Predict and fine-tune every configuration of one task; write one row each.
 
-    All predictions come first (one compiled vmap per batch size and kernel); then, per batch
-    size, one vmapped real fine-tune of its configurations, whose rows are written as soon as
-    it finishes. Returns the number of rows written.
+    All predictions come first (one compiled vmap per batch size and predictor); then, per
+    batch size, one real fine-tune of its configurations, whose rows are written as soon as it
+    finishes. ``reuse`` maps row ids to the real runs of an earlier sweep
+    (:func:`reusable_runs`); a configuration found there at the same learning rate reuses
+    its run instead of fine-tuning again. Returns the number of rows
+    written.
     """
     key = _task_key(task)
     t0 = time.perf_counter()
-    theta, f0, lam, sec_kernel = _kernel(data)
+    theta, f0, lam, hk, sec_kernel = _kernel(data, key)
     variants = _variants(data, spec, key, theta, f0)
+    primary = theta if hk is None else hk
     n, c = f0.shape
     groups: dict = {}
     for cfg in configs:
@@ -207,7 +261,8 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
     for b, cfgs in groups.items():
         lrs, moms = _hyper(cfgs, lam, n)
         kw = {"steps": spec.steps, "batch_size": b, "num_paths": spec.num_paths}
-        main = _predict_group(theta, f0, data.y, key, lrs, moms, None, method="discrete", **kw)
+        main = _predict_group(primary, f0, data.y, key, lrs, moms, None, method="discrete",
+                              **kw)
         var = {}
         for name, v in variants.items():
             method = ("ode" if b is None else "sde") if v.continuous else "discrete"
@@ -221,18 +276,21 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
     written = 0
     for b, cfgs in groups.items():
         (loss_p, div_p, s_pred, _), var, lrs, moms = preds[b]
-        loss_r, div_r, s_ft, cs = _finetune_group(data, key, lrs, moms, steps=spec.steps,
-                                                  batch_size=b)
+        loss_r, div_r, s_ft, cs, source = _real_runs(data, task, key, cfgs, lrs, moms, b,
+                                                     spec.steps, reuse)
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
+            if hk is None:
+                row.update(pred_method="discrete", pred_kernel="exact")
             row.update(_curve_columns("real", loss_r[i], div_r[i], spec.epsilons))
             row.update(_curve_columns("pred", loss_p[i], div_p[i], spec.epsilons))
             for name, (vloss, vdiv, vsec, _) in var.items():
                 row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], spec.epsilons))
                 row[f"var_{name}_label"] = variants[name].label
                 row[f"var_{name}_seconds"] = vsec / len(cfgs)
+                row[f"var_{name}_loss"] = vloss[i]
             row.update(
-                real_loss=loss_r[i], pred_loss=loss_p[i],
+                real_loss=loss_r[i], pred_loss=loss_p[i], real_source=source[i],
                 real_loss_drop=float(1 - loss_r[i][-1] / loss_r[i][0]),
                 seconds_predict=sec_kernel + s_pred / len(cfgs), seconds_finetune=s_ft[i],
                 seconds_compile_finetune=cs, task_seconds_kernel=sec_kernel,
@@ -241,9 +299,44 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             )
             table.write_row(row)
             written += 1
-        progress(f"{task.id}: batch {b or 'N'}: {len(cfgs)} rows written "
-                 f"({time.perf_counter() - t0:.0f} s)")
+        progress(f"{task.id}: batch {b or 'N'}: {len(cfgs)} rows written, "
+                 f"{source.count('reused')} real runs reused ({time.perf_counter() - t0:.0f} s)")
     return written
+
+
+def reusable_runs(out) -> dict:
+    """Real runs of an earlier sweep directory ``out``, by row id: (loss curve, diverged,
+    fine-tune seconds, compile seconds, learning rate). Real fine-tunes are deterministic
+    given the task, configuration and checkpoint (same data, head, batch order, η), so a
+    rerun that changes only the predictors need not train again."""
+    frame = read_table(out)
+    cols = ["real_loss", "real_diverged", "seconds_finetune", "seconds_compile_finetune",
+            "learning_rate", "steps"]
+    return {r.row_id: tuple(getattr(r, k) for k in cols) for r in frame.itertuples()}
+
+
+def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
+    """Real loss curves (G, T + 1), divergence flags, fine-tune seconds (G,), compile seconds
+    and each run's source: the earlier run from ``reuse`` where it exists with the same η (to
+    1e-5) and steps, a fresh fine-tune (one ``_finetune_group``) for the others."""
+    found = [(reuse or {}).get(row_id(task, cfg)) for cfg in cfgs]
+    lr_np = np.asarray(lrs)
+    ok = [f is not None and abs(f[4] - lr) <= 1e-5 * abs(lr) and len(f[0]) == steps + 1
+          for f, lr in zip(found, lr_np, strict=True)]
+    fresh = [i for i, good in enumerate(ok) if not good]
+    loss = np.empty((len(cfgs), steps + 1))
+    div = np.zeros(len(cfgs), bool)
+    secs = np.zeros(len(cfgs))
+    cs = 0.0
+    if fresh:
+        lf, df, sf, cs = _finetune_group(data, key, lrs[np.array(fresh)], moms[np.array(fresh)],
+                                         steps=steps, batch_size=b)
+        loss[fresh], div[fresh], secs[fresh] = lf, df, sf
+    for i, good in enumerate(ok):
+        if good:
+            loss[i], div[i], secs[i] = np.asarray(found[i][0], float), found[i][1], found[i][2]
+            cs = cs or float(found[i][3])
+    return loss, div, secs, cs, ["reused" if good else "fine-tuned" for good in ok]
 
 
 def _read_json(path: pathlib.Path, default):
@@ -257,8 +350,11 @@ def _write_json(path: pathlib.Path, data) -> None:
 
 
 def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,
-              progress: Callable[[str], None] = print) -> dict:
+              progress: Callable[[str], None] = print, reuse_from=None) -> dict:
     """Run (or resume) the grid into ``out``; finished rows are skipped, never recomputed.
+
+    ``reuse_from``: an earlier sweep directory whose identical real runs are reused
+    (:func:`reusable_runs`); rows record ``real_source`` ("fine-tuned" or "reused").
 
     ``out/spec.json`` records the grid; resuming with a different grid is refused. Each
     invocation appends its wall time to ``out/runs.json``.
@@ -278,13 +374,15 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
                          "with the same options or choose a new --out.")
     _write_json(spec_path, spec_to_dict(spec))
     done = table.done_ids()
+    reuse = None if reuse_from is None else reusable_runs(reuse_from)
     todo, skipped = plan(spec)
     written, present = 0, 0
     for task, configs in todo:
         left = [c for c in configs if row_id(task, c) not in done]
         present += len(configs) - len(left)
         if left:
-            written += run_task(task, left, spec, loader(task, spec), table, progress=progress)
+            written += run_task(task, left, spec, loader(task, spec), table, progress=progress,
+                                reuse=reuse)
     runs = _read_json(table.out / "runs.json", [])
     runs.append({"seconds": time.perf_counter() - t0, "rows_written": written})
     _write_json(table.out / "runs.json", runs)

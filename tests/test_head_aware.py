@@ -1,0 +1,166 @@
+"""Head-aware predictor vs real optax training of models that are exactly of its form."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk, train_optax
+from flax import nnx
+
+import ntk_tt
+from ntk_tt._fspace import curves
+from ntk_tt._head_aware import (
+    HeadAwareKernel,
+    head_aware_kernel,
+    initial_kernel,
+    predict_head_aware,
+    split_head,
+)
+
+N, D, F, C, STEPS = 12, 5, 4, 3, 20
+F64 = jnp.float64
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+class Net(nnx.Module):
+    """Backbone Linear(D, F) (then tanh when ``nonlinear``) and a linear ``head``."""
+
+    def __init__(self, nonlinear, *, rngs):
+        self.body = nnx.Linear(D, F, param_dtype=F64, rngs=rngs)
+        self.head = nnx.Linear(F, C, param_dtype=F64, rngs=rngs)
+        self.nonlinear = nonlinear
+
+    def __call__(self, x):
+        h = self.body(x)
+        return self.head(jnp.tanh(h) if self.nonlinear else h)
+
+
+def _problem(nonlinear, seed=0):
+    kx, ky = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (N + 4, D), F64)
+    y = jax.random.randint(ky, (N + 4,), 0, C)
+    model = Net(nonlinear, rngs=nnx.Rngs(seed))
+    return model, x[:N], y[:N], x[N:], y[N:]
+
+
+def _batches(key, batch_size):
+    return ntk_tt.batch_indices(key, N, batch_size, STEPS)
+
+
+HYPER = [  # (η, m, nesterov, batch size, loss)
+    (0.5, 0.0, False, N, "cross_entropy"),
+    (0.2, 0.9, False, N, "cross_entropy"),
+    (0.2, 0.8, True, 4, "cross_entropy"),
+    (0.1, 0.5, False, 3, "mse"),
+]
+
+
+@pytest.mark.parametrize("backbone", ["isotropic", "kronecker", "exact"])
+@pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER)
+def test_linear_backbone_equals_optax(x64, backbone, lr, m, nesterov, b, loss):
+    """h = V x + c is linear in its weights and K_h(i, j) = (x_i·x_j + 1) I_F is exactly
+    Kronecker with S = I: every backbone option must reproduce real optax training of
+    f = (V x + c) W + b, head and backbone trained together."""
+    model, x, y, xt, yt = _problem(False)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    key = jax.random.key(3)
+    hk = head_aware_kernel(split_head(model), x, xt, backbone=backbone)
+    out = predict_head_aware(hk, y, learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
+                             nesterov=nesterov, loss=loss, key=key, num_paths=2, y_test=yt)
+    real = train_optax(apply_fn, params, x, y, _batches(key, b), jnp.concatenate([x, xt]),
+                       lr, m, nesterov=nesterov, loss=loss)
+    loss_r, err_r = curves(real[:, :N], y, loss)
+    np.testing.assert_allclose(out.loss_paths[0], loss_r, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(out.error_paths[0], err_r, atol=1e-12)
+    test_r, _ = curves(real[:, N:], yt, loss)
+    if b == N:
+        np.testing.assert_allclose(out.test_loss, test_r, rtol=1e-9, atol=1e-10)
+    # the loss curve moved, so the agreement is not a trivially flat one
+    assert loss_r[0] - loss_r[-1] > 0.05 * loss_r[0]
+
+
+def _linearised_backbone_training(model, x, y, batches, lr, m, nesterov, loss):
+    """Reference: optax trains (θ, W, b) of f = (h_0 + J_h(θ − θ_0)) W + b, J_h·Δθ by jvp."""
+    feature_fn, bparams, w0, b0 = split_head(model)
+
+    def apply_fn(p, xx):
+        delta = jax.tree.map(jnp.subtract, p["theta"], bparams)
+        h0, dh = jax.jvp(lambda q: feature_fn(q, xx), (bparams,), (delta,))
+        return (h0 + dh) @ p["w"] + p["b"]
+
+    params = {"theta": bparams, "w": w0, "b": b0}
+    return train_optax(apply_fn, params, x, y, batches, x, lr, m, nesterov=nesterov, loss=loss)
+
+
+@pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER[1:3])
+def test_exact_backbone_equals_linearised_backbone_training(x64, lr, m, nesterov, b, loss):
+    """Nonlinear (tanh) backbone: the exact feature kernel reproduces optax training of the
+    head-aware model itself (head exact, backbone linearised by jax.jvp)."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    key = jax.random.key(5)
+    hk = head_aware_kernel(split_head(model), x, backbone="exact")
+    out = predict_head_aware(hk, y, learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
+                             nesterov=nesterov, loss=loss, key=key, num_paths=2)
+    real = _linearised_backbone_training(model, x, y, _batches(key, b), lr, m, nesterov, loss)
+    np.testing.assert_allclose(out.loss_paths[0], curves(real, y, loss)[0], rtol=1e-9)
+
+
+def test_initial_kernel_is_the_empirical_ntk(x64):
+    """Θ_0 = (HHᵀ + 1) ⊗ I + (I ⊗ W_0ᵀ) K_h (I ⊗ W_0) equals brute-force J Jᵀ (exact
+    backbone, tanh net; Kronecker options on the linear backbone, where they are exact)."""
+    for nonlinear, backbones in ((True, ["exact"]), (False, ["exact", "kronecker",
+                                                             "isotropic"])):
+        model, x, *_ = _problem(nonlinear)
+        apply_fn, params = ntk_tt.from_nnx(model)
+        want = brute_ntk(apply_fn, params, x)
+        for backbone in backbones:
+            hk = head_aware_kernel(split_head(model), x, backbone=backbone)
+            np.testing.assert_allclose(initial_kernel(hk), want, rtol=1e-9, atol=1e-9)
+
+
+def test_head_grows_the_kernel_frozen_linear_does_not(x64):
+    """With a fresh small head the backbone's share of Θ grows with ‖W‖²: on the nonlinear
+    net, head-aware GD learns faster late than the frozen-kernel prediction."""
+    model, x, y, _, _ = _problem(True, seed=2)
+    model.head.kernel[...] = 0.1 * model.head.kernel[...]
+    apply_fn, params = ntk_tt.from_nnx(model)
+    hk = head_aware_kernel(split_head(model), x, backbone="exact")
+    kw = dict(learning_rate=2.0, steps=60)
+    ha = predict_head_aware(hk, y, **kw)
+    lin = ntk_tt.predict_from_kernel(brute_ntk(apply_fn, params, x), apply_fn(params, x), y,
+                                     **kw)
+    real = train_optax(apply_fn, params, x, y, _batches(None, N)[:1].repeat(60, 0), x, 2.0,
+                       0.0, nesterov=False, loss="cross_entropy")
+    loss_r = curves(real, y, "cross_entropy")[0]
+    assert abs(ha.loss[-1] - loss_r[-1]) < abs(lin.loss[-1] - loss_r[-1])
+
+
+def test_jit_vmap_over_learning_rate_shares_one_kernel(x64):
+    model, x, y, _, _ = _problem(False)
+    hk = head_aware_kernel(split_head(model), x, backbone="isotropic")
+    lrs = jnp.array([0.1, 0.3])
+    many = jax.jit(jax.vmap(lambda lr: predict_head_aware(hk, y, learning_rate=lr,
+                                                          steps=STEPS).loss))(lrs)
+    for i, lr in enumerate(lrs):
+        one = predict_head_aware(hk, y, learning_rate=float(lr), steps=STEPS).loss
+        np.testing.assert_allclose(many[i], one, rtol=1e-10)
+
+
+def test_errors():
+    model, x, y, _, _ = _problem(False)
+    with pytest.raises(ValueError, match="backbone must be one of"):
+        head_aware_kernel(split_head(model), x, backbone="sketch")
+    with pytest.raises(ValueError, match="nnx.Linear attribute `head`"):
+        split_head(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+    hk = head_aware_kernel(split_head(model), x, backbone="isotropic")
+    bad = HeadAwareKernel(hk.features, hk.head_kernel, hk.head_bias, hk.backbone[:-1],
+                          hk.mixing)
+    with pytest.raises(ValueError, match="backbone kernel must be"):
+        predict_head_aware(bad, y, learning_rate=0.1, steps=3)
+    with pytest.raises(ValueError, match="key"):
+        predict_head_aware(hk, y, learning_rate=0.1, steps=3, batch_size=4)
