@@ -54,21 +54,22 @@ class Variant(NamedTuple):
 
 def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
                    num_paths):
-    """Predicted mean loss curves (G, T + 1), divergence flags (G,), seconds, compile seconds."""
+    """Predicted mean loss curves (G, T + 1), divergence flags (G,), first spike steps (G,)
+    (−1 for none), seconds, compile seconds."""
 
     def one(kernel, f0, y, key, noise, lr, m):
         out = ntk_tt.predict_from_kernel(
             kernel, f0, y, learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
             method=method, key=key, noise_features=noise, num_paths=num_paths,
         )
-        return out.loss, out.diverged
+        return out.loss, out.diverged, out.spiked_at
 
     batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
     args = (kernel, f0, y, key, noise, lrs, moms)
     name = ("predict", steps, batch_size, method, num_paths)
     compiled, compile_s = _compiled(name, batched, *args)
-    (loss, div), seconds = _timed(compiled, *args)
-    return np.asarray(loss), np.asarray(div), seconds, compile_s
+    (loss, div, spike), seconds = _timed(compiled, *args)
+    return np.asarray(loss), np.asarray(div), np.asarray(spike), seconds, compile_s
 
 
 def _t_eps(curve: np.ndarray, eps: float) -> float:
@@ -181,8 +182,8 @@ def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:
     }
 
 
-def _curve_columns(prefix: str, loss, diverged, epsilons) -> dict:
-    out = {f"{prefix}_diverged": bool(diverged)}
+def _curve_columns(prefix: str, loss, diverged, spiked_at, epsilons) -> dict:
+    out = {f"{prefix}_diverged": bool(diverged), f"{prefix}_spiked_at": int(spiked_at)}
     out.update({t_col(prefix, e): _t_eps(loss, e) for e in epsilons})
     return out
 
@@ -214,21 +215,22 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             var[name] = _predict_group(v.kernel, f0, data.y, key, lrs, moms, v.noise,
                                        method=method, **kw)
         preds[b] = (main, var, lrs, moms)
-        sec_predict += main[2]
-        compile_s += main[3]
+        sec_predict += main[3]
+        compile_s += main[4]
     progress(f"{task.id}: kernels and {len(configs)} predictions "
              f"({time.perf_counter() - t0:.0f} s with compilation)")
     written = 0
     for b, cfgs in groups.items():
-        (loss_p, div_p, s_pred, _), var, lrs, moms = preds[b]
-        loss_r, div_r, s_ft, cs = _finetune_group(data, key, lrs, moms, steps=spec.steps,
+        (loss_p, div_p, spike_p, s_pred, _), var, lrs, moms = preds[b]
+        loss_r, div_r, spike_r, s_ft, cs = _finetune_group(data, key, lrs, moms, steps=spec.steps,
                                                   batch_size=b)
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
-            row.update(_curve_columns("real", loss_r[i], div_r[i], spec.epsilons))
-            row.update(_curve_columns("pred", loss_p[i], div_p[i], spec.epsilons))
-            for name, (vloss, vdiv, vsec, _) in var.items():
-                row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], spec.epsilons))
+            row.update(_curve_columns("real", loss_r[i], div_r[i], spike_r[i], spec.epsilons))
+            row.update(_curve_columns("pred", loss_p[i], div_p[i], spike_p[i], spec.epsilons))
+            for name, (vloss, vdiv, vspike, vsec, _) in var.items():
+                row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], vspike[i],
+                                          spec.epsilons))
                 row[f"var_{name}_label"] = variants[name].label
                 row[f"var_{name}_seconds"] = vsec / len(cfgs)
             row.update(
