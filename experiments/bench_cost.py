@@ -90,7 +90,7 @@ def main(argv=None) -> None:
             kw = dict(steps=spec.steps, batch_size=b, method="discrete",
                       num_paths=spec.num_paths)
             _predict_group(theta, f0, data.y, key, lrs, moms, None, **kw)  # warm
-            solve_s += _predict_group(theta, f0, data.y, key, lrs, moms, None, **kw)[2]
+            solve_s += _predict_group(theta, f0, data.y, key, lrs, moms, None, **kw)[3]
         predict_s = kernel_s + solve_s
         rows.append({"kernel": name, "N": n, "configs": len(configs),
                      "seconds_kernel": kernel_s, "seconds_solves": solve_s,

@@ -86,8 +86,9 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     ``training_time`` {curve: {ε: steps or None}}, ``wall_clock`` {curve: {ε: seconds}}
     (T_ε × ``seconds_per_step``, a measured real step), ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
-    ``kappa``, ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov,
-    B, T, loss: what was predicted).
+    ``spiked_at`` (first step with loss above 10·L_0, None if none), ``kappa``,
+    ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss:
+    what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
     return {"training_time": pred_t, "wall_clock": _clock(pred_t, seconds_per_step),
@@ -95,6 +96,7 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
             "test_accuracy": None if prediction.test_error is None or prediction.diverged
             else 1.0 - float(prediction.test_error[-1]),
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
+            "spiked_at": prediction.spiked_at,
             "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
             "method": prediction.method, "kernel": prediction.kernel,
             "hyperparameters": dict(prediction.hyperparameters)}
@@ -136,8 +138,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     Returns:
       A JSON-ready dict. ``predicted`` / ``real``: ``training_time`` {curve: {ε: steps}},
       ``wall_clock`` {curve: {ε: seconds}} (T_ε × the run's ``seconds_per_step``),
-      ``test_accuracy`` at T, ``diverged``, ``diverged_at`` (``predicted`` also ``kappa``
-      and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
+      ``test_accuracy`` at T, ``diverged``, ``diverged_at``, ``spiked_at`` (both sides use
+      the rule of ``ntk_tt._divergence``: diverged = a non-finite loss or L_T > L_0; a spike
+      above 10·L_0 that recovers is not divergence and keeps its T_ε; ``predicted`` also
+      ``kappa`` and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
       predicted curve is not trustworthy; a diverged real run has every T_ε None with the
       reason "diverged at step k"). ``absolute_error`` and
       ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
@@ -174,6 +178,7 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
                  "training_time_reasons": real_why,
                  "test_accuracy": None if run.diverged else run.test_accuracy,
                  "diverged": run.diverged, "diverged_at": run.diverged_at,
+                 "spiked_at": run.spiked_at,
                  "seconds_per_step": run.seconds_per_step},
         "absolute_error": abs_err,
         "relative_error": rel_err,

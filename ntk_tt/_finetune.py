@@ -9,7 +9,10 @@ the full-training-set loss / error after t updates (not the minibatch loss).
 :func:`finetune_step` (one update + full-set measurement) is pure and jittable with array
 hyperparameters; :func:`finetune_core` scans it, so a sweep is ``jit(vmap(...))``;
 :func:`finetune` is the eager entry point that validates, dispatches one compiled step at a
-time (fast on CPU, see :func:`finetune_core`) and times.
+time (fast on CPU, see :func:`finetune_core`) and times. A run trains through loss spikes
+(the catapult phase) and stops updating only when it becomes non-finite; whether it DIVERGED
+or SPIKED is decided on the whole curve by the rule shared with the predictor
+(:mod:`ntk_tt._divergence`).
 """
 
 from __future__ import annotations
@@ -25,32 +28,34 @@ import optax
 from tqdm import tqdm
 
 from ntk_tt._batches import batch_indices
+from ntk_tt._divergence import divergence
 from ntk_tt._losses import check_loss, error_rate, mean_loss
 from ntk_tt._model import ApplyFn, check_model
 
-DIVERGENCE_FACTOR = 10.0
 TIMING_STEPS = 5
 
 
 class FineTuneState(NamedTuple):
     """Carry of one fine-tuning step: parameters, optax state, the full-training-set loss,
-    error and logits (N, C) at those parameters, and ``diverged_at`` (int32, −1 if not)."""
+    error and logits (N, C) at those parameters, and ``stopped_at`` (int32): the first step
+    whose loss or parameters were non-finite, −1 while training goes on."""
 
     params: Any
     opt_state: Any
     loss: jax.Array
     error: jax.Array
     logits: jax.Array
-    diverged_at: jax.Array
+    stopped_at: jax.Array
 
 
 class FineTuneTrace(NamedTuple):
     """Output of :func:`finetune_core` (add a leading axis per ``vmap``).
 
-    loss, error: (T+1,) full-training-set mean loss and error rate; the divergent step keeps
-      its value when finite, later steps (and a non-finite one) hold the last finite value.
-      diverged_at: int32, the first step whose loss was non-finite or above 10·L_0, or −1.
-      params: the final (last non-diverged) parameters. logits: (N, C) at
+    loss, error: (T+1,) full-training-set mean loss and error rate; from the first step whose
+      loss or parameters were non-finite on, they hold the last finite values.
+      diverged_at, spiked_at: int32 steps of :func:`ntk_tt._divergence.divergence` (−1 for
+      none): diverged = a non-finite step or L_T > L_0; spiked = loss above 10·L_0.
+      params: the final (last finite) parameters. logits: (N, C) at
       those parameters. test_logits: (M, C) or None. trajectory: (T+1, N, C) logits or None.
       linear_trajectory: (T+1, N, C) outputs f_lin(w_t) = f(w0) + J(w_t − w0) of the
       linearised model (paper Sec. 3) at the same weights, or None.
@@ -59,6 +64,7 @@ class FineTuneTrace(NamedTuple):
     loss: jax.Array
     error: jax.Array
     diverged_at: jax.Array
+    spiked_at: jax.Array
     params: Any
     logits: jax.Array
     test_logits: jax.Array | None
@@ -93,30 +99,35 @@ def init_state(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
     return FineTuneState(params, opt_state, l0, e0, f0, jnp.int32(-1))
 
 
+def _verdict(loss: jax.Array, stopped_at: jax.Array):
+    """:func:`ntk_tt._divergence.divergence` of a recorded curve (T+1,) whose entries from
+    ``stopped_at`` (the first non-finite step, −1 if none) on were held, not computed."""
+    t = jnp.arange(loss.shape[0])
+    return divergence(jnp.where((stopped_at >= 0) & (t >= stopped_at), jnp.nan, loss))
+
+
 def finetune_step(apply_fn: ApplyFn, state: FineTuneState, x: jax.Array, y: jax.Array,
-                  idx: jax.Array, t: jax.Array, l0: jax.Array, learning_rate: jax.Array,
+                  idx: jax.Array, t: jax.Array, learning_rate: jax.Array,
                   momentum: jax.Array, *, nesterov: bool = False,
                   loss: str = "cross_entropy") -> FineTuneState:
-    """Update t (1-based) then measure the full training set; freeze once diverged.
+    """Update t (1-based) then measure the full training set; stop once non-finite.
 
-    Divergence: the new full-set loss is non-finite or above ``10·l0``; then
-    ``diverged_at = t``, the divergent step's loss and error are recorded when the loss is
-    finite (else the previous ones are kept), and parameters, optimiser state and logits keep
-    their pre-divergence values. A frozen state stays frozen. Selection is by ``jnp.where``
-    (no ``lax.cond``), so the step vmaps and XLA keeps its fast CPU convolution.
+    A large finite loss (a spike, e.g. the catapult phase above the stability edge) does not
+    stop training. When the new full-set loss or any parameter is non-finite, ``stopped_at =
+    t`` and parameters, optimiser state, loss, error and logits keep their last finite values;
+    a stopped state stays stopped. Selection is by ``jnp.where`` (no ``lax.cond``), so the
+    step vmaps and XLA keeps its fast CPU convolution.
     """
     p, s = train_step(apply_fn, state.params, state.opt_state, x, y, idx, learning_rate,
                       momentum, nesterov=nesterov, loss=loss)
     l2, e2, f2 = _evaluate(apply_fn, p, x, y, loss)
-    frozen = state.diverged_at >= 0
-    bad = ~jnp.isfinite(l2) | (l2 > DIVERGENCE_FACTOR * l0)
-    keep = frozen | bad
-    new = FineTuneState(p, s, l2, e2, f2, state.diverged_at)
-    out = jax.tree.map(lambda a, b: jnp.where(keep, a, b), state, new)
-    record = ~frozen & jnp.isfinite(l2)
-    return out._replace(loss=jnp.where(record, l2, out.loss),
-                        error=jnp.where(record, e2, out.error),
-                        diverged_at=jnp.where(bad & ~frozen, t, state.diverged_at)
+    stopped = state.stopped_at >= 0
+    finite = jnp.isfinite(l2)
+    for leaf in jax.tree_util.tree_leaves(p):
+        finite &= jnp.all(jnp.isfinite(leaf))
+    new = FineTuneState(p, s, l2, e2, f2, state.stopped_at)
+    out = jax.tree.map(lambda a, b: jnp.where(stopped | ~finite, a, b), state, new)
+    return out._replace(stopped_at=jnp.where(~stopped & ~finite, t, state.stopped_at)
                         .astype(jnp.int32))
 
 
@@ -156,7 +167,7 @@ def finetune_core(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
 
     def body(state, inputs):
         idx, t = inputs
-        state = finetune_step(apply_fn, state, x, y, idx, t, state0.loss, learning_rate,
+        state = finetune_step(apply_fn, state, x, y, idx, t, learning_rate,
                               momentum, nesterov=nesterov, loss=loss)
         logits = ((state.logits, linear_logits(apply_fn, params, state0.logits, state.params,
                                                x)) if record_logits else (None, None))
@@ -168,9 +179,11 @@ def finetune_core(apply_fn: ApplyFn, params: Any, x: jax.Array, y: jax.Array,
     def first(a, rest):
         return jnp.concatenate([a[None], rest])
 
+    loss_curve = first(state0.loss, ls)
+    verdict = _verdict(loss_curve, last.stopped_at)
     return FineTuneTrace(
-        loss=first(state0.loss, ls), error=first(state0.error, es),
-        diverged_at=last.diverged_at, params=last.params, logits=last.logits,
+        loss=loss_curve, error=first(state0.error, es), diverged_at=verdict.diverged_at,
+        spiked_at=verdict.spiked_at, params=last.params, logits=last.logits,
         test_logits=None if x_test is None else apply_fn(last.params, x_test),
         trajectory=first(state0.logits, fs) if record_logits else None,
         linear_trajectory=first(state0.logits, fls) if record_logits else None,
@@ -209,6 +222,11 @@ class FineTuneRun:
     ``finetune`` (training steps only: ``seconds_per_step`` × steps taken, the number compared
     with the prediction's time). ``logits``, ``linear_logits``: (steps+1, N, C) trajectories
     of the network and of its linearisation at the same weights, when recorded.
+    ``diverged``, ``diverged_at``, ``spiked_at``: the rule shared with the predictor
+    (:mod:`ntk_tt._divergence`): diverged = a non-finite loss or parameter at some step, or
+    L_T > L_0 (not recovered by the end); ``diverged_at`` = the step its final rise above L_0
+    began; ``spiked_at`` = the first step with loss above 10·L_0 (None if none): spiked and
+    not diverged = spiked and recovered (the catapult phase).
     """
 
     loss: np.ndarray
@@ -218,6 +236,7 @@ class FineTuneRun:
     seconds: dict[str, float]
     diverged: bool
     diverged_at: int | None
+    spiked_at: int | None
     learning_rate: float
     momentum: float
     nesterov: bool
@@ -264,10 +283,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       progress: show a tqdm progress bar over the steps.
 
     Returns:
-      :class:`FineTuneRun`. A run whose loss becomes non-finite or exceeds 10·L_0 stops there
-      (``diverged=True``, ``diverged_at`` = that step); the curves record that step's value
-      when finite and then hold the last finite value (``steps + 1`` finite entries);
-      ``params`` and the logits trajectories stop at the last step before divergence.
+      :class:`FineTuneRun`. Training goes on through loss spikes; it stops only at the first
+      step whose loss or parameters are non-finite, from which the curves hold the last finite
+      values (``steps + 1`` finite entries) and ``params`` and the logits trajectories are
+      those of the last finite step. ``seconds["finetune"]`` counts the steps taken.
 
     Raises:
       ValueError: bad shapes or labels, η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N], missing key
@@ -294,7 +313,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
 
     t0 = time.perf_counter()
     state = _init_jit(apply_fn, params, x, y, hyper[1], loss=loss)
-    step = _step_jit.lower(apply_fn, state, x, y, batches[0], jnp.int32(1), state.loss, *hyper,
+    step = _step_jit.lower(apply_fn, state, x, y, batches[0], jnp.int32(1), *hyper,
                            **statics).compile()
     lin = (_linear_jit.lower(apply_fn, params, state.logits, params, x).compile()
            if record_logits else None)
@@ -302,15 +321,14 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     seconds_per_step, compile_timing = _time_steps(apply_fn, params, x, y, batches, hyper,
                                                    statics)
     t2 = time.perf_counter()
-    l0 = state.loss
     rec = {"loss": [state.loss], "error": [state.error], "logits": [state.logits],
            "linear": [state.logits]}
     for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
                   disable=not progress):
-        state = step(state, x, y, batches[t - 1], jnp.int32(t), l0, *hyper)
+        state = step(state, x, y, batches[t - 1], jnp.int32(t), *hyper)
         rec["loss"].append(state.loss)
         rec["error"].append(state.error)
-        if int(state.diverged_at) >= 0:
+        if int(state.stopped_at) >= 0:
             break
         if record_logits:
             rec["logits"].append(state.logits)
@@ -318,8 +336,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     jax.block_until_ready(state)
     t3 = time.perf_counter()
 
-    div = int(state.diverged_at)
+    stop = int(state.stopped_at)
     held = {k: np.stack(v + v[-1:] * (int(steps) + 1 - len(v))) for k, v in rec.items()}
+    div, spike = (int(a) for a in _verdict(jnp.asarray(held["loss"]), stop)[1:])
     acc = None
     if x_test is not None and len(y_test):
         acc = float(error_rate(apply_fn(state.params, jnp.asarray(x_test)), y_test))
@@ -329,8 +348,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         seconds_per_step=seconds_per_step,
         seconds={"compile": t1 - t0 + compile_timing, "timing": t2 - t1 - compile_timing,
                  "run": t3 - t2,
-                 "finetune": seconds_per_step * (div if div >= 0 else int(steps))},
+                 "finetune": seconds_per_step * (stop if stop >= 0 else int(steps))},
         diverged=div >= 0, diverged_at=div if div >= 0 else None,
+        spiked_at=spike if spike >= 0 else None,
         learning_rate=float(learning_rate), momentum=float(momentum), nesterov=bool(nesterov),
         batch_size=b, steps=int(steps), num_train=n, loss_name=loss, params=state.params,
         logits=held["logits"] if record_logits else None,

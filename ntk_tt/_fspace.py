@@ -17,8 +17,6 @@ import numpy as np
 
 from ntk_tt._losses import error_rate, logit_residual, mean_loss
 
-DIVERGENCE_FACTOR = 10.0
-
 
 def as_operator(kernel: jax.Array, n: int, c: int, *, name: str, rows: int | None = None):
     """Normalise a kernel argument to ``(mat, traced)``; shapes checked, values untouched.
@@ -69,21 +67,6 @@ def curves(fs: jax.Array, y: jax.Array, loss: str) -> tuple[jax.Array, jax.Array
     loss_c = jax.vmap(lambda f: mean_loss(f, y, loss))(fs)
     err_c = jax.vmap(lambda f: error_rate(f, y))(fs).astype(loss_c.dtype)
     return loss_c, err_c
-
-
-def divergence_step(loss_curve: jax.Array) -> jax.Array:
-    """First step where the curve is non-finite or above 10·L_0; len(curve) if none (int32)."""
-    bad = ~jnp.isfinite(loss_curve) | (loss_curve > DIVERGENCE_FACTOR * loss_curve[0])
-    return jnp.where(jnp.any(bad), jnp.argmax(bad), loss_curve.shape[0]).astype(jnp.int32)
-
-
-def hold_after(curve: jax.Array, step: jax.Array) -> jax.Array:
-    """Keep ``curve`` before ``step``; from ``step`` on, repeat its last finite value."""
-    t = jnp.arange(curve.shape[0])
-    at = curve[jnp.minimum(step, curve.shape[0] - 1)]
-    before = curve[jnp.maximum(step - 1, 0)]
-    hold = jnp.where(jnp.isfinite(at), at, before)
-    return jnp.where(t < step, curve, hold)
 
 
 def top_eigenvalue(mat: jax.Array, iters: int = 60) -> jax.Array:

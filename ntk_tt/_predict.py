@@ -37,7 +37,11 @@ class Prediction(NamedTuple):
     test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
     training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
       NaN when undefined, with the reason in training_time_reasons[curve][ε].
-    diverged, diverged_at: divergence flag and first divergent step (None if none).
+    diverged, diverged_at: whether the predicted loss diverged (non-finite, or L_T > L_0; the
+      rule of ``ntk_tt._divergence``, shared with :func:`ntk_tt.finetune`) and the step its
+      final rise above L_0 began (None if not diverged).
+    spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
+      the curve spiked and recovered, and T_ε is defined as usual.
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used.
@@ -60,6 +64,7 @@ class Prediction(NamedTuple):
     training_time_reasons: dict
     diverged: bool
     diverged_at: int | None
+    spiked_at: int | None
     kappa: float
     beyond_edge: bool
     clamped: bool
@@ -212,12 +217,13 @@ def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
     def arr(a):
         return None if a is None else np.asarray(a)
 
-    at = int(out.diverged_at)
+    at, spike = int(out.diverged_at), int(out.spiked_at)
     return Prediction(
         loss=arr(out.loss), error=arr(out.error), loss_band=arr(out.loss_band),
         error_band=arr(out.error_band), test_loss=arr(out.test_loss),
         test_error=arr(out.test_error), training_time=times, training_time_reasons=reasons,
         diverged=bool(out.diverged), diverged_at=None if at < 0 else at,
+        spiked_at=None if spike < 0 else spike,
         kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
         min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
         hyperparameters=hyper, seconds=seconds,

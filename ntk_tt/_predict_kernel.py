@@ -19,12 +19,11 @@ import numpy as np
 
 from ntk_tt._closed_form import mse_closed_form
 from ntk_tt._discrete import discrete_paths, discrete_trajectory
+from ntk_tt._divergence import divergence, first_nonfinite, hold_from
 from ntk_tt._fspace import (
     as_operator,
     clamp_psd,
     curves,
-    divergence_step,
-    hold_after,
     negative_significant,
 )
 from ntk_tt._losses import check_loss
@@ -45,7 +44,11 @@ class KernelPrediction(NamedTuple):
       method is deterministic.
     loss_paths, error_paths: every path (P, T + 1); P = 1 when deterministic.
     test_loss, test_error: held-out mean curves (T + 1,), or None without ``kernel_test``.
-    diverged: bool; diverged_at: int32 first divergent step over all paths, −1 if none.
+    diverged: bool, some path diverged (``ntk_tt._divergence``: a non-finite loss, or
+      L_T > L_0); diverged_at: int32, the earliest ``diverged_at`` of the diverged paths, −1
+      if none. spiked_at: int32, the first step any path's loss exceeded 10·L_0, −1 if none
+      (spiked and not diverged: spiked and recovered, T_ε as usual).
+      Each path's curves hold their last finite value from its first non-finite loss on.
     kappa: η·λ_max(Θ)/N. beyond_edge: κ beyond the linear model's stability edge
       2(1 + m)/h (heavy ball; 2(1 + m)/((1 + 2m)h) Nesterov), h = 1 for MSE, ½ for CE.
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
@@ -63,6 +66,7 @@ class KernelPrediction(NamedTuple):
     test_error: jax.Array | None
     diverged: jax.Array
     diverged_at: jax.Array
+    spiked_at: jax.Array
     kappa: jax.Array
     beyond_edge: jax.Array
     min_eigenvalue: jax.Array
@@ -287,22 +291,29 @@ def _mean_band(paths, stochastic):
     return jnp.mean(paths, axis=0), band
 
 
+def _earliest(steps: jax.Array) -> jax.Array:
+    """Smallest non-negative entry of ``steps`` (P,), −1 if all are −1 (int32)."""
+    big = jnp.iinfo(jnp.int32).max
+    low = jnp.min(jnp.where(steps >= 0, steps, big))
+    return jnp.where(low == big, -1, low).astype(jnp.int32)
+
+
 def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochastic):
-    """Curves per path → divergence hold → mean, band, κ, T_ε."""
+    """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε."""
     mat, _ = op
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
-    div = jax.vmap(divergence_step)(loss_p)
-    hold = jax.vmap(hold_after)
-    loss_p, err_p = hold(loss_p, div), hold(err_p, div)
+    div = divergence(loss_p)
+    stop = first_nonfinite(loss_p)
+    hold = jax.vmap(hold_from)
+    loss_p, err_p = hold(loss_p, stop), hold(err_p, stop)
     loss_c, loss_band = _mean_band(loss_p, stochastic)
     err_c, err_band = _mean_band(err_p, stochastic)
     test_loss = test_err = None
     if fts is not None:
         tl, te = jax.vmap(lambda f: curves(f, y_test, loss))(fts)
-        test_loss, test_err = jnp.mean(hold(tl, div), 0), jnp.mean(hold(te, div), 0)
-    first = jnp.min(div)
-    diverged = first < loss_p.shape[1]
+        test_loss, test_err = jnp.mean(hold(tl, stop), 0), jnp.mean(hold(te, stop), 0)
+    diverged = jnp.any(div.diverged)
     lam_min, lam_max = lams
     kappa = lr * lam_max / n
     window = 5 if loss_c.shape[0] >= 5 else 1
@@ -315,7 +326,8 @@ def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochasti
     return KernelPrediction(
         loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
         loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,
-        diverged=diverged, diverged_at=jnp.where(diverged, first, -1).astype(jnp.int32),
+        diverged=diverged, diverged_at=_earliest(div.diverged_at),
+        spiked_at=_earliest(div.spiked_at),
         kappa=kappa, beyond_edge=kappa > _edge(m, nesterov, loss),
         min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, mat.shape[0]),
         training_time=t_eps, training_time_code=codes,

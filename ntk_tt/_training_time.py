@@ -26,7 +26,7 @@ REASONS = {
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
     NOT_SETTLED: "no step comes within epsilon * (L_0 - L_T) of L_T",
-    DIVERGED: "training diverged (loss non-finite or above 10 * L_0): no training time",
+    DIVERGED: "training diverged (loss non-finite, or above L_0 at the end): no training time",
 }
 
 

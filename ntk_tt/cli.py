@@ -83,7 +83,8 @@ def _why_undefined(side: dict, curve: str, eps: str) -> str | None:
 
 
 def _diverged_lines(r: dict) -> list[str]:
-    """Plain-language lines for a prediction or real run that diverged."""
+    """Plain-language lines for a prediction or real run that diverged, or spiked and
+    recovered."""
     pred, real, lines = r["predicted"], r["real"], []
     if pred["diverged"]:
         lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
@@ -91,6 +92,10 @@ def _diverged_lines(r: dict) -> list[str]:
     if real and real["diverged"]:
         lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
                      "(lower --lr)")
+    for name, side in (("prediction", pred), ("real run", real)):
+        if side and not side["diverged"] and side.get("spiked_at") is not None:
+            lines.append(f"{name} spiked above 10·L_0 at step {side['spiked_at']} and "
+                         "recovered (not divergence; T_ε as usual)")
     return lines
 
 

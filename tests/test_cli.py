@@ -284,3 +284,14 @@ def test_prediction_only_table_gives_reasons_and_a_diverged_line(diverged):
     assert rows[0].endswith(f"(predicted: {short})")
     assert text.splitlines()[-1] == f"diverged: predicted {diverged}"
     assert ("prediction diverged at step 1" in text) == diverged
+
+
+def test_spiked_and_recovered_run_is_said_not_called_diverged():
+    """The catapult case: the real run spiked above 10·L_0 and recovered; the prediction
+    (linear model beyond its edge) diverged."""
+    r = fake_report(verify=True, pred_diverged=True, real_diverged=False)
+    r["real"]["spiked_at"], r["predicted"]["spiked_at"] = 3, 1
+    text = format_report(r)
+    assert "real run spiked above 10·L_0 at step 3 and recovered" in text
+    assert "prediction spiked" not in text and "real run diverged" not in text
+    assert "diverged: predicted True, real False" in text

@@ -86,30 +86,39 @@ def test_loss_decreases_at_small_lr_and_error_is_full_set():
 
 
 def test_huge_lr_divergence_is_flagged_with_finite_curves():
+    """The run stops at the first non-finite step of a plain optax loop and holds the last
+    finite value; it rose above L_0 at step 1 and never came back."""
     params, x, y = problem()
     run = ntk_tt.finetune(mlp, params, x, y, learning_rate=1e4, steps=15, loss="mse")
-    assert run.diverged and 1 <= run.diverged_at <= 15
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = reference_curve(params, x, y, lr=1e4, momentum=0.0, nesterov=False,
+                              batches=ntk_tt.batch_indices(None, N, N, 15), loss="mse")
+    stop = int(np.argmax(~np.isfinite(ref)))
+    assert stop >= 2 and np.all(ref[1:stop] > 10 * ref[0])
+    assert run.diverged and run.diverged_at == 1 and run.spiked_at == 1
     assert np.all(np.isfinite(run.loss)) and np.all(np.isfinite(run.error))
-    t = run.diverged_at
-    assert run.loss[t] > 10 * run.loss[0] and np.all(run.loss[t:] == run.loss[t])
-    assert run.seconds["finetune"] == pytest.approx(run.seconds_per_step * (t))
+    np.testing.assert_allclose(run.loss[:stop], ref[:stop], rtol=1e-3)
+    assert np.all(run.loss[stop:] == run.loss[stop - 1])
+    assert run.seconds["finetune"] == pytest.approx(run.seconds_per_step * stop)
 
 
-def test_divergent_step_value_is_recorded_then_held():
-    """Spec: the divergent step keeps its finite value (here > 10·L_0), later steps hold it;
-    compared with a plain optax loop. A non-finite step holds the previous finite value."""
+def test_spike_does_not_stop_training_and_non_finite_does():
+    """Spec: a loss above 10·L_0 is trained through (every step equals a plain optax loop,
+    eager and scanned); diverged iff L_T > L_0 there. A non-finite step holds the previous
+    finite value."""
     params, x, y = problem()
     run = ntk_tt.finetune(mlp, params, x, y, learning_rate=30.0, steps=5)
     ref = reference_curve(params, x, y, lr=30.0, momentum=0.0, nesterov=False,
-                          batches=ntk_tt.batch_indices(None, N, N, 1), loss="cross_entropy")
-    assert run.diverged_at == 1 and ref[1] > 10 * ref[0]
-    np.testing.assert_allclose(run.loss[:2], ref, rtol=1e-4)
-    assert np.all(run.loss[1:] == run.loss[1])
+                          batches=ntk_tt.batch_indices(None, N, N, 5), loss="cross_entropy")
+    assert ref[1] > 10 * ref[0] and run.spiked_at == 1
+    np.testing.assert_allclose(run.loss, ref, rtol=1e-4)
+    assert run.diverged == (ref[-1] > ref[0])
     core = finetune_core(mlp, params, x, y, ntk_tt.batch_indices(None, N, N, 5),
                          jnp.float32(30.0), jnp.float32(0.0))
     np.testing.assert_allclose(core.loss, run.loss, rtol=1e-5)
+    assert int(core.spiked_at) == 1 and (int(core.diverged_at) >= 0) == run.diverged
     inf = ntk_tt.finetune(mlp, params, x, y, learning_rate=1e30, steps=3, loss="mse")
-    assert inf.diverged_at == 1 and np.all(inf.loss == inf.loss[0])
+    assert inf.diverged_at == 1 and inf.spiked_at == 1 and np.all(inf.loss == inf.loss[0])
 
 
 def test_compare_diverged_run_and_beyond_edge():
@@ -162,8 +171,11 @@ def test_core_vmaps_over_learning_rate_and_momentum():
         lrs, ms)
     for i in range(3):
         one = finetune_core(mlp, params, x, y, batches, lrs[i], ms[i])
-        np.testing.assert_allclose(sweep.loss[i], one.loss, rtol=1e-5)
+        # η = 1e4 trains on through huge losses, where vmapped rounding grows: 3 steps only
+        stop = 10 if i < 2 else 3
+        np.testing.assert_allclose(sweep.loss[i, :stop], one.loss[:stop], rtol=1e-5)
         assert int(sweep.diverged_at[i]) == int(one.diverged_at)
+        assert int(sweep.spiked_at[i]) == int(one.spiked_at)
     assert int(sweep.diverged_at[2]) > 0 and int(sweep.diverged_at[0]) == -1
 
 

@@ -214,3 +214,4 @@ def test_sequential_and_vmapped_fine_tunes_agree():
         s = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=False, **kw)
         np.testing.assert_allclose(s[0], v[0], rtol=1e-4)
         assert list(s[1]) == list(v[1]) == [False, False, True]
+        assert list(s[2]) == list(v[2]) and s[2][0] == s[2][1] == -1 and s[2][2] >= 1

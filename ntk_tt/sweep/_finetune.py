@@ -12,7 +12,8 @@ import numpy as np
 import optax
 
 import ntk_tt
-from ntk_tt._finetune import DIVERGENCE_FACTOR, train_step
+from ntk_tt._divergence import divergence, first_nonfinite, hold_from
+from ntk_tt._finetune import train_step
 from ntk_tt._losses import mean_loss
 from ntk_tt.sweep._compile import _compiled, _timed
 
@@ -38,8 +39,9 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
     """Real fine-tunes of G configurations sharing a batch size.
 
     Same conventions as ``ntk_tt.finetune`` (optax ``sgd``, mean cross-entropy,
-    ``ntk_tt.batch_indices(key, N, B, T)``, full-set loss after every step, divergence when
-    the loss is non-finite or above 10·L_0, curves hold the last value after it). The steps
+    ``ntk_tt.batch_indices(key, N, B, T)``, full-set loss after every step, training through
+    spikes, a configuration stops at its first non-finite loss and its curve holds the last
+    finite value from there; divergence and spikes by ``ntk_tt._divergence``). The steps
     run as a host loop over one compiled step: XLA:CPU ran this CNN's training step about 50×
     slower inside ``lax.scan`` (``finetune_core``) than as a single call (N = 50: 1.15 s vs
     0.02 s a step). ``vmapped`` (default: on any backend but CPU) runs the G configurations
@@ -49,8 +51,8 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
     N = 150, 2.09 s vs 0.67 s for the six steps; N = 750, 10.2 s vs 1.9 s). Only training
     steps are timed (the per-step full-set evaluation is measurement).
 
-    Returns loss curves (G, T + 1), divergence flags (G,), seconds per fine-tune (G,) and
-    compile seconds.
+    Returns loss curves (G, T + 1), divergence flags (G,), first spike steps (G,) int (−1 for
+    none), seconds per fine-tune (G,) and compile seconds.
     """
     n, g = data.x.shape[0], len(lrs)
     if vmapped is None:
@@ -80,22 +82,22 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
 
 def _host_loop(step, ev, params, state, data: TaskData, batches, lrs, moms, g):
     """T compiled steps of ``g`` configurations (stacked when g > 1 or vmapped): loss curves
-    (g, T + 1), divergence flags (g,), summed training-step seconds per configuration (g,)."""
+    (g, T + 1) held from each one's first non-finite loss on, divergence flags (g,), first
+    spike steps (g,) (−1 for none), summed training-step seconds per configuration (g,)."""
     steps = len(batches)
-    losses = np.empty((g, steps + 1))
-    losses[:, 0] = np.asarray(ev(params, data.x, data.y))
-    div_at = np.full(g, -1)
+    raw = np.full((g, steps + 1), np.nan)
+    raw[:, 0] = np.asarray(ev(params, data.x, data.y))
+    stopped = np.zeros(g, bool)
     train_s = np.zeros(g)
     for t in range(steps):
         (params, state), sec = _timed(step, params, state, data.x, data.y, batches[t], lrs,
                                       moms)
-        live = div_at < 0
-        train_s[live] += sec / g
+        train_s[~stopped] += sec / g
         loss_t = np.asarray(ev(params, data.x, data.y)).reshape(g)
-        bad = live & (~np.isfinite(loss_t) | (loss_t > DIVERGENCE_FACTOR * losses[:, 0]))
-        div_at[bad] = t + 1
-        losses[:, t + 1] = np.where(div_at < 0, loss_t, losses[:, t])
-        if np.all(div_at >= 0):  # every configuration diverged: the curves only hold
-            losses[:, t + 2:] = losses[:, t + 1:t + 2]
+        stopped |= ~np.isfinite(loss_t)
+        raw[~stopped, t + 1] = loss_t[~stopped]
+        if np.all(stopped):  # every configuration is non-finite: nothing left to record
             break
-    return losses, div_at >= 0, train_s
+    verdict = divergence(raw)
+    held = np.asarray(jax.vmap(hold_from)(raw, first_nonfinite(raw)))
+    return held, np.asarray(verdict.diverged), np.asarray(verdict.spiked_at), train_s

@@ -31,6 +31,7 @@ from flax import nnx
 import ntk_tt
 from ntk_tt._checkpoint import load_checkpoint
 from ntk_tt._data import load_dataset, prepare_images, sample_task
+from ntk_tt._divergence import divergence
 from ntk_tt._fspace import top_eigenvalue
 from ntk_tt._head_aware import HeadAwareKernel, feature_mixing, kronecker_backbone, split_head
 from ntk_tt.models import replace_head
@@ -63,7 +64,8 @@ MIXING_SAMPLES = 32
 
 def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
                    num_paths):
-    """Predicted mean loss curves (G, T + 1), divergence flags (G,), seconds, compile seconds.
+    """Predicted mean loss curves (G, T + 1), divergence flags (G,), first spike steps (G,)
+    (−1 for none), seconds, compile seconds.
 
     ``kernel`` is Θ (``predict_from_kernel``) or a :class:`HeadAwareKernel`
     (``predict_head_aware``; ``f0`` and ``noise`` unused)."""
@@ -80,14 +82,14 @@ def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, m
                 batch_size=batch_size, method=method, key=key, noise_features=noise,
                 num_paths=num_paths,
             )
-        return out.loss, out.diverged
+        return out.loss, out.diverged, out.spiked_at
 
     batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
     args = (kernel, f0, y, key, noise, lrs, moms)
     name = ("predict", head_aware, steps, batch_size, method, num_paths)
     compiled, compile_s = _compiled(name, batched, *args)
-    (loss, div), seconds = _timed(compiled, *args)
-    return np.asarray(loss), np.asarray(div), seconds, compile_s
+    (loss, div, spike), seconds = _timed(compiled, *args)
+    return np.asarray(loss), np.asarray(div), np.asarray(spike), seconds, compile_s
 
 
 def _t_eps(curve: np.ndarray, eps: float) -> float:
@@ -230,8 +232,8 @@ def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:
     }
 
 
-def _curve_columns(prefix: str, loss, diverged, epsilons) -> dict:
-    out = {f"{prefix}_diverged": bool(diverged)}
+def _curve_columns(prefix: str, loss, diverged, spiked_at, epsilons) -> dict:
+    out = {f"{prefix}_diverged": bool(diverged), f"{prefix}_spiked_at": int(spiked_at)}
     out.update({t_col(prefix, e): _t_eps(loss, e) for e in epsilons})
     return out
 
@@ -269,23 +271,24 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             var[name] = _predict_group(v.kernel, f0, data.y, key, lrs, moms, v.noise,
                                        method=method, **kw)
         preds[b] = (main, var, lrs, moms)
-        sec_predict += main[2]
-        compile_s += main[3]
+        sec_predict += main[3]
+        compile_s += main[4]
     progress(f"{task.id}: kernels and {len(configs)} predictions "
              f"({time.perf_counter() - t0:.0f} s with compilation)")
     written = 0
     for b, cfgs in groups.items():
-        (loss_p, div_p, s_pred, _), var, lrs, moms = preds[b]
-        loss_r, div_r, s_ft, cs, source = _real_runs(data, task, key, cfgs, lrs, moms, b,
-                                                     spec.steps, reuse)
+        (loss_p, div_p, spike_p, s_pred, _), var, lrs, moms = preds[b]
+        loss_r, div_r, spike_r, s_ft, cs, source = _real_runs(data, task, key, cfgs, lrs, moms,
+                                                              b, spec.steps, reuse)
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
             if hk is None:
                 row.update(pred_method="discrete", pred_kernel="exact")
-            row.update(_curve_columns("real", loss_r[i], div_r[i], spec.epsilons))
-            row.update(_curve_columns("pred", loss_p[i], div_p[i], spec.epsilons))
-            for name, (vloss, vdiv, vsec, _) in var.items():
-                row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], spec.epsilons))
+            row.update(_curve_columns("real", loss_r[i], div_r[i], spike_r[i], spec.epsilons))
+            row.update(_curve_columns("pred", loss_p[i], div_p[i], spike_p[i], spec.epsilons))
+            for name, (vloss, vdiv, vspike, vsec, _) in var.items():
+                row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], vspike[i],
+                                          spec.epsilons))
                 row[f"var_{name}_label"] = variants[name].label
                 row[f"var_{name}_seconds"] = vsec / len(cfgs)
                 row[f"var_{name}_loss"] = vloss[i]
@@ -316,27 +319,33 @@ def reusable_runs(out) -> dict:
 
 
 def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
-    """Real loss curves (G, T + 1), divergence flags, fine-tune seconds (G,), compile seconds
-    and each run's source: the earlier run from ``reuse`` where it exists with the same η (to
-    1e-5) and steps, a fresh fine-tune (one ``_finetune_group``) for the others."""
+    """Real loss curves (G, T + 1), divergence flags, spike steps, fine-tune seconds (G,),
+    compile seconds and each run's source: the earlier run from ``reuse`` where it exists with
+    the same η (to 1e-5) and steps (its flags re-derived from its curve by
+    ``ntk_tt._divergence``), a fresh fine-tune (one ``_finetune_group``) for the others. An
+    earlier run flagged diverged is never reused: runs before issue 10 stopped at 10·L_0."""
     found = [(reuse or {}).get(row_id(task, cfg)) for cfg in cfgs]
     lr_np = np.asarray(lrs)
     ok = [f is not None and abs(f[4] - lr) <= 1e-5 * abs(lr) and len(f[0]) == steps + 1
-          for f, lr in zip(found, lr_np, strict=True)]
+          and not f[1] for f, lr in zip(found, lr_np, strict=True)]
     fresh = [i for i, good in enumerate(ok) if not good]
     loss = np.empty((len(cfgs), steps + 1))
     div = np.zeros(len(cfgs), bool)
+    spike = np.full(len(cfgs), -1)
     secs = np.zeros(len(cfgs))
     cs = 0.0
     if fresh:
-        lf, df, sf, cs = _finetune_group(data, key, lrs[np.array(fresh)], moms[np.array(fresh)],
-                                         steps=steps, batch_size=b)
-        loss[fresh], div[fresh], secs[fresh] = lf, df, sf
+        pick = np.array(fresh)
+        lf, df, kf, sf, cs = _finetune_group(data, key, lrs[pick], moms[pick], steps=steps,
+                                             batch_size=b)
+        loss[pick], div[pick], spike[pick], secs[pick] = lf, df, kf, sf
     for i, good in enumerate(ok):
         if good:
-            loss[i], div[i], secs[i] = np.asarray(found[i][0], float), found[i][1], found[i][2]
+            loss[i], secs[i] = np.asarray(found[i][0], float), found[i][2]
+            verdict = divergence(loss[i])
+            div[i], spike[i] = bool(verdict.diverged), int(verdict.spiked_at)
             cs = cs or float(found[i][3])
-    return loss, div, secs, cs, ["reused" if good else "fine-tuned" for good in ok]
+    return loss, div, spike, secs, cs, ["reused" if good else "fine-tuned" for good in ok]
 
 
 def _read_json(path: pathlib.Path, default):

@@ -1,0 +1,143 @@
+"""Divergence vs a spike: one rule for real runs and predictions (issue 10, item 4).
+
+References: a plain optax loop written here (real runs), the closed form of GD on a diagonal
+kernel (predictions), curves read by hand (the rule itself).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ntk_tt
+from ntk_tt._divergence import divergence
+from ntk_tt._losses import mean_loss
+
+WIDTH, N, D, C = 1024, 32, 16, 2
+
+
+def relu_net(params, x):
+    """Two-layer ReLU network in NTK parameterisation."""
+    return jax.nn.relu(x @ params["w1"]) @ params["w2"] / np.sqrt(WIDTH)
+
+
+def catapult_problem(dtype):
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
+    params = {"w1": jax.random.normal(k1, (D, WIDTH), dtype) / np.sqrt(D),
+              "w2": jax.random.normal(k2, (WIDTH, C), dtype)}
+    x = jax.random.normal(k3, (N, D), dtype)
+    y = jax.random.randint(k4, (N,), 0, C)
+    return params, x, y
+
+
+@pytest.fixture(scope="module")
+def catapult_lr():
+    """η = 4·N/λ_max (κ = 4), λ_max of the empirical NTK J Jᵀ (N·C, N·C) by brute force."""
+    with jax.enable_x64(True):
+        params, x, _ = catapult_problem(jnp.float64)
+        jac = jax.jit(jax.jacrev(lambda q: relu_net(q, x).reshape(-1)))(params)
+        jac = jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(jac)], 1)
+        return 4.0 * N / float(jnp.linalg.eigvalsh(jac @ jac.T)[-1])
+
+
+def optax_curve(params, x, y, lr, steps):
+    """Independent reference: full-batch optax.sgd, full-set MSE after every step."""
+    opt = optax.sgd(lr)
+    state = opt.init(params)
+    curve = [float(mean_loss(relu_net(params, x), y, "mse"))]
+    grad = jax.jit(jax.grad(lambda p: mean_loss(relu_net(p, x), y, "mse")))
+    for _ in range(steps):
+        upd, state = opt.update(grad(params), state, params)
+        params = optax.apply_updates(params, upd)
+        curve.append(float(mean_loss(relu_net(params, x), y, "mse")))
+    return np.asarray(curve)
+
+
+def test_catapult_spikes_recovers_and_is_not_diverged(catapult_lr):
+    """κ = η·λ_max/N = 4 (twice the linear model's edge): the real net spikes above 10·L_0 and
+    converges below L_0; finetune trains through the spike exactly like plain optax."""
+    steps, lr = 20, catapult_lr
+    with jax.enable_x64(True):
+        params, x, y = catapult_problem(jnp.float64)
+        ref = optax_curve(params, x, y, lr, steps)
+        run = ntk_tt.finetune(relu_net, params, x, y, learning_rate=lr, steps=steps, loss="mse")
+        pred = ntk_tt.predict(relu_net, params, x, y, learning_rate=lr, steps=steps, loss="mse")
+    spike = int(np.argmax(ref > 10 * ref[0]))
+    assert spike >= 1 and ref[-1] < 1e-2 * ref[0]  # the reference really spikes and recovers
+    np.testing.assert_allclose(run.loss, ref, rtol=1e-8)
+    assert not run.diverged and run.diverged_at is None and run.spiked_at == spike
+    report = ntk_tt.compare(pred, run)
+    # the linear model beyond its edge does blow up: a correct predicted flag, not "both"
+    assert report["diverged"] == {"predicted": True, "real": False}
+    assert report["real"]["spiked_at"] == spike and report["predicted"]["beyond_edge"]
+    # T_ε as for any run, not "diverged" (the loss curve's is undefined for another reason:
+    # the spike inflates training_time's noise floor; the error curve's is defined)
+    t_real = ntk_tt.training_time(run.error, 0.1)
+    assert report["real"]["training_time"]["error"][0.1] == t_real > spike
+    reasons = report["real"]["training_time_reasons"]
+    assert not any("diverged" in r for c in reasons.values() for r in c.values())
+
+
+def test_truly_divergent_run_is_diverged_with_finite_held_curves(catapult_lr):
+    """κ = 400: the loss overflows; the run stops at the first non-finite step of the optax
+    reference and holds its last finite value."""
+    params, x, y = catapult_problem(jnp.float32)
+    lr = 100 * catapult_lr
+    steps = 20
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = optax_curve(params, x, y, lr, steps)
+    stop = int(np.argmax(~np.isfinite(ref)))
+    assert 1 <= stop <= steps and np.all(ref[1:stop] > ref[0])
+    run = ntk_tt.finetune(relu_net, params, x, y, learning_rate=lr, steps=steps, loss="mse")
+    assert run.diverged and run.diverged_at == 1 and run.spiked_at == 1
+    np.testing.assert_allclose(run.loss[:stop], ref[:stop], rtol=1e-4)
+    assert np.all(run.loss[stop:] == run.loss[stop - 1])
+    assert run.seconds["finetune"] == pytest.approx(run.seconds_per_step * stop)
+
+
+@pytest.mark.parametrize("curve,diverged,diverged_at,spiked_at", [
+    ([1.0, 0.8, 15.0, 3.0, 0.5, 0.1], False, -1, 2),      # catapult: spike, recovery
+    ([1.0, 0.5, 0.7, 1.2, 1.5], True, 3, -1),             # slow rise, never 10·L_0
+    ([1.0, 2.0, 0.9, np.inf, np.nan], True, 3, 3),        # non-finite after a dip
+    ([1.0, 20.0, np.nan, 0.5, 0.5], True, 1, 1),          # what follows NaN is ignored
+    ([1.0, 1.0, 1.0], False, -1, -1),                      # did not move: not diverged
+])
+def test_shared_rule_on_hand_read_curves(curve, diverged, diverged_at, spiked_at):
+    out = divergence(jnp.asarray(curve))
+    assert (bool(out.diverged), int(out.diverged_at), int(out.spiked_at)) == (
+        diverged, diverged_at, spiked_at)
+
+
+def diagonal_case(a2, steps):
+    """GD on Θ = diag(k) (logit-summed, N = C = 2, f0 = 0): mode i shrinks by a_i =
+    1 − η·k_i/(C·N) per step; sample 0 has a_0 = 0, sample 1 has a_2. Closed-form loss."""
+    k = jnp.diag(jnp.asarray([4.0, 4.0 * (1.0 - a2)]))
+    y = jnp.asarray([0, 1])
+    pred = ntk_tt.predict_from_kernel(k, jnp.zeros((2, 2)), y, learning_rate=1.0, steps=steps,
+                                      loss="mse", method="discrete")
+    t = np.arange(steps + 1, dtype=float)
+    closed = 0.25 * (np.where(t == 0, 1.0, 0.0) + np.float64(a2) ** (2 * t))
+    return pred, closed
+
+
+def test_prediction_that_rises_slowly_above_l0_is_diverged():
+    """|a| = 1.1: the loss dips, then rises above L_0 at step 4 but stays below 10·L_0 by
+    T = 10 (the old rule missed it)."""
+    pred, closed = diagonal_case(-1.1, 10)
+    np.testing.assert_allclose(pred.loss, closed, rtol=1e-5)
+    rise = int(np.max(np.nonzero(closed <= closed[0])[0])) + 1
+    assert closed[-1] < 10 * closed[0] and rise == 4
+    assert bool(pred.diverged) and int(pred.diverged_at) == rise
+    assert int(pred.spiked_at) == -1 and np.all(pred.training_time_code == 4)
+
+
+def test_prediction_that_overflows_is_diverged_and_held():
+    """|a| = 1000 (float32): the loss overflows at the first step the closed form exceeds the
+    float32 range; the curve holds its last finite value from there."""
+    pred, closed = diagonal_case(-1000.0, 10)
+    stop = int(np.argmax(4 * closed > np.finfo(np.float32).max))  # r² = 4·L overflows
+    assert 2 <= stop <= 10
+    np.testing.assert_allclose(pred.loss[:stop], closed[:stop], rtol=1e-5)
+    assert np.all(pred.loss[stop:] == pred.loss[stop - 1])
+    assert bool(pred.diverged) and int(pred.diverged_at) == 1 and int(pred.spiked_at) == 1
