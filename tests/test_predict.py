@@ -106,6 +106,19 @@ def test_non_psd_float32_kernel_is_clamped_and_reported():
     assert np.all(np.isfinite(pred.loss))
 
 
+@pytest.mark.parametrize("neg, clamped", [(-0.01, True), (-0.05, True), (0.001, False)])
+def test_min_eigenvalue_found_under_a_cluster_near_zero(neg, clamped):
+    # 56 eigenvalues at 0.02 just above the sought one: power iteration on λ_max·I − Θ
+    # reported +0.019 (not clamped) for −0.01, and −0.02 for −0.05
+    basis = np.linalg.qr(np.random.default_rng(0).standard_normal((60, 60)))[0]
+    lam = np.array([1.0, 0.5, 0.2] + [0.02] * 56 + [neg])
+    kernel = ((basis * lam) @ basis.T).astype(np.float32)
+    pred = ntk_tt.predict_from_kernel(kernel, jnp.zeros((60, 1)), jnp.zeros(60, int),
+                                      learning_rate=0.5, steps=STEPS, loss="mse")
+    assert abs(float(pred.min_eigenvalue) - neg) < 1e-4
+    assert bool(pred.clamped) is clamped
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(learning_rate=0.0), "learning_rate"), (dict(learning_rate=-1.0), "learning_rate"),
