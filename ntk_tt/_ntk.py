@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse.linalg as sla
 
+from ntk_tt._inputs import as_array
 from ntk_tt._memory import (
     NTKMemoryError,
     available_memory,
@@ -198,6 +199,8 @@ def empirical_ntk(
       UserWarning: the automatic block size is 1 because of the memory limit.
     """
     check_block_size(block_size)
+    x = as_array(x, "x")
+    x2 = None if x2 is None else as_array(x2, "x2")
     n, c = check_model(apply_fn, params, x)
     symmetric = x2 is None
     n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
