@@ -105,6 +105,18 @@ def test_median_of_other_tasks_baseline_leaves_the_task_out():
     np.testing.assert_allclose(abs_err, [3.0, 0.75, 0.75])
 
 
+def test_median_of_other_tasks_baseline_gives_each_exclusion_its_reason():
+    # config a: t0's only other task diverged; config b: t0 is flat, so t1 has no other task
+    frame = _frame(real=[50.0, np.nan, np.nan, 40.0], pred=[50.0, np.nan, np.nan, 40.0],
+                   real_div=[False, True, False, False], pred_div=[False] * 4,
+                   config=["a", "a", "b", "b"], tasks=["t0", "t1", "t0", "t1"])
+    abs_err, _, excluded = row_errors(frame, "median_other_tasks", 0.1)
+    # row 1: the real run diverged, the baseline (50) did not predict it: a missed flag
+    np.testing.assert_allclose(abs_err, [np.nan, 1.0, np.nan, np.nan])
+    assert excluded == {"both diverged": 0, "real T_eps undefined": 1,
+                        "no other task with a defined real T_eps": 2}
+
+
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
     frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
                    real_div=[False] * 4, pred_div=[False] * 4)
