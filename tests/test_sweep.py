@@ -226,3 +226,55 @@ def test_sequential_and_vmapped_fine_tunes_agree():
         s = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=False, **kw)
         np.testing.assert_allclose(s[0], v[0], rtol=1e-4)
         assert list(s[1]) == list(v[1]) == [False, False, True]
+
+
+# --- datasets given as .npz paths -------------------------------------------------------------
+
+
+def _tiny_npz(path: pathlib.Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.savez(path, images=rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8),
+             labels=np.arange(10) % 5, class_names=np.array(list("abcde")))
+    return str(path)
+
+
+def _sweep_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_npz_paths_of_the_same_name_give_safe_distinct_ids(tmp_path):
+    first = _tiny_npz(tmp_path / "a" / "my set.npz")
+    second = _tiny_npz(tmp_path / "b" / "my set.npz")
+    _, spec = _sweep_module().parse(["--out", str(tmp_path / "out"), "--smoke", "--seeds", "0",
+                                     "--datasets", first, second])
+    tasks = spec.tasks()
+    assert [t.dataset for t in tasks] == [first, second]
+    ids = [t.id for t in tasks]
+    assert len(set(ids)) == 2
+    assert all(i.startswith("my_set-") and i.endswith("-k5-n10-s0") for i in ids)
+    table = ResultsTable(tmp_path / "out")  # was: "row id ... must not contain '/'"
+    for task in tasks:
+        table.write_row({"row_id": row_id(task, spec.configs()[0]), "value": 1.0})
+    assert len(table.done_ids()) == 2
+
+
+def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monkeypatch):
+    module = _sweep_module()
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
+    good = _tiny_npz(tmp_path / "my_set.npz")
+    (tmp_path / "broken.npz").write_bytes(b"not a zip archive")
+    for datasets, message in [
+        ([good, str(tmp_path / "missing.npz")], "dataset file not found"),
+        ([str(tmp_path / "broken.npz")], "broken.npz"),
+        ([good, str(tmp_path / "." / "my_set.npz")], "are the same dataset"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            module.main(["--out", str(tmp_path / "out"), "--smoke", "--datasets", *datasets])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and message in err[-1] and ": error: " in err[-1]
