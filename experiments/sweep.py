@@ -12,6 +12,8 @@ run in the first session, sized for ~30 min on 2 shared CPU cores: small tasks, 
 issue 5: 4 target sets × {10, 50, 150} per class, ~90 min), ``paper`` (the issue's whole
 protocol with three seeds and 125 per class: many hours on 2 cores).
 Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
+``--datasets`` takes short names or .npz paths; every one is loaded and checked before any
+work (an error is one ``sweep.py: error:`` line, exit status 2).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import argparse
 import dataclasses
 import json
 
+from ntk_tt._data import load_dataset
 from ntk_tt.sweep import SweepSpec
+from ntk_tt.sweep._grid import dataset_tag
 from ntk_tt.sweep._run import report, run_sweep
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
@@ -74,7 +78,26 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
                  if getattr(args, f.name, None) is not None}
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
-    return args, dataclasses.replace(spec, **overrides)
+    spec = dataclasses.replace(spec, **overrides)
+    if not args.report:
+        _check_datasets(p, spec.datasets)
+    return args, spec
+
+
+def _check_datasets(parser: argparse.ArgumentParser, names) -> None:
+    """Load every dataset once (missing, corrupt or malformed sets fail here, before any
+    work) and refuse two names for one file (they would share task ids)."""
+    seen = {}
+    for name in names:
+        try:
+            load_dataset(name)
+        except ValueError as err:
+            parser.error(str(err))
+        tag = dataset_tag(name)
+        if tag in seen:
+            parser.error(f"--datasets {seen[tag]!r} and {name!r} are the same dataset; give "
+                         "it once.")
+        seen[tag] = name
 
 
 def _pct(value) -> str:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from ntk_tt._batches import batch_indices
 from ntk_tt._divergence import divergence
+from ntk_tt._inputs import as_array, check_key, check_real
 from ntk_tt._losses import check_loss, error_rate, mean_loss
 from ntk_tt._model import ApplyFn, check_model
 
@@ -250,7 +251,7 @@ class FineTuneRun:
 
 
 def _labels(y, n, c, name):
-    y = np.asarray(y)
+    y = np.asarray(as_array(y, name))
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{name} must be integer class labels of shape ({n},), got "
                          f"{y.dtype} {y.shape}; pass labels, not one-hot rows.")
@@ -289,9 +290,15 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       those of the last finite step. ``seconds["finetune"]`` counts the steps taken.
 
     Raises:
-      ValueError: bad shapes or labels, η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N], missing key
-        for SGD, unknown loss, x_test without y_test.
+      ValueError: bad shapes or labels, x or y not arrays (lists of numbers are converted),
+        η or m not a real number (a string included), η ≤ 0, m ∉ [0, 1), steps < 1,
+        B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
+        unknown loss, x_test without y_test.
     """
+    check_real(learning_rate, "learning_rate")
+    check_real(momentum, "momentum")
+    check_key(key)
+    x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
     check_loss(loss, c)
@@ -302,6 +309,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     if (x_test is None) != (y_test is None):
         raise ValueError("pass both x_test and y_test, or neither.")
     if x_test is not None:
+        x_test = as_array(x_test, "x_test")
         m, _ = check_model(apply_fn, params, x_test, name="x_test")
         y_test = _labels(y_test, m, c, "y_test")
     b = n if batch_size is None else int(batch_size)

@@ -81,29 +81,52 @@ def top_eigenvalue(mat: jax.Array, iters: int = 60) -> jax.Array:
     return v @ (mat @ v)
 
 
-def clamp_psd(mat: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def clamp_psd(mat: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Symmetrise Θ and clamp its negative eigenvalues to zero when they are significant.
 
-    A float32 Θ = J Jᵀ has rounding-level negative eigenvalues; those are harmless. The
-    smallest eigenvalue is estimated by power iteration on λ_max·I − Θ; only when it is below
-    −(N·eps)·λ_max is the (costly) eigendecomposition done, inside ``lax.cond``, so a sweep
-    that shares one kernel pays for it once.
+    A float32 Θ = J Jᵀ has rounding-level negative eigenvalues; those are harmless. PSD-ness
+    is decided by a Cholesky factorisation of Θ + s·I with s = N·eps·λ_max (the tolerance of
+    :func:`negative_significant`), which succeeds iff λ_min ≥ −s up to rounding, whatever the
+    spectrum's shape (power iteration on λ_max·I − Θ does not converge when many eigenvalues
+    cluster near 0). Only when it fails is the (costly) eigendecomposition done, inside
+    ``lax.cond``: it gives the exact λ_min and the clamped Θ. When it succeeds, λ_min is
+    estimated by 30 steps of inverse iteration with that factor (an upper bound on λ_min).
+    Θ does not depend on the swept hyperparameters, so under ``vmap`` over η and m both run
+    once.
+
+    Args:
+      mat: Θ, a square (M, M) matrix, M = N·C (or N for the traced kernel).
 
     Returns:
-      ``(mat, (min_eigenvalue, max_eigenvalue))``; clamping happened iff
-      ``negative_significant(min_eigenvalue, max_eigenvalue, n)``.
+      ``(mat, (min_eigenvalue, max_eigenvalue))``: the symmetrised (and clamped if needed)
+      (M, M) kernel and two scalars; clamping happened iff
+      ``negative_significant(min_eigenvalue, max_eigenvalue, M)``.
     """
     mat = 0.5 * (mat + mat.T)
+    size = mat.shape[0]
     lmax = top_eigenvalue(mat)
-    shifted = lmax * jnp.eye(mat.shape[0], dtype=mat.dtype) - mat
-    lmin = lmax - top_eigenvalue(shifted)
+    shift = size * jnp.finfo(mat.dtype).eps * jnp.abs(lmax)
+    chol = jnp.linalg.cholesky(mat + shift * jnp.eye(size, dtype=mat.dtype))
 
-    def clamp(m):
+    def clamp(m, _chol, _shift):
         w, v = jnp.linalg.eigh(m)
-        return (v * jnp.maximum(w, 0.0)) @ v.T
+        return (v * jnp.maximum(w, 0.0)) @ v.T, w[0]
 
-    mat = jax.lax.cond(negative_significant(lmin, lmax, mat.shape[0]), clamp, lambda m: m, mat)
+    mat, lmin = jax.lax.cond(jnp.all(jnp.isfinite(chol)), _keep, clamp, mat, chol, shift)
     return mat, (lmin, lmax)
+
+
+def _keep(mat: jax.Array, chol: jax.Array, shift: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``mat`` unchanged and its λ_min by inverse iteration with ``chol`` (Θ + s·I = L Lᵀ)."""
+    v0 = jnp.ones(mat.shape[0], mat.dtype) / np.sqrt(mat.shape[0])
+
+    def body(_, v):
+        w = jax.scipy.linalg.cho_solve((chol, True), v)
+        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(mat.dtype).tiny)
+
+    v = jax.lax.fori_loop(0, 30, body, v0)
+    # Θ + s·I factorised, so λ_min ≥ −s: a rounding-level estimate below it is not significant
+    return mat, jnp.maximum(v @ (mat @ v), -shift)
 
 
 def negative_significant(lmin: jax.Array, lmax: jax.Array, size: int) -> jax.Array:

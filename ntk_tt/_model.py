@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ntk_tt._inputs import as_array
+
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 
 
@@ -60,8 +62,12 @@ def num_params(params: Any) -> int:
 def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> tuple[int, int]:
     """Validate ``params``, ``x`` and ``apply_fn``'s output shape before any heavy work.
 
-    Only shapes are traced (``jax.eval_shape``), so this costs no forward pass; finiteness is
-    checked on the concrete arrays.
+    Shapes are traced (``jax.eval_shape``); finiteness is checked on the concrete arrays.
+    ``apply_fn`` must treat every sample independently (the kernel is built sample by sample,
+    fine-tuning runs on batches): one forward pass on the first ≤ 4 samples of ``x``, together
+    and one at a time, must agree up to float rounding, and a batch of one must give logits of
+    shape (1, C). Models in training mode (batch statistics, dropout) or that centre, normalise
+    or squeeze over the batch fail this; use eval mode (:func:`from_nnx` does).
 
     Args:
       apply_fn: ``apply_fn(params, x) -> logits``.
@@ -73,10 +79,12 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
       ``(N, C)``.
 
     Raises:
-      ValueError: ``x`` of rank < 2 or empty; non-finite entries in ``x`` or ``params``;
-        ``apply_fn`` failing on inputs of ``x``'s shape (e.g. a wrong feature size), or its
-        output not of shape (N, C).
+      ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
+        rank < 2 or empty; non-finite entries in ``x`` or ``params``; ``apply_fn`` failing on
+        inputs of ``x``'s shape (e.g. a wrong feature size), its output not of shape (N, C),
+        or samples of one batch not independent.
     """
+    x = as_array(x, name)
     if np.ndim(x) < 2:
         raise ValueError(
             f"{name} must be a batch of inputs with shape (N, ...) and at least 2 dimensions, "
@@ -107,4 +115,35 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
             f"apply_fn(params, {name}) must return logits of shape (N, C) = ({n}, C), got "
             f"{tuple(out.shape)}; flatten extra output axes or return one row per input."
         )
-    return n, int(out.shape[1])
+    c = int(out.shape[1])
+    _check_per_sample(apply_fn, params, x, name, c)
+    return n, c
+
+
+def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int) -> None:
+    """ValueError unless ``apply_fn`` maps each of ``x[:4]`` to the same logits alone as in a
+    batch (relative tolerance √eps of the logits' dtype) and a batch of one to shape (1, C)."""
+    one = jax.ShapeDtypeStruct((1, *np.shape(x)[1:]), jnp.result_type(x))
+    try:
+        shape = tuple(jax.eval_shape(apply_fn, params, one).shape)
+    except (TypeError, ValueError) as err:
+        shape = f"an error ({type(err).__name__})"
+    if shape != (1, c):
+        raise ValueError(
+            f"apply_fn(params, {name}[:1]) gives {shape}, not logits of shape (1, {c}): apply_fn "
+            "must map each sample independently, a batch of one included (do not squeeze the "
+            "batch axis); the NTK is computed one sample at a time."
+        )
+    xs = jnp.asarray(x[:4])
+    together = np.asarray(apply_fn(params, xs))
+    alone = np.asarray(jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs))
+    diff = float(np.max(np.abs(together - alone)))
+    scale = float(np.max(np.abs(together)) + np.max(np.abs(alone)))
+    if not diff <= np.sqrt(np.finfo(together.dtype).eps) * scale:
+        raise ValueError(
+            f"apply_fn couples the samples of a batch: the logits of {name}[:{len(xs)}] computed "
+            f"together differ from those computed one sample at a time (max difference "
+            f"{diff:.3g}); the NTK is computed per sample, so apply_fn must treat every sample "
+            "independently: eval mode (frozen batch-norm statistics, no dropout), no statistics "
+            "over the batch (e.g. centring the inputs)."
+        )

@@ -6,6 +6,7 @@ Paper: Zancato et al. 2020, eq. (2) and Sec. 4 (METHOD.md §1, §5). Layout: row
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import Any
 
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse.linalg as sla
 
+from ntk_tt._inputs import as_array
 from ntk_tt._memory import (
     NTKMemoryError,
     available_memory,
@@ -57,33 +59,93 @@ def sample_blocks(x: Any, block_size: int) -> list[tuple[int, jax.Array]]:
     return out
 
 
-def _plan(n, n2, c, d, itemsize, trace_logits, block_size, memory_limit, symmetric):
-    """Choose the block size and check the memory guard. Returns the block size."""
+def _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric):
+    """Compiled ``structured_jacobian`` for the row (and column) block shape, and the bytes
+    XLA reports for one call: ``(row_fn, col_fn, row_bytes, col_bytes)``, each bytes a
+    ``(working, output)`` pair (working = temporaries + arguments, e.g. the activations that
+    ``vmap(jacrev)`` keeps for the backward pass; output = the Jacobian block itself)."""
+
+    def spec(inputs):
+        rows = min(block_size, np.shape(inputs)[0])
+        return jax.ShapeDtypeStruct((rows, *np.shape(inputs)[1:]), jnp.result_type(inputs))
+
+    def compiled(block):
+        fn = structured_jacobian.lower(apply_fn, params, block).compile()
+        ma = fn.memory_analysis()
+        return fn, (ma.temp_size_in_bytes + ma.argument_size_in_bytes, ma.output_size_in_bytes)
+
+    row_fn, row_bytes = compiled(spec(x))
+    if symmetric or spec(x2) == spec(x):
+        return row_fn, row_fn, row_bytes, row_bytes
+    col_fn, col_bytes = compiled(spec(x2))
+    return row_fn, col_fn, row_bytes, col_bytes
+
+
+def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
+    """Choose the block size from what the compiled Jacobian function really holds.
+
+    Peak = Θ + the row block's Jacobian + (working memory and output of the column block being
+    computed); the working memory (activations of the per-sample backward pass) comes from
+    XLA's memory analysis of the compiled block function. An automatic block size is shrunk
+    until the peak fits; a given one that does not fit raises. Returns
+    ``(block_size, row_fn, col_fn)`` with the compiled block functions to use.
+    """
+    symmetric = x2 is None
+    n, n2 = np.shape(x)[0], np.shape(x if symmetric else x2)[0]
+    d, itemsize = num_params(params), output_dtype(apply_fn, params, x).itemsize
     avail = available_memory(memory_limit)
     kernel_only = kernel_memory_bytes(
         n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=0
     )
+    per_row = itemsize * c * d  # the Jacobian rows alone: a lower bound, checked uncompiled
     if block_size is None:
-        per_row = itemsize * c * d
         fits_whole = kernel_only + per_row * (n if symmetric else n + n2) <= avail
         block_size = max(n, n2) if fits_whole else max(1, (avail - kernel_only) // (2 * per_row))
         block_size = int(min(block_size, max(n, n2)))
-    single = symmetric and block_size >= n
-    rows = block_size if single else (min(block_size, n) + min(block_size, n2))
-    need = kernel_memory_bytes(
-        n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=rows
-    )
-    if need > avail:
+        auto = True
+    else:
+        auto = False
+
+    def need(bs, row, col):
+        single = symmetric and bs >= n
+        lower = kernel_only + per_row * (bs if single else min(bs, n) + min(bs, n2))
+        if row is None:
+            return lower
+        first = kernel_only + row[0] + row[1]
+        return max(lower, first if single else max(first, kernel_only + row[1] + sum(col)))
+
+    fns = (None, None, None, None)
+    while need(block_size, None, None) <= avail:
+        fns = _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric)
+        total = need(block_size, fns[2], fns[3])
+        if total <= avail or not auto or block_size == 1:
+            break
+        # Θ and the parameters (an argument of the block function) do not scale with the block
+        fixed = kernel_only + sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+        per_sample = (total - fixed) / block_size
+        block_size = int(max(1, min(block_size - 1, (avail - fixed) // per_sample)))
+    total = need(block_size, fns[2], fns[3])
+    if total > avail:
         shape = f"({n}, {n2})" if trace_logits else f"({n * c}, {n2 * c})"
         raise NTKMemoryError(
             f"the empirical NTK {shape} with block_size={block_size} needs about "
-            f"{format_bytes(need)} (Θ: {format_bytes(kernel_only)}, Jacobian blocks of "
-            f"{rows} samples × C={c} × D={d}: {format_bytes(need - kernel_only)}) but only "
-            f"{format_bytes(avail)} is available. Use a smaller block_size, "
-            "trace_logits=True (N×N kernel, C² times smaller), sketched_ntk(..., sketch_dim=...) "
-            "(N·C × D' features), or ntk_vector_product for Θ·v without forming Θ."
+            f"{format_bytes(total)} (Θ: {format_bytes(kernel_only)}, Jacobian blocks of "
+            f"C={c} × D={d} per sample and the activations kept to compute them: "
+            f"{format_bytes(total - kernel_only)}) but only {format_bytes(avail)} is "
+            "available. Use a smaller block_size, trace_logits=True (N×N kernel, C² times "
+            "smaller), sketched_ntk(..., sketch_dim=...) (N·C × D' features), or "
+            "ntk_vector_product for Θ·v without forming Θ."
         )
-    return block_size
+    if auto and block_size == 1 and max(n, n2) > 1:
+        pairs = n * (n + 1) // 2 if symmetric else n * n2
+        warnings.warn(
+            f"empirical_ntk: only {format_bytes(avail)} available, so Jacobians are computed "
+            f"one sample at a time and recomputed for each of the {pairs} block pairs (slow); "
+            "raise memory_limit / $NTK_TT_MEMORY_LIMIT, or use trace_logits=True or "
+            "sketched_ntk.",
+            stacklevel=3,
+        )
+    return block_size, fns[0], fns[1]
 
 
 def empirical_ntk(
@@ -100,9 +162,13 @@ def empirical_ntk(
 
     Per-sample Jacobians are computed for blocks of ``block_size`` inputs (``vmap`` of
     ``jacrev``, one compiled function reused for every block) and contracted parameter leaf by
-    parameter leaf, so peak memory is ~``2·block_size·C·D`` numbers plus Θ, never N·C·D. With
-    several blocks, Jacobian blocks are recomputed for each block pair (time grows with the
-    number of blocks); ``block_size=None`` uses one block when it fits in memory.
+    parameter leaf, so peak memory is Θ plus two Jacobian blocks (~``2·block_size·C·D``
+    numbers) plus the activations one block's per-sample backward passes keep (XLA's memory
+    analysis of the compiled block function; for convolutions on large images these
+    dominate), never N·C·D. With several blocks, Jacobian blocks are recomputed for each block
+    pair (time grows with the number of blocks); ``block_size=None`` uses the largest block
+    whose peak fits in the available memory (one block when possible), and warns when that is
+    a single sample (≈ N²/2 Jacobian recomputations).
 
     Call it outside ``jax.jit`` (it checks inputs on concrete values and compiles its own
     block function); the kernel it returns then goes into jitted, vmapped
@@ -124,29 +190,34 @@ def empirical_ntk(
     Raises:
       ValueError: bad ``x``/``x2``/params/``apply_fn`` output (see ``check_model``),
         ``block_size`` ≤ 0, or ``x2`` giving a different number of logits.
-      NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when the Jacobian blocks plus Θ
-        exceed the available memory; raised before any Jacobian is computed.
+      NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when Θ, the Jacobian blocks and
+        the activations of one block (at ``block_size``, or at 1 when automatic) exceed the
+        available memory; raised after compiling the block function, before any Jacobian is
+        computed.
+
+    Warns:
+      UserWarning: the automatic block size is 1 because of the memory limit.
     """
     check_block_size(block_size)
+    x = as_array(x, "x")
+    x2 = None if x2 is None else as_array(x2, "x2")
     n, c = check_model(apply_fn, params, x)
     symmetric = x2 is None
     n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
     if c2 != c:
         raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
-    itemsize = output_dtype(apply_fn, params, x).itemsize
-    bs = _plan(
-        n, n2, c, num_params(params), itemsize, trace_logits, block_size, memory_limit, symmetric
-    )
+    bs, row_fn, col_fn = _plan(apply_fn, params, x, x2, c, trace_logits, block_size,
+                               memory_limit)
     rows = sample_blocks(x, min(bs, n))
     cols = rows if symmetric else sample_blocks(x2, min(bs, n2))
     k = 1 if trace_logits else c
     out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
     for i, (ri, xi) in enumerate(rows):
-        ji = structured_jacobian(apply_fn, params, xi)
+        ji = row_fn(params, xi)
         r0 = i * rows[0][1].shape[0] * k
         for j in range(i if symmetric else 0, len(cols)):
             rj, xj = cols[j]
-            jj = ji if (symmetric and i == j) else structured_jacobian(apply_fn, params, xj)
+            jj = ji if (symmetric and i == j) else col_fn(params, xj)
             blk = np.asarray(contract(ji, jj, trace_logits))[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k
             out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ntk_tt._inputs import as_array, check_key
 from ntk_tt._losses import check_loss
 from ntk_tt._model import ApplyFn, check_model
 from ntk_tt._predict_kernel import (
@@ -158,12 +159,17 @@ def predict(
       :class:`Prediction`.
 
     Raises:
-      ValueError: bad model output or inputs, labels not matching N or C, η ≤ 0, num_paths < 1,
+      ValueError: bad model output or inputs (x, y, x_test, y_test not arrays: nested lists
+        of numbers are converted, anything else refused), ``apply_fn`` coupling the samples
+        of a batch, η or m not a real number (a string included), a key that is not
+        ``jax.random.key(seed)``, labels not matching N or C, η ≤ 0, num_paths < 1,
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
         closed form with cross-entropy or SGD, non-finite Θ — all before the kernel is built.
     """
     start = time.perf_counter()
     check_loss(loss)
+    check_key(key)
+    x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
     check_loss(loss, c)
     y = check_labels(y, n, c)
@@ -177,6 +183,7 @@ def predict(
     if (x_test is None) != (y_test is None):
         raise ValueError("pass x_test and y_test together (or neither).")
     if x_test is not None:
+        x_test = as_array(x_test, "x_test")
         nt, _ = check_model(apply_fn, params, x_test, name="x_test")
         check_labels(y_test, nt, c, name="y_test")
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim

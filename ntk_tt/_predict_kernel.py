@@ -26,6 +26,7 @@ from ntk_tt._fspace import (
     curves,
     negative_significant,
 )
+from ntk_tt._inputs import as_array, check_key, check_real
 from ntk_tt._losses import check_loss
 from ntk_tt._ode import ode_trajectory
 from ntk_tt._sde import sde_paths
@@ -90,9 +91,10 @@ def check_num_paths(num_paths) -> None:
 
 
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
-    """ValueErrors for non-scalar η or m, η ≤ 0, m ∉ [0, 1), steps < 1, B ∉ [1, N]
-    (values checked when concrete)."""
+    """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
+    steps < 1, B ∉ [1, N] (values checked when concrete)."""
     for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
+        check_real(value, name)
         if np.ndim(value) != 0:
             raise ValueError(
                 f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, "
@@ -115,7 +117,9 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
 
 
 def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
-    """Integer labels of shape (n,) with values in [0, c) (values checked when concrete)."""
+    """Integer labels of shape (n,) with values in [0, c) (values checked when concrete); a
+    list of ints is accepted. Returns them as a jax array."""
+    y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
         raise ValueError(
             f"{name} must be integer class labels of shape ({n},) matching the logits, got "
@@ -230,12 +234,16 @@ def predict_from_kernel(
       :class:`KernelPrediction`.
 
     Raises:
-      ValueError: bad shapes, labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
+      ValueError: arrays given as anything but arrays or nested lists of numbers, η or m
+        not a real number (a string included), a key that is not ``jax.random.key(seed)``,
+        bad shapes, labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
         steps < 1, num_paths < 1, non-finite Θ,
         unknown method or loss, missing key / noise features (value checks only when the
         arguments are concrete, i.e. not traced).
     """
     check_loss(loss)
+    kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
+    check_key(key)
     if np.ndim(f0) != 2:
         raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
     n, c = np.shape(f0)
@@ -253,6 +261,8 @@ def predict_from_kernel(
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
     test_mat = test_traced = None
     if kernel_test is not None:
+        kernel_test = as_array(kernel_test, "kernel_test")
+        f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
         if f0_test is None or y_test is None or np.ndim(f0_test) != 2:
             raise ValueError("kernel_test needs f0_test (N_test, C) and y_test (N_test,).")
         _check_finite(kernel_test, "kernel_test")

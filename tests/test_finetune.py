@@ -194,3 +194,24 @@ def test_bad_input_raises_value_error(kwargs, match):
     args = dict(learning_rate=0.1, steps=3, y=y) | kwargs
     with pytest.raises(ValueError, match=match):
         ntk_tt.finetune(mlp, params, x, **args)
+
+
+def test_python_lists_are_converted_and_strings_or_int_keys_refused():
+    params, x, y = problem()
+    args = dict(learning_rate=0.1, steps=3)
+    ref = ntk_tt.finetune(mlp, params, x, y, **args)
+    run = ntk_tt.finetune(mlp, params, np.asarray(x).tolist(), np.asarray(y).tolist(), **args)
+    np.testing.assert_allclose(run.loss, ref.loss, rtol=1e-6)
+    for kwargs, message in [
+        (dict(learning_rate="0.1"), "learning_rate must be a real number, got str; pass e.g. "
+                                    "learning_rate=0.1 (a float, not a string)."),
+        (dict(momentum="0.9"), "momentum must be a real number, got str; pass e.g. "
+                               "momentum=0.1 (a float, not a string)."),
+        (dict(key=0, batch_size=4), "key must be a jax random key, got int; pass "
+                                    "key=jax.random.key(seed)."),
+    ]:
+        with pytest.raises(ValueError) as err:
+            ntk_tt.finetune(mlp, params, x, y, **(args | kwargs))
+        assert str(err.value) == message
+    with pytest.raises(ValueError, match=r"^y must hold numbers, got a list of shape \(24,\)"):
+        ntk_tt.finetune(mlp, params, x, ["cat"] * N, **args)

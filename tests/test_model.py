@@ -97,3 +97,28 @@ def test_check_model_rejects_bad_x():
         check_model(apply_fn, params, x.at[0, 0].set(jnp.inf))
     with pytest.raises(ValueError, match=r"fails on x of shape \(5, 7\).*input shape"):
         check_model(apply_fn, params, jnp.ones((5, 7)))  # the model expects 4 features
+
+
+@pytest.mark.parametrize("couple, match", [
+    # centring over the batch: Θ was all zero, silently
+    (lambda x: x - x.mean(axis=0), r"couples the samples of a batch: .*eval mode"),
+    # squeezing the batch axis of a batch of one: an internal reshape TypeError
+    (jnp.squeeze, r"apply_fn\(params, x\[:1\]\) gives \(3,\), not .* \(1, 3\).*squeeze"),
+])
+def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
+        couple, match, monkeypatch):
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+
+    def coupled(p, x):
+        return apply_fn(p, couple(x))
+
+    def no_jacobians(*args, **kwargs):
+        raise AssertionError("a Jacobian was computed before the model check")
+
+    monkeypatch.setattr(ntk_tt._ntk, "structured_jacobian", no_jacobians)
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.empirical_ntk(coupled, params, x)
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.finetune(coupled, params, x, jnp.arange(5) % 3, learning_rate=0.1, steps=2)
+    assert check_model(apply_fn, params, x) == (5, 3)  # the same model, per sample: accepted

@@ -130,9 +130,9 @@ def test_memory_guard_fails_before_any_jacobian(monkeypatch):
 
 def test_automatic_block_size_fits_a_tight_memory_limit(x64):
     apply_fn, params, x = setup("cnn")
-    d, c, n = ntk_tt.num_params(params), 3, 5
-    # room for Θ plus the Jacobians of 2 + 2 samples, not of all 5
-    limit = 8 * ((n * c) ** 2 + 4 * c * d)
+    # Θ plus two blocks of 3 samples (one being computed) is 1 byte too much
+    work, out = _block_bytes(apply_fn, params, x[:3])
+    limit = 8 * 15**2 + work + 2 * out - 1
     theta = ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit)
     np.testing.assert_allclose(theta, _brute("cnn", 5), rtol=1e-10)
     with pytest.raises(MemoryError):
@@ -176,3 +176,67 @@ def test_structured_dense_leaves_are_detected_and_tied_weights_fall_back(x64):
     jac = structured_jacobian(tied, p, x)  # leaf order: v (dense, used once), w (tied)
     assert list(jac.acts) == [0] and list(jac.generic) == [1]
     np.testing.assert_allclose(ntk_tt.empirical_ntk(tied, p, x), brute_ntk(tied, p, x), rtol=1e-10)
+
+
+def _wide_conv():
+    """conv3×3(3→16) on 16×16 images, global average pool, dense 16→3: the activations that
+    per-sample vmap(jacrev) keeps (16×16×16 per sample and logit) dwarf J (3 × 451 per sample)."""
+    k1, k2 = jax.random.split(jax.random.key(3))
+    params = {"conv": jax.random.normal(k1, (3, 3, 3, 16)) / 5,
+              "head": jax.random.normal(k2, (16, 3)) / 4}
+
+    def apply_fn(p, x):
+        h = jax.lax.conv_general_dilated(x, p["conv"], (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.tanh(h).mean(axis=(1, 2)) @ p["head"]
+
+    return apply_fn, params, jax.random.normal(jax.random.key(4), (8, 16, 16, 3))
+
+
+def _block_bytes(apply_fn, params, xb):
+    """(working, output) bytes of one Jacobian block, from XLA's memory analysis."""
+    ma = structured_jacobian.lower(apply_fn, params, xb).compile().memory_analysis()
+    return ma.temp_size_in_bytes + ma.argument_size_in_bytes, ma.output_size_in_bytes
+
+
+def _block_sizes(monkeypatch):
+    used = []
+    real = ntk_module.sample_blocks
+
+    def spy(x, block_size):
+        used.append(block_size)
+        return real(x, block_size)
+
+    monkeypatch.setattr(ntk_module, "sample_blocks", spy)
+    return used
+
+
+def test_memory_plan_counts_the_activations_of_the_jacobian(monkeypatch):
+    apply_fn, params, x = _wide_conv()
+    n, c, d = 8, 3, ntk_tt.num_params(params)
+    kernel = 4 * (n * c) ** 2
+    old_estimate = kernel + 4 * n * c * d  # Θ + Jacobians of one whole block
+    work, out = _block_bytes(apply_fn, params, x)
+    assert kernel + work + out > 2 * old_estimate  # activations dominate
+    limit = (old_estimate + kernel + work + out) // 2  # the old plan took one block of 8
+    ref = ntk_tt.empirical_ntk(apply_fn, params, x)
+    used = _block_sizes(monkeypatch)
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit)
+    assert 1 < used[0] < n
+    np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ntk_tt.NTKMemoryError, match="activations"):
+        ntk_tt.empirical_ntk(apply_fn, params, x, block_size=n, memory_limit=limit)
+
+
+def test_memory_plan_warns_when_it_falls_to_one_sample_per_block(monkeypatch):
+    apply_fn, params, x = _wide_conv()
+    work, out = _block_bytes(apply_fn, params, x[:1])
+    limit = 4 * 24**2 + work + 2 * out  # Θ + one block computed while another is held
+    ref = ntk_tt.empirical_ntk(apply_fn, params, x)
+    used = _block_sizes(monkeypatch)
+    with pytest.warns(UserWarning, match=r"one sample at a time .* 36 block pairs"):
+        theta = ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit)
+    assert used[0] == 1
+    np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ntk_tt.NTKMemoryError):
+        ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit - out)

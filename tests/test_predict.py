@@ -106,6 +106,19 @@ def test_non_psd_float32_kernel_is_clamped_and_reported():
     assert np.all(np.isfinite(pred.loss))
 
 
+@pytest.mark.parametrize("neg, clamped", [(-0.01, True), (-0.05, True), (0.001, False)])
+def test_min_eigenvalue_found_under_a_cluster_near_zero(neg, clamped):
+    # 56 eigenvalues at 0.02 just above the sought one: power iteration on λ_max·I − Θ
+    # reported +0.019 (not clamped) for −0.01, and −0.02 for −0.05
+    basis = np.linalg.qr(np.random.default_rng(0).standard_normal((60, 60)))[0]
+    lam = np.array([1.0, 0.5, 0.2] + [0.02] * 56 + [neg])
+    kernel = ((basis * lam) @ basis.T).astype(np.float32)
+    pred = ntk_tt.predict_from_kernel(kernel, jnp.zeros((60, 1)), jnp.zeros(60, int),
+                                      learning_rate=0.5, steps=STEPS, loss="mse")
+    assert abs(float(pred.min_eigenvalue) - neg) < 1e-4
+    assert bool(pred.clamped) is clamped
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(learning_rate=0.0), "learning_rate"), (dict(learning_rate=-1.0), "learning_rate"),
@@ -158,3 +171,34 @@ def test_divergent_learning_rate_has_no_training_time(model):
     for curve in ("loss", "error"):
         assert all(np.isnan(t) for t in pred.training_time[curve].values())
         assert all("diverged" in r for r in pred.training_time_reasons[curve].values())
+
+
+def test_python_lists_are_converted_and_other_inputs_refused_in_one_short_line(model):
+    apply_fn, params, x, y, _, _ = model
+    args = dict(learning_rate=0.5, steps=STEPS)
+    ref = ntk_tt.predict(apply_fn, params, x, y, **args)
+    pred = ntk_tt.predict(apply_fn, params, np.asarray(x).tolist(), [int(v) for v in y], **args)
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-6)
+    kernel, f0 = brute_ntk(apply_fn, params, x), apply_fn(params, x)
+    from_lists = ntk_tt.predict_from_kernel(np.asarray(kernel).tolist(),
+                                            np.asarray(f0).tolist(), np.asarray(y).tolist(),
+                                            **args)
+    np.testing.assert_allclose(from_lists.loss,
+                               ntk_tt.predict_from_kernel(kernel, f0, y, **args).loss,
+                               rtol=1e-6)
+    long_labels = ["label"] * 20
+    for kwargs, message in [
+        (dict(learning_rate="0.1"), "learning_rate must be a real number, got str"),
+        (dict(momentum="0.9"), "momentum must be a real number, got str"),
+        (dict(key=0), "key must be a jax random key, got int; pass key=jax.random.key(seed)."),
+        (dict(y=long_labels), "y must hold numbers, got a list of shape (20,)"),
+        (dict(x=[[0.0] * 6] * 19 + [[0.0] * 5]), "x is a ragged list"),
+        (dict(x="images.npz"), "x must be an array (numpy or jax), got str"),
+    ]:
+        call = dict(x=x, y=y) | args | kwargs
+        with pytest.raises(ValueError) as err:
+            ntk_tt.predict(apply_fn, params, call.pop("x"), call.pop("y"), **call)
+        assert str(err.value).startswith(message) and "\n" not in str(err.value)
+        assert "label" not in str(err.value) and len(str(err.value)) < 250
+    with pytest.raises(ValueError, match="key must be a jax random key, got int"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, key=3, batch_size=5, **args)

@@ -105,6 +105,18 @@ def test_median_of_other_tasks_baseline_leaves_the_task_out():
     np.testing.assert_allclose(abs_err, [3.0, 0.75, 0.75])
 
 
+def test_median_of_other_tasks_baseline_gives_each_exclusion_its_reason():
+    # config a: t0's only other task diverged; config b: t0 is flat, so t1 has no other task
+    frame = _frame(real=[50.0, np.nan, np.nan, 40.0], pred=[50.0, np.nan, np.nan, 40.0],
+                   real_div=[False, True, False, False], pred_div=[False] * 4,
+                   config=["a", "a", "b", "b"], tasks=["t0", "t1", "t0", "t1"])
+    abs_err, _, excluded = row_errors(frame, "median_other_tasks", 0.1)
+    # row 1: the real run diverged, the baseline (50) did not predict it: a missed flag
+    np.testing.assert_allclose(abs_err, [np.nan, 1.0, np.nan, np.nan])
+    assert excluded == {"both diverged": 0, "real T_eps undefined": 1,
+                        "no other task with a defined real T_eps": 2}
+
+
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
     frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
                    real_div=[False] * 4, pred_div=[False] * 4)
@@ -215,3 +227,55 @@ def test_sequential_and_vmapped_fine_tunes_agree():
         np.testing.assert_allclose(s[0], v[0], rtol=1e-4)
         assert list(s[1]) == list(v[1]) == [False, False, True]
         assert list(s[2]) == list(v[2]) and s[2][0] == s[2][1] == -1 and s[2][2] >= 1
+
+
+# --- datasets given as .npz paths -------------------------------------------------------------
+
+
+def _tiny_npz(path: pathlib.Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.savez(path, images=rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8),
+             labels=np.arange(10) % 5, class_names=np.array(list("abcde")))
+    return str(path)
+
+
+def _sweep_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_npz_paths_of_the_same_name_give_safe_distinct_ids(tmp_path):
+    first = _tiny_npz(tmp_path / "a" / "my set.npz")
+    second = _tiny_npz(tmp_path / "b" / "my set.npz")
+    _, spec = _sweep_module().parse(["--out", str(tmp_path / "out"), "--smoke", "--seeds", "0",
+                                     "--datasets", first, second])
+    tasks = spec.tasks()
+    assert [t.dataset for t in tasks] == [first, second]
+    ids = [t.id for t in tasks]
+    assert len(set(ids)) == 2
+    assert all(i.startswith("my_set-") and i.endswith("-k5-n10-s0") for i in ids)
+    table = ResultsTable(tmp_path / "out")  # was: "row id ... must not contain '/'"
+    for task in tasks:
+        table.write_row({"row_id": row_id(task, spec.configs()[0]), "value": 1.0})
+    assert len(table.done_ids()) == 2
+
+
+def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monkeypatch):
+    module = _sweep_module()
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
+    good = _tiny_npz(tmp_path / "my_set.npz")
+    (tmp_path / "broken.npz").write_bytes(b"not a zip archive")
+    for datasets, message in [
+        ([good, str(tmp_path / "missing.npz")], "dataset file not found"),
+        ([str(tmp_path / "broken.npz")], "broken.npz"),
+        ([good, str(tmp_path / "." / "my_set.npz")], "are the same dataset"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            module.main(["--out", str(tmp_path / "out"), "--smoke", "--datasets", *datasets])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and message in err[-1] and ": error: " in err[-1]

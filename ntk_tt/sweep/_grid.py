@@ -15,8 +15,27 @@ different m form the paper's equal-effective-learning-rate pairs (Sec. 3.1, Fig.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import os
+import re
 from collections import Counter
+from pathlib import Path
+
+
+def dataset_tag(name: str) -> str:
+    """The dataset's part of task and row ids (file names in the sweep folder).
+
+    A short name (``flowers5``) is used as is. A file path (ends in ``.npz`` or holds a path
+    separator, as in :func:`ntk_tt.load_dataset`) gives its file stem reduced to
+    ``[A-Za-z0-9_.-]`` without leading dots, plus 8 hex digits of the SHA-1 of the resolved
+    path, so two files of the same name in different folders get different ids.
+    """
+    if not (name.endswith(".npz") or "/" in name or os.sep in name):
+        return name
+    path = Path(name).resolve()
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem).lstrip(".") or "dataset"
+    return f"{stem}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +54,8 @@ class Task:
 
     @property
     def id(self) -> str:
-        return f"{self.dataset}-k{self.classes}-n{self.per_class}-s{self.seed}"
+        """``<dataset tag>-k<K>-n<n>-s<seed>``; see :func:`dataset_tag`."""
+        return f"{dataset_tag(self.dataset)}-k{self.classes}-n{self.per_class}-s{self.seed}"
 
 
 @dataclasses.dataclass(frozen=True)

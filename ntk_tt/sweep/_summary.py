@@ -8,7 +8,9 @@ Rules, applied identically to the predictor and to the baselines:
 * exactly one of them diverged (a false or a missed flag): |error| = 100 %;
 * real T_ε undefined (flat or rising real curve): excluded (counted);
 * predicted T_ε undefined while the real one exists: |error| = 100 %;
-* ``median_other_tasks`` with no other task at that configuration: excluded.
+* ``median_other_tasks`` with no other task (same configuration and size) whose real T_ε is
+  defined — none, or all of them diverged or flat: excluded, counted apart as "no other task
+  with a defined real T_eps".
 
 Baselines use only what is known before training: ``line`` is T̂_ε = (1 − ε)·T (a straight-line
 curve from L_0 to L_T), ``median_other_tasks`` is the median real T_ε over the *other* tasks
@@ -75,18 +77,21 @@ def row_errors(frame: pd.DataFrame, predictor: str, eps: float):
         prefix = "pred" if predictor == "ntk" else f"var_{predictor}"
         pred = frame[t_col(prefix, eps)].to_numpy(float)
         pred_div = frame[f"{prefix}_diverged"].to_numpy(bool)
-    if predictor == "median_other_tasks":  # no other task at this configuration: excluded
-        real = np.where(np.isfinite(pred), real, np.nan)
     both = real_div & pred_div
     flag = real_div ^ pred_div
     no_real = ~real_div & ~pred_div & ~np.isfinite(real)
     no_pred = ~real_div & ~pred_div & np.isfinite(real) & ~np.isfinite(pred)
-    ok = ~(both | flag | no_real | no_pred)
+    # the median baseline is undefined only when no other task has a real T_ε: not a miss
+    no_other = no_pred if predictor == "median_other_tasks" else np.zeros(len(frame), bool)
+    no_pred = no_pred & ~no_other
+    ok = ~(both | flag | no_real | no_pred | no_other)
     signed = np.full(len(frame), np.nan)
     signed[ok] = (pred[ok] - real[ok]) / np.maximum(real[ok], 1.0)
     abs_err = np.where(flag | no_pred, 1.0, np.abs(signed))
-    abs_err[both | no_real] = np.nan
+    abs_err[both | no_real | no_other] = np.nan
     excluded = {"both diverged": int(both.sum()), "real T_eps undefined": int(no_real.sum())}
+    if predictor == "median_other_tasks":
+        excluded["no other task with a defined real T_eps"] = int(no_other.sum())
     return abs_err, signed, excluded
 
 
