@@ -27,6 +27,7 @@ from ntk_tt._timing import Stopwatch
 from ntk_tt._training_time import REASONS
 
 KERNELS = ("exact", "traced", "sketch")
+PREDICTORS = ("auto", "linear", "head_aware")
 DEFAULT_SKETCH_DIM = 256
 
 
@@ -127,7 +128,8 @@ def predict(
     batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
-    x_test=None, y_test=None,
+    x_test=None, y_test=None, predictor: str = "auto", head=None,
+    backbone: str = "kronecker",
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -138,6 +140,15 @@ def predict(
     ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` is the
     exact discrete recursion (exact for the linearised model, predicts divergence).
     ``method="sde"`` estimates σ_w² at ``params`` and uses ``noise_features`` with D'.
+
+    ``predictor="head_aware"`` (the default when ``head`` is given) keeps the fresh task head
+    exact and linearises only the backbone (``ntk_tt.predict_head_aware``, METHOD.md §10): its
+    kernel grows with the head as the real network's does, which the frozen Θ of
+    ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
+    ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
+    chooses the feature kernel ("kronecker": k_b from the logit-summed Θ, mixing S from 32
+    inputs; "isotropic": S = I; "exact": the (N·F)² feature kernel, small N only); ``kernel``
+    "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
 
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
@@ -154,9 +165,15 @@ def predict(
         SGD, seed 0 uses the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real
         run with the same key.
       x_test, y_test: optional held-out set, predicted with the cross kernel Θ(x_test, x).
+      predictor: "auto" (head-aware when ``head`` is given, else linear), "linear" (frozen
+        Θ at w0, Sec. 3) or "head_aware". head: ``(feature_fn, backbone_params, head_kernel
+        (F, C), head_bias (C,))`` from ``ntk_tt.split_head(model)``, with
+        ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
+        backbone: "kronecker" | "isotropic" | "exact" (head-aware feature kernel).
 
     Returns:
-      :class:`Prediction`.
+      :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
+      predictor.
 
     Raises:
       ValueError: bad model output or inputs (x, y, x_test, y_test not arrays: nested lists
@@ -164,7 +181,10 @@ def predict(
         of a batch, η or m not a real number (a string included), a key that is not
         ``jax.random.key(seed)``, labels not matching N or C, η ≤ 0, num_paths < 1,
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
-        closed form with cross-entropy or SGD, non-finite Θ — all before the kernel is built.
+        closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
+        a head-aware prediction without ``head`` or with a method other than the discrete
+        recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn`` — all
+        before the kernel is built.
     """
     start = time.perf_counter()
     check_loss(loss)
@@ -180,6 +200,8 @@ def predict(
     if method == "closed_form" and (loss != "mse" or bs < n):
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
+    head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
+                                  x)
     if (x_test is None) != (y_test is None):
         raise ValueError("pass x_test and y_test together (or neither).")
     if x_test is not None:
@@ -192,6 +214,19 @@ def predict(
     keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1),
                                            jax.random.fold_in(key, 2), key]
     seconds = {"noise": 0.0}
+    hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
+             "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
+             "num_train": int(n), "loss": loss}
+    if head_aware:
+        from ntk_tt._head_aware import head_aware_kernel, predict_head_aware
+
+        hk = _timed(seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone,
+                    key=keys[0])
+        out = _timed(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
+                     momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
+                     loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
+        seconds["total"] = time.perf_counter() - start - seconds["compile"]
+        return _to_prediction(out, "discrete", f"head_aware:{backbone}", hyper, seconds)
     k, kt = _timed(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
                    keys[0])
     feats = None
@@ -207,10 +242,43 @@ def predict(
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
-    hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
-             "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
-             "num_train": int(n), "loss": loss}
     return _to_prediction(out, method, kernel, hyper, seconds)
+
+
+def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:
+    """Validate the predictor options; True for the head-aware predictor."""
+    from ntk_tt._head_aware import BACKBONES
+
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if predictor == "linear" or (predictor == "auto" and head is None):
+        return False
+    if head is None:
+        raise ValueError(
+            "predictor='head_aware' needs head=ntk_tt.split_head(model) (backbone features "
+            "and the linear head); with a bare apply_fn use predictor='linear'.")
+    if method != "discrete":
+        raise ValueError(
+            f"the head-aware predictor uses the exact discrete recursion, got method="
+            f"{method!r}; use method='auto' or predictor='linear'.")
+    if kernel == "sketch":
+        raise ValueError("the head-aware predictor takes k_b from the exact logit-summed "
+                         "kernel; use kernel='exact' or predictor='linear' with a sketch.")
+    if not (isinstance(head, tuple) and len(head) == 4 and callable(head[0])):
+        raise ValueError("head must be (feature_fn, backbone_params, head_kernel, head_bias) "
+                         "as returned by ntk_tt.split_head(model).")
+    feature_fn, bparams, w, b = head
+    xs = jax.numpy.asarray(x)[:4]
+    f = np.asarray(apply_fn(params, xs))
+    g = np.asarray(feature_fn(bparams, xs) @ w + b)
+    if g.shape != f.shape or not np.allclose(g, f, rtol=1e-4, atol=1e-4 * (1 + np.abs(f).max())):
+        raise ValueError(
+            "head does not reproduce apply_fn: feature_fn(backbone_params, x) @ head_kernel + "
+            "head_bias differs from apply_fn(params, x); split the same model you predict "
+            "(ntk_tt.split_head(model) after replace_head).")
+    return True
 
 
 def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:

@@ -151,7 +151,7 @@ def test_jit_vmap_over_learning_rate_shares_one_kernel(x64):
         np.testing.assert_allclose(many[i], one, rtol=1e-10)
 
 
-def test_errors():
+def test_errors(x64):
     model, x, y, _, _ = _problem(False)
     with pytest.raises(ValueError, match="backbone must be one of"):
         head_aware_kernel(split_head(model), x, backbone="sketch")
@@ -164,3 +164,40 @@ def test_errors():
         predict_head_aware(bad, y, learning_rate=0.1, steps=3)
     with pytest.raises(ValueError, match="key"):
         predict_head_aware(hk, y, learning_rate=0.1, steps=3, batch_size=4)
+
+
+def test_predict_head_aware_option(x64):
+    """``predict(..., head=split_head(model))`` runs the head-aware model (default when a head
+    is given) and agrees with real optax training on the linear-backbone net; ``predictor=
+    "linear"`` still gives the frozen-kernel recursion."""
+    model, x, y, xt, yt = _problem(False)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    kw = dict(learning_rate=0.5, steps=STEPS, x_test=xt, y_test=yt)
+    pred = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), **kw)
+    assert pred.kernel == "head_aware:kronecker"
+    real = train_optax(apply_fn, params, x, y, _batches(None, N), jnp.concatenate([x, xt]),
+                       0.5, 0.0, nesterov=False, loss="cross_entropy")
+    np.testing.assert_allclose(pred.loss, curves(real[:, :N], y, "cross_entropy")[0],
+                               rtol=1e-9)
+    np.testing.assert_allclose(pred.test_loss, curves(real[:, N:], yt, "cross_entropy")[0],
+                               rtol=1e-9)
+    lin = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), predictor="linear",
+                         **kw)
+    assert lin.kernel == "exact" and not np.allclose(lin.loss, pred.loss, rtol=1e-6)
+
+
+def test_predict_head_aware_errors_before_work(x64):
+    model, x, y, _, _ = _problem(False)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    split = split_head(model)
+    kw = dict(learning_rate=0.1, steps=3)
+    for extra, msg in [
+        (dict(predictor="head_aware"), "needs head=ntk_tt.split_head"),
+        (dict(predictor="best"), "predictor must be one of"),
+        (dict(head=split, backbone="sketch"), "backbone must be one of"),
+        (dict(head=split, method="ode"), "exact discrete recursion"),
+        (dict(head=split, kernel="sketch", key=jax.random.key(0)), "logit-summed"),
+        (dict(head=split_head(_problem(False, seed=4)[0])), "does not reproduce apply_fn"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            ntk_tt.predict(apply_fn, params, x, y, **kw, **extra)
