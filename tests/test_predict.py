@@ -161,11 +161,13 @@ def test_predict_from_kernel_rejects_bad_kernels():
 
 def test_divergent_learning_rate_has_no_training_time(model):
     """Far beyond the stability edge the default method predicts divergence, and T_ε is
-    undefined with the reason "diverged" (the held curve must not produce a fake T_ε)."""
+    undefined with the reason "diverged" (the held curve must not produce a fake T_ε).
+    MSE: there the linear recursion grows without bound (a cross-entropy one can spike and
+    come back below L_0, which is not divergence)."""
     apply_fn, params, x, y, _, _ = model
     lam_max = float(np.linalg.eigvalsh(np.asarray(brute_ntk(apply_fn, params, x)))[-1])
-    lr = 1e4 * 20 / lam_max  # κ = 1e4, far beyond the cross-entropy edge κ = 4
-    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=STEPS)
+    lr = 1e4 * 20 / lam_max  # κ = 1e4, far beyond the MSE edge κ = 2
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=STEPS, loss="mse")
     assert pred.method == "discrete" and pred.beyond_edge and pred.diverged
     assert np.all(np.isfinite(pred.loss)) and np.all(np.isfinite(pred.error))
     for curve in ("loss", "error"):
