@@ -27,6 +27,7 @@ from ntk_tt._sketch import sketched_ntk as sketched_ntk
 from ntk_tt._head_aware import HeadAwareKernel as HeadAwareKernel
 from ntk_tt._head_aware import head_aware_kernel as head_aware_kernel
 from ntk_tt._head_aware import predict_head_aware as predict_head_aware
+from ntk_tt._head_aware import predict_head_aware_refreshed as predict_head_aware_refreshed
 from ntk_tt._head_aware import split_head as split_head
 from ntk_tt._noise import gradient_variance as gradient_variance
 from ntk_tt._noise import noise_features as noise_features

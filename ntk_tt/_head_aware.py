@@ -130,33 +130,51 @@ def feature_mixing(feature_fn, backbone_params, x: jax.Array) -> jax.Array:
     return s * (f / jnp.trace(s))
 
 
-def head_aware_step(state, idx, hk: HeadAwareKernel, y, *, learning_rate, momentum,
-                    nesterov, loss):
-    """One optax ``sgd`` step of the head-aware model on minibatch ``idx`` (B,).
+class HeadState(NamedTuple):
+    """State of the head-aware model: head W (F, C), b (C,), feature displacement φ (N, F)
+    and their optax velocities u_W, u_b, v_φ; ``u_q`` (N, F): the backbone velocity as
+    J_hᵀ u_q, and ``z`` (N, F): the backbone displacement since the last linearisation,
+    θ − θ_k = −J_hᵀ z (both used when the backbone is re-linearised); φ_test, v_φ_test
+    (N_test, F) or None."""
 
-    ``state = (W, b, φ, u_W, u_b, v_φ, φ_test, v_φ_test)`` (φ_test None without held-out
-    inputs); returns the new state.
-    """
-    w, b, phi, uw, ub, vphi, phit, vphit = state
-    h = hk.features + phi
+    w: jax.Array
+    b: jax.Array
+    phi: jax.Array
+    uw: jax.Array
+    ub: jax.Array
+    vphi: jax.Array
+    u_q: jax.Array
+    z: jax.Array
+    phit: jax.Array | None
+    vphit: jax.Array | None
+
+
+def head_aware_step(state: HeadState, idx, hk: HeadAwareKernel, y, *, learning_rate,
+                    momentum, nesterov, loss) -> HeadState:
+    """One optax ``sgd(η, m, nesterov)`` step of the head-aware model on minibatch ``idx``
+    (B,): exact for f = (h_0 + J_h Δθ) W + b with K_h = J_h J_hᵀ as given by ``hk``."""
+    h = hk.features + state.phi
     hb = h[idx]
-    g = logit_residual(hb @ w + b, y[idx], loss) / idx.shape[0]  # (B, C) mean-loss gradient
+    g = logit_residual(hb @ state.w + state.b, y[idx], loss) / idx.shape[0]  # (B, C)
     gw, gb = hb.T @ g, jnp.sum(g, axis=0)
-    q = g @ w.T  # (B, F): ∂L/∂h on the batch
-    dphi = _feature_kernel_dot(hk.backbone, hk.mixing, idx, q, phi.shape[0])
-    dphit = (None if phit is None else
-             _feature_kernel_dot(hk.backbone_test, hk.mixing, idx, q, phit.shape[0]))
+    q = g @ state.w.T  # (B, F): ∂L/∂h on the batch
+    dphi = _feature_kernel_dot(hk.backbone, hk.mixing, idx, q, h.shape[0])
+    dq = jnp.zeros_like(h).at[idx].add(q)
 
     def move(p, u, d):
         u = momentum * u + d
-        return p - learning_rate * (d + momentum * u if nesterov else u), u
+        step = d + momentum * u if nesterov else u
+        return p - learning_rate * step, u, step
 
-    w, uw = move(w, uw, gw)
-    b, ub = move(b, ub, gb)
-    phi, vphi = move(phi, vphi, dphi)
+    w, uw, _ = move(state.w, state.uw, gw)
+    b, ub, _ = move(state.b, state.ub, gb)
+    phi, vphi, _ = move(state.phi, state.vphi, dphi)
+    _, u_q, dz = move(0.0, state.u_q, dq)
+    phit, vphit = state.phit, state.vphit
     if phit is not None:
-        phit, vphit = move(phit, vphit, dphit)
-    return (w, b, phi, uw, ub, vphi, phit, vphit)
+        dphit = _feature_kernel_dot(hk.backbone_test, hk.mixing, idx, q, phit.shape[0])
+        phit, vphit, _ = move(phit, vphit, dphit)
+    return HeadState(w, b, phi, uw, ub, vphi, u_q, state.z + learning_rate * dz, phit, vphit)
 
 
 def _feature_kernel_dot(kernel, mixing, idx, q, rows):
@@ -168,48 +186,65 @@ def _feature_kernel_dot(kernel, mixing, idx, q, rows):
     return jnp.einsum("rbf,bf->r", cols, q).reshape(rows, f)
 
 
-def logits(hk: HeadAwareKernel, state, test: bool = False) -> jax.Array:
+def logits(hk: HeadAwareKernel, state: HeadState, test: bool = False) -> jax.Array:
     """Training (or held-out) logits (N, C) of a head-aware state."""
-    w, b, phi, *_, phit, _ = state
-    h0 = hk.features_test if test else hk.features
-    return (h0 + (phit if test else phi)) @ w + b
+    if test:
+        return (hk.features_test + state.phit) @ state.w + state.b
+    return (hk.features + state.phi) @ state.w + state.b
+
+
+def initial_state(hk: HeadAwareKernel, w=None, b=None, u=None) -> HeadState:
+    """The state at the start of a segment: head (W, b) (default ``hk``'s) with velocities
+    ``u = (u_W, u_b, u_q)`` (default zero); φ = 0 and v_φ = K_h u_q, the backbone's carried
+    velocity seen through ``hk``'s feature kernel."""
+    w = hk.head_kernel if w is None else w
+    b = hk.head_bias if b is None else b
+    zf = jnp.zeros_like(hk.features)
+    uw, ub, u_q = (jnp.zeros_like(w), jnp.zeros_like(b), zf) if u is None else u
+    every = jnp.arange(zf.shape[0])
+    with_test = hk.features_test is not None
+    zt = jnp.zeros_like(hk.features_test) if with_test else None
+    vt = (_feature_kernel_dot(hk.backbone_test, hk.mixing, every, u_q, zt.shape[0])
+          if with_test else None)
+    return HeadState(w, b, zf, uw, ub,
+                     _feature_kernel_dot(hk.backbone, hk.mixing, every, u_q, zf.shape[0]),
+                     u_q, zf, zt, vt)
 
 
 def head_aware_trajectory(hk: HeadAwareKernel, y, batches, *, learning_rate, momentum,
-                          nesterov, loss):
-    """Logits after 0..T steps (T + 1, N, C) and held-out logits (or None), for one batch
-    sequence ``batches`` (T, B)."""
-    n, f = hk.features.shape
+                          nesterov, loss, state0: HeadState | None = None):
+    """Logits after 0..T steps (T + 1, N, C), held-out logits (or None) and the final
+    :class:`HeadState`, for one batch sequence ``batches`` (T, B) from ``state0`` (default:
+    :func:`initial_state`)."""
     with_test = hk.features_test is not None
-    zt = jnp.zeros_like(hk.features_test) if with_test else None
-    state0 = (hk.head_kernel, hk.head_bias, jnp.zeros((n, f), hk.features.dtype),
-              jnp.zeros_like(hk.head_kernel), jnp.zeros_like(hk.head_bias),
-              jnp.zeros((n, f), hk.features.dtype), zt, zt)
+    state0 = initial_state(hk) if state0 is None else state0
 
     def step(state, idx):
         state = head_aware_step(state, idx, hk, y, learning_rate=learning_rate,
                                 momentum=momentum, nesterov=nesterov, loss=loss)
         return state, (logits(hk, state), logits(hk, state, True) if with_test else None)
 
-    _, (fs, fts) = jax.lax.scan(step, state0, batches)
+    last, (fs, fts) = jax.lax.scan(step, state0, batches)
     fs = jnp.concatenate([logits(hk, state0)[None], fs])
     if with_test:
         fts = jnp.concatenate([logits(hk, state0, True)[None], fts])
-    return fs, fts
+    return fs, fts, last
 
 
 def head_aware_paths(hk: HeadAwareKernel, y, *, key, num_paths, batch_size, steps,
                      **kwargs):
     """``head_aware_trajectory`` over ``num_paths`` minibatch orders (path 0 = the order of a
-    real run with ``key``), vmapped; or one full-batch path when ``batch_size`` = N."""
+    real run with ``key``), vmapped; or one full-batch path when ``batch_size`` = N.
+    Returns logits (P, T + 1, N, C) and held-out logits or None."""
     n = hk.features.shape[0]
     if batch_size == n:
         batches = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
-        fs, fts = head_aware_trajectory(hk, y, batches, **kwargs)
+        fs, fts, _ = head_aware_trajectory(hk, y, batches, **kwargs)
         return fs[None], None if fts is None else fts[None]
     keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
     batches = jax.vmap(lambda k: batch_indices(k, n, batch_size, steps))(keys)
-    return jax.vmap(lambda bt: head_aware_trajectory(hk, y, bt, **kwargs))(batches)
+    fs, fts, _ = jax.vmap(lambda bt: head_aware_trajectory(hk, y, bt, **kwargs))(batches)
+    return fs, fts
 
 
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "kronecker",
@@ -367,3 +402,90 @@ def _head_core(hk, y, lr, m, key, y_test, *, steps, batch_size, nesterov, loss, 
                                loss=loss)
     return _summarise(fs, fts, y, y_test, (mat, False), lr, m, lams, nesterov=nesterov,
                       loss=loss, stochastic=fs.shape[0] > 1)
+
+
+def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, momentum=0.0,
+                                 steps, batch_size=None, nesterov=False, loss="cross_entropy",
+                                 key=None, x_test=None, y_test=None, backbone="kronecker",
+                                 mixing_samples=32):
+    """Head-aware prediction with the backbone re-linearised along the PREDICTED path.
+
+    The evolving-kernel predictor (issue 9): the horizon is cut into ``segments`` equal
+    pieces; each runs :func:`head_aware_step` on a feature kernel built at the backbone
+    weights the prediction itself has reached, θ_{k+1} = θ_k − J_h(θ_k)ᵀ z (one vjp; z
+    accumulates η·(optax update direction) in sample-feature space, so this is the weight
+    update of the head-aware model exactly), with the head (W, b) carried. No jumps: the
+    predicted features stay continuous (the new segment starts from h_0 + φ, not from the
+    network's h(θ_{k+1})), velocities are carried (the backbone's through the new kernel), so
+    only the kernel is refreshed. ``segments=1`` is :func:`predict_head_aware`. Each segment
+    costs one kernel (``head_aware_kernel``) and one vjp; a sweep pays that per
+    configuration, because each configuration has its own path. One path: GD, or SGD with
+    the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real run with ``key``.
+
+    Args:
+      split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
+      segments: int ≥ 1, at most ``steps``. Other arguments as :func:`predict_head_aware`
+        and :func:`head_aware_kernel`; ``x_test``/``y_test`` optional held-out set.
+
+    Returns:
+      :class:`ntk_tt.KernelPrediction` (κ and λ_min of the initial Θ_0).
+
+    Raises:
+      ValueError: ``segments`` not an int in [1, steps], and as :func:`predict_head_aware`.
+    """
+    from ntk_tt._predict_kernel import _summarise
+
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments:
+        raise ValueError(f"segments must be an int >= 1, got {segments!r}.")
+    if isinstance(steps, int) and segments > steps:
+        raise ValueError(f"segments ({segments}) must not exceed steps ({steps}).")
+    feature_fn, theta, w, b = split
+    hk = head_aware_kernel(split, x, x_test, backbone=backbone, mixing_samples=mixing_samples,
+                           key=None if key is None else jax.random.fold_in(key, 1))
+    first = predict_head_aware(hk, y, learning_rate=learning_rate, momentum=momentum,
+                               steps=steps, batch_size=batch_size, nesterov=nesterov,
+                               loss=loss, key=key, num_paths=1, y_test=y_test)
+    if segments == 1:
+        return first
+    n = hk.features.shape[0]
+    bs = n if batch_size is None else batch_size
+    batches = batch_indices(key, n, bs, steps)
+    ends = np.linspace(0, steps, segments + 1).round().astype(int)
+    kw = dict(learning_rate=jnp.asarray(learning_rate, hk.features.dtype),
+              momentum=jnp.asarray(momentum, hk.features.dtype), nesterov=nesterov,
+              loss=loss)
+    fs, fts, state = [], [], initial_state(hk)
+    y = jnp.asarray(y)
+    for k in range(segments):
+        if k:
+            theta = _relinearise(feature_fn, theta, x, state.z)
+            h = hk.features + state.phi
+            ht = None if x_test is None else hk.features_test + state.phit
+            new = head_aware_kernel((feature_fn, theta, state.w, state.b), x, x_test,
+                                    backbone=backbone, mixing_samples=mixing_samples,
+                                    key=None if key is None else jax.random.fold_in(key, 1))
+            hk = new._replace(features=h, features_test=ht)
+            state = initial_state(hk, state.w, state.b, (state.uw, state.ub, state.u_q))
+        f, ft, state = _segment(hk, y, batches[ends[k]:ends[k + 1]], state, **kw)
+        fs.append(f if k == 0 else f[1:])
+        fts.append(None if ft is None else (ft if k == 0 else ft[1:]))
+    fs = jnp.concatenate(fs)[None]
+    fts = None if x_test is None else jnp.concatenate(fts)[None]
+    y_test = None if y_test is None else jnp.asarray(y_test)
+    size = jax.ShapeDtypeStruct((n * w.shape[1],) * 2, fs.dtype)  # only its shape is read
+    lams = (first.min_eigenvalue, first.kappa * n / kw["learning_rate"])
+    out = _summarise(fs, fts, y, y_test, (size, False), kw["learning_rate"], kw["momentum"],
+                     lams, nesterov=nesterov, loss=loss, stochastic=False)
+    return out._replace(clamped=first.clamped)
+
+
+@partial(jax.jit, static_argnames=("nesterov", "loss"))
+def _segment(hk, y, batches, state, **kw):
+    return head_aware_trajectory(hk, y, batches, state0=state, **kw)
+
+
+def _relinearise(feature_fn, theta, x, z):
+    """θ − J_h(θ)ᵀ z: the head-aware model's backbone weights after a segment."""
+    _, vjp = jax.vjp(lambda p: feature_fn(p, x), theta)
+    (jt_z,) = vjp(z)
+    return jax.tree.map(jnp.subtract, theta, jt_z)

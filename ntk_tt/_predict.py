@@ -129,7 +129,7 @@ def predict(
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
-    backbone: str = "kronecker",
+    backbone: str = "kronecker", segments: int = 1,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -170,6 +170,9 @@ def predict(
         (F, C), head_bias (C,))`` from ``ntk_tt.split_head(model)``, with
         ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
         backbone: "kronecker" | "isotropic" | "exact" (head-aware feature kernel).
+        segments: head-aware only: > 1 re-linearises the backbone along the predicted path
+          that many times (``ntk_tt.predict_head_aware_refreshed``: one kernel per segment,
+          one path; SGD follows the real run's batch order ``key``).
 
     Returns:
       :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
@@ -202,6 +205,11 @@ def predict(
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
                                   x)
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) \
+            or not 1 <= segments <= steps or (segments > 1 and not head_aware):
+        raise ValueError(
+            f"segments must be an int in [1, steps] and > 1 only with the head-aware "
+            f"predictor, got {segments!r}.")
     if (x_test is None) != (y_test is None):
         raise ValueError("pass x_test and y_test together (or neither).")
     if x_test is not None:
@@ -217,6 +225,17 @@ def predict(
     hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
              "num_train": int(n), "loss": loss}
+    if head_aware and segments > 1:
+        from ntk_tt._head_aware import predict_head_aware_refreshed
+
+        out = _timed(seconds, "solve", predict_head_aware_refreshed, head, x, y,
+                     segments=int(segments), learning_rate=learning_rate, momentum=momentum,
+                     steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
+                     key=key, x_test=x_test, y_test=y_test, backbone=backbone)
+        seconds["kernel"] = 0.0  # the kernels are rebuilt inside the solve, one per segment
+        seconds["total"] = time.perf_counter() - start - seconds["compile"]
+        return _to_prediction(out, "discrete", f"head_aware:{backbone}:refresh{segments}",
+                              hyper, seconds)
     if head_aware:
         from ntk_tt._head_aware import head_aware_kernel, predict_head_aware
 

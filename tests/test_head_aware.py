@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _dynamics_helpers import brute_ntk, train_optax
 from flax import nnx
@@ -11,11 +12,15 @@ import ntk_tt
 from ntk_tt._fspace import curves
 from ntk_tt._head_aware import (
     HeadAwareKernel,
+    _relinearise,
     head_aware_kernel,
+    head_aware_trajectory,
     initial_kernel,
     predict_head_aware,
+    predict_head_aware_refreshed,
     split_head,
 )
+from ntk_tt._losses import mean_loss
 
 N, D, F, C, STEPS = 12, 5, 4, 3, 20
 F64 = jnp.float64
@@ -201,3 +206,56 @@ def test_predict_head_aware_errors_before_work(x64):
     ]:
         with pytest.raises(ValueError, match=msg):
             ntk_tt.predict(apply_fn, params, x, y, **kw, **extra)
+
+
+@pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER[1:3])
+def test_refreshed_on_a_linear_backbone_equals_optax(x64, lr, m, nesterov, b, loss):
+    """A linear backbone's Jacobian does not depend on its weights, so re-linearising along
+    the predicted path (4 segments, weights moved by the vjp, velocities carried) must still
+    reproduce real optax training exactly — a check of the segment hand-over."""
+    model, x, y, xt, yt = _problem(False)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    key = jax.random.key(7)
+    out = predict_head_aware_refreshed(split_head(model), x, y, segments=4, learning_rate=lr,
+                                       momentum=m, steps=STEPS, batch_size=b,
+                                       nesterov=nesterov, loss=loss, key=key, x_test=xt,
+                                       y_test=yt, backbone="exact")
+    real = train_optax(apply_fn, params, x, y, _batches(key, b), jnp.concatenate([x, xt]),
+                       lr, m, nesterov=nesterov, loss=loss)
+    np.testing.assert_allclose(out.loss, curves(real[:, :N], y, loss)[0], rtol=1e-8)
+    np.testing.assert_allclose(out.test_loss, curves(real[:, N:], yt, loss)[0], rtol=1e-8)
+
+
+def test_refreshed_moves_the_backbone_like_training(x64):
+    """Tanh backbone, exact feature kernel: the weights the refreshed predictor reaches after
+    one segment are the head-aware model's (θ_0 − J_hᵀ z equals optax training of the
+    jvp-linearised model), and with one segment it is the plain head-aware prediction."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    split = split_head(model)
+    feature_fn, theta0, w0, b0 = split
+    kw = dict(learning_rate=1.0, momentum=0.5, steps=10, backbone="exact")
+    one = predict_head_aware_refreshed(split, x, y, segments=1, **kw)
+    hk = head_aware_kernel(split, x, backbone="exact")
+    plain = predict_head_aware(hk, y, learning_rate=1.0, momentum=0.5, steps=10)
+    np.testing.assert_allclose(one.loss, plain.loss, rtol=1e-12)
+    batches = _batches(None, N)[:10]
+    _, _, state = head_aware_trajectory(hk, y, batches, learning_rate=1.0, momentum=0.5,
+                                        nesterov=False, loss="cross_entropy")
+    moved = _relinearise(feature_fn, theta0, x, state.z)
+
+    def lin_apply(p, xx):
+        delta = jax.tree.map(jnp.subtract, p["theta"], theta0)
+        h0, dh = jax.jvp(lambda q: feature_fn(q, xx), (theta0,), (delta,))
+        return (h0 + dh) @ p["w"] + p["b"]
+
+    p = {"theta": theta0, "w": w0, "b": b0}
+    opt = optax.sgd(1.0, 0.5)
+    s = opt.init(p)
+    for _ in range(10):
+        g = jax.grad(lambda q: mean_loss(lin_apply(q, x), y, "cross_entropy"))(p)
+        u, s = opt.update(g, s, p)
+        p = optax.apply_updates(p, u)
+    for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(p["theta"]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="segments"):
+        predict_head_aware_refreshed(split, x, y, segments=11, **kw)
