@@ -58,4 +58,14 @@ from ntk_tt._finetune import step_time as step_time
 from ntk_tt._job import predict_task as predict_task
 from ntk_tt.models import replace_head as replace_head
 
+# --- scale (issue 12) ---
+# isort: split
+from ntk_tt._extrapolate import Spectrum as Spectrum
+from ntk_tt._extrapolate import extrapolate_spectrum as extrapolate_spectrum
+from ntk_tt._extrapolate import fit_power_law as fit_power_law
+from ntk_tt._extrapolate import kernel_spectrum as kernel_spectrum
+from ntk_tt._extrapolate import nystrom_spectrum as nystrom_spectrum
+from ntk_tt._extrapolate import predict_curve_from_spectrum as predict_curve_from_spectrum
+from ntk_tt._sharding import sharded_empirical_ntk as sharded_empirical_ntk
+
 __version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""Larger N from a subset (App. D): power-law fit, tail normalisation, Nyström, Prop. 2 curve."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk, linear_apply, linear_problem
+
+import ntk_tt
+from ntk_tt._closed_form import mse_closed_form
+from ntk_tt._fspace import curves
+
+
+def _normal(key, shape):
+    with jax.enable_x64(True):
+        return np.asarray(jax.random.normal(key, shape, jnp.float64))
+
+
+def _orthogonal(key, n):
+    return np.linalg.qr(_normal(key, (n, n)))[0]
+
+
+def _power_law_kernel(n, c, s, key):
+    """Traced (n, n) kernel with normalised spectrum exactly c·k^(−s), and its eigenvectors."""
+    v = _orthogonal(key, n)
+    lam = n * c * np.arange(1, n + 1, dtype=np.float64) ** -s
+    return (v * lam) @ v.T, v
+
+
+def _closed_form_loss(kernel, f0, y, lr, steps):
+    with jax.enable_x64(True):
+        n, c = f0.shape
+        traced = kernel.shape == (n, n)
+        op = (jnp.asarray(kernel) / (c if traced else 1), traced)
+        fs, _, _ = mse_closed_form(op, jnp.asarray(f0), jnp.asarray(y), learning_rate=lr,
+                                   momentum=0.0, steps=steps)
+        return np.asarray(curves(fs, jnp.asarray(y), "mse")[0])
+
+
+def _residual(f0, y):
+    return f0 - np.eye(f0.shape[1])[y]
+
+
+def test_fit_recovers_exact_power_law():
+    k = np.arange(1, 301, dtype=np.float64)
+    c_fit, s_fit = ntk_tt.fit_power_law(3.7 * k**-1.3, (5, 200))
+    assert abs(c_fit - 3.7) < 1e-6 * 3.7 and abs(s_fit - 1.3) < 1e-6
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_extrapolated_spectrum_on_exact_power_law(alpha):
+    """Subset kernel with μ'_k = c k^(−s) exactly: the prediction is c k^(−s_N) from k0 on,
+    the subset's own μ'_k before, and Σ p_k = ‖δy‖² of the full set exactly."""
+    n_sub, n, c, k0 = 60, 240, 3, 10
+    kern, v = _power_law_kernel(n_sub, 2.0, 1.2, jax.random.key(0))
+    kern = kern * c  # the traced kernel is used as Θ/C: spectrum of Θ/C is the power law
+    r_sub = _normal(jax.random.key(1), (n_sub, c))
+    r_full = _normal(jax.random.key(2), (n, c))
+    with jax.enable_x64(True):
+        sp = ntk_tt.extrapolate_spectrum(kern, r_sub, r_full, k0=k0, fit_range=(k0, 40),
+                                         slope_correction=alpha)
+    k = np.arange(1, n + 1, dtype=np.float64)
+    expect = 2.0 * k ** -(1.2 + alpha * (n / n_sub - 1))
+    expect[: k0 - 1] = 2.0 * k[: k0 - 1] ** -1.2
+    np.testing.assert_allclose(sp.eigenvalues, expect, rtol=1e-6)
+    p = np.asarray(sp.projections)
+    total = np.sum(r_full**2)
+    assert sp.num_samples == n and p.shape == (n,)
+    np.testing.assert_allclose(p.sum(), total, rtol=1e-10)
+    # head: the subset's projections rescaled by ‖δy‖²/‖δy'‖²; tail continuous at k0
+    p_sub = np.sum((v.T @ r_sub) ** 2, axis=1) * total / np.sum(r_sub**2)
+    np.testing.assert_allclose(p[:k0], p_sub[:k0], rtol=1e-8)
+    # the tail is one power law: log p linear in log k from k0 on
+    slope = np.diff(np.log(p[k0 - 1 :])) / np.diff(np.log(k[k0 - 1 :]))
+    np.testing.assert_allclose(slope, slope[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_curve_from_exact_spectrum_equals_closed_form(traced):
+    """N' = N: the Prop. 2 curve of the exact spectrum is mse_closed_form's loss, at κ = 1.5
+    (1 − η μ < 0 for the top direction: the squared form must not go NaN)."""
+    with jax.enable_x64(True):
+        params, x, y = linear_problem(n=24, d=10, c=3)
+        kern = np.asarray(brute_ntk(linear_apply, params, x))
+        if traced:
+            kern = kern.reshape(24, 3, 24, 3).trace(axis1=1, axis2=3)
+        f0 = np.asarray(linear_apply(params, x))
+        r = _residual(f0, np.asarray(y))
+        sp = ntk_tt.extrapolate_spectrum(kern, r, r)  # N = N': the exact spectrum
+        lr = 1.5 / float(sp.eigenvalues[0])
+        curve = ntk_tt.predict_curve_from_spectrum(sp, learning_rate=lr, steps=40)
+    ref = _closed_form_loss(kern, f0, y, lr, 40)
+    np.testing.assert_allclose(curve, ref, rtol=1e-6)
+    assert sp.eigenvalues.shape == ((24,) if traced else (72,))
+    assert ntk_tt.training_time(curve, 0.1) == ntk_tt.training_time(ref, 0.1)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_nystrom_exact_when_landmarks_span_the_kernel(traced):
+    """Linear model: Θ has rank D·C (D = 6 features), so 10 landmark samples span it and the
+    Nyström curve equals the full kernel's closed form."""
+    with jax.enable_x64(True):
+        params, x, y = linear_problem(n=40, d=6, c=3)
+        kern = np.asarray(brute_ntk(linear_apply, params, x))
+        f0 = np.asarray(linear_apply(params, x))
+    if traced:
+        kern = kern.reshape(40, 3, 40, 3).trace(axis1=1, axis2=3)
+    idx = np.arange(0, 40, 4)
+    cols = idx if traced else (idx[:, None] * 3 + np.arange(3)).reshape(-1)
+    r = _residual(f0, np.asarray(y))
+    with jax.enable_x64(True):
+        sp = ntk_tt.nystrom_spectrum(kern[:, cols], kern[np.ix_(cols, cols)], r)
+        lr = 1.0 / float(sp.eigenvalues[0])
+        curve = ntk_tt.predict_curve_from_spectrum(sp, learning_rate=lr, steps=30)
+    np.testing.assert_allclose(np.sum(sp.projections), np.sum(r**2), rtol=1e-6)
+    np.testing.assert_allclose(curve, _closed_form_loss(kern, f0, y, lr, 30), rtol=1e-6)
+
+
+def test_bad_input_raises_value_error():
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    r = np.ones((20, 2))
+    with pytest.raises(ValueError, match="kernel_subset must be"):
+        ntk_tt.extrapolate_spectrum(kern[:10, :10], r, np.ones((40, 2)))
+    with pytest.raises(ValueError, match="residual_full"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.ones((10, 2)))
+    with pytest.raises(ValueError, match="k0"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=21)
+    with pytest.raises(ValueError, match="fit_range"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=2, fit_range=(5, 5))
+    with pytest.raises(ValueError, match="> 0"):
+        ntk_tt.fit_power_law(np.array([1.0, 0.5, 0.0]), (1, 3))
+    with pytest.raises(ValueError, match="kernel_cross"):
+        ntk_tt.nystrom_spectrum(kern[:, :5], kern[:6, :6], r)
+    sp = ntk_tt.kernel_spectrum(kern, r)
+    with pytest.raises(ValueError, match="learning_rate"):
+        ntk_tt.predict_curve_from_spectrum(sp, learning_rate=0.0, steps=10)
+    with pytest.raises(ValueError, match="steps"):
+        ntk_tt.predict_curve_from_spectrum(sp, learning_rate=0.1, steps=0)
