@@ -40,7 +40,7 @@ PRESETS = {
     "full": SweepSpec(datasets=TARGETS, per_class=(150, 50, 10), seeds=(0,),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
                       sketch_dims=(256,), noise_dim=64, num_paths=8,
-                      edge_kappas=(24.0, 48.0, 96.0)),
+                      edge_kappas=(24.0, 48.0, 96.0), edge_max_train=250),
     # paper: the whole protocol (sizes 10/50/125/150, three seeds): many hours here
     "paper": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
                        batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,

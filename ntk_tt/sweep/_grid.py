@@ -109,6 +109,7 @@ class SweepSpec:
     num_paths: int = 16
     checkpoint: str | None = None
     edge_kappas: tuple[float, ...] = ()
+    edge_max_train: int | None = None
 
     def __post_init__(self):
         for name in ("datasets", "per_class", "seeds", "batch_sizes", "momenta", "epsilons"):
@@ -136,9 +137,15 @@ class SweepSpec:
             Config(b, m, kind, value)
             for b, m, (kind, value) in itertools.product(self.batch_sizes, self.momenta, lrs)
         ]
-        edge = [Config(b, 0.0, "kappa", k)
-                for b, k in itertools.product(self.batch_sizes, self.edge_kappas)]
-        return grid + [c for c in edge if c not in grid]
+        return grid + self.edge_configs()
+
+    def edge_configs(self) -> list[Config]:
+        """The divergence benchmark's configurations not already in the main grid."""
+        lrs = [("kappa", k) for k in self.kappas] + [("eta", e) for e in self.etas]
+        grid = set(itertools.product(self.batch_sizes, self.momenta, lrs))
+        return [Config(b, 0.0, "kappa", k)
+                for b, k in itertools.product(self.batch_sizes, self.edge_kappas)
+                if (b, 0.0, ("kappa", k)) not in grid]
 
 
 def row_id(task: Task, config: Config) -> str:
@@ -154,11 +161,15 @@ def plan(spec: SweepSpec) -> tuple[list[tuple[Task, list[Config]]], Counter]:
     """
     skipped: Counter = Counter()
     out = []
+    edge = set(spec.edge_configs())
     for task in spec.tasks():
         keep = []
         for config in spec.configs():
             b = config.batch_size
-            if b is not None and b > task.num_train:
+            if config in edge and spec.edge_max_train is not None \
+                    and task.num_train > spec.edge_max_train:
+                skipped["edge κ̃ on a task above edge_max_train"] += 1
+            elif b is not None and b > task.num_train:
                 skipped["batch_size > N"] += 1
             elif b is not None and b == task.num_train:
                 skipped["batch_size == N (same as GD)"] += 1
