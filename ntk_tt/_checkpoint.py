@@ -29,11 +29,20 @@ ARCHITECTURES = {"SmallResNet": SmallResNet, "ResNet18": ResNet18}
 _FIX = "re-save it with ntk_tt.save_checkpoint, or omit it for the shipped one"
 
 
-def _ignore_closed_loop(previous):
-    """An unraisable-exception hook that drops orbax's late "Event loop is closed" errors."""
+def _orbax_noise(unraisable) -> bool:
+    """A failed orbax read's late report: its background futures failing against the closed
+    event loop, or one of its coroutines collected with the read error still inside."""
+    err = unraisable.exc_value
+    if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def _ignore_orbax_noise(previous):
+    """An unraisable-exception hook that drops :func:`_orbax_noise` and passes on the rest."""
     def hook(unraisable):
-        err = unraisable.exc_value
-        if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+        if not _orbax_noise(unraisable):
             previous(unraisable)
 
     hook.ntk_tt_quiet = True
@@ -45,13 +54,14 @@ def _quiet():
     """Silence orbax's absl warnings and the asyncio tracebacks of a failed read.
 
     A damaged checkpoint leaves orbax's background futures to complete later, possibly
-    seconds after the read returned, against its closed event loop; each prints
-    ``RuntimeError: Event loop is closed`` through ``sys.unraisablehook``. Those (and only
-    those) are dropped from the first read on, and asyncio's logger stays silenced after a
-    failure, so that nothing follows the caller's one-line error.
+    seconds after the read returned, against its closed event loop, and coroutines holding
+    the read error to be collected later; each prints a traceback ("Event loop is closed",
+    "Exception ignored in: <coroutine ...>") through ``sys.unraisablehook``. Those (and only
+    those, :func:`_orbax_noise`) are dropped from the first read on, and asyncio's logger
+    stays silenced after a failure, so that nothing follows the caller's one-line error.
     """
     if not getattr(sys.unraisablehook, "ntk_tt_quiet", False):
-        sys.unraisablehook = _ignore_closed_loop(sys.unraisablehook)
+        sys.unraisablehook = _ignore_orbax_noise(sys.unraisablehook)
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
