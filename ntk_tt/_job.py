@@ -16,21 +16,16 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from ntk_tt._checkpoint import load_checkpoint
+from ntk_tt._checkpoint import load_checkpoint, read_meta
 from ntk_tt._compare import compare, predicted_summary
 from ntk_tt._data import load_dataset, prepare_images, sample_task
+from ntk_tt._defaults import DEFAULTS
 from ntk_tt._finetune import finetune, step_time
 from ntk_tt._losses import check_loss
 from ntk_tt._model import from_nnx, num_params
 from ntk_tt._predict import KERNELS, predict
 from ntk_tt._predict_kernel import resolve_method
 from ntk_tt.models import HEAD_SCALE, replace_head
-
-DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train",
-                num_classes=5, per_class=150, test_per_class=50, steps=150,
-                learning_rate=0.002, batch_size=None, momentum=0.0, nesterov=False,
-                loss="cross_entropy", method="auto", kernel="exact", sketch_dim=None,
-                num_paths=32, seed=0, resize=True, head_scale=HEAD_SCALE)
 
 
 def _plain(obj: Any) -> Any:
@@ -48,11 +43,12 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def check_outputs(figure_path=None, json_path=None) -> None:
+def check_outputs(figure_path=None, json_path=None, overwrite: bool = False) -> None:
     """Fail fast on output paths, before any work: each must name a file (not a directory) in
-    an existing folder where a file can be created, an existing file must be writable, and the
-    figure's extension must be one matplotlib writes (png, pdf, svg, ...). Empty / None = no
-    output.
+    an existing folder where a file can be created, and the figure's extension must be one
+    matplotlib writes (png, pdf, svg, ...). An existing file is refused unless ``overwrite``
+    (then it must be writable): two runs in one folder never replace each other's outputs
+    silently. Empty / None = no output.
 
     Raises:
       ValueError: one line naming the path and the fix.
@@ -70,6 +66,10 @@ def check_outputs(figure_path=None, json_path=None) -> None:
         if not folder.is_dir():
             raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
                              "exist; create it first or choose another path.")
+        if target.exists() and not overwrite:
+            raise ValueError(f"{what} path {str(path)!r} exists (an earlier run's output?) and "
+                             "is not replaced; choose another path, or pass --overwrite "
+                             "(overwrite=True) to replace it.")
         if target.exists() and not (target.is_file() and os.access(target, os.W_OK)):
             raise ValueError(f"{what} path {str(path)!r} exists and is not a writable file; "
                              "choose another path.")
@@ -150,6 +150,12 @@ def check_options(o: dict[str, Any]) -> None:
                          f"images per class (0 for none), got {tpc!r}.")
     check_loss(o["loss"])
     method = resolve_method(o["method"])
+    full_batch = b is None or (_is_int(k) and _is_int(n) and b == k * n)
+    if method == "closed_form" and (o["loss"] != "mse" or not full_batch):
+        raise ValueError(f"method 'closed_form' (--method closed_form) exists for loss 'mse' "
+                         f"(--loss mse) with full-batch GD only, got loss {o['loss']!r} and "
+                         f"batch_size (-B) {b!r}; use --loss mse without -B, or method 'ode' "
+                         "(cross-entropy) or 'discrete' (SGD).")
     if o["kernel"] not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {o['kernel']!r}.")
     d = o["sketch_dim"]
@@ -173,17 +179,31 @@ def check_options(o: dict[str, Any]) -> None:
                              "one).")
 
 
+def _preprocessing(image_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> str:
+    """What :func:`prepare_images` does to images of ``image_shape`` (H, W, C), in words."""
+    (h, w, c), (h2, w2, c2) = image_shape, input_shape
+    done = []
+    if c != c2:
+        done.append(f"grey → {'RGB' if c2 == 3 else f'{c2} channels'} (channel repeated)")
+    if (h, w) != (h2, w2):
+        done.append(f"resized from {h}×{w} to {h2}×{w2} px (bilinear, antialiased)")
+    return "; ".join(done) or "none (images already match the model's input)"
+
+
 def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="train",
               num_classes=5, per_class=150, test_per_class=50, seed=0, resize=True,
               head_scale=HEAD_SCALE):
     """Checkpoint + sampled task → (apply_fn, params, x, y, x_test, y_test, info).
 
-    The model gets a fresh seeded C-output head (``fold_in(key(seed), 1)``, init scale
-    ``head_scale``, see :func:`ntk_tt.replace_head`); the task uses
-    ``fold_in(key(seed), 0)``; images are converted to the checkpoint's input shape and
-    normalisation. Raises ``ValueError`` (one line) on any bad input.
+    Everything that needs no weights is checked first: the checkpoint's ``meta``, the
+    dataset (present, prepared, readable, labels), K and n against it, and the images against
+    the model's input shape; only then are the weights read. The model gets a fresh seeded
+    C-output head (``fold_in(key(seed), 1)``, init scale ``head_scale``, see
+    :func:`ntk_tt.replace_head`); the task uses ``fold_in(key(seed), 0)``; images are converted
+    to the checkpoint's input shape and normalisation, and ``info["preprocessing"]`` says how
+    (grey → RGB, resized from H×W). Raises ``ValueError`` (one line) on any bad input.
     """
-    model, meta = load_checkpoint(checkpoint)
+    path, meta = read_meta(checkpoint)
     data = load_dataset(dataset, split=split, data_dir=data_dir)
     key = jax.random.key(seed)
     task = sample_task(data, num_classes=num_classes, per_class=per_class,
@@ -192,19 +212,42 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     prep = dict(mean=np.asarray(meta["mean"]), std=np.asarray(meta["std"]), resize=resize)
     x = prepare_images(task.x_train, shape, **prep)
     x_test = prepare_images(task.x_test, shape, **prep) if len(task.y_test) else None
+    model, _ = load_checkpoint(path)
     model = replace_head(model, num_classes, key=jax.random.fold_in(key, 1), scale=head_scale)
     apply_fn, params = from_nnx(model)
+    image_shape = tuple(np.shape(task.x_train)[1:])
     info = {"checkpoint": str(checkpoint or "shipped"), "architecture": meta["architecture"],
             "num_params": num_params(params), "dataset": dataset, "classes": task.class_names,
             "n_train": len(task.y_train), "n_test": len(task.y_test),
             "test_per_class": len(task.y_test) // num_classes,
-            "image_shape": list(np.shape(task.x_train)[1:])}
+            "image_shape": list(image_shape), "model_input_shape": list(shape),
+            "preprocessing": _preprocessing(image_shape, shape)}
     y_test = task.y_test if x_test is not None else None
     return apply_fn, params, x, task.y_train, x_test, y_test, info
 
 
-def figure(path: str | os.PathLike, prediction, run=None, title: str = "") -> Path:
-    """PNG: predicted loss / error curves with their band, and the real curves when given."""
+def _y_range(curves: list[tuple[np.ndarray, int | None]]) -> tuple[float, float]:
+    """y-axis range of the curves up to their divergence (a diverged curve is then cut)."""
+    kept = [np.asarray(c, float)[: len(c) if at is None else at + 1] for c, at in curves]
+    kept = np.concatenate([c[np.isfinite(c)] for c in kept])
+    alive = np.concatenate([np.asarray(c, float)[:at] for c, at in curves if at is not None]
+                           + [np.asarray(c, float) for c, at in curves if at is None])
+    alive = alive[np.isfinite(alive)]
+    base = alive if alive.size else kept
+    lo, hi = (float(base.min()), float(base.max())) if base.size else (0.0, 1.0)
+    pad = 0.1 * (hi - lo) or 0.1 * abs(hi) or 0.1
+    return min(lo, 0.0) - pad * (lo < 0), hi + 3 * pad
+
+
+def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
+           overwrite: bool = True) -> Path:
+    """Predicted loss / error curves with their band, and the real curves when given.
+
+    A diverged curve is drawn up to its divergence and marked there (vertical line and
+    text); the y-axis spans the curves before any divergence, so a blown-up value does not
+    flatten the rest. The format follows the extension (png, pdf, svg, ...). Without
+    ``overwrite`` an existing file is not replaced (``FileExistsError``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,45 +255,90 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "") -> Pa
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     steps = np.arange(len(prediction.loss))
+    sides = [("predicted (NTK)", "prediction", prediction, "C0", "-")]
+    if run is not None:
+        sides.append(("real fine-tuning", "real run", run, "C3", "--"))
     for ax, name in zip(axes, ("loss", "error"), strict=True):
         band = getattr(prediction, f"{name}_band")
         if band is not None:
             ax.fill_between(steps, band[0], band[1], alpha=0.25, color="C0",
                             label="predicted 5–95 %")
-        ax.plot(steps, getattr(prediction, name), color="C0", label="predicted (NTK)")
-        if run is not None:
-            ax.plot(steps, getattr(run, name), color="C3", ls="--", label="real fine-tuning")
+        for label, who, side, color, ls in sides:
+            curve, at = np.asarray(getattr(side, name), float), side.diverged_at
+            end = len(curve) if at is None else at + 1
+            ax.plot(steps[:end], curve[:end], color=color, ls=ls, label=label)
+            if at is not None:
+                ax.axvline(at, color=color, lw=1.2, ls="-.")
+                ax.annotate(f"{who} diverged\nat step {at}", (at, 0.97),
+                            xycoords=("data", "axes fraction"), ha="right", va="top",
+                            fontsize=8, color=color, rotation=90)
         t = prediction.training_time[name][0.1]
         if math.isfinite(t):
             ax.axvline(t, color="C0", lw=0.8, ls=":", label="predicted T_0.1")
-        ax.set(xlabel="optimiser step", ylabel=f"training {name} (full set)")
+        if any(side.diverged_at is not None for *_, side, _, _ in sides):
+            ax.set_ylim(*_y_range([(getattr(side, name), side.diverged_at)
+                                   for *_, side, _, _ in sides]))
+        ax.set(xlabel="optimiser step", ylabel=f"training {name} (full set)",
+               xlim=(0, len(steps) - 1))
         ax.legend()
     fig.suptitle(title, fontsize=9)
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with open(path, "wb" if overwrite else "xb") as f:
+            fig.savefig(f, dpi=110, format=path.suffix.lstrip(".").lower())
+    finally:
+        plt.close(fig)
     return path
 
 
+def _write_json(path: Path, report: dict, *, create: bool) -> None:
+    """Write the report atomically (a reader or an interrupt never sees half a file);
+    ``create``: the file must not exist yet (``FileExistsError``: another run's output)."""
+    if create:
+        open(path, "x").close()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+
+
+def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
+    report = _plain({"config": o | {"verify": verify}, "task": info, "status": status,
+                     **body})
+    report["curves"] = _plain({"predicted": {"loss": pred.loss, "error": pred.error},
+                               "real": None if run is None else
+                               {"loss": run.loss, "error": run.error}})
+    return report
+
+
 def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
-                 progress: bool = True, **options) -> dict[str, Any]:
+                 progress: bool = True, overwrite: bool = False, **options) -> dict[str, Any]:
     """The main job: predict T_ε for a real task (and, with ``verify``, fine-tune for real).
 
     Options (defaults in :data:`DEFAULTS`): checkpoint, dataset, data_dir, split, num_classes
     (K), per_class (n), test_per_class, steps (T), learning_rate, batch_size (None = GD),
     momentum, nesterov, loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale.
 
+    Order: the options, output paths, checkpoint meta, dataset, task and images are checked
+    (:func:`load_task`) before the weights are read and before any progress output; the
+    prediction follows. With ``verify`` and ``json_path``, the JSON is written as soon as the
+    prediction exists (``status`` "prediction done; real fine-tuning running") and rewritten
+    when the fine-tuning ends ("complete"), is interrupted (``KeyboardInterrupt``:
+    "interrupted during the real fine-tuning") or fails ("failed after the prediction
+    (...)"); the exception is then re-raised.
+
     Returns:
-      A JSON-ready report: ``config``, ``task``, ``predicted`` (training_time, wall_clock,
-      test_accuracy, kappa, ...), ``real`` (None without ``verify``), ``relative_error``,
-      ``absolute_error``, ``curve_distance``, ``linearisation_gap``, ``seconds`` (predict,
-      finetune, ratio, ...), ``diverged``. Writes ``figure_path`` (PNG) and ``json_path``.
+      A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
+      images), ``status``, ``predicted`` (training_time, wall_clock, test_accuracy, kappa,
+      ...), ``real`` (None without ``verify``), ``relative_error``, ``absolute_error``,
+      ``curve_distance``, ``linearisation_gap``, ``seconds`` (predict, finetune, ratio,
+      ...), ``diverged``, ``curves``. Writes ``figure_path`` (any matplotlib format) and
+      ``json_path``.
 
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, K, n, checkpoint,
-        image shape, hyperparameters, num_paths < 1, output paths, an output that cannot be
-        written at the end); the options (:func:`check_options`) and output paths
-        (:func:`check_outputs`) are checked before any work.
+        image shape, hyperparameters, num_paths < 1, output paths, an existing output without
+        ``overwrite``, an output that cannot be written at the end); everything that needs
+        no weights is checked before the checkpoint's weights are read.
     """
     unknown = set(options) - set(DEFAULTS)
     if unknown:
@@ -260,51 +348,84 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
                          f"{o['num_paths']!r}.")
     check_options(o)
-    check_outputs(figure_path, json_path)
-    bar = tqdm(total=3 if verify else 2, disable=not progress, unit="stage",
-               bar_format="{desc}: {n}/{total} stages [{elapsed}]")
-    bar.set_description("loading checkpoint and task")
+    check_outputs(figure_path, json_path, overwrite)
     apply_fn, params, x, y, x_test, y_test, info = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")})
     hyper = {k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
-    bar.set_description("predicting (Jacobians, NTK, dynamics)")
-    pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
-                   kernel=o["kernel"], sketch_dim=o["sketch_dim"], num_paths=o["num_paths"],
-                   key=key, x_test=x_test, y_test=y_test, **hyper)
-    bar.update()
-    run = None
-    if verify:
-        bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
-        run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
-                       y_test=y_test, record_logits=True, progress=progress, **hyper)
+    json_file = Path(json_path).expanduser() if json_path else None
+    bar = tqdm(total=2, disable=not progress, unit="stage",
+               bar_format="{desc}: {n}/{total} stages [{elapsed}]")
+    try:
+        bar.set_description("predicting (Jacobians, NTK, dynamics)")
+        pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
+                       kernel=o["kernel"], sketch_dim=o["sketch_dim"],
+                       num_paths=o["num_paths"], key=key, x_test=x_test, y_test=y_test,
+                       **hyper)
         bar.update()
-        report = compare(pred, run)
-    else:
-        bar.set_description("timing a few real training steps")
-        sps = step_time(apply_fn, params, x, y, key=key, **hyper)
-        report = {
-            "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
-            "real": None, "relative_error": None, "absolute_error": None,
-            "seconds": {"predict": pred.seconds["total"], "predict_stages": pred.seconds,
-                        "finetune": None},
-            "diverged": {"predicted": pred.diverged, "real": None},
-        }
-    bar.update()
-    bar.close()
-    report = _plain({"config": o | {"verify": verify}, "task": info, **report})
-    report["curves"] = _plain({"predicted": {"loss": pred.loss, "error": pred.error},
-                               "real": None if run is None else
-                               {"loss": run.loss, "error": run.error}})
-    try:  # checked up front; this catches a folder removed or filled during the work
-        if json_path:
-            Path(json_path).expanduser().write_text(json.dumps(report, indent=1))
-        if figure_path:
-            title = (f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
-                     f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
-            figure(Path(figure_path).expanduser(), pred, run, title)
-    except OSError as err:
-        raise ValueError(f"could not write {err.filename or 'an output'!s}: "
-                         f"{err.strerror or type(err).__name__}.") from None
+        run = None
+        if verify:
+            if json_file:
+                # wall clock = T_ε × a real step's time, not measured yet: None until the end
+                early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None},
+                         "real": None,
+                         "seconds": {"predict": pred.seconds["total"],
+                                     "predict_stages": pred.seconds},
+                         "diverged": {"predicted": pred.diverged, "real": None}}
+                _output(_write_json, json_file, _report(
+                    o, verify, info, early, pred, None,
+                    "prediction done; real fine-tuning running"), create=not overwrite)
+            bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
+            try:
+                run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key,
+                               x_test=x_test, y_test=y_test, record_logits=True,
+                               progress=progress, **hyper)
+                body = compare(pred, run)
+            except (KeyboardInterrupt, Exception) as err:
+                if json_file:
+                    status = ("interrupted during the real fine-tuning"
+                              if isinstance(err, KeyboardInterrupt) else
+                              f"failed after the prediction ({type(err).__name__}: {err})")
+                    _output(_write_json, json_file, _report(o, verify, info, early, pred,
+                                                            None, status), create=False)
+                raise
+        else:
+            bar.set_description("timing a few real training steps")
+            sps = step_time(apply_fn, params, x, y, key=key, **hyper)
+            body = {
+                "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
+                "real": None, "relative_error": None, "absolute_error": None,
+                "seconds": {"predict": pred.seconds["total"], "predict_stages": pred.seconds,
+                            "finetune": None},
+                "diverged": {"predicted": pred.diverged, "real": None},
+            }
+        bar.update()
+    except BaseException:
+        bar.leave = False  # clear the bar: the caller's message starts a clean line
+        raise
+    finally:
+        bar.close()
+    report = _report(o, verify, info, body, pred, run, "complete")
+    if json_file:
+        _output(_write_json, json_file, report, create=not (overwrite or verify))
+    if figure_path:
+        title = (f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
+                 f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
+        _output(figure, Path(figure_path).expanduser(), pred, run, title, overwrite=overwrite)
     return report
+
+
+def _output(write, path: Path, *args, **kwargs) -> None:
+    """Run ``write(path, ...)``; an output that appeared meanwhile or cannot be written is a
+    one-line ``ValueError`` (checked up front; this catches another run writing the same file
+    during the work, and a folder removed or filled)."""
+    try:
+        write(path, *args, **kwargs)
+    except FileExistsError:
+        raise ValueError(f"{path} was created by another run while this one worked; it is not "
+                         "replaced: rerun with another path, or with --overwrite "
+                         "(overwrite=True).") from None
+    except OSError as err:
+        raise ValueError(f"could not write {err.filename or path!s}: "
+                         f"{err.strerror or type(err).__name__}.") from None

@@ -1,6 +1,6 @@
 """``predict``: the eager entry point from a model to predicted curves and T_ε.
 
-Pipeline (STYLE.md §1): validate → logits f0 → empirical NTK (exact | traced | sketch) →
+Pipeline: validate → logits f0 → empirical NTK (exact | traced | sketch) →
 SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. Each stage is timed.
 """
 

@@ -9,52 +9,87 @@ Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a tra
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import time
 
-from ntk_tt._job import DEFAULTS, predict_task
-from ntk_tt._predict_kernel import EPSILONS
+from ntk_tt._defaults import DEFAULTS
+
+# JAX and the job are imported only after the arguments are parsed (``ntk-tt -h`` is instant)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ntk_tt import __version__
+
     p = argparse.ArgumentParser(prog="ntk-tt", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command")
-    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)")
+    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = DEFAULTS
-    q.add_argument("--checkpoint", default=None, help="orbax checkpoint dir (default: shipped)")
+    q.add_argument("--checkpoint", default=None,
+                   help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
+                   "shipped SmallResNet pre-trained on CIFAR-10)")
     q.add_argument("--dataset", default=d["dataset"],
                    help="short name (ntk_tt.known_datasets()), a prepared TFDS name, or a "
                    "path to an .npz file with keys images (N×H×W×C or N×H×W, uint8 or float in "
-                   "[0, 255]), labels (integers in [0, K), N) and class_names (K strings)")
-    q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
+                   "[0, 255]), labels (integers in [0, K), N) and class_names (K strings); "
+                   "grey images are repeated to RGB and other sizes resized to the model's "
+                   "input (the report says so)")
+    q.add_argument("--data-dir", default=None,
+                   help="TFDS data_dir holding prepared sets (None: $TFDS_DATA_DIR or "
+                   "~/tensorflow_datasets)")
     q.add_argument("--split", default=d["split"], help="TFDS split")
-    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes")
-    q.add_argument("-n", "--per-class", type=int, default=d["per_class"])
+    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes",
+                   help="K, classes in the task (>= 2)")
+    q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
+                   help="n, training images per class (N = K·n)")
     q.add_argument("--test-per-class", type=int, default=d["test_per_class"],
                    help="held-out images per class (>= 0; fewer, with a note, when the class "
                    "has not that many left after n)")
-    q.add_argument("-T", "--steps", type=int, default=d["steps"])
-    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate")
-    q.add_argument("-B", "--batch-size", type=int, default=None, help="default: N (GD)")
-    q.add_argument("-m", "--momentum", type=float, default=d["momentum"])
+    q.add_argument("-T", "--steps", type=int, default=d["steps"],
+                   help="T, optimiser steps predicted (and fine-tuned with --verify)")
+    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
+                   help="η, learning rate")
+    q.add_argument("-B", "--batch-size", type=int, default=None,
+                   help="SGD mini-batch size (None: N, full-batch GD)")
+    q.add_argument("-m", "--momentum", type=float, default=d["momentum"],
+                   help="heavy-ball momentum in [0, 1)")
     q.add_argument("--nesterov", action="store_true", help="Nesterov momentum (needs -m > 0)")
-    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"))
+    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+                   help="training loss")
     q.add_argument("--method", default=d["method"],
-                   choices=("auto", "closed_form", "ode", "sde", "discrete"))
-    q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"))
+                   choices=("auto", "closed_form", "ode", "sde", "discrete"),
+                   help="dynamics solver (auto = discrete, exact for the linearised model; "
+                   "closed_form needs --loss mse and no -B)")
+    q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"),
+                   help="how the empirical NTK is computed")
     q.add_argument("--sketch-dim", type=int, default=None,
                    help="D' of the random projection; only with --kernel sketch or --method sde")
-    q.add_argument("--num-paths", type=int, default=d["num_paths"])
-    q.add_argument("--seed", type=int, default=d["seed"])
+    q.add_argument("--num-paths", type=int, default=d["num_paths"],
+                   help="SGD noise paths averaged (with -B < N)")
+    q.add_argument("--seed", type=int, default=d["seed"],
+                   help="seed of the task sample, the fresh head and SGD batches")
     q.add_argument("--no-resize", action="store_false", dest="resize",
                    help="fail instead of resizing images to the model's input size")
     q.add_argument("--head-scale", type=float, default=d["head_scale"],
                    help="init scale of the fresh head (× LeCun normal)")
-    q.add_argument("--verify", action="store_true", help="also fine-tune for real and compare")
+    q.add_argument("--verify", action="store_true",
+                   help="also fine-tune for real and compare (the --json report is written "
+                   "when the prediction exists, and completed at the end)")
     q.add_argument("--figure", default="ntk_tt_predict.png", dest="figure_path",
-                   help="figure file, any matplotlib format by its extension (default: "
-                   "ntk_tt_predict.png in the current directory; '' for none)")
-    q.add_argument("--json", default=None, dest="json_path", help="also write the report here")
-    q.add_argument("--no-progress", action="store_false", dest="progress")
+                   help="figure file, any matplotlib format by its extension (in the current "
+                   "directory unless a folder is given; '' for none)")
+    q.add_argument("--json", default=None, dest="json_path",
+                   help="also write the report here (None: no JSON)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing figure / JSON file; without it an existing "
+                   "output is an error before any work, so two runs in one folder never "
+                   "overwrite each other silently")
+    q.add_argument("--no-progress", action="store_false", dest="progress",
+                   help="no progress bars on stderr")
     return p
 
 
@@ -124,6 +159,17 @@ def _comparison_lines(r: dict) -> list[str]:
     return lines
 
 
+def _ratio(r: dict) -> str:
+    """The fine-tuning / prediction wall-time ratio, or why it means nothing."""
+    pred, real = r["predicted"], r["real"]
+    if real["diverged"]:
+        return (f"not meaningful (the real run diverged at step {real['diverged_at']} and "
+                "stopped there)")
+    if pred["diverged"]:
+        return "not meaningful (the prediction diverged: it predicts no T_ε to compare)"
+    return _fmt(r["seconds"]["ratio"])
+
+
 def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
@@ -131,10 +177,14 @@ def format_report(r: dict) -> str:
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers.
     """
+    from ntk_tt._predict_kernel import EPSILONS
+
     t, pred, real = r["task"], r["predicted"], r["real"]
     lines = [
         f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {t['n_train']} train, "
         f"{t['n_test']} held out; model {t['architecture']} (D = {t['num_params']})",
+        f"images: {'×'.join(map(str, t['image_shape']))} → "
+        f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
         f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
@@ -172,7 +222,7 @@ def format_report(r: dict) -> str:
         lines.append(
             f"real fine-tuning: {real['seconds_per_step'] * 1e3:.0f} ms/step, training "
             f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
-            f"fine-tuning / prediction wall time = {_fmt(s['ratio'])}")
+            f"fine-tuning / prediction wall time = {_ratio(r)}")
         lines += _comparison_lines(r)
         lines.append(f"diverged: predicted {r['diverged']['predicted']}, "
                      f"real {r['diverged']['real']}")
@@ -181,19 +231,91 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+_EXITING = threading.Lock()
+GRACE_S = 3.0  # after Ctrl-C, the main thread's own exit path gets this long
+
+
+def _interrupted(opts: dict) -> None:
+    """Ctrl-C: one line, outputs already written kept, exit status 130, at once.
+
+    ``os._exit`` skips the interpreter's teardown, where JAX / orbax threads interrupted
+    mid-work can crash (segmentation fault) or print tracebacks. Called by the main thread
+    (``KeyboardInterrupt``) or by the watcher of :func:`_guard_interrupts`, whichever comes
+    first; the other one waits for the exit.
+    """
+    if not _EXITING.acquire(blocking=False):
+        threading.Event().wait()  # the other caller is exiting the process
+    kept = opts.get("json_path")
+    clear = "\r\033[K" if opts.get("progress") and sys.stderr.isatty() else ""
+    note = (f" (the prediction, if it was done, is in {kept})"
+            if kept and opts.get("verify") and os.path.isfile(kept) else "")
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"{clear}ntk-tt: interrupted{note}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(130)
+
+
+def _guard_interrupts(opts: dict) -> None:
+    """Make Ctrl-C end the run within :data:`GRACE_S` seconds, whatever the main thread does.
+
+    Python raises ``KeyboardInterrupt`` only between bytecodes of the main thread: not during
+    a long XLA compilation, and a ``KeyboardInterrupt`` raised inside a garbage-collection or
+    ``__del__`` callback is printed ("Exception ignored in ...") and dropped, so the run went
+    on. The C-level signal handler also writes the signal number to a wake-up pipe at once;
+    a watcher thread reads it, gives the main thread's normal path (which records the
+    interruption in the JSON report) :data:`GRACE_S` seconds, then exits itself. Dropped
+    ``KeyboardInterrupt`` reports are silenced (the watcher ends the run).
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # SIGINT ignored (e.g. started in the background) or handled by the caller
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+    def watch():
+        while os.read(read, 1) != bytes([signal.SIGINT]):
+            pass
+        time.sleep(GRACE_S)
+        _interrupted(opts)
+
+    threading.Thread(target=watch, name="ntk-tt-interrupt", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; with no arguments runs ``predict --verify`` on the defaults."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Console entry point; with no arguments runs ``predict --verify`` on the defaults.
+
+    Exit status: 0 done, 2 bad input (one ``ntk-tt: error: ...`` line on stderr), 130
+    interrupted (Ctrl-C: one ``ntk-tt: interrupted`` line; a --json report already written
+    is kept). As the program (``argv`` None), Ctrl-C ends the run within
+    :data:`GRACE_S` seconds even during a compilation (:func:`_guard_interrupts`).
+    """
+    program = argv is None  # the ntk-tt process itself (not a call from Python)
+    argv = sys.argv[1:] if program else argv
     parser = _parser()
     args = parser.parse_args(argv or ["predict", "--verify"])
     if args.command != "predict":
         parser.error("choose a command: predict")
     opts = vars(args)
     opts.pop("command")
+    if program:
+        _guard_interrupts(opts)
     try:
+        from ntk_tt._job import predict_task
+
         report = predict_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
+    except KeyboardInterrupt:
+        _interrupted(opts)
     print(format_report(report))
     if opts["figure_path"]:
         print(f"figure: {opts['figure_path']}")

@@ -1,6 +1,11 @@
 """Orbax checkpoints: exact round trip, the shipped checkpoint, clear errors, model heads."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -57,6 +62,86 @@ def test_corrupt_checkpoint_is_one_clear_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="corrupt or not an ntk_tt checkpoint"):
         ntk_tt.load_checkpoint(tmp_path / "empty")
+
+
+def tiny_checkpoint(path, **meta):
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    ntk_tt.save_checkpoint(path, model, META)
+    if meta:
+        file = path / "meta" / "metadata"
+        file.write_text(json.dumps(json.loads(file.read_text()) | meta))
+    return path
+
+
+def truncate_largest_array_file(path):
+    big = max((f for f in (path / "state").rglob("*") if f.is_file()),
+              key=lambda f: f.stat().st_size)
+    big.write_bytes(big.read_bytes()[: big.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("meta,match", [
+    ({"kwargs": {"widths": [4, 16]}},
+     "does not match the stored weights: blocks/1/conv1/bias should have shape (16,) but has "
+     "(8,) (7 arrays differ); re-save it with ntk_tt.save_checkpoint, or omit it for the "
+     "shipped one."),
+    ({"kwargs": {"widths": [4, 8, 16]}}, "does not match the stored weights (6 arrays in one "
+                                         "and not the other, e.g. blocks/2/conv1/bias)"),
+    ({"architecture": "VGG99"}, "meta names architecture 'VGG99', which ntk_tt does not know; "
+                                "known architectures: ResNet18, SmallResNet."),
+    ({"kwargs": {"depth": 3}}, "meta's architecture SmallResNet cannot be built from kwargs "
+                               "{'depth': 3} (TypeError: "),
+])
+def test_meta_not_matching_the_weights_is_one_complete_line(meta, match, tmp_path):
+    path = tiny_checkpoint(tmp_path / "ck", **meta)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.load_checkpoint(path)
+    text = str(err.value)
+    assert match in text and "\n" not in text and text.endswith("."), text
+
+
+def test_truncated_weights_are_one_line_and_nothing_after(tmp_path):
+    path = tiny_checkpoint(tmp_path / "ck")
+    truncate_largest_array_file(path)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.load_checkpoint(path)
+    # which half of orbax's files the cut reaches varies: the weights, or their index
+    said = str(err.value).removeprefix(f"checkpoint at {path} is corrupt")
+    assert said.startswith((": its weights cannot be read, the array files are truncated or "
+                            "damaged (", " or not an ntk_tt checkpoint: its state lists no "
+                            "arrays (damaged or missing array metadata);")), said
+    assert "\n" not in said and said.endswith("omit it for the shipped one.")
+    # the CLI, in a fresh process: one line, then nothing (orbax's late asyncio errors)
+    code = ("import time\nfrom ntk_tt.cli import main\ntry:\n    main(['predict', "
+            f"'--checkpoint', {str(path)!r}, '-K', '2', '-n', '2', '--figure', ''])\n"
+            "finally:\n    time.sleep(2)")
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONPATH": root}, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"ntk-tt: error: checkpoint at {path} is corrupt"), \
+        done.stderr
+    assert done.stderr.count("\n") == 1 and "\r" not in done.stderr, done.stderr
+
+
+def test_loading_compiles_nothing(tmp_path):
+    # weights from numpy into an abstract model: saving compiles no initialiser either,
+    # so a load that built the model for real would be the first to compile them
+    abstract = nnx.eval_shape(lambda: SmallResNet(7, widths=(5, 11), in_channels=2,
+                                                  rngs=nnx.Rngs(3)))
+    graphdef, state = nnx.split(abstract)
+    rng = np.random.default_rng(0)
+    state = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(s.dtype), state)
+    model = nnx.merge(graphdef, state)
+    meta = META | {"kwargs": {"widths": [5, 11]}, "num_classes": 7, "input_shape": [8, 8, 2],
+                   "mean": [0.5] * 2, "std": [0.25] * 2}
+    ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: compiled.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    back, _ = ntk_tt.load_checkpoint(tmp_path / "ck")
+    assert compiled == []
+    np.testing.assert_array_equal(back.stem.kernel[...], model.stem.kernel[...])
 
 
 def test_replace_head_is_fresh_seeded_and_keeps_backbone():

@@ -1,12 +1,22 @@
 """``ntk-tt predict``: a tiny real run end to end, JSON + figure, and one-line errors."""
 
+import argparse
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import ntk_tt
 from ntk_tt.cli import format_report, main
+
+ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def run_cli(args, capsys):
@@ -157,7 +167,7 @@ def test_help_names_default_figure_and_npz_format(capsys):
     with pytest.raises(SystemExit):
         main(["predict", "-h"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "ntk_tt_predict.png in the current directory" in text
+    assert "(default: ntk_tt_predict.png)" in text and "in the current directory" in text
     assert ".npz file with keys images" in text
 
 
@@ -237,7 +247,10 @@ def fake_report(*, verify, pred_diverged, real_diverged):
         "config": {"test_per_class": 2},
         "task": {"dataset": "flowers5", "classes": ["daisy", "tulip"], "n_train": 10,
                  "n_test": 4, "test_per_class": 2, "architecture": "SmallResNet",
-                 "num_params": 120706},
+                 "num_params": 120706, "image_shape": [28, 28, 1],
+                 "model_input_shape": [32, 32, 3],
+                 "preprocessing": "grey → RGB (channel repeated); resized from 28×28 to "
+                                  "32×32 px (bilinear, antialiased)"},
         "predicted": pred, "real": real,
         "relative_error": ({c: {e: None for e in ("0.01", "0.1", "0.4")}
                             for c in ("loss", "error")} if verify else None),
@@ -263,12 +276,20 @@ def test_diverged_verify_run_is_said_and_not_compared(pred_diverged, real_diverg
     assert len(acc) == 1 and acc[0].count("not meaningful (diverged)") == (pred_diverged
                                                                            + real_diverged)
     assert f"diverged: predicted {pred_diverged}, real {real_diverged}" in text
+    ratio = [ln for ln in text.splitlines() if ln.startswith("real fine-tuning:")]
+    assert len(ratio) == 1 and "0.004" not in ratio[0], ratio
+    why = ("the real run diverged at step 2 and stopped there" if real_diverged
+           else "the prediction diverged: it predicts no T_ε to compare")
+    assert ratio[0].endswith(f"wall time = not meaningful ({why})")
 
 
 def test_converged_verify_run_keeps_the_comparisons():
     text = format_report(fake_report(verify=True, pred_diverged=False, real_diverged=False))
     assert "loss curves: max |predicted − real| = 0.01 (2 % of the real fall 0.5)" in text
     assert "held-out accuracy at T: predicted 0.5, real 0.5" in text
+    assert "fine-tuning / prediction wall time = 0.004" in text
+    assert ("images: 28×28×1 → 32×32×3, preprocessing: grey → RGB (channel repeated); "
+            "resized from 28×28 to 32×32 px (bilinear, antialiased)") in text
     assert "diverged" not in text.replace("diverged: predicted False, real False", "")
 
 
@@ -295,3 +316,163 @@ def test_spiked_and_recovered_run_is_said_not_called_diverged():
     assert "real run spiked above 10·L_0 at step 3 and recovered" in text
     assert "prediction spiked" not in text and "real run diverged" not in text
     assert "diverged: predicted True, real False" in text
+
+
+def no_checkpoint(monkeypatch):
+    def refuse(*_):
+        raise AssertionError("the checkpoint was loaded before the cheap checks")
+
+    monkeypatch.setattr("ntk_tt._job.load_checkpoint", refuse)
+
+
+def npz(path, images, labels, names="abc"):
+    np.savez(path, images=images, labels=labels, class_names=np.array(list(names)))
+    return str(path)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+@pytest.mark.parametrize("case,match", [
+    ("tfds_empty", "TFDS dataset 'cifar10' is not prepared in"),
+    ("corrupt_npz", "not a numpy .npz archive"),
+    ("labels_out_of_range", "must be integers in [0, K) with K = len(class_names) = 3"),
+    ("too_many_classes", "num_classes (K) = 4 is more than the 3 classes available"),
+    ("too_many_per_class", "per_class (n) = 5 images is more than 2 classes have"),
+    ("closed_form_cross_entropy", "method 'closed_form' (--method closed_form) exists for "
+                                  "loss 'mse'"),
+])
+def test_cheap_errors_come_before_the_checkpoint_as_one_line(case, match, progress, tmp_path,
+                                                            capsys, monkeypatch):
+    no_checkpoint(monkeypatch)
+    images = np.zeros((12, 8, 8, 3), np.uint8)
+    args = {
+        "tfds_empty": ["--dataset", "cifar10", "--data-dir", str(tmp_path)],
+        "corrupt_npz": ["--dataset", str(tmp_path / "x.npz")],
+        "labels_out_of_range": ["--dataset", npz(tmp_path / "l.npz", images,
+                                                 np.arange(12) % 4)],
+        "too_many_classes": ["--dataset", npz(tmp_path / "k.npz", images, np.arange(12) % 3),
+                             "-K", "4", "-n", "1"],
+        "too_many_per_class": ["--dataset", npz(tmp_path / "n.npz", images,
+                                                np.arange(12) % 3), "-K", "2", "-n", "5"],
+        "closed_form_cross_entropy": ["--method", "closed_form"],
+    }[case]
+    (tmp_path / "x.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", *args, "--figure", ""] + ([] if progress else ["--no-progress"]))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("ntk-tt: error: ") and err.count("\n") == 1 and "\r" not in err, err
+    assert match in err, err
+
+
+def test_existing_outputs_are_refused_unless_overwrite(tmp_path, capsys, monkeypatch):
+    no_work(monkeypatch)
+    for name in ("r.json", "f.png"):
+        (tmp_path / name).write_text("an earlier run")
+        flag = "--json" if name.endswith("json") else "--figure"
+        err = one_error_line([flag, str(tmp_path / name)], capsys)
+        assert f"path {str(tmp_path / name)!r} exists (an earlier run's output?)" in err
+        assert "pass --overwrite" in err
+        with pytest.raises(AssertionError, match="work started"):  # accepted: work starts
+            run_cli([flag, str(tmp_path / name), "--overwrite"], capsys)
+        assert (tmp_path / name).read_text() == "an earlier run"
+
+
+def test_output_created_meanwhile_is_not_replaced(tmp_path):
+    from ntk_tt._job import _output, _write_json
+
+    path = tmp_path / "r.json"
+    path.write_text("the other run")
+    with pytest.raises(ValueError, match="was created by another run while this one worked"):
+        _output(_write_json, path, {"a": 1}, create=True)
+    assert path.read_text() == "the other run"
+
+
+def test_every_predict_option_has_help_and_its_default_shown(capsys):
+    from ntk_tt.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = [a for a in sub.choices["predict"]._actions if a.dest != "help"]
+    assert all(a.help for a in actions), [a.dest for a in actions if not a.help]
+    with pytest.raises(SystemExit):
+        main(["predict", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in (("-n", 150), ("-T", 150), ("--lr", 0.002), ("--loss", "cross_entropy"),
+                          ("--num-paths", 32), ("--head-scale", 0.3), ("--overwrite", False)):
+        action = next(a for a in actions if flag in a.option_strings)
+        assert f"{' '.join(action.help.split())} (default: {default})" in text, flag
+
+
+def test_version_and_help_need_no_jax(capsys):
+    code = ("import sys\nfrom ntk_tt.cli import main\ntry:\n    main(['-h'])\n"
+            "except SystemExit:\n    pass\nprint('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=os.environ | {"PYTHONPATH": ROOT}).stdout
+    assert out.splitlines()[-1] == "False"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"ntk-tt {ntk_tt.__version__}\n"
+
+
+def test_report_says_how_images_were_converted(tmp_path, capsys):
+    grey = np.random.default_rng(0).integers(0, 256, (8, 28, 28), np.uint8)
+    path = npz(tmp_path / "grey.npz", grey, np.arange(8) % 2, "ab")
+    js = tmp_path / "r.json"
+    code, out = run_cli(["--dataset", path, "-K", "2", "-n", "3", "--test-per-class", "0",
+                         "-T", "3", "--json", str(js), "--figure", ""], capsys)
+    r = json.loads(js.read_text())
+    said = ("grey → RGB (channel repeated); resized from 28×28 to 32×32 px (bilinear, "
+            "antialiased)")
+    assert code == 0 and r["task"]["preprocessing"] == said
+    assert r["task"]["image_shape"] == [28, 28, 1] and r["task"]["model_input_shape"] == [32, 32, 3]
+    assert f"images: 28×28×1 → 32×32×3, preprocessing: {said}" in out.out
+
+
+def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from ntk_tt._job import figure
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    loss = np.array([2.0, 1.5, 1.2, 7e33, 7e33, 7e33])  # diverged at step 3, then held
+    error = np.array([0.5, 0.4, 0.3, 0.5, 0.5, 0.5])
+    pred = SimpleNamespace(loss=loss, error=error, loss_band=None, error_band=None,
+                           diverged_at=3, training_time={"loss": {0.1: np.nan},
+                                                         "error": {0.1: np.nan}})
+    run = SimpleNamespace(loss=loss[::-1].copy() * 0 + np.linspace(2, 1, 6), error=error,
+                          diverged_at=None)
+    figure(tmp_path / "f.png", pred, run, overwrite=False)
+    ax = figs[0].axes[0]
+    assert ax.get_ylim()[1] < 3.0  # the real curve's range, not 7e33
+    marks = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == [3, 3]]
+    assert len(marks) == 1
+    assert [t.get_text() for t in ax.texts] == ["prediction diverged\nat step 3"]
+    with pytest.raises(FileExistsError):
+        figure(tmp_path / "f.png", pred, run, overwrite=False)
+
+
+def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path):
+    js = tmp_path / "r.json"
+    args = ["predict", "--verify", "--no-progress", "-K", "2", "-n", "4", "--test-per-class",
+            "2", "-T", "3000", "--json", str(js), "--figure", ""]
+    # the program as the console script runs it, with Ctrl-C as in a terminal (even when
+    # this test runs with SIGINT ignored, e.g. in the background)
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            f"sys.argv = ['ntk-tt', *{args!r}]\nfrom ntk_tt.cli import main\nsys.exit(main())")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                            env=os.environ | {"PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not js.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert js.exists(), proc.communicate()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err == f"ntk-tt: interrupted (the prediction, if it was done, is in {js})\n", err
+    r = json.loads(js.read_text())
+    assert r["status"] == "interrupted during the real fine-tuning" and r["real"] is None
+    assert set(r["predicted"]["training_time"]) == {"loss", "error"}
+    assert len(r["curves"]["predicted"]["loss"]) == 3001
