@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--lr", type=float, default=DEFAULTS["learning_rate"])
     a = p.parse_args()
-    apply_fn, params, x, y, _, _, info = load_task()
+    apply_fn, params, x, y, _, _, info, _ = load_task()
     t0 = time.perf_counter()
     kernel = jax.block_until_ready(ntk_tt.empirical_ntk(apply_fn, params, x))
     f0 = apply_fn(params, x)

@@ -21,6 +21,7 @@ from ntk_tt._compare import compare, predicted_summary
 from ntk_tt._data import load_dataset, prepare_images, sample_task
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._finetune import finetune, step_time
+from ntk_tt._head_aware import split_head
 from ntk_tt._losses import check_loss
 from ntk_tt._model import from_nnx, num_params
 from ntk_tt._predict import KERNELS, predict
@@ -158,6 +159,7 @@ def check_options(o: dict[str, Any]) -> None:
                          "(cross-entropy) or 'discrete' (SGD).")
     if o["kernel"] not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {o['kernel']!r}.")
+    _check_predictor_options(o, method)
     d = o["sketch_dim"]
     if d is not None:
         if not _is_int(d) or d < 1:
@@ -190,10 +192,45 @@ def _preprocessing(image_shape: tuple[int, ...], input_shape: tuple[int, ...]) -
     return "; ".join(done) or "none (images already match the model's input)"
 
 
+def resolve_predictor(o: dict[str, Any]) -> str:
+    """The predictor the job runs: ``predictor`` unless "auto", which is the head-aware model
+    (the best measured, README) except with options only the frozen-kernel linear predictor
+    has (``method`` other than auto/discrete, ``kernel="sketch"``)."""
+    if o["predictor"] != "auto":
+        return o["predictor"]
+    linear_only = resolve_method(o["method"]) != "discrete" or o["kernel"] == "sketch"
+    return "linear" if linear_only else "head_aware"
+
+
+def _check_predictor_options(o: dict[str, Any], method: str) -> None:
+    from ntk_tt._head_aware import BACKBONES
+    from ntk_tt._predict import PREDICTORS
+
+    if o["predictor"] not in PREDICTORS:
+        raise ValueError(f"predictor (--predictor) must be one of {PREDICTORS}, got "
+                         f"{o['predictor']!r}.")
+    if o["backbone"] not in BACKBONES:
+        raise ValueError(f"backbone (--backbone) must be one of {BACKBONES}, got "
+                         f"{o['backbone']!r}.")
+    seg, steps = o["segments"], o["steps"]
+    if not _is_int(seg) or seg < 1 or (_is_int(steps) and seg > steps):
+        raise ValueError(f"segments (--segments) must be an integer in [1, steps], got "
+                         f"{seg!r}.")
+    if o["predictor"] == "head_aware" and (method != "discrete" or o["kernel"] == "sketch"):
+        raise ValueError(f"the head-aware predictor (--predictor head_aware) uses the exact "
+                         f"discrete recursion and the exact logit-summed kernel, got method "
+                         f"{o['method']!r} and kernel {o['kernel']!r}; use --predictor linear "
+                         "for other methods or a sketch.")
+    if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "kronecker"):
+        raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
+                         "drop them or use --predictor head_aware.")
+
+
 def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="train",
               num_classes=5, per_class=150, test_per_class=50, seed=0, resize=True,
               head_scale=HEAD_SCALE):
-    """Checkpoint + sampled task → (apply_fn, params, x, y, x_test, y_test, info).
+    """Checkpoint + sampled task → (apply_fn, params, x, y, x_test, y_test, info, head), with
+    ``head = ntk_tt.split_head(model)`` for the head-aware predictor.
 
     Everything that needs no weights is checked first: the checkpoint's ``meta``, the
     dataset (present, prepared, readable, labels), K and n against it, and the images against
@@ -215,6 +252,7 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     model, _ = load_checkpoint(path)
     model = replace_head(model, num_classes, key=jax.random.fold_in(key, 1), scale=head_scale)
     apply_fn, params = from_nnx(model)
+    head = split_head(model)
     image_shape = tuple(np.shape(task.x_train)[1:])
     info = {"checkpoint": str(checkpoint or "shipped"), "architecture": meta["architecture"],
             "num_params": num_params(params), "dataset": dataset, "classes": task.class_names,
@@ -223,7 +261,7 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
             "image_shape": list(image_shape), "model_input_shape": list(shape),
             "preprocessing": _preprocessing(image_shape, shape)}
     y_test = task.y_test if x_test is not None else None
-    return apply_fn, params, x, task.y_train, x_test, y_test, info
+    return apply_fn, params, x, task.y_train, x_test, y_test, info, head
 
 
 def _y_range(curves: list[tuple[np.ndarray, int | None]]) -> tuple[float, float]:
@@ -349,7 +387,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
                          f"{o['num_paths']!r}.")
     check_options(o)
     check_outputs(figure_path, json_path, overwrite)
-    apply_fn, params, x, y, x_test, y_test, info = load_task(
+    apply_fn, params, x, y, x_test, y_test, info, head = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")})
     hyper = {k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
@@ -362,7 +400,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
                        kernel=o["kernel"], sketch_dim=o["sketch_dim"],
                        num_paths=o["num_paths"], key=key, x_test=x_test, y_test=y_test,
-                       **hyper)
+                       predictor=resolve_predictor(o), head=head, backbone=o["backbone"],
+                       segments=o["segments"], **hyper)
         bar.update()
         run = None
         if verify:

@@ -66,6 +66,19 @@ def _parser() -> argparse.ArgumentParser:
                    "closed_form needs --loss mse and no -B)")
     q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"),
                    help="how the empirical NTK is computed")
+    q.add_argument("--predictor", default=d["predictor"],
+                   choices=("auto", "head_aware", "linear"),
+                   help="head_aware: fresh head exact, backbone linearised (its kernel grows "
+                   "with the head, the most accurate measured); linear: the whole network "
+                   "linearised, Θ frozen at w0 (paper Sec. 3); auto: head_aware unless "
+                   "--method/--kernel ask for what only linear has")
+    q.add_argument("--backbone", default=d["backbone"],
+                   choices=("kronecker", "isotropic", "exact"),
+                   help="head-aware feature kernel: kronecker k_b⊗S, isotropic S = I, exact "
+                   "(N·F)² (small N only)")
+    q.add_argument("--segments", type=int, default=d["segments"],
+                   help="head-aware: re-linearise the backbone along the predicted path this "
+                   "many times (one kernel each)")
     q.add_argument("--sketch-dim", type=int, default=None,
                    help="D' of the random projection; only with --kernel sketch or --method sde")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],

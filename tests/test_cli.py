@@ -198,6 +198,12 @@ def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, cap
     (["--kernel", "sketch", "--sketch-dim", "0"], "sketch_dim (--sketch-dim) must be"),
     (["--nesterov"], "Nesterov needs momentum > 0"),
     (["--nesterov", "-m", "0"], "Nesterov needs momentum > 0"),
+    (["--predictor", "head_aware", "--method", "ode"], "uses the exact discrete recursion"),
+    (["--predictor", "head_aware", "--kernel", "sketch"], "use --predictor linear"),
+    (["--predictor", "linear", "--segments", "3"], "apply to the head-aware predictor only"),
+    (["--method", "ode", "--backbone", "exact"], "apply to the head-aware predictor only"),
+    (["--segments", "0"], "segments (--segments) must be an integer in [1, steps]"),
+    (["--segments", "200"], "segments (--segments) must be an integer in [1, steps]"),
 ])
 def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch):
     no_work(monkeypatch)

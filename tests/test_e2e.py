@@ -19,7 +19,7 @@ STEPS = 30
 
 @pytest.fixture(scope="module")
 def task():
-    apply_fn, params, x, y, xt, yt, _ = load_task(per_class=10, test_per_class=10, seed=0)
+    apply_fn, params, x, y, xt, yt, _, _ = load_task(per_class=10, test_per_class=10, seed=0)
     kernel = ntk_tt.empirical_ntk(apply_fn, params, x)
     lam_max = float(jnp.linalg.eigvalsh(kernel)[-1])
     lr = 2.0 * len(y) / lam_max  # κ = 2

@@ -44,6 +44,18 @@ def test_plan_skips_and_counts_batches_not_below_n():
     assert skipped == {"batch_size == N (same as GD)": 2, "batch_size > N": 2}
 
 
+def test_edge_kappas_run_with_m0_only_on_tasks_up_to_edge_max_train():
+    spec = SweepSpec(datasets=("a",), per_class=(10, 50), seeds=(0,), batch_sizes=(None, 20),
+                     momenta=(0.0, 0.9), kappas=(1.0, 24.0), edge_kappas=(24.0, 48.0),
+                     edge_max_train=50)
+    edge = spec.edge_configs()  # κ̃ = 24 at m = 0 is already in the grid: not repeated
+    assert [(c.batch_size, c.momentum, c.lr_value) for c in edge] == [(None, 0.0, 48.0),
+                                                                      (20, 0.0, 48.0)]
+    todo, skipped = plan(spec)
+    assert {t.per_class: len(cfgs) for t, cfgs in todo} == {10: 8 + 2, 50: 8}
+    assert skipped == {"edge κ̃ on a task above edge_max_train": 2}
+
+
 def test_spec_rejects_bad_grids():
     with pytest.raises(ValueError, match="momenta"):
         SweepSpec(datasets=("a",), per_class=(10,), seeds=(0,), momenta=(1.0,))
