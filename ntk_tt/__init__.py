@@ -61,6 +61,10 @@ _EXPORTS = {
     "nystrom_spectrum": "ntk_tt._extrapolate",
     "predict_curve_from_spectrum": "ntk_tt._extrapolate",
     "sharded_empirical_ntk": "ntk_tt._sharding",
+    "IntervalCalibrator": "ntk_tt._intervals",
+    "default_calibrator": "ntk_tt._intervals",
+    "fit_intervals": "ntk_tt._intervals",
+    "intervals": "ntk_tt._intervals",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

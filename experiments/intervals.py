@@ -1,0 +1,89 @@
+"""Coverage of the T_ε conformal intervals, leaving one target set out.
+
+    python experiments/intervals.py SWEEP_DIR [--level 0.9] [--out experiments/results/intervals]
+
+For each grouping (``by`` of ``ntk_tt.fit_intervals``: κ̃ alone, the default; κ̃ × ε;
+κ̃ × ε × optimiser; none) and each target set (``dataset`` column) of SWEEP_DIR/results.parquet:
+fit on the other sets, then on the held-out set's (row, ε) cases with a defined real and
+predicted T_ε measure the coverage (real T_ε in [lo, hi]) and the median relative width
+(hi − lo)/T_real. Writes OUT/coverage.csv (one line per grouping × held-out set × ε, with
+``pooled`` over the sets and ``all`` over ε) and OUT/calibrator.json (the default grouping
+fitted on every set), and prints the pooled lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import pandas as pd
+
+from ntk_tt import fit_intervals
+from ntk_tt._intervals import residuals
+from ntk_tt.sweep._summary import epsilons
+from ntk_tt.sweep._table import read_table
+
+GROUPINGS = {"kappa": ("kappa",), "kappa+eps": ("kappa", "eps"),
+             "kappa+eps+optimizer": ("kappa", "eps", "optimizer"), "none": ()}
+
+
+def held_out_cases(train: pd.DataFrame, test: pd.DataFrame, level: float,
+                   by: tuple) -> pd.DataFrame:
+    """One line per defined (row, ε) of ``test``: real T_ε, interval, covered, fell back."""
+    cal = fit_intervals(train, level, by=by)
+    out = []
+    for eps in epsilons(test):
+        _, keep = residuals(test, eps)
+        for _, row in test[keep].iterrows():
+            args = (row["kappa_eff"], eps, row["optimizer"])
+            lo, hi = cal.interval(row[f"pred_T{eps:g}"], *args)
+            real = row[f"real_T{eps:g}"]
+            out.append({"dataset": row["dataset"], "eps": f"{eps:g}", "real": real,
+                        "lo": lo, "hi": hi, "covered": lo <= real <= hi,
+                        "rel_width": (hi - lo) / real,
+                        "fallback": len(cal.group(*args)[0]) < len(by)})
+    return pd.DataFrame(out)
+
+
+def summarise(cases: pd.DataFrame) -> pd.DataFrame:
+    """Coverage and median relative width per held-out set × ε, per set, per ε and overall."""
+    def line(held_out, eps, sub):
+        return {"held_out": held_out, "eps": eps, "n": len(sub),
+                "coverage": sub["covered"].mean(), "median_rel_width": sub["rel_width"].median(),
+                "fallback_fraction": sub["fallback"].mean()}
+
+    rows = []
+    for name, sub in cases.groupby("dataset"):
+        rows += [line(name, e, s) for e, s in sub.groupby("eps")] + [line(name, "all", sub)]
+    rows += [line("pooled", e, s) for e, s in cases.groupby("eps")]
+    rows.append(line("pooled", "all", cases))
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", help="sweep directory holding results.parquet")
+    p.add_argument("--level", type=float, default=0.9)
+    p.add_argument("--out", default="experiments/results/intervals")
+    args = p.parse_args(argv)
+    frame = read_table(args.sweep_dir)
+    tables = []
+    for name, by in GROUPINGS.items():
+        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
+                                          frame[frame["dataset"] == d], args.level, by)
+                           for d in sorted(frame["dataset"].unique())])
+        tables.append(summarise(cases).assign(grouping=name))
+    table = pd.concat(tables)
+    table = table[["grouping", *table.columns.drop("grouping")]]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "coverage.csv", index=False, float_format="%.4f")
+    fit_intervals(frame, args.level).save(out / "calibrator.json")
+    with pd.option_context("display.width", 120):
+        print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"level {args.level:g}; wrote {out / 'coverage.csv'} and {out / 'calibrator.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Conformal T_ε intervals (ntk_tt._intervals): quantile rule, coverage, grouping, I/O."""
+
+import math
+import pathlib
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import ntk_tt
+from ntk_tt._intervals import conformal_quantile, kappa_bin
+from ntk_tt._predict import Prediction
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "experiments" / "results" / "sweep"
+# per (κ̃, optimiser): (location, scale) of the log residual log(T_real / T_pred)
+TRUTH = {(1.0, "gd"): (0.05, 0.02), (1.0, "sgd"): (0.1, 0.05),
+         (12.0, "gd"): (0.3, 0.3), (12.0, "sgd"): (0.2, 0.5)}
+
+
+def brute_quantile(scores, q):
+    """Smallest score s with #{scores ≤ s} ≥ (n + 1)·q, in exact arithmetic; +inf if none."""
+    need = (len(scores) + 1) * Fraction(str(q))
+    for s in sorted(scores):
+        if sum(v <= s for v in scores) >= need:
+            return s
+    return math.inf
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.95, 0.975, 0.05])
+def test_quantile_rule_matches_brute_force(q):
+    rng = np.random.default_rng(0)
+    for n in list(range(1, 60)) + [99, 199]:
+        scores = [float(v) for v in rng.integers(0, 7, n)]  # ties on purpose
+        assert conformal_quantile(scores, q) == brute_quantile(scores, q), (n, q)
+
+
+def test_quantile_edges():
+    # (n + 1)·q = 19 exactly: the 19th of 19, not +inf
+    assert conformal_quantile(np.arange(19.0), 0.95) == 18.0
+    assert conformal_quantile(np.arange(18.0), 0.95) == math.inf
+    assert conformal_quantile([], 0.9) == math.inf
+
+
+def synthetic(rng, n_per, datasets=("a",)):
+    """A sweep table whose residuals follow TRUTH (normal in log space) at ε ∈ {0.1, 0.4}."""
+    rows = []
+    for d in datasets:
+        for (k, opt), (loc, sc) in TRUTH.items():
+            for _ in range(n_per):
+                pred = rng.uniform(10, 100, 2)
+                real = pred * np.exp(loc + sc * rng.standard_normal(2))
+                rows.append({"dataset": d, "kappa_eff": k, "optimizer": opt,
+                             "real_diverged": False, "pred_diverged": False,
+                             "pred_T0.1": pred[0], "real_T0.1": real[0],
+                             "pred_T0.4": pred[1], "real_T0.4": real[1]})
+    return pd.DataFrame(rows)
+
+
+def test_mondrian_coverage_per_group_on_a_known_distribution():
+    """Split conformal with n = 39 per group at 90 %: the bounds are the 2nd smallest and 2nd
+    largest residual, so coverage is exactly (38 − 2)/40 = 0.9 in expectation over the
+    calibration draw, in every group; checked over many random splits."""
+    rng = np.random.default_rng(1)
+    splits, level = 300, 0.9
+    covered = {g: [] for g in TRUTH}
+    for _ in range(splits):
+        cal = ntk_tt.fit_intervals(synthetic(rng, 39), level,
+                                   by=("kappa", "optimizer", "eps"), min_count=20)
+        for (k, opt), (loc, sc) in TRUTH.items():
+            pred = 50.0
+            real = pred * np.exp(loc + sc * rng.standard_normal(20))
+            lo, hi = cal.interval(pred, k, 0.1, opt)
+            covered[(k, opt)] += list((lo <= real) & (real <= hi))
+    # sd of the mean coverage: ~0.0035 (Beta(36, 4) per split over 300 splits, + binomial)
+    for g, c in covered.items():
+        assert abs(np.mean(c) - level) <= 0.015, (g, np.mean(c))
+
+
+def test_interval_is_the_group_quantiles_and_grouping_is_respected():
+    rng = np.random.default_rng(2)
+    frame = synthetic(rng, 30)
+    cal = ntk_tt.fit_intervals(frame, 0.8, by=("kappa", "optimizer", "eps"))
+    sub = frame[(frame["kappa_eff"] == 12.0) & (frame["optimizer"] == "sgd")]
+    r = np.log(sub["real_T0.4"] / sub["pred_T0.4"]).tolist()
+    lo, hi = cal.interval(40.0, 12.0, 0.4, "sgd")
+    assert hi == pytest.approx(40 * math.exp(brute_quantile(r, 0.9)))
+    assert lo == pytest.approx(40 * math.exp(-brute_quantile([-v for v in r], 0.9)))
+    assert cal.group(12.0, 0.4, "sgd") == ({"kappa": ">8", "optimizer": "sgd", "eps": "0.4"},
+                                           30)
+    # a narrow group's interval is narrower than the wide group's
+    lo1, hi1 = cal.interval(40.0, 1.0, 0.4, "gd")
+    assert hi1 - lo1 < (hi - lo) / 5
+
+
+def test_small_groups_fall_back_to_coarser_ones():
+    rng = np.random.default_rng(3)
+    frame = synthetic(rng, 15)  # 15 per (κ̃, optimiser, ε): under min_count
+    cal = ntk_tt.fit_intervals(frame, 0.9, by=("kappa", "eps", "optimizer"), min_count=20)
+    assert cal.group(1.0, 0.1, "gd") == ({"kappa": "<=2", "eps": "0.1"}, 30)
+    sub = frame[frame["kappa_eff"] == 1.0]
+    r = np.log(sub["real_T0.1"] / sub["pred_T0.1"]).tolist()
+    assert cal.interval(1.0, 1.0, 0.1, "gd")[1] == pytest.approx(
+        math.exp(brute_quantile(r, 0.95)))
+    # an ε never calibrated falls back to κ̃ alone; a κ̃ bin never seen to everything pooled
+    assert cal.group(1.0, 0.2, "gd") == ({"kappa": "<=2"}, 60)
+    assert cal.group(4.0, 0.1, "gd") == ({}, 120)
+    # at 99 % no group of 30 gives a finite bound: the pooled 120 do not either, so ±inf
+    assert cal.group(1.0, 0.1, "gd", level=0.99) == ({}, 120)
+    assert cal.interval(1.0, 1.0, 0.1, "gd", level=0.99) == (0.0, math.inf)
+
+
+def test_kappa_bins_are_right_closed():
+    assert [kappa_bin(k) for k in (0.5, 2.0, 2.01, 8.0, 8.5)] == [
+        "<=2", "<=2", "(2, 8]", "(2, 8]", ">8"]
+
+
+def test_diverged_and_undefined_rows_are_skipped():
+    frame = synthetic(np.random.default_rng(4), 5)
+    n = ntk_tt.fit_intervals(frame).source["residuals"]
+    bad = frame.iloc[:4].copy()
+    bad["real_diverged"] = [True, False, False, False]
+    bad["pred_diverged"] = [False, True, False, False]
+    bad.loc[bad.index[2], "real_T0.1"] = np.nan
+    bad.loc[bad.index[3], "pred_T0.4"] = np.nan
+    cal = ntk_tt.fit_intervals(pd.concat([frame, bad]))
+    assert cal.source["residuals"] == n + 2  # rows 3 and 4 keep their other ε
+
+
+def test_save_load_round_trip(tmp_path):
+    cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(5), 10), 0.8)
+    cal.save(tmp_path / "c.json")
+    back = ntk_tt.IntervalCalibrator.load(tmp_path / "c.json")
+    assert back.to_json() == cal.to_json()
+    for case in [(30.0, 1.0, 0.1, "gd"), (30.0, 12.0, 0.4, "sgd"), (7.0, 5.0, 0.01, "sgd")]:
+        assert back.interval(*case) == pytest.approx(cal.interval(*case), rel=1e-5)
+    (tmp_path / "x.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not an interval calibrator"):
+        ntk_tt.IntervalCalibrator.load(tmp_path / "x.json")
+
+
+@pytest.mark.parametrize("kw,match", [({"level": 1.0}, "level"), ({"level": "0.9"}, "level"),
+                                      ({"by": ("kappa", "seed")}, "by must"),
+                                      ({"min_count": 0}, "min_count")])
+def test_bad_arguments_raise(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.fit_intervals(synthetic(np.random.default_rng(6), 2), **kw)
+
+
+def test_bad_table_and_prediction_raise():
+    with pytest.raises(ValueError, match="lacks columns"):
+        ntk_tt.fit_intervals(pd.DataFrame({"real_T0.1": [1.0]}))
+    cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(7), 10))
+    with pytest.raises(ValueError, match="positive"):
+        cal.interval(0.0, 1.0, 0.1, "gd")
+    assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
+
+
+def fake_prediction(kappa, momentum, batch_size, times):
+    return Prediction(
+        loss=None, error=None, loss_band=None, error_band=None, test_loss=None,
+        test_error=None, training_time={"loss": times, "error": dict(times)},
+        training_time_reasons={}, diverged=False, diverged_at=None, spiked_at=None,
+        kappa=kappa, beyond_edge=False, clamped=False, min_eigenvalue=0.0,
+        method="discrete", kernel="exact",
+        hyperparameters={"momentum": momentum, "batch_size": batch_size, "num_train": 100},
+        seconds={})
+
+
+def test_intervals_of_a_prediction_use_effective_kappa_and_optimizer():
+    cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(8), 20),
+                               by=("kappa", "optimizer"))
+    pred = fake_prediction(1.2, 0.9, 50, {0.1: 40.0, 0.4: float("nan")})  # κ̃ = 12, SGD
+    out = ntk_tt.intervals(pred, cal)
+    assert out["loss"][0.1] == cal.interval(40.0, 12.0, 0.1, "sgd")
+    assert out["loss"][0.1] != cal.interval(40.0, 1.2, 0.1, "sgd")
+    assert out["loss"][0.4] is None and out["error"] == {0.1: None, 0.4: None}
+    gd = ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}), cal, level=0.5)
+    assert gd["loss"][0.1] == cal.interval(40.0, 1.0, 0.1, "gd", level=0.5)
+
+
+@pytest.mark.skipif(not (SWEEP / "results.parquet").exists(), reason="no committed table")
+def test_shipped_calibrator_is_the_fit_on_the_committed_table():
+    from ntk_tt.sweep._table import read_table
+
+    fitted = ntk_tt.fit_intervals(read_table(SWEEP), 0.9)
+    shipped = ntk_tt.default_calibrator()
+    assert shipped.to_json() == fitted.to_json()
+    pred = fake_prediction(0.4, 0.9, 100, {0.01: 140.0, 0.1: 60.0, 0.4: 20.0})
+    out = ntk_tt.intervals(pred)
+    for eps, t in pred.training_time["loss"].items():
+        assert out["loss"][eps] == pytest.approx(fitted.interval(t, 4.0, eps, "gd"), rel=1e-5)
+
+
+def test_leave_one_set_out_script(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import intervals as script
+    finally:
+        sys.path.pop(0)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    frame = synthetic(np.random.default_rng(9), 12, datasets=("a", "b", "c"))
+    frame.to_parquet(sweep / "results.parquet")
+    script.main([str(sweep), "--out", str(tmp_path / "out")])
+    table = pd.read_csv(tmp_path / "out" / "coverage.csv")
+    pooled = table[(table["held_out"] == "pooled") & (table["eps"] == "all")]
+    assert set(pooled["grouping"]) == set(script.GROUPINGS)
+    assert (pooled["n"] == len(frame) * 2).all()
+    kappa = pooled[pooled["grouping"] == "kappa"].iloc[0]
+    assert 0.75 <= kappa["coverage"] <= 1.0 and kappa["median_rel_width"] > 0
+    back = ntk_tt.IntervalCalibrator.load(tmp_path / "out" / "calibrator.json")
+    assert back.source["dataset"] == ["a", "b", "c"] and back.by == ("kappa",)
