@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._finetune import FineTuneRun
+from ntk_tt._intervals import intervals
 from ntk_tt._predict import Prediction
 from ntk_tt._predict_kernel import EPSILONS
 from ntk_tt._training_time import training_time_report, wall_clock_time
@@ -83,15 +84,22 @@ def _clock(times: dict, seconds_per_step: float) -> dict:
 def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[str, Any]:
     """The prediction's half of a report, JSON-ready.
 
-    ``training_time`` {curve: {ε: steps or None}}, ``wall_clock`` {curve: {ε: seconds}}
-    (T_ε × ``seconds_per_step``, a measured real step), ``training_time_reasons``,
+    ``training_time`` {curve: {ε: steps or None}}, ``interval_90`` {curve: {ε: [lo, hi] steps
+    or None}} (90 % conformal interval for the real T_ε, :func:`ntk_tt.intervals` with the
+    shipped calibrator; None for error-curve T_ε and undefined predictions), ``wall_clock``
+    {curve: {ε: seconds}} (T_ε × ``seconds_per_step``, a measured real step),
+    ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
     ``spiked_at`` (first step with loss above 10·L_0, None if none), ``kappa``,
     ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss:
     what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
-    return {"training_time": pred_t, "wall_clock": _clock(pred_t, seconds_per_step),
+    iv = intervals(prediction, level=0.9)
+    return {"training_time": pred_t,
+            "interval_90": {c: {e: None if iv[c][e] is None else [_num(v) for v in iv[c][e]]
+                                for e in EPSILONS} for c in CURVES},
+            "wall_clock": _clock(pred_t, seconds_per_step),
             "training_time_reasons": prediction.training_time_reasons,
             "test_accuracy": None if prediction.test_error is None or prediction.diverged
             else 1.0 - float(prediction.test_error[-1]),

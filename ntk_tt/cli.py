@@ -9,6 +9,7 @@ Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a tra
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -183,6 +184,18 @@ def _ratio(r: dict) -> str:
     return _fmt(r["seconds"]["ratio"])
 
 
+def _interval(pred: dict, curve: str, eps: str) -> str:
+    """The 90 % interval of a predicted T_ε as "lo–hi" whole steps (widened outwards; an
+    unbounded side is 0 or ∞), "n/a" when there is none (error curve, undefined T_ε, or a
+    report written before intervals existed)."""
+    iv = (pred.get("interval_90") or {}).get(curve, {}).get(eps)
+    if iv is None:
+        return "n/a"
+    lo, hi = iv
+    return (f"{0 if lo is None else math.floor(lo)}–"
+            f"{'∞' if hi is None else math.ceil(hi)}")
+
+
 def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
@@ -210,7 +223,8 @@ def format_report(r: dict) -> str:
     if t["test_per_class"] < asked:
         lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "
                      f"{asked} asked for (only that many are left after n per class)")
-    head = f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'pred. wall-clock':>17}"
+    head = (f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'90 % interval':>14} "
+            f"{'pred. wall-clock':>17}")
     if real:
         head += f" {'real T_ε':>9} {'real wall':>10} {'rel. error':>10}"
     lines.append(head)
@@ -218,7 +232,7 @@ def format_report(r: dict) -> str:
         for e in EPSILONS:
             k = str(e)
             row = (f"{c:6} {e:>5g} {_fmt(pred['training_time'][c][k]):>14} "
-                   f"{_fmt(pred['wall_clock'][c][k], ' s'):>17}")
+                   f"{_interval(pred, c, k):>14} {_fmt(pred['wall_clock'][c][k], ' s'):>17}")
             if real:
                 rel = r["relative_error"][c][k]
                 row += (f" {_fmt(real['training_time'][c][k]):>9} "

@@ -54,7 +54,9 @@ def test_prediction_only_reports_wall_clock(tmp_path, capsys):
     for eps, t in r["predicted"]["training_time"]["loss"].items():
         wall = r["predicted"]["wall_clock"]["loss"][eps]
         assert (t is None and wall is None) or wall == pytest.approx(t * sps)
-    assert "pred. wall-clock" in out.out
+        iv = r["predicted"]["interval_90"]["loss"][eps]  # the shipped calibrator's
+        assert (t is None) == (iv is None) and (iv is None or iv[0] < iv[1])
+    assert "pred. wall-clock" in out.out and "90 % interval" in out.out
 
 
 def fake_npz(folder, name, images):
@@ -482,3 +484,19 @@ def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path)
     assert r["status"] == "interrupted during the real fine-tuning" and r["real"] is None
     assert set(r["predicted"]["training_time"]) == {"loss", "error"}
     assert len(r["curves"]["predicted"]["loss"]) == 3001
+
+
+def test_table_prints_the_90_percent_interval():
+    r = fake_report(verify=True, pred_diverged=False, real_diverged=False)
+    r["predicted"]["interval_90"] = {"loss": {"0.01": None, "0.1": [4.2, 7.7], "0.4": [3.0, None]},
+                                     "error": {e: None for e in ("0.01", "0.1", "0.4")}}
+    lines = format_report(r).splitlines()
+    head = next(ln for ln in lines if ln.startswith("curve"))
+    assert "90 % interval" in head
+    rows = {tuple(ln.split()[:2]): ln for ln in lines
+            if ln.startswith(("loss ", "error ")) and not ln.startswith("loss curves")}
+    assert len(rows) == 6
+    assert rows["loss", "0.1"].split()[3] == "4–8"  # widened outwards to whole steps
+    assert rows["loss", "0.4"].split()[3] == "3–∞"
+    assert all(row.split()[3] == "n/a" for k, row in rows.items()
+               if k not in (("loss", "0.1"), ("loss", "0.4")))
