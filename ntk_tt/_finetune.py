@@ -32,6 +32,7 @@ from ntk_tt._divergence import divergence
 from ntk_tt._inputs import as_array, check_key, check_real
 from ntk_tt._losses import check_loss, error_rate, mean_loss
 from ntk_tt._model import ApplyFn, check_model
+from ntk_tt._telemetry import Recorder, Telemetry, TelemetrySpec
 
 TIMING_STEPS = 5
 
@@ -227,7 +228,8 @@ class FineTuneRun:
     (:mod:`ntk_tt._divergence`): diverged = a non-finite loss or parameter at some step, or
     L_T > L_0 (not recovered by the end); ``diverged_at`` = the step its final rise above L_0
     began; ``spiked_at`` = the first step with loss above 10·L_0 (None if none): spiked and
-    not diverged = spiked and recovered (the catapult phase).
+    not diverged = spiked and recovered (the catapult phase). ``telemetry``: the
+    :class:`ntk_tt.Telemetry` row when recorded (``finetune(telemetry=...)``), else None.
     """
 
     loss: np.ndarray
@@ -248,6 +250,7 @@ class FineTuneRun:
     params: Any = dataclasses.field(repr=False)
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
     linear_logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    telemetry: Telemetry | None = dataclasses.field(default=None, repr=False)
 
 
 def _labels(y, n, c, name):
@@ -265,7 +268,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
              steps: int, batch_size: int | None = None, momentum: float = 0.0,
              nesterov: bool = False, loss: str = "cross_entropy", key: jax.Array | None = None,
              x_test: Any = None, y_test: Any = None, record_logits: bool = False,
-             progress: bool = False) -> FineTuneRun:
+             telemetry: bool | TelemetrySpec = False, progress: bool = False) -> FineTuneRun:
     """Fine-tune for real with ``optax.sgd`` and record full-training-set curves (paper Sec. 5).
 
     Same conventions as :func:`ntk_tt.predict`: mean loss, optax SGD semantics, the batch
@@ -281,6 +284,11 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       loss: "cross_entropy" or "mse". key: ``jax.random`` key, required when B < N.
       x_test, y_test: optional held-out split for the final accuracy.
       record_logits: keep the (steps+1, N, C) logits trajectory (linearisation gap).
+      telemetry: record early-training telemetry (:mod:`ntk_tt._telemetry`: gradient norm and
+        SNR per update, weight norms per step, saturation and held-out snapshots) into
+        ``FineTuneRun.telemetry``; True = ``TelemetrySpec()``. Off (False): no extra work.
+        Never changes the run. Costs per update one more minibatch gradient and
+        ``snr_samples`` per-sample gradients, plus the snapshots' forward passes.
       progress: show a tqdm progress bar over the steps.
 
     Returns:
@@ -293,8 +301,12 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       ValueError: bad shapes or labels, x or y not arrays (lists of numbers are converted),
         η or m not a real number (a string included), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
-        unknown loss, x_test without y_test.
+        unknown loss, x_test without y_test, telemetry neither a bool nor a
+        :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not returning (N, F).
     """
+    if not isinstance(telemetry, bool | TelemetrySpec):
+        raise ValueError(f"telemetry must be a bool or an ntk_tt.TelemetrySpec, got "
+                         f"{type(telemetry).__name__}.")
     check_real(learning_rate, "learning_rate")
     check_real(momentum, "momentum")
     check_key(key)
@@ -325,17 +337,30 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                            **statics).compile()
     lin = (_linear_jit.lower(apply_fn, params, state.logits, params, x).compile()
            if record_logits else None)
+    rec_t = None
+    if telemetry is not False:
+        spec = TelemetrySpec() if telemetry is True else telemetry
+        xt = None if x_test is None else jnp.asarray(x_test)
+        rec_t = Recorder(spec, apply_fn, params, x, y, xt, y_test, steps=int(steps),
+                         batch_size=b, loss=loss)
+        rec_t.compile(state, batches[0])
     t1 = time.perf_counter()
     seconds_per_step, compile_timing = _time_steps(apply_fn, params, x, y, batches, hyper,
                                                    statics)
     t2 = time.perf_counter()
     rec = {"loss": [state.loss], "error": [state.error], "logits": [state.logits],
            "linear": [state.logits]}
+    if rec_t is not None:
+        rec_t.after_update(0, state)
     for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
                   disable=not progress):
+        if rec_t is not None:
+            rec_t.before_update(state, batches[t - 1])
         state = step(state, x, y, batches[t - 1], jnp.int32(t), *hyper)
         rec["loss"].append(state.loss)
         rec["error"].append(state.error)
+        if rec_t is not None:
+            rec_t.after_update(t, state)
         if int(state.stopped_at) >= 0:
             break
         if record_logits:
@@ -347,6 +372,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     stop = int(state.stopped_at)
     held = {k: np.stack(v + v[-1:] * (int(steps) + 1 - len(v))) for k, v in rec.items()}
     div, spike = (int(a) for a in _verdict(jnp.asarray(held["loss"]), stop)[1:])
+    hp = dict(learning_rate=float(learning_rate), momentum=float(momentum),
+              nesterov=bool(nesterov), batch_size=b, steps=int(steps), num_train=n)
+    tele = None if rec_t is None else rec_t.finish(
+        state, held["loss"], held["error"], stop, hp | dict(num_classes=c, loss_name=loss))
     acc = None
     if x_test is not None and len(y_test):
         acc = float(error_rate(apply_fn(state.params, jnp.asarray(x_test)), y_test))
@@ -359,10 +388,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                  "finetune": seconds_per_step * (stop if stop >= 0 else int(steps))},
         diverged=div >= 0, diverged_at=div if div >= 0 else None,
         spiked_at=spike if spike >= 0 else None,
-        learning_rate=float(learning_rate), momentum=float(momentum), nesterov=bool(nesterov),
-        batch_size=b, steps=int(steps), num_train=n, loss_name=loss, params=state.params,
+        **hp, loss_name=loss, params=state.params,
         logits=held["logits"] if record_logits else None,
-        linear_logits=held["linear"] if record_logits else None,
+        linear_logits=held["linear"] if record_logits else None, telemetry=tele,
     )
 
 
