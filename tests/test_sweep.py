@@ -129,6 +129,42 @@ def test_median_of_other_tasks_baseline_gives_each_exclusion_its_reason():
                         "no other task with a defined real T_eps": 2}
 
 
+def test_task_bootstrap_resamples_whole_tasks():
+    """Two tasks, one with every error 0, one with every error 1: a task resample may hold
+    only the first task, so the interval reaches 0; resampling rows (half of them 1) gives
+    p95 = 1 in every resample, an interval far too narrow."""
+    from ntk_tt.sweep._summary import error_stats
+
+    abs_err = np.array([0.0] * 10 + [1.0] * 10)
+    groups = np.array(["a"] * 10 + ["b"] * 10)
+    by_task = error_stats(abs_err, abs_err, groups=groups, boot=400)
+    assert by_task["p95_ci95"] == [0.0, 1.0]
+    assert error_stats(abs_err, abs_err, boot=400)["p95_ci95"] == [1.0, 1.0]
+
+
+def test_curve_distance_divergence_by_kappa_and_edge_rows():
+    from ntk_tt.sweep._summary import curve_distance, divergence, edge_rows
+
+    frame = _frame(real=[50.0, 40.0, 30.0], pred=[55.0, 30.0, 20.0],
+                   real_div=[False, False, True], pred_div=[False, True, True])
+    frame["real_loss"] = [np.array([2.0, 1.0, 0.0]), np.array([2.0, 1.5, 1.0]),
+                          np.array([2.0, 9.0, 8.0])]
+    frame["pred_loss"] = [np.array([2.0, 1.5, 0.5]), np.array([2.0, 3.0, 4.0]),
+                          np.array([2.0, 9.0, 9.0])]
+    # only row 0 counts (row 1: prediction diverged; row 2: both): max |Δ| 0.5 / fall 2
+    assert curve_distance(frame)["ntk"] == {"n": 1, "median": 0.25, "p95": 0.25}
+    frame["kappa_eff"] = [1.0, 24.0, 24.0]
+    div = divergence(frame)
+    assert div["confusion"]["ntk"] == {"pred_yes_real_yes": 1, "pred_yes_real_no": 1,
+                                       "pred_no_real_yes": 0, "pred_no_real_no": 1}
+    assert div["by_kappa"]["24"] == {"n": 2, "real": 0.5, "ntk": 1.0}
+    frame["lr_kind"], frame["lr_value"] = "kappa", [1.0, 24.0, 24.0]
+    frame["momentum"] = [0.0, 0.0, 0.9]
+    grid = {"kappas": [1.0, 4.0], "edge_kappas": [24.0]}
+    assert list(edge_rows(frame, grid)) == [False, True, False]
+    assert not edge_rows(frame, None).any()
+
+
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
     frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
                    real_div=[False] * 4, pred_div=[False] * 4)

@@ -96,19 +96,38 @@ def row_errors(frame: pd.DataFrame, predictor: str, eps: float):
 
 
 def relative_errors(frame: pd.DataFrame, predictor: str, eps: float):
-    """:func:`row_errors` restricted to the rows that count (excluded rows dropped)."""
+    """:func:`row_errors` restricted to the rows that count (excluded rows dropped); also
+    returns each kept row's task id (the bootstrap's resampling unit)."""
     abs_err, signed, excluded = row_errors(frame, predictor, eps)
     keep = np.isfinite(abs_err)
-    return abs_err[keep], signed[keep], excluded
+    return abs_err[keep], signed[keep], excluded, frame["task_id"].to_numpy()[keep]
 
 
-def error_stats(abs_err: np.ndarray, signed: np.ndarray, *, key: int = 0, boot: int = 2000):
-    """p95 |error| with a bootstrap 95 % CI, fractions within 13 % / 20 %, signed median."""
+def _task_bootstrap(abs_err, groups, rng, boot):
+    """p95 of |error| over ``boot`` resamples of whole tasks (with replacement): the rows of
+    one task share its kernel and data, so resampling rows would make the interval too
+    narrow."""
+    ids, inverse = np.unique(groups, return_inverse=True)
+    members = [np.flatnonzero(inverse == k) for k in range(len(ids))]
+    out = np.empty(boot)
+    for b in range(boot):
+        pick = rng.integers(0, len(ids), len(ids))
+        out[b] = np.percentile(abs_err[np.concatenate([members[k] for k in pick])], 95)
+    return out
+
+
+def error_stats(abs_err: np.ndarray, signed: np.ndarray, *, groups=None, key: int = 0,
+                boot: int = 2000):
+    """p95 |error| with a bootstrap 95 % CI (over tasks when ``groups`` gives each error's
+    task, else over rows), fractions within 13 % / 20 %, signed median."""
     n = len(abs_err)
     if n == 0:
         return {"n": 0}
     rng = np.random.default_rng(key)
-    p95s = np.percentile(abs_err[rng.integers(0, n, (boot, n))], 95, axis=1)
+    if groups is None:
+        p95s = np.percentile(abs_err[rng.integers(0, n, (boot, n))], 95, axis=1)
+    else:
+        p95s = _task_bootstrap(abs_err, np.asarray(groups), rng, boot)
     finite = signed[np.isfinite(signed)]
     return {
         "n": n,
@@ -124,7 +143,8 @@ def error_stats(abs_err: np.ndarray, signed: np.ndarray, *, key: int = 0, boot: 
 def _pooled_stats(frame, predictor, eps_list) -> dict:
     parts = [relative_errors(frame, predictor, e) for e in eps_list]
     abs_err = np.concatenate([p[0] for p in parts])
-    stats = error_stats(abs_err, np.concatenate([p[1] for p in parts]))
+    stats = error_stats(abs_err, np.concatenate([p[1] for p in parts]),
+                        groups=np.concatenate([p[3] for p in parts]), boot=500)
     stats["excluded"] = {k: sum(p[2][k] for p in parts) for k in parts[0][2]}
     return stats
 
@@ -271,13 +291,86 @@ def breakdown(frame: pd.DataFrame) -> dict:
     return out
 
 
+def _prefix(predictor: str) -> str:
+    return "pred" if predictor == "ntk" else f"var_{predictor}"
+
+
+def curve_distance(frame: pd.DataFrame) -> dict:
+    """Per predictor: max_t |L̂_t − L_t| / (L_0 − L_T) of the real curve, median and p95 over
+    rows whose real curve fell and neither side diverged — a curve that levels off early can
+    still get T_ε right, this cannot. Needs the stored curves (``pred_loss``,
+    ``var_<name>_loss``)."""
+    out = {}
+    for p in ["ntk", *variants(frame)]:
+        col = "pred_loss" if p == "ntk" else f"var_{p}_loss"
+        if col not in frame.columns or "real_loss" not in frame.columns:
+            continue
+        d = []
+        for r, q, rd, qd in zip(frame["real_loss"], frame[col], frame["real_diverged"],
+                                frame[f"{_prefix(p)}_diverged"], strict=True):
+            r, q = np.asarray(r, float), np.asarray(q, float)
+            if not (rd or qd) and r[0] - r[-1] > 0 and np.all(np.isfinite(q)):
+                d.append(np.max(np.abs(q - r)) / (r[0] - r[-1]))
+        if d:
+            out[p] = {"n": len(d), "median": float(np.median(d)),
+                      "p95": float(np.percentile(d, 95))}
+    return out
+
+
+def divergence(frame: pd.DataFrame) -> dict:
+    """Per predictor: the confusion matrix of its divergence flag against the real run's,
+    and, per κ̃, the fraction of rows that diverged (real and predicted) — where each side
+    starts to diverge."""
+    kappa = _factor_values(frame, "kappa_eff")
+    real = frame["real_diverged"].astype(bool)
+    out: dict = {"by_kappa": {}, "confusion": {}}
+    for p in ["ntk", *variants(frame)]:
+        pred = frame[f"{_prefix(p)}_diverged"].astype(bool)
+        out["confusion"][p] = {
+            "pred_yes_real_yes": int((pred & real).sum()),
+            "pred_yes_real_no": int((pred & ~real).sum()),
+            "pred_no_real_yes": int((~pred & real).sum()),
+            "pred_no_real_no": int((~pred & ~real).sum()),
+        }
+    for level in sorted(kappa.unique()):
+        rows = frame[kappa == level]
+        entry = {"n": int(len(rows)), "real": float(rows["real_diverged"].mean())}
+        if "real_spiked_at" in rows:
+            entry["real_spiked_recovered"] = float(
+                ((rows["real_spiked_at"] >= 0) & ~rows["real_diverged"].astype(bool)).mean())
+        for p in ["ntk", *variants(frame)]:
+            entry[p] = float(rows[f"{_prefix(p)}_diverged"].mean())
+        out["by_kappa"][f"{level:g}"] = entry
+    return out
+
+
+def edge_rows(frame: pd.DataFrame, grid: dict | None) -> np.ndarray:
+    """Rows of the divergence benchmark's extra κ̃ values (``SweepSpec.edge_kappas`` not in
+    ``kappas``): kept out of the headline so that runs compare across grids."""
+    if not grid or not grid.get("edge_kappas"):
+        return np.zeros(len(frame), bool)
+    extra = set(grid["edge_kappas"]) - set(grid.get("kappas", ()))
+    return ((frame["lr_kind"] == "kappa") & frame["lr_value"].isin(extra)
+            & (frame["momentum"] == 0.0)).to_numpy()
+
+
 def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
-    """The sweep summary as a JSON-ready dict (see the module docstring for the rules)."""
+    """The sweep summary as a JSON-ready dict (see the module docstring for the rules).
+
+    The headline, breakdown, curve distances, sketch agreement and wall time use the main
+    grid; the divergence block uses every row, the edge κ̃ included.
+    """
     if len(frame) == 0:
         raise ValueError("the results table is empty; run the sweep before summarising.")
+    everything = frame
+    edge = edge_rows(frame, (meta or {}).get("grid"))
+    frame = frame[~edge]
     methods = frame.groupby(["optimizer", "pred_method", "pred_kernel"]).size()
     return {
         **(meta or {}),
+        "edge_rows": int(edge.sum()),
+        "divergence": divergence(everything),
+        "curve_distance": curve_distance(frame),
         "rows": int(len(frame)),
         "tasks": int(frame["task_id"].nunique()),
         "datasets": sorted(frame["dataset"].unique().tolist()),
