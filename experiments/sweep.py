@@ -58,6 +58,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--preset", choices=sorted(PRESETS), default="session")
     p.add_argument("--smoke", action="store_true", help="same as --preset smoke")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figures")
+    p.add_argument("--primary", nargs=2, metavar=("VARIANT", "DEMOTED"),
+                   help="report the recorded variant VARIANT as the primary prediction, the "
+                        "sweep's primary as variant DEMOTED (a relabelling of stored columns)")
     p.add_argument("--datasets", nargs="+")
     p.add_argument("--per-class", nargs="+", type=int)
     p.add_argument("--seeds", nargs="+", type=int)
@@ -109,13 +112,19 @@ def _headline(summary: dict) -> str:
              f"{summary.get('sweep_wall_seconds', 0):.0f} s of sweep wall time"]
     for opt in ("gd", "sgd"):
         block = summary["headline"]["all"][opt].get("pooled_0.1_0.4", {})
-        for name in ("ntk", "line", "median_other_tasks"):
+        names = ("ntk", *[v for v in ("linear", "head_aware_iso", "traced") if v in block],
+                 "line", "median_other_tasks")
+        for name in names:
             s = block.get(name, {})
             if s.get("n"):
                 lines.append(f"{opt.upper():3s} {name:19s} p95 |err| {s['p95']:.1%} "
                              f"(CI {s['p95_ci95'][0]:.1%}–{s['p95_ci95'][1]:.1%}), within 13 %: "
                              f"{s['within_13pct']:.0%}, 20 %: {s['within_20pct']:.0%}, "
                              f"signed median {_pct(s['median_signed'])}  (n = {s['n']})")
+    for name, conf in summary.get("divergence", {}).get("confusion", {}).items():
+        lines.append(f"divergence {name:15s} predicted/real yes-yes {conf['pred_yes_real_yes']}"
+                     f", yes-no {conf['pred_yes_real_no']}, no-yes {conf['pred_no_real_yes']}, "
+                     f"no-no {conf['pred_no_real_no']}")
     w = summary["wall_time"]
     lines.append(f"fine-tune / predict wall time: per configuration "
                  f"{w['per_config_median_ratio']:.1f}×, "
@@ -127,7 +136,8 @@ def main(argv=None) -> None:
     args, spec = parse(argv)
     if not args.report:
         print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real)))
-    print(_headline(report(args.out)))
+    print(_headline(report(args.out, primary=None if args.primary is None
+                           else tuple(args.primary))))
 
 
 if __name__ == "__main__":

@@ -165,6 +165,22 @@ def test_curve_distance_divergence_by_kappa_and_edge_rows():
     assert not edge_rows(frame, None).any()
 
 
+def test_promote_swaps_a_variant_into_the_headline():
+    from ntk_tt.sweep._summary import promote
+
+    frame = _frame(real=[50.0, 40.0], pred=[55.0, 30.0], real_div=[False] * 2,
+                   pred_div=[False] * 2)
+    frame["pred_method"], frame["pred_kernel"] = "head_aware", "kronecker"
+    frame["var_iso_T0.1"], frame["var_iso_diverged"] = [50.0, 44.0], [False, False]
+    frame["var_iso_label"], frame["var_iso_seconds"] = "iso", 1.0
+    out = promote(frame, "iso", "kron")
+    np.testing.assert_allclose(row_errors(out, "ntk", 0.1)[0], [0.0, 0.1])
+    np.testing.assert_allclose(row_errors(out, "kron", 0.1)[0], [0.1, 0.25])
+    assert "var_iso_T0.1" not in out and out["pred_kernel"].iat[0] == "iso"
+    with pytest.raises(ValueError, match="no variant"):
+        promote(frame, "exact", "kron")
+
+
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
     frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
                    real_div=[False] * 4, pred_div=[False] * 4)

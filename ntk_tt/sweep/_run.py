@@ -39,7 +39,7 @@ from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._figures import make_figures
 from ntk_tt.sweep._finetune import TaskData, _finetune_group
 from ntk_tt.sweep._grid import Config, SweepSpec, Task, plan, row_id, spec_from_dict, spec_to_dict
-from ntk_tt.sweep._summary import summarize, t_col
+from ntk_tt.sweep._summary import promote, summarize, t_col
 from ntk_tt.sweep._table import ResultsTable, read_table
 
 
@@ -398,11 +398,13 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     return {"written": written, "already_present": present, "skipped": dict(skipped)}
 
 
-def report(out) -> dict:
+def report(out, *, primary: tuple[str, str] | None = None) -> dict:
     """Consolidate ``out/rows`` into the table, then write ``summary.json``, figures, Table 1.
 
     Everything is computed from the results table (plus the grid in ``spec.json`` for the
-    skipped-row counts and ``runs.json`` for the sweep's wall time). Returns the summary.
+    skipped-row counts and ``runs.json`` for the sweep's wall time). ``primary = (variant,
+    name)`` reports the recorded variant as the primary prediction and the sweep's primary
+    as variant ``name`` (:func:`ntk_tt.sweep._summary.promote`). Returns the summary.
     """
     table = ResultsTable(out)
     if table.done_ids():
@@ -416,6 +418,9 @@ def report(out) -> dict:
     runs = _read_json(table.out / "runs.json", [])
     meta["sweep_wall_seconds"] = sum(r["seconds"] for r in runs)
     meta["sweep_invocations"] = len(runs)
+    if primary is not None:
+        frame = promote(frame, *primary)
+        meta["primary"] = {"promoted_variant": primary[0], "demoted_primary_as": primary[1]}
     summary = summarize(frame, meta=meta)
     make_figures(frame, table.out)
     _write_json(table.out / "summary.json", summary)

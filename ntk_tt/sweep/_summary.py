@@ -291,6 +291,29 @@ def breakdown(frame: pd.DataFrame) -> dict:
     return out
 
 
+def promote(frame: pd.DataFrame, variant: str, demoted: str) -> pd.DataFrame:
+    """The table with the recorded variant ``variant`` as the primary prediction (the
+    headline's "ntk") and the primary it replaces kept as the variant ``demoted``: a
+    relabelling of stored columns (T_ε, divergence, spike, curve), nothing recomputed.
+    Raises ValueError if ``variant`` is not in the table or ``demoted`` already is."""
+    if variant not in variants(frame):
+        raise ValueError(f"no variant {variant!r} in the table; recorded: {variants(frame)}.")
+    if demoted in variants(frame):
+        raise ValueError(f"variant {demoted!r} already exists; choose another name.")
+    out = frame.copy()
+    src = f"var_{variant}_"
+    for col in [c for c in frame.columns if c.startswith(src)]:
+        rest = col[len(src):]
+        if f"pred_{rest}" in frame.columns:
+            out[f"var_{demoted}_{rest}"] = frame[f"pred_{rest}"]
+            out[f"pred_{rest}"] = frame[col]
+        out = out.drop(columns=col)
+    out[f"var_{demoted}_label"] = (frame["pred_method"] + ", " + frame["pred_kernel"]
+                                   + " (the sweep's primary)")
+    out["pred_method"], out["pred_kernel"] = "promoted", variant
+    return out
+
+
 def _prefix(predictor: str) -> str:
     return "pred" if predictor == "ntk" else f"var_{predictor}"
 
