@@ -6,8 +6,10 @@ Side by side in one process, for one task of the sweep (5 classes × ``--per-cla
 the shipped checkpoint with a fresh head) and the 18 configurations of the ``full`` sweep
 preset (GD, SGD B = 50 and 100; m ∈ {0, 0.9}; κ̃ ∈ {1, 4, 12}; T = 150):
 
-* prediction = kernel (exact Θ, traced Θ, or sketch D' = 256) + λ_max + the vmapped
-  discrete-recursion solves of all 18 configurations (``jit(vmap(predict_from_kernel))``);
+* prediction = kernel (exact Θ, traced Θ, sketch D' = 256, or the head-aware kernel: the
+  traced Θ and the backbone features, isotropic, the default predictor) + λ_max + the
+  vmapped solves of all 18 configurations (``jit(vmap(predict_from_kernel))``, or
+  ``predict_head_aware``);
 * fine-tuning = Σ over configurations of T × the measured seconds per real training step at
   that batch size (``ntk_tt.step_time``: 5 warm optax steps), i.e. the training cost of the
   sweep, without its per-step evaluation.
@@ -28,6 +30,7 @@ import pandas as pd
 
 import ntk_tt
 from ntk_tt._fspace import top_eigenvalue
+from ntk_tt._head_aware import HeadAwareKernel, kronecker_backbone
 from ntk_tt.sweep._grid import SweepSpec, Task, plan
 from ntk_tt.sweep._run import _hyper, _predict_group, _task_key, load_task
 
@@ -64,6 +67,15 @@ def main(argv=None) -> None:
         f"sketch{SKETCH_DIM}": lambda: ntk_tt.sketched_ntk(
             data.apply_fn, data.params, data.x, sketch_dim=SKETCH_DIM, key=key).kernel,
     }
+    def head_aware():
+        feature_fn, bparams, w0, b0 = data.split
+        traced = kernels["traced"]()
+        h0 = feature_fn(bparams, data.x)
+        eye = jax.numpy.eye(h0.shape[1], dtype=h0.dtype)
+        return traced, HeadAwareKernel(h0, w0, b0, kronecker_backbone(traced, h0, h0, w0, eye),
+                                       eye)
+
+    kernels["head_aware"] = head_aware
     f0 = data.apply_fn(data.params, data.x)
     configs = plan(spec)[0][0][1]  # SGD with B >= N skipped, as in the sweep
     groups: dict = {}
@@ -81,6 +93,9 @@ def main(argv=None) -> None:
     for name, build in kernels.items():
         def kernel_and_lambda(build=build, name=name):
             k = build()  # traced: (N, N), which the solves read as (Θ/C) ⊗ I_C
+            if name == "head_aware":  # λ_max of the traced Θ / C sets η
+                traced, k = k
+                return k, top_eigenvalue(traced) / c
             return k, top_eigenvalue(k) / (c if name == "traced" else 1)
 
         (theta, lam), kernel_s = _best(kernel_and_lambda)

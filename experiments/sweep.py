@@ -112,7 +112,8 @@ def _headline(summary: dict) -> str:
              f"{summary.get('sweep_wall_seconds', 0):.0f} s of sweep wall time"]
     for opt in ("gd", "sgd"):
         block = summary["headline"]["all"][opt].get("pooled_0.1_0.4", {})
-        names = ("ntk", *[v for v in ("linear", "head_aware_iso", "traced") if v in block],
+        names = ("ntk", *[v for v in ("linear", "head_aware_kronecker", "head_aware_iso",
+                                      "traced") if v in block],
                  "line", "median_other_tasks")
         for name in names:
             s = block.get(name, {})

@@ -63,7 +63,7 @@ class HeadAwareKernel(NamedTuple):
     backbone_test: jax.Array | None = None
 
 
-BACKBONES = ("kronecker", "isotropic", "exact")
+BACKBONES = ("isotropic", "kronecker", "exact")
 
 
 class _Identity(nnx.Module):
@@ -247,7 +247,7 @@ def head_aware_paths(hk: HeadAwareKernel, y, *, key, num_paths, batch_size, step
     return fs, fts
 
 
-def head_aware_kernel(split, x, x_test=None, *, backbone: str = "kronecker",
+def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
                       key: jax.Array | None = None) -> HeadAwareKernel:
     """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
@@ -406,7 +406,7 @@ def _head_core(hk, y, lr, m, key, y_test, *, steps, batch_size, nesterov, loss, 
 
 def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, momentum=0.0,
                                  steps, batch_size=None, nesterov=False, loss="cross_entropy",
-                                 key=None, x_test=None, y_test=None, backbone="kronecker",
+                                 key=None, x_test=None, y_test=None, backbone="isotropic",
                                  mixing_samples=32):
     """Head-aware prediction with the backbone re-linearised along the PREDICTED path.
 

@@ -221,7 +221,7 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                          f"discrete recursion and the exact logit-summed kernel, got method "
                          f"{o['method']!r} and kernel {o['kernel']!r}; use --predictor linear "
                          "for other methods or a sketch.")
-    if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "kronecker"):
+    if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
         raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
                          "drop them or use --predictor head_aware.")
 

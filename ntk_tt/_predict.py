@@ -129,7 +129,7 @@ def predict(
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
-    backbone: str = "kronecker", segments: int = 1,
+    backbone: str = "isotropic", segments: int = 1,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -146,8 +146,9 @@ def predict(
     kernel grows with the head as the real network's does, which the frozen Θ of
     ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
     ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
-    chooses the feature kernel ("kronecker": k_b from the logit-summed Θ, mixing S from 32
-    inputs; "isotropic": S = I; "exact": the (N·F)² feature kernel, small N only); ``kernel``
+    chooses the feature kernel ("isotropic", the default and the best measured: K_h(i, j) =
+    k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
+    the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only); ``kernel``
     "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
 
     Example:

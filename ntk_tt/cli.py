@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                    "linearised, Θ frozen at w0 (paper Sec. 3); auto: head_aware unless "
                    "--method/--kernel ask for what only linear has")
     q.add_argument("--backbone", default=d["backbone"],
-                   choices=("kronecker", "isotropic", "exact"),
-                   help="head-aware feature kernel: kronecker k_b⊗S, isotropic S = I, exact "
+                   choices=("isotropic", "kronecker", "exact"),
+                   help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
                    "(N·F)² (small N only)")
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "

@@ -179,7 +179,7 @@ def test_predict_head_aware_option(x64):
     apply_fn, params = ntk_tt.from_nnx(model)
     kw = dict(learning_rate=0.5, steps=STEPS, x_test=xt, y_test=yt)
     pred = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), **kw)
-    assert pred.kernel == "head_aware:kronecker"
+    assert pred.kernel == "head_aware:isotropic"
     real = train_optax(apply_fn, params, x, y, _batches(None, N), jnp.concatenate([x, xt]),
                        0.5, 0.0, nesterov=False, loss="cross_entropy")
     np.testing.assert_allclose(pred.loss, curves(real[:, :N], y, "cross_entropy")[0],
