@@ -8,19 +8,22 @@ fit on the other sets, then on the held-out set's (row, ε) cases with a defined
 predicted T_ε measure the coverage (real T_ε in [lo, hi]) and the median relative width
 (hi − lo)/T_real. Writes OUT/coverage.csv (one line per grouping × held-out set × ε, with
 ``pooled`` over the sets and ``all`` over ε) and OUT/calibrator.json (the default grouping
-fitted on every set), and prints the pooled lines.
+fitted on every set), and prints the pooled lines. The predictor is the sweep's headline one:
+when SWEEP_DIR/summary.json records a promoted primary (``--report --primary``), the same
+relabelling is applied to the table first.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 import pandas as pd
 
 from ntk_tt import fit_intervals
 from ntk_tt._intervals import residuals
-from ntk_tt.sweep._summary import epsilons
+from ntk_tt.sweep._summary import epsilons, promote
 from ntk_tt.sweep._table import read_table
 
 GROUPINGS = {"kappa": ("kappa",), "kappa+eps": ("kappa", "eps"),
@@ -67,6 +70,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="experiments/results/intervals")
     args = p.parse_args(argv)
     frame = read_table(args.sweep_dir)
+    summary = pathlib.Path(args.sweep_dir) / "summary.json"
+    primary = json.loads(summary.read_text()).get("primary") if summary.exists() else None
+    if primary:
+        frame = promote(frame, primary["promoted_variant"], primary["demoted_primary_as"])
     tables = []
     for name, by in GROUPINGS.items():
         cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],

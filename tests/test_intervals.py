@@ -1,5 +1,6 @@
 """Conformal T_ε intervals (ntk_tt._intervals): quantile rule, coverage, grouping, I/O."""
 
+import json
 import math
 import pathlib
 import sys
@@ -183,9 +184,13 @@ def test_intervals_of_a_prediction_use_effective_kappa_and_optimizer():
 
 @pytest.mark.skipif(not (SWEEP / "results.parquet").exists(), reason="no committed table")
 def test_shipped_calibrator_is_the_fit_on_the_committed_table():
+    from ntk_tt.sweep._summary import promote
     from ntk_tt.sweep._table import read_table
 
-    fitted = ntk_tt.fit_intervals(read_table(SWEEP), 0.9)
+    primary = json.loads((SWEEP / "summary.json").read_text())["primary"]  # the default
+    table = promote(read_table(SWEEP), primary["promoted_variant"],
+                    primary["demoted_primary_as"])
+    fitted = ntk_tt.fit_intervals(table, 0.9)
     shipped = ntk_tt.default_calibrator()
     assert shipped.to_json() == fitted.to_json()
     pred = fake_prediction(0.4, 0.9, 100, {0.01: 140.0, 0.1: 60.0, 0.4: 20.0})
