@@ -22,6 +22,8 @@ import argparse
 import dataclasses
 import json
 
+import numpy as np
+
 from ntk_tt._data import load_dataset
 from ntk_tt.sweep import SweepSpec
 from ntk_tt.sweep._grid import dataset_tag
@@ -83,23 +85,35 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
     spec = dataclasses.replace(spec, **overrides)
     if not args.report:
-        _check_datasets(p, spec.datasets)
+        _check_datasets(p, spec)
     return args, spec
 
 
-def _check_datasets(parser: argparse.ArgumentParser, names) -> None:
+def _error(parser: argparse.ArgumentParser, message: str) -> None:
+    parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage block
+
+
+def _check_datasets(parser: argparse.ArgumentParser, spec: SweepSpec) -> None:
     """Load every dataset once (missing, corrupt or malformed sets fail here, before any
-    work) and refuse two names for one file (they would share task ids)."""
+    work), check it has the task's K classes with enough images each, and refuse two names
+    for one file (they would share task ids)."""
     seen = {}
-    for name in names:
+    need = max(spec.per_class)
+    for name in spec.datasets:
         try:
-            load_dataset(name)
+            data = load_dataset(name)
         except ValueError as err:
-            parser.error(str(err))
+            _error(parser, str(err))
+        counts = np.bincount(np.asarray(data.labels))
+        enough = int(np.sum(counts >= need))
+        if enough < spec.classes:
+            _error(parser, f"dataset {name!r} has {enough} classes with at least {need} images "
+                           f"(the largest --per-class), a task needs {spec.classes}; use a "
+                           "smaller --per-class or another dataset.")
         tag = dataset_tag(name)
         if tag in seen:
-            parser.error(f"--datasets {seen[tag]!r} and {name!r} are the same dataset; give "
-                         "it once.")
+            _error(parser, f"--datasets {seen[tag]!r} and {name!r} are the same dataset; give "
+                           "it once.")
         seen[tag] = name
 
 

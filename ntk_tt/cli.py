@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=d["seed"],
                    help="seed of the task sample, the fresh head and SGD batches")
     q.add_argument("--no-resize", action="store_false", dest="resize",
-                   help="fail instead of resizing images to the model's input size")
+                   help="fail instead of resizing images to the model's input size "
+                   "(resize=%(default)s unless this flag is given)")
     q.add_argument("--head-scale", type=float, default=d["head_scale"],
                    help="init scale of the fresh head (× LeCun normal)")
     q.add_argument("--verify", action="store_true",
@@ -103,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                    "output is an error before any work, so two runs in one folder never "
                    "overwrite each other silently")
     q.add_argument("--no-progress", action="store_false", dest="progress",
-                   help="no progress bars on stderr")
+                   help="no progress bars on stderr (progress=%(default)s unless this flag "
+                   "is given)")
     return p
 
 
@@ -317,6 +319,17 @@ def _guard_interrupts(opts: dict) -> None:
     threading.Thread(target=watch, name="ntk-tt-interrupt", daemon=True).start()
 
 
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the cause/context chain of ``err``."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; with no arguments runs ``predict --verify`` on the defaults.
 
@@ -342,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     except KeyboardInterrupt:
+        _interrupted(opts)
+    except ImportError as err:  # Ctrl-C while numpy/jax import: numpy re-raises it this way
+        if not _caused_by_interrupt(err):
+            raise
         _interrupted(opts)
     print(format_report(report))
     if opts["figure_path"]:

@@ -500,3 +500,18 @@ def test_table_prints_the_90_percent_interval():
     assert rows["loss", "0.4"].split()[3] == "3–∞"
     assert all(row.split()[3] == "n/a" for k, row in rows.items()
                if k not in (("loss", "0.1"), ("loss", "0.4")))
+
+
+def test_interrupt_during_an_import_is_an_interruption_too():
+    """Ctrl-C while numpy / JAX import reaches the CLI as an ImportError caused by the
+    KeyboardInterrupt (numpy re-raises it): still one line and exit status 130."""
+    code = ("import ntk_tt._job as j, ntk_tt.cli as c\n"
+            "def boom(**_):\n"
+            "    try:\n        raise KeyboardInterrupt\n"
+            "    except KeyboardInterrupt as e:\n        raise ImportError('numpy failed') from e\n"
+            "j.predict_task = boom\n"
+            "c.main(['predict', '--figure', ''])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "ntk-tt: interrupted\n"

@@ -296,11 +296,12 @@ def test_sequential_and_vmapped_fine_tunes_agree():
 # --- datasets given as .npz paths -------------------------------------------------------------
 
 
-def _tiny_npz(path: pathlib.Path) -> str:
+def _tiny_npz(path: pathlib.Path, classes: int = 5) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    np.savez(path, images=rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8),
-             labels=np.arange(10) % 5, class_names=np.array(list("abcde")))
+    np.savez(path, images=rng.integers(0, 256, (10 * classes, 8, 8, 3), dtype=np.uint8),
+             labels=np.arange(10 * classes) % classes,
+             class_names=np.array(list("abcde"[:classes])))
     return str(path)
 
 
@@ -338,8 +339,10 @@ def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monke
         ([good, str(tmp_path / "missing.npz")], "dataset file not found"),
         ([str(tmp_path / "broken.npz")], "broken.npz"),
         ([good, str(tmp_path / "." / "my_set.npz")], "are the same dataset"),
+        ([_tiny_npz(tmp_path / "three.npz", classes=3)], "has 3 classes with at least 10"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             module.main(["--out", str(tmp_path / "out"), "--smoke", "--datasets", *datasets])
         err = capsys.readouterr().err.strip().splitlines()
-        assert exit_.value.code == 2 and message in err[-1] and ": error: " in err[-1]
+        assert exit_.value.code == 2 and len(err) == 1, err  # one line, no usage block
+        assert message in err[0] and ": error: " in err[0]
