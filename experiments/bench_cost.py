@@ -30,7 +30,7 @@ import pandas as pd
 
 import ntk_tt
 from ntk_tt._fspace import top_eigenvalue
-from ntk_tt._head_aware import HeadAwareKernel, kronecker_backbone
+from ntk_tt._head_aware import head_aware_kernel
 from ntk_tt.sweep._grid import SweepSpec, Task, plan
 from ntk_tt.sweep._run import _hyper, _predict_group, _task_key, load_task
 
@@ -68,12 +68,8 @@ def main(argv=None) -> None:
             data.apply_fn, data.params, data.x, sketch_dim=SKETCH_DIM, key=key).kernel,
     }
     def head_aware():
-        feature_fn, bparams, w0, b0 = data.split
         traced = kernels["traced"]()
-        h0 = feature_fn(bparams, data.x)
-        eye = jax.numpy.eye(h0.shape[1], dtype=h0.dtype)
-        return traced, HeadAwareKernel(h0, w0, b0, kronecker_backbone(traced, h0, h0, w0, eye),
-                                       eye)
+        return traced, head_aware_kernel(data.split, data.x, traced_kernel=traced)
 
     kernels["head_aware"] = head_aware
     f0 = data.apply_fn(data.params, data.x)

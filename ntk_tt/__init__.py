@@ -57,7 +57,7 @@ _EXPORTS = {
     "HeadAwareKernel": "ntk_tt._head_aware",
     "head_aware_kernel": "ntk_tt._head_aware",
     "predict_head_aware": "ntk_tt._head_aware",
-    "predict_head_aware_refreshed": "ntk_tt._head_aware",
+    "predict_head_aware_refreshed": "ntk_tt._head_aware_refresh",
     "split_head": "ntk_tt._head_aware",
     "Spectrum": "ntk_tt._extrapolate",
     "extrapolate_spectrum": "ntk_tt._extrapolate",

@@ -339,6 +339,31 @@ def check_head_aware(hk: HeadAwareKernel, n: int, c: int) -> None:
         raise ValueError("features_test and backbone_test go together (or neither).")
 
 
+def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, batch_size,
+             loss, key, num_paths):
+    """The checks of :func:`predict_head_aware` (ValueErrors before any work); returns the
+    labels, held-out labels and batch size (N for GD)."""
+    from ntk_tt._losses import check_loss
+    from ntk_tt._predict_kernel import check_hyper, check_labels, check_num_paths
+
+    check_loss(loss)
+    n = np.shape(hk.features)[0]
+    c = np.shape(hk.head_bias)[0] if np.ndim(hk.head_bias) == 1 else 0
+    check_loss(loss, c)
+    check_head_aware(hk, n, c)
+    batch_size = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_num_paths(num_paths)
+    y = check_labels(y, n, c)
+    if batch_size < n and key is None:
+        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
+    if hk.features_test is not None:
+        if y_test is None:
+            raise ValueError("hk has held-out features: pass y_test (N_test,).")
+        y_test = check_labels(y_test, np.shape(hk.features_test)[0], c, name="y_test")
+    return y, y_test, batch_size
+
+
 def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, steps,
                        batch_size=None, nesterov=False, loss="cross_entropy", key=None,
                        num_paths=32, y_test=None):
@@ -363,28 +388,10 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, s
     Raises:
       ValueError: as :func:`ntk_tt.predict_from_kernel`, and shapes of ``hk`` not matching.
     """
-    from ntk_tt._losses import check_loss
-    from ntk_tt._predict_kernel import (
-        check_hyper,
-        check_labels,
-        check_num_paths,
-    )
 
-    check_loss(loss)
-    n = np.shape(hk.features)[0]
-    c = np.shape(hk.head_bias)[0] if np.ndim(hk.head_bias) == 1 else 0
-    check_loss(loss, c)
-    check_head_aware(hk, n, c)
-    batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
-    check_num_paths(num_paths)
-    y = check_labels(y, n, c)
-    if batch_size < n and key is None:
-        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
-    if hk.features_test is not None:
-        if y_test is None:
-            raise ValueError("hk has held-out features: pass y_test (N_test,).")
-        y_test = check_labels(y_test, np.shape(hk.features_test)[0], c, name="y_test")
+    y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
+                                     momentum=momentum, steps=steps, batch_size=batch_size,
+                                     loss=loss, key=key, num_paths=num_paths)
     dtype = hk.features.dtype
     return _head_core(hk, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
                       key, y_test, steps=steps, batch_size=batch_size, nesterov=nesterov,
@@ -403,89 +410,3 @@ def _head_core(hk, y, lr, m, key, y_test, *, steps, batch_size, nesterov, loss, 
     return _summarise(fs, fts, y, y_test, (mat, False), lr, m, lams, nesterov=nesterov,
                       loss=loss, stochastic=fs.shape[0] > 1)
 
-
-def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, momentum=0.0,
-                                 steps, batch_size=None, nesterov=False, loss="cross_entropy",
-                                 key=None, x_test=None, y_test=None, backbone="isotropic",
-                                 mixing_samples=32):
-    """Head-aware prediction with the backbone re-linearised along the PREDICTED path.
-
-    The evolving-kernel predictor (issue 9): the horizon is cut into ``segments`` equal
-    pieces; each runs :func:`head_aware_step` on a feature kernel built at the backbone
-    weights the prediction itself has reached, θ_{k+1} = θ_k − J_h(θ_k)ᵀ z (one vjp; z
-    accumulates η·(optax update direction) in sample-feature space, so this is the weight
-    update of the head-aware model exactly), with the head (W, b) carried. No jumps: the
-    predicted features stay continuous (the new segment starts from h_0 + φ, not from the
-    network's h(θ_{k+1})), velocities are carried (the backbone's through the new kernel), so
-    only the kernel is refreshed. ``segments=1`` is :func:`predict_head_aware`. Each segment
-    costs one kernel (``head_aware_kernel``) and one vjp; a sweep pays that per
-    configuration, because each configuration has its own path. One path: GD, or SGD with
-    the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real run with ``key``.
-
-    Args:
-      split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
-      segments: int ≥ 1, at most ``steps``. Other arguments as :func:`predict_head_aware`
-        and :func:`head_aware_kernel`; ``x_test``/``y_test`` optional held-out set.
-
-    Returns:
-      :class:`ntk_tt.KernelPrediction` (κ and λ_min of the initial Θ_0).
-
-    Raises:
-      ValueError: ``segments`` not an int in [1, steps], and as :func:`predict_head_aware`.
-    """
-    from ntk_tt._predict_kernel import _summarise
-
-    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments:
-        raise ValueError(f"segments must be an int >= 1, got {segments!r}.")
-    if isinstance(steps, int) and segments > steps:
-        raise ValueError(f"segments ({segments}) must not exceed steps ({steps}).")
-    feature_fn, theta, w, b = split
-    hk = head_aware_kernel(split, x, x_test, backbone=backbone, mixing_samples=mixing_samples,
-                           key=None if key is None else jax.random.fold_in(key, 1))
-    first = predict_head_aware(hk, y, learning_rate=learning_rate, momentum=momentum,
-                               steps=steps, batch_size=batch_size, nesterov=nesterov,
-                               loss=loss, key=key, num_paths=1, y_test=y_test)
-    if segments == 1:
-        return first
-    n = hk.features.shape[0]
-    bs = n if batch_size is None else batch_size
-    batches = batch_indices(key, n, bs, steps)
-    ends = np.linspace(0, steps, segments + 1).round().astype(int)
-    kw = dict(learning_rate=jnp.asarray(learning_rate, hk.features.dtype),
-              momentum=jnp.asarray(momentum, hk.features.dtype), nesterov=nesterov,
-              loss=loss)
-    fs, fts, state = [], [], initial_state(hk)
-    y = jnp.asarray(y)
-    for k in range(segments):
-        if k:
-            theta = _relinearise(feature_fn, theta, x, state.z)
-            h = hk.features + state.phi
-            ht = None if x_test is None else hk.features_test + state.phit
-            new = head_aware_kernel((feature_fn, theta, state.w, state.b), x, x_test,
-                                    backbone=backbone, mixing_samples=mixing_samples,
-                                    key=None if key is None else jax.random.fold_in(key, 1))
-            hk = new._replace(features=h, features_test=ht)
-            state = initial_state(hk, state.w, state.b, (state.uw, state.ub, state.u_q))
-        f, ft, state = _segment(hk, y, batches[ends[k]:ends[k + 1]], state, **kw)
-        fs.append(f if k == 0 else f[1:])
-        fts.append(None if ft is None else (ft if k == 0 else ft[1:]))
-    fs = jnp.concatenate(fs)[None]
-    fts = None if x_test is None else jnp.concatenate(fts)[None]
-    y_test = None if y_test is None else jnp.asarray(y_test)
-    size = jax.ShapeDtypeStruct((n * w.shape[1],) * 2, fs.dtype)  # only its shape is read
-    lams = (first.min_eigenvalue, first.kappa * n / kw["learning_rate"])
-    out = _summarise(fs, fts, y, y_test, (size, False), kw["learning_rate"], kw["momentum"],
-                     lams, nesterov=nesterov, loss=loss, stochastic=False)
-    return out._replace(clamped=first.clamped)
-
-
-@partial(jax.jit, static_argnames=("nesterov", "loss"))
-def _segment(hk, y, batches, state, **kw):
-    return head_aware_trajectory(hk, y, batches, state0=state, **kw)
-
-
-def _relinearise(feature_fn, theta, x, z):
-    """θ − J_h(θ)ᵀ z: the head-aware model's backbone weights after a segment."""
-    _, vjp = jax.vjp(lambda p: feature_fn(p, x), theta)
-    (jt_z,) = vjp(z)
-    return jax.tree.map(jnp.subtract, theta, jt_z)

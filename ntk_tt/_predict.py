@@ -227,7 +227,7 @@ def predict(
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
              "num_train": int(n), "loss": loss}
     if head_aware and segments > 1:
-        from ntk_tt._head_aware import predict_head_aware_refreshed
+        from ntk_tt._head_aware_refresh import predict_head_aware_refreshed
 
         out = _timed(seconds, "solve", predict_head_aware_refreshed, head, x, y,
                      segments=int(segments), learning_rate=learning_rate, momentum=momentum,

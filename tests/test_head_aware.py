@@ -12,14 +12,13 @@ import ntk_tt
 from ntk_tt._fspace import curves
 from ntk_tt._head_aware import (
     HeadAwareKernel,
-    _relinearise,
     head_aware_kernel,
     head_aware_trajectory,
     initial_kernel,
     predict_head_aware,
-    predict_head_aware_refreshed,
     split_head,
 )
+from ntk_tt._head_aware_refresh import _relinearise, predict_head_aware_refreshed
 from ntk_tt._losses import mean_loss
 
 N, D, F, C, STEPS = 12, 5, 4, 3, 20

@@ -34,7 +34,7 @@ from ntk_tt._checkpoint import load_checkpoint
 from ntk_tt._data import load_dataset, prepare_images, sample_task
 from ntk_tt._divergence import divergence
 from ntk_tt._fspace import top_eigenvalue
-from ntk_tt._head_aware import HeadAwareKernel, feature_mixing, kronecker_backbone, split_head
+from ntk_tt._head_aware import HeadAwareKernel, head_aware_kernel, split_head
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._figures import make_figures
@@ -126,20 +126,16 @@ def _kernel(data: TaskData, key):
 
 
 def _head_aware(data: TaskData, theta, key, *, isotropic: bool = False):
-    """The Kronecker head-aware kernel of the task from its exact Θ (None without a split)."""
+    """The task's head-aware kernel (isotropic or Kronecker, its mixing S from
+    ``MIXING_SAMPLES`` inputs), k_b from the logit trace of its exact Θ (None without a
+    split)."""
     if data.split is None:
         return None
-    feature_fn, bparams, w0, b0 = data.split
-    h0 = feature_fn(bparams, data.x)
-    n, f = h0.shape
-    traced = theta.reshape(n, w0.shape[1], n, w0.shape[1]).trace(axis1=1, axis2=3)
-    if isotropic:
-        mixing = jnp.eye(f, dtype=h0.dtype)
-    else:
-        pick = jnp.sort(jax.random.choice(jax.random.fold_in(key, 3), n,
-                                          (min(MIXING_SAMPLES, n),), replace=False))
-        mixing = feature_mixing(feature_fn, bparams, data.x[pick])
-    return HeadAwareKernel(h0, w0, b0, kronecker_backbone(traced, h0, h0, w0, mixing), mixing)
+    n, c = data.x.shape[0], data.split[2].shape[1]
+    return head_aware_kernel(
+        data.split, data.x, backbone="isotropic" if isotropic else "kronecker",
+        mixing_samples=MIXING_SAMPLES, key=jax.random.fold_in(key, 3),
+        traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3))
 
 
 def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
