@@ -70,6 +70,12 @@ _EXPORTS = {
     "default_calibrator": "ntk_tt._intervals",
     "fit_intervals": "ntk_tt._intervals",
     "intervals": "ntk_tt._intervals",
+    "OutcomePredictor": "ntk_tt._outcome",
+    "default_outcome_predictor": "ntk_tt._outcome",
+    "fit_outcome": "ntk_tt._outcome",
+    "outcome_features": "ntk_tt._outcome",
+    "parametric_baseline": "ntk_tt._outcome",
+    "truncate": "ntk_tt._telemetry",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from ntk_tt._aot import compiled
 from ntk_tt._batches import batch_indices
 from ntk_tt._divergence import divergence
 from ntk_tt._inputs import as_array, check_key, check_real
@@ -204,8 +205,8 @@ def _time_steps(apply_fn, params, x, y, batches, hyper, statics) -> tuple[float,
     k = min(TIMING_STEPS, batches.shape[0])
     t0 = time.perf_counter()
     opt_state = optax.sgd(1.0, hyper[1]).init(params)
-    fn = _train_jit.lower(apply_fn, params, opt_state, x, y, batches[0], *hyper, **statics)
-    fn = fn.compile()
+    fn, _ = compiled(_train_jit, params, opt_state, x, y, batches[0], *hyper,
+                     static=(apply_fn,), **statics)
     t1 = time.perf_counter()
     p, s = jax.block_until_ready(fn(params, opt_state, x, y, batches[0], *hyper))  # warm-up
     t2 = time.perf_counter()
@@ -333,9 +334,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
 
     t0 = time.perf_counter()
     state = _init_jit(apply_fn, params, x, y, hyper[1], loss=loss)
-    step = _step_jit.lower(apply_fn, state, x, y, batches[0], jnp.int32(1), *hyper,
-                           **statics).compile()
-    lin = (_linear_jit.lower(apply_fn, params, state.logits, params, x).compile()
+    step, _ = compiled(_step_jit, state, x, y, batches[0], jnp.int32(1), *hyper,
+                       static=(apply_fn,), **statics)
+    lin = (compiled(_linear_jit, params, state.logits, params, x, static=(apply_fn,))[0]
            if record_logits else None)
     rec_t = None
     if telemetry is not False:

@@ -54,7 +54,6 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._aot import compiled
 from ntk_tt._losses import mean_loss, per_sample_loss
 
 SCHEMA_VERSION = 1
@@ -303,6 +303,11 @@ def snapshot(apply_fn, features, params, logits, x, x_test, y_test, *, loss: str
     return jnp.mean(p), jnp.mean(p > saturation, dtype=nan.dtype), dead, tl, ta
 
 
+_gradient_jit = jax.jit(gradient_stats, static_argnums=0, static_argnames=("loss", "samples"))
+_weight_jit = jax.jit(weight_stats)
+_snapshot_jit = jax.jit(snapshot, static_argnums=(0, 1), static_argnames=("loss", "saturation"))
+
+
 class Recorder:
     """Telemetry of one :func:`ntk_tt.finetune` run, fed by its host loop: compile with
     :meth:`compile` (counted as compile time), then :meth:`before_update` (gradient
@@ -322,19 +327,20 @@ class Recorder:
         self.grad: list[tuple] = []
         self.weights: list[tuple] = []
         self.snaps: dict[int, tuple] = {}
-        self._fns = (
-            jax.jit(partial(gradient_stats, apply_fn, loss=loss, samples=self.samples)),
-            jax.jit(weight_stats),
-            jax.jit(partial(snapshot, apply_fn, spec.features, loss=loss,
-                            saturation=spec.saturation)))
+        self._static = (apply_fn, spec.features, loss, spec.saturation)
+        self._fns = None
 
     def compile(self, state, idx) -> None:
-        """Compile the three statistics for the shapes of ``state`` and a batch ``idx``."""
-        g, w, s = self._fns
+        """Compile the three statistics for the shapes of ``state`` and a batch ``idx``
+        (reused by later runs of equal shapes and settings, :mod:`ntk_tt._aot`)."""
+        apply_fn, features, loss, saturation = self._static
         x, y, x_test, y_test = self.data
-        self._fns = (g.lower(state.params, x, y, idx).compile(),
-                     w.lower(state.params, self.params0).compile(),
-                     s.lower(state.params, state.logits, x, x_test, y_test).compile())
+        self._fns = (
+            compiled(_gradient_jit, state.params, x, y, idx, static=(apply_fn,), loss=loss,
+                     samples=self.samples)[0],
+            compiled(_weight_jit, state.params, self.params0)[0],
+            compiled(_snapshot_jit, state.params, state.logits, x, x_test, y_test,
+                     static=(apply_fn, features), loss=loss, saturation=saturation)[0])
 
     def before_update(self, state, idx) -> None:
         """Gradient statistics of the next update, at the current parameters."""

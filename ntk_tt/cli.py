@@ -2,6 +2,7 @@
 
     ntk-tt                      # the embedded default end to end (= ntk-tt predict --verify)
     ntk-tt predict [options]    # predicted T_ε and wall-clock time; --verify also fine-tunes
+    ntk-tt outcome RUNS.jsonl   # how runs will end, from their first steps' telemetry
 
 Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a traceback.
 """
@@ -106,7 +107,95 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--no-progress", action="store_false", dest="progress",
                    help="no progress bars on stderr (progress=%(default)s unless this flag "
                    "is given)")
+    o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    o.add_argument("runs", help="JSON Lines (or JSON, .gz too) file of runs: each a telemetry "
+                   "row (ntk_tt.save_telemetry; a run in progress may hold fewer steps than "
+                   "its planned 'steps') or a corpus row {\"telemetry\": ..., \"prediction\": "
+                   "...}")
+    o.add_argument("--updates", type=int, default=None,
+                   help="use only the first K updates of each run (None: all recorded)")
+    o.add_argument("--fraction", type=float, default=None,
+                   help="use only the first fraction of each run's planned steps, in [0, 1]")
+    o.add_argument("--predictor", default="auto",
+                   help="'telemetry' (shipped, telemetry only), 'ntk' (shipped, also reads "
+                   "the run's NTK prediction), 'auto' (ntk when a row has a prediction), or "
+                   "a file written by OutcomePredictor.save")
+    o.add_argument("--json", default=None, dest="json_path",
+                   help="also write the predictions here as a JSON list")
+    o.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     return p
+
+
+def _outcome(args, parser) -> int:
+    """``ntk-tt outcome``: one block of predicted outcome per run (no JAX needed)."""
+    import json
+    from pathlib import Path
+
+    def fail(msg):
+        parser.exit(2, f"ntk-tt: error: {msg}\n")
+
+    if args.updates is not None and args.fraction is not None:
+        fail("give --updates or --fraction, not both.")
+    if args.updates is not None and args.updates < 0:
+        fail(f"--updates must be >= 0, got {args.updates}.")
+    if args.fraction is not None and not 0.0 <= args.fraction <= 1.0:
+        fail(f"--fraction must be in [0, 1], got {args.fraction}.")
+    if not os.path.isfile(args.runs):
+        fail(f"runs file {args.runs!r} does not exist (or is not a file).")
+    if args.json_path:
+        if os.path.isdir(args.json_path):
+            fail(f"--json {args.json_path!r} is a directory; give a file name.")
+        if os.path.exists(args.json_path) and not args.overwrite:
+            fail(f"--json {args.json_path!r} exists; pass --overwrite to replace it.")
+        folder = os.path.dirname(os.path.abspath(args.json_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            fail(f"--json folder {folder!r} does not exist or is not writable.")
+    named = args.predictor in ("auto", "telemetry", "ntk")
+    if not named and not os.path.isfile(args.predictor):
+        fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")
+    from ntk_tt._outcome import OutcomePredictor, default_outcome_predictor, load_runs
+
+    try:
+        runs = load_runs(args.runs)
+        fixed = None if named else OutcomePredictor.load(args.predictor)
+        cache = {}
+        out = []
+        for i, (tele, pred) in enumerate(runs, 1):
+            if fixed is not None:
+                model = fixed
+            else:
+                use_ntk = args.predictor == "ntk" or (args.predictor == "auto"
+                                                      and pred is not None)
+                if use_ntk and pred is None:
+                    fail(f"run {i} has no 'prediction': --predictor ntk needs corpus rows "
+                         "{\"telemetry\", \"prediction\"}; use --predictor telemetry.")
+                model = cache.setdefault(use_ntk, default_outcome_predictor(ntk=use_ntk))
+            have = len(tele.loss) - 1
+            k = (args.updates if args.updates is not None else
+                 int(round(args.fraction * tele.steps)) if args.fraction is not None else have)
+            if k > have:
+                fail(f"run {i} has {have} recorded updates, fewer than the {k} asked for.")
+            res = model.predict(tele, pred if model.ntk else None, k=k)
+            res["predictor"] = "ntk" if model.ntk else "telemetry"
+            out.append(res)
+    except ValueError as err:
+        fail(str(err))
+    for i, r in enumerate(out, 1):
+        lo, hi = r["test_accuracy_interval"]
+        tlo, thi = r["t_eps_0.1_interval"]
+        print(f"run {i}: {r['observed_updates']} of {r['steps']} updates observed "
+              f"({r['predictor']} predictor)\n"
+              f"  final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
+              f"{lo:.3f}–{hi:.3f})\n"
+              f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
+              f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
+              f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f}; "
+              "meaningless if it diverges)")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+        print(f"json: {args.json_path}")
+    return 0
 
 
 def _fmt(v, unit=""):
@@ -342,8 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if program else argv
     parser = _parser()
     args = parser.parse_args(argv or ["predict", "--verify"])
+    if args.command == "outcome":
+        return _outcome(args, parser)
     if args.command != "predict":
-        parser.error("choose a command: predict")
+        parser.error("choose a command: predict or outcome")
     opts = vars(args)
     opts.pop("command")
     if program:

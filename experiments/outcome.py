@@ -1,0 +1,221 @@
+"""Outcome prediction from early telemetry (issue 11): splits, ablations and baselines.
+
+    python experiments/outcome.py CORPUS [--out DIR] [--ship]
+
+CORPUS: a corpus directory of ``experiments/telemetry_corpus.py`` or its packed .jsonl.gz.
+Writes DIR/ablation.csv (every split × predictor × prefix × metric), DIR/summary.json and,
+with ``--ship``, the shipped predictors fitted on the whole corpus
+(``ntk_tt/assets/outcome_{telemetry,ntk}.json.gz``).
+
+Splits: ``heldout_configs`` (a permanently held-out 20 % of the configurations (optimiser and
+B, n per class, m, κ̃), seed 0: every run of them, on every task, is test data) and ``loto:X``
+(leave target set X out). Predictors, each at prefix fractions k ∈ {0, 5, 10, 20} % of T:
+``trees+ntk`` (telemetry and the NTK prediction's features; at k = 0 the NTK prediction and
+the hyperparameters alone), ``trees`` (telemetry only), ``parametric`` (the loss prefix
+extrapolated by an exponential / power law: final loss → accuracy by isotonic regression
+fitted on the training split, divergence / failure / rank scored by the extrapolated final
+loss, T_0.1 read off the extrapolated curve) and ``ntk_raw`` (the NTK prediction itself:
+its held-out accuracy, divergence flag, T_0.1; no fitting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+from sklearn.isotonic import IsotonicRegression
+from sklearn.metrics import r2_score, roc_auc_score
+
+from ntk_tt._outcome import (
+    DEFAULT_KS,
+    TARGETS,
+    Dataset,
+    _fit_one,
+    _predict_one,
+    dataset,
+    fit_outcome,
+    parametric_baseline,
+)
+from ntk_tt._telemetry import Telemetry
+from ntk_tt.sweep._corpus import read_corpus
+
+CLASSIFY = ("diverged", "failed", "above_median")
+
+
+def _auc(y, s):
+    ok = np.isfinite(y) & np.isfinite(s)
+    y, s = y[ok], s[ok]
+    return float(roc_auc_score(y, s)) if len(np.unique(y)) == 2 else math.nan
+
+
+def _r2(y, p):
+    ok = np.isfinite(y) & np.isfinite(p)
+    return float(r2_score(y[ok], p[ok])) if ok.sum() > 1 else math.nan
+
+
+def _t_eps_p95(log_true, steps_true, pred_steps):
+    """p95 and median relative error |T̂ − T| / T of T_0.1 in steps."""
+    real = np.exp(log_true) * steps_true
+    ok = np.isfinite(real) & np.isfinite(pred_steps)
+    if not ok.any():
+        return math.nan, math.nan, 0
+    rel = np.abs(pred_steps[ok] - real[ok]) / real[ok]
+    return float(np.quantile(rel, 0.95)), float(np.median(rel)), int(ok.sum())
+
+
+def metrics(y: dict, pred: dict, steps: np.ndarray) -> dict:
+    """Every metric of one predictor on one test slice."""
+    p95, med, n = _t_eps_p95(y["log_t_eps"], steps, pred["t_eps_steps"])
+    return {"r2_test_accuracy": _r2(y["test_accuracy"], pred["test_accuracy"]),
+            "auc_diverged": _auc(y["diverged"], pred["diverged"]),
+            "auc_failed": _auc(y["failed"], pred["failed"]),
+            "auc_above_median": _auc(y["above_median"], pred["above_median"]),
+            "t_eps_p95_rel_err": p95, "t_eps_median_rel_err": med, "t_eps_n": n,
+            "n_runs": int(len(steps)), "n_diverged": int(np.nansum(y["diverged"])),
+            "n_failed": int(np.nansum(y["failed"]))}
+
+
+def _trees(train: Dataset, test: Dataset, seed: int = 0) -> dict:
+    out = {}
+    for t in TARGETS:
+        const = float(np.nanmean(train.y[t]))
+        out[t] = _predict_one(t, _fit_one(t, train.x, train.y[t], seed), test.x, const)
+    out["test_accuracy"] = np.clip(out["test_accuracy"], 0, 1)
+    out["t_eps_steps"] = np.exp(out["log_t_eps"]) * _col(test, "steps")
+    return out
+
+
+def _col(d: Dataset, name: str) -> np.ndarray:
+    if name == "steps":
+        return d.meta["steps"]
+    return d.x[:, d.columns.index(name)]
+
+
+def _subset(d: Dataset, mask: np.ndarray) -> Dataset:
+    return Dataset(d.x[mask], d.columns, {k: v[mask] for k, v in d.y.items()},
+                   {k: v[mask] for k, v in d.meta.items()})
+
+
+def _parametric_columns(rows, ks) -> np.ndarray:
+    """(R·len(ks), 2): extrapolated L_T/L_0 and T_0.1 (steps), in :func:`dataset` order."""
+    out = []
+    for r in rows:
+        t = Telemetry.from_dict(r["telemetry"])
+        for f in ks:
+            b = parametric_baseline(t, min(int(round(f * t.steps)), len(t.loss) - 1))
+            out.append((b["loss_T_rel"], b["t_eps"]))
+    return np.asarray(out, float)
+
+
+def _parametric(train_idx, test_idx, para, data: Dataset) -> dict:
+    lt = np.where(np.isfinite(para[:, 0]), para[:, 0], 1e6)
+    score = np.log(np.maximum(lt, 1e-9))
+    y = data.y["test_accuracy"]
+    ok = train_idx & np.isfinite(y)
+    iso = IsotonicRegression(increasing=False, out_of_bounds="clip").fit(score[ok], y[ok])
+    s = score[test_idx]
+    return {"test_accuracy": iso.predict(s), "diverged": s, "failed": s, "above_median": -s,
+            "t_eps_steps": para[test_idx, 1]}
+
+
+def _ntk_raw(test: Dataset) -> dict:
+    acc = _col(test, "ntk_test_acc_T")
+    div = _col(test, "ntk_diverged")
+    return {"test_accuracy": acc, "diverged": div + 1e-3 * _col(test, "ntk_log_kappa"),
+            "failed": div + 1e-3 * _col(test, "ntk_log_kappa"), "above_median": acc,
+            "t_eps_steps": _col(test, "ntk_t01_rel") * test.meta["steps"]}
+
+
+def splits(data: Dataset, seed: int = 0) -> dict[str, np.ndarray]:
+    """name → boolean test mask over the rows of ``data`` (all prefixes of a run together)."""
+    configs = np.unique(data.meta["config"])
+    rng = np.random.default_rng(seed)
+    held = set(rng.choice(configs, size=max(1, int(round(0.2 * len(configs)))),
+                          replace=False).tolist())
+    out = {"heldout_configs": np.isin(data.meta["config"], list(held))}
+    for d in np.unique(data.meta["dataset"]):
+        out[f"loto:{d}"] = data.meta["dataset"] == d
+    return out
+
+
+def evaluate(rows, ks=DEFAULT_KS, progress=print) -> pd.DataFrame:
+    """The ablation table: one line per (split, predictor, k fraction)."""
+    full = dataset(rows, ks=ks, ntk=True)
+    tele = dataset(rows, ks=ks, ntk=False)
+    steps = np.repeat([r["steps"] for r in rows], len(ks)).astype(float)
+    for d in (full, tele):
+        d.meta["steps"] = steps
+    para = _parametric_columns(rows, ks)
+    lines = []
+    for name, test in splits(full).items():
+        train = ~test
+        if not train.any() or not test.any():
+            continue
+        t0 = time.perf_counter()
+        preds = {"trees+ntk": _trees(_subset(full, train), _subset(full, test)),
+                 "trees": _trees(_subset(tele, train), _subset(tele, test)),
+                 "parametric": _parametric(train, test, para, full),
+                 "ntk_raw": _ntk_raw(_subset(full, test))}
+        ts = _subset(full, test)
+        for pname, pred in preds.items():
+            for f in ks:
+                m = ts.meta["k_frac"] == f
+                lines.append({"split": name, "predictor": pname, "k_frac": f,
+                              **metrics({k: v[m] for k, v in ts.y.items()},
+                                        {k: v[m] for k, v in pred.items()}, ts.meta["steps"][m])})
+        progress(f"{name}: {int(test.sum() / len(ks))} test runs "
+                 f"({time.perf_counter() - t0:.0f} s)")
+    return pd.DataFrame(lines)
+
+
+def summarize(table: pd.DataFrame) -> dict:
+    """Headline figures: held-out configurations and the pooled LOTO mean, per predictor/k."""
+    out = {}
+    for (split_kind, pname, f), g in table.assign(
+            kind=np.where(table.split.str.startswith("loto"), "loto_mean", table.split)
+    ).groupby(["kind", "predictor", "k_frac"]):
+        cols = [c for c in g.columns if c.startswith(("r2_", "auc_", "t_eps_p95", "t_eps_med"))]
+        out.setdefault(split_kind, {}).setdefault(pname, {})[f"{f:g}"] = {
+            c: (None if not np.isfinite(v) else round(float(v), 4))
+            for c, v in g[cols].mean(skipna=True).items()}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("corpus")
+    p.add_argument("--out", default="experiments/results/telemetry")
+    p.add_argument("--ship", action="store_true",
+                   help="also fit and write the shipped predictors on the whole corpus")
+    args = p.parse_args(argv)
+    rows = read_corpus(args.corpus)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = evaluate(rows, progress=lambda s: print(s, flush=True))
+    table.to_csv(out / "ablation.csv", index=False, float_format="%.4f")
+    summary = {"runs": len(rows), "tasks": len({r["task_id"] for r in rows}),
+               "datasets": sorted({r["dataset"] for r in rows}),
+               "diverged": int(sum(r["outcome"]["diverged"] for r in rows)),
+               "failed": int(sum(r["outcome"]["failed"] for r in rows)),
+               "results": summarize(table)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary["results"].get("heldout_configs", {}), indent=1)[:3000])
+    if args.ship:
+        assets = pathlib.Path(__file__).resolve().parents[1] / "ntk_tt" / "assets"
+        for ntk in (False, True):
+            model = fit_outcome(rows, ntk=ntk)
+            model.info["corpus"] = {"runs": len(rows), "source": "issue-11 corpus"}
+            path = assets / f"outcome_{'ntk' if ntk else 'telemetry'}.json.gz"
+            model.save(path)
+            print(f"shipped {path} ({path.stat().st_size / 1e3:.0f} kB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

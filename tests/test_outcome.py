@@ -1,0 +1,175 @@
+"""Outcome prediction from early telemetry: featurisation without leaks, the parametric
+baseline against closed forms, fitting on a corpus with a known law, conformal coverage,
+save/load round trip, the run-file reader and ``ntk-tt outcome``."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ntk_tt._outcome import (
+    TARGETS,
+    OutcomePredictor,
+    dataset,
+    fit_outcome,
+    load_runs,
+    outcome_features,
+    parametric_baseline,
+)
+from ntk_tt._telemetry import SCHEMA_VERSION, Telemetry
+from ntk_tt._training_time import training_time
+
+T = 40
+SNAPS = np.array([0, 1, 2, 4, 8, 20, 40])
+
+
+def _telemetry(rng, *, a=2.0, b=0.1, c=0.5, lr=0.01, m=0.0, batch=10, n=50) -> Telemetry:
+    """A run whose loss is exactly c + a·exp(−b t), other fields drawn at random."""
+    t = np.arange(T + 1.0)
+    loss = c + a * np.exp(-b * t)
+    return Telemetry(
+        learning_rate=lr, momentum=m, nesterov=False, batch_size=batch, steps=T,
+        num_train=n, num_classes=5, loss_name="cross_entropy", snr_samples=8, stopped_at=-1,
+        loss=loss, accuracy=1 - loss / loss[0] * 0.8, weight_distance=np.sqrt(t) * b,
+        weight_norm=10 + t * b, head_norm=1 + t * b, grad_norm=rng.uniform(0.5, 1.5, T),
+        grad_snr=rng.uniform(0, 2, T), snapshot_steps=SNAPS,
+        max_prob_mean=rng.uniform(0.2, 1, len(SNAPS)),
+        saturated_fraction=rng.uniform(0, 1, len(SNAPS)),
+        dead_relu_fraction=rng.uniform(0, 1, len(SNAPS)),
+        test_loss=rng.uniform(0, 2, len(SNAPS)), test_accuracy=rng.uniform(0, 1, len(SNAPS)))
+
+
+def _corpus(n_runs, seed=0, noise=0.01):
+    """Corpus rows whose final held-out accuracy is a known function of the loss decay rate b
+    (visible in the first steps) and whose divergence is a known function of η."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_runs):
+        b = rng.uniform(0.01, 0.3)
+        lr = float(10 ** rng.uniform(-3, 0))
+        tele = _telemetry(rng, b=b, c=rng.uniform(0.2, 0.8), lr=lr)
+        acc = float(np.clip(0.2 + 2.5 * b + rng.normal(0, noise), 0, 1))
+        div = lr > 0.3
+        t01 = float(training_time(tele.loss, 0.1))
+        pred = {"loss": list(tele.loss * 1.1), "error": [0.5] * (T + 1),
+                "test_loss": [1.0] * (T + 1), "test_error": [1 - acc] * (T + 1),
+                "diverged": bool(div), "spiked_at": -1, "kappa": lr * 100,
+                "beyond_edge": False, "training_time": [[t01, t01, t01]] * 2}
+        rows.append({
+            "run_id": f"r{i}", "task_id": f"task{i % 4}", "dataset": f"d{i % 2}",
+            "optimizer": "sgd", "batch_size": 10, "per_class": 10, "momentum": 0.0,
+            "kappa_eff": round(lr, 3), "steps": T, "telemetry": tele.to_dict(),
+            "prediction": pred,
+            "outcome": {"test_accuracy": acc, "diverged": div, "failed": div or acc < 0.25,
+                        "training_time": {"0.1": None if div else t01}}})
+    return rows
+
+
+def test_features_read_nothing_past_k():
+    rng = np.random.default_rng(0)
+    tele = _telemetry(rng)
+    k = 4
+    garbage = dataclasses.replace(
+        tele, loss=np.r_[tele.loss[:k + 1], np.full(T - k, 1e9)],
+        grad_norm=np.r_[tele.grad_norm[:k], np.full(T - k, -7.0)],
+        test_accuracy=np.where(SNAPS <= k, tele.test_accuracy, 0.123))
+    a, b = outcome_features(tele, k), outcome_features(garbage, k)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == pytest.approx(b[name], nan_ok=True), name
+    # against brute force on the prefix
+    assert a["loss_k_rel"] == pytest.approx(tele.loss[k] / tele.loss[0])
+    assert a["grad_last"] == pytest.approx(tele.grad_norm[k - 1])
+    assert a["grad_first"] == pytest.approx(tele.grad_norm[0])
+    assert a["snap_test_accuracy"] == pytest.approx(tele.test_accuracy[SNAPS == 4][0])
+    assert a["k_frac"] == pytest.approx(k / T)
+    slope = np.polyfit(np.arange(k - k // 2 + 1), np.log(tele.loss[k // 2:k + 1]), 1)[0]
+    assert a["loss_logslope"] == pytest.approx(slope)
+    # k = 0: no gradient seen yet
+    z = outcome_features(tele, 0)
+    assert math.isnan(z["grad_last"]) and z["loss_k_rel"] == 1.0
+
+
+def test_ntk_features_use_the_prediction_and_the_prefix_only():
+    rows = _corpus(1)
+    tele = Telemetry.from_dict(rows[0]["telemetry"])
+    f = outcome_features(tele, 8, rows[0]["prediction"])
+    pred_loss = np.asarray(rows[0]["prediction"]["loss"])
+    assert f["ntk_real_over_pred_k"] == pytest.approx(tele.loss[8] / pred_loss[8])
+    assert f["ntk_loss_T_rel"] == pytest.approx(pred_loss[-1] / pred_loss[0])
+    with pytest.raises(ValueError, match="'loss' and 'error'"):
+        outcome_features(tele, 8, {"loss": [1.0]})
+
+
+@pytest.mark.parametrize("form", ["exp", "power"])
+def test_parametric_baseline_recovers_a_known_curve(form):
+    t = np.arange(T + 1.0)
+    curve = 0.5 + 2.0 * (np.exp(-0.08 * t) if form == "exp" else (t + 1) ** -0.7)
+    tele = dataclasses.replace(_telemetry(np.random.default_rng(1)), loss=curve)
+    out = parametric_baseline(tele, 10)
+    assert out["loss_T_rel"] == pytest.approx(curve[-1] / curve[0], rel=1e-3)
+    assert out["t_eps"] == training_time(curve, 0.1)
+
+
+def test_parametric_baseline_flags_a_non_finite_prefix():
+    tele = _telemetry(np.random.default_rng(2))
+    bad = dataclasses.replace(tele, loss=np.r_[tele.loss[:3], np.inf, tele.loss[4:]],
+                              stopped_at=3)
+    assert parametric_baseline(bad, 5)["loss_T_rel"] == math.inf
+
+
+def test_fit_learns_a_known_law_and_intervals_cover():
+    train, test = _corpus(240, seed=0), _corpus(120, seed=1)
+    model = fit_outcome(train, ntk=False, ks=(0.1,))
+    data = dataset(test, ks=(0.1,), ntk=False)
+    pred = model.predict_features(data.x)
+    y = data.y["test_accuracy"]
+    r2 = 1 - np.sum((pred["test_accuracy"] - y) ** 2) / np.sum((y - y.mean()) ** 2)
+    assert r2 > 0.9
+    half = model.intervals["test_accuracy"]["0.1"]
+    coverage = np.mean(np.abs(pred["test_accuracy"] - y) <= half)
+    assert 0.8 <= coverage <= 0.99
+    div = data.y["diverged"].astype(bool)
+    assert pred["diverged"][div].min() > pred["diverged"][~div].max()  # η decides it exactly
+
+
+def test_save_load_round_trip(tmp_path):
+    rows = _corpus(80)
+    model = fit_outcome(rows, ntk=True, ks=(0.0, 0.1), folds=3)
+    data = dataset(rows[:10], ks=(0.1,), ntk=True)
+    for name in ("p.json", "p.json.gz"):
+        model.save(tmp_path / name)
+        back = OutcomePredictor.load(tmp_path / name)
+        a, b = model.predict_features(data.x), back.predict_features(data.x)
+        for t in TARGETS:
+            np.testing.assert_allclose(a[t], b[t], rtol=1e-12, atol=1e-12)
+        assert back.columns == model.columns and back.intervals == model.intervals
+    tele = Telemetry.from_dict(rows[0]["telemetry"])
+    one = back.predict(tele, rows[0]["prediction"], k=4)
+    assert one["observed_updates"] == 4 and 0 <= one["p_diverged"] <= 1
+    lo, hi = one["test_accuracy_interval"]
+    assert lo <= one["test_accuracy"] <= hi
+    with pytest.raises(ValueError, match="NTK prediction"):
+        back.predict(tele, None)
+    (tmp_path / "bad.json").write_text("{\"format_version\": 99}")
+    with pytest.raises(ValueError, match="format version"):
+        OutcomePredictor.load(tmp_path / "bad.json")
+
+
+def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
+    rows = _corpus(2)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(rows[0]["telemetry"]) + "\n" + json.dumps(rows[1]) + "\n")
+    runs = load_runs(path)
+    assert runs[0][1] is None and runs[1][1] == rows[1]["prediction"]
+    path.write_text(json.dumps(rows[0]["telemetry"]) + "\n{not json\n")
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        load_runs(path)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "loss": [1.0]}))
+    with pytest.raises(ValueError, match="row 1: telemetry row fields differ"):
+        load_runs(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="holds no runs"):
+        load_runs(path)
