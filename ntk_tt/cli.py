@@ -432,7 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv or ["predict", "--verify"])
     if args.command == "outcome":
-        return _outcome(args, parser)
+        try:
+            return _outcome(args, parser)
+        except KeyboardInterrupt:
+            sys.stderr.write("ntk-tt: interrupted\n")
+            return 130
     if args.command != "predict":
         parser.error("choose a command: predict or outcome")
     opts = vars(args)

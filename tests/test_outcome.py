@@ -173,3 +173,48 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     path.write_text("")
     with pytest.raises(ValueError, match="holds no runs"):
         load_runs(path)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["missing.jsonl"], "does not exist"),
+    (["RUNS", "--updates", "2", "--fraction", "0.1"], "not both"),
+    (["RUNS", "--updates", "-1"], "--updates must be >= 0"),
+    (["RUNS", "--fraction", "1.5"], r"--fraction must be in \[0, 1\]"),
+    (["RUNS", "--predictor", "nope"], "neither auto, telemetry, ntk nor a file"),
+    (["RUNS", "--updates", "99", "--predictor", "P"], "fewer than the 99 asked for"),
+    (["RUNS", "--predictor", "ntk"], "has no 'prediction'"),
+    (["BAD"], "line 1: not JSON"),
+])
+def test_outcome_cli_bad_input_is_one_line(args, match, tmp_path, capsys):
+    from ntk_tt.cli import main
+
+    rows = _corpus(60)
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(rows[0]["telemetry"]) + "\n")
+    (tmp_path / "bad.jsonl").write_text("{oops\n")
+    fit_outcome(rows, ntk=False, ks=(0.1,), folds=2).save(tmp_path / "p.json")
+    subs = {"RUNS": str(runs), "BAD": str(tmp_path / "bad.jsonl"), "P": str(tmp_path / "p.json")}
+    with pytest.raises(SystemExit) as exc:
+        main(["outcome", *[subs.get(a, a) for a in args]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("ntk-tt: error:")
+    assert any(__import__("re").search(match, line) for line in err), err
+
+
+def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
+    from ntk_tt.cli import main
+
+    rows = _corpus(60)
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    fit_outcome(rows, ntk=True, ks=(0.0, 0.1), folds=2).save(tmp_path / "p.json.gz")
+    out = tmp_path / "o.json"
+    assert main(["outcome", str(runs), "--fraction", "0.1", "--predictor",
+                 str(tmp_path / "p.json.gz"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("4 of 40 updates observed") == 2 and "P(diverges)" in text
+    got = json.loads(out.read_text())
+    assert len(got) == 2 and all(0 <= g["p_failed"] <= 1 for g in got)
+    with pytest.raises(SystemExit):  # an existing --json is refused
+        main(["outcome", str(runs), "--predictor", str(tmp_path / "p.json.gz"), "--json",
+              str(out)])

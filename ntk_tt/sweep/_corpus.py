@@ -190,18 +190,6 @@ def _predict(hk, y, yt, key, lrs, moms, *, steps, batch_size, num_paths):
     return {k: np.asarray(v) for k, v in out.items()}, time.perf_counter() - t0
 
 
-def _clean(value):
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray | list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *,
                     progress: Callable[[str], None] = print) -> int:
     """Predict and fine-tune every run of ``task`` not in ``done``; one file per run.
@@ -212,7 +200,7 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
     from ntk_tt._fspace import top_eigenvalue
     from ntk_tt._head_aware import head_aware_kernel, initial_kernel
     from ntk_tt._training_time import training_time
-    from ntk_tt.sweep._table import _atomic_write
+    from ntk_tt.sweep._table import _atomic_write, _jsonable
 
     left = [c for c in spec.runs(task) if run_id(task, c) not in done]
     if not left:
@@ -262,7 +250,7 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
                 "seconds": {k: float(v) for k, v in run.seconds.items()},
             }
             _atomic_write(out / f"{row['run_id']}.json",
-                          json.dumps(_clean(row), allow_nan=False).encode())
+                          json.dumps(_jsonable(row), allow_nan=False).encode())
             written += 1
         progress(f"{task.id}: B={b or 'N'} r{r}: {len(cfgs)} runs "
                  f"({time.perf_counter() - t0:.0f} s)")

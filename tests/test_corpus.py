@@ -1,0 +1,62 @@
+"""The telemetry corpus generator: one crash-safe row per run, resumable, the real run and its
+NTK prediction identical to direct ``finetune`` / ``predict_head_aware`` calls."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import ntk_tt
+from ntk_tt.sweep._corpus import (
+    CorpusSpec,
+    _run_key,
+    failed,
+    load_corpus_task,
+    read_corpus,
+    run_corpus,
+)
+
+SPEC = CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=((None, 5),),
+                  sgd_seeds=(1,), momenta=(0.0,), kappas=(2.0,), steps=4, test_per_class=2,
+                  snapshot_steps=(0, 2, 4), num_paths=2)
+
+
+def test_corpus_rows_resume_and_match_direct_calls(tmp_path):
+    assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 2,
+                                                                   "already_present": 0}
+    assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 0,
+                                                                   "already_present": 2}
+    rows = {r["config_id"]: r for r in read_corpus(tmp_path)}
+    assert sorted(rows) == ["b5-m0-k2-r0", "bN-m0-k2-r0"]
+    sgd = rows["b5-m0-k2-r0"]
+    task = SPEC.tasks()[0]
+    apply_fn, params, x, y, xt, yt, split, _ = load_corpus_task(task, SPEC)
+    key = _run_key(task, 0)
+    run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=sgd["learning_rate"],
+                          steps=SPEC.steps, batch_size=5, key=key, x_test=xt, y_test=yt)
+    np.testing.assert_allclose(sgd["telemetry"]["loss"], run.loss, rtol=1e-6)
+    assert sgd["outcome"]["test_accuracy"] == pytest.approx(run.test_accuracy)
+    assert sgd["telemetry"]["test_accuracy"][-1] == pytest.approx(run.test_accuracy)
+    hk = ntk_tt.head_aware_kernel(split, x, xt)
+    pred = ntk_tt.predict_head_aware(hk, y, learning_rate=sgd["learning_rate"], steps=SPEC.steps,
+                                     batch_size=5, key=key, num_paths=2, y_test=yt)
+    np.testing.assert_allclose(sgd["prediction"]["loss"], pred.loss, rtol=1e-4)
+    # the κ̃ → η rule: η = κ̃·N/λ_max(Θ_0)
+    assert sgd["learning_rate"] == pytest.approx(2.0 * x.shape[0] / sgd["lambda_max"], rel=1e-5)
+    assert sgd["outcome"]["failed"] == failed(run.test_accuracy, run.diverged, 5)
+    other = dataclasses.replace(SPEC, steps=5)
+    with pytest.raises(ValueError, match="different grid"):
+        run_corpus(other, tmp_path)
+    json.loads((tmp_path / "spec.json").read_text())
+
+
+def test_failure_label_and_spec_checks():
+    assert failed(0.9, True, 5) and failed(0.24, False, 5) and failed(None, False, 5)
+    assert not failed(0.26, False, 5)
+    with pytest.raises(ValueError, match="equal lengths"):
+        CorpusSpec(datasets=("a",), per_class=(10,), batch_sizes=((None,), (5,)))
+    with pytest.raises(ValueError, match=r"must be in \[1, N\)"):
+        CorpusSpec(datasets=("a",), per_class=(2,), batch_sizes=((10,),), sgd_seeds=(1,))
+    assert jax.random.key_data(_run_key(SPEC.tasks()[0], 1)).shape == (2,)
