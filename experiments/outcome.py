@@ -15,7 +15,8 @@ the hyperparameters alone), ``trees`` (telemetry only), ``parametric`` (the loss
 extrapolated by an exponential / power law: final loss → accuracy by isotonic regression
 fitted on the training split, divergence / failure / rank scored by the extrapolated final
 loss, T_0.1 read off the extrapolated curve) and ``ntk_raw`` (the NTK prediction itself:
-its held-out accuracy, divergence flag, T_0.1; no fitting).
+its held-out accuracy, divergence flag (ties broken by κ), failure score = flag + 1 − accuracy,
+T_0.1; no fitting).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def _ntk_raw(test: Dataset) -> dict:
     acc = _col(test, "ntk_test_acc_T")
     div = _col(test, "ntk_diverged")
     return {"test_accuracy": acc, "diverged": div + 1e-3 * _col(test, "ntk_log_kappa"),
-            "failed": div + 1e-3 * _col(test, "ntk_log_kappa"), "above_median": acc,
+            "failed": div + (1.0 - acc), "above_median": acc,
             "t_eps_steps": _col(test, "ntk_t01_rel") * test.meta["steps"]}
 
 
@@ -187,6 +188,34 @@ def summarize(table: pd.DataFrame) -> dict:
     return out
 
 
+_METRICS = (("r2_test_accuracy", "R² acc"), ("auc_diverged", "AUC diverged"),
+            ("auc_failed", "AUC failed"), ("auc_above_median", "AUC > task median"),
+            ("t_eps_p95_rel_err", "T_0.1 p95 err"), ("t_eps_median_rel_err", "T_0.1 median err"))
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The ablation tables as Markdown: held-out configurations, then each left-out target
+    set and their mean."""
+    kinds = ["heldout_configs", *sorted(s for s in table.split.unique() if s.startswith("loto"))]
+    blocks = []
+    loto = table[table.split.str.startswith("loto")]
+    frames = [(k, table[table.split == k]) for k in kinds]
+    frames.append(("loto mean", loto.groupby(["predictor", "k_frac"], as_index=False)
+                   .mean(numeric_only=True)))
+    for name, g in frames:
+        head = "| predictor | k | " + " | ".join(m[1] for m in _METRICS) + " |"
+        lines = [f"**{name}**", "", head, "|" + "---|" * (len(_METRICS) + 2)]
+        for r in g.sort_values(["predictor", "k_frac"]).itertuples():
+            vals = []
+            for col, _ in _METRICS:
+                v = getattr(r, col)
+                vals.append("–" if not np.isfinite(v) else
+                            f"{100 * v:.1f} %" if "err" in col else f"{v:.3f}")
+            lines.append(f"| {r.predictor} | {100 * r.k_frac:g} % | " + " | ".join(vals) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("corpus")
@@ -205,6 +234,7 @@ def main(argv=None) -> int:
                "failed": int(sum(r["outcome"]["failed"] for r in rows)),
                "results": summarize(table)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "ablation.md").write_text(markdown(table))
     print(json.dumps(summary["results"].get("heldout_configs", {}), indent=1)[:3000])
     if args.ship:
         assets = pathlib.Path(__file__).resolve().parents[1] / "ntk_tt" / "assets"

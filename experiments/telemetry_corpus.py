@@ -39,14 +39,15 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, help="task seeds")
     p.add_argument("--steps", type=int)
     p.add_argument("--pack", metavar="FILE", help="only write DIR's runs into one JSON Lines "
-                                                  "file (.gz: gzip-compressed)")
+                                                  "file (.gz: gzip-compressed; floats to 7 "
+                                                  "significant digits)")
     args = p.parse_args(argv)
     if args.pack:
         opener = gzip.open if args.pack.endswith(".gz") else open
         count = 0
         with opener(args.pack, "wt", encoding="utf-8") as fh:
             for row in iter_corpus(args.out):
-                fh.write(json.dumps(row, allow_nan=False) + "\n")
+                fh.write(json.dumps(_round(row), allow_nan=False) + "\n")
                 count += 1
         print(f"{count} runs → {args.pack}")
         return 0
@@ -61,6 +62,17 @@ def main(argv=None) -> int:
     counts = run_corpus(spec, args.out, progress=lambda s: print(s, flush=True))
     print(json.dumps(counts))
     return 0
+
+
+def _round(value):
+    """Floats to 7 significant digits (the runs are float32: nothing is lost)."""
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_round(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.7g}")
+    return value
 
 
 def _check_datasets(spec: CorpusSpec) -> None:
