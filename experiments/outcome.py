@@ -8,7 +8,8 @@ with ``--ship``, the shipped predictors fitted on the whole corpus
 (``ntk_tt/assets/outcome_{telemetry,ntk}.json.gz``).
 
 Splits: ``heldout_configs`` (a permanently held-out 20 % of the configurations (optimiser and
-B, n per class, m, κ̃), seed 0: every run of them, on every task, is test data) and ``loto:X``
+B, n per class, m, κ̃), seed 0: every run of them, on every task, is test data; four more
+draws ``heldout_configs_s1..s4`` show how much the figure depends on the draw) and ``loto:X``
 (leave target set X out). Predictors, each at prefix fractions k ∈ {0, 5, 10, 20} % of T:
 ``trees+ntk`` (telemetry and the NTK prediction's features; at k = 0 the NTK prediction and
 the hyperparameters alone), ``trees`` (telemetry only), ``parametric`` (the loss prefix
@@ -133,13 +134,19 @@ def _ntk_raw(test: Dataset) -> dict:
             "t_eps_steps": _col(test, "ntk_t01_rel") * test.meta["steps"]}
 
 
-def splits(data: Dataset, seed: int = 0) -> dict[str, np.ndarray]:
-    """name → boolean test mask over the rows of ``data`` (all prefixes of a run together)."""
+def splits(data: Dataset, draws: int = 5) -> dict[str, np.ndarray]:
+    """name → boolean test mask over the rows of ``data`` (all prefixes of a run together).
+
+    ``heldout_configs``: the permanent held-out 20 % of the configurations (draw seed 0);
+    ``heldout_configs_s1`` … : further independent draws (seeds 1 … draws − 1), to show how
+    much the figure depends on which configurations are held out; ``loto:X``: target set X."""
     configs = np.unique(data.meta["config"])
-    rng = np.random.default_rng(seed)
-    held = set(rng.choice(configs, size=max(1, int(round(0.2 * len(configs)))),
-                          replace=False).tolist())
-    out = {"heldout_configs": np.isin(data.meta["config"], list(held))}
+    out = {}
+    for seed in range(draws):
+        rng = np.random.default_rng(seed)
+        held = rng.choice(configs, size=max(1, int(round(0.2 * len(configs)))), replace=False)
+        out["heldout_configs" + (f"_s{seed}" if seed else "")] = np.isin(data.meta["config"],
+                                                                          held)
     for d in np.unique(data.meta["dataset"]):
         out[f"loto:{d}"] = data.meta["dataset"] == d
     return out
@@ -178,9 +185,10 @@ def evaluate(rows, ks=DEFAULT_KS, progress=print) -> pd.DataFrame:
 def summarize(table: pd.DataFrame) -> dict:
     """Headline figures: held-out configurations and the pooled LOTO mean, per predictor/k."""
     out = {}
-    for (split_kind, pname, f), g in table.assign(
-            kind=np.where(table.split.str.startswith("loto"), "loto_mean", table.split)
-    ).groupby(["kind", "predictor", "k_frac"]):
+    kind = np.where(table.split.str.startswith("loto"), "loto_mean", table.split)
+    draws = table[table.split.str.startswith("heldout_configs")].assign(kind="heldout_draws_mean")
+    for (split_kind, pname, f), g in pd.concat([table.assign(kind=kind), draws]).groupby(
+            ["kind", "predictor", "k_frac"]):
         cols = [c for c in g.columns if c.startswith(("r2_", "auc_", "t_eps_p95", "t_eps_med"))]
         out.setdefault(split_kind, {}).setdefault(pname, {})[f"{f:g}"] = {
             c: (None if not np.isfinite(v) else round(float(v), 4))
@@ -198,10 +206,12 @@ def markdown(table: pd.DataFrame) -> str:
     set and their mean."""
     kinds = ["heldout_configs", *sorted(s for s in table.split.unique() if s.startswith("loto"))]
     blocks = []
-    loto = table[table.split.str.startswith("loto")]
     frames = [(k, table[table.split == k]) for k in kinds]
-    frames.append(("loto mean", loto.groupby(["predictor", "k_frac"], as_index=False)
-                   .mean(numeric_only=True)))
+    for name, prefix in (("mean over the 5 held-out configuration draws", "heldout_configs"),
+                         ("leave-one-target-set-out mean", "loto")):
+        part = table[table.split.str.startswith(prefix)]
+        frames.append((name, part.groupby(["predictor", "k_frac"], as_index=False)
+                       .mean(numeric_only=True)))
     for name, g in frames:
         head = "| predictor | k | " + " | ".join(m[1] for m in _METRICS) + " |"
         lines = [f"**{name}**", "", head, "|" + "---|" * (len(_METRICS) + 2)]

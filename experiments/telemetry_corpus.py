@@ -4,9 +4,10 @@
     python experiments/telemetry_corpus.py --out DIR --pack FILE.jsonl.gz   # one file of rows
 
 Resumable: rerunning the same command skips every finished run (one crash-safe JSON file per
-run in DIR/runs). ``full``: every shared target set × {10, 50} images per class × 3 task seeds;
-GD and B = 10 (3 batch orders) at N = 50, B ∈ {25, 50} at N = 250; m ∈ {0, 0.9};
-κ̃ ∈ {0.1 … 300} (far below to past the divergence edge); T = 40 steps: 1,152 runs.
+run in DIR/runs). ``full``: every shared target set × {10, 50} images per class × {3, 2} task
+seeds; GD and B = 10 (3 batch orders) at N = 50, B ∈ {25, 50} at N = 250; m ∈ {0, 0.9};
+κ̃ ∈ {0.1, 0.3, 1, 3, 10, 30, 100, 300} (far below to past the divergence edge); T = 40
+steps: 1,024 runs.
 ``smoke``: the vendored flowers5 set, 2 tiny tasks (the test's run). Every dataset is loaded
 and checked before any work (one ``telemetry_corpus.py: error:`` line, exit status 2).
 """
@@ -25,7 +26,8 @@ TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
     "full": CorpusSpec(datasets=TARGETS),
     "smoke": CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,),
-                        batch_sizes=((None, 5),), sgd_seeds=(1,), momenta=(0.0,),
+                        batch_sizes=((None, 5),), sgd_seeds=(1,), task_seeds=None,
+                        momenta=(0.0,),
                         kappas=(1.0, 300.0), steps=6, test_per_class=4,
                         snapshot_steps=(0, 1, 3, 6), num_paths=2),
 }

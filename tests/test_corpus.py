@@ -19,8 +19,8 @@ from ntk_tt.sweep._corpus import (
 )
 
 SPEC = CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=((None, 5),),
-                  sgd_seeds=(1,), momenta=(0.0,), kappas=(2.0,), steps=4, test_per_class=2,
-                  snapshot_steps=(0, 2, 4), num_paths=2)
+                  sgd_seeds=(1,), task_seeds=None, momenta=(0.0,), kappas=(2.0,), steps=4,
+                  test_per_class=2, snapshot_steps=(0, 2, 4), num_paths=2)
 
 
 def test_corpus_rows_resume_and_match_direct_calls(tmp_path):
@@ -55,8 +55,14 @@ def test_corpus_rows_resume_and_match_direct_calls(tmp_path):
 def test_failure_label_and_spec_checks():
     assert failed(0.9, True, 5) and failed(0.24, False, 5) and failed(None, False, 5)
     assert not failed(0.26, False, 5)
-    with pytest.raises(ValueError, match="equal lengths"):
+    with pytest.raises(ValueError, match="equal"):
         CorpusSpec(datasets=("a",), per_class=(10,), batch_sizes=((None,), (5,)))
+    two = CorpusSpec(datasets=("a", "b"), per_class=(10, 50), seeds=(0, 1, 2),
+                     task_seeds=(3, 1))
+    assert [(t.dataset, t.per_class, t.seed) for t in two.tasks()] == [
+        ("a", 10, 0), ("a", 10, 1), ("a", 10, 2), ("b", 10, 0), ("b", 10, 1), ("b", 10, 2),
+        ("a", 50, 0), ("b", 50, 0)]
     with pytest.raises(ValueError, match=r"must be in \[1, N\)"):
-        CorpusSpec(datasets=("a",), per_class=(2,), batch_sizes=((10,),), sgd_seeds=(1,))
+        CorpusSpec(datasets=("a",), per_class=(2,), batch_sizes=((10,),), sgd_seeds=(1,),
+                   task_seeds=None)
     assert jax.random.key_data(_run_key(SPEC.tasks()[0], 1)).shape == (2,)

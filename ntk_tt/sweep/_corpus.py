@@ -37,9 +37,11 @@ EPSILONS = (0.01, 0.1, 0.4)
 class CorpusSpec:
     """The corpus grid; every field is an option of ``experiments/telemetry_corpus.py``.
 
-    ``batch_sizes[i]`` and ``sgd_seeds[i]`` belong to ``per_class[i]``: the batch sizes run at
-    that task size (None = GD) and the number of SGD batch orders (run seeds 0, 1, …) each SGD
-    configuration is run with. ``snapshot_steps``: the telemetry snapshots (∩ [0, steps]).
+    ``batch_sizes[i]``, ``sgd_seeds[i]`` and ``task_seeds[i]`` belong to ``per_class[i]``: the
+    batch sizes run at that task size (None = GD), the number of SGD batch orders (run seeds
+    0, 1, …) each SGD configuration is run with, and how many of ``seeds`` (the first ones)
+    that size's tasks use (None: all). ``snapshot_steps``: the telemetry snapshots
+    (∩ [0, steps]).
     """
 
     datasets: tuple[str, ...]
@@ -47,6 +49,7 @@ class CorpusSpec:
     seeds: tuple[int, ...] = (0, 1, 2)
     batch_sizes: tuple[tuple[int | None, ...], ...] = ((None, 10), (25, 50))
     sgd_seeds: tuple[int, ...] = (3, 1)
+    task_seeds: tuple[int, ...] | None = (3, 2)
     momenta: tuple[float, ...] = (0.0, 0.9)
     kappas: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
     steps: int = 40
@@ -58,10 +61,11 @@ class CorpusSpec:
     checkpoint: str | None = None
 
     def __post_init__(self):
-        if not (len(self.per_class) == len(self.batch_sizes) == len(self.sgd_seeds)):
-            raise ValueError("per_class, batch_sizes and sgd_seeds must have equal lengths "
-                             f"(one entry per task size), got {len(self.per_class)}, "
-                             f"{len(self.batch_sizes)}, {len(self.sgd_seeds)}.")
+        sizes = (len(self.per_class), len(self.batch_sizes), len(self.sgd_seeds),
+                 len(self.per_class if self.task_seeds is None else self.task_seeds))
+        if len(set(sizes)) != 1:
+            raise ValueError("per_class, batch_sizes, sgd_seeds and task_seeds must have equal "
+                             f"lengths (one entry per task size), got {sizes}.")
         for name in ("datasets", "per_class", "seeds", "momenta", "kappas"):
             if not getattr(self, name):
                 raise ValueError(f"CorpusSpec.{name} is empty; give at least one value.")
@@ -81,8 +85,10 @@ class CorpusSpec:
         """The sweep tasks, smallest first."""
         from ntk_tt.sweep._grid import Task
 
+        counts = self.task_seeds or (len(self.seeds),) * len(self.per_class)
         return [Task(d, n, s, self.classes)
-                for n, d, s in itertools.product(self.per_class, self.datasets, self.seeds)]
+                for n, count in zip(self.per_class, counts, strict=True)
+                for d, s in itertools.product(self.datasets, self.seeds[:count])]
 
     def runs(self, task) -> list[RunConfig]:
         """The task's runs, grouped by (batch size, run seed) in that order."""
