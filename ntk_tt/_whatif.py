@@ -168,7 +168,7 @@ def _check_point(learning_rate, momentum, epsilon, temperature, accuracy_tempera
                      "use 0.0 for plain (S)GD, e.g. 0.9 for heavy ball.", low_open=False)
     _check_epsilon(epsilon)
     _check_scalar_in(temperature, "temperature", 0.0, None,
-                     "it is the relative softness of smooth_training_time, e.g. 0.05.")
+                     "it is the relative softness of smooth_training_time, e.g. 0.02.")
     _check_scalar_in(accuracy_temperature, "accuracy_temperature", 0.0, None,
                      "it is the logit-margin scale of the smoothed accuracy, e.g. 0.1.")
     _check_window(window, steps)
@@ -360,7 +360,7 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
 def sensitivities(
     kernel, y, *, learning_rate, momentum=0.0, steps, epsilon=0.1, batch_size=None,
     key=None, y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=False,
-    loss="cross_entropy", num_paths=32, window=5, temperature=0.05, accuracy_temperature=0.1,
+    loss="cross_entropy", num_paths=32, window=5, temperature=0.02, accuracy_temperature=0.1,
 ) -> Sensitivities:
     """Predicted T_ε, final loss and held-out accuracy at (η, m), with d/dη, d/dm and
     elasticities d log Q / d log η (paper Secs. 3–5; METHOD.md §2, §3, §6).
@@ -392,6 +392,12 @@ def sensitivities(
       nesterov, loss, num_paths: as :func:`ntk_tt.predict_from_kernel`.
       window: odd smoothing window of T_ε (as :func:`ntk_tt.training_time`).
       temperature: τ > 0 of :func:`ntk_tt.smooth_training_time`, relative to ε·drop.
+        Default 0.02, lower than that function's 0.05: on a curve that approaches L_T
+        slowly (the README example, T_0.1 = 51 of 150 steps at η = 0.1, 30 at η = 0.3)
+        τ = 0.05 put the smooth T_ε 2–3 steps below the hard one, 0.02 within 0.6 steps,
+        0.01 within 0.3, with dT_ε/dη unchanged at η = 0.1 (−198, −203, −203; the hard
+        T_ε's secant slope ≈ −200); at 0.005 the derivative starts to follow the hard
+        T_ε's unit jumps (−166).
       accuracy_temperature: τ_acc > 0 in logit units, the margin scale of the smoothed
         accuracy.
 
@@ -562,10 +568,12 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     """Heat map of the predicted T_ε over η × m with the predicted divergence boundary.
 
     x axis: learning rate η (log scale); y axis: momentum m; colour: T_ε in optimiser steps
-    (``grid_result.training_time``), diverged cells grey and hatched, cells where T_ε is
-    otherwise undefined left white; the boundary (the largest non-diverging grid η per m) is
-    drawn as a line with markers. Uses matplotlib's object API (no pyplot state, no backend
-    change); a new figure has a colour bar.
+    (``grid_result.training_time``), diverged cells grey, cells where T_ε is otherwise
+    undefined (flat or not settled) left white; the boundary (per m, the largest grid η below
+    the first diverged one) is drawn as a line with markers. Uses matplotlib's object API
+    (no pyplot state, no backend change); a new figure has a colour bar. What it shows is
+    defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; paper
+    Sec. 5, Alg. 1).
 
     Args:
       grid_result: a :class:`WhatIfGrid` from :func:`divergence_boundary`.
@@ -597,13 +605,12 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
         fig = Figure(figsize=(6.4, 4.2), constrained_layout=True)
         ax = fig.add_subplot()
     fig = ax.figure
-    x_edges, y_edges = _edges(lrs, log=True), _edges(ms, log=False)
+    x_edges, y_edges = _edges(lrs, log=True), np.clip(_edges(ms, log=False), 0.0, 1.0)
     mesh = ax.pcolormesh(x_edges, y_edges, np.ma.masked_invalid(t), cmap="viridis",
                          shading="flat")
     if div.any():
         ax.pcolormesh(x_edges, y_edges, np.ma.masked_where(~div, np.ones(shape)),
-                      cmap=ListedColormap(["0.7"]), shading="flat", hatch="//",
-                      edgecolor="0.5", linewidth=0.0)
+                      cmap=ListedColormap(["0.7"]), shading="flat")
     b = np.asarray(grid_result.boundary, float)
     ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
             label="predicted divergence boundary")
