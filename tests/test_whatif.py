@@ -17,6 +17,7 @@ from ntk_tt._head_aware import HeadAwareKernel
 matplotlib.use("Agg")
 
 N, NT, STEPS, EPS = 16, 6, 60, 0.1
+TAU = 0.02  # sensitivities' default temperature of smooth_training_time
 F64 = jnp.float64
 
 
@@ -91,7 +92,7 @@ def test_plain_kernel_sensitivities_match_central_differences(x64):
     def reference(lr_, m_):  # eager: predict_from_kernel's own compiled core
         pred = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr_,
                                           momentum=m_, steps=STEPS)
-        return jnp.stack([_smooth_t(pred.loss, EPS), pred.loss[-1]])
+        return jnp.stack([_smooth_t(pred.loss, EPS, temperature=TAU), pred.loss[-1]])
 
     batches = jnp.broadcast_to(jnp.arange(N), (STEPS, N))
 
@@ -203,7 +204,7 @@ def test_head_aware_sgd_sensitivities_match_central_differences(x64):
         fs = _train(_head_apply, params, x[:N], y, batches, x, lr_, m_, nesterov=False,
                     loss="cross_entropy")
         curve = jax.vmap(lambda f: ntk_tt.mean_loss(f[:N], y, "cross_entropy"))(fs)
-        return np.array([float(_smooth_t(curve, EPS)), float(curve[-1]),
+        return np.array([float(_smooth_t(curve, EPS, temperature=TAU)), float(curve[-1]),
                          _soft_accuracy(fs[-1, N:], yt, 0.1)]), np.asarray(curve)
 
     h_lr, h_m = 1e-6 * lr, 1e-6
@@ -269,6 +270,24 @@ def test_grid_points_equal_single_predictions(mse_grid):
                                        rtol=1e-10)
             np.testing.assert_equal(grid.training_time[i, j],
                                     ntk_tt.training_time(np.asarray(pred.loss), EPS))
+
+
+def test_head_aware_grid_cells_equal_single_predictions(x64):
+    """A HeadAwareKernel grid (cross-entropy, held-out data): cells equal predict_head_aware
+    at the same (η, m), held-out accuracy included."""
+    _, _, yy, hk = _head_problem()
+    y, yt = yy[:N], yy[N:]
+    lrs, ms = np.array([0.05, 0.5, 5.0]), np.array([0.0, 0.9])
+    grid = ntk_tt.divergence_boundary(hk, y, momenta=ms, learning_rates=lrs, steps=20,
+                                      y_test=yt)
+    assert grid.diverged.shape == grid.test_accuracy.shape == (2, 3)
+    for i, j in [(0, 1), (1, 0), (1, 2)]:
+        pred = ntk_tt.predict_head_aware(hk, y, learning_rate=lrs[j], momentum=ms[i],
+                                         steps=20, y_test=yt)
+        assert grid.diverged[i, j] == bool(pred.diverged)
+        np.testing.assert_allclose(grid.final_loss[i, j], float(pred.loss[-1]), rtol=1e-10)
+        want = np.nan if pred.diverged else 1.0 - float(pred.test_error[-1])
+        np.testing.assert_allclose(grid.test_accuracy[i, j], want)
 
 
 def test_plot_whatif_returns_labelled_figure(mse_grid):
