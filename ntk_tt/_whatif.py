@@ -510,7 +510,9 @@ def divergence_boundary(
     yet risen above L_0 within ``steps`` counts as not diverged: take ``steps`` long enough
     for the instability to show. For MSE, full-batch GD and heavy ball on a plain kernel the
     boundary is the linear model's edge η·λ_max/N = 2(1 + m) (``beyond_edge``) up to the grid
-    spacing.
+    spacing. Memory: the vmapped sweep holds every grid point's logits at once, about
+    G_m·G_η·P·(T + 1)·(N + N_test)·C floats (P = ``num_paths`` for SGD, else 1); for a large
+    grid call it once per slice of ``momenta``.
 
     Args:
       kernel, y, steps, batch_size, key, y_test, f0, kernel_test, f0_test, nesterov, loss,
