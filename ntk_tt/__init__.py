@@ -76,6 +76,11 @@ _EXPORTS = {
     "outcome_features": "ntk_tt._outcome",
     "parametric_baseline": "ntk_tt._outcome",
     "truncate": "ntk_tt._telemetry",
+    "Sensitivities": "ntk_tt._whatif",
+    "WhatIfGrid": "ntk_tt._whatif",
+    "divergence_boundary": "ntk_tt._whatif",
+    "plot_whatif": "ntk_tt._whatif",
+    "sensitivities": "ntk_tt._whatif",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -1,0 +1,397 @@
+"""What-if: sensitivities vs central differences, the predicted divergence boundary vs the
+linear model's closed-form stability edge, the figure, and input validation."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk, linear_apply, train_optax
+
+import ntk_tt
+from ntk_tt import _whatif
+from ntk_tt._head_aware import HeadAwareKernel
+
+matplotlib.use("Agg")
+
+N, NT, STEPS, EPS = 16, 6, 60, 0.1
+TAU = 0.02  # sensitivities' default temperature of smooth_training_time
+F64 = jnp.float64
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def _plain_problem():
+    """Linear model (its linearisation is exact): Θ, f0, held-out cross kernel and logits."""
+    rng = np.random.default_rng(0)  # numpy draws: no per-op compilation in the tests
+    c = 3
+    x = jnp.asarray(rng.normal(size=(N + NT, 6)))
+    y = jnp.asarray(rng.integers(0, c, N + NT))
+    params = {"w": jnp.asarray(0.3 * rng.normal(size=(6, c))), "b": jnp.zeros(c, x.dtype)}
+    xtr, ytr, xte, yte = x[:N], y[:N], x[N:], y[N:]
+    # f = x w + b: Θ[(i, c), (j, c')] = (x_i·x_j + 1) δ_cc' (test_kernel_is_brute_force_ntk)
+    return dict(params=params, x=xtr, y=ytr, xt=xte, yt=yte,
+                kernel=jnp.kron(xtr @ xtr.T + 1.0, jnp.eye(c, dtype=x.dtype)),
+                f0=linear_apply(params, xtr),
+                kernel_test=jnp.kron(xte @ xtr.T + 1.0, jnp.eye(c, dtype=x.dtype)),
+                f0_test=linear_apply(params, xte))
+
+
+def test_kernel_is_brute_force_ntk(x64):
+    p = _plain_problem()
+    np.testing.assert_allclose(p["kernel"], brute_ntk(linear_apply, p["params"], p["x"]),
+                               rtol=1e-12)
+    np.testing.assert_allclose(p["kernel_test"],
+                               brute_ntk(linear_apply, p["params"], p["xt"], p["x"]),
+                               rtol=1e-12)
+
+
+def _lam_max(kernel):
+    return float(np.linalg.eigvalsh(np.asarray(kernel))[-1])
+
+
+def _soft_accuracy(logits, y, tau):
+    """Independent re-statement of the smoothed accuracy: mean σ(margin / τ)."""
+    logits = np.asarray(logits)
+    true = logits[np.arange(len(y)), np.asarray(y)]
+    other = np.where(np.eye(logits.shape[1], dtype=bool)[np.asarray(y)], -np.inf,
+                     logits).max(axis=1)
+    return float(np.mean(1.0 / (1.0 + np.exp(-(true - other) / tau))))
+
+
+def _central(fn, lr, m, h_lr, h_m):
+    """Central differences of fn(lr, m) -> array of quantities: (d/dη, d/dm)."""
+    d_lr = (np.asarray(fn(lr + h_lr, m)) - np.asarray(fn(lr - h_lr, m))) / (2 * h_lr)
+    d_m = (np.asarray(fn(lr, m + h_m)) - np.asarray(fn(lr, m - h_m))) / (2 * h_m)
+    return d_lr, d_m
+
+
+_train = jax.jit(train_optax, static_argnums=0, static_argnames=("nesterov", "loss"))
+_smooth_t = jax.jit(ntk_tt.smooth_training_time)
+
+
+def test_plain_kernel_sensitivities_match_central_differences(x64):
+    """Derivatives wrt η and m of T_ε (smooth), L_T and the smoothed held-out accuracy, at a
+    point with momentum, against central differences of independent references: the public
+    predict_from_kernel (T_ε, L_T) and real optax training of the linear model (held-out
+    logits, whose linearisation is exact); elasticity = the log-log central difference.
+    Values: smooth T_ε within 1 step of the hard training_time of the predicted curve."""
+    p = _plain_problem()
+    lr, m = 0.6 * N / _lam_max(p["kernel"]), 0.3
+    kw = dict(f0=p["f0"], kernel_test=p["kernel_test"], f0_test=p["f0_test"], y_test=p["yt"])
+    s = ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lr, momentum=m, steps=STEPS,
+                             epsilon=EPS, **kw)
+    assert not bool(s.diverged)
+
+    def reference(lr_, m_):  # eager: predict_from_kernel's own compiled core
+        pred = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr_,
+                                          momentum=m_, steps=STEPS)
+        return jnp.stack([_smooth_t(pred.loss, EPS, temperature=TAU), pred.loss[-1]])
+
+    batches = jnp.broadcast_to(jnp.arange(N), (STEPS, N))
+
+    def held_out(lr_, m_):
+        return _train(linear_apply, p["params"], p["x"], p["y"], batches, p["xt"], lr_, m_,
+                      nesterov=False, loss="cross_entropy")[-1]
+
+    def accuracy(lr_, m_):
+        return _soft_accuracy(held_out(lr_, m_), p["yt"], 0.1)
+
+    h_lr, h_m = 1e-6 * lr, 1e-6
+    (dt_lr, dl_lr), (dt_m, dl_m) = _central(reference, lr, m, h_lr, h_m)
+    da_lr, da_m = _central(accuracy, lr, m, h_lr, h_m)
+    pairs = [(s.d_training_time_d_lr, dt_lr), (s.d_training_time_d_momentum, dt_m),
+             (s.d_final_loss_d_lr, dl_lr), (s.d_final_loss_d_momentum, dl_m),
+             (s.d_test_accuracy_d_lr, da_lr), (s.d_test_accuracy_d_momentum, da_m)]
+    for got, want in pairs:
+        # central differences at h = 1e-6 relative in float64: ~1e-9 relative truncation
+        np.testing.assert_allclose(float(got), want, rtol=1e-5)
+        assert abs(float(got)) > 0
+    # values agree with the public predictor and the real linear-model run
+    loss = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr,
+                                      momentum=m, steps=STEPS).loss
+    hard = ntk_tt.training_time(np.asarray(loss), EPS)
+    assert float(s.training_time_hard) == hard
+    assert abs(float(s.training_time) - hard) <= 1.0
+    np.testing.assert_allclose(float(s.final_loss), float(loss[-1]), rtol=1e-12)
+    real_logits = np.asarray(held_out(lr, m))
+    # error_rate's mean of booleans is float32 even under x64: compare to float32 rounding
+    np.testing.assert_allclose(float(s.test_accuracy),
+                               np.mean(real_logits.argmax(1) == np.asarray(p["yt"])), atol=1e-7)
+    np.testing.assert_allclose(float(s.soft_test_accuracy), accuracy(lr, m), rtol=1e-9)
+    # elasticity d log T / d log η against the log-log central difference
+    g = 1e-6
+    t_up, t_down = reference(lr * np.exp(g), m)[0], reference(lr * np.exp(-g), m)[0]
+    np.testing.assert_allclose(float(s.training_time_elasticity),
+                               float(np.log(t_up) - np.log(t_down)) / (2 * g), rtol=1e-5)
+    np.testing.assert_allclose(float(s.final_loss_elasticity),
+                               lr * float(s.d_final_loss_d_lr) / float(s.final_loss))
+
+
+@pytest.mark.parametrize("lr_kappa,m", [(0.3, 0.0), (1.0, 0.5), (2.0, 0.9)])
+def test_smooth_training_time_within_one_step_of_hard(x64, lr_kappa, m):
+    """At several (κ, m): the smooth T_ε is within 1 step of training_time on the predicted
+    curve, and the hard one equals it (cross-entropy, no held-out data: accuracies NaN)."""
+    p = _plain_problem()
+    lr = lr_kappa * N / _lam_max(p["kernel"])
+    s = ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lr, momentum=m, steps=STEPS,
+                             epsilon=EPS, f0=p["f0"])
+    curve = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr,
+                                       momentum=m, steps=STEPS).loss
+    hard = ntk_tt.training_time(np.asarray(curve), EPS)
+    assert np.isfinite(hard) and float(s.training_time_hard) == hard
+    assert abs(float(s.training_time) - hard) <= 1.0
+    for field in ("test_accuracy", "soft_test_accuracy", "d_test_accuracy_d_lr",
+                  "d_test_accuracy_d_momentum", "test_accuracy_elasticity"):
+        assert np.isnan(float(getattr(s, field))), field
+
+
+def test_diverged_prediction_has_nan_derivatives(x64):
+    """MSE GD beyond the edge (κ = 3 > 2): diverged, T_ε and every derivative NaN."""
+    p = _plain_problem()
+    lr = 3.0 * N / _lam_max(p["kernel"])
+    s = ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lr, steps=STEPS, f0=p["f0"],
+                             loss="mse")
+    assert bool(s.diverged) and bool(s.beyond_edge)
+    assert int(s.training_time_code) == 4
+    for field in ("training_time", "training_time_hard", "d_training_time_d_lr",
+                  "d_final_loss_d_lr", "d_final_loss_d_momentum", "training_time_elasticity"):
+        assert np.isnan(float(getattr(s, field))), field
+
+
+def _head_apply(params, x):
+    """f = (x V + c) W + b: a linear backbone under a linear head, of exactly the head-aware
+    form (its feature kernel is K_h(i, j) = (x_i·x_j + 1) I_F, isotropic)."""
+    return (x @ params["v"] + params["c"]) @ params["w"] + params["b"]
+
+
+def _head_problem(d=5, f=4, c=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(N + NT, d)))
+    y = jnp.asarray(rng.integers(0, c, N + NT))
+    params = {"v": jnp.asarray(rng.normal(size=(d, f)) / np.sqrt(d)), "c": jnp.zeros(f, F64),
+              "w": jnp.asarray(0.3 * rng.normal(size=(f, c))), "b": jnp.zeros(c, F64)}
+    xs, xts = x[:N], x[N:]
+    hk = HeadAwareKernel(xs @ params["v"] + params["c"], params["w"], params["b"],
+                         xs @ xs.T + 1.0, jnp.eye(f, dtype=F64),
+                         xts @ params["v"] + params["c"], xts @ xs.T + 1.0)
+    return params, x, y, hk
+
+
+def test_head_aware_sgd_sensitivities_match_central_differences(x64):
+    """Head-aware kernel, SGD (B = 4, one batch order = the real run's), heavy ball: d/dη and
+    d/dm of T_ε (smooth), L_T and the smoothed held-out accuracy against central differences
+    of real optax SGD on a linear-backbone network of exactly the head-aware form (so its
+    real curves are the predicted ones: checked to 1e-9), and T_ε within 1 step of the hard
+    training_time of that curve."""
+    b, steps = 4, 40
+    params, x, yy, hk = _head_problem()
+    y, yt = yy[:N], yy[N:]
+    key = jax.random.key(3)
+    lr, m = 0.2, 0.5
+    s = ntk_tt.sensitivities(hk, y, learning_rate=lr, momentum=m, epsilon=EPS, steps=steps,
+                             batch_size=b, key=key, num_paths=1, y_test=yt)
+    assert not bool(s.diverged)
+    batches = ntk_tt.batch_indices(key, N, b, steps)
+
+    def real(lr_, m_):
+        fs = _train(_head_apply, params, x[:N], y, batches, x, lr_, m_, nesterov=False,
+                    loss="cross_entropy")
+        curve = jax.vmap(lambda f: ntk_tt.mean_loss(f[:N], y, "cross_entropy"))(fs)
+        return np.array([float(_smooth_t(curve, EPS, temperature=TAU)), float(curve[-1]),
+                         _soft_accuracy(fs[-1, N:], yt, 0.1)]), np.asarray(curve)
+
+    h_lr, h_m = 1e-6 * lr, 1e-6
+    d_lr, d_m = _central(lambda a, b_: real(a, b_)[0], lr, m, h_lr, h_m)
+    got_lr = [s.d_training_time_d_lr, s.d_final_loss_d_lr, s.d_test_accuracy_d_lr]
+    got_m = [s.d_training_time_d_momentum, s.d_final_loss_d_momentum,
+             s.d_test_accuracy_d_momentum]
+    for got, want in zip(got_lr + got_m, list(d_lr) + list(d_m), strict=True):
+        np.testing.assert_allclose(float(got), want, rtol=1e-5)
+        assert abs(float(got)) > 0
+    values, curve = real(lr, m)
+    np.testing.assert_allclose([float(s.training_time), float(s.final_loss),
+                                float(s.soft_test_accuracy)], values, rtol=1e-9)
+    hard = ntk_tt.training_time(curve, EPS)
+    assert float(s.training_time_hard) == hard and abs(float(s.training_time) - hard) <= 1.0
+
+
+MOMENTA = np.array([0.0, 0.3, 0.6, 0.9])
+KAPPAS = np.geomspace(1.0, 5.0, 162)  # 1.0 % apart, >= 0.34 % from every edge 2(1 + m)
+
+
+@pytest.fixture(scope="module")
+def mse_grid():
+    with jax.enable_x64(True):
+        p = _plain_problem()
+        lam = _lam_max(p["kernel"])
+        lrs = KAPPAS * N / lam
+        grid = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"], momenta=MOMENTA,
+                                          learning_rates=lrs, steps=300, loss="mse")
+        return grid, p, lam
+
+
+def test_divergence_boundary_is_the_closed_form_edge(mse_grid):
+    """MSE, full-batch heavy ball on a plain kernel: the linear model diverges iff
+    η·λ_max/N > 2(1 + m) (λ_max by numpy's eigvalsh, mean loss, h = 1). On a grid ~1 % apart
+    with no point within 0.3 % of an edge, the predicted boundary is the grid point just
+    below the closed form for every m, and the diverged flags are exactly those above it."""
+    grid, p, lam = mse_grid
+    lrs = grid.learning_rates
+    assert grid.diverged.shape == grid.training_time.shape == grid.final_loss.shape == (4, 162)
+    for i, m in enumerate(MOMENTA):
+        edge = 2 * (1 + m) * N / lam
+        assert np.min(np.abs(lrs / edge - 1)) > 3e-3  # the grid does not straddle the edge
+        below = lrs[lrs < edge].max()
+        assert grid.boundary[i] == below, (m, grid.boundary[i] * lam / N, 2 * (1 + m))
+        np.testing.assert_array_equal(grid.diverged[i], lrs > edge)
+    assert grid.boundary_inside.all() and grid.monotone.all()
+    assert np.all(np.isnan(grid.training_time[grid.diverged]))
+    assert np.all(np.isfinite(grid.training_time[~grid.diverged]))
+    assert np.all(np.isnan(grid.test_accuracy))  # no held-out data given
+    np.testing.assert_allclose(grid.kappa, KAPPAS, rtol=1e-6)
+
+
+def test_grid_points_equal_single_predictions(mse_grid):
+    """A few grid cells equal predict_from_kernel at the same (η, m): T_ε and L_T."""
+    grid, p, _ = mse_grid
+    with jax.enable_x64(True):
+        for i, j in [(0, 10), (2, 50), (3, 90)]:
+            pred = ntk_tt.predict_from_kernel(
+                p["kernel"], p["f0"], p["y"], learning_rate=grid.learning_rates[j],
+                momentum=MOMENTA[i], steps=300, loss="mse")
+            np.testing.assert_allclose(grid.final_loss[i, j], float(pred.loss[-1]),
+                                       rtol=1e-10)
+            np.testing.assert_equal(grid.training_time[i, j],
+                                    ntk_tt.training_time(np.asarray(pred.loss), EPS))
+
+
+def test_head_aware_grid_cells_equal_single_predictions(x64):
+    """A HeadAwareKernel grid (cross-entropy, held-out data): cells equal predict_head_aware
+    at the same (η, m), held-out accuracy included."""
+    _, _, yy, hk = _head_problem()
+    y, yt = yy[:N], yy[N:]
+    lrs, ms = np.array([0.05, 0.5, 5.0]), np.array([0.0, 0.9])
+    grid = ntk_tt.divergence_boundary(hk, y, momenta=ms, learning_rates=lrs, steps=20,
+                                      y_test=yt)
+    assert grid.diverged.shape == grid.test_accuracy.shape == (2, 3)
+    for i, j in [(0, 1), (1, 0), (1, 2)]:
+        pred = ntk_tt.predict_head_aware(hk, y, learning_rate=lrs[j], momentum=ms[i],
+                                         steps=20, y_test=yt)
+        assert grid.diverged[i, j] == bool(pred.diverged)
+        np.testing.assert_allclose(grid.final_loss[i, j], float(pred.loss[-1]), rtol=1e-10)
+        want = np.nan if pred.diverged else 1.0 - float(pred.test_error[-1])
+        np.testing.assert_allclose(grid.test_accuracy[i, j], want)
+
+
+def test_plot_whatif_returns_labelled_figure(mse_grid):
+    from matplotlib.figure import Figure
+
+    grid = mse_grid[0]
+    fig = ntk_tt.plot_whatif(grid)
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "learning rate η (log scale)"
+    assert ax.get_ylabel() == "momentum m"
+    assert ax.get_xscale() == "log"
+    assert fig.axes[1].get_ylabel() == "predicted T_ε (optimiser steps)"  # colour bar
+    line = ax.get_lines()[0]
+    np.testing.assert_array_equal(line.get_xdata(), grid.boundary)
+    fig2 = Figure()
+    ax2 = fig2.add_subplot()
+    assert ntk_tt.plot_whatif(grid, ax=ax2) is fig2
+    with pytest.raises(ValueError, match="WhatIfGrid"):
+        ntk_tt.plot_whatif({"diverged": grid.diverged})
+
+
+def _tiny():
+    """Valid numpy inputs for the validation tests (no JAX work to build them)."""
+    return dict(kernel=np.eye(N * 3), f0=np.zeros((N, 3)), y=np.arange(N) % 3)
+
+
+BAD_POINT = [
+    (dict(learning_rate=0.0), "learning_rate must be in \\(0, inf\\).*positive float"),
+    (dict(learning_rate=-1e-3), "learning_rate must be in"),
+    (dict(learning_rate="0.1"), "learning_rate must be a real number"),
+    (dict(learning_rate=np.array([0.1, 0.2])), "scalar.*divergence_boundary"),
+    (dict(momentum=1.0), "momentum must be in \\[0, 1\\).*0.0 for plain"),
+    (dict(momentum=-0.1), "momentum must be in"),
+    (dict(epsilon=0.0), "epsilon must be in \\(0, 1\\).*0.1 for 10"),
+    (dict(epsilon=1.5), "epsilon must be in"),
+    (dict(temperature=0.0), "temperature must be in"),
+    (dict(window=4), "window must be an odd int"),
+    (dict(steps=0), "steps must be an int >= 1"),
+    (dict(f0=None), "needs f0.*apply_fn"),
+    (dict(kernel=np.eye(5)), "kernel must have shape"),
+    (dict(f0=np.zeros((N, 3, 1))), "f0 must be the initial logits"),
+    (dict(batch_size=4), "pass key"),
+    (dict(batch_size=N + 1), "batch_size must satisfy"),
+    (dict(y_test=np.zeros(NT, int)), "held-out data need all three"),
+]
+
+
+@pytest.mark.parametrize("bad,match", BAD_POINT)
+def test_sensitivities_refuses_bad_input_before_any_work(monkeypatch, bad, match):
+    p = _tiny()
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_whatif, "_sensitivity_core", no_work)
+    kw = dict(kernel=p["kernel"], y=p["y"], learning_rate=0.1, steps=10, f0=p["f0"]) | bad
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.sensitivities(kw.pop("kernel"), kw.pop("y"), **kw)
+
+
+def test_head_aware_refuses_f0(x64):
+    hk = _head_problem()[3]._replace(features_test=None, backbone_test=None)
+    y = jnp.zeros(N, jnp.int32)
+    with pytest.raises(ValueError, match="drop f0"):
+        ntk_tt.sensitivities(hk, y, learning_rate=0.1, steps=5, f0=jnp.zeros((N, 3)))
+    with pytest.raises(ValueError, match="no held-out features"):
+        ntk_tt.divergence_boundary(hk, y, momenta=[0.0], learning_rates=[0.1], steps=5,
+                                   y_test=y[:3])
+
+
+BAD_GRID = [
+    (dict(learning_rates=[0.2, 0.1]), "strictly increasing"),
+    (dict(learning_rates=[0.0, 0.1]), "learning_rates has an entry outside.*positive"),
+    (dict(learning_rates=np.ones((2, 2))), "1-D array"),
+    (dict(learning_rates=[]), "at least one"),
+    (dict(momenta=[0.0, 1.0]), "momenta has an entry outside.*\\[0, 1\\)"),
+    (dict(momenta=[-0.5]), "momenta has an entry outside"),
+    (dict(epsilon=1.0), "epsilon must be in"),
+    (dict(window=2), "window must be an odd int"),
+]
+
+
+@pytest.mark.parametrize("bad,match", BAD_GRID)
+def test_divergence_boundary_refuses_bad_input_before_any_work(monkeypatch, bad, match):
+    p = _tiny()
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_whatif, "_grid_core", no_work)
+    kw = dict(momenta=[0.0, 0.5], learning_rates=[0.1, 0.2], steps=10, f0=p["f0"]) | bad
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.divergence_boundary(p["kernel"], p["y"], **kw)
+
+
+def test_grid_compiles_once_for_new_values(x64):
+    """One jit(vmap(vmap)) per static configuration and shapes: new η / m values of the same
+    grid shape reuse the compiled sweep."""
+    p = _plain_problem()
+    run = partial(ntk_tt.divergence_boundary, p["kernel"], p["y"], f0=p["f0"], steps=20,
+                  loss="mse")
+    run(momenta=[0.0, 0.5], learning_rates=[0.1, 0.2, 0.3])
+    size = _whatif._grid_core._cache_size()
+    out = run(momenta=[0.1, 0.7], learning_rates=[0.05, 0.5, 5.0])
+    assert _whatif._grid_core._cache_size() == size
+    assert out.diverged.shape == (2, 3) and out.boundary.shape == (2,)
