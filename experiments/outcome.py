@@ -36,13 +36,12 @@ from sklearn.metrics import r2_score, roc_auc_score
 
 from ntk_tt._outcome import (
     DEFAULT_KS,
-    TARGETS,
     Dataset,
-    _fit_one,
-    _predict_one,
     dataset,
+    fit_models,
     fit_outcome,
     parametric_baseline,
+    predict_models,
 )
 from ntk_tt._telemetry import Telemetry
 from ntk_tt.sweep._corpus import read_corpus
@@ -84,11 +83,7 @@ def metrics(y: dict, pred: dict, steps: np.ndarray) -> dict:
 
 
 def _trees(train: Dataset, test: Dataset, seed: int = 0) -> dict:
-    out = {}
-    for t in TARGETS:
-        const = float(np.nanmean(train.y[t]))
-        out[t] = _predict_one(t, _fit_one(t, train.x, train.y[t], seed), test.x, const)
-    out["test_accuracy"] = np.clip(out["test_accuracy"], 0, 1)
+    out = predict_models(*fit_models(train.x, train.y, seed), test.x)
     out["t_eps_steps"] = np.exp(out["log_t_eps"]) * _col(test, "steps")
     return out
 

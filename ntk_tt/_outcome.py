@@ -272,6 +272,46 @@ def _predict_one(target: str, model, x: np.ndarray, constant: float) -> np.ndarr
     return model.predict_proba(x)[:, 1]
 
 
+def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
+               ) -> tuple[dict[str, Any], dict[str, float]]:
+    """One LightGBM model per target on features ``x`` (R, F) and labels ``y`` (target →
+    (R,), NaN = unknown, left out): (models, constants). A target with fewer than 2 known
+    labels (or one class) gets no model and predicts its constant (mean label).
+
+    Final accuracy is a two-part (hurdle) model: the regressor is fitted on the runs that did
+    not diverge, and :func:`predict_models` mixes it with the divergence classifier,
+    E[acc] = p_div·acc_div + (1 − p_div)·acc_not_div, acc_div the mean final accuracy of the
+    diverged training runs (near chance). A diverged run's accuracy is set by the divergence,
+    not by its hyperparameters' smooth trend, and the classifier sees that from the first
+    steps (measured on the corpus: README).
+    """
+    div = y["diverged"] == 1
+    models, consts = {}, {}
+    for t in TARGETS:
+        yt = y[t]
+        consts[t] = float(np.nanmean(yt)) if np.isfinite(yt).any() else math.nan
+        keep = ~div if t == "test_accuracy" else np.ones(len(yt), bool)
+        models[t] = _fit_one(t, x[keep], yt[keep], seed)
+        if t == "test_accuracy" and np.isfinite(yt[~div]).any():
+            consts[t] = float(np.nanmean(yt[~div]))
+    acc = y["test_accuracy"][div]
+    consts["acc_diverged"] = (float(np.nanmean(acc)) if np.isfinite(acc).any()
+                              else consts["test_accuracy"])
+    return models, consts
+
+
+def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+    """Predictions (R,) per target from :func:`fit_models`' output: final accuracy (the
+    hurdle mixture, clipped to [0, 1]) and log(T_0.1/T) values, probabilities for the
+    classification targets."""
+    out = {t: _predict_one(t, models[t], x, consts[t]) for t in TARGETS}
+    p = out["diverged"]
+    acc = np.clip(out["test_accuracy"], 0.0, 1.0)
+    out["test_accuracy"] = np.clip(p * consts["acc_diverged"] + (1 - p) * acc, 0.0, 1.0)
+    return out
+
+
 @dataclasses.dataclass
 class OutcomePredictor:
     """Fitted gradient-boosted outcome models: one per target (see module docstring).
@@ -294,9 +334,7 @@ class OutcomePredictor:
         x = np.asarray(x, np.float64)
         if x.ndim != 2 or x.shape[1] != len(self.columns):
             raise ValueError(f"features must be (R, {len(self.columns)}), got {x.shape}.")
-        out = {t: _predict_one(t, self.models[t], x, self.constants[t]) for t in TARGETS}
-        out["test_accuracy"] = np.clip(out["test_accuracy"], 0.0, 1.0)
-        return out
+        return predict_models(self.models, self.constants, x)
 
     def predict(self, telemetry: Telemetry, prediction: dict | None = None, *,
                 k: int | None = None) -> dict[str, Any]:
@@ -415,23 +453,21 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     if folds < 2:
         raise ValueError(f"folds must be >= 2, got {folds}.")
     data = rows if isinstance(rows, Dataset) else dataset(rows, ks=ks, ntk=ntk)
-    models, consts = {}, {}
-    for t in TARGETS:
-        y = data.y[t]
-        consts[t] = float(np.nanmean(y)) if np.isfinite(y).any() else math.nan
-        models[t] = _fit_one(t, data.x, y, seed)
+    models, consts = fit_models(data.x, data.y, seed)
     runs = np.unique(data.meta["run_id"])
     rng = np.random.default_rng(seed)
     fold_of = dict(zip(rng.permutation(runs), np.arange(len(runs)) % folds, strict=True))
     fold = np.asarray([fold_of[r] for r in data.meta["run_id"]])
+    oof = {t: np.full(len(fold), math.nan) for t in REGRESSION}
+    for f in range(folds):
+        tr, te = fold != f, fold == f
+        pred = predict_models(*fit_models(data.x[tr], {k: v[tr] for k, v in data.y.items()},
+                                          seed), data.x[te])
+        for t in REGRESSION:
+            oof[t][te] = pred[t]
     intervals: dict[str, dict[str, float]] = {}
     for t in REGRESSION:
-        oof = np.full(len(fold), math.nan)
-        for f in range(folds):
-            tr, te = fold != f, fold == f
-            m = _fit_one(t, data.x[tr], data.y[t][tr], seed)
-            oof[te] = _predict_one(t, m, data.x[te], consts[t])
-        res = np.abs(oof - data.y[t])
+        res = np.abs(oof[t] - data.y[t])
         intervals[t] = {}
         for frac in np.unique(data.meta["k_frac"]):
             r = res[(data.meta["k_frac"] == frac) & np.isfinite(res)]

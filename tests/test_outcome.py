@@ -42,16 +42,17 @@ def _telemetry(rng, *, a=2.0, b=0.1, c=0.5, lr=0.01, m=0.0, batch=10, n=50) -> T
 
 
 def _corpus(n_runs, seed=0, noise=0.01):
-    """Corpus rows whose final held-out accuracy is a known function of the loss decay rate b
-    (visible in the first steps) and whose divergence is a known function of η."""
+    """Corpus rows whose divergence is a known function of η and whose final held-out accuracy
+    is chance (0.2) when diverged, else a known function of the loss decay rate b (visible in
+    the first steps)."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n_runs):
         b = rng.uniform(0.01, 0.3)
         lr = float(10 ** rng.uniform(-3, 0))
         tele = _telemetry(rng, b=b, c=rng.uniform(0.2, 0.8), lr=lr)
-        acc = float(np.clip(0.2 + 2.5 * b + rng.normal(0, noise), 0, 1))
         div = lr > 0.3
+        acc = 0.2 if div else float(np.clip(0.2 + 2.5 * b + rng.normal(0, noise), 0, 1))
         t01 = float(training_time(tele.loss, 0.1))
         pred = {"loss": list(tele.loss * 1.1), "error": [0.5] * (T + 1),
                 "test_loss": [1.0] * (T + 1), "test_error": [1 - acc] * (T + 1),
