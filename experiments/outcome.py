@@ -3,7 +3,9 @@
     python experiments/outcome.py CORPUS [--out DIR] [--ship]
 
 CORPUS: a corpus directory of ``experiments/telemetry_corpus.py`` or its packed .jsonl.gz.
-Writes DIR/ablation.csv (every split × predictor × prefix × metric), DIR/summary.json and,
+Writes DIR/ablation.csv (every split × predictor × prefix × metric) and its Markdown
+ablation.md, DIR/interval_coverage.csv (the 90 % intervals of ``trees+ntk`` on unseen test
+runs: held-out configurations and each left-out target set), DIR/summary.json and,
 with ``--ship``, the shipped predictors fitted on the whole corpus
 (``ntk_tt/assets/outcome_{telemetry,ntk}.json.gz``).
 
@@ -177,6 +179,34 @@ def evaluate(rows, ks=DEFAULT_KS, progress=print) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
+def interval_coverage(rows, names=("heldout_configs", "loto"), ks=DEFAULT_KS,
+                      progress=print) -> pd.DataFrame:
+    """Coverage and median width of the 90 % intervals of the ``trees+ntk`` predictor on test
+    data it never saw: ``fit_outcome`` (its own out-of-fold calibration) on each split's
+    training runs, the intervals checked on the test runs, per prefix fraction."""
+    full = dataset(rows, ks=ks, ntk=True)
+    lines = []
+    for name, test in splits(full).items():
+        if not name.startswith(names) or name.startswith("heldout_configs_s"):
+            continue
+        t0 = time.perf_counter()
+        train_ids = set(full.meta["run_id"][~test])
+        model = fit_outcome([r for r in rows if r["run_id"] in train_ids], ntk=True, ks=ks)
+        ts = _subset(full, test)
+        pred = model.predict_features(ts.x)
+        for f in ks:
+            m = ts.meta["k_frac"] == f
+            for target in ("test_accuracy", "log_t_eps"):
+                half = model.intervals[target][f"{f:g}"]
+                y, p = ts.y[target][m], pred[target][m]
+                ok = np.isfinite(y)
+                lines.append({"split": name, "k_frac": f, "target": target,
+                              "coverage": float(np.mean(np.abs(p[ok] - y[ok]) <= half)),
+                              "half_width": half, "n": int(ok.sum())})
+        progress(f"intervals, {name} ({time.perf_counter() - t0:.0f} s)")
+    return pd.DataFrame(lines)
+
+
 def summarize(table: pd.DataFrame) -> dict:
     """Headline figures: held-out configurations and the pooled LOTO mean, per predictor/k."""
     out = {}
@@ -240,6 +270,13 @@ def main(argv=None) -> int:
                "results": summarize(table)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "ablation.md").write_text(markdown(table))
+    cover = interval_coverage(rows, progress=lambda s: print(s, flush=True))
+    cover.to_csv(out / "interval_coverage.csv", index=False, float_format="%.4f")
+    summary["interval_coverage_k10"] = {
+        f"{r.split}:{r.target}": {"coverage": round(r.coverage, 4),
+                                  "half_width": round(r.half_width, 4)}
+        for r in cover[cover.k_frac == 0.1].itertuples()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary["results"].get("heldout_configs", {}), indent=1)[:3000])
     if args.ship:
         assets = pathlib.Path(__file__).resolve().parents[1] / "ntk_tt" / "assets"

@@ -243,7 +243,7 @@ def dataset(rows: Sequence[dict], *, ks: Sequence[float] = DEFAULT_KS, ntk: bool
 
 
 def _lgbm_params(seed: int) -> dict[str, Any]:
-    return dict(n_estimators=300, learning_rate=0.05, num_leaves=15, min_child_samples=10,
+    return dict(n_estimators=150, learning_rate=0.1, num_leaves=7, min_child_samples=10,
                 subsample=0.8, subsample_freq=1, colsample_bytree=0.8, reg_lambda=1.0,
                 random_state=seed, n_jobs=1, deterministic=True, verbose=-1)
 

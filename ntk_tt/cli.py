@@ -190,8 +190,9 @@ def _outcome(args, parser) -> int:
               f"{lo:.3f}–{hi:.3f})\n"
               f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
               f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
-              f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f}; "
-              "meaningless if it diverges)")
+              + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f})"
+                 if r["p_diverged"] < 0.5 else
+                 "  loss T_0.1: none expected (the run will likely diverge)"))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=1))
         print(f"json: {args.json_path}")

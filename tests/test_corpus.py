@@ -66,3 +66,30 @@ def test_failure_label_and_spec_checks():
         CorpusSpec(datasets=("a",), per_class=(2,), batch_sizes=((10,),), sgd_seeds=(1,),
                    task_seeds=None)
     assert jax.random.key_data(_run_key(SPEC.tasks()[0], 1)).shape == (2,)
+
+
+def test_shipped_outcome_predictor_reads_real_runs(tmp_path, capsys):
+    """The shipped (corpus-fitted) predictor, through ``ntk-tt outcome``, on two real
+    fine-tunes of the vendored flowers5 set it never saw: one far past the divergence edge
+    (κ̃ = 300, it diverges for real) and one at κ̃ = 3 (it does not)."""
+    from ntk_tt._fspace import top_eigenvalue
+    from ntk_tt._head_aware import initial_kernel
+    from ntk_tt.cli import main
+    from ntk_tt.sweep._grid import Task
+
+    spec = dataclasses.replace(SPEC, per_class=(10,), test_per_class=10, steps=40)
+    apply_fn, params, x, y, xt, yt, split, feats = load_corpus_task(Task("flowers5", 10, 0), spec)
+    lam = float(top_eigenvalue(initial_kernel(ntk_tt.head_aware_kernel(split, x))))
+    tspec = ntk_tt.TelemetrySpec(features=feats, snr_samples=8,
+                                 snapshot_steps=(0, 1, 2, 4, 8, 20, 40))
+    runs = [ntk_tt.finetune(apply_fn, params, x, y, learning_rate=k * x.shape[0] / lam,
+                            steps=40, x_test=xt, y_test=yt, telemetry=tspec) for k in (300, 3)]
+    assert runs[0].diverged and not runs[1].diverged
+    ntk_tt.save_telemetry(tmp_path / "runs.jsonl", [r.telemetry for r in runs])
+    assert main(["outcome", str(tmp_path / "runs.jsonl"), "--fraction", "0.1", "--json",
+                 str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [o["observed_updates"] for o in out] == [4, 4]
+    assert out[0]["p_diverged"] > 0.9 and out[1]["p_diverged"] < 0.1
+    assert out[0]["test_accuracy"] < out[1]["test_accuracy"]
+    assert "will likely diverge" in capsys.readouterr().out
