@@ -13,7 +13,7 @@ same run made before training, gradient-boosted trees (LightGBM) predict how it 
 
 One model per target serves every prefix length: each training run enters once per k in
 ``ks`` (fractions of T) with k/T among its features, and nothing after update k is read
-(:func:`features` truncates first). Inputs (all scalars; NaN where a value does not exist):
+(:func:`outcome_features` truncates first). Inputs (all scalars; NaN where a value does not exist):
 hyperparameters (log η, m, log B, log N, B/N, C, log η/(1 − m), k/T), the prefix's loss
 (L_0, L_k/L_0, min and max over the prefix relative to L_0, log-slope of the last half),
 training accuracy, gradient norm (first, last, max, last/first) and SNR, weight distance and
@@ -22,6 +22,9 @@ fraction, held-out loss and accuracy), and with ``ntk=True`` the NTK prediction'
 (predicted final training / held-out loss and accuracy, divergence and spike flags, log κ,
 predicted T_ε/T, and the real-to-predicted loss ratio at step k: early feedback on the open-
 loop prediction).
+
+Final accuracy is a two-part model (:func:`fit_models`): a regressor on the runs that did not
+diverge, mixed with the divergence classifier's probability.
 
 Uncertainty: each regression target carries a split-conformal 90 % interval (absolute
 residual quantile of out-of-fold predictions on the fitting corpus, per k); classification
@@ -486,8 +489,12 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     Fits L(t) = c + a·exp(−b t) and L(t) = c + a·(t + 1)^(−b) (a, b ≥ 0, c ≥ 0) by least
     squares (``scipy.optimize.curve_fit``) and keeps the better fit; with k < 3 it
     extrapolates the last log-linear step. Returns the extrapolated final loss relative to
-    L_0 (``loss_T_rel``; ∞ when the prefix is non-finite or rising past L_0) and the T_0.1 of
-    the extrapolated curve in steps (``t_eps``, NaN where undefined).
+    L_0 (``loss_T_rel``; ∞ when the prefix is non-finite) and the T_0.1 of the extrapolated
+    curve in steps (``t_eps``, NaN where undefined). The baseline issue 11 asks the outcome
+    predictors to beat (README: "Telemetry and outcome prediction").
+
+    Raises:
+      ValueError: k not in [0, recorded updates] (:func:`ntk_tt.truncate`).
     """
     from scipy.optimize import curve_fit
 
