@@ -76,6 +76,9 @@ _EXPORTS = {
     "outcome_features": "ntk_tt._outcome",
     "parametric_baseline": "ntk_tt._outcome",
     "truncate": "ntk_tt._telemetry",
+    "Suggestion": "ntk_tt._suggest",
+    "suggest": "ntk_tt._suggest",
+    "suggest_task": "ntk_tt._suggest",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
