@@ -99,7 +99,7 @@ def test_divergent_and_beyond_edge_configurations_are_never_suggested():
     ratios, steps = [1.0] + [0.05] * 7, 40
     for refine in (0, 6):
         s = linear_suggest(ratios, 0.5, steps, first_residual=1e-4, kappa_range=(0.05, 5.0),
-                           num_kappas=9, refine_steps=refine)
+                           num_kappas=9, refine_steps=refine, evaluate_beyond_edge=True)
         g = s.grid
         faster_bad = g[(g.steps < s.steps) & g.beyond_edge]
         assert len(faster_bad) >= 1 and faster_bad.diverged.all(), g
@@ -129,6 +129,14 @@ def test_the_batch_size_is_chosen_by_seconds_not_steps(sgd_seconds):
     assert (s.batch_size is None) == (per_b[True] < per_b[False])
     assert (s.batch_size is None) == (sgd_seconds == 0.05)
     assert set(s.seconds_per_step) == {None, 4}
+
+
+def test_beyond_edge_grid_points_are_listed_but_not_predicted_by_default():
+    s = linear_suggest(EDGE, 0.5, 40, refine_steps=0)
+    g = s.grid
+    assert (~g.evaluated == g.beyond_edge).all() and g.beyond_edge.sum() == 7  # κ > 2 of 16
+    assert g[~g.evaluated].steps.isna().all() and not g[~g.evaluated].admissible.any()
+    assert g[g.evaluated].final_loss.notna().all()
 
 
 def test_nothing_reaches_the_target_says_why():
