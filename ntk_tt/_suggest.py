@@ -175,8 +175,8 @@ class Suggestion:
     runners_up: pandas DataFrame of the best admissible grid configuration of every other
       (B, m) pair (and the next best of the choice's own), ≤ ``top`` rows, best first, columns
       as ``grid``.
-    grid: pandas DataFrame, one row per evaluated configuration (grid, and refinement
-      candidates with ``source == "refine"``): batch_size (N for GD), gd, momentum,
+    grid: pandas DataFrame, one row per grid configuration and per refinement candidate
+      (``source`` "grid" or "refine"): batch_size (N for GD), gd, momentum,
       learning_rate, kappa, kappa_eff = κ/(1 − m), steps (NaN: target not reached), seconds,
       soft_steps, final_loss, diverged, beyond_edge, admissible, source, evaluated (False: a
       grid point beyond the stability edge, not predicted; its steps etc. are NaN).
@@ -389,7 +389,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         kappa_range not 0 < min <= max; num_kappas, refine_steps, num_paths, top; a
         temperature <= 0; seconds_per_step missing a B or not > 0; a missing key for SGD;
         unknown loss, predictor, kernel or backbone. After one forward pass (before the
-        kernel): an absolute target not below L_0.
+        kernel): an absolute target not below L_0. After the kernel: λ_max ≤ 0 (outputs
+        that do not depend on the parameters).
     """
     from tqdm import tqdm
 
@@ -684,7 +685,7 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
                f"T_max = {steps_max} steps without predicted divergence or κ beyond the "
                f"stability edge")
         if closest is not None:
-            why += (f" (lowest admissible final loss {closest['final_loss']:.4g} at "
+            why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
                     f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
         why += (f"; raise the step budget, raise the target, or widen kappa_range "
                 f"{tuple(kappa_range)}")
