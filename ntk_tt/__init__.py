@@ -83,6 +83,9 @@ _EXPORTS = {
     "divergence_boundary": "ntk_tt._whatif",
     "plot_whatif": "ntk_tt._whatif",
     "sensitivities": "ntk_tt._whatif",
+    "Suggestion": "ntk_tt._suggest",
+    "suggest": "ntk_tt._suggest",
+    "suggest_task": "ntk_tt._suggest",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

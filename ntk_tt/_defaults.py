@@ -7,3 +7,11 @@ DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train
                 loss="cross_entropy", method="auto", kernel="exact", sketch_dim=None,
                 num_paths=32, seed=0, resize=True, head_scale=0.3, predictor="auto",
                 backbone="isotropic", segments=1)
+
+# ``ntk-tt suggest`` / :func:`ntk_tt.suggest_task` (the same task as ``ntk-tt predict``)
+SUGGEST_DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train",
+                        num_classes=5, per_class=150, seed=0, resize=True, head_scale=0.3,
+                        target=0.5, target_kind="fraction", steps=150,
+                        batch_sizes=(None, 50), momenta=(0.0, 0.5, 0.9, 0.95),
+                        kappa_min=0.05, kappa_max=50.0, num_kappas=16, refine_steps=8,
+                        num_paths=4, loss="cross_entropy", predictor="auto", top=5)

@@ -2,6 +2,7 @@
 
     ntk-tt                      # the embedded default end to end (= ntk-tt predict --verify)
     ntk-tt predict [options]    # predicted T_ε and wall-clock time; --verify also fine-tunes
+    ntk-tt suggest [options]    # the (η, m, B) predicted to reach a target loss soonest
     ntk-tt outcome RUNS.jsonl   # how runs will end, from their first steps' telemetry
 
 Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a traceback.
@@ -107,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--no-progress", action="store_false", dest="progress",
                    help="no progress bars on stderr (progress=%(default)s unless this flag "
                    "is given)")
+    _suggest_parser(sub)
     o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     o.add_argument("runs", help="JSON Lines (or JSON, .gz too) file of runs: each a telemetry "
@@ -125,6 +127,100 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write the predictions here as a JSON list")
     o.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     return p
+
+
+def _suggest_parser(sub) -> None:
+    from ntk_tt._defaults import SUGGEST_DEFAULTS as d
+
+    q = sub.add_parser(
+        "suggest", help="choose (η, m, B) minimising the predicted wall-clock time to a target "
+        "loss, without training", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Predict the loss curve of every configuration of a grid of κ = η·λ_max/N "
+        "× momenta × batch sizes from one kernel, refine the best by jax.grad, and print the "
+        "(η, m, B) whose predicted curve reaches the target in the least wall-clock time (steps "
+        "× measured seconds per real step), without predicted divergence. Exit status 0 with a "
+        "suggestion, 1 when no configuration reaches the target, 2 on bad input.")
+    q.add_argument("--checkpoint", default=None,
+                   help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
+                   "shipped SmallResNet pre-trained on CIFAR-10)")
+    q.add_argument("--dataset", default=d["dataset"],
+                   help="short name, prepared TFDS name or .npz path (as ntk-tt predict)")
+    q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
+    q.add_argument("--split", default=d["split"], help="TFDS split")
+    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes",
+                   help="K, classes in the task (>= 2)")
+    q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
+                   help="n, training images per class (N = K·n)")
+    q.add_argument("--target", type=float, default=d["target"],
+                   help="target mean training loss: a fraction of the initial loss L_0 in (0, 1) "
+                   "(--target-kind fraction) or an absolute value below L_0 (absolute)")
+    q.add_argument("--target-kind", default=d["target_kind"], choices=("fraction", "absolute"),
+                   help="how --target is read")
+    q.add_argument("-T", "--max-steps", type=int, default=d["steps"], dest="steps",
+                   help="T_max, the step budget: the target must be reached within it")
+    q.add_argument("-B", "--batch-sizes", default="N,50",
+                   help="candidate batch sizes, comma-separated; N = full-batch GD")
+    q.add_argument("-m", "--momenta", default=",".join(f"{m:g}" for m in d["momenta"]),
+                   help="heavy-ball momenta of the grid, comma-separated, each in [0, 1)")
+    q.add_argument("--kappa-min", type=float, default=d["kappa_min"],
+                   help="smallest κ = η·λ_max/N of the log grid")
+    q.add_argument("--kappa-max", type=float, default=d["kappa_max"],
+                   help="largest κ of the log grid (beyond the stability edge is never "
+                   "suggested)")
+    q.add_argument("--num-kappas", type=int, default=d["num_kappas"],
+                   help="κ values of the log grid")
+    q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
+                   help="jax.grad evaluations refining the best grid point in (log η, m); 0: none")
+    q.add_argument("--num-paths", type=int, default=d["num_paths"],
+                   help="SGD batch orders averaged in each predicted SGD curve")
+    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+                   help="training loss")
+    q.add_argument("--predictor", default=d["predictor"],
+                   choices=("auto", "head_aware", "linear"),
+                   help="head_aware (fresh head exact, backbone linearised) or linear (frozen "
+                   "Θ); auto = head_aware")
+    q.add_argument("--seed", type=int, default=d["seed"],
+                   help="seed of the task sample, the fresh head and SGD batches")
+    q.add_argument("--no-resize", action="store_false", dest="resize",
+                   help="fail instead of resizing images to the model's input size "
+                   "(resize=%(default)s unless this flag is given)")
+    q.add_argument("--head-scale", type=float, default=d["head_scale"],
+                   help="init scale of the fresh head (× LeCun normal)")
+    q.add_argument("--top", type=int, default=d["top"], help="runner-up rows printed")
+    q.add_argument("--json", default=None, dest="json_path",
+                   help="also write the report here (None: no JSON)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --json file (without it an existing file is an "
+                   "error before any work)")
+    q.add_argument("--no-progress", action="store_false", dest="progress",
+                   help="no progress bar on stderr (progress=%(default)s unless this flag is "
+                   "given)")
+
+
+def _suggest(args, parser, program: bool) -> int:
+    """``ntk-tt suggest``: options checked, task loaded, :func:`ntk_tt.suggest_task` run."""
+    opts = vars(args)
+    opts.pop("command")
+    if program:
+        _guard_interrupts(opts)
+    try:
+        from ntk_tt._suggest import format_suggestion, parse_batch_sizes, parse_floats, suggest_task
+
+        opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
+        opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
+        report = suggest_task(**opts)
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    except KeyboardInterrupt:
+        _interrupted(opts)
+    except ImportError as err:
+        if not _caused_by_interrupt(err):
+            raise
+        _interrupted(opts)
+    print(format_suggestion(report))
+    if opts["json_path"]:
+        print(f"json: {opts['json_path']}")
+    return 0 if report["found"] else 1
 
 
 def _outcome(args, parser) -> int:
@@ -438,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             sys.stderr.write("ntk-tt: interrupted\n")
             return 130
+    if args.command == "suggest":
+        return _suggest(args, parser, program)
     if args.command != "predict":
-        parser.error("choose a command: predict or outcome")
+        parser.error("choose a command: predict, suggest or outcome")
     opts = vars(args)
     opts.pop("command")
     if program:
