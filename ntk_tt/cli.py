@@ -224,7 +224,7 @@ def _suggest(args, parser, program: bool) -> int:
 
 
 def _outcome(args, parser) -> int:
-    """``ntk-tt outcome``: one block of predicted outcome per run (no JAX needed)."""
+    """``ntk-tt outcome``: one block of predicted outcome per run."""
     import json
     from pathlib import Path
 
