@@ -1,4 +1,7 @@
-"""predict_from_subset: App. D end to end (subset draw, kernels, residual, spectrum, curve)."""
+"""predict_from_subset (App. D end to end), predict(subset=...) and ntk-tt predict --subset."""
+
+import json
+import time
 
 import jax
 import numpy as np
@@ -8,6 +11,7 @@ from _ntk_models import mlp
 
 import ntk_tt
 from ntk_tt._subset import _predict_on_indices, balanced_subset, residual_in_blocks
+from ntk_tt.cli import main
 
 EPS = (0.01, 0.1, 0.4)
 
@@ -156,6 +160,121 @@ def test_class_with_too_few_samples_is_named():
     with pytest.raises(ValueError, match="class 2 has only 4; choose N' <= 12"):
         ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=15, learning_rate=0.1,
                                    steps=5, key=jax.random.key(0))
+
+
+def test_predict_with_subset_is_a_loss_only_prediction(task):
+    apply_fn, params, x, y, lr, _ = task
+    key = jax.random.key(5)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=30, loss="mse",
+                          subset=60, subset_method="nystrom", key=key)
+    ref = ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=60, learning_rate=lr,
+                                     steps=30, method="nystrom", key=key)
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-6)
+    assert pred.training_time["loss"] == ref.training_time
+    assert np.all(np.isnan(pred.error)) and pred.error.shape == (31,)
+    assert all(np.isnan(t) for t in pred.training_time["error"].values())
+    assert all("not predicted" in r for r in pred.training_time_reasons["error"].values())
+    assert pred.kernel == "traced:subset60:nystrom" and pred.method == "closed_form"
+    hp = pred.hyperparameters
+    assert hp["batch_size"] == hp["num_train"] == 120 and hp["subset_size"] == 60
+    assert pred.kappa == pytest.approx(ref.kappa)
+    assert {"kernel", "logits", "solve", "total", "compile"} <= set(pred.seconds)
+    iv = ntk_tt.intervals(pred)  # works on a subset prediction like on any other
+    assert set(iv["loss"]) == set(EPS)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(loss="cross_entropy"), r"predict\(subset=...\) predicts the mean MSE loss"),
+    (dict(batch_size=20), "full-batch gradient descent only"),
+    (dict(momentum=0.5), "plain gradient descent only"),
+    (dict(method="ode"), "method must be 'auto' or 'closed_form'"),
+    (dict(kernel="sketch"), "kernel must be 'exact' or 'traced'"),
+    (dict(predictor="head_aware"), "frozen-kernel linear predictor"),
+    (dict(x_test="XT", y_test="YT"), "drop x_test and y_test"),
+    (dict(key=None), "pass key=jax.random.key"),
+    (dict(subset_method="svd"), "subset_method must be one of"),
+    (dict(subset=None, subset_method="nystrom"), "subset_method applies with subset"),
+    (dict(subset=7), "must be a multiple of the K = 3 classes"),
+])
+def test_predict_subset_bad_options(task, kwargs, match, monkeypatch):
+    apply_fn, params, x, y, _, _ = task
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started before validation")
+
+    monkeypatch.setattr("ntk_tt._subset.empirical_ntk", refuse)
+    kw = dict(learning_rate=0.01, steps=10, loss="mse", subset=30, key=jax.random.key(0))
+    kw |= kwargs
+    if "x_test" in kwargs:
+        kw["x_test"], kw["y_test"] = x[:6], y[:6]
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.predict(apply_fn, params, x, y, **kw)
+
+
+# ---- ntk-tt predict --subset -----------------------------------------------------------
+
+def _cli_error(args, capsys, monkeypatch):
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--no-progress", "--figure", "", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--subset", "100"], "pass --loss mse, got loss 'cross_entropy'"),
+    (["--subset", "100", "--loss", "mse", "-B", "50"], "predicts full-batch GD only: drop -B"),
+    (["--subset", "100", "--loss", "mse", "-m", "0.9"], "predicts plain GD: drop -m"),
+    (["--subset", "102", "--loss", "mse"], "must be a multiple of K = 5 classes with K <= N' "
+                                           "< N = K·n = 5·150 = 750"),
+    (["--subset", "750", "--loss", "mse"], "K <= N' < N = K·n"),
+    (["--subset", "0", "--loss", "mse"], "must be an integer N' >= 1"),
+    (["--subset", "100", "--loss", "mse", "--method", "ode"], "drop --method"),
+    (["--subset", "100", "--loss", "mse", "--kernel", "sketch"], "drop --kernel sketch"),
+    (["--subset", "100", "--loss", "mse", "--predictor", "head_aware"],
+     "drop --predictor head_aware"),
+    (["--subset", "100", "--loss", "mse", "--segments", "3"],
+     "apply to the head-aware predictor only"),
+    (["--subset-method", "nystrom"], "applies with subset (--subset N') only"),
+])
+def test_cli_subset_errors_are_one_line_before_any_work(args, match, capsys, monkeypatch):
+    assert match in _cli_error(args, capsys, monkeypatch)
+
+
+def test_cli_subset_help_is_shown(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--subset N'" in text and "--subset-method {power_law,nystrom}" in text
+    assert "only with --loss mse and no -B" in text
+
+
+def test_cli_subset_tiny_end_to_end(tmp_path, capsys):
+    """Shipped checkpoint, 3 classes × 10 images, N' = 15 (Nyström); prediction only."""
+    js = tmp_path / "r.json"
+    t0 = time.perf_counter()
+    code = main(["predict", "--no-progress", "-K", "3", "-n", "10", "--test-per-class", "2",
+                 "-T", "8", "--lr", "0.002", "--loss", "mse", "--subset", "15",
+                 "--subset-method", "nystrom", "--json", str(js), "--figure", ""])
+    out = capsys.readouterr().out
+    assert code == 0 and time.perf_counter() - t0 < 60
+    r = json.loads(js.read_text())
+    assert r["predicted"]["kernel"] == "traced:subset15:nystrom"
+    assert r["predicted"]["method"] == "closed_form"
+    assert r["config"]["subset"] == 15 and r["task"]["n_train"] == 30
+    assert len(r["curves"]["predicted"]["loss"]) == 9
+    assert all(v is None for v in r["curves"]["predicted"]["error"])
+    assert r["predicted"]["hyperparameters"]["subset_size"] == 15
+    assert r["predicted"]["test_accuracy"] is None
+    assert "kernel traced:subset15:nystrom" in out
+    assert "(predicted: not predicted (--subset: loss curve only))" in out
+    stages = r["seconds"]["predict_stages"]
+    assert stages["kernel"] > 0 and stages["logits"] > 0
 
 
 def test_subset_is_exported_lazily():
