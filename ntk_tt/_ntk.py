@@ -228,11 +228,14 @@ def empirical_ntk(
     cols = rows if symmetric else sample_blocks(x2, min(bs, n2))
     k = 1 if trace_logits else c
     out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
+    ji = jj = None
     for i, (ri, xi) in enumerate(rows):
+        ji = jj = None  # free the previous blocks first: the plan holds one row + one column
         ji = row_fn(params, xi)
         r0 = i * rows[0][1].shape[0] * k
         for j in range(i if symmetric else 0, len(cols)):
             rj, xj = cols[j]
+            jj = None
             jj = ji if (symmetric and i == j) else col_fn(params, xj)
             blk = np.asarray(contract(ji, jj, trace_logits))[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k
