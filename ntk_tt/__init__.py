@@ -65,6 +65,8 @@ _EXPORTS = {
     "kernel_spectrum": "ntk_tt._extrapolate",
     "nystrom_spectrum": "ntk_tt._extrapolate",
     "predict_curve_from_spectrum": "ntk_tt._extrapolate",
+    "SubsetPrediction": "ntk_tt._subset",
+    "predict_from_subset": "ntk_tt._subset",
     "sharded_empirical_ntk": "ntk_tt._sharding",
     "IntervalCalibrator": "ntk_tt._intervals",
     "default_calibrator": "ntk_tt._intervals",

@@ -152,6 +152,7 @@ def check_options(o: dict[str, Any]) -> None:
     check_loss(o["loss"])
     method = resolve_method(o["method"])
     full_batch = b is None or (_is_int(k) and _is_int(n) and b == k * n)
+    _check_subset_options(o, m, full_batch)
     if method == "closed_form" and (o["loss"] != "mse" or not full_batch):
         raise ValueError(f"method 'closed_form' (--method closed_form) exists for loss 'mse' "
                          f"(--loss mse) with full-batch GD only, got loss {o['loss']!r} and "
@@ -181,6 +182,50 @@ def check_options(o: dict[str, Any]) -> None:
                              "one).")
 
 
+def _check_subset_options(o: dict[str, Any], momentum: float, full_batch: bool) -> None:
+    """``subset`` (--subset N') and ``subset_method``: the subset predictor exists for the
+    MSE loss of full-batch GD only (Prop. 2 on the predicted spectrum, App. D)."""
+    from ntk_tt._subset import SUBSET_METHODS
+
+    sub, how = o["subset"], o["subset_method"]
+    if how not in SUBSET_METHODS:
+        raise ValueError(f"subset_method (--subset-method) must be one of {SUBSET_METHODS}, "
+                         f"got {how!r}.")
+    if sub is None:
+        if how != "power_law":
+            raise ValueError(f"subset_method (--subset-method) {how!r} applies with subset "
+                             "(--subset N') only; add --subset N' or drop --subset-method.")
+        return
+    k, n = o["num_classes"], o["per_class"]
+    if not _is_int(sub) or sub < 1:
+        raise ValueError(f"subset (--subset) must be an integer N' >= 1 (samples whose kernel "
+                         f"is built), got {sub!r}.")
+    if _is_int(k) and _is_int(n) and k >= 2 and n >= 1 and not (
+            k <= sub < k * n and sub % k == 0):
+        raise ValueError(f"subset (--subset) N' = {sub} must be a multiple of K = {k} classes "
+                         f"with K <= N' < N = K·n = {k}·{n} = {k * n} (N'/K images per "
+                         f"class); e.g. --subset {max(k, (k * n // 4) // k * k)}.")
+    if o["loss"] != "mse":
+        raise ValueError(f"subset (--subset) predicts the MSE loss of full-batch GD only "
+                         f"(Prop. 2 on the predicted spectrum, App. D): pass --loss mse, got "
+                         f"loss {o['loss']!r}.")
+    if not full_batch:
+        raise ValueError(f"subset (--subset) predicts full-batch GD only: drop -B (got "
+                         f"batch_size {o['batch_size']!r}).")
+    if momentum != 0.0:
+        raise ValueError(f"subset (--subset) predicts plain GD: drop -m (got momentum "
+                         f"{o['momentum']!r}).")
+    if o["method"] not in ("auto", "closed_form"):
+        raise ValueError(f"subset (--subset) uses the closed form on the predicted spectrum: "
+                         f"drop --method (got {o['method']!r}) or use --method closed_form.")
+    if o["kernel"] == "sketch":
+        raise ValueError("subset (--subset) builds the exact logit-summed kernel of the "
+                         "subset: drop --kernel sketch (exact and traced are the same here).")
+    if o["predictor"] == "head_aware":
+        raise ValueError("subset (--subset) is the frozen-kernel linear predictor: drop "
+                         "--predictor head_aware (or use --predictor linear).")
+
+
 def _preprocessing(image_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> str:
     """What :func:`prepare_images` does to images of ``image_shape`` (H, W, C), in words."""
     (h, w, c), (h2, w2, c2) = image_shape, input_shape
@@ -195,9 +240,11 @@ def _preprocessing(image_shape: tuple[int, ...], input_shape: tuple[int, ...]) -
 def resolve_predictor(o: dict[str, Any]) -> str:
     """The predictor the job runs: ``predictor`` unless "auto", which is the head-aware model
     (the best measured, README) except with options only the frozen-kernel linear predictor
-    has (``method`` other than auto/discrete, ``kernel="sketch"``)."""
+    has (``method`` other than auto/discrete, ``kernel="sketch"``, ``subset``)."""
     if o["predictor"] != "auto":
         return o["predictor"]
+    if o.get("subset") is not None:
+        return "linear"
     linear_only = resolve_method(o["method"]) != "discrete" or o["kernel"] == "sketch"
     return "linear" if linear_only else "head_aware"
 
@@ -354,7 +401,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
 
     Options (defaults in :data:`DEFAULTS`): checkpoint, dataset, data_dir, split, num_classes
     (K), per_class (n), test_per_class, steps (T), learning_rate, batch_size (None = GD),
-    momentum, nesterov, loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale.
+    momentum, nesterov, loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
+    predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
+    App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom").
 
     Order: the options, output paths, checkpoint meta, dataset, task and images are checked
     (:func:`load_task`) before the weights are read and before any progress output; the
@@ -397,11 +446,14 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")
     try:
         bar.set_description("predicting (Jacobians, NTK, dynamics)")
+        # the subset predictor gives the training loss only: no held-out prediction
+        held_out = (None, None) if o["subset"] is not None else (x_test, y_test)
         pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
                        kernel=o["kernel"], sketch_dim=o["sketch_dim"],
-                       num_paths=o["num_paths"], key=key, x_test=x_test, y_test=y_test,
-                       predictor=resolve_predictor(o), head=head, backbone=o["backbone"],
-                       segments=o["segments"], **hyper)
+                       num_paths=o["num_paths"], key=key, x_test=held_out[0],
+                       y_test=held_out[1], predictor=resolve_predictor(o), head=head,
+                       backbone=o["backbone"], segments=o["segments"], subset=o["subset"],
+                       subset_method=o["subset_method"], **hyper)
         bar.update()
         run = None
         if verify:

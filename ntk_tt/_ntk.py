@@ -98,10 +98,17 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
         n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=0
     )
     per_row = itemsize * c * d  # the Jacobian rows alone: a lower bound, checked uncompiled
+    def balanced(bs):
+        """The smallest block size giving as many blocks as ``bs`` does over the larger
+        input (less padding of the last block: e.g. 3 × 1334 instead of 2 × 1956 + 88
+        padded to 1956)."""
+        longest = max(n, n2)
+        return int(-(-longest // -(-longest // max(1, int(bs)))))
+
     if block_size is None:
         fits_whole = kernel_only + per_row * (n if symmetric else n + n2) <= avail
         block_size = max(n, n2) if fits_whole else max(1, (avail - kernel_only) // (2 * per_row))
-        block_size = int(min(block_size, max(n, n2)))
+        block_size = balanced(min(block_size, max(n, n2)))
         auto = True
     else:
         auto = False
@@ -115,7 +122,15 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
         return max(lower, first if single else max(first, kernel_only + row[1] + sum(col)))
 
     fns = (None, None, None, None)
-    while need(block_size, None, None) <= avail:
+    while True:
+        if need(block_size, None, None) > avail:
+            if not auto or block_size == 1:
+                break
+            # a shrink from one block to several holds two Jacobian blocks at once: go to the
+            # largest block whose Jacobians alone fit, then check it compiled
+            block_size = balanced(max(1, min(block_size - 1,
+                                             (avail - kernel_only) // (2 * per_row))))
+            continue
         fns = _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric)
         total = need(block_size, fns[2], fns[3])
         if total <= avail or not auto or block_size == 1:
@@ -123,7 +138,7 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
         # Θ and the parameters (an argument of the block function) do not scale with the block
         fixed = kernel_only + sum(leaf.nbytes for leaf in jax.tree.leaves(params))
         per_sample = (total - fixed) / block_size
-        block_size = int(max(1, min(block_size - 1, (avail - fixed) // per_sample)))
+        block_size = balanced(max(1, min(block_size - 1, (avail - fixed) // per_sample)))
     total = need(block_size, fns[2], fns[3])
     if total > avail:
         shape = f"({n}, {n2})" if trace_logits else f"({n * c}, {n2 * c})"
@@ -166,9 +181,10 @@ def empirical_ntk(
     numbers) plus the activations one block's per-sample backward passes keep (XLA's memory
     analysis of the compiled block function; for convolutions on large images these
     dominate), never N·C·D. With several blocks, Jacobian blocks are recomputed for each block
-    pair (time grows with the number of blocks); ``block_size=None`` uses the largest block
-    whose peak fits in the available memory (one block when possible), and warns when that is
-    a single sample (≈ N²/2 Jacobian recomputations).
+    pair (time grows with the number of blocks); ``block_size=None`` uses the fewest blocks
+    whose peak fits in the available memory (one block when possible), of equal size (the
+    last one padded as little as possible), and warns when that is a single sample
+    (≈ N²/2 Jacobian recomputations).
 
     Call it outside ``jax.jit`` (it checks inputs on concrete values and compiles its own
     block function); the kernel it returns then goes into jitted, vmapped
@@ -212,11 +228,14 @@ def empirical_ntk(
     cols = rows if symmetric else sample_blocks(x2, min(bs, n2))
     k = 1 if trace_logits else c
     out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
+    ji = jj = None
     for i, (ri, xi) in enumerate(rows):
+        ji = jj = None  # free the previous blocks first: the plan holds one row + one column
         ji = row_fn(params, xi)
         r0 = i * rows[0][1].shape[0] * k
         for j in range(i if symmetric else 0, len(cols)):
             rj, xj = cols[j]
+            jj = None
             jj = ji if (symmetric and i == j) else col_fn(params, xj)
             blk = np.asarray(contract(ji, jj, trace_logits))[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k

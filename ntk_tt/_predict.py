@@ -34,7 +34,8 @@ DEFAULT_SKETCH_DIM = 256
 class Prediction(NamedTuple):
     """Result of :func:`predict` (T = steps; curves indexed by optimiser steps taken).
 
-    loss, error: predicted mean training loss (MEAN over samples) and error rate (T + 1,).
+    loss, error: predicted mean training loss (MEAN over samples) and error rate (T + 1,);
+      ``error`` is all NaN when not predicted (``subset=N'``: the loss curve only).
     loss_band, error_band: 5–95 % band over paths/seeds (2, T + 1), None if deterministic.
     test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
     training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
@@ -46,14 +47,17 @@ class Prediction(NamedTuple):
       the curve spiked and recovered, and T_ε is defined as usual.
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
-    method, kernel: what was actually used.
+    method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
+      ``subset=N'``).
     hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
       "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
       checks them
       against the fine-tuning run.
     seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
       the call to the result, validation included), all WITHOUT JAX compilation (tracing,
-      lowering, XLA compile), which is summed apart in "compile".
+      lowering, XLA compile), which is summed apart in "compile". With ``subset=N'``:
+      "kernel" is the subset (power law) or cross (Nyström) kernel, "logits" f0 on all N,
+      "solve" = "spectrum" + "curve".
     """
 
     loss: np.ndarray
@@ -129,7 +133,8 @@ def predict(
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
-    backbone: str = "isotropic", segments: int = 1,
+    backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
+    subset_method: str = "power_law",
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -150,6 +155,15 @@ def predict(
     k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
     the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only); ``kernel``
     "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
+
+    ``subset=N'`` predicts the MSE loss of full-batch GD on all N samples from the
+    logit-summed kernel of a class-balanced subset of N' of them (App. D, METHOD.md §7; the
+    frozen-kernel linear model; ``ntk_tt.predict_from_subset`` with ``subset_method``
+    "power_law" or "nystrom", the subset drawn from ``key``): no N × N kernel is built.
+    It needs ``loss="mse"``, GD (``batch_size`` None or N, ``momentum`` 0), ``method`` "auto"
+    or "closed_form", ``kernel`` "exact" or "traced" (the same here: only the logit-summed
+    kernel is used), no sketch, no held-out set and a key. Only the loss curve is predicted:
+    ``error`` is NaN and its T_ε undefined, with the reason.
 
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
@@ -174,6 +188,9 @@ def predict(
         segments: head-aware only: > 1 re-linearises the backbone along the predicted path
           that many times (``ntk_tt.predict_head_aware_refreshed``: one kernel per segment,
           one path; SGD follows the real run's batch order ``key``).
+      subset: N' (int in [K, N), a multiple of the K classes in y) to predict from a subset's
+        kernel (see above), or None for the full kernel. subset_method: "power_law" (App. D)
+        or "nystrom" (cross kernel Θ(X, X')); only with ``subset``.
 
     Returns:
       :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
@@ -187,8 +204,10 @@ def predict(
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a head-aware prediction without ``head`` or with a method other than the discrete
-        recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn`` — all
-        before the kernel is built.
+        recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
+        ``subset`` with anything but MSE full-batch GD (or with a sketch, SDE/ODE/discrete
+        method, head-aware predictor, held-out set, no key) or a bad N' — all before the
+        kernel is built.
     """
     start = time.perf_counter()
     check_loss(loss)
@@ -200,6 +219,16 @@ def predict(
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
     check_num_paths(num_paths)
+    if subset is not None:
+        return _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
+                               learning_rate=learning_rate, steps=steps,
+                               batch_size=batch_size, momentum=momentum, nesterov=nesterov,
+                               loss=loss, method=method, kernel=kernel,
+                               sketch_dim=sketch_dim, key=key, x_test=x_test,
+                               y_test=y_test, predictor=predictor, segments=segments)
+    if subset_method != "power_law":
+        raise ValueError(f"subset_method applies with subset=N' only, got subset_method="
+                         f"{subset_method!r} and subset=None.")
     method = resolve_method(method)
     if method == "closed_form" and (loss != "mse" or bs < n):
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
@@ -263,6 +292,65 @@ def predict(
         f0_test=f0t, y_test=y_test)
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return _to_prediction(out, method, kernel, hyper, seconds)
+
+
+ERROR_NOT_PREDICTED = ("not predicted: the subset predictor (subset=N') gives the mean MSE "
+                       "loss curve only, from the kernel's spectrum")
+
+
+def _predict_subset(apply_fn, params, x, y, subset, subset_method, start, *, learning_rate,
+                    steps, batch_size, momentum, nesterov, loss, method, kernel, sketch_dim,
+                    key, x_test, y_test, predictor, segments) -> Prediction:
+    """``predict(..., subset=N')``: validate the options that make sense with a subset, run
+    :func:`ntk_tt.predict_from_subset` and return its loss curve as a :class:`Prediction`."""
+    from ntk_tt._subset import SUBSET_METHODS, check_gd_mse, predict_from_subset
+
+    n = int(np.shape(x)[0])
+    check_gd_mse(loss, batch_size, momentum, n, who="predict(subset=...)")
+    if subset_method not in SUBSET_METHODS:
+        raise ValueError(f"subset_method must be one of {SUBSET_METHODS}, got "
+                         f"{subset_method!r}.")
+    if nesterov:
+        raise ValueError("predict(subset=...) predicts plain GD: nesterov=True needs "
+                         "momentum, which the subset predictor does not model.")
+    if method not in ("auto", "closed_form"):
+        raise ValueError(f"predict(subset=...) uses the closed form of Prop. 2 on the "
+                         f"predicted spectrum: method must be 'auto' or 'closed_form', got "
+                         f"{method!r}.")
+    if kernel not in ("exact", "traced") or sketch_dim is not None:
+        raise ValueError(f"predict(subset=...) builds the exact logit-summed kernel of the "
+                         f"subset: kernel must be 'exact' or 'traced' (the same here) and "
+                         f"sketch_dim None, got kernel={kernel!r}, sketch_dim={sketch_dim!r}.")
+    if predictor == "head_aware" or segments != 1:
+        raise ValueError("predict(subset=...) is the frozen-kernel linear predictor: use "
+                         "predictor='auto' or 'linear' and segments=1.")
+    if x_test is not None or y_test is not None:
+        raise ValueError("predict(subset=...) predicts the training loss only (no held-out "
+                         "curves from a spectrum): drop x_test and y_test.")
+    sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
+                             learning_rate=learning_rate, steps=steps, method=subset_method,
+                             key=key)
+    s = sp.seconds
+    seconds = {"kernel": s["kernel"], "noise": 0.0, "logits": s["logits"],
+               "solve": s["spectrum"] + s["curve"], "spectrum": s["spectrum"],
+               "curve": s["curve"], "compile": s["compile"]}
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+    nan = np.full(int(steps) + 1, np.nan)
+    hyper = {"learning_rate": float(learning_rate), "momentum": 0.0, "nesterov": False,
+             "batch_size": n, "steps": int(steps), "num_train": n, "loss": "mse",
+             "subset_size": int(subset), "subset_method": subset_method}
+    return Prediction(
+        loss=sp.loss, error=nan, loss_band=None, error_band=None, test_loss=None,
+        test_error=None,
+        training_time={"loss": dict(sp.training_time), "error": dict.fromkeys(EPSILONS,
+                                                                               np.nan)},
+        training_time_reasons={"loss": dict(sp.training_time_reasons),
+                               "error": dict.fromkeys(EPSILONS, ERROR_NOT_PREDICTED)},
+        diverged=sp.diverged, diverged_at=sp.diverged_at, spiked_at=sp.spiked_at,
+        kappa=sp.kappa, beyond_edge=sp.beyond_edge, clamped=False,
+        min_eigenvalue=float(sp.spectrum.eigenvalues[-1]) * n, method="closed_form",
+        kernel=f"traced:subset{sp.subset_size}:{subset_method}", hyperparameters=hyper,
+        seconds=seconds)
 
 
 def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:

@@ -82,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "
                    "many times (one kernel each)")
+    q.add_argument("--subset", type=int, default=None, metavar="N'",
+                   help="predict from the logit-summed kernel of a class-balanced subset of "
+                   "N' images (App. D: no N×N kernel); only with --loss mse and no -B; the "
+                   "loss curve only (None: the full kernel)")
+    q.add_argument("--subset-method", default=d["subset_method"],
+                   choices=("power_law", "nystrom"),
+                   help="with --subset: power_law (App. D power-law tails from Θ(X', X')) or "
+                   "nystrom (the cross kernel Θ(X, X'), N·N' entries)")
     q.add_argument("--sketch-dim", type=int, default=None,
                    help="D' of the random projection; only with --kernel sketch or --method sde")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
@@ -303,7 +311,8 @@ def _fmt(v, unit=""):
 # "diverged at step k" for a real run), matched by a phrase each contains
 _SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
-                  ("no step comes within", "never within ε of L_T"))
+                  ("no step comes within", "never within ε of L_T"),
+                  ("not predicted: the subset", "not predicted (--subset: loss curve only)"))
 
 
 def _short(reason: str | None) -> str:
@@ -355,6 +364,8 @@ def _comparison_lines(r: dict) -> list[str]:
         lines.append("held-out accuracy at T: no held-out images (--test-per-class 0)")
     else:
         acc = [f"{name} " + ("not meaningful (diverged)" if side["diverged"]
+                             else "n/a (--subset: not predicted)"
+                             if side["test_accuracy"] is None
                              else _fmt(side["test_accuracy"]))
                for name, side in (("predicted", pred), ("real", real))]
         lines.append(f"held-out accuracy at T: {', '.join(acc)}")

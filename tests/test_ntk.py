@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _ntk_models import brute_ntk, inputs, setup
+from _ntk_models import brute_ntk, cnn, inputs, setup
 
 import ntk_tt
 import ntk_tt._ntk as ntk_module
@@ -240,3 +240,20 @@ def test_memory_plan_warns_when_it_falls_to_one_sample_per_block(monkeypatch):
     np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(ntk_tt.NTKMemoryError):
         ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit - out)
+
+
+def test_memory_plan_shrinks_past_the_two_block_lower_bound(monkeypatch):
+    """One block of all 8 samples passes the uncompiled lower bound but not the compiled
+    check, and the first shrunk size fails the lower bound of two blocks held at once:
+    the plan must keep shrinking (it used to raise NTKMemoryError here)."""
+    apply_fn, params = cnn(jax.random.key(0))
+    x = inputs("cnn", jax.random.key(1), 8)
+    ref = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
+    c, d = 3, ntk_tt.num_params(params)
+    work, out = _block_bytes(apply_fn, params, x)
+    limit = 4 * 8**2 + 4 * c * d * 8 + (work + out) // 4  # single block: lower bound only
+    assert 4 * 8**2 + work + out > limit
+    used = _block_sizes(monkeypatch)
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True, memory_limit=limit)
+    assert 1 < used[0] < 8
+    np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,282 @@
+"""predict_from_subset (App. D end to end), predict(subset=...) and ntk-tt predict --subset."""
+
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+from _dynamics_helpers import linear_apply, linear_problem
+from _ntk_models import mlp
+
+import ntk_tt
+from ntk_tt._subset import _predict_on_indices, balanced_subset, residual_in_blocks
+from ntk_tt.cli import main
+
+EPS = (0.01, 0.1, 0.4)
+
+
+def _task(n=120, c=3, seed=0):
+    """Tiny structured 3-class task for a width-64 tanh MLP (D = 640 > N: full-rank Θ):
+    balanced labels, inputs around class means."""
+    apply_fn, params = mlp(jax.random.key(seed), d_in=6, width=64, c=c)
+    y = np.arange(n) % c
+    means = jax.random.normal(jax.random.key(seed + 1), (c, 6))
+    x = jax.random.normal(jax.random.key(seed + 2), (n, 6)) + 1.5 * means[y]
+    return apply_fn, params, x, y
+
+
+def _full_curve(apply_fn, params, x, y, lr, steps):
+    kern = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
+    f0 = np.asarray(apply_fn(params, x))
+    sp = ntk_tt.kernel_spectrum(kern, f0 - np.eye(f0.shape[1])[y])
+    return np.asarray(ntk_tt.predict_curve_from_spectrum(sp, learning_rate=lr, steps=steps)), sp
+
+
+@pytest.fixture(scope="module")
+def task():
+    apply_fn, params, x, y = _task()
+    kern = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
+    r = np.asarray(apply_fn(params, x)) - np.eye(3)[y]
+    full = ntk_tt.kernel_spectrum(kern, r)
+    lr = 1.0 / float(full.eigenvalues[0])  # κ = 1 on the full kernel
+    ref = np.asarray(ntk_tt.predict_curve_from_spectrum(full, learning_rate=lr, steps=100))
+    return apply_fn, params, x, y, lr, ref
+
+
+@pytest.mark.parametrize("method,tol_curve,tol_t", [("power_law", 0.03, 0.1),
+                                                   ("nystrom", 0.01, 0.05)])
+def test_subset_curve_close_to_full_kernel(task, method, tol_curve, tol_t):
+    """N = 120, N' = 90: the subset curve is close to Prop. 2 on the full kernel's exact
+    spectrum (max |ΔL| relative to the fall, and T_ε), κ close, T_ε = training_time(curve)."""
+    apply_fn, params, x, y, lr, ref = task
+    p = ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=90, learning_rate=lr,
+                                   steps=100, method=method, key=jax.random.key(3))
+    assert p.loss.shape == (101,) and p.num_samples == 120 and p.subset_size == 90
+    np.testing.assert_allclose(p.loss[0], ref[0], rtol=1e-5)  # L_0 = ‖δy‖²/2N exactly
+    assert np.max(np.abs(p.loss - ref)) / (ref[0] - ref[-1]) < tol_curve
+    for e in EPS:
+        t_ref = ntk_tt.training_time(ref, e)
+        assert p.training_time[e] == ntk_tt.training_time(p.loss, e)
+        assert abs(p.training_time[e] - t_ref) <= max(1.0, tol_t * t_ref), (e, p.training_time)
+    assert abs(p.kappa - 1.0) < 0.05 and not p.beyond_edge and not p.diverged
+    assert p.spectrum.num_samples == 120
+    assert set(p.seconds) == {"kernel", "logits", "spectrum", "curve", "total", "compile"}
+    assert all(v >= 0 for v in p.seconds.values())
+
+
+def test_subset_draw_is_class_balanced_and_keyed():
+    y = np.array([0] * 10 + [1] * 7 + [2] * 9)
+    a = balanced_subset(y, 15, jax.random.key(0))
+    assert len(a) == 15 and np.all(np.diff(a) > 0)
+    assert np.all(np.bincount(y[a]) == 5)
+    assert np.array_equal(a, balanced_subset(y, 15, jax.random.key(0)))
+    assert not np.array_equal(a, balanced_subset(y, 15, jax.random.key(1)))
+
+
+def test_all_landmarks_equal_the_full_kernel_exactly():
+    """Landmarks = all N samples (the underlying function): Nyström reproduces Θ, the power
+    law returns the exact spectrum (N' = N); both curves equal the full kernel's (float64)."""
+    with jax.enable_x64(True):
+        apply_fn, params, x, y = _task(n=45)
+        lr = 0.5 / float(_full_curve(apply_fn, params, x, y, 1.0, 1)[1].eigenvalues[0])
+        ref, _ = _full_curve(apply_fn, params, x, y, lr, 60)
+        idx = np.arange(45)
+        ny = _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=lr, steps=60,
+                                 method="nystrom", rcond=1e-13)
+        pl = _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=lr, steps=60,
+                                 method="power_law")
+    np.testing.assert_allclose(ny.loss, ref, rtol=1e-9)
+    np.testing.assert_allclose(pl.loss, ref, rtol=1e-9)
+    for e in EPS:
+        assert ny.training_time[e] == pl.training_time[e] == ntk_tt.training_time(ref, e)
+
+
+def test_nystrom_exact_from_a_subset_when_it_spans_the_kernel():
+    """Linear model f = xW + b, 6 features: Θ_tr = C(xxᵀ + 1) has rank 7, so 12 landmarks
+    span it and predict_from_subset(method="nystrom") equals the full kernel's curve."""
+    with jax.enable_x64(True):
+        params, x, _ = linear_problem(n=40, d=6, c=3)
+        y = np.arange(40) % 3
+        ref, full = _full_curve(linear_apply, params, x, y, 1.0, 1)
+        lr = 1.5 / float(full.eigenvalues[0])
+        ref, _ = _full_curve(linear_apply, params, x, y, lr, 50)
+        p = ntk_tt.predict_from_subset(linear_apply, params, x, y, subset_size=12,
+                                       learning_rate=lr, steps=50, method="nystrom",
+                                       key=jax.random.key(0), rcond=1e-10)
+    np.testing.assert_allclose(p.loss, ref, rtol=1e-8)
+    np.testing.assert_allclose(p.kappa, 1.5, rtol=1e-8)
+
+
+def test_residual_in_blocks_and_block_size_do_not_change_the_result(task):
+    apply_fn, params, x, y, lr, _ = task
+    r = residual_in_blocks(apply_fn, params, x, y, 1000)
+    np.testing.assert_allclose(residual_in_blocks(apply_fn, params, x, y, 7), r, rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_allclose(r, np.asarray(apply_fn(params, x)) - np.eye(3)[y], rtol=1e-6,
+                               atol=1e-6)
+    kw = dict(subset_size=60, learning_rate=lr, steps=20, key=jax.random.key(1))
+    a = ntk_tt.predict_from_subset(apply_fn, params, x, y, **kw)
+    b = ntk_tt.predict_from_subset(apply_fn, params, x, y, forward_block_size=11, **kw)
+    np.testing.assert_allclose(a.loss, b.loss, rtol=1e-5)
+    assert np.array_equal(a.subset_indices, b.subset_indices)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(loss="cross_entropy"), "predicts the mean MSE loss"),
+    (dict(batch_size=10), "full-batch gradient descent only"),
+    (dict(momentum=0.9), "plain gradient descent only"),
+    (dict(key=None), "pass key=jax.random.key"),
+    (dict(key=3), "key must be a jax random key"),
+    (dict(subset_size=31), "must be a multiple of the K = 3 classes"),
+    (dict(subset_size=120), "K <= N' < N = 120"),
+    (dict(subset_size=0), "K <= N' < N"),
+    (dict(subset_size=30.0), "must be an integer N'"),
+    (dict(learning_rate=0.0), "learning_rate must be a finite scalar > 0"),
+    (dict(learning_rate="0.1"), "learning_rate must be a real number"),
+    (dict(steps=0), "steps must be an integer >= 1"),
+    (dict(method="lanczos"), r"method must be one of \('power_law', 'nystrom'\)"),
+    (dict(method="nystrom", k0=5), "k0 apply to method='power_law' only"),
+    (dict(k0=31), r"k0 must be an integer in \[1, N'\] = \[1, 30\]"),
+    (dict(fit_range=(5, 40)), "fit_range"),
+    (dict(rcond=0.0), "rcond must be"),
+    (dict(forward_block_size=0), "forward_block_size must be"),
+])
+def test_bad_input_is_refused_before_any_kernel_work(kwargs, match, monkeypatch):
+    apply_fn, params, x, y = _task()
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started before validation")
+
+    monkeypatch.setattr("ntk_tt._subset.empirical_ntk", refuse)
+    kw = dict(subset_size=30, learning_rate=0.1, steps=10, key=jax.random.key(0)) | kwargs
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.predict_from_subset(apply_fn, params, x, y, **kw)
+
+
+def test_class_with_too_few_samples_is_named():
+    apply_fn, params, x, _ = _task(n=30)
+    y = np.array([0] * 20 + [1] * 6 + [2] * 4)
+    with pytest.raises(ValueError, match="class 2 has only 4; choose N' <= 12"):
+        ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=15, learning_rate=0.1,
+                                   steps=5, key=jax.random.key(0))
+
+
+def test_predict_with_subset_is_a_loss_only_prediction(task):
+    apply_fn, params, x, y, lr, _ = task
+    key = jax.random.key(5)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=30, loss="mse",
+                          subset=60, subset_method="nystrom", key=key)
+    ref = ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=60, learning_rate=lr,
+                                     steps=30, method="nystrom", key=key)
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-6)
+    assert pred.training_time["loss"] == ref.training_time
+    assert np.all(np.isnan(pred.error)) and pred.error.shape == (31,)
+    assert all(np.isnan(t) for t in pred.training_time["error"].values())
+    assert all("not predicted" in r for r in pred.training_time_reasons["error"].values())
+    assert pred.kernel == "traced:subset60:nystrom" and pred.method == "closed_form"
+    hp = pred.hyperparameters
+    assert hp["batch_size"] == hp["num_train"] == 120 and hp["subset_size"] == 60
+    assert pred.kappa == pytest.approx(ref.kappa)
+    assert {"kernel", "logits", "solve", "total", "compile"} <= set(pred.seconds)
+    iv = ntk_tt.intervals(pred)  # works on a subset prediction like on any other
+    assert set(iv["loss"]) == set(EPS)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(loss="cross_entropy"), r"predict\(subset=...\) predicts the mean MSE loss"),
+    (dict(batch_size=20), "full-batch gradient descent only"),
+    (dict(momentum=0.5), "plain gradient descent only"),
+    (dict(method="ode"), "method must be 'auto' or 'closed_form'"),
+    (dict(kernel="sketch"), "kernel must be 'exact' or 'traced'"),
+    (dict(predictor="head_aware"), "frozen-kernel linear predictor"),
+    (dict(x_test="XT", y_test="YT"), "drop x_test and y_test"),
+    (dict(key=None), "pass key=jax.random.key"),
+    (dict(subset_method="svd"), "subset_method must be one of"),
+    (dict(subset=None, subset_method="nystrom"), "subset_method applies with subset"),
+    (dict(subset=7), "must be a multiple of the K = 3 classes"),
+])
+def test_predict_subset_bad_options(task, kwargs, match, monkeypatch):
+    apply_fn, params, x, y, _, _ = task
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started before validation")
+
+    monkeypatch.setattr("ntk_tt._subset.empirical_ntk", refuse)
+    kw = dict(learning_rate=0.01, steps=10, loss="mse", subset=30, key=jax.random.key(0))
+    kw |= kwargs
+    if "x_test" in kwargs:
+        kw["x_test"], kw["y_test"] = x[:6], y[:6]
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.predict(apply_fn, params, x, y, **kw)
+
+
+# ---- ntk-tt predict --subset -----------------------------------------------------------
+
+def _cli_error(args, capsys, monkeypatch):
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--no-progress", "--figure", "", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--subset", "100"], "pass --loss mse, got loss 'cross_entropy'"),
+    (["--subset", "100", "--loss", "mse", "-B", "50"], "predicts full-batch GD only: drop -B"),
+    (["--subset", "100", "--loss", "mse", "-m", "0.9"], "predicts plain GD: drop -m"),
+    (["--subset", "102", "--loss", "mse"], "must be a multiple of K = 5 classes with K <= N' "
+                                           "< N = K·n = 5·150 = 750"),
+    (["--subset", "750", "--loss", "mse"], "K <= N' < N = K·n"),
+    (["--subset", "0", "--loss", "mse"], "must be an integer N' >= 1"),
+    (["--subset", "100", "--loss", "mse", "--method", "ode"], "drop --method"),
+    (["--subset", "100", "--loss", "mse", "--kernel", "sketch"], "drop --kernel sketch"),
+    (["--subset", "100", "--loss", "mse", "--predictor", "head_aware"],
+     "drop --predictor head_aware"),
+    (["--subset", "100", "--loss", "mse", "--segments", "3"],
+     "apply to the head-aware predictor only"),
+    (["--subset-method", "nystrom"], "applies with subset (--subset N') only"),
+])
+def test_cli_subset_errors_are_one_line_before_any_work(args, match, capsys, monkeypatch):
+    assert match in _cli_error(args, capsys, monkeypatch)
+
+
+def test_cli_subset_help_is_shown(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--subset N'" in text and "--subset-method {power_law,nystrom}" in text
+    assert "only with --loss mse and no -B" in text
+
+
+def test_cli_subset_tiny_end_to_end(tmp_path, capsys):
+    """Shipped checkpoint, 3 classes × 10 images, N' = 15 (Nyström); prediction only."""
+    js = tmp_path / "r.json"
+    t0 = time.perf_counter()
+    code = main(["predict", "--no-progress", "-K", "3", "-n", "10", "--test-per-class", "2",
+                 "-T", "8", "--lr", "0.002", "--loss", "mse", "--subset", "15",
+                 "--subset-method", "nystrom", "--json", str(js), "--figure", ""])
+    out = capsys.readouterr().out
+    assert code == 0 and time.perf_counter() - t0 < 60
+    r = json.loads(js.read_text())
+    assert r["predicted"]["kernel"] == "traced:subset15:nystrom"
+    assert r["predicted"]["method"] == "closed_form"
+    assert r["config"]["subset"] == 15 and r["task"]["n_train"] == 30
+    assert len(r["curves"]["predicted"]["loss"]) == 9
+    assert all(v is None for v in r["curves"]["predicted"]["error"])
+    assert r["predicted"]["hyperparameters"]["subset_size"] == 15
+    assert r["predicted"]["test_accuracy"] is None
+    assert "kernel traced:subset15:nystrom" in out
+    assert "(predicted: not predicted (--subset: loss curve only))" in out
+    stages = r["seconds"]["predict_stages"]
+    assert stages["kernel"] > 0 and stages["logits"] > 0
+
+
+def test_subset_is_exported_lazily():
+    assert "predict_from_subset" in ntk_tt.__all__ and "SubsetPrediction" in ntk_tt.__all__
+    assert ntk_tt.predict_from_subset.__module__ == "ntk_tt._subset"
