@@ -1,6 +1,6 @@
 """Check ``ntk_tt.suggest`` against the real (η, m, B) grid of the telemetry corpus.
 
-    python experiments/suggest_check.py --corpus /work/corpus_full \\
+    python experiments/suggest_check.py --corpus experiments/results/telemetry \\
         --out experiments/results/suggest [--fractions 0.5,0.7] [--per-class 10]
 
 For every corpus task with ``--per-class`` images per class (N = 50 at 10: 12 tasks), for each
@@ -72,7 +72,15 @@ def load_spec(corpus: pathlib.Path):
 
 
 def grid_rows(corpus: pathlib.Path, task_id: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((corpus / "runs").glob(f"{task_id}__*.json"))]
+    """The task's corpus runs: ``corpus/runs/*.json`` (a generated corpus) or the packed
+    ``corpus/corpus.jsonl.gz`` (the committed one, ``experiments/results/telemetry``)."""
+    if (corpus / "runs").is_dir():
+        return [json.loads(p.read_text())
+                for p in sorted((corpus / "runs").glob(f"{task_id}__*.json"))]
+    from ntk_tt.sweep._corpus import iter_corpus
+
+    rows = [r for r in iter_corpus(corpus / "corpus.jsonl.gz") if r["task_id"] == task_id]
+    return sorted(rows, key=lambda r: r["run_id"])
 
 
 def check_task(task, spec, corpus, fractions, num_paths):
