@@ -171,7 +171,11 @@ def outcome_features(telemetry: Telemetry, k: int | None = None, prediction: dic
       ValueError: k outside [0, observed updates] (from :func:`truncate`); a prediction
         without ``loss``/``error``.
     """
-    t = telemetry if k is None else truncate(telemetry, int(k))
+    if not isinstance(telemetry, Telemetry):
+        raise ValueError(f"telemetry must be an ntk_tt.Telemetry, got {type(telemetry).__name__}"
+                         "; read a JSON row with ntk_tt.Telemetry.from_dict or "
+                         "ntk_tt.load_telemetry.")
+    t = telemetry if k is None else truncate(telemetry, k)
     out = _telemetry_features(t)
     if prediction is not None:
         if "loss" not in prediction or "error" not in prediction:
@@ -418,10 +422,25 @@ class OutcomePredictor:
         if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path} is not an outcome predictor of format version "
                              f"{FORMAT_VERSION}; refit it with ntk_tt.fit_outcome.")
-        models = {t: None if s is None else _Booster(lgb.Booster(model_str=s), t)
-                  for t, s in doc["models"].items()}
-        return cls(doc["columns"], doc["ntk"], tuple(doc["ks"]), models, doc["constants"],
-                   doc["intervals"], doc["info"])
+        try:
+            columns = list(doc["columns"])
+            models = {t: None if doc["models"][t] is None
+                      else _Booster(lgb.Booster(model_str=doc["models"][t]), t)
+                      for t in TARGETS}
+            for t, m in models.items():
+                if m is not None and m.booster_.num_feature() != len(columns):
+                    raise ValueError(f"model {t!r} reads {m.booster_.num_feature()} features, "
+                                     f"the file names {len(columns)} columns")
+            out = cls(columns, bool(doc["ntk"]), tuple(float(k) for k in doc["ks"]), models,
+                      {k: float(v) for k, v in doc["constants"].items()}, doc["intervals"],
+                      doc["info"])
+            missing = set(TARGETS) - set(out.constants)
+            if missing:
+                raise ValueError(f"constants miss {sorted(missing)}")
+        except (KeyError, TypeError, ValueError, AttributeError, lgb.basic.LightGBMError) as err:
+            raise ValueError(f"{path} is a damaged outcome predictor file ({type(err).__name__}: "
+                             f"{err}); refit it with ntk_tt.fit_outcome.") from None
+        return out
 
 
 class _Booster:

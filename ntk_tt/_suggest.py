@@ -275,11 +275,15 @@ def _check_target(target, target_kind) -> float:
     return t
 
 
+MAX_STEPS = 10_000
+
+
 def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, num_paths,
                    top):
-    if not _is_int(steps) or steps < 1:
-        raise ValueError(f"steps (the budget T_max) must be an integer >= 1 optimiser "
-                         f"updates, got {steps!r}.")
+    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps (the budget T_max) must be an integer in [1, {MAX_STEPS}] "
+                         f"optimiser updates (a whole grid's predicted trajectories are held "
+                         f"in memory at once), got {steps!r}.")
     if not (isinstance(kappa_range, Sequence) and len(kappa_range) == 2):
         raise ValueError(f"kappa_range must be (min, max) of κ = η·λ_max/N, got "
                          f"{kappa_range!r}; e.g. (0.05, 50).")

@@ -148,8 +148,15 @@ class Telemetry:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-          ValueError: another ``schema_version``, or missing / unknown fields.
+          ValueError: not a dict, another ``schema_version``, missing / unknown fields, a
+            scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train``,
+            ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
+            arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
+            per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k).
         """
+        if not isinstance(row, dict):
+            raise ValueError(f"a telemetry row must be a JSON object (dict), got "
+                             f"{type(row).__name__}.")
         version = row.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"telemetry schema_version {version!r} is not the supported "
@@ -160,10 +167,73 @@ class Telemetry:
             raise ValueError(f"telemetry row fields differ from the schema: missing "
                              f"{sorted(names - got)}, unknown {sorted(got - names)}.")
         kw = {k: row[k] for k in _SCALARS}
-        for k in _PER_STEP + _PER_UPDATE + _SNAPSHOT:
-            kw[k] = np.asarray([_decode(a) for a in row[k]], np.float64)
-        kw["snapshot_steps"] = np.asarray(row["snapshot_steps"], np.int64)
+        _check_scalars(kw)
+        for k in _PER_STEP + _PER_UPDATE + _SNAPSHOT + ("snapshot_steps",):
+            v = row[k]
+            if not isinstance(v, list) or any(
+                    isinstance(a, bool) or not (a is None or isinstance(a, int | float)
+                                                or a in ("inf", "-inf")) for a in v):
+                raise ValueError(f"telemetry field {k!r} must be a list of numbers (null for "
+                                 "NaN, \"inf\" / \"-inf\"), got "
+                                 f"{type(v).__name__} with other entries.")
+            kw[k] = np.asarray([_decode(a) for a in v], np.float64)
+        steps = kw["snapshot_steps"]
+        if not np.all(np.isfinite(steps) & (steps == np.round(steps))):
+            raise ValueError("telemetry field 'snapshot_steps' must hold whole step numbers.")
+        kw["snapshot_steps"] = steps.astype(np.int64)
+        _check_lengths(kw)
         return cls(**kw)
+
+
+def _check_scalars(kw: dict) -> None:
+    """ValueErrors for hyperparameters of the wrong type or range (:meth:`Telemetry.from_dict`)."""
+    for k in ("steps", "batch_size", "num_train", "num_classes", "snr_samples"):
+        v = kw[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"telemetry field {k!r} must be an int >= 1, got {v!r}.")
+    if isinstance(kw["stopped_at"], bool) or not isinstance(kw["stopped_at"], int) \
+            or kw["stopped_at"] < -1:
+        raise ValueError(f"telemetry field 'stopped_at' must be an int >= -1, got "
+                         f"{kw['stopped_at']!r}.")
+    for k, ok in (("learning_rate", lambda v: v > 0), ("momentum", lambda v: 0 <= v < 1)):
+        v = kw[k]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or not ok(v):
+            raise ValueError(f"telemetry field {k!r} must be a finite number "
+                             f"{'> 0' if k == 'learning_rate' else 'in [0, 1)'}, got {v!r}.")
+    if not isinstance(kw["nesterov"], bool):
+        raise ValueError(f"telemetry field 'nesterov' must be true or false, got "
+                         f"{kw['nesterov']!r}.")
+    if kw["loss_name"] not in ("cross_entropy", "mse"):
+        raise ValueError(f"telemetry field 'loss_name' must be 'cross_entropy' or 'mse', got "
+                         f"{kw['loss_name']!r}.")
+    if kw["batch_size"] > kw["num_train"]:
+        raise ValueError(f"telemetry batch_size {kw['batch_size']} exceeds num_train "
+                         f"{kw['num_train']}.")
+
+
+def _check_lengths(kw: dict) -> None:
+    """ValueErrors for arrays whose lengths disagree (:meth:`Telemetry.from_dict`)."""
+    k = len(kw["loss"]) - 1
+    if not 0 <= k <= kw["steps"]:
+        raise ValueError(f"telemetry 'loss' must have 1 to steps + 1 = {kw['steps'] + 1} "
+                         f"entries (after 0 … k updates), got {k + 1}.")
+    for f in _PER_STEP:
+        if len(kw[f]) != k + 1:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, 'loss' "
+                             f"{k + 1}: per-step fields must have equal lengths.")
+    for f in _PER_UPDATE:
+        if len(kw[f]) != k:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries; a run of {k} "
+                             "recorded updates has one per update.")
+    n = len(kw["snapshot_steps"])
+    for f in _SNAPSHOT:
+        if len(kw[f]) != n:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, "
+                             f"'snapshot_steps' {n}: snapshot fields must have equal lengths.")
+    if n and (kw["snapshot_steps"].min() < 0 or kw["snapshot_steps"].max() > k):
+        raise ValueError(f"telemetry snapshot_steps must lie in [0, {k}] (the recorded "
+                         f"updates), got {kw['snapshot_steps'].tolist()}.")
 
 
 def _encode(a: float) -> float | str | None:

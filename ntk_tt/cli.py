@@ -280,7 +280,10 @@ def _outcome(args, parser) -> int:
                  int(round(args.fraction * tele.steps)) if args.fraction is not None else have)
             if k > have:
                 fail(f"run {i} has {have} recorded updates, fewer than the {k} asked for.")
-            res = model.predict(tele, pred if model.ntk else None, k=k)
+            try:
+                res = model.predict(tele, pred if model.ntk else None, k=k)
+            except ValueError as err:
+                raise ValueError(f"run {i}: {err}") from None
             res["predictor"] = "ntk" if model.ntk else "telemetry"
             out.append(res)
     except ValueError as err:

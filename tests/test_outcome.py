@@ -219,3 +219,48 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     with pytest.raises(SystemExit):  # an existing --json is refused
         main(["outcome", str(runs), "--predictor", str(tmp_path / "p.json.gz"), "--json",
               str(out)])
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("steps", "40", "'steps' must be an int >= 1"),
+    ("learning_rate", None, "'learning_rate' must be a finite number > 0"),
+    ("momentum", "0.9", r"'momentum' must be a finite number in \[0, 1\)"),
+    ("batch_size", True, "'batch_size' must be an int >= 1"),
+    ("num_classes", 0, "'num_classes' must be an int >= 1"),
+    ("loss_name", "hinge", "'loss_name' must be"),
+    ("loss", [], "'loss' must have 1 to steps"),
+    ("loss", "abc", "'loss' must be a list of numbers"),
+    ("loss", [[1.0]] * 41, "'loss' must be a list of numbers"),
+    ("grad_norm", [1.0, 2.0], "'grad_norm' has 2 entries"),
+    ("test_accuracy", [0.5], "'test_accuracy' has 1 entries"),
+])
+def test_malformed_telemetry_rows_are_refused(field, value, match):
+    row = _telemetry(np.random.default_rng(0)).to_dict()
+    row[field] = value
+    with pytest.raises(ValueError, match=match):
+        Telemetry.from_dict(row)
+
+
+def test_outcome_inputs_are_checked():
+    tele = _telemetry(np.random.default_rng(0))
+    for k in (True, 4.0, "4"):
+        with pytest.raises(ValueError, match="k must be an int"):
+            outcome_features(tele, k)
+    with pytest.raises(ValueError, match="must be an ntk_tt.Telemetry"):
+        outcome_features(tele.to_dict(), 4)
+
+
+@pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])
+def test_damaged_predictor_file_is_one_value_error(damage, tmp_path):
+    model = fit_outcome(_corpus(40), ntk=False, ks=(0.1,), folds=2)
+    model.save(tmp_path / "p.json")
+    doc = json.loads((tmp_path / "p.json").read_text())
+    if damage == "no_models":
+        del doc["models"]
+    elif damage == "junk_model":
+        doc["models"]["diverged"] = "not a model"
+    else:
+        doc["columns"] = doc["columns"][:3]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="damaged outcome predictor file"):
+        OutcomePredictor.load(tmp_path / "p.json")
