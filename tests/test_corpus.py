@@ -18,18 +18,18 @@ from ntk_tt.sweep._corpus import (
     run_corpus,
 )
 
-SPEC = CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=((None, 5),),
+SPEC = CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=((5,),),
                   sgd_seeds=(1,), task_seeds=None, momenta=(0.0,), kappas=(2.0,), steps=4,
                   test_per_class=2, snapshot_steps=(0, 2, 4), num_paths=2)
 
 
 def test_corpus_rows_resume_and_match_direct_calls(tmp_path):
-    assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 2,
+    assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 1,
                                                                    "already_present": 0}
     assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 0,
-                                                                   "already_present": 2}
+                                                                   "already_present": 1}
     rows = {r["config_id"]: r for r in read_corpus(tmp_path)}
-    assert sorted(rows) == ["b5-m0-k2-r0", "bN-m0-k2-r0"]
+    assert sorted(rows) == ["b5-m0-k2-r0"]
     sgd = rows["b5-m0-k2-r0"]
     task = SPEC.tasks()[0]
     apply_fn, params, x, y, xt, yt, split, _ = load_corpus_task(task, SPEC)
