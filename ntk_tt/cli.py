@@ -23,15 +23,9 @@ from ntk_tt._defaults import DEFAULTS
 # JAX and the job are imported only after the arguments are parsed (``ntk-tt -h`` is instant)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ntk_tt import __version__
-
-    p = argparse.ArgumentParser(prog="ntk-tt", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = p.add_subparsers(dest="command")
-    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = DEFAULTS
+def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
+    """The task options ``predict`` and ``suggest`` share (checkpoint, dataset, K, n), with
+    their defaults from ``d``."""
     q.add_argument("--checkpoint", default=None,
                    help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
                    "shipped SmallResNet pre-trained on CIFAR-10)")
@@ -49,6 +43,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="K, classes in the task (>= 2)")
     q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
                    help="n, training images per class (N = K·n)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ntk_tt import __version__
+
+    p = argparse.ArgumentParser(prog="ntk-tt", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command")
+    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = DEFAULTS
+    _add_task_options(q, d)
     q.add_argument("--test-per-class", type=int, default=d["test_per_class"],
                    help="held-out images per class (>= 0; fewer, with a note, when the class "
                    "has not that many left after n)")
@@ -148,17 +154,7 @@ def _suggest_parser(sub) -> None:
         "(η, m, B) whose predicted curve reaches the target in the least wall-clock time (steps "
         "× measured seconds per real step), without predicted divergence. Exit status 0 with a "
         "suggestion, 1 when no configuration reaches the target, 2 on bad input.")
-    q.add_argument("--checkpoint", default=None,
-                   help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
-                   "shipped SmallResNet pre-trained on CIFAR-10)")
-    q.add_argument("--dataset", default=d["dataset"],
-                   help="short name, prepared TFDS name or .npz path (as ntk-tt predict)")
-    q.add_argument("--data-dir", default=None, help="TFDS data_dir holding prepared sets")
-    q.add_argument("--split", default=d["split"], help="TFDS split")
-    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes",
-                   help="K, classes in the task (>= 2)")
-    q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
-                   help="n, training images per class (N = K·n)")
+    _add_task_options(q, d)
     q.add_argument("--target", type=float, default=d["target"],
                    help="target mean training loss: a fraction of the initial loss L_0 in (0, 1) "
                    "(--target-kind fraction) or an absolute value below L_0 (absolute)")
