@@ -29,8 +29,8 @@ import jax
 import pandas as pd
 
 import ntk_tt
-from ntk_tt._fspace import top_eigenvalue
-from ntk_tt._head_aware import head_aware_kernel
+from ntk_tt.dynamics._fspace import top_eigenvalue
+from ntk_tt.kernels._head_aware import head_aware_kernel
 from ntk_tt.sweep._grid import SweepSpec, Task, plan
 from ntk_tt.sweep._run import _hyper, _predict_group, _task_key, load_task
 

@@ -30,7 +30,7 @@ def problem(key):
     f0 = 0.1 * jax.random.normal(kf, (N, C))
     y = jax.random.randint(ky, (N,), 0, C)
     feats = 0.05 * jax.random.normal(kg, (N * C, SKETCH))
-    lr = 0.5 * N / float(ntk_tt._fspace.top_eigenvalue(kernel))  # κ = 0.5
+    lr = 0.5 * N / float(ntk_tt.dynamics._fspace.top_eigenvalue(kernel))  # κ = 0.5
     return kernel, f0, y, feats, lr
 
 

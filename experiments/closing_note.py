@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 import ntk_tt
-from ntk_tt._job import DEFAULTS, load_task
-from ntk_tt._predict_kernel import STATIC
+from ntk_tt.dynamics._predict_kernel import STATIC
+from ntk_tt.prediction._job import DEFAULTS, load_task
 
 CONFIGS = [(None, 0.0), (None, 0.9), (50, 0.0), (50, 0.9), (100, 0.0), (100, 0.9)]
 

@@ -22,7 +22,7 @@ import pathlib
 import pandas as pd
 
 from ntk_tt import fit_intervals
-from ntk_tt._intervals import residuals
+from ntk_tt.prediction._intervals import residuals
 from ntk_tt.sweep._summary import epsilons, promote
 from ntk_tt.sweep._table import read_table
 

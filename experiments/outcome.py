@@ -36,7 +36,8 @@ import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 from sklearn.metrics import r2_score, roc_auc_score
 
-from ntk_tt._outcome import (
+from ntk_tt.sweep._corpus import read_corpus
+from ntk_tt.telemetry._outcome import (
     DEFAULT_KS,
     Dataset,
     dataset,
@@ -45,8 +46,7 @@ from ntk_tt._outcome import (
     parametric_baseline,
     predict_models,
 )
-from ntk_tt._telemetry import Telemetry
-from ntk_tt.sweep._corpus import read_corpus
+from ntk_tt.telemetry._telemetry import Telemetry
 
 CLASSIFY = ("diverged", "failed", "above_median")
 

@@ -20,7 +20,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from ntk_tt import load_checkpoint, load_dataset, prepare_images, save_checkpoint
-from ntk_tt._checkpoint import ARCHITECTURES
+from ntk_tt.data._checkpoint import ARCHITECTURES
 
 
 def main() -> None:

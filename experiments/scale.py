@@ -4,7 +4,8 @@
     python experiments/scale.py --dataset mnist_test --per-class 400,892
     python experiments/scale.py --per-class 15 --subset 50 --out /tmp/scale_tiny  # smoke
 
-Shipped checkpoint with a fresh seeded 10-output head (``ntk_tt._job.load_task``: the same
+Shipped checkpoint with a fresh seeded 10-output head
+(``ntk_tt.prediction._job.load_task``: the same
 task, head and preprocessing as ``ntk-tt predict --dataset D -K 10 -n n --seed s``), all
 K = 10 classes × n images (notmnist: 1,000 per class, so n = 1,000 is the whole file), mean
 MSE loss, full-batch GD, T = ``--steps``. For every n in ``--per-class`` (N = 10·n) and each
@@ -111,7 +112,7 @@ def _config(a):
 
 
 def _task(a, per_class):
-    from ntk_tt._job import load_task
+    from ntk_tt.prediction._job import load_task
 
     t0 = time.perf_counter()
     apply_fn, params, x, y, *_ = load_task(dataset=a.dataset, num_classes=K,
@@ -125,7 +126,7 @@ def _task(a, per_class):
 def _pilot_lr(a):
     """η = κ_0 / μ_max of the traced kernel of a 10-per-class pilot task."""
     import ntk_tt
-    from ntk_tt._subset import residual_in_blocks
+    from ntk_tt.prediction._subset import residual_in_blocks
 
     apply_fn, params, x, y, _ = _task(a, 10)
     kern = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
@@ -140,8 +141,8 @@ def _run_case(a, per_class, method, path: Path) -> None:
     from _rss import PeakRSS
 
     import ntk_tt
-    from ntk_tt._subset import residual_in_blocks
-    from ntk_tt._timing import Stopwatch
+    from ntk_tt.prediction._subset import residual_in_blocks
+    from ntk_tt.training._timing import Stopwatch
 
     wall0 = time.perf_counter()
     rec = {"config": _config(a), "learning_rate": a.lr, "per_class": per_class,
@@ -202,7 +203,7 @@ def _summary(a, out: Path) -> None:
     import pandas as pd
 
     import ntk_tt
-    from ntk_tt._extrapolate import Spectrum
+    from ntk_tt.prediction._extrapolate import Spectrum
 
     recs = {}
     for f in sorted((out / "cases").glob("*.json")):

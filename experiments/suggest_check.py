@@ -215,7 +215,7 @@ def verify_report(path: pathlib.Path, out: pathlib.Path) -> None:
 
     import ntk_tt
     from ntk_tt._defaults import SUGGEST_DEFAULTS
-    from ntk_tt._job import load_task
+    from ntk_tt.prediction._job import load_task
 
     r = json.loads(path.read_text())
     o = SUGGEST_DEFAULTS | r["config"]

@@ -24,7 +24,7 @@ import json
 
 import numpy as np
 
-from ntk_tt._data import load_dataset
+from ntk_tt.data._data import load_dataset
 from ntk_tt.sweep import SweepSpec
 from ntk_tt.sweep._grid import dataset_tag
 from ntk_tt.sweep._run import report, run_sweep

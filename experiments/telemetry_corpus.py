@@ -80,7 +80,7 @@ def _round(value):
 def _check_datasets(spec: CorpusSpec) -> None:
     import numpy as np
 
-    from ntk_tt._data import load_dataset
+    from ntk_tt.data._data import load_dataset
 
     need = max(spec.per_class) + spec.test_per_class
     for name in spec.datasets:

@@ -208,7 +208,12 @@ def _suggest(args, parser, program: bool) -> int:
     if program:
         _guard_interrupts(opts)
     try:
-        from ntk_tt._suggest import format_suggestion, parse_batch_sizes, parse_floats, suggest_task
+        from ntk_tt.analysis._suggest import (
+            format_suggestion,
+            parse_batch_sizes,
+            parse_floats,
+            suggest_task,
+        )
 
         opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
         opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
@@ -254,7 +259,7 @@ def _outcome(args, parser) -> int:
     named = args.predictor in ("auto", "telemetry", "ntk")
     if not named and not os.path.isfile(args.predictor):
         fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")
-    from ntk_tt._outcome import OutcomePredictor, default_outcome_predictor, load_runs
+    from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor, load_runs
 
     try:
         runs = load_runs(args.runs)
@@ -306,7 +311,7 @@ def _fmt(v, unit=""):
     return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
 
 
-# short forms of the reasons a T_ε is undefined (ntk_tt._training_time.REASONS, and
+# short forms of the reasons a T_ε is undefined (ntk_tt.dynamics._training_time.REASONS, and
 # "diverged at step k" for a real run), matched by a phrase each contains
 _SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
@@ -401,7 +406,7 @@ def format_report(r: dict) -> str:
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers.
     """
-    from ntk_tt._predict_kernel import EPSILONS
+    from ntk_tt.dynamics._predict_kernel import EPSILONS
 
     t, pred, real = r["task"], r["predicted"], r["real"]
     lines = [
@@ -553,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     if program:
         _guard_interrupts(opts)
     try:
-        from ntk_tt._job import predict_task
+        from ntk_tt.prediction._job import predict_task
 
         report = predict_task(**opts)
     except ValueError as err:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ntk_tt._losses import mean_loss
+from ntk_tt.dynamics._losses import mean_loss
 
 
 def linear_apply(params, x):

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._checkpoint import DEFAULT_CHECKPOINT
+from ntk_tt.data._checkpoint import DEFAULT_CHECKPOINT
 from ntk_tt.models import ResNet18, SmallResNet
 
 META = {"architecture": "SmallResNet", "kwargs": {"widths": [4, 8]}, "num_classes": 3,

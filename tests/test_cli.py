@@ -95,7 +95,7 @@ def no_work(monkeypatch):
     def refuse(**_):
         raise AssertionError("work started before the options were checked")
 
-    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
 
 
 def one_error_line(args, capsys):
@@ -330,7 +330,7 @@ def no_checkpoint(monkeypatch):
     def refuse(*_):
         raise AssertionError("the checkpoint was loaded before the cheap checks")
 
-    monkeypatch.setattr("ntk_tt._job.load_checkpoint", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_checkpoint", refuse)
 
 
 def npz(path, images, labels, names="abc"):
@@ -386,7 +386,7 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path, capsys, monkeyp
 
 
 def test_output_created_meanwhile_is_not_replaced(tmp_path):
-    from ntk_tt._job import _output, _write_json
+    from ntk_tt.prediction._job import _output, _write_json
 
     path = tmp_path / "r.json"
     path.write_text("the other run")
@@ -439,7 +439,7 @@ def test_report_says_how_images_were_converted(tmp_path, capsys):
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from ntk_tt._job import figure
+    from ntk_tt.prediction._job import figure
 
     figs = []
     monkeypatch.setattr(plt, "close", figs.append)
@@ -505,7 +505,7 @@ def test_table_prints_the_90_percent_interval():
 def test_interrupt_during_an_import_is_an_interruption_too():
     """Ctrl-C while numpy / JAX import reaches the CLI as an ImportError caused by the
     KeyboardInterrupt (numpy re-raises it): still one line and exit status 130."""
-    code = ("import ntk_tt._job as j, ntk_tt.cli as c\n"
+    code = ("import ntk_tt.prediction._job as j, ntk_tt.cli as c\n"
             "def boom(**_):\n"
             "    try:\n        raise KeyboardInterrupt\n"
             "    except KeyboardInterrupt as e:\n        raise ImportError('numpy failed') from e\n"

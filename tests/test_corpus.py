@@ -72,9 +72,9 @@ def test_shipped_outcome_predictor_reads_real_runs(tmp_path, capsys):
     """The shipped (corpus-fitted) predictor, through ``ntk-tt outcome``, on two real
     fine-tunes of the vendored flowers5 set it never saw: one far past the divergence edge
     (κ̃ = 300, it diverges for real) and one at κ̃ = 3 (it does not)."""
-    from ntk_tt._fspace import top_eigenvalue
-    from ntk_tt._head_aware import initial_kernel
     from ntk_tt.cli import main
+    from ntk_tt.dynamics._fspace import top_eigenvalue
+    from ntk_tt.kernels._head_aware import initial_kernel
     from ntk_tt.sweep._grid import Task
 
     spec = dataclasses.replace(SPEC, per_class=(10,), test_per_class=10, steps=40)

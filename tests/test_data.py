@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ntk_tt
-from ntk_tt._data import Dataset
+from ntk_tt.data._data import Dataset
 
 
 @pytest.fixture(scope="module")

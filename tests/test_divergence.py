@@ -11,8 +11,8 @@ import optax
 import pytest
 
 import ntk_tt
-from ntk_tt._divergence import divergence
-from ntk_tt._losses import mean_loss
+from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.dynamics._losses import mean_loss
 
 WIDTH, N, D, C = 1024, 32, 16, 2
 

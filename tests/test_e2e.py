@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ntk_tt
-from ntk_tt._job import load_task
+from ntk_tt.prediction._job import load_task
 
 STEPS = 30
 

@@ -7,8 +7,8 @@ import pytest
 from _dynamics_helpers import brute_ntk, linear_apply, linear_problem
 
 import ntk_tt
-from ntk_tt._closed_form import mse_closed_form
-from ntk_tt._fspace import curves
+from ntk_tt.dynamics._closed_form import mse_closed_form
+from ntk_tt.dynamics._fspace import curves
 
 
 def _normal(key, shape):

@@ -9,8 +9,9 @@ from _dynamics_helpers import brute_ntk, train_optax
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._fspace import curves
-from ntk_tt._head_aware import (
+from ntk_tt.dynamics._fspace import curves
+from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     head_aware_kernel,
     head_aware_trajectory,
@@ -18,8 +19,7 @@ from ntk_tt._head_aware import (
     predict_head_aware,
     split_head,
 )
-from ntk_tt._head_aware_refresh import _relinearise, predict_head_aware_refreshed
-from ntk_tt._losses import mean_loss
+from ntk_tt.prediction._head_aware_refresh import _relinearise, predict_head_aware_refreshed
 
 N, D, F, C, STEPS = 12, 5, 4, 3, 20
 F64 = jnp.float64

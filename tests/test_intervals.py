@@ -1,4 +1,4 @@
-"""Conformal T_ε intervals (ntk_tt._intervals): quantile rule, coverage, grouping, I/O."""
+"""Conformal T_ε intervals (``prediction._intervals``): quantile rule, coverage, grouping, I/O."""
 
 import json
 import math
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 import ntk_tt
-from ntk_tt._intervals import conformal_quantile, kappa_bin
-from ntk_tt._predict import Prediction
+from ntk_tt.prediction._intervals import conformal_quantile, kappa_bin
+from ntk_tt.prediction._predict import Prediction
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "experiments" / "results" / "sweep"

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._model import check_model
+from ntk_tt.data._model import check_model
 
 
 class _BNNet(nnx.Module):
@@ -116,7 +116,7 @@ def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
     def no_jacobians(*args, **kwargs):
         raise AssertionError("a Jacobian was computed before the model check")
 
-    monkeypatch.setattr(ntk_tt._ntk, "structured_jacobian", no_jacobians)
+    monkeypatch.setattr(ntk_tt.kernels._ntk, "structured_jacobian", no_jacobians)
     with pytest.raises(ValueError, match=match):
         ntk_tt.empirical_ntk(coupled, params, x)
     with pytest.raises(ValueError, match=match):

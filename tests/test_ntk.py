@@ -9,8 +9,8 @@ import pytest
 from _ntk_models import brute_ntk, cnn, inputs, setup
 
 import ntk_tt
-import ntk_tt._ntk as ntk_module
-from ntk_tt._structured import structured_jacobian
+import ntk_tt.kernels._ntk as ntk_module
+from ntk_tt.kernels._structured import structured_jacobian
 
 
 @pytest.fixture

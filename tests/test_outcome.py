@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from ntk_tt._outcome import (
+from ntk_tt.dynamics._training_time import training_time
+from ntk_tt.telemetry._outcome import (
     TARGETS,
     OutcomePredictor,
     dataset,
@@ -18,8 +19,7 @@ from ntk_tt._outcome import (
     outcome_features,
     parametric_baseline,
 )
-from ntk_tt._telemetry import SCHEMA_VERSION, Telemetry
-from ntk_tt._training_time import training_time
+from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
 
 T = 40
 SNAPS = np.array([0, 1, 2, 4, 8, 20, 40])

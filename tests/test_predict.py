@@ -8,7 +8,7 @@ from _dynamics_helpers import brute_ntk
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._predict_kernel import resolve_method
+from ntk_tt.dynamics._predict_kernel import resolve_method
 
 STEPS = 20
 

@@ -9,8 +9,8 @@ import pytest
 from _dynamics_helpers import brute_ntk, jacobian, linear_apply, linear_problem
 
 import ntk_tt
-from ntk_tt._losses import mean_loss
-from ntk_tt._sde import diffusion_scale, sde_paths
+from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.dynamics._sde import diffusion_scale, sde_paths
 
 STATIC = ("steps", "batch_size", "method", "num_paths", "loss")
 

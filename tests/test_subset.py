@@ -10,8 +10,8 @@ from _dynamics_helpers import linear_apply, linear_problem
 from _ntk_models import mlp
 
 import ntk_tt
-from ntk_tt._subset import _predict_on_indices, balanced_subset, residual_in_blocks
 from ntk_tt.cli import main
+from ntk_tt.prediction._subset import _predict_on_indices, balanced_subset, residual_in_blocks
 
 EPS = (0.01, 0.1, 0.4)
 
@@ -148,7 +148,7 @@ def test_bad_input_is_refused_before_any_kernel_work(kwargs, match, monkeypatch)
     def refuse(*_, **__):
         raise AssertionError("kernel work started before validation")
 
-    monkeypatch.setattr("ntk_tt._subset.empirical_ntk", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", refuse)
     kw = dict(subset_size=30, learning_rate=0.1, steps=10, key=jax.random.key(0)) | kwargs
     with pytest.raises(ValueError, match=match):
         ntk_tt.predict_from_subset(apply_fn, params, x, y, **kw)
@@ -202,7 +202,7 @@ def test_predict_subset_bad_options(task, kwargs, match, monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("kernel work started before validation")
 
-    monkeypatch.setattr("ntk_tt._subset.empirical_ntk", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", refuse)
     kw = dict(learning_rate=0.01, steps=10, loss="mse", subset=30, key=jax.random.key(0))
     kw |= kwargs
     if "x_test" in kwargs:
@@ -217,7 +217,7 @@ def _cli_error(args, capsys, monkeypatch):
     def refuse(**_):
         raise AssertionError("work started before the options were checked")
 
-    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
     with pytest.raises(SystemExit) as exit_info:
         main(["predict", "--no-progress", "--figure", "", *args])
     err = capsys.readouterr().err
@@ -279,4 +279,4 @@ def test_cli_subset_tiny_end_to_end(tmp_path, capsys):
 
 def test_subset_is_exported_lazily():
     assert "predict_from_subset" in ntk_tt.__all__ and "SubsetPrediction" in ntk_tt.__all__
-    assert ntk_tt.predict_from_subset.__module__ == "ntk_tt._subset"
+    assert ntk_tt.predict_from_subset.__module__ == "ntk_tt.prediction._subset"

@@ -10,7 +10,13 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._suggest import _STATIC, _batches, _surrogate, _surrogate_grad, soft_time_to_target
+from ntk_tt.analysis._suggest import (
+    _STATIC,
+    _batches,
+    _surrogate,
+    _surrogate_grad,
+    soft_time_to_target,
+)
 from ntk_tt.cli import main
 
 # --- a plain linear model whose kernel is diagonal: time to target in closed form ------------
@@ -257,8 +263,8 @@ def no_work(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("work started before the arguments were checked")
 
-    for target in ("ntk_tt._ntk.empirical_ntk", "ntk_tt._finetune.step_time",
-                   "ntk_tt._head_aware.head_aware_kernel"):
+    for target in ("ntk_tt.kernels._ntk.empirical_ntk", "ntk_tt.training._finetune.step_time",
+                   "ntk_tt.kernels._head_aware.head_aware_kernel"):
         monkeypatch.setattr(target, refuse)
 
 
@@ -314,7 +320,7 @@ def cli_no_work(monkeypatch):
     def refuse(**_):
         raise AssertionError("the task was loaded before the options were checked")
 
-    monkeypatch.setattr("ntk_tt._job.load_task", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
 
 
 @pytest.mark.parametrize("args,match", [

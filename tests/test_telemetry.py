@@ -13,7 +13,7 @@ from flax import nnx
 from jax.flatten_util import ravel_pytree
 
 import ntk_tt
-from ntk_tt._telemetry import SCHEMA_VERSION, Telemetry, TelemetrySpec, truncate
+from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry, TelemetrySpec, truncate
 
 N, D, F, C, T = 24, 5, 8, 3, 12
 F64 = jnp.float64
@@ -93,10 +93,10 @@ def test_schema_pinned(default_run):
             tele.stopped_at) == (0.5, 0.0, False, 8, T, N, C, "cross_entropy", 8, -1)
     row = tele.to_dict()
     assert list(row) == ["schema_version"] + [name for name, _ in FIELDS]
-    long = ntk_tt._telemetry.snapshot_steps(TelemetrySpec(), 60)
+    long = ntk_tt.telemetry._telemetry.snapshot_steps(TelemetrySpec(), 60)
     np.testing.assert_array_equal(long, [0, 1, 2, 5, 10, 20, 50, 60])
-    mine = ntk_tt._telemetry.snapshot_steps(TelemetrySpec(snapshot_steps=[7, 3, 3, 99, -1]),
-                                            60)
+    spec = TelemetrySpec(snapshot_steps=[7, 3, 3, 99, -1])
+    mine = ntk_tt.telemetry._telemetry.snapshot_steps(spec, 60)
     np.testing.assert_array_equal(mine, [3, 7])
 
 

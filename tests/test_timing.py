@@ -3,7 +3,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ntk_tt._timing import Stopwatch
+from ntk_tt.training._timing import Stopwatch
 
 
 def test_stopwatch_separates_compilation_from_running():

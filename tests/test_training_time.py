@@ -9,7 +9,7 @@ import pytest
 from _dynamics_helpers import brute_ntk, linear_apply, linear_problem
 
 import ntk_tt
-from ntk_tt._training_time import NOT_DECREASING, REASONS
+from ntk_tt.dynamics._training_time import NOT_DECREASING, REASONS
 
 
 def _exp_answer(eps, tau=10.0, steps=100):

@@ -126,7 +126,7 @@ def run_id(task, cfg: RunConfig) -> str:
 
 
 def failed(test_accuracy: float | None, diverged: bool, num_classes: int) -> bool:
-    """The corpus's failure label: diverged (``ntk_tt._divergence``), or a final held-out
+    """The corpus's failure label: diverged (``ntk_tt.dynamics._divergence``), or a final held-out
     accuracy below chance + 0.05 (1/C + 0.05: the run learnt nothing that transfers)."""
     acc = math.nan if test_accuracy is None else test_accuracy
     return bool(diverged) or not acc >= 1.0 / num_classes + 0.05
@@ -146,8 +146,8 @@ def load_corpus_task(task, spec: CorpusSpec):
     held-out images per class drawn with the training ones."""
     from flax import nnx
 
-    from ntk_tt._data import prepare_images, sample_task
-    from ntk_tt._head_aware import split_head
+    from ntk_tt.data._data import prepare_images, sample_task
+    from ntk_tt.kernels._head_aware import split_head
     from ntk_tt.models import replace_head
     from ntk_tt.sweep._run import _checkpoint, _dataset, _shared_apply
 
@@ -203,9 +203,9 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
     Returns the number of runs written.
     """
     import ntk_tt
-    from ntk_tt._fspace import top_eigenvalue
-    from ntk_tt._head_aware import head_aware_kernel, initial_kernel
-    from ntk_tt._training_time import training_time
+    from ntk_tt.dynamics._fspace import top_eigenvalue
+    from ntk_tt.dynamics._training_time import training_time
+    from ntk_tt.kernels._head_aware import head_aware_kernel, initial_kernel
     from ntk_tt.sweep._table import _atomic_write, _jsonable
 
     left = [c for c in spec.runs(task) if run_id(task, c) not in done]

@@ -12,10 +12,10 @@ import numpy as np
 import optax
 
 import ntk_tt
-from ntk_tt._divergence import divergence, first_nonfinite, hold_from
-from ntk_tt._finetune import train_step
-from ntk_tt._losses import mean_loss
+from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
+from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.sweep._compile import _compiled, _timed
+from ntk_tt.training._finetune import train_step
 
 
 class TaskData(NamedTuple):
@@ -41,7 +41,7 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
     Same conventions as ``ntk_tt.finetune`` (optax ``sgd``, mean cross-entropy,
     ``ntk_tt.batch_indices(key, N, B, T)``, full-set loss after every step, training through
     spikes, a configuration stops at its first non-finite loss and its curve holds the last
-    finite value from there; divergence and spikes by ``ntk_tt._divergence``). The steps
+    finite value from there; divergence and spikes by ``ntk_tt.dynamics._divergence``). The steps
     run as a host loop over one compiled step: XLA:CPU ran this CNN's training step about 50×
     slower inside ``lax.scan`` (``finetune_core``) than as a single call (N = 50: 1.15 s vs
     0.02 s a step). ``vmapped`` (default: on any backend but CPU) runs the G configurations

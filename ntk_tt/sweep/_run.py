@@ -30,11 +30,11 @@ import numpy as np
 from flax import nnx
 
 import ntk_tt
-from ntk_tt._checkpoint import load_checkpoint
-from ntk_tt._data import load_dataset, prepare_images, sample_task
-from ntk_tt._divergence import divergence
-from ntk_tt._fspace import top_eigenvalue
-from ntk_tt._head_aware import HeadAwareKernel, head_aware_kernel, split_head
+from ntk_tt.data._checkpoint import load_checkpoint
+from ntk_tt.data._data import load_dataset, prepare_images, sample_task
+from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.dynamics._fspace import top_eigenvalue
+from ntk_tt.kernels._head_aware import HeadAwareKernel, head_aware_kernel, split_head
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._figures import make_figures
@@ -318,7 +318,7 @@ def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
     """Real loss curves (G, T + 1), divergence flags, spike steps, fine-tune seconds (G,),
     compile seconds and each run's source: the earlier run from ``reuse`` where it exists with
     the same η (to 1e-5) and steps (its flags re-derived from its curve by
-    ``ntk_tt._divergence``), a fresh fine-tune (one ``_finetune_group``) for the others. An
+    ``ntk_tt.dynamics._divergence``), a fresh fine-tune (one ``_finetune_group``) for the others. An
     earlier run flagged diverged is never reused: runs before issue 10 stopped at 10·L_0."""
     found = [(reuse or {}).get(row_id(task, cfg)) for cfg in cfgs]
     lr_np = np.asarray(lrs)

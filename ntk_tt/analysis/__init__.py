@@ -1,0 +1,1 @@
+"""Hyperparameter questions answered from one kernel: suggest, sensitivities, divergence edge."""

@@ -1,0 +1,1 @@
+"""Real image data, task sampling, minibatch order, the model convention, orbax checkpoints."""

@@ -1,0 +1,248 @@
+"""Orbax checkpoints of pre-trained models, and the shipped default checkpoint.
+
+A checkpoint is one orbax directory with two items: ``state`` (the NNX model state: parameters
+and, for :class:`~ntk_tt.models.ResNet18`, batch-norm statistics) and ``meta`` (JSON: the
+architecture and its arguments, the input shape, the per-channel input normalisation, and how
+it was pre-trained). :func:`read_meta` reads and checks ``meta`` alone (no weights, no JAX
+work); :func:`load_checkpoint` builds the model's shapes abstractly from it
+(``nnx.eval_shape``: nothing is initialised or compiled), checks them against the stored
+arrays' shapes, and restores the weights into that abstract model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from ntk_tt.models import ResNet18, SmallResNet
+
+DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "assets" / "checkpoints"
+                      / "small_resnet_cifar10")
+ARCHITECTURES = {"SmallResNet": SmallResNet, "ResNet18": ResNet18}
+_FIX = "re-save it with ntk_tt.save_checkpoint, or omit it for the shipped one"
+
+
+def _orbax_noise(unraisable) -> bool:
+    """A failed orbax read's late report: its background futures failing against the closed
+    event loop, or one of its coroutines collected with the read error still inside."""
+    err = unraisable.exc_value
+    if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def _ignore_orbax_noise(previous):
+    """An unraisable-exception hook that drops :func:`_orbax_noise` and passes on the rest."""
+    def hook(unraisable):
+        if not _orbax_noise(unraisable):
+            previous(unraisable)
+
+    hook.ntk_tt_quiet = True
+    return hook
+
+
+@contextmanager
+def _quiet():
+    """Silence orbax's absl warnings and the asyncio tracebacks of a failed read.
+
+    A damaged checkpoint leaves orbax's background futures to complete later, possibly
+    seconds after the read returned, against its closed event loop, and coroutines holding
+    the read error to be collected later; each prints a traceback ("Event loop is closed",
+    "Exception ignored in: <coroutine ...>") through ``sys.unraisablehook``. Those (and only
+    those, :func:`_orbax_noise`) are dropped from the first read on, and asyncio's logger
+    stays silenced after a failure, so that nothing follows the caller's one-line error.
+    """
+    if not getattr(sys.unraisablehook, "ntk_tt_quiet", False):
+        sys.unraisablehook = _ignore_orbax_noise(sys.unraisablehook)
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    except BaseException:
+        loggers.pop()  # asyncio's logger stays silent: the failed read's tasks end later
+        raise
+    finally:
+        for lg, level in zip(loggers, levels, strict=False):
+            lg.setLevel(level)
+
+
+def _reason(err: BaseException) -> str:
+    """The first sentence of an exception's message, whole (never cut mid-sentence)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    sentence = text.split(". ")[0].rstrip(".")
+    return f"{type(err).__name__}: {sentence}" if sentence else type(err).__name__
+
+
+def _check_meta(path: Path, meta: Any) -> dict[str, Any]:
+    where = f"checkpoint at {path}: meta"
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where} is not a JSON object; {_FIX}.")
+    missing = sorted({"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta))
+    if missing:
+        raise ValueError(f"{where} lacks the keys {missing}; {_FIX}.")
+    arch = meta["architecture"]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{where} names architecture {arch!r}, which ntk_tt does not know; "
+                         f"known architectures: {', '.join(sorted(ARCHITECTURES))}.")
+    shape = meta["input_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3
+            and all(isinstance(s, int) and s >= 1 for s in shape)):
+        raise ValueError(f"{where} has input_shape {shape!r}; expected [H, W, C] (positive "
+                         f"integers); {_FIX}.")
+    for key in ("mean", "std"):
+        v = meta[key]
+        if not (isinstance(v, list) and len(v) == shape[2]
+                and all(isinstance(s, (int, float)) for s in v)):
+            raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} numbers (one per "
+                             f"input channel); {_FIX}.")
+    if not all(s > 0 for s in meta["std"]):
+        raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {_FIX}.")
+    if not isinstance(meta.get("kwargs", {}), dict):
+        raise ValueError(f"{where} has kwargs {meta['kwargs']!r}; expected a JSON object of "
+                         f"constructor arguments; {_FIX}.")
+    return meta
+
+
+def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
+    """Read and check a checkpoint's ``meta`` item only (milliseconds: no weights are read).
+
+    Returns:
+      ``(path, meta)``: the absolute checkpoint path and its metadata (architecture, kwargs,
+      num_classes, input_shape [H, W, C], mean and std (C,), ...).
+
+    Raises:
+      ValueError: one line if the directory is missing, has no readable ``meta``, or ``meta``
+        lacks a key, names an unknown architecture (the known ones are listed) or has a
+        malformed input_shape / mean / std / kwargs.
+    """
+    path = Path(path if path is not None else DEFAULT_CHECKPOINT).absolute()
+    if not path.is_dir():
+        raise ValueError(f"checkpoint not found: {path} (pass the directory written by "
+                         "ntk_tt.save_checkpoint, or omit it for the shipped one).")
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
+            meta = ckptr.restore(path / "meta")
+    except Exception as err:  # orbax raises many types; the user needs one line.
+        raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
+                         f"meta cannot be read ({_reason(err)}); {_FIX}.") from None
+    return path, _check_meta(path, meta)
+
+
+def _build(meta: dict[str, Any], *, rngs: nnx.Rngs) -> nnx.Module:
+    cls = ARCHITECTURES[meta["architecture"]]
+    return cls(int(meta["num_classes"]), in_channels=int(meta["input_shape"][2]), rngs=rngs,
+               **meta.get("kwargs", {}))
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+    """{'blocks/0/conv1/kernel': shape, ...} of a nested dict of arrays or array metadata."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in keys): tuple(leaf.shape)
+            for keys, leaf in flat}
+
+
+def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
+    """meta's model and the stored weights must have the same arrays of the same shapes."""
+    want, have = _shapes(expected), _shapes(stored)
+    if not have:
+        raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
+                         f"state lists no arrays (damaged or missing array metadata); {_FIX}.")
+    said = f"meta (architecture {meta['architecture']}, kwargs {meta.get('kwargs', {})}, " \
+           f"num_classes {meta['num_classes']}, input_shape {meta['input_shape']})"
+    if set(want) != set(have):
+        odd = sorted(set(want) ^ set(have))
+        raise ValueError(f"checkpoint at {path}: {said} does not match the stored weights "
+                         f"({len(odd)} arrays in one and not the other, e.g. {odd[0]}); "
+                         f"{_FIX}.")
+    bad = [k for k in sorted(want) if want[k] != have[k]]
+    if bad:
+        k = bad[0]
+        raise ValueError(f"checkpoint at {path}: {said} does not match the stored weights: "
+                         f"{k} should have shape {want[k]} but has {have[k]} ({len(bad)} "
+                         f"arrays differ); {_FIX}.")
+
+
+def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any]) -> Path:
+    """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path`` (overwrites).
+
+    Args:
+      path: checkpoint directory.
+      model: a :mod:`ntk_tt.models` module.
+      meta: JSON-able dict with at least ``architecture`` (a key of :data:`ARCHITECTURES`),
+        ``num_classes``, ``input_shape`` (H, W, C), ``mean`` and ``std`` (C,), and optional
+        ``kwargs`` for the constructor (e.g. ``widths``).
+
+    Returns:
+      The absolute checkpoint path.
+
+    Raises:
+      ValueError: ``meta`` lacks a required key or names an unknown architecture.
+    """
+    missing = {"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta)
+    if missing or meta.get("architecture") not in ARCHITECTURES:
+        raise ValueError(
+            f"meta needs keys architecture (one of {sorted(ARCHITECTURES)}), num_classes, "
+            f"input_shape, mean, std; missing {sorted(missing)}."
+        )
+    path = Path(path).absolute()
+    state = nnx.to_pure_dict(nnx.state(model))
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+        ckptr.save(path, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, dict[str, Any]]:
+    """Rebuild the pre-trained model stored at ``path`` (default: the shipped checkpoint).
+
+    The shipped checkpoint is a :class:`~ntk_tt.models.SmallResNet` pre-trained on CIFAR-10
+    (provenance, command and accuracy in ``ntk_tt/assets/README.md``). The model is built
+    abstractly (shapes only, nothing compiled), so loading costs the read of the weights.
+
+    Returns:
+      ``(model, meta)``: the NNX module with its pre-trained head (use
+      :func:`ntk_tt.replace_head` for a target task) and the checkpoint's metadata.
+
+    Raises:
+      ValueError: one line (nothing else is printed) if the directory is missing or is not a
+        readable ntk_tt checkpoint: meta unreadable or malformed (:func:`read_meta`), an
+        unknown architecture (the known ones are named), meta's model not matching the stored
+        weights' shapes, or weight files that cannot be read (truncated, damaged).
+    """
+    path, meta = read_meta(path)
+    try:
+        abstract = nnx.eval_shape(lambda: _build(meta, rngs=nnx.Rngs(0)))
+    except Exception as err:  # bad constructor arguments in meta["kwargs"]
+        raise ValueError(f"checkpoint at {path}: meta's architecture {meta['architecture']} "
+                         f"cannot be built from kwargs {meta.get('kwargs', {})} "
+                         f"({_reason(err)}); {_FIX}.") from None
+    graphdef, state = nnx.split(abstract)
+    target = nnx.to_pure_dict(state)
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
+            stored = ckptr.metadata(path / "state").item_metadata
+    except Exception as err:
+        raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
+                         f"state's array metadata cannot be read ({_reason(err)}); "
+                         f"{_FIX}.") from None
+    _check_shapes(path, meta, target, stored.tree if hasattr(stored, "tree") else stored)
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
+            weights = ckptr.restore(path / "state", args=ocp.args.StandardRestore(target))
+    except Exception as err:
+        raise ValueError(f"checkpoint at {path} is corrupt: its weights cannot be read, "
+                         f"the array files are truncated or damaged ({_reason(err)}); "
+                         f"{_FIX}.") from None
+    nnx.replace_by_pure_dict(state, weights)
+    return nnx.merge(graphdef, state), meta

@@ -1,0 +1,149 @@
+"""The one model convention of ntk_tt: a pure ``apply_fn(params, x) -> logits``.
+
+Every part of the pipeline (linearisation, empirical NTK, dynamics, real fine-tuning) takes
+``apply_fn`` with ``x`` a batch of N inputs and logits of shape (N, C). Flax NNX modules enter
+through :func:`from_nnx`, the single adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ntk_tt.data._inputs import as_array
+
+ApplyFn = Callable[[Any, jax.Array], jax.Array]
+
+
+def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
+    """Split a flax NNX module into a pure ``(apply_fn, params)`` pair.
+
+    The module is put in evaluation mode first (``module.eval()``), so batch-norm layers use
+    their frozen running statistics and dropout is off: a sample's output never depends on its
+    batch. ``params`` holds the trainable ``nnx.Param`` leaves only; every other state
+    (batch-norm statistics, RNG counters) is closed over by ``apply_fn`` as a constant and is
+    therefore never differentiated (METHOD.md §1: statistics frozen in prediction and in the
+    real run).
+
+    Args:
+      module: a flax NNX module mapping a batch ``x`` of shape (N, ...) to logits (N, C).
+
+    Returns:
+      ``(apply_fn, params)`` with ``apply_fn(params, x) -> logits`` of shape (N, C) and
+      ``params`` an ``nnx.State`` pytree of the trainable parameters.
+
+    Raises:
+      TypeError: if ``module`` is not an ``nnx.Module``.
+    """
+    if not isinstance(module, nnx.Module):
+        raise TypeError(
+            f"from_nnx expects a flax.nnx.Module, got {type(module).__name__}; for other "
+            "libraries write apply_fn(params, x) -> logits yourself."
+        )
+    module.eval()
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+    def apply_fn(params, x):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    return apply_fn, params
+
+
+def num_params(params: Any) -> int:
+    """Total number of scalars D in a parameter pytree."""
+    return int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)))
+
+
+def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> tuple[int, int]:
+    """Validate ``params``, ``x`` and ``apply_fn``'s output shape before any heavy work.
+
+    Shapes are traced (``jax.eval_shape``); finiteness is checked on the concrete arrays.
+    ``apply_fn`` must treat every sample independently (the kernel is built sample by sample,
+    fine-tuning runs on batches): one forward pass on the first ≤ 4 samples of ``x``, together
+    and one at a time, must agree up to float rounding, and a batch of one must give logits of
+    shape (1, C). Models in training mode (batch statistics, dropout) or that centre, normalise
+    or squeeze over the batch fail this; use eval mode (:func:`from_nnx` does).
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits``.
+      params: parameter pytree.
+      x: inputs, shape (N, ...) with at least 2 dimensions.
+      name: how ``x`` is called in error messages.
+
+    Returns:
+      ``(N, C)``.
+
+    Raises:
+      ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
+        rank < 2 or empty; non-finite entries in ``x`` or ``params``; ``apply_fn`` failing on
+        inputs of ``x``'s shape (e.g. a wrong feature size), its output not of shape (N, C),
+        or samples of one batch not independent.
+    """
+    x = as_array(x, name)
+    if np.ndim(x) < 2:
+        raise ValueError(
+            f"{name} must be a batch of inputs with shape (N, ...) and at least 2 dimensions, "
+            f"got shape {np.shape(x)}; add a batch axis, e.g. {name}[None]."
+        )
+    n = int(np.shape(x)[0])
+    if n == 0:
+        raise ValueError(f"{name} is empty (N = 0); pass at least one input.")
+    if not bool(jnp.all(jnp.isfinite(jnp.asarray(x)))):
+        raise ValueError(f"{name} contains NaN or inf; clean or re-normalise the inputs.")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not bool(jnp.all(jnp.isfinite(jnp.asarray(leaf)))):
+            raise ValueError(
+                f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
+                "checkpoint or re-initialise."
+            )
+    try:
+        out = jax.eval_shape(apply_fn, params,
+                             jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))
+    except (TypeError, ValueError) as err:  # e.g. a layer seeing the wrong feature size
+        raise ValueError(
+            f"apply_fn(params, {name}) fails on {name} of shape {np.shape(x)}: {err}. Check "
+            f"that {name} has the input shape the model was built for (the per-sample shape "
+            "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint)."
+        ) from err
+    if len(out.shape) != 2 or out.shape[0] != n:
+        raise ValueError(
+            f"apply_fn(params, {name}) must return logits of shape (N, C) = ({n}, C), got "
+            f"{tuple(out.shape)}; flatten extra output axes or return one row per input."
+        )
+    c = int(out.shape[1])
+    _check_per_sample(apply_fn, params, x, name, c)
+    return n, c
+
+
+def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int) -> None:
+    """ValueError unless ``apply_fn`` maps each of ``x[:4]`` to the same logits alone as in a
+    batch (relative tolerance √eps of the logits' dtype) and a batch of one to shape (1, C)."""
+    one = jax.ShapeDtypeStruct((1, *np.shape(x)[1:]), jnp.result_type(x))
+    try:
+        shape = tuple(jax.eval_shape(apply_fn, params, one).shape)
+    except (TypeError, ValueError) as err:
+        shape = f"an error ({type(err).__name__})"
+    if shape != (1, c):
+        raise ValueError(
+            f"apply_fn(params, {name}[:1]) gives {shape}, not logits of shape (1, {c}): apply_fn "
+            "must map each sample independently, a batch of one included (do not squeeze the "
+            "batch axis); the NTK is computed one sample at a time."
+        )
+    xs = jnp.asarray(x[:4])
+    together = np.asarray(apply_fn(params, xs))
+    alone = np.asarray(jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs))
+    diff = float(np.max(np.abs(together - alone)))
+    scale = float(np.max(np.abs(together)) + np.max(np.abs(alone)))
+    if not diff <= np.sqrt(np.finfo(together.dtype).eps) * scale:
+        raise ValueError(
+            f"apply_fn couples the samples of a batch: the logits of {name}[:{len(xs)}] computed "
+            f"together differ from those computed one sample at a time (max difference "
+            f"{diff:.3g}); the NTK is computed per sample, so apply_fn must treat every sample "
+            "independently: eval mode (frozen batch-norm statistics, no dropout), no statistics "
+            "over the batch (e.g. centring the inputs)."
+        )

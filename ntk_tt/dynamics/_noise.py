@@ -1,0 +1,86 @@
+"""SGD noise at the pre-trained weights (paper Sec. 4, "Computing the noise"; METHOD.md §2).
+
+σ_w² is the per-parameter variance, over the N training samples, of the per-sample loss
+gradients ∇_w ℓ_i(w0): the diagonal of Σ in eq. (3), estimated once. Function-space noise
+features G = J·diag(σ_w)·P/√D' come from the sketch with ``param_scale = σ_w``, so
+G Gᵀ ≈ J diag(σ_w²) Jᵀ; the SDE uses them as (η/√B)·G·dW'.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._losses import check_loss, mean_loss
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _sum_sq_dev(apply_fn, params, xb, yb, loss, mean):
+    """Σ_i (∇_w ℓ_i − mean)² over a block of samples, per parameter."""
+
+    def one(xi, yi):
+        return jax.grad(lambda p: mean_loss(apply_fn(p, xi[None]), yi[None], loss))(params)
+
+    grads = jax.vmap(one)(xb, yb)
+    return jax.tree.map(lambda g, m: jnp.sum((g - m) ** 2, axis=0), grads, mean)
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _mean_grad(apply_fn, params, x, y, loss):
+    """∇_w of the mean loss = the mean of the per-sample gradients."""
+    return jax.grad(lambda p: mean_loss(apply_fn(p, x), y, loss))(params)
+
+
+def gradient_variance(
+    apply_fn: ApplyFn, params: Any, x, y, *, loss: str = "cross_entropy", block_size: int = 64
+) -> Any:
+    """Per-parameter variance σ_w² of the per-sample loss gradients at ``params`` (two-pass).
+
+    Args:
+      apply_fn, params: the model at the pre-trained weights w0.
+      x: inputs (N, ...). y: integer labels (N,).
+      loss: "cross_entropy" or "mse" (per-sample loss as in ``ntk_tt.dynamics._losses``).
+      block_size: samples per vmapped per-sample-gradient block (memory: block_size × D).
+
+    Returns:
+      A pytree like ``params``: population variance (divided by N) of ∂ℓ_i/∂w.
+
+    Raises:
+      ValueError: bad model/inputs (see ``check_model``), labels of wrong shape, unknown loss.
+    """
+    check_loss(loss)
+    n, _ = check_model(apply_fn, params, x)
+    y = jnp.asarray(y)
+    if y.shape != (n,):
+        raise ValueError(f"y must be integer labels of shape ({n},), got {y.shape}.")
+    x = jnp.asarray(x)
+    mean = _mean_grad(apply_fn, params, x, y, loss)
+    total = jax.tree.map(jnp.zeros_like, params)
+    for start in range(0, n, block_size):
+        part = _sum_sq_dev(apply_fn, params, x[start:start + block_size],
+                           y[start:start + block_size], loss, mean)
+        total = jax.tree.map(jnp.add, total, part)
+    return jax.tree.map(lambda s: s / n, total)
+
+
+def noise_features(
+    apply_fn: ApplyFn, params: Any, x, y, *, sketch_dim: int, key: jax.Array,
+    loss: str = "cross_entropy",
+) -> jax.Array:
+    """Noise features G = J·diag(σ_w)·P/√D', shape (N·C, D'), sample-major rows.
+
+    Uses :func:`ntk_tt.sketched_ntk` with ``param_scale = σ_w`` (Achlioptas directions drawn
+    from ``key``); E[G Gᵀ] = J diag(σ_w²) Jᵀ, the paper's diagonal noise in function space.
+
+    Raises:
+      ValueError: as :func:`gradient_variance` and ``sketched_ntk``.
+    """
+    from ntk_tt import sketched_ntk
+
+    sigma = jax.tree.map(jnp.sqrt, gradient_variance(apply_fn, params, x, y, loss=loss))
+    return sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=key,
+                        param_scale=sigma).features

@@ -1,0 +1,344 @@
+"""``predict_from_kernel``: pure, jittable curves and T_ε from a given empirical NTK.
+
+Hyperparameters η and m are (traceable) arrays, so ``jit(vmap(...))`` over a sweep shares one
+kernel; steps, batch size, loss, method, num_paths and nesterov are static (``STATIC``, the
+``static_argnames`` to use when wrapping it in ``jax.jit``). Called eagerly it validates its
+arguments, then runs one compiled core (cached per static configuration and shapes). Value
+problems (divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, never
+raised.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.data._inputs import as_array, check_key, check_real
+from ntk_tt.dynamics._closed_form import mse_closed_form
+from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
+from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
+from ntk_tt.dynamics._fspace import (
+    as_operator,
+    clamp_psd,
+    curves,
+    negative_significant,
+)
+from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._ode import ode_trajectory
+from ntk_tt.dynamics._sde import sde_paths
+from ntk_tt.dynamics._training_time import DIVERGED, training_time_array
+
+EPSILONS = (0.01, 0.1, 0.4)
+METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
+STATIC = ("steps", "batch_size", "nesterov", "loss", "method", "num_paths")
+
+
+class KernelPrediction(NamedTuple):
+    """Arrays returned by :func:`predict_from_kernel` (T = steps, P = paths or seeds).
+
+    loss, error: mean curves (T + 1,), index = optimiser steps taken; loss is the MEAN loss.
+    loss_band, error_band: 5 % and 95 % quantiles over paths (2, T + 1), or None when the
+      method is deterministic.
+    loss_paths, error_paths: every path (P, T + 1); P = 1 when deterministic.
+    test_loss, test_error: held-out mean curves (T + 1,), or None without ``kernel_test``.
+    diverged: bool, some path diverged (``ntk_tt.dynamics._divergence``: a non-finite loss, or
+      L_T > L_0); diverged_at: int32, the earliest ``diverged_at`` of the diverged paths, −1
+      if none. spiked_at: int32, the first step any path's loss exceeded 10·L_0, −1 if none
+      (spiked and not diverged: spiked and recovered, T_ε as usual).
+      Each path's curves hold their last finite value from its first non-finite loss on.
+    kappa: η·λ_max(Θ)/N. beyond_edge: κ beyond the linear model's stability edge
+      2(1 + m)/h (heavy ball; 2(1 + m)/((1 + 2m)h) Nesterov), h = 1 for MSE, ½ for CE.
+    min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
+    training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
+    training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``.
+    """
+
+    loss: jax.Array
+    error: jax.Array
+    loss_band: jax.Array | None
+    error_band: jax.Array | None
+    loss_paths: jax.Array
+    error_paths: jax.Array
+    test_loss: jax.Array | None
+    test_error: jax.Array | None
+    diverged: jax.Array
+    diverged_at: jax.Array
+    spiked_at: jax.Array
+    kappa: jax.Array
+    beyond_edge: jax.Array
+    min_eigenvalue: jax.Array
+    clamped: jax.Array
+    training_time: jax.Array
+    training_time_code: jax.Array
+
+
+def _concrete(value):
+    """``value`` as a numpy array, or None when it is a tracer."""
+    return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
+
+
+def check_num_paths(num_paths) -> None:
+    """ValueError unless ``num_paths`` (seeds / Brownian paths) is an int >= 1."""
+    if isinstance(num_paths, bool) or not isinstance(num_paths, (int, np.integer)) \
+            or num_paths < 1:
+        raise ValueError(
+            f"num_paths must be an int >= 1 (SGD seeds or Brownian paths), got {num_paths!r}."
+        )
+
+
+def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
+    """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
+    steps < 1, B ∉ [1, N] (values checked when concrete)."""
+    for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
+        check_real(value, name)
+        if np.ndim(value) != 0:
+            raise ValueError(
+                f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, "
+                "jax.vmap predict_from_kernel over it (one kernel, one compilation)."
+            )
+    lr, m = _concrete(learning_rate), _concrete(momentum)
+    if lr is not None and not (np.all(np.isfinite(lr)) and np.all(lr > 0)):
+        raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}.")
+    if m is not None and not np.all((m >= 0) & (m < 1)):
+        raise ValueError(
+            f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
+        )
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    if batch_size is not None and not 1 <= batch_size <= n:
+        raise ValueError(
+            f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {batch_size}; use "
+            "batch_size=None for full-batch gradient descent."
+        )
+
+
+def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
+    """Integer labels of shape (n,) with values in [0, c) (values checked when concrete); a
+    list of ints is accepted. Returns them as a jax array."""
+    y = as_array(y, name)
+    if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
+        raise ValueError(
+            f"{name} must be integer class labels of shape ({n},) matching the logits, got "
+            f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; pass class indices, not "
+            "one-hot vectors."
+        )
+    yc = _concrete(y)
+    if yc is not None and n and (yc.min() < 0 or yc.max() >= c):
+        raise ValueError(
+            f"{name} has labels outside [0, C) = [0, {c}) (min {yc.min()}, max {yc.max()}); "
+            "the number of logits C must exceed every label."
+        )
+    return jnp.asarray(y)
+
+
+def _check_finite(kernel, name):
+    kc = _concrete(kernel)
+    if kc is not None and not np.all(np.isfinite(kc)):
+        raise ValueError(
+            f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
+            "block_size) before predicting."
+        )
+
+
+def resolve_method(method) -> str:
+    """"auto" is the exact discrete recursion: exact for the linearised model at any η (so it
+    predicts divergence, which the ODE/SDE small-η limits cannot), and the cheapest at usual
+    horizons — T steps cost T·(N·C)² against (N·C)³ for the closed form's eigendecomposition
+    (N·C = 3750: 1.2 s against 74 s, README). Other methods are used when asked for."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    return "discrete" if method == "auto" else method
+
+
+def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
+           key, noise_features, num_paths):
+    """Logits trajectories with a leading path axis, plus the closed form's exact λ_min."""
+    n = f0.shape[0]
+    common = dict(test_op=test_op, f0_test=f0_test)
+    if method == "closed_form":
+        fs, fts, lam_min = mse_closed_form(op, f0, y, learning_rate=lr, momentum=m,
+                                           steps=steps, **common)
+        return fs[None], None if fts is None else fts[None], lam_min
+    if method == "ode":
+        fs, fts = ode_trajectory(op, f0, y, learning_rate=lr, momentum=m, steps=steps,
+                                 loss=loss, **common)
+    elif method == "sde":
+        return (*sde_paths(op, f0, y, noise_features, key=key, num_paths=num_paths,
+                           learning_rate=lr, momentum=m, batch_size=batch_size, steps=steps,
+                           loss=loss, **common), None)
+    elif batch_size < n:
+        return (*discrete_paths(op, f0, y, key=key, num_paths=num_paths,
+                                batch_size=batch_size, steps=steps, learning_rate=lr,
+                                momentum=m, nesterov=nesterov, loss=loss, **common), None)
+    else:
+        batches = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
+        fs, fts = discrete_trajectory(op, f0, y, batches, learning_rate=lr, momentum=m,
+                                      nesterov=nesterov, loss=loss, **common)
+    return fs[None], None if fts is None else fts[None], None
+
+
+def _check_method_inputs(method, loss, full_batch, key, noise_features, nc):
+    if method == "closed_form" and (loss != "mse" or not full_batch):
+        raise ValueError(
+            "method='closed_form' exists for loss='mse' with full-batch GD only; use "
+            "method='ode' (cross-entropy) or method='discrete' / 'sde' (SGD)."
+        )
+    if method == "sde":
+        if noise_features is None or np.ndim(noise_features) != 2 or (
+                np.shape(noise_features)[0] != nc):
+            raise ValueError(
+                f"method='sde' needs noise_features of shape ({nc}, D') (see "
+                "ntk_tt.noise_features); got "
+                f"{None if noise_features is None else np.shape(noise_features)}."
+            )
+    if key is None and (method == "sde" or (method == "discrete" and not full_batch)):
+        raise ValueError(
+            f"method={method!r} with batch_size < N is random: pass key=jax.random.key(seed)."
+        )
+
+
+def _edge(m, nesterov, loss):
+    h = 1.0 if loss == "mse" else 0.5
+    return 2.0 * (1.0 + m) / ((1.0 + 2.0 * m) if nesterov else 1.0) / h
+
+
+def predict_from_kernel(
+    kernel, f0, y, *, learning_rate, momentum=0.0, steps, batch_size=None, nesterov=False,
+    loss="cross_entropy", method="discrete", key=None, noise_features=None, num_paths=32,
+    kernel_test=None, f0_test=None, y_test=None,
+) -> KernelPrediction:
+    """Predicted fine-tuning curves and T_ε of the linearised model, from Θ (Secs. 3–5).
+
+    Args:
+      kernel: empirical NTK Θ (N·C, N·C), sample-major; or (N, N) logit-SUMMED, used as
+        (Θ/C) ⊗ I_C. Symmetrised; significant negative eigenvalues are clamped to 0.
+      f0: initial logits (N, C) at the pre-trained weights. y: integer labels (N,).
+      learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable).
+      steps: T optimiser updates. batch_size: B (None = N, full-batch GD).
+      nesterov: optax's Nesterov form. loss: "cross_entropy" or "mse" (mean over samples).
+      method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
+        η/(1 − m)), "sde" (diffrax, SGD noise), or "auto" (see ``resolve_method``).
+      key: jax.random key for the minibatch orders (discrete SGD; seed 0 uses
+        ``batch_indices(key, N, B, steps)``, the order of a real run with the same key) or the
+        Brownian paths (SDE).
+      noise_features: (N·C, D') SDE noise features J·diag(σ_w)·P/√D'.
+      num_paths: seeds / Brownian paths for stochastic methods.
+      kernel_test: cross kernel Θ(x_test, x), (N_test·C, N·C) or (N_test, N) summed.
+      f0_test: held-out initial logits (N_test, C). y_test: held-out labels (N_test,).
+
+    Returns:
+      :class:`KernelPrediction`.
+
+    Raises:
+      ValueError: arrays given as anything but arrays or nested lists of numbers, η or m
+        not a real number (a string included), a key that is not ``jax.random.key(seed)``,
+        bad shapes, labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
+        steps < 1, num_paths < 1, non-finite Θ,
+        unknown method or loss, missing key / noise features (value checks only when the
+        arguments are concrete, i.e. not traced).
+    """
+    check_loss(loss)
+    kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
+    check_key(key)
+    if np.ndim(f0) != 2:
+        raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
+    n, c = np.shape(f0)
+    check_loss(loss, c)
+    batch_size = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_num_paths(num_paths)
+    y = check_labels(y, n, c)
+    full_batch = batch_size == n
+    method = resolve_method(method)
+    _check_method_inputs(method, loss, full_batch, key, noise_features, n * c)
+    _check_finite(kernel, "kernel")
+    f0 = jnp.asarray(f0)
+    dtype = f0.dtype
+    mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
+    test_mat = test_traced = None
+    if kernel_test is not None:
+        kernel_test = as_array(kernel_test, "kernel_test")
+        f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
+        if f0_test is None or y_test is None or np.ndim(f0_test) != 2:
+            raise ValueError("kernel_test needs f0_test (N_test, C) and y_test (N_test,).")
+        _check_finite(kernel_test, "kernel_test")
+        nt = np.shape(f0_test)[0]
+        y_test = check_labels(y_test, nt, c, name="y_test")
+        test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
+                                            name="kernel_test", rows=nt)
+        f0_test = jnp.asarray(f0_test, dtype)
+    return _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
+                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
+                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
+                 nesterov=nesterov, loss=loss, num_paths=num_paths)
+
+
+@partial(jax.jit, static_argnames=("traced", "test_traced", "method", "steps", "batch_size",
+                                   "nesterov", "loss", "num_paths"))
+def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, traced,
+          test_traced, method, steps, batch_size, nesterov, loss, num_paths):
+    """The compiled part of :func:`predict_from_kernel` (arguments already validated)."""
+    test_op = None if test_mat is None else (test_mat, test_traced)
+    lams = None
+    if method != "closed_form":
+        mat, lams = clamp_psd(mat)
+    op = (mat, traced)
+    fs, fts, lam_exact = _solve(
+        method, op, f0, y, test_op, f0_test, lr=lr, m=m, steps=steps, batch_size=batch_size,
+        nesterov=nesterov, loss=loss, key=key, noise_features=noise_features,
+        num_paths=num_paths)
+    lams = lam_exact if lams is None else lams
+    return _summarise(fs, fts, y, y_test, op, lr, m, lams, nesterov=nesterov, loss=loss,
+                      stochastic=method == "sde" or fs.shape[0] > 1)
+
+
+def _mean_band(paths, stochastic):
+    band = jnp.quantile(paths, jnp.array([0.05, 0.95]), axis=0) if stochastic else None
+    return jnp.mean(paths, axis=0), band
+
+
+def _earliest(steps: jax.Array) -> jax.Array:
+    """Smallest non-negative entry of ``steps`` (P,), −1 if all are −1 (int32)."""
+    big = jnp.iinfo(jnp.int32).max
+    low = jnp.min(jnp.where(steps >= 0, steps, big))
+    return jnp.where(low == big, -1, low).astype(jnp.int32)
+
+
+def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochastic):
+    """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε."""
+    mat, _ = op
+    n = fs.shape[2]
+    loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
+    div = divergence(loss_p)
+    stop = first_nonfinite(loss_p)
+    hold = jax.vmap(hold_from)
+    loss_p, err_p = hold(loss_p, stop), hold(err_p, stop)
+    loss_c, loss_band = _mean_band(loss_p, stochastic)
+    err_c, err_band = _mean_band(err_p, stochastic)
+    test_loss = test_err = None
+    if fts is not None:
+        tl, te = jax.vmap(lambda f: curves(f, y_test, loss))(fts)
+        test_loss, test_err = jnp.mean(hold(tl, stop), 0), jnp.mean(hold(te, stop), 0)
+    diverged = jnp.any(div.diverged)
+    lam_min, lam_max = lams
+    kappa = lr * lam_max / n
+    window = 5 if loss_c.shape[0] >= 5 else 1
+    eps = jnp.asarray(EPSILONS, loss_c.dtype)
+    tt = jax.vmap(lambda cv: jax.vmap(lambda e: training_time_array(cv, e, window))(eps))
+    t_eps, codes = tt(jnp.stack([loss_c, err_c]))
+    # a diverged run has no training time, whatever its held (finite) curve looks like
+    t_eps = jnp.where(diverged, jnp.nan, t_eps)
+    codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
+    return KernelPrediction(
+        loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
+        loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,
+        diverged=diverged, diverged_at=_earliest(div.diverged_at),
+        spiked_at=_earliest(div.spiked_at),
+        kappa=kappa, beyond_edge=kappa > _edge(m, nesterov, loss),
+        min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, mat.shape[0]),
+        training_time=t_eps, training_time_code=codes,
+    )

@@ -1,0 +1,412 @@
+"""Head-aware linearisation: the task head trained exactly, only the backbone linearised.
+
+The fine-tuned network is f(x) = h(x; θ)·W + b (backbone features h ∈ R^F, a fresh linear
+head W ∈ R^{F×C}, b ∈ R^C). The linearised model of Sec. 3 freezes the whole empirical NTK at
+the pre-trained weights, but the backbone's share of Θ is
+
+    Θ_backbone[(i, c), (j, c')] = Σ_{f, f'} W_{f c} K_h(i, j)_{f f'} W_{f' c'},
+    K_h(i, j) = J_h(x_i) J_h(x_j)ᵀ   (F × F, the backbone feature kernel)
+
+so it grows with the head: from a small fresh head it grows quadratically in ‖W‖ as the
+head learns (METHOD.md §10). The head-aware model keeps W and b exact and linearises the
+backbone only,
+
+    f(x) = (h_0(x) + φ(x))·W + b,       φ(x) = J_h(x)(θ − θ_0),
+
+and trains (W, b, θ) by optax's ``sgd(η, m, nesterov)`` on the mean loss. Its dynamics close
+on (W, b, φ on the training inputs): with g = ∂L_B/∂f (B, C) on the minibatch B,
+
+    grad_W = h_Bᵀ g,   grad_b = Σ_B g,   J_h grad_θ = Σ_{j∈B} K_h(·, j) (g_j Wᵀ),
+
+and heavy ball / Nesterov act on each of the three exactly as on weights (J_h is constant, so
+the backbone's velocity maps to feature space linearly). Each step costs O(N·B·F) with the
+Kronecker feature kernel K_h(i, j) = k_b(i, j)·S, O(N·F·B·F) with the exact one. Held-out
+features follow with the cross kernel. This is exact for a network whose backbone is linear
+in its weights (e.g. h = V x) and equals real optax training of f = (h_0 + J_h Δθ)W + b.
+
+The Kronecker kernel is read off the ordinary empirical NTK: Θ − Θ_head with
+Θ_head = (H Hᵀ + 1) ⊗ I_C is the backbone part Θ_b0 = k_b ⊗ (W_0ᵀ S W_0) at the fresh head, so
+k_b = tr_C Θ_b0 / tr(W_0ᵀ S W_0) (a logit-summed kernel suffices), with S = I_F by default
+(isotropic features) or S estimated from the feature kernel's diagonal blocks on a few inputs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ntk_tt.data._batches import batch_indices
+from ntk_tt.dynamics._losses import logit_residual
+
+
+class HeadAwareKernel(NamedTuple):
+    """Everything the head-aware dynamics need (F = feature width, C = classes).
+
+    features: h_0 (N, F) at the pre-trained backbone. head_kernel: W_0 (F, C). head_bias:
+    b_0 (C,). backbone: the feature kernel, either Kronecker k_b (N, N) (then ``mixing`` S is
+    (F, F)) or exact K_h (N·F, N·F) sample-major (then ``mixing`` is None).
+    features_test (N_test, F), backbone_test (N_test, N) or (N_test·F, N·F): held-out
+    inputs, or None.
+    """
+
+    features: jax.Array
+    head_kernel: jax.Array
+    head_bias: jax.Array
+    backbone: jax.Array
+    mixing: jax.Array | None
+    features_test: jax.Array | None = None
+    backbone_test: jax.Array | None = None
+
+
+BACKBONES = ("isotropic", "kronecker", "exact")
+
+
+class _Identity(nnx.Module):
+    def __call__(self, x):
+        return x
+
+
+def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
+    """Split an NNX model with a linear ``head`` into backbone features and the head.
+
+    Returns ``(feature_fn, backbone_params, head_kernel, head_bias)``: ``feature_fn(params,
+    x) -> h`` (N, F) is the model with its head replaced by the identity (eval mode, as
+    :func:`ntk_tt.from_nnx`), ``head_kernel`` (F, C) and ``head_bias`` (C,) the head's
+    weights, so ``model(x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
+
+    Raises:
+      ValueError: the model has no ``nnx.Linear`` attribute ``head`` with a bias.
+    """
+    from ntk_tt.data._model import from_nnx
+
+    head = getattr(model, "head", None)
+    if not isinstance(head, nnx.Linear) or head.bias is None:
+        raise ValueError(
+            f"the head-aware predictor needs a model whose classifier is an nnx.Linear "
+            f"attribute `head` with a bias, got {type(model).__name__}; name the classifier "
+            "layer `head` (ntk_tt.replace_head makes one)."
+        )
+    body = nnx.clone(model)
+    body.head = _Identity()
+    feature_fn, backbone_params = from_nnx(body)
+    return (feature_fn, backbone_params, jnp.asarray(head.kernel[...]),
+            jnp.asarray(head.bias[...]))
+
+
+def head_kernel_part(h_rows: jax.Array, h_cols: jax.Array) -> jax.Array:
+    """The head's logit-summed NTK share Σ_c Θ_head = C·(h_i·h_j + 1) divided by C: (N_r, N_c).
+
+    Θ_head[(i, c), (j, c')] = δ_cc' (h_i·h_j + 1) (gradients wrt W and b).
+    """
+    return h_rows @ h_cols.T + 1.0
+
+
+def kronecker_backbone(traced_kernel: jax.Array, h_rows: jax.Array, h_cols: jax.Array,
+                       head_kernel: jax.Array, mixing: jax.Array) -> jax.Array:
+    """k_b (N_r, N_c) from the logit-summed empirical NTK Σ_c Θ (N_r, N_c).
+
+    Σ_c Θ_b0 = Σ_c Θ − C·(H_r H_cᵀ + 1) and Σ_c Θ_b0 = k_b · tr(W_0ᵀ S W_0).
+    """
+    c = head_kernel.shape[1]
+    backbone = traced_kernel - c * head_kernel_part(h_rows, h_cols)
+    return backbone / jnp.trace(head_kernel.T @ mixing @ head_kernel)
+
+
+def feature_mixing(feature_fn, backbone_params, x: jax.Array) -> jax.Array:
+    """S (F, F): the feature kernel's diagonal blocks Σ_i K_h(i, i) on inputs ``x`` (M, ...),
+    normalised to trace F. The Kronecker model K_h(i, j) ≈ k_b(i, j)·S takes its
+    feature-feature structure from it."""
+    from ntk_tt.kernels._ntk import empirical_ntk
+
+    h = feature_fn(backbone_params, x)
+    m, f = h.shape
+    kh = empirical_ntk(feature_fn, backbone_params, x).reshape(m, f, m, f)
+    s = jnp.einsum("iaib->ab", kh)
+    return s * (f / jnp.trace(s))
+
+
+class HeadState(NamedTuple):
+    """State of the head-aware model: head W (F, C), b (C,), feature displacement φ (N, F)
+    and their optax velocities u_W, u_b, v_φ; ``u_q`` (N, F): the backbone velocity as
+    J_hᵀ u_q, and ``z`` (N, F): the backbone displacement since the last linearisation,
+    θ − θ_k = −J_hᵀ z (both used when the backbone is re-linearised); φ_test, v_φ_test
+    (N_test, F) or None."""
+
+    w: jax.Array
+    b: jax.Array
+    phi: jax.Array
+    uw: jax.Array
+    ub: jax.Array
+    vphi: jax.Array
+    u_q: jax.Array
+    z: jax.Array
+    phit: jax.Array | None
+    vphit: jax.Array | None
+
+
+def head_aware_step(state: HeadState, idx, hk: HeadAwareKernel, y, *, learning_rate,
+                    momentum, nesterov, loss) -> HeadState:
+    """One optax ``sgd(η, m, nesterov)`` step of the head-aware model on minibatch ``idx``
+    (B,): exact for f = (h_0 + J_h Δθ) W + b with K_h = J_h J_hᵀ as given by ``hk``."""
+    h = hk.features + state.phi
+    hb = h[idx]
+    g = logit_residual(hb @ state.w + state.b, y[idx], loss) / idx.shape[0]  # (B, C)
+    gw, gb = hb.T @ g, jnp.sum(g, axis=0)
+    q = g @ state.w.T  # (B, F): ∂L/∂h on the batch
+    dphi = _feature_kernel_dot(hk.backbone, hk.mixing, idx, q, h.shape[0])
+    dq = jnp.zeros_like(h).at[idx].add(q)
+
+    def move(p, u, d):
+        u = momentum * u + d
+        step = d + momentum * u if nesterov else u
+        return p - learning_rate * step, u, step
+
+    w, uw, _ = move(state.w, state.uw, gw)
+    b, ub, _ = move(state.b, state.ub, gb)
+    phi, vphi, _ = move(state.phi, state.vphi, dphi)
+    _, u_q, dz = move(0.0, state.u_q, dq)
+    phit, vphit = state.phit, state.vphit
+    if phit is not None:
+        dphit = _feature_kernel_dot(hk.backbone_test, hk.mixing, idx, q, phit.shape[0])
+        phit, vphit, _ = move(phit, vphit, dphit)
+    return HeadState(w, b, phi, uw, ub, vphi, u_q, state.z + learning_rate * dz, phit, vphit)
+
+
+def _feature_kernel_dot(kernel, mixing, idx, q, rows):
+    """Σ_{j∈idx} K_h(·, j) q_j: (rows, F)."""
+    f = q.shape[1]
+    if mixing is not None:  # Kronecker: k_b[:, idx] q S
+        return kernel[:, idx] @ q @ mixing
+    cols = kernel.reshape(rows * f, -1, f)[:, idx, :]  # (rows·F, B, F)
+    return jnp.einsum("rbf,bf->r", cols, q).reshape(rows, f)
+
+
+def logits(hk: HeadAwareKernel, state: HeadState, test: bool = False) -> jax.Array:
+    """Training (or held-out) logits (N, C) of a head-aware state."""
+    if test:
+        return (hk.features_test + state.phit) @ state.w + state.b
+    return (hk.features + state.phi) @ state.w + state.b
+
+
+def initial_state(hk: HeadAwareKernel, w=None, b=None, u=None) -> HeadState:
+    """The state at the start of a segment: head (W, b) (default ``hk``'s) with velocities
+    ``u = (u_W, u_b, u_q)`` (default zero); φ = 0 and v_φ = K_h u_q, the backbone's carried
+    velocity seen through ``hk``'s feature kernel."""
+    w = hk.head_kernel if w is None else w
+    b = hk.head_bias if b is None else b
+    zf = jnp.zeros_like(hk.features)
+    uw, ub, u_q = (jnp.zeros_like(w), jnp.zeros_like(b), zf) if u is None else u
+    every = jnp.arange(zf.shape[0])
+    with_test = hk.features_test is not None
+    zt = jnp.zeros_like(hk.features_test) if with_test else None
+    vt = (_feature_kernel_dot(hk.backbone_test, hk.mixing, every, u_q, zt.shape[0])
+          if with_test else None)
+    return HeadState(w, b, zf, uw, ub,
+                     _feature_kernel_dot(hk.backbone, hk.mixing, every, u_q, zf.shape[0]),
+                     u_q, zf, zt, vt)
+
+
+def head_aware_trajectory(hk: HeadAwareKernel, y, batches, *, learning_rate, momentum,
+                          nesterov, loss, state0: HeadState | None = None):
+    """Logits after 0..T steps (T + 1, N, C), held-out logits (or None) and the final
+    :class:`HeadState`, for one batch sequence ``batches`` (T, B) from ``state0`` (default:
+    :func:`initial_state`)."""
+    with_test = hk.features_test is not None
+    state0 = initial_state(hk) if state0 is None else state0
+
+    def step(state, idx):
+        state = head_aware_step(state, idx, hk, y, learning_rate=learning_rate,
+                                momentum=momentum, nesterov=nesterov, loss=loss)
+        return state, (logits(hk, state), logits(hk, state, True) if with_test else None)
+
+    last, (fs, fts) = jax.lax.scan(step, state0, batches)
+    fs = jnp.concatenate([logits(hk, state0)[None], fs])
+    if with_test:
+        fts = jnp.concatenate([logits(hk, state0, True)[None], fts])
+    return fs, fts, last
+
+
+def head_aware_paths(hk: HeadAwareKernel, y, *, key, num_paths, batch_size, steps,
+                     **kwargs):
+    """``head_aware_trajectory`` over ``num_paths`` minibatch orders (path 0 = the order of a
+    real run with ``key``), vmapped; or one full-batch path when ``batch_size`` = N.
+    Returns logits (P, T + 1, N, C) and held-out logits or None."""
+    n = hk.features.shape[0]
+    if batch_size == n:
+        batches = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
+        fs, fts, _ = head_aware_trajectory(hk, y, batches, **kwargs)
+        return fs[None], None if fts is None else fts[None]
+    keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
+    batches = jax.vmap(lambda k: batch_indices(k, n, batch_size, steps))(keys)
+    fs, fts, _ = jax.vmap(lambda bt: head_aware_trajectory(hk, y, bt, **kwargs))(batches)
+    return fs, fts
+
+
+def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
+                      mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
+                      key: jax.Array | None = None) -> HeadAwareKernel:
+    """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
+    backbone_params, head_kernel, head_bias)`` (:func:`split_head`) on inputs ``x`` (N, ...).
+
+    ``backbone="kronecker"``: K_h(i, j) = k_b(i, j)·S with k_b from the logit-summed empirical
+    NTK (``traced_kernel`` (N, N) if already computed, else built here) and S from the feature
+    kernel's diagonal blocks on ``mixing_samples`` inputs drawn with ``key`` (the first ones if
+    ``key`` is None). ``"isotropic"``: the same with S = I_F. ``"exact"``: the full feature
+    kernel K_h (N·F, N·F), F²/C² times the cost of Θ (small N only).
+    ``x_test`` (N_test, ...): also the held-out cross kernel (``traced_kernel_test``
+    (N_test, N) if given).
+
+    Raises:
+      ValueError: unknown ``backbone``, ``mixing_samples`` < 1, or kernels of the wrong shape.
+    """
+    from ntk_tt.kernels._ntk import empirical_ntk
+
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if isinstance(mixing_samples, bool) or not isinstance(mixing_samples, int) \
+            or mixing_samples < 1:
+        raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
+    feature_fn, bparams, w0, b0 = split
+    h0 = feature_fn(bparams, x)
+    h0t = None if x_test is None else feature_fn(bparams, x_test)
+    n, f = h0.shape
+    if backbone == "exact":
+        kh = empirical_ntk(feature_fn, bparams, x)
+        kht = None if x_test is None else empirical_ntk(feature_fn, bparams, x_test, x)
+        return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
+
+    def apply_fn(p, xx):
+        return feature_fn(p[0], xx) @ p[1] + p[2]
+
+    params = (bparams, w0, b0)
+    tk = (empirical_ntk(apply_fn, params, x, trace_logits=True)
+          if traced_kernel is None else jnp.asarray(traced_kernel))
+    if x_test is not None and traced_kernel_test is None:
+        traced_kernel_test = empirical_ntk(apply_fn, params, x_test, x, trace_logits=True)
+    for name, k, rows in (("traced_kernel", tk, n), ("traced_kernel_test", traced_kernel_test,
+                                                     None if h0t is None else h0t.shape[0])):
+        if k is not None and np.shape(k) != (rows, n):
+            raise ValueError(f"{name} must be the logit-summed kernel ({rows}, {n}), got "
+                             f"{np.shape(k)}.")
+    if backbone == "isotropic":
+        mixing = jnp.eye(f, dtype=h0.dtype)
+    else:
+        m = min(mixing_samples, n)
+        pick = (jnp.arange(m) if key is None
+                else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
+        mixing = feature_mixing(feature_fn, bparams, jnp.asarray(x)[pick])
+    kb = kronecker_backbone(tk, h0, h0, w0, mixing)
+    kbt = (None if h0t is None
+           else kronecker_backbone(jnp.asarray(traced_kernel_test), h0t, h0, w0, mixing))
+    return HeadAwareKernel(h0, w0, b0, kb, mixing, h0t, kbt)
+
+
+def initial_kernel(hk: HeadAwareKernel) -> jax.Array:
+    """The full empirical NTK Θ_0 (N·C, N·C) that the head-aware model starts from:
+    (H Hᵀ + 1) ⊗ I_C plus the backbone part (I ⊗ W_0ᵀ) K_h (I ⊗ W_0)."""
+    n, f = hk.features.shape
+    c = hk.head_kernel.shape[1]
+    w = hk.head_kernel
+    head = jnp.kron(head_kernel_part(hk.features, hk.features), jnp.eye(c, dtype=w.dtype))
+    if hk.mixing is not None:
+        back = jnp.kron(hk.backbone, w.T @ hk.mixing @ w)
+    else:
+        kh = hk.backbone.reshape(n, f, n, f)
+        back = jnp.einsum("fc,ifjg,gd->icjd", w, kh, w).reshape(n * c, n * c)
+    return head + back
+
+
+def check_head_aware(hk: HeadAwareKernel, n: int, c: int) -> None:
+    """ValueErrors for a :class:`HeadAwareKernel` whose shapes do not match N and C."""
+    if np.ndim(hk.features) != 2 or np.shape(hk.features)[0] != n:
+        raise ValueError(f"features must be (N, F) = ({n}, F), got {np.shape(hk.features)}.")
+    f = np.shape(hk.features)[1]
+    if np.shape(hk.head_kernel) != (f, c) or np.shape(hk.head_bias) != (c,):
+        raise ValueError(
+            f"head_kernel must be (F, C) = ({f}, {c}) and head_bias ({c},), got "
+            f"{np.shape(hk.head_kernel)} and {np.shape(hk.head_bias)}.")
+    want = (n, n) if hk.mixing is not None else (n * f, n * f)
+    if np.shape(hk.backbone) != want:
+        raise ValueError(f"backbone kernel must be {want}, got {np.shape(hk.backbone)}.")
+    if hk.mixing is not None and np.shape(hk.mixing) != (f, f):
+        raise ValueError(f"mixing must be (F, F) = ({f}, {f}), got {np.shape(hk.mixing)}.")
+    if (hk.features_test is None) != (hk.backbone_test is None):
+        raise ValueError("features_test and backbone_test go together (or neither).")
+
+
+def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, batch_size,
+             loss, key, num_paths):
+    """The checks of :func:`predict_head_aware` (ValueErrors before any work); returns the
+    labels, held-out labels and batch size (N for GD)."""
+    from ntk_tt.dynamics._losses import check_loss
+    from ntk_tt.dynamics._predict_kernel import check_hyper, check_labels, check_num_paths
+
+    check_loss(loss)
+    n = np.shape(hk.features)[0]
+    c = np.shape(hk.head_bias)[0] if np.ndim(hk.head_bias) == 1 else 0
+    check_loss(loss, c)
+    check_head_aware(hk, n, c)
+    batch_size = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_num_paths(num_paths)
+    y = check_labels(y, n, c)
+    if batch_size < n and key is None:
+        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
+    if hk.features_test is not None:
+        if y_test is None:
+            raise ValueError("hk has held-out features: pass y_test (N_test,).")
+        y_test = check_labels(y_test, np.shape(hk.features_test)[0], c, name="y_test")
+    return y, y_test, batch_size
+
+
+def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, steps,
+                       batch_size=None, nesterov=False, loss="cross_entropy", key=None,
+                       num_paths=32, y_test=None):
+    """Predicted curves and T_ε of the head-aware model (head exact, backbone linearised).
+
+    The sibling of :func:`ntk_tt.predict_from_kernel` with the same contract: η and m are
+    traceable arrays (``jit(vmap(...))`` over a sweep shares one :class:`HeadAwareKernel`),
+    steps, batch_size, nesterov, loss and num_paths are static; time is in optimiser steps and
+    the loss is the MEAN over samples. SGD path 0 uses ``ntk_tt.batch_indices(key, N, B,
+    steps)``, the batch order of a real run with the same key.
+
+    Args:
+      hk: :class:`HeadAwareKernel` (:func:`head_aware_kernel`). y: labels (N,).
+      learning_rate, momentum, steps, batch_size, nesterov, loss, key, num_paths: as
+        :func:`ntk_tt.predict_from_kernel`. y_test: held-out labels (N_test,) when ``hk``
+        has held-out features.
+
+    Returns:
+      :class:`ntk_tt.KernelPrediction`; ``kappa`` and ``min_eigenvalue`` refer to Θ_0
+      (:func:`initial_kernel`).
+
+    Raises:
+      ValueError: as :func:`ntk_tt.predict_from_kernel`, and shapes of ``hk`` not matching.
+    """
+
+    y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
+                                     momentum=momentum, steps=steps, batch_size=batch_size,
+                                     loss=loss, key=key, num_paths=num_paths)
+    dtype = hk.features.dtype
+    return _head_core(hk, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
+                      key, y_test, steps=steps, batch_size=batch_size, nesterov=nesterov,
+                      loss=loss, num_paths=num_paths)
+
+
+@partial(jax.jit, static_argnames=("steps", "batch_size", "nesterov", "loss", "num_paths"))
+def _head_core(hk, y, lr, m, key, y_test, *, steps, batch_size, nesterov, loss, num_paths):
+    from ntk_tt.dynamics._fspace import clamp_psd
+    from ntk_tt.dynamics._predict_kernel import _summarise
+
+    mat, lams = clamp_psd(initial_kernel(hk))
+    fs, fts = head_aware_paths(hk, y, key=key, num_paths=num_paths, batch_size=batch_size,
+                               steps=steps, learning_rate=lr, momentum=m, nesterov=nesterov,
+                               loss=loss)
+    return _summarise(fs, fts, y, y_test, (mat, False), lr, m, lams, nesterov=nesterov,
+                      loss=loss, stochastic=fs.shape[0] > 1)
+

@@ -1,0 +1,44 @@
+"""The linearised network (Zancato et al. 2020, Sec. 3; METHOD.md §1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ntk_tt.data._model import ApplyFn
+
+
+def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
+    """First-order Taylor expansion of ``apply_fn`` in the weights around ``params0``.
+
+    ``f_lin(params, x) = f(params0, x) + J(x) (params − params0)`` with ``J(x) = ∂f(params0, x)/∂w``
+    the Jacobian at the pre-trained weights (paper Sec. 3). ``J(x)·Δw`` is one forward-mode
+    ``jax.jvp``: the Jacobian is never formed. Fine-tuning the linear model by gradient descent
+    gives exactly the function-space dynamics driven by the empirical NTK Θ = J Jᵀ.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
+      params0: the pre-trained parameter pytree w0 (trainable leaves only).
+
+    Returns:
+      ``f_lin(params, x) -> logits`` of shape (N, C), same conventions as ``apply_fn``;
+      ``params`` must have the tree structure of ``params0``.
+
+    Raises:
+      ValueError: (from ``f_lin``) if ``params`` and ``params0`` have different tree structures.
+    """
+    treedef0 = jax.tree_util.tree_structure(params0)
+
+    def f_lin(params: Any, x: jax.Array) -> jax.Array:
+        if jax.tree_util.tree_structure(params) != treedef0:
+            raise ValueError(
+                "params must have the same tree structure as the params0 given to linearize; "
+                f"got {jax.tree_util.tree_structure(params)} vs {treedef0}."
+            )
+        delta = jax.tree.map(jnp.subtract, params, params0)
+        f0, jvp = jax.jvp(lambda p: apply_fn(p, x), (params0,), (delta,))
+        return f0 + jvp
+
+    return f_lin

@@ -1,0 +1,1 @@
+"""Model and data to predicted curves and T_ε: predict, the main job, subsets, intervals."""

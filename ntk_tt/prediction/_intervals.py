@@ -1,0 +1,275 @@
+"""Calibrated prediction intervals for T_ε: Mondrian split conformal on the benchmark table.
+
+Score of a (row, ε) of the benchmark table: the log-ratio residual r = log(T_ε / T̂_ε) of the
+default predictor (columns ``real_T<ε>`` and ``pred_T<ε>``, in steps). Rows where either
+side diverged (``real_diverged``, ``pred_diverged``) or either T_ε is undefined are skipped:
+an interval is only given for a defined prediction, and only says where a defined real T_ε
+falls.
+
+Residuals are grouped by what is known before training (a Mondrian taxonomy): the effective
+κ̃ = η·λ_max/(N·(1 − m)) in bins (≤ 2, (2, 8], > 8), and optionally ε and the optimiser
+(gd / sgd) (``by``; default κ̃ alone, see below). The interval at level 1 − α for a new
+prediction T̂ is [T̂·exp(q_lo), T̂·exp(q_hi)] with q_hi the ⌈(n + 1)(1 − α/2)⌉-th smallest
+and q_lo the ⌈(n + 1)(1 − α/2)⌉-th largest of the group's n residuals. If the new case is
+exchangeable with the group's calibration cases, each tail is missed with probability
+≤ α/2, so the interval covers with probability ≥ 1 − α (split conformal: Vovk, Gammerman &
+Shafer 2005, "Algorithmic Learning in a Random World"; Lei, G'Sell, Rinaldo, Tibshirani &
+Wasserman 2018, "Distribution-free predictive inference for regression", JASA; per-group
+"Mondrian" conformal: Vovk et al. 2005 ch. 4, Vovk, Lindsay,
+Nouretdinov & Gammerman 2003). A group with fewer than ``min_count`` residuals, or too few for
+finite quantiles at the level asked, falls back to a coarser group, dropping the fields of
+``by`` from the last (e.g. (κ̃, ε, optimiser) → (κ̃, ε) → κ̃ → all residuals pooled);
+:meth:`IntervalCalibrator.group` says which was used.
+
+Exchangeability across target sets is an assumption, not a guarantee: the coverage measured
+leaving one target set out (``experiments/intervals.py``) is the honest figure. On the
+committed benchmark table, groups finer than κ̃ under-cover a held-out set (their residuals
+come from three other sets whose offsets differ from its own: 80 % at 90 % for (κ̃, ε,
+optimiser)), hence the default ``by=("kappa",)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+
+import numpy as np
+
+FORMAT = "ntk_tt.intervals/1"
+KAPPA_EDGES = (2.0, 8.0)
+MIN_COUNT = 20
+_FIELDS = ("kappa", "eps", "optimizer")
+_ASSET = pathlib.Path(__file__).resolve().parents[1] / "assets" / "intervals.json"
+
+
+def _check_level(level) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1) (e.g. 0.9), got {level!r}.")
+    return float(level)
+
+
+def conformal_quantile(scores, q: float) -> float:
+    """The split-conformal upper quantile: the ⌈(n + 1)·q⌉-th smallest of n scores.
+
+    Equivalently the empirical quantile at level ⌈(n + 1)·q⌉/n (Lei et al. 2018, Lemma 2).
+    Returns +inf when ⌈(n + 1)·q⌉ > n (too few scores for a finite bound, e.g. n < 19 at
+    q = 0.95) and −inf when it is < 1. ``scores``: 1-D array-like; ``q`` in (0, 1).
+    """
+    s = np.sort(np.asarray(scores, float).ravel())
+    # the tolerance keeps (n + 1)·q that is an integer in exact arithmetic from rounding up
+    k = math.ceil((len(s) + 1) * q - 1e-9)
+    if k > len(s):
+        return math.inf
+    return -math.inf if k < 1 else float(s[k - 1])
+
+
+def kappa_bin(kappa_eff: float, edges=KAPPA_EDGES) -> str:
+    """Label of κ̃'s bin: ``"<=2"``, ``"(2, 8]"``, ``">8"`` for the default edges."""
+    i = int(np.searchsorted(np.asarray(edges, float), float(kappa_eff), side="left"))
+    if i == 0:
+        return f"<={edges[0]:g}"
+    return f">{edges[-1]:g}" if i == len(edges) else f"({edges[i - 1]:g}, {edges[i]:g}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalCalibrator:
+    """Residuals of the default T_ε predictor grouped by (κ̃ bin, ε, optimiser); see module doc.
+
+    level: the default 1 − α of :meth:`interval`. by: the grouping fields, a tuple of "kappa",
+    "eps", "optimizer", finest group first, coarser ones dropping fields from the end.
+    min_count: fewest residuals a group needs before it is used instead of a coarser one.
+    kappa_edges: κ̃ bin edges (right-closed bins).
+    groups: {(κ̃ bin label, ε as ``f"{ε:g}"``, "gd" | "sgd"): sorted residuals (tuple of
+    float, natural-log units)}. source: where it was fitted (rows, target sets, predictor).
+    """
+
+    level: float
+    by: tuple
+    min_count: int
+    kappa_edges: tuple
+    groups: dict
+    source: dict
+
+    def _pick(self, kappa_eff, eps, optimizer, level):
+        key = {"kappa": kappa_bin(kappa_eff, self.kappa_edges), "eps": f"{float(eps):g}",
+               "optimizer": str(optimizer)}
+        alpha = 1.0 - _check_level(self.level if level is None else level)
+        for fields in (self.by[:i] for i in range(len(self.by), -1, -1)):
+            res = np.array([v for g, r in self.groups.items()
+                            if all(g[_FIELDS.index(f)] == key[f] for f in fields) for v in r])
+            lo = -conformal_quantile(-res, 1 - alpha / 2)
+            hi = conformal_quantile(res, 1 - alpha / 2)
+            # the last level (no field: all residuals pooled) is used whatever its size
+            if (len(res) >= self.min_count and math.isfinite(hi)) or not fields:
+                return {f: key[f] for f in fields}, len(res), lo, hi
+
+    def group(self, kappa_eff: float, eps: float, optimizer: str, level: float | None = None):
+        """``(fields, n)``: the group whose residuals set this case's interval, and its size.
+
+        ``fields`` maps the fields matched to this case's values, e.g. ``{"kappa": "(2, 8]"}``;
+        fewer fields than ``by`` means a fallback, ``{}`` all residuals pooled.
+        """
+        fields, n, _, _ = self._pick(kappa_eff, eps, optimizer, level)
+        return fields, n
+
+    def interval(self, t_pred: float, kappa_eff: float, eps: float, optimizer: str,
+                 level: float | None = None) -> tuple[float, float]:
+        """``(lo, hi)`` in steps: the conformal interval for the real T_ε around ``t_pred``.
+
+        Args:
+          t_pred: predicted T_ε (steps, > 0). kappa_eff: κ̃ = η·λ_max/(N·(1 − m)) of the
+            prediction. eps: ε. optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α,
+            None = the calibrator's ``level``.
+
+        Returns:
+          ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``; ±inf bounds when even the pooled
+          residuals are too few for the level; ``(nan, nan)`` when ``t_pred`` is NaN
+          (undefined or diverged prediction).
+
+        Raises:
+          ValueError: level not in (0, 1), or ``t_pred`` ≤ 0 or infinite.
+        """
+        t = float(t_pred)
+        if math.isnan(t):
+            return math.nan, math.nan
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"t_pred must be a positive number of steps, got {t_pred!r}.")
+        _, _, lo, hi = self._pick(kappa_eff, eps, optimizer, level)
+        return t * math.exp(lo), t * math.exp(hi)
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
+        return {"format": FORMAT, "level": self.level, "by": list(self.by),
+                "min_count": self.min_count,
+                "kappa_edges": list(self.kappa_edges), "source": self.source,
+                "groups": [{"kappa_eff": k, "eps": e, "optimizer": o,
+                            "residuals": [round(v, 6) for v in r]}
+                           for (k, e, o), r in sorted(self.groups.items())]}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group)."""
+        data = self.to_json()
+        groups = ",\n  ".join(json.dumps(g) for g in data.pop("groups"))
+        head = json.dumps(data, indent=1)[:-2]
+        pathlib.Path(path).write_text(f'{head},\n "groups": [\n  {groups}\n ]\n}}\n')
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> IntervalCalibrator:
+        """Read a file written by :meth:`save`.
+
+        Raises:
+          ValueError: the file is not an ``ntk_tt.intervals/1`` calibrator.
+        """
+        data = json.loads(pathlib.Path(path).read_text())
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an interval calibrator (format {FORMAT!r}).")
+        groups = {(g["kappa_eff"], g["eps"], g["optimizer"]): tuple(g["residuals"])
+                  for g in data["groups"]}
+        return cls(level=data["level"], by=tuple(data["by"]), min_count=data["min_count"],
+                   kappa_edges=tuple(data["kappa_edges"]), groups=groups,
+                   source=data["source"])
+
+
+def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(r, keep)``: log(real T_ε / predicted T_ε) per row of a sweep table, and the mask of
+    rows where it is defined (neither side diverged, both T_ε finite and > 0); r is NaN
+    elsewhere. ``frame``: the sweep table (``ntk_tt.sweep._table.read_table``)."""
+    real = frame[f"real_T{eps:g}"].to_numpy(float)
+    pred = frame[f"pred_T{eps:g}"].to_numpy(float)
+    keep = (~frame["real_diverged"].to_numpy(bool) & ~frame["pred_diverged"].to_numpy(bool)
+            & np.isfinite(real) & np.isfinite(pred) & (real > 0) & (pred > 0))
+    r = np.full(len(frame), np.nan)
+    r[keep] = np.log(real[keep] / pred[keep])
+    return r, keep
+
+
+def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = MIN_COUNT,
+                  kappa_edges=KAPPA_EDGES) -> IntervalCalibrator:
+    """Fit a T_ε interval calibrator on a benchmark sweep table.
+
+    Args:
+      frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
+        ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
+        every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
+        ``dataset``, ``pred_method``, ``pred_kernel`` (recorded in ``source``).
+      level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
+        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
+      kappa_edges: increasing κ̃ bin edges.
+
+    Returns:
+      :class:`IntervalCalibrator` holding every defined residual, grouped.
+
+    Raises:
+      ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
+        "optimizer", min_count < 1, columns missing, or no defined residual.
+    """
+    level = _check_level(level)
+    by = tuple(by)
+    if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
+        raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
+    if not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be a positive int, got {min_count!r}.")
+    eps_all = sorted(float(c[len("real_T"):]) for c in frame.columns if c.startswith("real_T"))
+    need = {"kappa_eff", "optimizer", "real_diverged", "pred_diverged",
+            *(f"pred_T{e:g}" for e in eps_all)}
+    missing = sorted(need - set(frame.columns)) + ([] if eps_all else ["real_T<eps>"])
+    if missing:
+        raise ValueError(f"the table lacks columns {missing}: pass a sweep results table.")
+    bins = [kappa_bin(k, kappa_edges) for k in frame["kappa_eff"].to_numpy(float)]
+    opts = frame["optimizer"].astype(str).to_numpy()
+    groups: dict = {}
+    for e in eps_all:
+        r, keep = residuals(frame, e)
+        for i in np.flatnonzero(keep):
+            groups.setdefault((bins[i], f"{e:g}", opts[i]), []).append(float(r[i]))
+    if not groups:
+        raise ValueError("no row with a defined real and predicted T_eps: nothing to fit.")
+    source = {"rows": len(frame), "residuals": sum(len(v) for v in groups.values()),
+              **{c: sorted(map(str, frame[c].unique())) for c in
+                 ("dataset", "pred_method", "pred_kernel") if c in frame.columns}}
+    return IntervalCalibrator(level=level, by=by, min_count=min_count,
+                              kappa_edges=tuple(float(x) for x in kappa_edges),
+                              groups={k: tuple(sorted(v)) for k, v in groups.items()},
+                              source=source)
+
+
+@functools.lru_cache(maxsize=1)
+def default_calibrator() -> IntervalCalibrator:
+    """The shipped calibrator (``ntk_tt/assets/intervals.json``, 90 %), fitted on the
+    committed benchmark table ``experiments/results/sweep/results.parquet``."""
+    return IntervalCalibrator.load(_ASSET)
+
+
+def intervals(prediction, calibrator: IntervalCalibrator | None = None,
+              level: float | None = None) -> dict:
+    """Conformal intervals around a :class:`ntk_tt.Prediction`'s T_ε.
+
+    κ̃ = ``prediction.kappa``/(1 − m) and the optimiser (gd when B = N, else sgd) come from
+    ``prediction.hyperparameters``.
+
+    Args:
+      prediction: from :func:`ntk_tt.predict`. calibrator: None = :func:`default_calibrator`.
+      level: 1 − α, None = the calibrator's level (0.9 for the shipped one).
+
+    Returns:
+      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}}`` in steps, for the ε of
+      ``prediction.training_time``: None where T̂_ε is undefined (or the prediction
+      diverged); the benchmark table measures loss-curve T_ε only, so error-curve T_ε have
+      no calibrated interval (None).
+
+    Raises:
+      ValueError: level not in (0, 1).
+    """
+    cal = default_calibrator() if calibrator is None else calibrator
+    hp = prediction.hyperparameters
+    kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
+    opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
+    loss = {}
+    for eps, t in prediction.training_time["loss"].items():
+        lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
+        loss[eps] = None if math.isnan(lo) else (lo, hi)
+    return {"loss": loss, "error": {eps: None for eps in prediction.training_time["error"]}}

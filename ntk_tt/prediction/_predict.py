@@ -1,0 +1,413 @@
+"""``predict``: the eager entry point from a model to predicted curves and T_ε.
+
+Pipeline: validate → logits f0 → empirical NTK (exact | traced | sketch) →
+SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. Each stage is timed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ntk_tt.data._inputs import as_array, check_key
+from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._predict_kernel import (
+    EPSILONS,
+    check_hyper,
+    check_labels,
+    check_num_paths,
+    predict_from_kernel,
+    resolve_method,
+)
+from ntk_tt.dynamics._training_time import REASONS
+from ntk_tt.training._timing import Stopwatch
+
+KERNELS = ("exact", "traced", "sketch")
+PREDICTORS = ("auto", "linear", "head_aware")
+DEFAULT_SKETCH_DIM = 256
+
+
+class Prediction(NamedTuple):
+    """Result of :func:`predict` (T = steps; curves indexed by optimiser steps taken).
+
+    loss, error: predicted mean training loss (MEAN over samples) and error rate (T + 1,);
+      ``error`` is all NaN when not predicted (``subset=N'``: the loss curve only).
+    loss_band, error_band: 5–95 % band over paths/seeds (2, T + 1), None if deterministic.
+    test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
+    training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
+      NaN when undefined, with the reason in training_time_reasons[curve][ε].
+    diverged, diverged_at: whether the predicted loss diverged (non-finite, or L_T > L_0; the
+      rule of ``ntk_tt.dynamics._divergence``, shared with :func:`ntk_tt.finetune`) and the step its
+      final rise above L_0 began (None if not diverged).
+    spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
+      the curve spiked and recovered, and T_ε is defined as usual.
+    kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
+    clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
+    method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
+      ``subset=N'``).
+    hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
+      "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
+      checks them
+      against the fine-tuning run.
+    seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
+      the call to the result, validation included), all WITHOUT JAX compilation (tracing,
+      lowering, XLA compile), which is summed apart in "compile". With ``subset=N'``:
+      "kernel" is the subset (power law) or cross (Nyström) kernel, "logits" f0 on all N,
+      "solve" = "spectrum" + "curve".
+    """
+
+    loss: np.ndarray
+    error: np.ndarray
+    loss_band: np.ndarray | None
+    error_band: np.ndarray | None
+    test_loss: np.ndarray | None
+    test_error: np.ndarray | None
+    training_time: dict
+    training_time_reasons: dict
+    diverged: bool
+    diverged_at: int | None
+    spiked_at: int | None
+    kappa: float
+    beyond_edge: bool
+    clamped: bool
+    min_eigenvalue: float
+    method: str
+    kernel: str
+    hyperparameters: dict
+    seconds: dict
+
+
+def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
+    if sketch_dim is not None and (not isinstance(sketch_dim, (int, np.integer))
+                                   or sketch_dim < 1):
+        raise ValueError(f"sketch_dim must be a positive int (D'), got {sketch_dim!r}.")
+    random = kernel == "sketch" or method == "sde" or batch_size < n
+    if random and key is None:
+        raise ValueError(
+            f"kernel={kernel!r}, method={method!r}, batch_size={batch_size} draws random "
+            "numbers (sketch directions, Brownian paths or minibatch orders): pass "
+            "key=jax.random.key(seed)."
+        )
+
+
+def _logits(apply_fn, params, x, x_test):
+    return apply_fn(params, x), None if x_test is None else apply_fn(params, x_test)
+
+
+def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
+    """Θ(x, x) and Θ(x_test, x) (or None) of the requested kind."""
+    from ntk_tt import empirical_ntk, sketched_ntk
+
+    if kind == "sketch":
+        feats = sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=key).features
+        if x_test is None:
+            return feats @ feats.T, None
+        feats_t = sketched_ntk(apply_fn, params, x_test, sketch_dim=sketch_dim,
+                               key=key).features
+        return feats @ feats.T, feats_t @ feats.T
+    traced = kind == "traced"
+    k = empirical_ntk(apply_fn, params, x, trace_logits=traced)
+    kt = None if x_test is None else empirical_ntk(apply_fn, params, x_test, x,
+                                                   trace_logits=traced)
+    return k, kt
+
+
+def _timed(seconds, stage, fn, *args, **kwargs):
+    """Run one stage; its time without compilation goes to ``seconds[stage]``."""
+    with Stopwatch() as sw:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+    seconds[stage] = sw.seconds
+    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
+    return out
+
+
+def predict(
+    apply_fn: ApplyFn, params: Any, x, y, *, learning_rate: float, steps: int,
+    batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
+    loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
+    sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
+    x_test=None, y_test=None, predictor: str = "auto", head=None,
+    backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
+    subset_method: str = "power_law",
+) -> Prediction:
+    """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
+
+    Linearises the network at the pre-trained weights (Sec. 3), builds the empirical NTK
+    (eq. 2; ``kernel="traced"`` uses the logit-summed N×N kernel as (Θ/C) ⊗ I_C, "sketch" the
+    Achlioptas random projection of Sec. 4 with ``sketch_dim`` D', default 256) and integrates
+    the function-space dynamics (Prop. 1/2, eq. 1) for ``steps`` optimiser updates of optax's
+    ``sgd(learning_rate, momentum, nesterov)`` on the MEAN loss. ``method="auto"`` is the
+    exact discrete recursion (exact for the linearised model, predicts divergence).
+    ``method="sde"`` estimates σ_w² at ``params`` and uses ``noise_features`` with D'.
+
+    ``predictor="head_aware"`` (the default when ``head`` is given) keeps the fresh task head
+    exact and linearises only the backbone (``ntk_tt.predict_head_aware``, METHOD.md §10): its
+    kernel grows with the head as the real network's does, which the frozen Θ of
+    ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
+    ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
+    chooses the feature kernel ("isotropic", the default and the best measured: K_h(i, j) =
+    k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
+    the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only); ``kernel``
+    "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
+
+    ``subset=N'`` predicts the MSE loss of full-batch GD on all N samples from the
+    logit-summed kernel of a class-balanced subset of N' of them (App. D, METHOD.md §7; the
+    frozen-kernel linear model; ``ntk_tt.predict_from_subset`` with ``subset_method``
+    "power_law" or "nystrom", the subset drawn from ``key``): no N × N kernel is built.
+    It needs ``loss="mse"``, GD (``batch_size`` None or N, ``momentum`` 0), ``method`` "auto"
+    or "closed_form", ``kernel`` "exact" or "traced" (the same here: only the logit-summed
+    kernel is used), no sketch, no held-out set and a key. Only the loss curve is predicted:
+    ``error`` is NaN and its T_ε undefined, with the reason.
+
+    Example:
+      >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
+      >>> pred.training_time["loss"][0.1]          # T_0.1 in steps (NaN if undefined)
+
+    Args:
+      apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →
+        logits (N, C). x: inputs (N, ...). y: integer labels (N,).
+      learning_rate: η > 0. steps: T ≥ 1. batch_size: B ∈ [1, N], None = N (GD).
+      momentum: m ∈ [0, 1). nesterov: optax's Nesterov form. loss: "cross_entropy" | "mse".
+      method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
+        "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise. num_paths: seeds or
+        Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches); with
+        SGD, seed 0 uses the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real
+        run with the same key.
+      x_test, y_test: optional held-out set, predicted with the cross kernel Θ(x_test, x).
+      predictor: "auto" (head-aware when ``head`` is given, else linear), "linear" (frozen
+        Θ at w0, Sec. 3) or "head_aware". head: ``(feature_fn, backbone_params, head_kernel
+        (F, C), head_bias (C,))`` from ``ntk_tt.split_head(model)``, with
+        ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
+        backbone: "kronecker" | "isotropic" | "exact" (head-aware feature kernel).
+        segments: head-aware only: > 1 re-linearises the backbone along the predicted path
+          that many times (``ntk_tt.predict_head_aware_refreshed``: one kernel per segment,
+          one path; SGD follows the real run's batch order ``key``).
+      subset: N' (int in [K, N), a multiple of the K classes in y) to predict from a subset's
+        kernel (see above), or None for the full kernel. subset_method: "power_law" (App. D)
+        or "nystrom" (cross kernel Θ(X, X')); only with ``subset``.
+
+    Returns:
+      :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
+      predictor.
+
+    Raises:
+      ValueError: bad model output or inputs (x, y, x_test, y_test not arrays: nested lists
+        of numbers are converted, anything else refused), ``apply_fn`` coupling the samples
+        of a batch, η or m not a real number (a string included), a key that is not
+        ``jax.random.key(seed)``, labels not matching N or C, η ≤ 0, num_paths < 1,
+        m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
+        closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
+        a head-aware prediction without ``head`` or with a method other than the discrete
+        recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
+        ``subset`` with anything but MSE full-batch GD (or with a sketch, SDE/ODE/discrete
+        method, head-aware predictor, held-out set, no key) or a bad N' — all before the
+        kernel is built.
+    """
+    start = time.perf_counter()
+    check_loss(loss)
+    check_key(key)
+    x = as_array(x, "x")
+    n, c = check_model(apply_fn, params, x)
+    check_loss(loss, c)
+    y = check_labels(y, n, c)
+    bs = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, bs, n)
+    check_num_paths(num_paths)
+    if subset is not None:
+        return _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
+                               learning_rate=learning_rate, steps=steps,
+                               batch_size=batch_size, momentum=momentum, nesterov=nesterov,
+                               loss=loss, method=method, kernel=kernel,
+                               sketch_dim=sketch_dim, key=key, x_test=x_test,
+                               y_test=y_test, predictor=predictor, segments=segments)
+    if subset_method != "power_law":
+        raise ValueError(f"subset_method applies with subset=N' only, got subset_method="
+                         f"{subset_method!r} and subset=None.")
+    method = resolve_method(method)
+    if method == "closed_form" and (loss != "mse" or bs < n):
+        raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
+    _check_kinds(kernel, sketch_dim, key, method, bs, n)
+    head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
+                                  x)
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) \
+            or not 1 <= segments <= steps or (segments > 1 and not head_aware):
+        raise ValueError(
+            f"segments must be an int in [1, steps] and > 1 only with the head-aware "
+            f"predictor, got {segments!r}.")
+    if (x_test is None) != (y_test is None):
+        raise ValueError("pass x_test and y_test together (or neither).")
+    if x_test is not None:
+        x_test = as_array(x_test, "x_test")
+        nt, _ = check_model(apply_fn, params, x_test, name="x_test")
+        check_labels(y_test, nt, c, name="y_test")
+    d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
+    # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
+    # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
+    keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1),
+                                           jax.random.fold_in(key, 2), key]
+    seconds = {"noise": 0.0}
+    hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
+             "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
+             "num_train": int(n), "loss": loss}
+    if head_aware and segments > 1:
+        from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
+
+        out = _timed(seconds, "solve", predict_head_aware_refreshed, head, x, y,
+                     segments=int(segments), learning_rate=learning_rate, momentum=momentum,
+                     steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
+                     key=key, x_test=x_test, y_test=y_test, backbone=backbone)
+        seconds["kernel"] = 0.0  # the kernels are rebuilt inside the solve, one per segment
+        seconds["total"] = time.perf_counter() - start - seconds["compile"]
+        return _to_prediction(out, "discrete", f"head_aware:{backbone}:refresh{segments}",
+                              hyper, seconds)
+    if head_aware:
+        from ntk_tt.kernels._head_aware import head_aware_kernel, predict_head_aware
+
+        hk = _timed(seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone,
+                    key=keys[0])
+        out = _timed(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
+                     momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
+                     loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
+        seconds["total"] = time.perf_counter() - start - seconds["compile"]
+        return _to_prediction(out, "discrete", f"head_aware:{backbone}", hyper, seconds)
+    k, kt = _timed(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
+                   keys[0])
+    feats = None
+    if method == "sde":
+        from ntk_tt.dynamics._noise import noise_features
+
+        feats = _timed(seconds, "noise", noise_features, apply_fn, params, x, y, loss=loss,
+                       sketch_dim=d_sketch, key=keys[1])
+    f0, f0t = _timed(seconds, "logits", _logits, apply_fn, params, x, x_test)
+    out = _timed(
+        seconds, "solve", predict_from_kernel, k, f0, y, learning_rate=learning_rate,
+        momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
+        method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
+        f0_test=f0t, y_test=y_test)
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+    return _to_prediction(out, method, kernel, hyper, seconds)
+
+
+ERROR_NOT_PREDICTED = ("not predicted: the subset predictor (subset=N') gives the mean MSE "
+                       "loss curve only, from the kernel's spectrum")
+
+
+def _predict_subset(apply_fn, params, x, y, subset, subset_method, start, *, learning_rate,
+                    steps, batch_size, momentum, nesterov, loss, method, kernel, sketch_dim,
+                    key, x_test, y_test, predictor, segments) -> Prediction:
+    """``predict(..., subset=N')``: validate the options that make sense with a subset, run
+    :func:`ntk_tt.predict_from_subset` and return its loss curve as a :class:`Prediction`."""
+    from ntk_tt.prediction._subset import SUBSET_METHODS, check_gd_mse, predict_from_subset
+
+    n = int(np.shape(x)[0])
+    check_gd_mse(loss, batch_size, momentum, n, who="predict(subset=...)")
+    if subset_method not in SUBSET_METHODS:
+        raise ValueError(f"subset_method must be one of {SUBSET_METHODS}, got "
+                         f"{subset_method!r}.")
+    if nesterov:
+        raise ValueError("predict(subset=...) predicts plain GD: nesterov=True needs "
+                         "momentum, which the subset predictor does not model.")
+    if method not in ("auto", "closed_form"):
+        raise ValueError(f"predict(subset=...) uses the closed form of Prop. 2 on the "
+                         f"predicted spectrum: method must be 'auto' or 'closed_form', got "
+                         f"{method!r}.")
+    if kernel not in ("exact", "traced") or sketch_dim is not None:
+        raise ValueError(f"predict(subset=...) builds the exact logit-summed kernel of the "
+                         f"subset: kernel must be 'exact' or 'traced' (the same here) and "
+                         f"sketch_dim None, got kernel={kernel!r}, sketch_dim={sketch_dim!r}.")
+    if predictor == "head_aware" or segments != 1:
+        raise ValueError("predict(subset=...) is the frozen-kernel linear predictor: use "
+                         "predictor='auto' or 'linear' and segments=1.")
+    if x_test is not None or y_test is not None:
+        raise ValueError("predict(subset=...) predicts the training loss only (no held-out "
+                         "curves from a spectrum): drop x_test and y_test.")
+    sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
+                             learning_rate=learning_rate, steps=steps, method=subset_method,
+                             key=key)
+    s = sp.seconds
+    seconds = {"kernel": s["kernel"], "noise": 0.0, "logits": s["logits"],
+               "solve": s["spectrum"] + s["curve"], "spectrum": s["spectrum"],
+               "curve": s["curve"], "compile": s["compile"]}
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+    nan = np.full(int(steps) + 1, np.nan)
+    hyper = {"learning_rate": float(learning_rate), "momentum": 0.0, "nesterov": False,
+             "batch_size": n, "steps": int(steps), "num_train": n, "loss": "mse",
+             "subset_size": int(subset), "subset_method": subset_method}
+    return Prediction(
+        loss=sp.loss, error=nan, loss_band=None, error_band=None, test_loss=None,
+        test_error=None,
+        training_time={"loss": dict(sp.training_time), "error": dict.fromkeys(EPSILONS,
+                                                                               np.nan)},
+        training_time_reasons={"loss": dict(sp.training_time_reasons),
+                               "error": dict.fromkeys(EPSILONS, ERROR_NOT_PREDICTED)},
+        diverged=sp.diverged, diverged_at=sp.diverged_at, spiked_at=sp.spiked_at,
+        kappa=sp.kappa, beyond_edge=sp.beyond_edge, clamped=False,
+        min_eigenvalue=float(sp.spectrum.eigenvalues[-1]) * n, method="closed_form",
+        kernel=f"traced:subset{sp.subset_size}:{subset_method}", hyperparameters=hyper,
+        seconds=seconds)
+
+
+def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:
+    """Validate the predictor options; True for the head-aware predictor."""
+    from ntk_tt.kernels._head_aware import BACKBONES
+
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if predictor == "linear" or (predictor == "auto" and head is None):
+        return False
+    if head is None:
+        raise ValueError(
+            "predictor='head_aware' needs head=ntk_tt.split_head(model) (backbone features "
+            "and the linear head); with a bare apply_fn use predictor='linear'.")
+    if method != "discrete":
+        raise ValueError(
+            f"the head-aware predictor uses the exact discrete recursion, got method="
+            f"{method!r}; use method='auto' or predictor='linear'.")
+    if kernel == "sketch":
+        raise ValueError("the head-aware predictor takes k_b from the exact logit-summed "
+                         "kernel; use kernel='exact' or predictor='linear' with a sketch.")
+    if not (isinstance(head, tuple) and len(head) == 4 and callable(head[0])):
+        raise ValueError("head must be (feature_fn, backbone_params, head_kernel, head_bias) "
+                         "as returned by ntk_tt.split_head(model).")
+    feature_fn, bparams, w, b = head
+    xs = jax.numpy.asarray(x)[:4]
+    f = np.asarray(apply_fn(params, xs))
+    g = np.asarray(feature_fn(bparams, xs) @ w + b)
+    if g.shape != f.shape or not np.allclose(g, f, rtol=1e-4, atol=1e-4 * (1 + np.abs(f).max())):
+        raise ValueError(
+            "head does not reproduce apply_fn: feature_fn(backbone_params, x) @ head_kernel + "
+            "head_bias differs from apply_fn(params, x); split the same model you predict "
+            "(ntk_tt.split_head(model) after replace_head).")
+    return True
+
+
+def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
+    t_eps, codes = np.asarray(out.training_time), np.asarray(out.training_time_code)
+    names = ("loss", "error")
+    times = {nm: {e: float(t_eps[i, j]) for j, e in enumerate(EPSILONS)}
+             for i, nm in enumerate(names)}
+    reasons = {nm: {e: REASONS[int(codes[i, j])] for j, e in enumerate(EPSILONS)
+                    if codes[i, j]} for i, nm in enumerate(names)}
+
+    def arr(a):
+        return None if a is None else np.asarray(a)
+
+    at, spike = int(out.diverged_at), int(out.spiked_at)
+    return Prediction(
+        loss=arr(out.loss), error=arr(out.error), loss_band=arr(out.loss_band),
+        error_band=arr(out.error_band), test_loss=arr(out.test_loss),
+        test_error=arr(out.test_error), training_time=times, training_time_reasons=reasons,
+        diverged=bool(out.diverged), diverged_at=None if at < 0 else at,
+        spiked_at=None if spike < 0 else spike,
+        kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
+        min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
+        hyperparameters=hyper, seconds=seconds,
+    )

@@ -1,0 +1,327 @@
+"""Predict the MSE GD loss curve and T_ε on N samples from the NTK of a subset (App. D).
+
+METHOD.md §7, paper Sec. 4 / App. D. :func:`predict_from_subset` is the end-to-end call over
+the spectrum tools of ``_extrapolate``: draw a class-balanced subset X' of N' samples, build
+the logit-summed (traced) empirical NTK on it only (and, for Nyström, the cross kernel
+Θ(X, X') with N·N' entries instead of N²), the residual δy = f0 − onehot(y) on all N samples
+(forward passes only), the N-sample spectrum, and Prop. 2's curve. Everything is stated for
+the mean MSE loss of ``_losses`` and full-batch GD (the spectrum formula
+L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k exists for nothing else).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.data._inputs import as_array, check_key, check_real
+from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.dynamics._predict_kernel import EPSILONS, check_labels
+from ntk_tt.dynamics._training_time import training_time_report
+from ntk_tt.kernels._ntk import empirical_ntk, sample_blocks
+from ntk_tt.prediction._extrapolate import (
+    Spectrum,
+    _check_range,
+    extrapolate_spectrum,
+    nystrom_spectrum,
+    predict_curve_from_spectrum,
+)
+from ntk_tt.training._timing import Stopwatch
+
+SUBSET_METHODS = ("power_law", "nystrom")
+EDGE = 2.0  # full-batch GD on the mean MSE loss is stable iff η·μ_max < 2
+
+
+class SubsetPrediction(NamedTuple):
+    """Result of :func:`predict_from_subset` (T = steps; N samples, N' in the subset).
+
+    loss: predicted mean MSE training loss on all N samples, (T + 1,), index = GD steps taken.
+    training_time: {ε: T_ε in steps} for ε ∈ (0.01, 0.1, 0.4), NaN when undefined, with the
+      reason in training_time_reasons[ε].
+    kappa: η·μ_max, μ_max = λ_max(Θ_tr / C)/N of the predicted N-sample spectrum
+      (dimensionless; GD on MSE diverges beyond 2). beyond_edge: kappa > 2.
+    diverged, diverged_at, spiked_at: the rule of ``ntk_tt.dynamics._divergence`` on ``loss``.
+    spectrum: the predicted :class:`ntk_tt.Spectrum` of the N-sample kernel.
+    subset_indices: the N' indices into x of the subset (sorted), int (N',).
+    method: "power_law" | "nystrom". num_samples: N. subset_size: N'.
+    hyperparameters: {"learning_rate", "steps", "num_train": N, "subset_size": N',
+      "method", "k0", "loss": "mse", "batch_size": N, "momentum": 0.0}.
+    seconds: wall time per stage WITHOUT JAX compilation: "kernel" (Θ(X', X') for the power
+      law; the cross kernel Θ(X, X'), whose rows at X' are Θ(X', X'), for Nyström),
+      "logits" (f0 on all N samples), "spectrum", "curve" (curve and T_ε), "total" (from the
+      call to the result, validation included); "compile" is all JAX compilation during the
+      call (tracing, lowering, XLA), excluded from every other entry.
+    """
+
+    loss: np.ndarray
+    training_time: dict
+    training_time_reasons: dict
+    kappa: float
+    beyond_edge: bool
+    diverged: bool
+    diverged_at: int | None
+    spiked_at: int | None
+    spectrum: Spectrum
+    subset_indices: np.ndarray
+    method: str
+    num_samples: int
+    subset_size: int
+    hyperparameters: dict
+    seconds: dict
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_gd_mse(loss, batch_size, momentum, n, *, who="predict_from_subset") -> None:
+    """ValueError unless the training is full-batch GD on the MSE loss (the only case with a
+    spectrum formula)."""
+    if loss != "mse":
+        raise ValueError(
+            f"{who} predicts the mean MSE loss ½‖f − onehot(y)‖² (Prop. 2 from the kernel's "
+            f"spectrum, App. D) and nothing else; got loss={loss!r}: use loss='mse', or "
+            "ntk_tt.predict with the full kernel for cross-entropy.")
+    if batch_size is not None and not (_is_int(batch_size) and batch_size == n):
+        raise ValueError(
+            f"{who} predicts full-batch gradient descent only (B = N = {n}); got "
+            f"batch_size={batch_size!r}: pass batch_size=None, or ntk_tt.predict with the "
+            "full kernel for SGD.")
+    check_real(momentum, "momentum")
+    if float(momentum) != 0.0:
+        raise ValueError(
+            f"{who} predicts plain gradient descent only (momentum 0; the spectrum formula "
+            f"has no velocity); got momentum={momentum!r}.")
+
+
+def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size") -> int:
+    """ValueError unless ``subset_size`` is an int N' in [K, N), a multiple of the K classes
+    present in ``y``, with N'/K samples available in every class; returns K."""
+    n = int(np.shape(y)[0])
+    classes, counts = np.unique(np.asarray(y), return_counts=True)
+    k = len(classes)
+    if not _is_int(subset_size):
+        raise ValueError(f"{name} must be an integer N' (samples in the subset), got "
+                         f"{subset_size!r}.")
+    if not (k <= subset_size < n and subset_size % k == 0):
+        raise ValueError(
+            f"{name} N' = {subset_size} must be a multiple of the K = {k} classes in y with "
+            f"K <= N' < N = {n} (a class-balanced strict subset; N' = N is the full kernel: "
+            f"use ntk_tt.predict or kernel_spectrum); e.g. {max(k, (n // 4) // k * k)}.")
+    per = subset_size // k
+    if counts.min() < per:
+        c = classes[np.argmin(counts)]
+        raise ValueError(
+            f"{name} N' = {subset_size} needs {per} samples of each of the K = {k} classes, "
+            f"but class {c} has only {counts.min()}; choose N' <= {k * counts.min()}.")
+    return k
+
+
+def balanced_subset(y, subset_size: int, key: jax.Array) -> np.ndarray:
+    """Sorted indices of N' samples, N'/K of each class present in ``y``: the first N'/K of
+    a permutation of each class's indices (class c's permutation from ``fold_in(key, c)``)."""
+    y = np.asarray(y)
+    classes = np.unique(y)
+    per = subset_size // len(classes)
+    picks = []
+    for c in classes:
+        idx = np.flatnonzero(y == c)
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, int(c)), len(idx)))
+        picks.append(idx[perm[:per]])
+    return np.sort(np.concatenate(picks))
+
+
+def residual_in_blocks(apply_fn: ApplyFn, params: Any, x, y, block_size: int) -> np.ndarray:
+    """δy = f0 − onehot(y) on all N samples, (N, C), by forward passes over blocks of
+    ``block_size`` samples (the last one padded, so one compiled function serves all)."""
+    fwd = jax.jit(apply_fn)
+    parts = []
+    for real, xb in sample_blocks(x, min(block_size, int(np.shape(x)[0]))):
+        parts.append(np.asarray(fwd(params, xb))[:real])
+    f0 = np.concatenate(parts)
+    return f0 - np.eye(f0.shape[1], dtype=f0.dtype)[np.asarray(y)]
+
+
+def _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
+                   forward_block_size):
+    if method not in SUBSET_METHODS:
+        raise ValueError(f"method must be one of {SUBSET_METHODS}, got {method!r}.")
+    if method == "nystrom":
+        given = [nm for nm, v in (("k0", k0), ("fit_range", fit_range)) if v is not None]
+        if not (isinstance(slope_correction, (int, float)) and slope_correction == 0):
+            given.append("slope_correction")
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to method='power_law' only (App. D's "
+                             "power-law tails); drop them for method='nystrom'.")
+    else:
+        if k0 is not None and (not _is_int(k0) or not 1 <= k0 <= subset_size):
+            raise ValueError(f"k0 must be an integer in [1, N'] = [1, {subset_size}] (first "
+                             f"index of the power-law tails), got {k0!r}.")
+        if fit_range is not None:
+            fit_range = tuple(fit_range)
+            if len(fit_range) != 2:
+                raise ValueError(f"fit_range must be two integers (lo, hi), got "
+                                 f"{fit_range!r}.")
+            _check_range(fit_range, subset_size)
+        check_real(slope_correction, "slope_correction")
+        if not np.isfinite(slope_correction):
+            raise ValueError(f"slope_correction must be finite, got {slope_correction!r}.")
+    check_real(rcond, "rcond")
+    if not (np.isfinite(rcond) and rcond > 0):
+        raise ValueError(f"rcond must be a finite number > 0, got {rcond!r}.")
+    if not _is_int(forward_block_size) or forward_block_size < 1:
+        raise ValueError(f"forward_block_size must be an integer >= 1 (samples per forward "
+                         f"pass), got {forward_block_size!r}.")
+
+
+def _check_lr_steps(learning_rate, steps):
+    check_real(learning_rate, "learning_rate")
+    if np.ndim(learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite scalar > 0, got {learning_rate!r}.")
+    if not _is_int(steps) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1 (GD updates), got {steps!r}.")
+
+
+def _timed(seconds, stage, fn, *args, **kwargs):
+    with Stopwatch() as sw:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+    seconds[stage] = sw.seconds
+    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
+    return out
+
+
+def predict_from_subset(
+    apply_fn: ApplyFn, params: Any, x, y, *, subset_size: int, learning_rate: float,
+    steps: int, method: str = "power_law", key: jax.Array, k0: int | None = None,
+    fit_range=None, slope_correction: float = 0.0, rcond: float = 1e-6, loss: str = "mse",
+    batch_size: int | None = None, momentum: float = 0.0, forward_block_size: int = 1000,
+) -> SubsetPrediction:
+    """Predict the mean MSE loss curve of full-batch GD and T_ε on N samples from N' of them.
+
+    Paper Sec. 4 / App. D, METHOD.md §7. Steps: (1) draw a class-balanced subset X' of
+    N' = ``subset_size`` samples (N'/K per class, from ``key``); (2) the logit-summed empirical
+    NTK ``empirical_ntk(apply_fn, params, x_subset, trace_logits=True)`` (N', N') — for
+    ``method="nystrom"`` instead the cross kernel Θ(X, X') (N, N'), computed as
+    ``empirical_ntk(apply_fn, params, x_subset, x, trace_logits=True).T`` so that the subset's
+    Jacobians are computed once, with Θ(X', X') its rows at X'; (3) δy = f0 − onehot(y) on
+    all N samples (forward passes in blocks of ``forward_block_size``); (4) the N-sample
+    spectrum by :func:`ntk_tt.extrapolate_spectrum` (power law: top μ'_k kept below k0,
+    power-law eigenvalue and projection tails, Σ p_k = ‖δy‖²) or :func:`ntk_tt.nystrom_spectrum`;
+    (5) the curve L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k (:func:`ntk_tt.predict_curve_from_spectrum`)
+    and T_ε by :func:`ntk_tt.training_time` (window 5) for ε ∈ {0.01, 0.1, 0.4}.
+    The traced kernel acts as (Θ_tr / C) ⊗ I_C, as ``predict(..., kernel="traced")``.
+
+    Cost: power law N'²·C·D kernel work plus N forward passes; Nyström N·N'·C·D (never N²).
+
+    Args:
+      apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →
+        logits (N, C). x: inputs (N, ...). y: integer labels (N,) in [0, C).
+      subset_size: N', an integer in [K, N), a multiple of the K classes present in y, with
+        N'/K samples in every class.
+      learning_rate: η > 0 of GD on the mean loss. steps: T ≥ 1 GD updates.
+      method: "power_law" (App. D) or "nystrom".
+      key: ``jax.random.key(seed)`` for the subset draw (required).
+      k0, fit_range, slope_correction: power law only (see :func:`ntk_tt.extrapolate_spectrum`;
+        k0 ∈ [1, N'], default min(100, N'/4)).
+      rcond: Nyström only in effect: relative pseudo-inverse cut-off (> 0).
+      loss, batch_size, momentum: accepted only at "mse", None (or N) and 0: the spectrum
+        formula is for full-batch GD on the MSE loss; anything else is refused.
+      forward_block_size: samples per forward pass for δy (≥ 1).
+
+    Returns:
+      :class:`SubsetPrediction`: ``loss`` (T + 1,) in mean-loss units, ``training_time``
+      {ε: steps}, ``kappa`` = η·μ_max (dimensionless), ``spectrum``, ``subset_indices``,
+      ``seconds`` per stage (kernel, logits, spectrum, curve, total; compile apart).
+
+    Raises:
+      ValueError: before any kernel work: loss not "mse", batch_size not None/N, momentum ≠ 0,
+        a bad or missing key, bad x / y / model output (``check_model``), subset_size not an
+        int in [K, N) and a multiple of K or a class with fewer than N'/K samples, η not
+        finite > 0, steps < 1, an unknown method, power-law options with "nystrom", k0 /
+        fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
+        eigendecomposition: no power-law projection tail reaching ‖δy‖² (choose another k0).
+      NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
+    """
+    with Stopwatch() as whole:
+        out = _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps,
+                                 method, key, k0, fit_range, slope_correction, rcond, loss,
+                                 batch_size, momentum, forward_block_size)
+    out.seconds["total"] = whole.seconds
+    out.seconds["compile"] = whole.compile_seconds
+    return out
+
+
+def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps, method, key,
+                       k0, fit_range, slope_correction, rcond, loss, batch_size, momentum,
+                       forward_block_size) -> SubsetPrediction:
+    x = as_array(x, "x")
+    n = int(np.shape(x)[0])
+    check_gd_mse(loss, batch_size, momentum, n)
+    if key is None:
+        raise ValueError("predict_from_subset draws the subset at random: pass "
+                         "key=jax.random.key(seed).")
+    check_key(key)
+    n, c = check_model(apply_fn, params, x)
+    y = np.asarray(check_labels(y, n, c))
+    check_subset_size(subset_size, y)
+    _check_lr_steps(learning_rate, steps)
+    _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
+                   forward_block_size)
+    idx = balanced_subset(y, int(subset_size), key)
+    return _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=learning_rate,
+                               steps=int(steps), method=method, k0=k0, fit_range=fit_range,
+                               slope_correction=slope_correction, rcond=rcond,
+                               forward_block_size=forward_block_size)
+
+
+def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, method, k0=None,
+                        fit_range=None, slope_correction=0.0, rcond=1e-6,
+                        forward_block_size=1000) -> SubsetPrediction:
+    """:func:`predict_from_subset` on given (validated) subset indices ``idx``; idx may be
+    all N samples (then the power law returns the exact spectrum and Nyström is exact)."""
+    start = time.perf_counter()
+    seconds: dict = {}
+    x_sub = jnp.asarray(x)[jnp.asarray(idx)]
+    if method == "nystrom":
+        cross = _timed(seconds, "kernel", lambda: np.asarray(
+            empirical_ntk(apply_fn, params, x_sub, x, trace_logits=True)).T)
+        k_sub = cross[idx]
+    else:
+        k_sub = _timed(seconds, "kernel", lambda: np.asarray(
+            empirical_ntk(apply_fn, params, x_sub, trace_logits=True)))
+    r = _timed(seconds, "logits", residual_in_blocks, apply_fn, params, x, y,
+               forward_block_size)
+    if method == "nystrom":
+        spectrum = _timed(seconds, "spectrum", nystrom_spectrum, cross, k_sub, r, rcond=rcond)
+    else:
+        spectrum = _timed(seconds, "spectrum", extrapolate_spectrum, k_sub, r[idx], r, k0=k0,
+                          fit_range=fit_range, slope_correction=slope_correction)
+
+    def curve_and_times():
+        curve = np.asarray(predict_curve_from_spectrum(spectrum, learning_rate=learning_rate,
+                                                       steps=steps))
+        return curve, {e: training_time_report(curve, e) for e in EPSILONS}
+
+    curve, reports = _timed(seconds, "curve", curve_and_times)
+    div = divergence(jnp.asarray(curve))
+    kappa = float(learning_rate) * float(spectrum.eigenvalues[0])
+    at, spike = int(div.diverged_at), int(div.spiked_at)
+    n, n_sub = len(y), len(idx)
+    k0_used = None if method == "nystrom" else (max(1, min(100, n_sub // 4)) if k0 is None
+                                                else int(k0))
+    hyper = {"learning_rate": float(learning_rate), "steps": int(steps), "num_train": n,
+             "subset_size": n_sub, "method": method, "k0": k0_used, "loss": "mse",
+             "batch_size": n, "momentum": 0.0}
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+    return SubsetPrediction(
+        loss=curve, training_time={e: t for e, (t, _) in reports.items()},
+        training_time_reasons={e: why for e, (_, why) in reports.items() if why},
+        kappa=kappa, beyond_edge=kappa > EDGE, diverged=bool(div.diverged),
+        diverged_at=None if at < 0 else at, spiked_at=None if spike < 0 else spike,
+        spectrum=spectrum, subset_indices=np.asarray(idx), method=method, num_samples=n,
+        subset_size=n_sub, hyperparameters=hyper, seconds=seconds)

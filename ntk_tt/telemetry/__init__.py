@@ -1,0 +1,1 @@
+"""Early-training telemetry of real runs and the outcome predictors fitted on it (METHOD §9)."""

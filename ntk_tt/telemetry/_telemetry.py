@@ -1,0 +1,452 @@
+"""Early-training telemetry of a real fine-tune (issue 11, METHOD.md §9).
+
+Recorded by ``ntk_tt.finetune(..., telemetry=True | TelemetrySpec(...))``, off by default (no
+extra work at all when off). Opt-in recording never changes the run: every statistic is
+computed by separate functions on the run's parameters, so the loss curve, the batches and
+the final parameters are bit-identical with and without it.
+
+Schema (:data:`SCHEMA_VERSION` 1): one :class:`Telemetry` row per run, arrays per step.
+T = ``steps`` (the planned horizon), K = the number of snapshot steps; "after t updates" means
+at the parameters w_t, t = 0 … T (w_0 = the initial ones). Norms are Euclidean over all
+parameters flattened (Frobenius for a matrix). NaN marks a value that does not exist.
+
+Hyperparameters (scalars): ``learning_rate`` η (float), ``momentum`` m (float),
+``nesterov`` (bool), ``batch_size`` B (int), ``steps`` T (int), ``num_train`` N (int),
+``num_classes`` C (int), ``loss`` ("cross_entropy" | "mse"), ``snr_samples`` s (int: the
+per-sample gradients behind ``grad_snr``, min(B, spec.snr_samples)), ``stopped_at`` (int: the
+first step whose loss or parameters were non-finite, −1 for none; from it on the per-step
+fields hold their last finite values, as the run's curves, and the gradient fields are NaN).
+
+Per step, (T+1,), index t = after t updates:
+  ``loss``: full-training-set mean loss (the run's curve, nats for cross-entropy).
+  ``accuracy``: full-training-set accuracy, in [0, 1].
+  ``weight_distance``: ‖w_t − w_0‖. ``weight_norm``: ‖w_t‖.
+  ``head_norm``: ‖W_head‖ of ``params["head"]["kernel"]`` (an ``nnx.Linear`` head, e.g.
+  from :func:`ntk_tt.replace_head`), NaN for every step when the parameters have none.
+
+Per update, (T,), index t − 1 = update t, evaluated at w_{t−1} on update t's minibatch I_t:
+  ``grad_norm``: ‖g_t‖, g_t = ∇_w mean_{i∈I_t} ℓ_i (the gradient optax receives).
+  ``grad_snr``: gradient signal-to-noise ratio ‖ḡ‖² / mean_i ‖g_i − ḡ‖² (dimensionless) of
+  the per-sample gradients g_i = ∇_w ℓ_i of ALL parameters (``jax.vmap(jax.grad)``) on the
+  first s samples of I_t (I_t is a random draw, so they are a random subset; s = B when
+  B ≤ ``snr_samples``, and then ḡ = g_t), ḡ = mean_i g_i. NaN when s < 2 (B = 1) or when
+  the s gradients coincide (zero spread).
+
+Snapshots, (K,), at ``snapshot_steps`` (int, ascending; default {0, 1, 2, 5, 10, 20, 50, T}
+∩ [0, T]):
+  ``max_prob_mean``: softmax saturation, mean over the N training samples of max_c
+  softmax(f(x_i; w_t))_c, in [1/C, 1] (softmax of the logits, for MSE too).
+  ``saturated_fraction``: fraction of training samples whose max probability exceeds
+  ``spec.saturation`` (default 0.99).
+  ``dead_relu_fraction``: fraction of exact zeros in the backbone features h(x_i; w_t)
+  (N, F) of the training set (inactive ReLU units), NaN without ``spec.features``.
+  ``test_loss``, ``test_accuracy``: mean loss and accuracy on the held-out split, NaN
+  without ``x_test``.
+
+JSON form (:meth:`Telemetry.to_dict`): lists and scalars; NaN → ``None``, ±∞ → ``"inf"`` /
+``"-inf"``, so the text is standard JSON. :func:`save_telemetry` writes JSON Lines (one row a
+line); :func:`truncate` keeps the first k updates only (the input of outcome prediction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.dynamics._losses import mean_loss, per_sample_loss
+from ntk_tt.training._aot import compiled
+
+SCHEMA_VERSION = 1
+DEFAULT_SNAPSHOTS = (0, 1, 2, 5, 10, 20, 50)
+
+_SCALARS = ("learning_rate", "momentum", "nesterov", "batch_size", "steps", "num_train",
+            "num_classes", "loss_name", "snr_samples", "stopped_at")
+_PER_STEP = ("loss", "accuracy", "weight_distance", "weight_norm", "head_norm")
+_PER_UPDATE = ("grad_norm", "grad_snr")
+_SNAPSHOT = ("max_prob_mean", "saturated_fraction", "dead_relu_fraction", "test_loss",
+             "test_accuracy")
+
+
+@dataclasses.dataclass(frozen=True)
+class TelemetrySpec:
+    """What :func:`ntk_tt.finetune` records beyond the defaults (``telemetry=True``).
+
+    features: ``features(params, x) -> h`` (N, F), the backbone features of the same
+      ``params`` that ``apply_fn`` takes (e.g. :func:`model_features`), for the dead-ReLU
+      fraction; None: that field is NaN.
+    snapshot_steps: steps of the snapshots, intersected with [0, T]; None: {0, 1, 2, 5, 10,
+      20, 50, T}.
+    snr_samples: at most this many per-sample gradients (≥ 2) per update for ``grad_snr``;
+      they are held at once (memory: snr_samples × the number of parameters).
+    saturation: max-probability threshold of ``saturated_fraction``, in (0, 1).
+    """
+
+    features: Callable[[Any, jax.Array], jax.Array] | None = None
+    snapshot_steps: Sequence[int] | None = None
+    snr_samples: int = 16
+    saturation: float = 0.99
+
+    def __post_init__(self):
+        if isinstance(self.snr_samples, bool) or not isinstance(self.snr_samples, int) \
+                or self.snr_samples < 2:
+            raise ValueError(f"snr_samples must be an int >= 2, got {self.snr_samples!r}.")
+        if not 0.0 < self.saturation < 1.0:
+            raise ValueError(f"saturation must be in (0, 1), got {self.saturation!r}.")
+        if self.features is not None and not callable(self.features):
+            raise ValueError("features must be a callable features(params, x) -> (N, F).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Telemetry:
+    """One run's telemetry; fields, shapes and units in the module docstring
+    (:mod:`ntk_tt.telemetry._telemetry`). Arrays are numpy float64 (``snapshot_steps`` int64)."""
+
+    learning_rate: float
+    momentum: float
+    nesterov: bool
+    batch_size: int
+    steps: int
+    num_train: int
+    num_classes: int
+    loss_name: str
+    snr_samples: int
+    stopped_at: int
+    loss: np.ndarray
+    accuracy: np.ndarray
+    weight_distance: np.ndarray
+    weight_norm: np.ndarray
+    head_norm: np.ndarray
+    grad_norm: np.ndarray
+    grad_snr: np.ndarray
+    snapshot_steps: np.ndarray
+    max_prob_mean: np.ndarray
+    saturated_fraction: np.ndarray
+    dead_relu_fraction: np.ndarray
+    test_loss: np.ndarray
+    test_accuracy: np.ndarray
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``schema_version`` plus every field; arrays as lists, NaN →
+        None, ±∞ → "inf" / "-inf"."""
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = ([_encode(a) for a in v.tolist()] if isinstance(v, np.ndarray)
+                           else v)
+        return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Telemetry:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+          ValueError: not a dict, another ``schema_version``, missing / unknown fields, a
+            scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train``,
+            ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
+            arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
+            per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k).
+        """
+        if not isinstance(row, dict):
+            raise ValueError(f"a telemetry row must be a JSON object (dict), got "
+                             f"{type(row).__name__}.")
+        version = row.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"telemetry schema_version {version!r} is not the supported "
+                             f"{SCHEMA_VERSION}; re-record the run with this ntk_tt.")
+        names = {f.name for f in dataclasses.fields(cls)}
+        got = set(row) - {"schema_version"}
+        if got != names:
+            raise ValueError(f"telemetry row fields differ from the schema: missing "
+                             f"{sorted(names - got)}, unknown {sorted(got - names)}.")
+        kw = {k: row[k] for k in _SCALARS}
+        _check_scalars(kw)
+        for k in _PER_STEP + _PER_UPDATE + _SNAPSHOT + ("snapshot_steps",):
+            v = row[k]
+            if not isinstance(v, list) or any(
+                    isinstance(a, bool) or not (a is None or isinstance(a, int | float)
+                                                or a in ("inf", "-inf")) for a in v):
+                raise ValueError(f"telemetry field {k!r} must be a list of numbers (null for "
+                                 "NaN, \"inf\" / \"-inf\"), got "
+                                 f"{type(v).__name__} with other entries.")
+            kw[k] = np.asarray([_decode(a) for a in v], np.float64)
+        steps = kw["snapshot_steps"]
+        if not np.all(np.isfinite(steps) & (steps == np.round(steps))):
+            raise ValueError("telemetry field 'snapshot_steps' must hold whole step numbers.")
+        kw["snapshot_steps"] = steps.astype(np.int64)
+        _check_lengths(kw)
+        return cls(**kw)
+
+
+def _check_scalars(kw: dict) -> None:
+    """ValueErrors for hyperparameters of the wrong type or range (:meth:`Telemetry.from_dict`)."""
+    for k in ("steps", "batch_size", "num_train", "num_classes", "snr_samples"):
+        v = kw[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"telemetry field {k!r} must be an int >= 1, got {v!r}.")
+    if isinstance(kw["stopped_at"], bool) or not isinstance(kw["stopped_at"], int) \
+            or kw["stopped_at"] < -1:
+        raise ValueError(f"telemetry field 'stopped_at' must be an int >= -1, got "
+                         f"{kw['stopped_at']!r}.")
+    for k, ok in (("learning_rate", lambda v: v > 0), ("momentum", lambda v: 0 <= v < 1)):
+        v = kw[k]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or not ok(v):
+            raise ValueError(f"telemetry field {k!r} must be a finite number "
+                             f"{'> 0' if k == 'learning_rate' else 'in [0, 1)'}, got {v!r}.")
+    if not isinstance(kw["nesterov"], bool):
+        raise ValueError(f"telemetry field 'nesterov' must be true or false, got "
+                         f"{kw['nesterov']!r}.")
+    if kw["loss_name"] not in ("cross_entropy", "mse"):
+        raise ValueError(f"telemetry field 'loss_name' must be 'cross_entropy' or 'mse', got "
+                         f"{kw['loss_name']!r}.")
+    if kw["batch_size"] > kw["num_train"]:
+        raise ValueError(f"telemetry batch_size {kw['batch_size']} exceeds num_train "
+                         f"{kw['num_train']}.")
+
+
+def _check_lengths(kw: dict) -> None:
+    """ValueErrors for arrays whose lengths disagree (:meth:`Telemetry.from_dict`)."""
+    k = len(kw["loss"]) - 1
+    if not 0 <= k <= kw["steps"]:
+        raise ValueError(f"telemetry 'loss' must have 1 to steps + 1 = {kw['steps'] + 1} "
+                         f"entries (after 0 … k updates), got {k + 1}.")
+    for f in _PER_STEP:
+        if len(kw[f]) != k + 1:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, 'loss' "
+                             f"{k + 1}: per-step fields must have equal lengths.")
+    for f in _PER_UPDATE:
+        if len(kw[f]) != k:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries; a run of {k} "
+                             "recorded updates has one per update.")
+    n = len(kw["snapshot_steps"])
+    for f in _SNAPSHOT:
+        if len(kw[f]) != n:
+            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, "
+                             f"'snapshot_steps' {n}: snapshot fields must have equal lengths.")
+    if n and (kw["snapshot_steps"].min() < 0 or kw["snapshot_steps"].max() > k):
+        raise ValueError(f"telemetry snapshot_steps must lie in [0, {k}] (the recorded "
+                         f"updates), got {kw['snapshot_steps'].tolist()}.")
+
+
+def _encode(a: float) -> float | str | None:
+    if math.isnan(a):
+        return None
+    if math.isinf(a):
+        return "inf" if a > 0 else "-inf"
+    return a
+
+
+def _decode(a: float | str | None) -> float:
+    return math.nan if a is None else float(a)
+
+
+def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> None:
+    """Write one or several runs to ``path`` as JSON Lines (one :meth:`Telemetry.to_dict`
+    row a line, standard JSON: no NaN literals). Overwrites ``path``."""
+    runs = [runs] if isinstance(runs, Telemetry) else list(runs)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in runs:
+            fh.write(json.dumps(r.to_dict(), allow_nan=False) + "\n")
+
+
+def load_telemetry(path: str | Path) -> list[Telemetry]:
+    """Read the runs written by :func:`save_telemetry`, in order.
+
+    Raises:
+      ValueError: a row of another schema version or with other fields (see
+        :meth:`Telemetry.from_dict`). OSError: unreadable path.
+    """
+    with open(path, encoding="utf-8") as fh:
+        return [Telemetry.from_dict(json.loads(line)) for line in fh if line.strip()]
+
+
+def truncate(telemetry: Telemetry, k: int) -> Telemetry:
+    """The telemetry as known after the first k updates, nothing later.
+
+    Per-step fields keep t = 0 … k (k + 1 entries), per-update fields updates 1 … k (k
+    entries), snapshots those at steps ≤ k; ``stopped_at`` becomes −1 unless the run stopped
+    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
+
+    Raises:
+      ValueError: k not an int in [0, number of recorded updates].
+    """
+    observed = len(telemetry.loss) - 1
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= observed:
+        raise ValueError(f"k must be an int in [0, {observed}], got {k!r}.")
+    keep = telemetry.snapshot_steps <= k
+    kw = {f: getattr(telemetry, f)[:k + 1] for f in _PER_STEP}
+    kw |= {f: getattr(telemetry, f)[:k] for f in _PER_UPDATE}
+    kw |= {f: getattr(telemetry, f)[keep] for f in _SNAPSHOT + ("snapshot_steps",)}
+    stopped = telemetry.stopped_at if 0 <= telemetry.stopped_at <= k else -1
+    return dataclasses.replace(telemetry, stopped_at=stopped, **kw)
+
+
+def model_features(model) -> Callable[[Any, jax.Array], jax.Array]:
+    """``features(params, x) -> h`` (N, F) for :class:`TelemetrySpec`, from an NNX model with
+    a linear ``head`` (:func:`ntk_tt.split_head`); ``params`` are the full model's
+    (``ntk_tt.from_nnx(model)[1]``), the head's entry is dropped.
+
+    Raises:
+      ValueError: as :func:`ntk_tt.split_head`.
+    """
+    from flax import nnx
+
+    from ntk_tt.kernels._head_aware import split_head
+
+    feature_fn = split_head(model)[0]
+
+    def features(params, x):
+        return feature_fn(nnx.State({k: v for k, v in params.items() if k != "head"}), x)
+
+    return features
+
+
+def snapshot_steps(spec: TelemetrySpec, steps: int) -> np.ndarray:
+    """The snapshot steps (K,) of a T-step run: ``spec.snapshot_steps`` (default {0, 1, 2, 5,
+    10, 20, 50, T}) ∩ [0, T], sorted, unique."""
+    wanted = (DEFAULT_SNAPSHOTS + (steps,) if spec.snapshot_steps is None
+              else tuple(int(s) for s in spec.snapshot_steps))
+    return np.asarray(sorted({s for s in wanted if 0 <= s <= steps}), np.int64)
+
+
+def _norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree_util.tree_leaves(tree)))
+
+
+def _head_kernel(params):
+    try:
+        return jax.tree_util.tree_leaves(params["head"]["kernel"])[0]
+    except (KeyError, TypeError, IndexError):
+        return None
+
+
+def gradient_stats(apply_fn, params, x, y, idx, *, loss: str, samples: int):
+    """(‖g‖, SNR) at ``params`` on the minibatch ``idx`` (B,): g = ∇ mean_{i∈idx} ℓ_i, and the
+    SNR of the per-sample gradients on ``idx[:samples]`` (module docstring). Scalars."""
+    g = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(params)
+    sub = idx[:samples]
+
+    def one(xi, yi):
+        return jax.grad(lambda q: per_sample_loss(apply_fn(q, xi[None]), yi[None], loss)[0])(
+            params)
+
+    per = jax.vmap(one)(x[sub], y[sub])
+    mean = jax.tree.map(lambda a: jnp.mean(a, axis=0), per)
+    signal = _norm(mean) ** 2
+    noise = sum(jnp.sum(jnp.square(a - m)) for a, m in
+                zip(jax.tree_util.tree_leaves(per), jax.tree_util.tree_leaves(mean),
+                    strict=True)) / sub.shape[0]
+    snr = jnp.where((sub.shape[0] >= 2) & (noise > 0), signal / noise, jnp.nan)
+    return _norm(g), snr
+
+
+def weight_stats(params, params0):
+    """(‖w − w0‖, ‖w‖, ‖W_head‖ or NaN): scalars."""
+    head = _head_kernel(params)
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
+    return (_norm(jax.tree.map(jnp.subtract, params, params0)), _norm(params),
+            jnp.asarray(jnp.nan, dtype) if head is None else jnp.linalg.norm(head))
+
+
+def snapshot(apply_fn, features, params, logits, x, x_test, y_test, *, loss: str,
+             saturation: float):
+    """(mean max-probability, saturated fraction, dead-ReLU fraction, held-out loss,
+    held-out accuracy) at ``params`` with training logits ``logits`` (N, C); NaN for the
+    missing ``features`` / held-out split."""
+    p = jnp.max(jax.nn.softmax(logits), axis=-1)
+    nan = jnp.asarray(jnp.nan, logits.dtype)
+    dead = nan if features is None else jnp.mean(features(params, x) == 0, dtype=nan.dtype)
+    if x_test is None:
+        tl = ta = nan
+    else:
+        ft = apply_fn(params, x_test)
+        tl = mean_loss(ft, y_test, loss)
+        ta = jnp.mean(jnp.argmax(ft, axis=-1) == y_test, dtype=nan.dtype)
+    return jnp.mean(p), jnp.mean(p > saturation, dtype=nan.dtype), dead, tl, ta
+
+
+_gradient_jit = jax.jit(gradient_stats, static_argnums=0, static_argnames=("loss", "samples"))
+_weight_jit = jax.jit(weight_stats)
+_snapshot_jit = jax.jit(snapshot, static_argnums=(0, 1), static_argnames=("loss", "saturation"))
+
+
+class Recorder:
+    """Telemetry of one :func:`ntk_tt.finetune` run, fed by its host loop: compile with
+    :meth:`compile` (counted as compile time), then :meth:`before_update` (gradient
+    statistics at w_{t−1}) and :meth:`after_update` (weights, snapshots at w_t, the held
+    parameters at a stop) around each update, and :meth:`finish`."""
+
+    def __init__(self, spec: TelemetrySpec, apply_fn, params0, x, y, x_test, y_test, *,
+                 steps: int, batch_size: int, loss: str):
+        if spec.features is not None:
+            h = jax.eval_shape(spec.features, params0, x)
+            if getattr(h, "ndim", None) != 2 or h.shape[0] != x.shape[0]:
+                raise ValueError(f"TelemetrySpec.features must return (N, F) = "
+                                 f"({x.shape[0]}, F) features, got {getattr(h, 'shape', h)}.")
+        self.params0, self.data = params0, (x, y, x_test, y_test)
+        self.steps_at = snapshot_steps(spec, steps)
+        self.samples = min(batch_size, spec.snr_samples)
+        self.grad: list[tuple] = []
+        self.weights: list[tuple] = []
+        self.snaps: dict[int, tuple] = {}
+        self._static = (apply_fn, spec.features, loss, spec.saturation)
+        self._fns = None
+
+    def compile(self, state, idx) -> None:
+        """Compile the three statistics for the shapes of ``state`` and a batch ``idx``
+        (reused by later runs of equal shapes and settings, :mod:`ntk_tt.training._aot`)."""
+        apply_fn, features, loss, saturation = self._static
+        x, y, x_test, y_test = self.data
+        self._fns = (
+            compiled(_gradient_jit, state.params, x, y, idx, static=(apply_fn,), loss=loss,
+                     samples=self.samples)[0],
+            compiled(_weight_jit, state.params, self.params0)[0],
+            compiled(_snapshot_jit, state.params, state.logits, x, x_test, y_test,
+                     static=(apply_fn, features), loss=loss, saturation=saturation)[0])
+
+    def before_update(self, state, idx) -> None:
+        """Gradient statistics of the next update, at the current parameters."""
+        x, y, _, _ = self.data
+        self.grad.append(self._fns[0](state.params, x, y, idx))
+
+    def after_update(self, t: int, state) -> None:
+        """Weight statistics at w_t, and the snapshot when t is a snapshot step."""
+        self.weights.append(self._fns[1](state.params, self.params0))
+        if t in set(self.steps_at.tolist()):
+            self.snaps[t] = self._snapshot(state)
+
+    def _snapshot(self, state):
+        x, _, x_test, y_test = self.data
+        return self._fns[2](state.params, state.logits, x, x_test, y_test)
+
+    def finish(self, state, run_loss, run_error, stopped_at: int, hyper: dict) -> Telemetry:
+        """The :class:`Telemetry` row. ``state``: the final (held) state; ``run_loss``,
+        ``run_error`` (T+1,): the run's held curves. Steps after a stop hold the last values
+        (snapshots taken at the held parameters), updates never attempted are NaN."""
+        steps = len(run_loss) - 1
+        weights = np.asarray(jax.device_get(self.weights), np.float64).reshape(-1, 3)
+        weights = np.concatenate([weights, np.repeat(weights[-1:], steps + 1 - len(weights),
+                                                     0)])
+        grad = np.full((steps, 2), np.nan)
+        grad[:len(self.grad)] = np.asarray(jax.device_get(self.grad), np.float64).reshape(-1, 2)
+        missing = [t for t in self.steps_at.tolist() if t not in self.snaps]
+        if missing:
+            held = self._snapshot(state)
+            self.snaps |= dict.fromkeys(missing, held)
+        snaps = np.asarray(jax.device_get([self.snaps[t] for t in self.steps_at.tolist()]),
+                           np.float64).reshape(-1, 5)
+        return Telemetry(
+            **hyper, snr_samples=self.samples, stopped_at=stopped_at,
+            loss=np.asarray(run_loss, np.float64),
+            accuracy=1.0 - np.asarray(run_error, np.float64),
+            weight_distance=weights[:, 0], weight_norm=weights[:, 1], head_norm=weights[:, 2],
+            grad_norm=grad[:, 0], grad_snr=grad[:, 1], snapshot_steps=self.steps_at,
+            **{f: snaps[:, i] for i, f in enumerate(_SNAPSHOT)})

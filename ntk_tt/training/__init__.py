@@ -1,0 +1,1 @@
+"""Real fine-tuning with optax, wall-clock timing, and predictions compared with real runs."""

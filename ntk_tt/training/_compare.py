@@ -1,0 +1,203 @@
+"""Prediction vs reality: T_ε errors, curve distance, linearisation gap, accuracy, wall time.
+
+One definition of every quantity for both sides (paper Sec. 5, Alg. 1): T_ε comes from
+:func:`ntk_tt.training_time` applied to the predicted and to the measured curve alike; the
+predicted wall-clock time is T̂_ε × the real run's measured seconds per training step; the
+prediction's time is its Jacobians + kernel + solve, the fine-tuning's time its training
+steps only (the per-step full-set evaluation is measurement, and compile time is apart).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._training_time import training_time_report, wall_clock_time
+from ntk_tt.prediction._intervals import intervals
+from ntk_tt.prediction._predict import Prediction
+from ntk_tt.training._finetune import FineTuneRun
+
+CURVES = ("loss", "error")
+
+
+def _num(v: Any) -> float | None:
+    """JSON-friendly float: NaN / inf become None."""
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def real_training_time(run: FineTuneRun) -> tuple[dict, dict]:
+    """T_ε of the measured curves: ({curve: {ε: steps or None}}, {curve: {ε: reason}}).
+
+    A diverged run has no T_ε (its held curve has no meaningful L_T): every entry is None
+    with the reason ``"diverged at step k"``.
+    """
+    times, reasons = {}, {}
+    for name in CURVES:
+        times[name], reasons[name] = {}, {}
+        for eps in EPSILONS:
+            if run.diverged:
+                times[name][eps] = None
+                reasons[name][eps] = f"diverged at step {run.diverged_at}"
+                continue
+            t, why = training_time_report(getattr(run, name), eps)
+            times[name][eps] = _num(t)
+            if why:
+                reasons[name][eps] = why
+    return times, reasons
+
+
+def _curve_distance(pred: np.ndarray, real: np.ndarray) -> dict[str, float | None]:
+    """max and RMS |pred − real| over steps, and the max relative to the real fall L_0 − L_T."""
+    diff = np.abs(np.asarray(pred, float) - np.asarray(real, float))
+    fall = float(real[0] - real[-1])
+    return {"max_abs": _num(diff.max()), "rms": _num(np.sqrt(np.mean(diff**2))),
+            "real_fall": _num(fall),
+            "max_rel_to_fall": _num(diff.max() / fall) if fall > 0 else None}
+
+
+def linearisation_gap(run: FineTuneRun) -> dict[str, list] | None:
+    """‖f_t − f_lin(w_t)‖ along the real weight path, when the run recorded its logits.
+
+    ``rms``: root mean square over samples of ‖f_t − f_lin(w_t)‖₂ per step (logit units);
+    ``relative``: ‖f_t − f_lin(w_t)‖_F / ‖f_t − f_0‖_F (0 at t = 0 by convention). f_lin is
+    the first-order Taylor model at w0 (paper Sec. 3), the model the predictor integrates.
+    """
+    if run.logits is None or run.linear_logits is None:
+        return None
+    gap = run.logits - run.linear_logits
+    moved = np.linalg.norm((run.logits - run.logits[:1]).reshape(len(gap), -1), axis=1)
+    norm = np.linalg.norm(gap.reshape(len(gap), -1), axis=1)
+    rel = np.divide(norm, moved, out=np.zeros_like(norm), where=moved > 0)
+    rms = np.sqrt(np.mean(np.sum(gap**2, axis=-1), axis=-1))
+    return {"rms": [float(v) for v in rms], "relative": [float(v) for v in rel]}
+
+
+def _clock(times: dict, seconds_per_step: float) -> dict:
+    return {c: {e: None if t is None else float(wall_clock_time(t, seconds_per_step))
+                for e, t in times[c].items()} for c in CURVES}
+
+
+def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[str, Any]:
+    """The prediction's half of a report, JSON-ready.
+
+    ``training_time`` {curve: {ε: steps or None}}, ``interval_90`` {curve: {ε: [lo, hi] steps
+    or None}} (90 % conformal interval for the real T_ε, :func:`ntk_tt.intervals` with the
+    shipped calibrator; None for error-curve T_ε and undefined predictions), ``wall_clock``
+    {curve: {ε: seconds}} (T_ε × ``seconds_per_step``, a measured real step),
+    ``training_time_reasons``,
+    ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
+    ``spiked_at`` (first step with loss above 10·L_0, None if none), ``kappa``,
+    ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss:
+    what was predicted).
+    """
+    pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
+    iv = intervals(prediction, level=0.9)
+    return {"training_time": pred_t,
+            "interval_90": {c: {e: None if iv[c][e] is None else [_num(v) for v in iv[c][e]]
+                                for e in EPSILONS} for c in CURVES},
+            "wall_clock": _clock(pred_t, seconds_per_step),
+            "training_time_reasons": prediction.training_time_reasons,
+            "test_accuracy": None if prediction.test_error is None or prediction.diverged
+            else 1.0 - float(prediction.test_error[-1]),
+            "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
+            "spiked_at": prediction.spiked_at,
+            "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
+            "method": prediction.method, "kernel": prediction.kernel,
+            "hyperparameters": dict(prediction.hyperparameters)}
+
+
+def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
+    if not isinstance(prediction, Prediction) or not isinstance(run, FineTuneRun):
+        raise ValueError(
+            "compare(prediction, run) takes a Prediction from ntk_tt.predict and a FineTuneRun "
+            f"from ntk_tt.finetune, in that order; got {type(prediction).__name__} and "
+            f"{type(run).__name__}.")
+    hp = prediction.hyperparameters
+    names = {"num_train": "N (training samples)", "loss_name": "loss"}
+    pairs = [("num_train", "num_train"), ("loss", "loss_name"), ("steps", "steps"),
+             ("learning_rate", "learning_rate"), ("momentum", "momentum"),
+             ("nesterov", "nesterov"), ("batch_size", "batch_size")]
+    wrong = []
+    for mine, theirs in pairs:
+        a, b = hp[mine], getattr(run, theirs)
+        same = a == b if isinstance(a, str) else np.isclose(float(a), float(b), rtol=1e-6,
+                                                           atol=0)
+        if not same:
+            wrong.append(f"{names.get(theirs, mine)}: predicted {a!r}, fine-tuned {b!r}")
+        if mine == "num_train" and not same:
+            break  # a different training set: the batch-size default differs too
+    if wrong:
+        raise ValueError("the prediction and the fine-tuning run describe different training ("
+                         + "; ".join(wrong) + "); predict and fine-tune on the same data with "
+                         "the same hyperparameters.")
+
+
+def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
+    """Put a prediction and the real fine-tuning run it predicts side by side.
+
+    Args:
+      prediction: from :func:`ntk_tt.predict` (same task, hyperparameters, steps and key).
+      run: from :func:`ntk_tt.finetune`.
+
+    Returns:
+      A JSON-ready dict. ``predicted`` / ``real``: ``training_time`` {curve: {ε: steps}},
+      ``wall_clock`` {curve: {ε: seconds}} (T_ε × the run's ``seconds_per_step``),
+      ``test_accuracy`` at T, ``diverged``, ``diverged_at``, ``spiked_at`` (both sides use
+      the rule of
+      ``ntk_tt.dynamics._divergence``: diverged = a non-finite loss or L_T > L_0; a spike
+      above 10·L_0 that recovers is not divergence and keeps its T_ε; ``predicted`` also
+      ``kappa`` and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
+      predicted curve is not trustworthy; a diverged real run has every T_ε None with the
+      reason "diverged at step k"). ``absolute_error`` and
+      ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
+      {curve: {max_abs, rms, real_fall, max_rel_to_fall}} (None when either side diverged:
+      not meaningful), ``linearisation_gap`` (None without recorded logits or when the run
+      diverged), a diverged side's ``test_accuracy`` is None,
+      ``seconds`` {predict, finetune, compile_predict, compile_finetune,
+      ratio = finetune / predict}, and
+      ``diverged`` {predicted, real}. Undefined numbers are None.
+
+    Raises:
+      ValueError: arguments not a (Prediction, FineTuneRun) pair, or the two differ in N,
+        loss, steps, learning rate, momentum, Nesterov or batch size (the message names each
+        mismatch) — they would not describe the same training. Whether both used the same
+        inputs is not checked (only N).
+    """
+    _check_same_training(prediction, run)
+    real_t, real_why = real_training_time(run)
+    predicted = predicted_summary(prediction, run.seconds_per_step)
+    pred_t = predicted["training_time"]
+    abs_err, rel_err = {}, {}
+    for c in CURVES:
+        abs_err[c], rel_err[c] = {}, {}
+        for e in EPSILONS:
+            p, r = pred_t[c][e], real_t[c][e]
+            ok = p is not None and r is not None
+            abs_err[c][e] = abs(p - r) if ok else None
+            rel_err[c][e] = abs(p - r) / r if ok and r > 0 else None
+
+    t_pred = float(prediction.seconds["total"])
+    return {
+        "predicted": predicted,
+        "real": {"training_time": real_t, "wall_clock": _clock(real_t, run.seconds_per_step),
+                 "training_time_reasons": real_why,
+                 "test_accuracy": None if run.diverged else run.test_accuracy,
+                 "diverged": run.diverged, "diverged_at": run.diverged_at,
+                 "spiked_at": run.spiked_at,
+                 "seconds_per_step": run.seconds_per_step},
+        "absolute_error": abs_err,
+        "relative_error": rel_err,
+        "curve_distance": None if prediction.diverged or run.diverged else {
+            c: _curve_distance(getattr(prediction, c), getattr(run, c)) for c in CURVES},
+        "linearisation_gap": None if run.diverged else linearisation_gap(run),
+        "seconds": {"predict": t_pred, "predict_stages": dict(prediction.seconds),
+                    "finetune": run.seconds["finetune"],
+                    "compile_finetune": run.seconds["compile"],
+                    "compile_predict": prediction.seconds["compile"],
+                    "ratio": run.seconds["finetune"] / t_pred if t_pred > 0 else None},
+        "diverged": {"predicted": prediction.diverged, "real": run.diverged},
+    }
