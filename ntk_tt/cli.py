@@ -24,8 +24,8 @@ from ntk_tt._defaults import DEFAULTS
 
 
 def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
-    """The task options ``predict`` and ``suggest`` share (checkpoint, dataset, K, n), with
-    their defaults from ``d``."""
+    """The task options ``predict`` and ``suggest`` share (checkpoint, dataset, K, n, seed,
+    resizing, head scale), with their defaults from ``d``."""
     q.add_argument("--checkpoint", default=None,
                    help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
                    "shipped SmallResNet pre-trained on CIFAR-10)")
@@ -43,6 +43,13 @@ def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="K, classes in the task (>= 2)")
     q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
                    help="n, training images per class (N = K·n)")
+    q.add_argument("--seed", type=int, default=d["seed"],
+                   help="seed of the task sample, the fresh head and SGD batches")
+    q.add_argument("--no-resize", action="store_false", dest="resize",
+                   help="fail instead of resizing images to the model's input size "
+                   "(resize=%(default)s unless this flag is given)")
+    q.add_argument("--head-scale", type=float, default=d["head_scale"],
+                   help="init scale of the fresh head (× LeCun normal)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,13 +107,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="D' of the random projection; only with --kernel sketch or --method sde")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
                    help="SGD noise paths averaged (with -B < N)")
-    q.add_argument("--seed", type=int, default=d["seed"],
-                   help="seed of the task sample, the fresh head and SGD batches")
-    q.add_argument("--no-resize", action="store_false", dest="resize",
-                   help="fail instead of resizing images to the model's input size "
-                   "(resize=%(default)s unless this flag is given)")
-    q.add_argument("--head-scale", type=float, default=d["head_scale"],
-                   help="init scale of the fresh head (× LeCun normal)")
     q.add_argument("--verify", action="store_true",
                    help="also fine-tune for real and compare (the --json report is written "
                    "when the prediction exists, and completed at the end)")
@@ -183,13 +183,6 @@ def _suggest_parser(sub) -> None:
                    choices=("auto", "head_aware", "linear"),
                    help="head_aware (fresh head exact, backbone linearised) or linear (frozen "
                    "Θ); auto = head_aware")
-    q.add_argument("--seed", type=int, default=d["seed"],
-                   help="seed of the task sample, the fresh head and SGD batches")
-    q.add_argument("--no-resize", action="store_false", dest="resize",
-                   help="fail instead of resizing images to the model's input size "
-                   "(resize=%(default)s unless this flag is given)")
-    q.add_argument("--head-scale", type=float, default=d["head_scale"],
-                   help="init scale of the fresh head (× LeCun normal)")
     q.add_argument("--top", type=int, default=d["top"], help="runner-up rows printed")
     q.add_argument("--json", default=None, dest="json_path",
                    help="also write the report here (None: no JSON)")

@@ -258,3 +258,16 @@ def test_refreshed_moves_the_backbone_like_training(x64):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="segments"):
         predict_head_aware_refreshed(split, x, y, segments=11, **kw)
+
+
+def test_feature_mixing_is_the_sum_of_per_sample_feature_kernels(x64):
+    """S = Σ_i J_h(x_i) J_h(x_i)ᵀ normalised to trace F, against jax.jacrev of the features."""
+    from ntk_tt.kernels._head_aware import feature_mixing
+
+    model, x, _, _, _ = _problem(nonlinear=True)
+    feature_fn, bparams, _, _ = split_head(model)
+    s = feature_mixing(feature_fn, bparams, x)
+    jac = jax.jacrev(lambda p: feature_fn(p, x))(bparams)  # leaves (N, F, *param_shape)
+    rows = jnp.concatenate([j.reshape(N, F, -1) for j in jax.tree.leaves(jac)], axis=-1)
+    ref = jnp.einsum("ifp,igp->fg", rows, rows)
+    np.testing.assert_allclose(s, ref * (F / jnp.trace(ref)), rtol=1e-10, atol=1e-12)

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ntk_tt import _losses
+from ntk_tt.dynamics import _losses
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])

@@ -142,6 +142,24 @@ def test_task_bootstrap_resamples_whole_tasks():
     assert error_stats(abs_err, abs_err, boot=400)["p95_ci95"] == [1.0, 1.0]
 
 
+def test_task_bootstrap_equals_concatenating_the_picked_tasks():
+    """The vectorised resampling against the direct one: the same task draws, the picked
+    tasks' rows concatenated, np.percentile (ties and unequal task sizes included)."""
+    from ntk_tt.sweep._summary import _task_bootstrap
+
+    rng = np.random.default_rng(3)
+    for n, t in [(1, 1), (7, 3), (60, 9)]:
+        abs_err = np.round(rng.exponential(size=n), 1)  # rounding makes ties
+        groups = rng.integers(0, t, n).astype(str)
+        ids, inverse = np.unique(groups, return_inverse=True)
+        draws = np.random.default_rng(11)
+        direct = [np.percentile(abs_err[np.concatenate(
+            [np.flatnonzero(inverse == k) for k in draws.integers(0, len(ids), len(ids))])], 95)
+            for _ in range(200)]
+        fast = _task_bootstrap(abs_err, groups, np.random.default_rng(11), 200)
+        np.testing.assert_allclose(fast, direct, rtol=0, atol=1e-12)
+
+
 def test_curve_distance_divergence_by_kappa_and_edge_rows():
     from ntk_tt.sweep._summary import curve_distance, divergence, edge_rows
 
@@ -219,7 +237,12 @@ def _sweep(out, *extra):
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     rows = out / "rows"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # the resumed process reuses the killed one's compiled executables (JAX's persistent
+    # compilation cache): the test checks resumption, not compilation, twice
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     t0 = time.perf_counter()
     proc = subprocess.Popen(_sweep(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

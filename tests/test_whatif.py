@@ -11,7 +11,7 @@ import pytest
 from _dynamics_helpers import brute_ntk, linear_apply, train_optax
 
 import ntk_tt
-from ntk_tt import _whatif
+from ntk_tt.analysis import _whatif
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 matplotlib.use("Agg")

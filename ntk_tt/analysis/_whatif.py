@@ -42,9 +42,9 @@ from ntk_tt.dynamics._losses import check_loss, mean_loss
 from ntk_tt.dynamics._predict_kernel import (
     _check_finite,
     _summarise,
-    check_hyper,
     check_labels,
     check_num_paths,
+    check_problem,
     predict_from_kernel,
 )
 from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
@@ -226,13 +226,7 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             "a plain kernel Θ needs f0, the initial logits (N, C) at the pre-trained weights: "
             "pass f0=apply_fn(params, x) (or give a HeadAwareKernel).")
     f0 = as_array(f0, "f0")
-    if np.ndim(f0) != 2:
-        raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
-    n, c = np.shape(f0)
-    check_loss(loss, c)
-    batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
-    y = check_labels(y, n, c)
+    n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     if batch_size < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
     _check_finite(kernel, "kernel")

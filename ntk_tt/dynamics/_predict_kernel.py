@@ -206,6 +206,19 @@ def _edge(m, nesterov, loss):
     return 2.0 * (1.0 + m) / ((1.0 + 2.0 * m) if nesterov else 1.0) / h
 
 
+
+def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
+    """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits, the loss for
+    C outputs, the hyperparameters, the labels. Returns ``(n, c, batch_size, y)`` with
+    ``batch_size`` None read as N (GD) and ``y`` as checked labels. Raises ValueError."""
+    if np.ndim(f0) != 2:
+        raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
+    n, c = np.shape(f0)
+    check_loss(loss, c)
+    batch_size = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    return n, c, batch_size, check_labels(y, n, c)
+
 def predict_from_kernel(
     kernel, f0, y, *, learning_rate, momentum=0.0, steps, batch_size=None, nesterov=False,
     loss="cross_entropy", method="discrete", key=None, noise_features=None, num_paths=32,
@@ -244,14 +257,8 @@ def predict_from_kernel(
     check_loss(loss)
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)
-    if np.ndim(f0) != 2:
-        raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
-    n, c = np.shape(f0)
-    check_loss(loss, c)
-    batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     check_num_paths(num_paths)
-    y = check_labels(y, n, c)
     full_batch = batch_size == n
     method = resolve_method(method)
     _check_method_inputs(method, loss, full_batch, key, noise_features, n * c)

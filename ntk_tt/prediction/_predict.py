@@ -24,7 +24,7 @@ from ntk_tt.dynamics._predict_kernel import (
     resolve_method,
 )
 from ntk_tt.dynamics._training_time import REASONS
-from ntk_tt.training._timing import Stopwatch
+from ntk_tt.training._timing import timed_stage
 
 KERNELS = ("exact", "traced", "sketch")
 PREDICTORS = ("auto", "linear", "head_aware")
@@ -116,15 +116,6 @@ def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
     kt = None if x_test is None else empirical_ntk(apply_fn, params, x_test, x,
                                                    trace_logits=traced)
     return k, kt
-
-
-def _timed(seconds, stage, fn, *args, **kwargs):
-    """Run one stage; its time without compilation goes to ``seconds[stage]``."""
-    with Stopwatch() as sw:
-        out = jax.block_until_ready(fn(*args, **kwargs))
-    seconds[stage] = sw.seconds
-    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
-    return out
 
 
 def predict(
@@ -258,7 +249,7 @@ def predict(
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 
-        out = _timed(seconds, "solve", predict_head_aware_refreshed, head, x, y,
+        out = timed_stage(seconds, "solve", predict_head_aware_refreshed, head, x, y,
                      segments=int(segments), learning_rate=learning_rate, momentum=momentum,
                      steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
                      key=key, x_test=x_test, y_test=y_test, backbone=backbone)
@@ -269,23 +260,23 @@ def predict(
     if head_aware:
         from ntk_tt.kernels._head_aware import head_aware_kernel, predict_head_aware
 
-        hk = _timed(seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone,
+        hk = timed_stage(seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone,
                     key=keys[0])
-        out = _timed(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
+        out = timed_stage(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
         seconds["total"] = time.perf_counter() - start - seconds["compile"]
         return _to_prediction(out, "discrete", f"head_aware:{backbone}", hyper, seconds)
-    k, kt = _timed(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
+    k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
                    keys[0])
     feats = None
     if method == "sde":
         from ntk_tt.dynamics._noise import noise_features
 
-        feats = _timed(seconds, "noise", noise_features, apply_fn, params, x, y, loss=loss,
+        feats = timed_stage(seconds, "noise", noise_features, apply_fn, params, x, y, loss=loss,
                        sketch_dim=d_sketch, key=keys[1])
-    f0, f0t = _timed(seconds, "logits", _logits, apply_fn, params, x, x_test)
-    out = _timed(
+    f0, f0t = timed_stage(seconds, "logits", _logits, apply_fn, params, x, x_test)
+    out = timed_stage(
         seconds, "solve", predict_from_kernel, k, f0, y, learning_rate=learning_rate,
         momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,

@@ -31,7 +31,7 @@ from ntk_tt.prediction._extrapolate import (
     nystrom_spectrum,
     predict_curve_from_spectrum,
 )
-from ntk_tt.training._timing import Stopwatch
+from ntk_tt.training._timing import Stopwatch, timed_stage
 
 SUBSET_METHODS = ("power_law", "nystrom")
 EDGE = 2.0  # full-batch GD on the mean MSE loss is stable iff η·μ_max < 2
@@ -187,14 +187,6 @@ def _check_lr_steps(learning_rate, steps):
         raise ValueError(f"steps must be an integer >= 1 (GD updates), got {steps!r}.")
 
 
-def _timed(seconds, stage, fn, *args, **kwargs):
-    with Stopwatch() as sw:
-        out = jax.block_until_ready(fn(*args, **kwargs))
-    seconds[stage] = sw.seconds
-    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
-    return out
-
-
 def predict_from_subset(
     apply_fn: ApplyFn, params: Any, x, y, *, subset_size: int, learning_rate: float,
     steps: int, method: str = "power_law", key: jax.Array, k0: int | None = None,
@@ -288,18 +280,18 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
     seconds: dict = {}
     x_sub = jnp.asarray(x)[jnp.asarray(idx)]
     if method == "nystrom":
-        cross = _timed(seconds, "kernel", lambda: np.asarray(
+        cross = timed_stage(seconds, "kernel", lambda: np.asarray(
             empirical_ntk(apply_fn, params, x_sub, x, trace_logits=True)).T)
         k_sub = cross[idx]
     else:
-        k_sub = _timed(seconds, "kernel", lambda: np.asarray(
+        k_sub = timed_stage(seconds, "kernel", lambda: np.asarray(
             empirical_ntk(apply_fn, params, x_sub, trace_logits=True)))
-    r = _timed(seconds, "logits", residual_in_blocks, apply_fn, params, x, y,
+    r = timed_stage(seconds, "logits", residual_in_blocks, apply_fn, params, x, y,
                forward_block_size)
     if method == "nystrom":
-        spectrum = _timed(seconds, "spectrum", nystrom_spectrum, cross, k_sub, r, rcond=rcond)
+        spectrum = timed_stage(seconds, "spectrum", nystrom_spectrum, cross, k_sub, r, rcond=rcond)
     else:
-        spectrum = _timed(seconds, "spectrum", extrapolate_spectrum, k_sub, r[idx], r, k0=k0,
+        spectrum = timed_stage(seconds, "spectrum", extrapolate_spectrum, k_sub, r[idx], r, k0=k0,
                           fit_range=fit_range, slope_correction=slope_correction)
 
     def curve_and_times():
@@ -307,7 +299,7 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
                                                        steps=steps))
         return curve, {e: training_time_report(curve, e) for e in EPSILONS}
 
-    curve, reports = _timed(seconds, "curve", curve_and_times)
+    curve, reports = timed_stage(seconds, "curve", curve_and_times)
     div = divergence(jnp.asarray(curve))
     kappa = float(learning_rate) * float(spectrum.eigenvalues[0])
     at, spike = int(div.diverged_at), int(div.spiked_at)

@@ -106,14 +106,24 @@ def relative_errors(frame: pd.DataFrame, predictor: str, eps: float):
 def _task_bootstrap(abs_err, groups, rng, boot):
     """p95 of |error| over ``boot`` resamples of whole tasks (with replacement): the rows of
     one task share its kernel and data, so resampling rows would make the interval too
-    narrow."""
+    narrow.
+
+    Vectorised over the resamples: a resample is a count per task, so its rows are the sorted
+    errors with multiplicities, and np.percentile's linear rule is read off their cumulative
+    counts (same draws and same values as concatenating the picked tasks' rows)."""
     ids, inverse = np.unique(groups, return_inverse=True)
-    members = [np.flatnonzero(inverse == k) for k in range(len(ids))]
-    out = np.empty(boot)
-    for b in range(boot):
-        pick = rng.integers(0, len(ids), len(ids))
-        out[b] = np.percentile(abs_err[np.concatenate([members[k] for k in pick])], 95)
-    return out
+    t = len(ids)
+    counts = np.stack([np.bincount(rng.integers(0, t, t), minlength=t) for _ in range(boot)])
+    order = np.argsort(abs_err, kind="stable")
+    values = abs_err[order]
+    cum = np.cumsum(counts[:, inverse[order]], axis=1)  # (boot, n) rows up to each value
+    size = cum[:, -1]
+    pos = 0.95 * (size - 1)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, size - 1)
+    v_lo = values[np.argmax(cum > lo[:, None], axis=1)]
+    v_hi = values[np.argmax(cum > hi[:, None], axis=1)]
+    return v_lo + (v_hi - v_lo) * (pos - lo)
 
 
 def error_stats(abs_err: np.ndarray, signed: np.ndarray, *, groups=None, key: int = 0,

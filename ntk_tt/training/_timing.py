@@ -45,3 +45,14 @@ class Stopwatch:
     def _listen(self, event: str, duration: float, **_) -> None:
         if event in _COMPILE_EVENTS:
             self.compile_seconds += duration
+
+
+def timed_stage(seconds: dict, stage: str, fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` to completion (``jax.block_until_ready``) as one named stage
+    of a pipeline: its wall seconds without XLA compilation go to ``seconds[stage]`` and the
+    compilation seconds are added to ``seconds["compile"]``. Returns ``fn``'s output."""
+    with Stopwatch() as sw:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+    seconds[stage] = sw.seconds
+    seconds["compile"] = seconds.get("compile", 0.0) + sw.compile_seconds
+    return out
