@@ -186,11 +186,14 @@ def test_head_aware_suggestion_matches_brute_force_grids(b):
     model, apply_fn, params, x, y = head_problem()
     head, key, steps = ntk_tt.split_head(model), jax.random.key(2), 30
     sps = {b: 0.45}
+    hk = ntk_tt.head_aware_kernel(head, x)
+    # SGD reuses the kernel built here (head_kernel), GD builds its own: the same kernel
+    given = dict(head_kernel=hk) if b is not None else {}
     s = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=0.4, target_kind="fraction",
                        steps=steps, batch_sizes=(b,), momenta=(0.0, 0.9), num_kappas=7,
-                       refine_steps=0, key=key, num_paths=2, seconds_per_step=sps)
-    assert s.predictor == "head_aware:isotropic" and s.found and s.batch_size == b
-    hk = ntk_tt.head_aware_kernel(head, x)
+                       refine_steps=0, key=key, num_paths=2, seconds_per_step=sps, **given)
+    assert s.predictor == ("head_aware:given" if given else "head_aware:isotropic")
+    assert s.found and s.batch_size == b
     coarse = np.geomspace(0.05, 50, 7)
     dense = np.geomspace(0.05, 50, 7 * 8 - 7)  # 8 points per coarse cell
     kappas = np.concatenate([coarse, dense])
@@ -297,6 +300,7 @@ GOOD = dict(target=0.5, target_kind="fraction", steps=10)
     (dict(predictor="head_aware"), "needs head=ntk_tt.split_head(model)"),
     (dict(kernel="sketch"), "kernel must be one of"),
     (dict(key=7), "key must be a jax random key"),
+    (dict(head_kernel=np.eye(8)), "head_kernel is for the head-aware predictor"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, match, no_work):
     params, x, y = diag_problem(EDGE[:8])
@@ -390,3 +394,11 @@ def test_cli_tiny_run_writes_json(tmp_path, capsys):
         assert s["seconds"] == pytest.approx(s["steps"] * r["seconds_per_step"]["N"])
         assert len(r["curve"]["loss"]) == 6 and "suggestion: B = N (GD)" in out
     assert "seconds per real step" in out and f"json: {js}" in out
+
+
+def test_a_head_kernel_of_other_inputs_is_refused(no_work):
+    model, apply_fn, params, x, y = head_problem()
+    head = ntk_tt.split_head(model)
+    other = ntk_tt.HeadAwareKernel(*(np.zeros((3, 2)),) * 4, None)  # built on 3 inputs
+    with pytest.raises(ValueError, match="must be the HeadAwareKernel of head on these N"):
+        ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=other, **GOOD)

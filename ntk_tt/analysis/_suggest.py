@@ -183,7 +183,8 @@ class Suggestion:
       grid point beyond the stability edge, not predicted; its steps etc. are NaN).
     seconds_per_step: {B (None = GD): seconds per real step}, measured or as given.
     refinement: one dict per refinement evaluation (log η, m, soft steps, steps, accepted).
-    predictor: "head_aware:<backbone>" or "linear:<kernel>"; lambda_max: λ_max of Θ_0.
+    predictor: "head_aware:<backbone>" ("head_aware:given" with ``head_kernel``) or
+    "linear:<kernel>"; lambda_max: λ_max of Θ_0.
     num_train: N. steps_max: T_max. reason: why nothing was found (None when found).
     timings: wall seconds per stage ("kernel", "step_time", "grid", "refine", "total") without
       JAX compilation, which is summed apart in "compile".
@@ -345,7 +346,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
             loss: str = "cross_entropy", key=None, num_paths: int = 8,
             seconds_per_step: Mapping | None = None, kernel: str = "exact",
             backbone: str = "isotropic", top: int = 5, evaluate_beyond_edge: bool = False,
-            progress: bool = False) -> Suggestion:
+            head_kernel=None, progress: bool = False) -> Suggestion:
     """The (η, m, B) that minimise the predicted wall-clock time to a target training loss.
 
     seconds(η, m, B) = (first step t ≤ ``steps`` with predicted mean loss L̂_t ≤ target) ×
@@ -382,7 +383,10 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
       seconds_per_step: {B: seconds} to use instead of measuring (e.g. from an earlier run).
       top: runner-up rows. evaluate_beyond_edge: also predict the grid points beyond the
         stability edge (never suggested; by default listed in ``grid`` unpredicted, which saves
-        a third of the default grid's work). progress: a tqdm bar over the stages.
+        a third of the default grid's work). head_kernel: a :class:`ntk_tt.HeadAwareKernel`
+        of ``head`` on ``x`` already built (``ntk_tt.head_aware_kernel``) to reuse instead of
+        building one (its backbone kernel replaces ``backbone``). progress: a tqdm bar over
+        the stages.
 
     Returns:
       :class:`Suggestion`.
@@ -422,6 +426,16 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     sps_given = _check_seconds(seconds_per_step, bsizes, n)
     head_aware = _check_predictor(predictor, head, backbone, "discrete", "exact", apply_fn,
                                   params, x)
+    if head_kernel is not None:
+        from ntk_tt.kernels._head_aware import HeadAwareKernel
+
+        if not head_aware:
+            raise ValueError("head_kernel is for the head-aware predictor: pass head="
+                             "ntk_tt.split_head(model) too (or drop head_kernel).")
+        if not isinstance(head_kernel, HeadAwareKernel) or head_kernel.features.shape[0] != n:
+            raise ValueError("head_kernel must be the HeadAwareKernel of head on these N = "
+                             f"{n} inputs (ntk_tt.head_aware_kernel(head, x)), got "
+                             f"{type(head_kernel).__name__}.")
 
     f0 = apply_fn(params, jnp.asarray(x))
     l0 = float(mean_loss(f0, y, loss))
@@ -440,7 +454,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
             found = _search(apply_fn, params, x, y, f0, head if head_aware else None, n, c,
                             bsizes, moms, sps_given, target_abs, steps, lo, hi, num_kappas,
                             tau, refine_steps, loss, key, num_paths, kernel, backbone, timings,
-                            bar, bool(evaluate_beyond_edge))
+                            bar, bool(evaluate_beyond_edge), head_kernel)
     except BaseException:
         bar.leave = False  # clear the bar: the caller's message starts a clean line
         raise
@@ -454,7 +468,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
 
 def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, target_abs, steps,
             lo, hi, num_kappas, tau, refine_steps, loss, key, num_paths, kernel, backbone,
-            timings, bar, evaluate_beyond_edge):
+            timings, bar, evaluate_beyond_edge, head_kernel=None):
     """The work of :func:`suggest` (arguments validated): kernel, step times, grid, refinement.
     Fills ``timings`` (seconds without compilation) and advances ``bar`` per stage."""
     from ntk_tt.dynamics._fspace import clamp_psd, top_eigenvalue
@@ -468,12 +482,13 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
         if head is not None:
             from ntk_tt.kernels._head_aware import head_aware_kernel, initial_kernel
 
-            hk = head_aware_kernel(head, x, backbone=backbone,
-                                   key=None if key is None else jax.random.fold_in(key, 1))
+            hk = head_kernel if head_kernel is not None else head_aware_kernel(
+                head, x, backbone=backbone,
+                key=None if key is None else jax.random.fold_in(key, 1))
             lam = float(top_eigenvalue(_sym(initial_kernel(hk))))
             dtype = hk.features.dtype
             static = dict(kind="head_aware", traced=False, loss=loss)
-            name = f"head_aware:{backbone}"
+            name = "head_aware:given" if head_kernel is not None else f"head_aware:{backbone}"
         else:
             from ntk_tt.dynamics._fspace import as_operator
             from ntk_tt.kernels._ntk import empirical_ntk
