@@ -292,6 +292,53 @@ def _rows(n, ds, kappa, lr, preds, real, steps):
     return rows
 
 
+def _pct(v):
+    return "–" if not np.isfinite(v) else ("0" if v == 0 else f"{100 * v:+.1f} %")
+
+
+def markdown(df) -> str:
+    """README tables: T_ε per predictor, relative errors, curve distances."""
+    df = df.assign(col=[p if p in ("full", "real") else f"{p} {int(m)}"
+                        for p, m in zip(df.predictor, df.n_subset, strict=True)])
+    subs = df[df.n_subset.notna()].sort_values(["predictor", "n_subset"],
+                                               ascending=[False, True]).col.unique()
+    cols = [c for c in ("real", "full") if c in set(df.col)] + list(subs)
+    key = ["n", "dataset", "kappa", "epsilon"]
+    out = []
+    t = df.pivot_table(index=key, columns="col", values="t_eps", aggfunc="first")
+    lines = ["| N | dataset | κ | ε | " + " | ".join(cols) + " |",
+             "|" + "---|" * (4 + len(cols))]
+    for (n, ds, k, e), r in t.iterrows():
+        cells = ["–" if not np.isfinite(r.get(c, np.nan)) else f"{r[c]:.0f}" for c in cols]
+        lines.append(f"| {n} | {ds} | {k:.3g} | {e:g} | " + " | ".join(cells) + " |")
+    out += ["T_ε (steps)", "", *lines, ""]
+    sub = [c for c in cols if c not in ("real", "full")]
+    head = ["full vs real"] + [f"{c} vs {r}" for c in sub for r in ("full", "real")]
+    lines = ["| N | dataset | κ | ε | " + " | ".join(head) + " |",
+             "|" + "---|" * (4 + len(head))]
+    g = df.set_index(key + ["col"])
+    for idx in t.index:
+        cells = [_pct(g.rel_vs_real.get(idx + ("full",), np.nan))]
+        for c in sub:
+            cells += [_pct(g.rel_vs_full.get(idx + (c,), np.nan)),
+                      _pct(g.rel_vs_real.get(idx + (c,), np.nan))]
+        n, ds, k, e = idx
+        lines.append(f"| {n} | {ds} | {k:.3g} | {e:g} | " + " | ".join(cells) + " |")
+    out += ["Relative error of T_ε, (T̂ − T_ref)/T_ref", "", *lines, ""]
+    d = df[df.epsilon == df.epsilon.min()].set_index(["n", "dataset", "kappa", "col"])
+    lines = ["| N | dataset | κ | " + " | ".join(head) + " |",
+             "|" + "---|" * (3 + len(head))]
+    for n, ds, k in t.index.droplevel("epsilon").unique():
+        cells = [_pct(d.dist_vs_real.get((n, ds, k, "full"), np.nan))]
+        for c in sub:
+            cells += [_pct(d.dist_vs_full.get((n, ds, k, c), np.nan)),
+                      _pct(d.dist_vs_real.get((n, ds, k, c), np.nan))]
+        lines.append(f"| {n} | {ds} | {k:.3g} | " + " | ".join(cells).replace("+", "")
+                     + " |")
+    out += ["Curve distance max_t |L̂_t − L_t| / (L_0 − L_T), L the reference", "", *lines, ""]
+    return "\n".join(out)
+
+
 def summary(a, out: Path) -> None:
     import pandas as pd
 
@@ -331,6 +378,7 @@ def summary(a, out: Path) -> None:
         return
     df = pd.DataFrame(rows)
     df.to_csv(out / "summary.csv", index=False)
+    (out / "tables.md").write_text(markdown(df))
     cols = ["n", "dataset", "kappa", "predictor", "n_subset", "epsilon", "t_eps", "t_full",
             "t_real", "rel_vs_full", "rel_vs_real", "dist_vs_full", "dist_vs_real"]
     with pd.option_context("display.width", 220, "display.max_rows", 500):
