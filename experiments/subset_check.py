@@ -339,6 +339,34 @@ def markdown(df) -> str:
     return "\n".join(out)
 
 
+def timing(out: Path) -> str:
+    """Seconds per case (compilation apart) and peak RSS of the process so far."""
+    lines = ["Seconds per case (JAX compilation excluded; `real`: s per GD step, training "
+             "steps only = s/step × T, and the whole recorded run with its per-step full-set "
+             "evaluation)", "", "| N | case | kernel | total | compile | real: s/step | "
+             "real: steps only | real: recorded run | process peak RSS (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted((out / "cases").glob("n*/*.json")):
+        r = json.loads(f.read_text())
+        if r.get("status") != "complete":
+            continue
+        s = r.get("seconds", {})
+        if r.get("method") == "real":
+            cells = ["", "", f"{s['compile']:.1f}", f"{r['seconds_per_step']:.2f}",
+                     f"{s['finetune']:.0f}", f"{s['run']:.0f}"]
+        elif "seconds_per_step" in r:
+            cells = ["", "", "", f"{r['seconds_per_step']:.2f}",
+                     f"{r['projected_run_s']:.0f} (projected, with evaluation)", ""]
+        else:
+            total = s.get("total", sum(s.get(k, 0.0) for k in ("kernel", "logits",
+                                                                 "spectrum")))
+            cells = [f"{s['kernel']:.1f}", f"{total:.1f}", f"{s.get('compile', 0.0):.1f}",
+                     "", "", ""]
+        lines.append(f"| {r['n']} | {f.stem} | " + " | ".join(cells)
+                     + f" | {r['process_peak_rss_mib']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def summary(a, out: Path) -> None:
     import pandas as pd
 
@@ -378,7 +406,7 @@ def summary(a, out: Path) -> None:
         return
     df = pd.DataFrame(rows)
     df.to_csv(out / "summary.csv", index=False)
-    (out / "tables.md").write_text(markdown(df))
+    (out / "tables.md").write_text(markdown(df) + "\n" + timing(out))
     cols = ["n", "dataset", "kappa", "predictor", "n_subset", "epsilon", "t_eps", "t_full",
             "t_real", "rel_vs_full", "rel_vs_real", "dist_vs_full", "dist_vs_real"]
     with pd.option_context("display.width", 220, "display.max_rows", 500):
