@@ -406,7 +406,9 @@ def summary(a, out: Path) -> None:
         return
     df = pd.DataFrame(rows)
     df.to_csv(out / "summary.csv", index=False)
-    (out / "tables.md").write_text(markdown(df) + "\n" + timing(out))
+    (out / "tables.md").write_text("".join(
+        f"## N = {n:,}\n\n" + markdown(g.dropna(axis=1, how="all").reindex(
+            columns=df.columns)) + "\n" for n, g in df.groupby("n")) + timing(out))
     cols = ["n", "dataset", "kappa", "predictor", "n_subset", "epsilon", "t_eps", "t_full",
             "t_real", "rel_vs_full", "rel_vs_real", "dist_vs_full", "dist_vs_real"]
     with pd.option_context("display.width", 220, "display.max_rows", 500):
