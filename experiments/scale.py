@@ -111,16 +111,42 @@ def _config(a):
             "kappas": a.kappas, "classes": K}
 
 
-def _task(a, per_class):
+def load(dataset, num_classes, per_class, seed):
+    """(apply_fn, params, x, y, seconds): the task of ``ntk-tt predict --dataset D -K K -n n
+    --seed s`` (``load_task``: shipped checkpoint, fresh seeded head; no held-out split, which
+    does not change the training images)."""
+    import jax
+
     from ntk_tt.prediction._job import load_task
 
     t0 = time.perf_counter()
-    apply_fn, params, x, y, *_ = load_task(dataset=a.dataset, num_classes=K,
-                                           per_class=per_class, test_per_class=0, seed=a.seed)
-    import jax
-
+    apply_fn, params, x, y, *_ = load_task(dataset=dataset, num_classes=num_classes,
+                                           per_class=per_class, test_per_class=0, seed=seed)
     x = jax.block_until_ready(x)
     return apply_fn, params, x, np.asarray(y), time.perf_counter() - t0
+
+
+def _task(a, per_class):
+    return load(a.dataset, K, per_class, a.seed)
+
+
+def full_spectrum(apply_fn, params, x, y, stage):
+    """Exact spectrum of the full N × N traced kernel (the reference): ``stage(name, fn)`` runs
+    and times each of "kernel", "logits", "spectrum" and returns fn's value."""
+    import ntk_tt
+    from ntk_tt.prediction._subset import residual_in_blocks
+
+    kern = stage("kernel", lambda: np.asarray(
+        ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)))
+    r = stage("logits", lambda: residual_in_blocks(apply_fn, params, x, y, 1000))
+    return stage("spectrum", lambda: ntk_tt.kernel_spectrum(kern, r))
+
+
+def subset_key(seed):
+    """The subset draw's key (the same subset for every method)."""
+    import jax
+
+    return jax.random.fold_in(jax.random.key(seed), 3)
 
 
 def _pilot_lr(a):
@@ -141,7 +167,6 @@ def _run_case(a, per_class, method, path: Path) -> None:
     from _rss import PeakRSS
 
     import ntk_tt
-    from ntk_tt.prediction._subset import residual_in_blocks
     from ntk_tt.training._timing import Stopwatch
 
     wall0 = time.perf_counter()
@@ -164,11 +189,7 @@ def _run_case(a, per_class, method, path: Path) -> None:
         return out
 
     if method == "full":
-        kern = stage("kernel", lambda: np.asarray(
-            ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)))
-        r = stage("logits", lambda: residual_in_blocks(apply_fn, params, x, y, 1000))
-        sp = stage("spectrum", lambda: ntk_tt.kernel_spectrum(kern, r))
-        del kern
+        sp = full_spectrum(apply_fn, params, x, y, stage)
         curve = stage("curve", lambda: np.asarray(ntk_tt.predict_curve_from_spectrum(
             sp, learning_rate=a.lr, steps=a.steps)))
         times = {e: ntk_tt.training_time(curve, e) for e in EPSILONS}
@@ -178,7 +199,7 @@ def _run_case(a, per_class, method, path: Path) -> None:
         def call():
             return ntk_tt.predict_from_subset(
                 apply_fn, params, x, y, subset_size=a.subset, learning_rate=a.lr,
-                steps=a.steps, method=method, key=jax.random.fold_in(jax.random.key(a.seed), 3))
+                steps=a.steps, method=method, key=subset_key(a.seed))
 
         with PeakRSS() as m:
             p = call()
