@@ -333,12 +333,10 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
     flatten the rest. The format follows the extension (png, pdf, svg, ...). Without
     ``overwrite`` an existing file is not replaced (``FileExistsError``).
     """
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    fig = Figure(figsize=(10, 4), constrained_layout=True)
+    axes = fig.subplots(1, 2)
     steps = np.arange(len(prediction.loss))
     sides = [("predicted (NTK)", "prediction", prediction, "C0", "-")]
     if run is not None:
@@ -368,11 +366,8 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
         ax.legend()
     fig.suptitle(title, fontsize=9)
     path = Path(path)
-    try:
-        with open(path, "wb" if overwrite else "xb") as f:
-            fig.savefig(f, dpi=110, format=path.suffix.lstrip(".").lower())
-    finally:
-        plt.close(fig)
+    with open(path, "wb" if overwrite else "xb") as f:
+        fig.savefig(f, dpi=110, format=path.suffix.lstrip(".").lower())
     return path
 
 

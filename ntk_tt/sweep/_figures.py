@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import pathlib
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from ntk_tt.sweep._summary import POOLED, epsilons, row_errors, t_col, task_times
 
-from ntk_tt.sweep._summary import POOLED, epsilons, row_errors, t_col, task_times  # noqa: E402
+
+def _subplots(*grid, figsize, **kw):
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kw)
+
 
 FIGURES = ("fig1_scatter.png", "fig2_equal_elr.png", "fig5_walltime.png", "fig6_factors.png")
 TABLE1 = "table1.csv"
@@ -32,7 +35,7 @@ def _lr_label(frame: pd.DataFrame) -> pd.Series:
 def fig1_scatter(frame: pd.DataFrame, path: pathlib.Path) -> None:
     """Paper Fig. 1: predicted vs real T_ε (steps), ε ∈ {0.1, 0.4}, GD and SGD panels, one
     colour per dataset with its least-squares slope, ±13 % / ±20 % bands; writes a PNG."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    fig, axes = _subplots(1, 2, figsize=(10, 4.6))
     for ax, opt, band in zip(axes, ("gd", "sgd"), (0.13, 0.20), strict=True):
         rows = frame[(frame["optimizer"] == opt) & ~frame["real_diverged"].astype(bool)]
         top = 1.0
@@ -55,7 +58,6 @@ def fig1_scatter(frame: pd.DataFrame, path: pathlib.Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def table1(frame: pd.DataFrame) -> pd.DataFrame:
@@ -79,8 +81,8 @@ def fig2_equal_elr(frame: pd.DataFrame, path: pathlib.Path) -> None:
     task = gd["task_id"].iloc[0] if len(gd) else None
     rows = gd[gd["task_id"] == task]
     kappas = sorted(rows["lr_value"].unique())
-    fig, axes = plt.subplots(1, max(len(kappas), 1), figsize=(4 * max(len(kappas), 1), 3.6),
-                             squeeze=False)
+    fig, axes = _subplots(1, max(len(kappas), 1), figsize=(4 * max(len(kappas), 1), 3.6),
+                           squeeze=False)
     for ax, kap in zip(axes[0], kappas, strict=False):
         pair = rows[rows["lr_value"] == kap].sort_values("momentum")
         for j, (_, r) in enumerate(pair.iterrows()):
@@ -91,7 +93,6 @@ def fig2_equal_elr(frame: pd.DataFrame, path: pathlib.Path) -> None:
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
@@ -102,7 +103,7 @@ def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
         ("one configuration", frame.groupby("optimizer"), "seconds_finetune", None),
         ("whole task sweep", [("task", tasks)], "task_seconds_finetune", "task_seconds_kernel"),
     )
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    fig, axes = _subplots(1, 2, figsize=(10, 4.4))
     for ax, (title, groups, xcol, kcol) in zip(axes, panels, strict=True):
         values = []
         for k, (label, sub) in enumerate(groups):
@@ -122,7 +123,6 @@ def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _categories(data: pd.DataFrame, col: str, order: list[str]) -> list:
@@ -142,7 +142,7 @@ def fig6_factors(frame: pd.DataFrame, path: pathlib.Path) -> None:
     axes_spec = (("lr", ["lr_kind", "lr_value"], "learning rate"),
                  ("batch", ["batch_order"], "batch size"),
                  ("per_class", ["per_class"], "images per class"))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = _subplots(1, 3, figsize=(13, 3.8))
     for ax, (col, order, title) in zip(axes, axes_spec, strict=True):
         cats = _categories(data, col, order)
         for k, (opt, sub) in enumerate(data.groupby("optimizer")):
@@ -156,7 +156,6 @@ def fig6_factors(frame: pd.DataFrame, path: pathlib.Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def make_figures(frame: pd.DataFrame, out: str | pathlib.Path) -> list[pathlib.Path]:
