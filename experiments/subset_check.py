@@ -49,20 +49,12 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from scale import _floats, _ints, full_spectrum, load, subset_key  # noqa: E402
 from scale import _write_json as write_json  # noqa: E402
-from scale import full_spectrum, load, subset_key  # noqa: E402
 
 EPSILONS = (0.01, 0.1, 0.4)
 DATASETS = ("cifar10_test", "flowers5_300pc", "mnist_test", "notmnist")
 SCALE = HERE / "results" / "scale"
-
-
-def _ints(text):
-    return [int(v) for v in text.split(",") if v]
-
-
-def _floats(text):
-    return [float(v) for v in text.split(",") if v]
 
 
 def _parser():

@@ -42,9 +42,9 @@ from ntk_tt.dynamics._losses import check_loss, mean_loss
 from ntk_tt.dynamics._predict_kernel import (
     _check_finite,
     _summarise,
-    check_labels,
     check_num_paths,
     check_problem,
+    check_test_kernel,
     predict_from_kernel,
 )
 from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
@@ -239,17 +239,8 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             "held-out data need all three of kernel_test Θ(x_test, x), f0_test (N_test, C) "
             "and y_test (N_test,), or none of them.")
     if kernel_test is not None:
-        kernel_test, f0_test = as_array(kernel_test, "kernel_test"), as_array(f0_test,
-                                                                             "f0_test")
-        if y_test is None or np.ndim(f0_test) != 2 or np.shape(f0_test)[1] != c:
-            raise ValueError(f"kernel_test needs f0_test (N_test, {c}) and y_test (N_test,), "
-                             f"got f0_test of shape {np.shape(f0_test)}.")
-        _check_finite(kernel_test, "kernel_test")
-        nt = np.shape(f0_test)[0]
-        y_test = check_labels(y_test, nt, c, name="y_test")
-        test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
-                                            name="kernel_test", rows=nt)
-        f0_test = jnp.asarray(f0_test, dtype)
+        test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
+                                                                   n, c, dtype)
     data = _Plain(mat, jnp.asarray(f0), test_mat, f0_test)
     return "plain", data, y, y_test, batch_size, dict(traced=traced, test_traced=test_traced)
 

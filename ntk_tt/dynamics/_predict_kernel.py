@@ -219,6 +219,25 @@ def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
     check_hyper(learning_rate, momentum, steps, batch_size, n)
     return n, c, batch_size, check_labels(y, n, c)
 
+
+def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
+    """Held-out inputs of a plain-kernel prediction: Θ(x_test, x) (N_test·C, N·C) or traced
+    (N_test, N), f0_test (N_test, C) logits, y_test (N_test,) labels. Returns
+    ``(test operator, traced?, f0_test, y_test)``. Raises ValueError when f0_test / y_test are
+    missing or mis-shaped, or Θ_test is not finite."""
+    kernel_test = as_array(kernel_test, "kernel_test")
+    f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
+    if f0_test is None or y_test is None or np.ndim(f0_test) != 2 or np.shape(f0_test)[1] != c:
+        shape = None if f0_test is None else np.shape(f0_test)
+        raise ValueError(f"kernel_test needs f0_test (N_test, {c}) and y_test (N_test,), got "
+                         f"f0_test of shape {shape}.")
+    _check_finite(kernel_test, "kernel_test")
+    nt = np.shape(f0_test)[0]
+    y_test = check_labels(y_test, nt, c, name="y_test")
+    test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
+                                        name="kernel_test", rows=nt)
+    return test_mat, test_traced, jnp.asarray(f0_test, dtype), y_test
+
 def predict_from_kernel(
     kernel, f0, y, *, learning_rate, momentum=0.0, steps, batch_size=None, nesterov=False,
     loss="cross_entropy", method="discrete", key=None, noise_features=None, num_paths=32,
@@ -268,16 +287,8 @@ def predict_from_kernel(
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
     test_mat = test_traced = None
     if kernel_test is not None:
-        kernel_test = as_array(kernel_test, "kernel_test")
-        f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
-        if f0_test is None or y_test is None or np.ndim(f0_test) != 2:
-            raise ValueError("kernel_test needs f0_test (N_test, C) and y_test (N_test,).")
-        _check_finite(kernel_test, "kernel_test")
-        nt = np.shape(f0_test)[0]
-        y_test = check_labels(y_test, nt, c, name="y_test")
-        test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
-                                            name="kernel_test", rows=nt)
-        f0_test = jnp.asarray(f0_test, dtype)
+        test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
+                                                                   n, c, dtype)
     return _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
                  key, noise_features, test_mat, f0_test, y_test, traced=traced,
                  test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
