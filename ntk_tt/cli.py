@@ -162,8 +162,9 @@ def _suggest_parser(sub) -> None:
                    help="how --target is read")
     q.add_argument("-T", "--max-steps", type=int, default=d["steps"], dest="steps",
                    help="T_max, the step budget: the target must be reached within it")
-    q.add_argument("-B", "--batch-sizes", default="N,50",
-                   help="candidate batch sizes, comma-separated; N = full-batch GD")
+    q.add_argument("-B", "--batch-sizes", default=None,
+                   help="candidate batch sizes, comma-separated; N = full-batch GD "
+                   "(default: N,50); without -B, 50 is left out when N = K·n <= 50")
     q.add_argument("-m", "--momenta", default=",".join(f"{m:g}" for m in d["momenta"]),
                    help="heavy-ball momenta of the grid, comma-separated, each in [0, 1)")
     q.add_argument("--kappa-min", type=float, default=d["kappa_min"],
@@ -201,6 +202,7 @@ def _suggest(args, parser, program: bool) -> int:
     if program:
         _guard_interrupts(opts)
     try:
+        from ntk_tt._defaults import SUGGEST_DEFAULTS
         from ntk_tt.analysis._suggest import (
             format_suggestion,
             parse_batch_sizes,
@@ -208,7 +210,12 @@ def _suggest(args, parser, program: bool) -> int:
             suggest_task,
         )
 
-        opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
+        if opts["batch_sizes"] is None:  # the default N,50 without a B that is N or more
+            n_train = opts["num_classes"] * opts["per_class"]
+            opts["batch_sizes"] = tuple(b for b in SUGGEST_DEFAULTS["batch_sizes"]
+                                        if b is None or b < n_train)
+        else:
+            opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
         opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
         report = suggest_task(**opts)
     except ValueError as err:

@@ -219,6 +219,7 @@ def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch)
     (["-B", "0"], "batch_size (-B) must be an integer >= 1"),
     (["-K", "2", "-n", "3", "-B", "7"], "more than the N = K·n = 2·3 = 6 training images"),
     (["-T", "0"], "steps (-T) must be an integer >= 1"),
+    (["-T", "10000000000"], "and <= 1,000,000 (optimiser updates)"),
     (["--head-scale", "0"], "head_scale (--head-scale) must be a finite number > 0"),
     (["--checkpoint", "FILE"], "is a file; pass the directory written by "
                                "ntk_tt.save_checkpoint"),
@@ -437,12 +438,17 @@ def test_report_says_how_images_were_converted(tmp_path, capsys):
 
 
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from ntk_tt.prediction._job import figure
 
-    figs = []
-    monkeypatch.setattr(plt, "close", figs.append)
+    figs, savefig = [], Figure.savefig
+
+    def keep(self, *args, **kwargs):  # the figure as written
+        figs.append(self)
+        return savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
     loss = np.array([2.0, 1.5, 1.2, 7e33, 7e33, 7e33])  # diverged at step 3, then held
     error = np.array([0.5, 0.4, 0.3, 0.5, 0.5, 0.5])
     pred = SimpleNamespace(loss=loss, error=error, loss_band=None, error_band=None,

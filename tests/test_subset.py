@@ -1,7 +1,6 @@
 """predict_from_subset (App. D end to end), predict(subset=...) and ntk-tt predict --subset."""
 
 import json
-import time
 
 import jax
 import numpy as np
@@ -257,12 +256,11 @@ def test_cli_subset_help_is_shown(capsys):
 def test_cli_subset_tiny_end_to_end(tmp_path, capsys):
     """Shipped checkpoint, 3 classes × 10 images, N' = 15 (Nyström); prediction only."""
     js = tmp_path / "r.json"
-    t0 = time.perf_counter()
     code = main(["predict", "--no-progress", "-K", "3", "-n", "10", "--test-per-class", "2",
                  "-T", "8", "--lr", "0.002", "--loss", "mse", "--subset", "15",
                  "--subset-method", "nystrom", "--json", str(js), "--figure", ""])
     out = capsys.readouterr().out
-    assert code == 0 and time.perf_counter() - t0 < 60
+    assert code == 0  # no wall-time bound: timing is for experiments/, not tests
     r = json.loads(js.read_text())
     assert r["predicted"]["kernel"] == "traced:subset15:nystrom"
     assert r["predicted"]["method"] == "closed_form"

@@ -402,3 +402,20 @@ def test_a_head_kernel_of_other_inputs_is_refused(no_work):
     other = ntk_tt.HeadAwareKernel(*(np.zeros((3, 2)),) * 4, None)  # built on 3 inputs
     with pytest.raises(ValueError, match="must be the HeadAwareKernel of head on these N"):
         ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=other, **GOOD)
+
+
+@pytest.mark.parametrize("args,expected", [([], (None, 50)), (["-n", "10"], (None,)),
+                                           (["-n", "10", "-B", "N,10"], (None, 10))])
+def test_cli_default_batch_sizes_leave_out_a_b_of_n_or_more(args, expected, monkeypatch):
+    """K·n = 50 with the default -B N,50 would name GD twice: the default drops 50 there;
+    an explicit -B is passed on as given."""
+    seen = {}
+
+    def capture(**opts):
+        seen.update(opts)
+        raise AssertionError("the task was loaded")
+
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", capture)
+    with pytest.raises(AssertionError, match="the task was loaded"):
+        main(["suggest", "--no-progress", *args])
+    assert tuple(seen["batch_sizes"]) == expected

@@ -90,9 +90,12 @@ def check_num_paths(num_paths) -> None:
         )
 
 
+MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
+
+
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
-    steps < 1, B ∉ [1, N] (values checked when concrete)."""
+    steps ∉ [1, MAX_STEPS], B ∉ [1, N] (values checked when concrete)."""
     for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
         check_real(value, name)
         if np.ndim(value) != 0:
@@ -107,8 +110,10 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
         raise ValueError(
             f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
         )
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1
+            or steps > MAX_STEPS):
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
+                         f"got {steps!r}.")
     if batch_size is not None and not 1 <= batch_size <= n:
         raise ValueError(
             f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {batch_size}; use "

@@ -21,7 +21,7 @@ from ntk_tt.data._checkpoint import load_checkpoint, read_meta
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
 from ntk_tt.dynamics._losses import check_loss
-from ntk_tt.dynamics._predict_kernel import resolve_method
+from ntk_tt.dynamics._predict_kernel import MAX_STEPS, resolve_method
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._predict import KERNELS, predict
@@ -117,9 +117,9 @@ def check_options(o: dict[str, Any]) -> None:
       ValueError: one line naming the option, the value and the fix.
     """
     steps = o["steps"]
-    if not _is_int(steps) or steps < 1:
-        raise ValueError(f"steps (-T) must be an integer >= 1 (optimiser updates), got "
-                         f"{steps!r}.")
+    if not _is_int(steps) or steps < 1 or steps > MAX_STEPS:
+        raise ValueError(f"steps (-T) must be an integer >= 1 and <= {MAX_STEPS:,} (optimiser "
+                         f"updates), got {steps!r}.")
     lr = _real(o["learning_rate"])
     if lr is None or not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"learning_rate (--lr) must be a finite number > 0, got "
