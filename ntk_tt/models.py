@@ -50,7 +50,7 @@ class SmallResNet(nnx.Module):
 
     Layout: 3×3 stem (``widths[0]`` channels) → 2×2 average pool → for each width a residual
     block, with a stride-2 3×3 convolution between stages → global average pool → linear
-    ``head``. With ``widths=(16, 32, 64)`` and 10 classes: 121,946 parameters.
+    ``head``. With ``widths=(16, 32, 64)`` and 10 classes: 121,226 parameters.
 
     Args:
       num_classes: C, outputs of the linear head.

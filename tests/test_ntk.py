@@ -178,6 +178,89 @@ def test_structured_dense_leaves_are_detected_and_tied_weights_fall_back(x64):
     np.testing.assert_allclose(ntk_tt.empirical_ntk(tied, p, x), brute_ntk(tied, p, x), rtol=1e-10)
 
 
+_CONVS = {  # lhs, rhs, out layouts, strides, padding, lhs / rhs dilation, kernel shape
+    "nhwc_same": ("NHWC", "HWIO", "NHWC", (1, 1), "SAME", (1, 1), (1, 1), (3, 3, 2, 4)),
+    "stride2_valid": ("NHWC", "HWIO", "NHWC", (2, 2), "VALID", (1, 1), (1, 1), (3, 2, 2, 4)),
+    "nchw_asym_pad_rhs_dil": ("NCHW", "OIHW", "NCHW", (1, 2), ((1, 2), (0, 1)), (1, 1),
+                              (2, 1), (4, 2, 3, 2)),
+    "ohwi_lhs_dil": ("NHWC", "OHWI", "NHWC", (1, 1), ((1, 1), (2, 0)), (2, 1), (1, 1),
+                     (4, 3, 2, 2)),
+    "one_by_one": ("NHWC", "HWIO", "NHWC", (1, 1), "SAME", (1, 1), (1, 1), (1, 1, 2, 5)),
+}
+
+
+def _per_sample_jacrev(apply_fn, params, x):
+    """Per-leaf per-sample Jacobians (N, C, size) by vmap(jacrev) on the whole network."""
+    leaves, treedef = jax.tree.flatten(params)
+    jac = jax.vmap(jax.jacrev(lambda ls, xi: apply_fn(treedef.unflatten(ls), xi[None])[0]),
+                   in_axes=(None, 0))(leaves, x)
+    return [j.reshape(x.shape[0], j.shape[1], -1) for j in jac]
+
+
+@pytest.mark.parametrize("name", list(_CONVS))
+def test_convolution_jacobians_from_patches_equal_jacrev(x64, name):
+    lhs, rhs, out, strides, pad, ldil, rdil, wshape = _CONVS[name]
+    k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
+    x = jax.random.normal(k1, (3, 7, 6, 2) if lhs == "NHWC" else (3, 2, 7, 6))
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, strides, pad, ldil, rdil,
+                                            dimension_numbers=(lhs, rhs, out))
+
+    w = jax.random.normal(k2, wshape) / 3
+    width = int(np.prod(jax.eval_shape(conv, x, w).shape[1:]))
+    params = {"conv": w, "head": jax.random.normal(k3, (width, 3)) / 5}
+
+    def apply_fn(p, x):
+        h = jnp.tanh(conv(x, p["conv"]))
+        return h.reshape(h.shape[0], -1) @ p["head"]
+
+    jac = structured_jacobian(apply_fn, params, x)  # leaves: conv (0), head (1, dense)
+    assert list(jac.generic) == [0] and list(jac.acts) == [1]
+    np.testing.assert_allclose(jac.generic[0], _per_sample_jacrev(apply_fn, params, x)[0],
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x),
+                               brute_ntk(apply_fn, params, x), rtol=1e-10, atol=1e-12)
+
+
+def test_patches_times_matrix_and_grouped_convolution(x64):
+    """A convolution written as patches @ W (weights shared over positions) is formed from
+    the patches; a grouped convolution is not structured and keeps vmap(jacrev)."""
+    ks = jax.random.split(jax.random.key(6), 4)
+    params = {"a_mat": jax.random.normal(ks[0], (18, 4)) / 4,
+              "b_grouped": jax.random.normal(ks[1], (3, 3, 2, 4)) / 4,
+              "c_head": jax.random.normal(ks[2], (36 * 4, 2)) / 9}
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def apply_fn(p, x):
+        patches = jax.lax.conv_general_dilated_patches(x, (3, 3), (1, 1), "SAME",
+                                                       dimension_numbers=dn)
+        h = jnp.tanh(patches @ p["a_mat"])
+        h = jax.lax.conv_general_dilated(h, p["b_grouped"], (1, 1), "SAME",
+                                         dimension_numbers=dn, feature_group_count=2)
+        return jnp.tanh(h).reshape(h.shape[0], -1) @ p["c_head"]
+
+    x = jax.random.normal(ks[3], (4, 6, 6, 2))
+    jac = structured_jacobian(apply_fn, params, x)
+    assert list(jac.generic) == [0, 1] and list(jac.acts) == [2]
+    ref = _per_sample_jacrev(apply_fn, params, x)
+    for i in (0, 1):
+        np.testing.assert_allclose(jac.generic[i], ref[i], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True),
+                               jnp.einsum("icjc->ij", brute_ntk(apply_fn, params, x).reshape(
+                                   4, 2, 4, 2)), rtol=1e-10)
+
+
+def test_symmetric_kernel_from_upper_chunks_equals_brute_force(x64):
+    """N·C = 1,560 rows (4 chunks; traced: 520 rows, 2 chunks) of the symmetric Gram."""
+    apply_fn, params, x = setup("mlp", n=520)
+    theta, ref = ntk_tt.empirical_ntk(apply_fn, params, x), brute_ntk(apply_fn, params, x)
+    np.testing.assert_allclose(theta, ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True),
+                               jnp.einsum("icjc->ij", ref.reshape(520, 3, 520, 3)),
+                               rtol=1e-10, atol=1e-12)
+
+
 def _wide_conv():
     """conv3×3(3→16) on 16×16 images, global average pool, dense 16→3: the activations that
     per-sample vmap(jacrev) keeps (16×16×16 per sample and logit) dwarf J (3 × 451 per sample)."""

@@ -237,7 +237,8 @@ def empirical_ntk(
             rj, xj = cols[j]
             jj = None
             jj = ji if (symmetric and i == j) else col_fn(params, xj)
-            blk = np.asarray(contract(ji, jj, trace_logits))[: ri * k, : rj * k]
+            blk = np.asarray(contract(ji, jj, trace_logits, symmetric=jj is ji)
+                             )[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k
             out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk
             if symmetric and j != i:
