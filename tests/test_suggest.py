@@ -419,3 +419,45 @@ def test_cli_default_batch_sizes_leave_out_a_b_of_n_or_more(args, expected, monk
     with pytest.raises(AssertionError, match="the task was loaded"):
         main(["suggest", "--no-progress", *args])
     assert tuple(seen["batch_sizes"]) == expected
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_python_default_batch_sizes_leave_out_a_b_of_n_or_more(monkeypatch):
+    """suggest_task without batch_sizes, N = K·n = 50: the default (None, 50) without 50
+    (a batch of N is GD, already a candidate), as the CLI without -B; it was an error."""
+    from ntk_tt._options import check_suggest_job, default_batch_sizes
+
+    assert default_batch_sizes(50) == (None,) and default_batch_sizes(51) == (None, 50)
+    assert check_suggest_job({"num_classes": 5, "per_class": 10})["batch_sizes"] == (None,)
+    assert check_suggest_job({"batch_sizes": None})["batch_sizes"] == (None, 50)  # N = 750
+    with pytest.raises(ValueError, match="both full-batch GD"):  # given explicitly: refused
+        check_suggest_job({"num_classes": 5, "per_class": 10, "batch_sizes": (None, 50)})
+    seen = {}
+
+    def capture(*_, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest", capture)
+    with pytest.raises(_Stop):  # the real task of N = 50 is loaded, then suggest is called
+        ntk_tt.suggest_task(num_classes=5, per_class=10, progress=False)
+    assert seen["batch_sizes"] == (None,)
+
+
+def test_cli_default_batch_sizes_are_the_python_default(monkeypatch):
+    """ntk-tt suggest without -B takes its candidates from the same function as
+    suggest_task (ntk_tt._options.default_batch_sizes), not a copy of it."""
+    seen = {}
+
+    def capture(**opts):
+        seen.update(opts)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt._options.default_batch_sizes", lambda n: (None, n // 3))
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", capture)
+    with pytest.raises(_Stop):
+        main(["suggest", "--no-progress", "-K", "2", "-n", "6"])
+    assert tuple(seen["batch_sizes"]) == (None, 4)

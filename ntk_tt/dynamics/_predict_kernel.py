@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
+from ntk_tt._options import METHODS as METHODS
+from ntk_tt._options import resolve_method as resolve_method
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.dynamics._closed_form import mse_closed_form
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
@@ -33,7 +36,6 @@ from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.dynamics._training_time import DIVERGED, training_time_array
 
 EPSILONS = (0.01, 0.1, 0.4)
-METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
 STATIC = ("steps", "batch_size", "nesterov", "loss", "method", "num_paths")
 
 
@@ -90,9 +92,6 @@ def check_num_paths(num_paths) -> None:
         )
 
 
-MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
-
-
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
     steps ∉ [1, MAX_STEPS], B ∉ [1, N] (values checked when concrete)."""
@@ -147,16 +146,6 @@ def _check_finite(kernel, name):
             f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
             "block_size) before predicting."
         )
-
-
-def resolve_method(method) -> str:
-    """"auto" is the exact discrete recursion: exact for the linearised model at any η (so it
-    predicts divergence, which the ODE/SDE small-η limits cannot), and the cheapest at usual
-    horizons — T steps cost T·(N·C)² against (N·C)³ for the closed form's eigendecomposition
-    (N·C = 3750: 1.2 s against 74 s, README). Other methods are used when asked for."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    return "discrete" if method == "auto" else method
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
