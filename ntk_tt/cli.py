@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 from ntk_tt._defaults import DEFAULTS
 
@@ -222,9 +223,15 @@ def _suggest(args, parser, program: bool) -> int:
     if program:
         _guard_interrupts(opts)
     try:
-        from ntk_tt.analysis._suggest import format_suggestion, suggest_task
+        from ntk_tt.analysis._suggest import (
+            TargetNotReachedWarning,
+            format_suggestion,
+            suggest_task,
+        )
 
-        report = suggest_task(**opts)
+        with warnings.catch_warnings():  # the CLI says it itself ("no suggestion: ...", exit 1)
+            warnings.simplefilter("ignore", TargetNotReachedWarning)
+            report = suggest_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     except KeyboardInterrupt:

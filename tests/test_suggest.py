@@ -461,3 +461,48 @@ def test_cli_default_batch_sizes_are_the_python_default(monkeypatch):
     with pytest.raises(_Stop):
         main(["suggest", "--no-progress", "-K", "2", "-n", "6"])
     assert tuple(seen["batch_sizes"]) == (None, 4)
+
+
+def test_an_unreachable_target_warns_what_to_try():
+    """No configuration reaches an absolute target within the budget: the Suggestion's
+    choice fields are None, and suggest says so in a UserWarning naming what to try."""
+    params, x, y = diag_problem(EDGE[:8])
+    with pytest.warns(UserWarning) as record:
+        s = ntk_tt.suggest(diag_apply, params, x, y, target=1e-6, target_kind="absolute",
+                           steps=5, loss="mse", momenta=(0.0,), refine_steps=0,
+                           seconds_per_step={None: 0.01})
+    assert not s.found and s.learning_rate is None and s.steps is None and s.loss is None
+    mine = [w for w in record if issubclass(w.category, ntk_tt.TargetNotReachedWarning)]
+    assert len(mine) == 1 and issubclass(ntk_tt.TargetNotReachedWarning, UserWarning)
+    msg = str(mine[0].message)
+    assert "target not reached" in msg and "within T_max = 5 steps" in msg
+    assert "raise the step budget" in msg and "raise the target" in msg
+    assert "kappa_range" in msg and "choice fields are None" in msg
+    assert s.reason in msg
+
+
+def test_a_reachable_target_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        s = linear_suggest(EDGE, 0.5, 80, refine_steps=0)
+    assert s.found
+
+
+def test_cli_does_not_repeat_the_not_reached_warning(monkeypatch):
+    """ntk-tt suggest says "no suggestion: ..." and exits 1 itself: the Python warning is not
+    printed on top."""
+    import warnings
+
+    def fake(**_):
+        warnings.warn("suggest: target not reached", ntk_tt.TargetNotReachedWarning,
+                      stacklevel=2)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", fake)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with pytest.raises(_Stop):
+            main(["suggest", "--no-progress", "-K", "2", "-n", "3"])
+    assert not [w for w in record if issubclass(w.category, ntk_tt.TargetNotReachedWarning)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -168,13 +169,21 @@ def _edge(m: float, loss: str) -> float:
     return float(edge(m, False, loss))
 
 
+class TargetNotReachedWarning(UserWarning):
+    """:func:`suggest` found no admissible configuration reaching the target within the step
+    budget: its :class:`Suggestion` has ``found`` False and None choice fields; the message
+    (= ``Suggestion.reason``) says what to try. ``ntk-tt suggest`` says it and exits 1."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Suggestion:
     """Result of :func:`suggest`. Time is in optimiser steps and seconds; losses are MEAN
     training losses over the N samples.
 
     found: an admissible configuration reaches the target within ``steps_max``; when False the
-      choice fields are None and ``reason`` says why (the grid is still there).
+      choice fields (learning_rate, momentum, batch_size, kappa, steps, seconds, loss,
+      grid_best) are None, ``reason`` says why and what to try, :func:`suggest` warns
+      (:class:`TargetNotReachedWarning`) with the same reason, and the grid is still there.
     learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice.
     steps: predicted first step with L̂_t ≤ target (int). seconds: steps × seconds_per_step[B].
     loss: the choice's predicted mean loss curve (steps_max + 1,) (mean over SGD paths).
@@ -302,6 +311,12 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     Returns:
       :class:`Suggestion`.
 
+    Warns:
+      TargetNotReachedWarning: (a ``UserWarning``) when no admissible configuration reaches
+        the target within ``steps``: the Suggestion then has ``found`` False and None choice
+        fields; the message (= ``reason``) says what to try (a larger ``steps``, a looser
+        target, a wider ``kappa_range``).
+
     Raises:
       ValueError: before any work, for every bad argument (the message says how to fix it):
         x, y, model or head as in :func:`ntk_tt.predict`; target or target_kind; steps < 1;
@@ -373,8 +388,13 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         bar.close()
     timings["total"], timings["compile"] = total.seconds, total.compile_seconds
     rows, ranked, best, choice, curves, refinement, sps, name, lam = found
-    return _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
-                   target_kind, target_value, name, lam, n, steps, top, timings, kappa_range)
+    s = _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
+                target_kind, target_value, name, lam, n, steps, top, timings, kappa_range)
+    if not s.found:
+        warnings.warn(f"suggest: target not reached: {s.reason} (Suggestion.found is False and "
+                      "its choice fields are None; Suggestion.grid lists every configuration "
+                      "tried).", TargetNotReachedWarning, stacklevel=2)
+    return s
 
 
 def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, target_abs, steps,
@@ -618,8 +638,8 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         if closest is not None:
             why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
                     f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
-        why += (f"; raise the step budget, raise the target, or widen kappa_range "
-                f"{tuple(kappa_range)}")
+        why += (f"; raise the step budget (steps, -T), raise the target, or widen "
+                f"kappa_range {tuple(kappa_range)}")
         return Suggestion(found=False, learning_rate=None, momentum=None, batch_size=None,
                           kappa=None, steps=None, seconds=None, loss=None, refined=False,
                           grid_best=None, runners_up=_frame([]), reason=why, **common)
@@ -651,6 +671,10 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
     ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50) without 50 when N = K·n
     <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min, kappa_max, num_kappas,
     refine_steps, num_paths, loss, predictor, top.
+
+    Warns:
+      TargetNotReachedWarning: as :func:`suggest`, when nothing reaches the target (the report
+        has ``found`` False and its ``reason``).
 
     Raises:
       ValueError: one line for any bad option (values, the dataset path, data_dir and
