@@ -42,6 +42,7 @@ from ntk_tt.dynamics._losses import check_loss, mean_loss
 from ntk_tt.dynamics._predict_kernel import (
     _check_finite,
     _summarise,
+    check_f0_shape,
     check_num_paths,
     check_problem,
     check_test_kernel,
@@ -226,6 +227,7 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             "a plain kernel Θ needs f0, the initial logits (N, C) at the pre-trained weights: "
             "pass f0=apply_fn(params, x) (or give a HeadAwareKernel).")
     f0 = as_array(f0, "f0")
+    check_f0_shape(kernel, f0, y)
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     if batch_size < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
