@@ -506,3 +506,17 @@ def test_cli_does_not_repeat_the_not_reached_warning(monkeypatch):
         with pytest.raises(_Stop):
             main(["suggest", "--no-progress", "-K", "2", "-n", "3"])
     assert not [w for w in record if issubclass(w.category, ntk_tt.TargetNotReachedWarning)]
+
+
+def test_a_head_kernel_of_other_inputs_names_both_n(no_work):
+    model, apply_fn, params, x, y = head_problem()
+    head = ntk_tt.split_head(model)
+    other = ntk_tt.HeadAwareKernel(*(np.zeros((3, 2)),) * 4, None)  # built on 3 inputs
+    with pytest.raises(ValueError) as err:
+        ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=other, **GOOD)
+    msg = str(err.value)
+    assert f"these N = {N} inputs of x" in msg and "built on N = 3 inputs" in msg, msg
+    assert "ntk_tt.head_aware_kernel(head, x)" in msg and "\n" not in msg
+    with pytest.raises(ValueError, match="must be the HeadAwareKernel of head on these N = "
+                                         f"{N} inputs .*got ndarray"):
+        ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=np.eye(N), **GOOD)

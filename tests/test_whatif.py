@@ -395,3 +395,25 @@ def test_grid_compiles_once_for_new_values(x64):
     out = run(momenta=[0.1, 0.7], learning_rates=[0.05, 0.5, 5.0])
     assert _whatif._grid_core._cache_size() == size
     assert out.diverged.shape == (2, 3) and out.boundary.shape == (2,)
+
+
+def test_a_head_aware_kernel_of_other_inputs_names_both_n(x64, monkeypatch):
+    """A HeadAwareKernel built on N = 16 inputs with labels of N = 10: refused before any
+    work, the message naming both N (it was a label-shape error)."""
+    hk = _head_problem()[3]._replace(features_test=None, backbone_test=None)
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_whatif, "_sensitivity_core", no_work)
+    monkeypatch.setattr(_whatif, "_grid_core", no_work)
+    y = jnp.zeros(10, jnp.int32)
+    calls = (lambda: ntk_tt.sensitivities(hk, y, learning_rate=0.1, steps=5),
+             lambda: ntk_tt.divergence_boundary(hk, y, momenta=[0.0], learning_rates=[0.1],
+                                                steps=5))
+    for call in calls:
+        with pytest.raises(ValueError) as err:
+            call()
+        msg = str(err.value)
+        assert f"built on N = {N} inputs" in msg and "y has N = 10 labels" in msg, msg
+        assert "head_aware_kernel(split, x)" in msg

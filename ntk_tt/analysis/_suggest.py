@@ -323,9 +323,10 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         batch sizes not None / int in [1, N] or repeated; momenta outside [0, 1);
         kappa_range not 0 < min <= max; num_kappas, refine_steps, num_paths, top; a
         temperature <= 0; seconds_per_step missing a B or not > 0; a missing key for SGD;
-        unknown loss, predictor, kernel or backbone. After one forward pass (before the
-        kernel): an absolute target not below L_0. After the kernel: λ_max ≤ 0 (outputs
-        that do not depend on the parameters).
+        unknown loss, predictor, kernel or backbone; a head_kernel that is not a
+        HeadAwareKernel, given without head, or built on another N than x (both N named).
+        After one forward pass (before the kernel): an absolute target not below L_0. After
+        the kernel: λ_max ≤ 0 (outputs that do not depend on the parameters).
     """
     from tqdm import tqdm
 
@@ -358,10 +359,17 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         if not head_aware:
             raise ValueError("head_kernel is for the head-aware predictor: pass head="
                              "ntk_tt.split_head(model) too (or drop head_kernel).")
-        if not isinstance(head_kernel, HeadAwareKernel) or head_kernel.features.shape[0] != n:
+        if not isinstance(head_kernel, HeadAwareKernel):
             raise ValueError("head_kernel must be the HeadAwareKernel of head on these N = "
                              f"{n} inputs (ntk_tt.head_aware_kernel(head, x)), got "
                              f"{type(head_kernel).__name__}.")
+        n_hk = np.shape(head_kernel.features)[0] if np.ndim(head_kernel.features) else None
+        if n_hk != n:
+            raise ValueError("head_kernel must be the HeadAwareKernel of head on these N = "
+                             f"{n} inputs of x, but it was built on N = {n_hk} inputs "
+                             f"(features of shape {np.shape(head_kernel.features)}): build it "
+                             "with ntk_tt.head_aware_kernel(head, x) on the same x, or drop "
+                             "head_kernel.")
 
     f0 = apply_fn(params, jnp.asarray(x))
     l0 = float(mean_loss(f0, y, loss))

@@ -213,6 +213,12 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
                 "a HeadAwareKernel carries its own logits (features @ W + b) and held-out "
                 "features: drop f0, kernel_test and f0_test (pass y_test for the held-out "
                 "labels).")
+        n_hk = np.shape(kernel.features)[0] if np.ndim(kernel.features) else None
+        if np.ndim(y) == 1 and np.shape(y)[0] != n_hk:
+            raise ValueError(
+                f"the HeadAwareKernel was built on N = {n_hk} inputs (features of shape "
+                f"{np.shape(kernel.features)}), but y has N = {np.shape(y)[0]} labels: build "
+                "it with ntk_tt.head_aware_kernel(split, x) on the inputs x of these labels.")
         y, y_test, batch_size = validate_head_aware(
             kernel, y, y_test, learning_rate=learning_rate, momentum=momentum, steps=steps,
             batch_size=batch_size, loss=loss, key=key, num_paths=num_paths)
@@ -397,7 +403,8 @@ def sensitivities(
       ValueError (before any work, with how to fix it): η not a real scalar or ≤ 0, m ∉
       [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1,
       B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, ``f0`` with a
-      HeadAwareKernel, held-out arrays given in part, and every shape, label, loss and
+      HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),
+      held-out arrays given in part, and every shape, label, loss and
       finiteness check of :func:`ntk_tt.predict_from_kernel` / :func:`ntk_tt.predict_head_aware`.
     """
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
