@@ -417,3 +417,21 @@ def test_a_head_aware_kernel_of_other_inputs_names_both_n(x64, monkeypatch):
         msg = str(err.value)
         assert f"built on N = {N} inputs" in msg and "y has N = 10 labels" in msg, msg
         assert "head_aware_kernel(split, x)" in msg
+
+
+def test_divergence_boundary_prints_plain_numbers_and_keeps_its_types():
+    """repr of the result: numbers without array(...) / np.float64(...) wrappers; the fields
+    are still numpy arrays, epsilon and steps Python scalars (even when given as numpy)."""
+    p = _tiny()
+    grid = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"], loss="mse",
+                                      momenta=[0.0, 0.5], learning_rates=[0.5, 50.0],
+                                      steps=np.int64(20), epsilon=np.float64(0.1))
+    text = repr(grid)
+    assert "np." not in text and "array(" not in text and "dtype" not in text, text
+    assert text.startswith("WhatIfGrid(learning_rates=[ 0.5, 50. ], momenta=[0. , 0.5]"), text
+    assert "boundary=[0.5, 0.5]" in text and text.endswith("epsilon=0.1, steps=20)"), text
+    assert str(grid) == text
+    assert type(grid.steps) is int and type(grid.epsilon) is float
+    assert all(isinstance(grid[i], np.ndarray) for i in range(11))
+    np.testing.assert_array_equal(grid.boundary, [0.5, 0.5])
+    assert grid.diverged.tolist() == [[False, True], [False, True]]

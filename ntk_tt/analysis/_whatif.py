@@ -123,7 +123,10 @@ class WhatIfGrid(NamedTuple):
     boundary_inside: bool (G_m,), some grid η diverged at that m (the boundary lies inside
       the grid). monotone: bool (G_m,), no grid η above the first diverged one recovers
       (False flags e.g. SGD noise or a cross-entropy catapult at that m).
-    epsilon: the ε of ``training_time``. steps: T.
+    epsilon: the ε of ``training_time`` (a Python float). steps: T (a Python int).
+
+    Printed (``repr``), arrays show as plain numbers ``[0.01, 0.1]`` (numpy's summary for
+    large ones), not ``array(...)`` / ``np.float64(...)``; the fields stay numpy arrays.
     """
 
     learning_rates: np.ndarray
@@ -139,6 +142,15 @@ class WhatIfGrid(NamedTuple):
     monotone: np.ndarray
     epsilon: float
     steps: int
+
+    def __repr__(self) -> str:
+        def show(v):
+            if isinstance(v, np.ndarray):
+                return np.array2string(v, separator=", ", threshold=100, precision=6)
+            return repr(v.item() if isinstance(v, np.generic) else v)
+
+        body = ", ".join(f"{k}={show(v)}" for k, v in zip(self._fields, self, strict=True))
+        return f"WhatIfGrid({body})"
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -555,7 +567,7 @@ def divergence_boundary(
         learning_rates=lrs, momenta=ms, diverged=div, training_time=np.asarray(t),
         final_loss=np.asarray(lt), test_accuracy=np.asarray(acc),
         kappa=np.asarray(kappa)[0], beyond_edge=np.asarray(edge), boundary=boundary,
-        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=steps)
+        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps))
 
 
 # -- figure ------------------------------------------------------------------------------------
