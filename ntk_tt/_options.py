@@ -242,7 +242,11 @@ def check_outputs(figure_path=None, json_path=None, overwrite: bool = False) -> 
 
 
 def check_options(o: dict[str, Any]) -> None:
-    """Fail fast on the options of :func:`predict_task`, before loading anything.
+    """Fail fast on the options of :func:`ntk_tt.predict_task`, before loading anything (and
+    without JAX): K, n, seed, the dataset path and data_dir (:func:`_check_source`), the
+    hyperparameters, the method / kernel / predictor / subset combinations, the checkpoint
+    folder. K against the dataset's classes, n against its images and the images against the
+    model need the data: :func:`ntk_tt.prediction._job.load_task` checks them.
 
     Each message names the option as in Python and, in parentheses, its ``ntk-tt predict``
     flag. N = K·n is known before loading, so the batch size is checked against it here.
@@ -512,8 +516,10 @@ def check_suggest_job(options: dict[str, Any], json_path=None,
 
 
 def check_task_options(o: dict) -> None:
-    """Fail fast on the options of :func:`suggest_task`, before loading anything (each
-    message names the Python option and its ``ntk-tt suggest`` flag).
+    """Fail fast on the options of :func:`ntk_tt.suggest_task`, before loading anything and
+    without JAX (each message names the Python option and its ``ntk-tt suggest`` flag): K,
+    n, seed, dataset path, data_dir, target, budget, grid, batch sizes (explicit ones as
+    given), momenta, loss, predictor, head scale, checkpoint folder.
 
     Raises:
       ValueError: one line naming the option, the value and the fix.
