@@ -86,6 +86,7 @@ _EXPORTS = {
     "plot_whatif": "ntk_tt.analysis._whatif",
     "sensitivities": "ntk_tt.analysis._whatif",
     "Suggestion": "ntk_tt.analysis._suggest",
+    "TargetNotReachedWarning": "ntk_tt.analysis._suggest",
     "suggest": "ntk_tt.analysis._suggest",
     "suggest_task": "ntk_tt.analysis._suggest",
 }

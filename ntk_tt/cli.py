@@ -5,7 +5,8 @@
     ntk-tt suggest [options]    # the (η, m, B) predicted to reach a target loss soonest
     ntk-tt outcome RUNS.jsonl   # how runs will end, from their first steps' telemetry
 
-Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a traceback.
+Bad input ends with one ``ntk-tt: error: ...`` line (exit status 2), never a traceback;
+option values that need no data are checked before JAX is imported (``ntk_tt._options``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 from ntk_tt._defaults import DEFAULTS
 
-# JAX and the job are imported only after the arguments are parsed (``ntk-tt -h`` is instant)
+# JAX and the job are imported only after the arguments are parsed and checked (``ntk-tt -h``
+# is instant, and so is a bad option value)
+
+_JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
 
 
 def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
@@ -195,29 +200,38 @@ def _suggest_parser(sub) -> None:
                    "given)")
 
 
+def _options_only(opts: dict) -> dict:
+    """The job options of ``opts`` (the parsed arguments without the output / run flags)."""
+    return {k: v for k, v in opts.items() if k not in _JOB_ARGS}
+
+
 def _suggest(args, parser, program: bool) -> int:
-    """``ntk-tt suggest``: options checked, task loaded, :func:`ntk_tt.suggest_task` run."""
+    """``ntk-tt suggest``: options checked (before JAX is imported), task loaded,
+    :func:`ntk_tt.suggest_task` run."""
+    from ntk_tt._options import check_suggest_job, parse_batch_sizes, parse_floats
+
     opts = vars(args)
     opts.pop("command")
+    try:  # without -B: None, which check_suggest_job reads as the default (default_batch_sizes)
+        if opts["batch_sizes"] is not None:
+            opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
+        opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
+        checked = check_suggest_job(_options_only(opts), opts["json_path"], opts["overwrite"])
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    opts["batch_sizes"] = checked["batch_sizes"]
     if program:
         _guard_interrupts(opts)
     try:
-        from ntk_tt._defaults import SUGGEST_DEFAULTS
         from ntk_tt.analysis._suggest import (
+            TargetNotReachedWarning,
             format_suggestion,
-            parse_batch_sizes,
-            parse_floats,
             suggest_task,
         )
 
-        if opts["batch_sizes"] is None:  # the default N,50 without a B that is N or more
-            n_train = opts["num_classes"] * opts["per_class"]
-            opts["batch_sizes"] = tuple(b for b in SUGGEST_DEFAULTS["batch_sizes"]
-                                        if b is None or b < n_train)
-        else:
-            opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
-        opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
-        report = suggest_task(**opts)
+        with warnings.catch_warnings():  # the CLI says it itself ("no suggestion: ...", exit 1)
+            warnings.simplefilter("ignore", TargetNotReachedWarning)
+            report = suggest_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     except KeyboardInterrupt:
@@ -555,6 +569,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("choose a command: predict, suggest or outcome")
     opts = vars(args)
     opts.pop("command")
+    try:
+        from ntk_tt._options import check_predict_job
+
+        check_predict_job(_options_only(opts), opts["figure_path"], opts["json_path"],
+                          opts["overwrite"])
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
     if program:
         _guard_interrupts(opts)
     try:

@@ -521,3 +521,67 @@ def test_interrupt_during_an_import_is_an_interruption_too():
                           timeout=120)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "ntk-tt: interrupted\n"
+
+
+BEFORE_JAX = [
+    (["predict", "--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
+    (["predict", "-K", "1"], "num_classes (K) must be >= 2"),
+    (["predict", "-n", "0"], "per_class (n) must be >= 1"),
+    (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
+    (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
+    (["predict", "--data-dir", "TMP/nope"], "data_dir (--data-dir) 'TMP/nope' is not a directory"),
+    (["predict", "--checkpoint", "TMP/nope"], "checkpoint not found"),
+    (["predict", "--json", "TMP/no/r.json"], "does not exist; create it first"),
+    (["predict", "--figure", "TMP/f.xyz"], "must end in a format matplotlib writes"),
+    (["suggest", "-B", "N,abc"], "batch_sizes (-B/--batch-sizes) must be a comma-separated"),
+    (["suggest", "-m", "0,1"], "momenta (-m/--momenta) entries must be in [0, 1)"),
+    (["suggest", "--target", "2"], "target (--target) with --target-kind fraction must be in"),
+    (["suggest", "--dataset", "TMP/missing.npz"], "dataset file not found"),
+    (["suggest", "--checkpoint", "TMP/nope"], "is not a directory written by"),
+    (["outcome", "TMP/runs.jsonl"], "runs file 'TMP/runs.jsonl' does not exist"),
+    (["outcome", "TMP", "--fraction", "2"], "--fraction must be in [0, 1], got 2.0"),
+]
+
+
+def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
+    """Option values that plain Python can check (ranges, comma lists, paths that must exist,
+    output paths) end the CLI with one line and status 2 before JAX is imported: one fresh
+    interpreter runs every case and reports, after each, whether ``jax`` was imported."""
+    cases = [[a.replace("TMP", str(tmp_path)) for a in args] for args, _ in BEFORE_JAX]
+    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
+            f"for args in {cases!r}:\n"
+            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
+            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
+            "    sys.stderr.flush()\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(BEFORE_JAX), proc.stderr  # one line per case, nothing else
+    for (args, match), (status, jax_imported), line in zip(BEFORE_JAX, results, lines,
+                                                           strict=True):
+        assert status == 2, (args, status)
+        assert line.startswith("ntk-tt: error: "), (args, line)
+        assert match.replace("TMP", str(tmp_path)) in line, (args, line)
+        assert jax_imported is False, args
+
+
+def test_bad_option_value_of_the_program_is_one_line_with_status_2(tmp_path):
+    """The program itself (``python -m ntk_tt.cli``): a bad value, status 2, one line."""
+    for args, match in (["predict", "-m", "1.5"], "momentum (-m) must be in [0, 1)"), \
+            (["suggest", "--num-kappas", "0"], "num_kappas (--num-kappas) must be an integer"):
+        proc = subprocess.run([sys.executable, "-m", "ntk_tt.cli", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path,
+                              env=os.environ | {"PYTHONPATH": ROOT})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ntk-tt: error: ")
+        assert match in proc.stderr and proc.stdout == "", proc.stderr
+
+
+def test_the_jax_free_backbone_names_agree_with_the_head_aware_kernel():
+    from ntk_tt import _options
+    from ntk_tt.kernels._head_aware import BACKBONES
+
+    assert _options.BACKBONES == BACKBONES  # kept apart: ntk_tt.kernels imports JAX

@@ -122,3 +122,19 @@ def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
     with pytest.raises(ValueError, match=match):
         ntk_tt.finetune(coupled, params, x, jnp.arange(5) % 3, learning_rate=0.1, steps=2)
     assert check_model(apply_fn, params, x) == (5, 3)  # the same model, per sample: accepted
+
+
+@pytest.mark.parametrize("reason", ["the layer wants 5 input features.",
+                                    "the layer wants 5 input features"])
+def test_apply_fn_failure_message_has_one_period_between_sentences(reason):
+    """apply_fn's own message ends in a period or not: one period before "Check" (it was
+    "features.. Check")."""
+
+    def apply_fn(params, x):
+        raise TypeError(reason)
+
+    with pytest.raises(ValueError) as err:
+        check_model(apply_fn, {"w": jnp.ones(3)}, jnp.ones((4, 7)))
+    msg = str(err.value)
+    assert "fails on x of shape (4, 7): the layer wants 5 input features. Check that x" in msg
+    assert ".." not in msg, msg

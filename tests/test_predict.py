@@ -204,3 +204,31 @@ def test_python_lists_are_converted_and_other_inputs_refused_in_one_short_line(m
         assert "label" not in str(err.value) and len(str(err.value)) < 250
     with pytest.raises(ValueError, match="key must be a jax random key, got int"):
         ntk_tt.predict_from_kernel(kernel, f0, y, key=3, batch_size=5, **args)
+
+
+@pytest.mark.parametrize("kernel,f0,expected", [
+    (np.eye(18), np.zeros((6, 2)), "f0 has shape (6, 2), but the kernel (18, 18) and the 6 "
+                                   "labels y imply initial logits of shape (6, 3)"),
+    (np.eye(18), np.zeros((6, 4)), "imply initial logits of shape (6, 3) (N = 6 samples, "
+                                   "C = 18 / 6 = 3 logits each)"),
+    (np.eye(18), np.zeros((5, 3)), "f0 has shape (5, 3), but the kernel (18, 18)"),
+    (np.eye(6), np.zeros((6, 2)), "f0 has shape (6, 2): C = 2 logits per sample, but the "
+                                  "labels y go up to 2: expected f0 of shape (6, C) with C >= 3"),
+])
+def test_a_wrong_width_f0_is_an_f0_shape_error_not_a_label_error(kernel, f0, expected):
+    """f0 with another number of logits (or samples) than the kernel and the labels imply:
+    the message names f0, the expected and the given shape (it was a label error)."""
+    y = np.arange(6) % 3
+    with pytest.raises(ValueError) as err:
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=5)
+    msg = str(err.value)
+    assert expected in msg and "pass f0 = apply_fn(params, x)" in msg, msg
+    assert "labels outside" not in msg and "\n" not in msg
+    with pytest.raises(ValueError, match="f0 has shape"):  # the what-if functions too
+        ntk_tt.sensitivities(kernel, y, f0=f0, learning_rate=0.1, steps=5)
+
+
+def test_labels_beyond_a_matching_kernel_and_f0_are_still_a_label_error():
+    f0, y = np.zeros((6, 2)), np.arange(6) % 3  # kernel and f0 agree on C = 2: y is wrong
+    with pytest.raises(ValueError, match=r"y has labels outside \[0, C\) = \[0, 2\)"):
+        ntk_tt.predict_from_kernel(np.eye(12), f0, y, learning_rate=0.1, steps=5)

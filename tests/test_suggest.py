@@ -419,3 +419,104 @@ def test_cli_default_batch_sizes_leave_out_a_b_of_n_or_more(args, expected, monk
     with pytest.raises(AssertionError, match="the task was loaded"):
         main(["suggest", "--no-progress", *args])
     assert tuple(seen["batch_sizes"]) == expected
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_python_default_batch_sizes_leave_out_a_b_of_n_or_more(monkeypatch):
+    """suggest_task without batch_sizes, N = K·n = 50: the default (None, 50) without 50
+    (a batch of N is GD, already a candidate), as the CLI without -B; it was an error."""
+    from ntk_tt._options import check_suggest_job, default_batch_sizes
+
+    assert default_batch_sizes(50) == (None,) and default_batch_sizes(51) == (None, 50)
+    assert check_suggest_job({"num_classes": 5, "per_class": 10})["batch_sizes"] == (None,)
+    assert check_suggest_job({"batch_sizes": None})["batch_sizes"] == (None, 50)  # N = 750
+    with pytest.raises(ValueError, match="both full-batch GD"):  # given explicitly: refused
+        check_suggest_job({"num_classes": 5, "per_class": 10, "batch_sizes": (None, 50)})
+    seen = {}
+
+    def capture(*_, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest", capture)
+    with pytest.raises(_Stop):  # the real task of N = 50 is loaded, then suggest is called
+        ntk_tt.suggest_task(num_classes=5, per_class=10, progress=False)
+    assert seen["batch_sizes"] == (None,)
+
+
+def test_cli_default_batch_sizes_are_the_python_default(monkeypatch):
+    """ntk-tt suggest without -B takes its candidates from the same function as
+    suggest_task (ntk_tt._options.default_batch_sizes), not a copy of it."""
+    seen = {}
+
+    def capture(**opts):
+        seen.update(opts)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt._options.default_batch_sizes", lambda n: (None, n // 3))
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", capture)
+    with pytest.raises(_Stop):
+        main(["suggest", "--no-progress", "-K", "2", "-n", "6"])
+    assert tuple(seen["batch_sizes"]) == (None, 4)
+
+
+def test_an_unreachable_target_warns_what_to_try():
+    """No configuration reaches an absolute target within the budget: the Suggestion's
+    choice fields are None, and suggest says so in a UserWarning naming what to try."""
+    params, x, y = diag_problem(EDGE[:8])
+    with pytest.warns(UserWarning) as record:
+        s = ntk_tt.suggest(diag_apply, params, x, y, target=1e-6, target_kind="absolute",
+                           steps=5, loss="mse", momenta=(0.0,), refine_steps=0,
+                           seconds_per_step={None: 0.01})
+    assert not s.found and s.learning_rate is None and s.steps is None and s.loss is None
+    mine = [w for w in record if issubclass(w.category, ntk_tt.TargetNotReachedWarning)]
+    assert len(mine) == 1 and issubclass(ntk_tt.TargetNotReachedWarning, UserWarning)
+    msg = str(mine[0].message)
+    assert "target not reached" in msg and "within T_max = 5 steps" in msg
+    assert "raise the step budget" in msg and "raise the target" in msg
+    assert "kappa_range" in msg and "choice fields are None" in msg
+    assert s.reason in msg
+
+
+def test_a_reachable_target_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        s = linear_suggest(EDGE, 0.5, 80, refine_steps=0)
+    assert s.found
+
+
+def test_cli_does_not_repeat_the_not_reached_warning(monkeypatch):
+    """ntk-tt suggest says "no suggestion: ..." and exits 1 itself: the Python warning is not
+    printed on top."""
+    import warnings
+
+    def fake(**_):
+        warnings.warn("suggest: target not reached", ntk_tt.TargetNotReachedWarning,
+                      stacklevel=2)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", fake)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with pytest.raises(_Stop):
+            main(["suggest", "--no-progress", "-K", "2", "-n", "3"])
+    assert not [w for w in record if issubclass(w.category, ntk_tt.TargetNotReachedWarning)]
+
+
+def test_a_head_kernel_of_other_inputs_names_both_n(no_work):
+    model, apply_fn, params, x, y = head_problem()
+    head = ntk_tt.split_head(model)
+    other = ntk_tt.HeadAwareKernel(*(np.zeros((3, 2)),) * 4, None)  # built on 3 inputs
+    with pytest.raises(ValueError) as err:
+        ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=other, **GOOD)
+    msg = str(err.value)
+    assert f"these N = {N} inputs of x" in msg and "built on N = 3 inputs" in msg, msg
+    assert "ntk_tt.head_aware_kernel(head, x)" in msg and "\n" not in msg
+    with pytest.raises(ValueError, match="must be the HeadAwareKernel of head on these N = "
+                                         f"{N} inputs .*got ndarray"):
+        ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=np.eye(N), **GOOD)

@@ -117,3 +117,64 @@ def test_wall_clock_time_refuses_negative_steps_and_keeps_nan():
     assert np.isnan(ntk_tt.wall_clock_time(np.nan, seconds_per_step=0.5))
     with pytest.raises(ValueError, match="steps must be >= 0"):
         ntk_tt.wall_clock_time(-5, seconds_per_step=0.1)
+
+
+@pytest.mark.parametrize("eps", ["0.1", None, True, [0.1]])
+def test_epsilon_that_is_not_a_number_is_a_clear_error_before_any_work(eps, monkeypatch):
+    """ε as a string (or None, a bool, a list): one ValueError naming epsilon and the type
+    expected, raised before the jitted computation (it was a raw JAX TypeError)."""
+    from ntk_tt.dynamics import _training_time
+
+    def no_work(*_, **__):
+        raise AssertionError("work started before epsilon was checked")
+
+    monkeypatch.setattr(_training_time, "training_time_array", no_work)
+    for fn in (ntk_tt.training_time, ntk_tt.training_time_report):
+        with pytest.raises(ValueError) as err:
+            fn(np.linspace(1, 0, 20), eps)
+        msg = str(err.value)
+        assert msg.startswith("epsilon must be") and "\n" not in msg, msg
+        assert "real number" in msg or "scalar in (0, 1)" in msg, msg
+    with pytest.raises(ValueError, match=r"epsilon must be a real number, got str; pass e\.g\. "
+                                         r"epsilon=0\.1 \(a float, not a string\)"):
+        ntk_tt.training_time(np.linspace(1, 0, 20), "0.1")
+
+
+def test_nan_curve_warns_and_names_training_time_report():
+    curve = np.array([1.0, 0.8, np.nan, 0.3, 0.2, 0.1])
+    with pytest.warns(UserWarning, match=r"NaN or inf entries \(the first at step 2\).*"
+                                         r"training_time_report\(curve, epsilon\)"):
+        assert np.isnan(ntk_tt.training_time(curve, 0.1))
+
+
+def test_flat_curve_is_nan_without_a_warning_and_the_report_says_why():
+    import warnings
+
+    from ntk_tt.dynamics._training_time import NON_FINITE
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(ntk_tt.training_time(np.ones(20), 0.1))
+        assert np.isfinite(ntk_tt.training_time(np.linspace(1, 0, 21), 0.1))
+        value, why = ntk_tt.training_time_report(np.full(20, np.nan), 0.1)
+    assert np.isnan(value) and why == REASONS[NON_FINITE]
+
+
+def test_training_time_array_stays_jittable_vmappable_and_silent_on_nan():
+    """The jittable form is unchanged: under jit and vmap, NaN and code for a NaN or flat
+    curve, no warning; the eager training_time refuses a traced curve with the way out."""
+    import warnings
+
+    from ntk_tt.dynamics._training_time import NON_FINITE, OK
+
+    curves = jnp.stack([jnp.linspace(1.0, 0.0, 21), jnp.ones(21), jnp.full(21, jnp.nan)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t, code = jax.jit(jax.vmap(lambda c: ntk_tt.training_time_array(c, 0.1)))(curves)
+    assert float(t[0]) == ntk_tt.training_time(np.asarray(curves[0]), 0.1) > 0
+    assert np.isnan(t[1]) and np.isnan(t[2])
+    assert code.tolist() == [OK, NOT_DECREASING, NON_FINITE]
+    g = jax.grad(lambda c: ntk_tt.smooth_training_time(c, 0.1))(curves[0])
+    assert np.all(np.isfinite(g))
+    with pytest.raises(ValueError, match="under jit, vmap or grad use training_time_array"):
+        jax.jit(lambda c: ntk_tt.training_time(c, 0.1))(curves[0])

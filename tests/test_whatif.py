@@ -395,3 +395,43 @@ def test_grid_compiles_once_for_new_values(x64):
     out = run(momenta=[0.1, 0.7], learning_rates=[0.05, 0.5, 5.0])
     assert _whatif._grid_core._cache_size() == size
     assert out.diverged.shape == (2, 3) and out.boundary.shape == (2,)
+
+
+def test_a_head_aware_kernel_of_other_inputs_names_both_n(x64, monkeypatch):
+    """A HeadAwareKernel built on N = 16 inputs with labels of N = 10: refused before any
+    work, the message naming both N (it was a label-shape error)."""
+    hk = _head_problem()[3]._replace(features_test=None, backbone_test=None)
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_whatif, "_sensitivity_core", no_work)
+    monkeypatch.setattr(_whatif, "_grid_core", no_work)
+    y = jnp.zeros(10, jnp.int32)
+    calls = (lambda: ntk_tt.sensitivities(hk, y, learning_rate=0.1, steps=5),
+             lambda: ntk_tt.divergence_boundary(hk, y, momenta=[0.0], learning_rates=[0.1],
+                                                steps=5))
+    for call in calls:
+        with pytest.raises(ValueError) as err:
+            call()
+        msg = str(err.value)
+        assert f"built on N = {N} inputs" in msg and "y has N = 10 labels" in msg, msg
+        assert "head_aware_kernel(split, x)" in msg
+
+
+def test_divergence_boundary_prints_plain_numbers_and_keeps_its_types():
+    """repr of the result: numbers without array(...) / np.float64(...) wrappers; the fields
+    are still numpy arrays, epsilon and steps Python scalars (even when given as numpy)."""
+    p = _tiny()
+    grid = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"], loss="mse",
+                                      momenta=[0.0, 0.5], learning_rates=[0.5, 50.0],
+                                      steps=np.int64(20), epsilon=np.float64(0.1))
+    text = repr(grid)
+    assert "np." not in text and "array(" not in text and "dtype" not in text, text
+    assert text.startswith("WhatIfGrid(learning_rates=[ 0.5, 50. ], momenta=[0. , 0.5]"), text
+    assert "boundary=[0.5, 0.5]" in text and text.endswith("epsilon=0.1, steps=20)"), text
+    assert str(grid) == text
+    assert type(grid.steps) is int and type(grid.epsilon) is float
+    assert all(isinstance(grid[i], np.ndarray) for i in range(11))
+    np.testing.assert_array_equal(grid.boundary, [0.5, 0.5])
+    assert grid.diverged.tolist() == [[False, True], [False, True]]

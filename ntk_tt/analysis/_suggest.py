@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -33,14 +34,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt.data._inputs import as_array, check_key, check_real
+# the argument checks need no JAX: ntk-tt suggest runs them before importing it
+from ntk_tt._options import (
+    _check_batch_sizes,
+    _check_momenta,
+    _check_scalars,
+    _check_target,
+    check_suggest_job,
+)
+from ntk_tt._options import _real_scalar as _real
+from ntk_tt.data._inputs import as_array, check_key
 from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
 from ntk_tt.dynamics._losses import check_loss, logit_residual, mean_loss
 
 MOMENTA = (0.0, 0.5, 0.9, 0.95)
 KAPPA_RANGE = (0.05, 50.0)
 NUM_KAPPAS = 16
-TARGET_KINDS = ("absolute", "fraction")
 LINEAR_KERNELS = ("exact", "traced")
 EDGE_MARGIN = 1e-3  # the refinement keeps κ ≤ (1 − EDGE_MARGIN)·edge(m)
 
@@ -160,13 +169,21 @@ def _edge(m: float, loss: str) -> float:
     return float(edge(m, False, loss))
 
 
+class TargetNotReachedWarning(UserWarning):
+    """:func:`suggest` found no admissible configuration reaching the target within the step
+    budget: its :class:`Suggestion` has ``found`` False and None choice fields; the message
+    (= ``Suggestion.reason``) says what to try. ``ntk-tt suggest`` says it and exits 1."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Suggestion:
     """Result of :func:`suggest`. Time is in optimiser steps and seconds; losses are MEAN
     training losses over the N samples.
 
     found: an admissible configuration reaches the target within ``steps_max``; when False the
-      choice fields are None and ``reason`` says why (the grid is still there).
+      choice fields (learning_rate, momentum, batch_size, kappa, steps, seconds, loss,
+      grid_best) are None, ``reason`` says why and what to try, :func:`suggest` warns
+      (:class:`TargetNotReachedWarning`) with the same reason, and the grid is still there.
     learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice.
     steps: predicted first step with L̂_t ≤ target (int). seconds: steps × seconds_per_step[B].
     loss: the choice's predicted mean loss curve (steps_max + 1,) (mean over SGD paths).
@@ -214,103 +231,6 @@ class Suggestion:
     steps_max: int
     reason: str | None
     timings: dict
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _real(v, name) -> float:
-    check_real(v, name)
-    if np.ndim(v) != 0:
-        raise ValueError(f"{name} must be a scalar, got shape {np.shape(v)}.")
-    return float(v)
-
-
-def _check_batch_sizes(batch_sizes, n: int) -> list[int | None]:
-    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) \
-            or not batch_sizes:
-        raise ValueError(f"batch_sizes must be a non-empty list of None (full-batch GD) and "
-                         f"integers in [1, N = {n}], got {batch_sizes!r}; e.g. "
-                         "batch_sizes=(None, 50).")
-    out = []
-    for b in batch_sizes:
-        if b is not None and (not _is_int(b) or not 1 <= b <= n):
-            raise ValueError(f"batch_sizes entries must be None (full-batch GD) or integers in "
-                             f"[1, N = {n}], got {b!r}.")
-        b = None if b is None or b == n else int(b)
-        if b in out:
-            raise ValueError(f"batch_sizes {list(batch_sizes)!r} names a batch size twice "
-                             f"(None and N = {n} are both full-batch GD); give each once.")
-        out.append(b)
-    return out
-
-
-def _check_momenta(momenta) -> list[float]:
-    if isinstance(momenta, (str, bytes)) or not isinstance(momenta, Sequence) or not momenta:
-        raise ValueError(f"momenta must be a non-empty list of numbers in [0, 1), got "
-                         f"{momenta!r}; e.g. momenta=(0.0, 0.9).")
-    out = []
-    for m in momenta:
-        m = _real(m, "momenta entry")
-        if not 0.0 <= m < 1.0:
-            raise ValueError(f"momenta entries must be in [0, 1) (heavy ball; 0 = plain "
-                             f"(S)GD), got {m!r}.")
-        if m in out:
-            raise ValueError(f"momenta {list(momenta)!r} names {m} twice; give each once.")
-        out.append(m)
-    return out
-
-
-def _check_target(target, target_kind) -> float:
-    if target_kind not in TARGET_KINDS:
-        raise ValueError(f"target_kind must be one of {TARGET_KINDS}, got {target_kind!r}: "
-                         "'absolute' = a mean training loss, 'fraction' = a fraction of the "
-                         "initial loss L_0.")
-    t = _real(target, "target")
-    if target_kind == "fraction" and not 0.0 < t < 1.0:
-        raise ValueError(f"target with target_kind='fraction' must be in (0, 1) (a fraction of "
-                         f"the initial loss L_0), got {target!r}; e.g. target=0.5.")
-    if target_kind == "absolute" and not (math.isfinite(t) and t > 0):
-        raise ValueError(f"target (an absolute mean training loss) must be finite and > 0, got "
-                         f"{target!r}; or pass target_kind='fraction' with a value in (0, 1).")
-    return t
-
-
-MAX_STEPS = 10_000
-
-
-def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, num_paths,
-                   top):
-    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
-        raise ValueError(f"steps (the budget T_max) must be an integer in [1, {MAX_STEPS}] "
-                         f"optimiser updates (a whole grid's predicted trajectories are held "
-                         f"in memory at once), got {steps!r}.")
-    if not (isinstance(kappa_range, Sequence) and len(kappa_range) == 2):
-        raise ValueError(f"kappa_range must be (min, max) of κ = η·λ_max/N, got "
-                         f"{kappa_range!r}; e.g. (0.05, 50).")
-    lo, hi = (_real(k, "kappa_range entry") for k in kappa_range)
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-        raise ValueError(f"kappa_range must satisfy 0 < min <= max (finite), got "
-                         f"{kappa_range!r}.")
-    if not _is_int(num_kappas) or num_kappas < 1 or (num_kappas > 1 and lo == hi) or (
-            num_kappas == 1 and lo != hi):
-        raise ValueError(f"num_kappas must be an integer >= 1 (1 exactly when min == max of "
-                         f"kappa_range, >= 2 otherwise), got {num_kappas!r} for kappa_range "
-                         f"{kappa_range!r}.")
-    if not _is_int(refine_steps) or refine_steps < 0:
-        raise ValueError(f"refine_steps must be an integer >= 0 (0: no gradient refinement), "
-                         f"got {refine_steps!r}.")
-    tau = _real(temperature, "temperature")
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"temperature must be finite and > 0 (relative to L_0 − target), got "
-                         f"{temperature!r}.")
-    if not _is_int(num_paths) or num_paths < 1:
-        raise ValueError(f"num_paths must be an integer >= 1 (SGD batch orders averaged), got "
-                         f"{num_paths!r}.")
-    if not _is_int(top) or top < 0:
-        raise ValueError(f"top must be an integer >= 0 (runner-up rows), got {top!r}.")
-    return lo, hi, tau
 
 
 def _check_seconds(seconds_per_step, batches, n) -> dict | None:
@@ -391,15 +311,22 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     Returns:
       :class:`Suggestion`.
 
+    Warns:
+      TargetNotReachedWarning: (a ``UserWarning``) when no admissible configuration reaches
+        the target within ``steps``: the Suggestion then has ``found`` False and None choice
+        fields; the message (= ``reason``) says what to try (a larger ``steps``, a looser
+        target, a wider ``kappa_range``).
+
     Raises:
       ValueError: before any work, for every bad argument (the message says how to fix it):
         x, y, model or head as in :func:`ntk_tt.predict`; target or target_kind; steps < 1;
         batch sizes not None / int in [1, N] or repeated; momenta outside [0, 1);
         kappa_range not 0 < min <= max; num_kappas, refine_steps, num_paths, top; a
         temperature <= 0; seconds_per_step missing a B or not > 0; a missing key for SGD;
-        unknown loss, predictor, kernel or backbone. After one forward pass (before the
-        kernel): an absolute target not below L_0. After the kernel: λ_max ≤ 0 (outputs
-        that do not depend on the parameters).
+        unknown loss, predictor, kernel or backbone; a head_kernel that is not a
+        HeadAwareKernel, given without head, or built on another N than x (both N named).
+        After one forward pass (before the kernel): an absolute target not below L_0. After
+        the kernel: λ_max ≤ 0 (outputs that do not depend on the parameters).
     """
     from tqdm import tqdm
 
@@ -432,10 +359,17 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         if not head_aware:
             raise ValueError("head_kernel is for the head-aware predictor: pass head="
                              "ntk_tt.split_head(model) too (or drop head_kernel).")
-        if not isinstance(head_kernel, HeadAwareKernel) or head_kernel.features.shape[0] != n:
+        if not isinstance(head_kernel, HeadAwareKernel):
             raise ValueError("head_kernel must be the HeadAwareKernel of head on these N = "
                              f"{n} inputs (ntk_tt.head_aware_kernel(head, x)), got "
                              f"{type(head_kernel).__name__}.")
+        n_hk = np.shape(head_kernel.features)[0] if np.ndim(head_kernel.features) else None
+        if n_hk != n:
+            raise ValueError("head_kernel must be the HeadAwareKernel of head on these N = "
+                             f"{n} inputs of x, but it was built on N = {n_hk} inputs "
+                             f"(features of shape {np.shape(head_kernel.features)}): build it "
+                             "with ntk_tt.head_aware_kernel(head, x) on the same x, or drop "
+                             "head_kernel.")
 
     f0 = apply_fn(params, jnp.asarray(x))
     l0 = float(mean_loss(f0, y, loss))
@@ -462,8 +396,13 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         bar.close()
     timings["total"], timings["compile"] = total.seconds, total.compile_seconds
     rows, ranked, best, choice, curves, refinement, sps, name, lam = found
-    return _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
-                   target_kind, target_value, name, lam, n, steps, top, timings, kappa_range)
+    s = _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
+                target_kind, target_value, name, lam, n, steps, top, timings, kappa_range)
+    if not s.found:
+        warnings.warn(f"suggest: target not reached: {s.reason} (Suggestion.found is False and "
+                      "its choice fields are None; Suggestion.grid lists every configuration "
+                      "tried).", TargetNotReachedWarning, stacklevel=2)
+    return s
 
 
 def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, target_abs, steps,
@@ -707,8 +646,8 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         if closest is not None:
             why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
                     f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
-        why += (f"; raise the step budget, raise the target, or widen kappa_range "
-                f"{tuple(kappa_range)}")
+        why += (f"; raise the step budget (steps, -T), raise the target, or widen "
+                f"kappa_range {tuple(kappa_range)}")
         return Suggestion(found=False, learning_rate=None, momentum=None, batch_size=None,
                           kappa=None, steps=None, seconds=None, loss=None, refined=False,
                           grid_best=None, runners_up=_frame([]), reason=why, **common)
@@ -728,107 +667,6 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
 # --- the task job behind ``ntk-tt suggest`` ------------------------------------------------
 
 
-def parse_batch_sizes(text: str) -> tuple:
-    """"N,50,100" → (None, 50, 100); "N" (or "gd") = full-batch GD.
-
-    Raises:
-      ValueError: an entry that is neither N nor an integer.
-    """
-    out = []
-    for tok in str(text).split(","):
-        tok = tok.strip()
-        if tok.lower() in ("n", "gd", "none"):
-            out.append(None)
-        elif tok.lstrip("+").isdigit():
-            out.append(int(tok))
-        else:
-            raise ValueError(f"batch_sizes (-B/--batch-sizes) must be a comma-separated list of "
-                             f"N (full-batch GD) and integers, e.g. N,50; got {text!r}.")
-    return tuple(out)
-
-
-def parse_floats(text: str, what: str) -> tuple:
-    """"0,0.5,0.9" → (0.0, 0.5, 0.9).
-
-    Raises:
-      ValueError: an entry that is not a number.
-    """
-    try:
-        return tuple(float(tok) for tok in str(text).split(","))
-    except ValueError:
-        raise ValueError(f"{what} must be a comma-separated list of numbers, e.g. 0,0.9; got "
-                         f"{text!r}.") from None
-
-
-def check_task_options(o: dict) -> None:
-    """Fail fast on the options of :func:`suggest_task`, before loading anything (each
-    message names the Python option and its ``ntk-tt suggest`` flag).
-
-    Raises:
-      ValueError: one line naming the option, the value and the fix.
-    """
-    k, n = o["num_classes"], o["per_class"]
-    for name, flag, v in (("num_classes", "-K", k), ("per_class", "-n", n)):
-        if not _is_int(v) or v < (2 if name == "num_classes" else 1):
-            raise ValueError(f"{name} ({flag}) must be an integer >= "
-                             f"{2 if name == 'num_classes' else 1}, got {v!r}.")
-    nn = k * n
-    try:
-        _check_target(o["target"], o["target_kind"])
-        _check_scalars(o["steps"], (o["kappa_min"], o["kappa_max"]), o["num_kappas"],
-                       o["refine_steps"], 0.05, o["num_paths"], o["top"])
-        _check_batch_sizes(list(o["batch_sizes"]), nn)
-        _check_momenta(list(o["momenta"]))
-    except (ValueError, TypeError) as err:
-        raise ValueError(_flagged(str(err), nn, k, n)) from None
-    check_loss(o["loss"])
-    if o["predictor"] not in ("auto", "head_aware", "linear"):
-        raise ValueError(f"predictor (--predictor) must be auto, head_aware or linear, got "
-                         f"{o['predictor']!r}.")
-    scale = o["head_scale"]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
-            math.isfinite(scale) and scale > 0):
-        raise ValueError(f"head_scale (--head-scale) must be a finite number > 0, got "
-                         f"{scale!r}.")
-    if o["checkpoint"] is not None:
-        from pathlib import Path
-
-        ck = Path(o["checkpoint"]).expanduser()
-        if not ck.is_dir():
-            raise ValueError(f"checkpoint {str(ck)!r} is not a directory written by "
-                             "ntk_tt.save_checkpoint (omit it for the shipped one).")
-
-
-_FLAGS = (("target_kind must", "target_kind (--target-kind) must"),
-          ("target with target_kind='fraction'", "target (--target) with --target-kind fraction"),
-          ("target (an absolute mean training loss)",
-           "target (--target, with --target-kind absolute: a mean training loss)"),
-          ("steps (the budget T_max)", "steps (-T/--max-steps, the budget T_max)"),
-          ("kappa_range must be (min, max)", "kappa_min, kappa_max (--kappa-min, --kappa-max)"),
-          ("kappa_range must satisfy", "kappa_min, kappa_max (--kappa-min, --kappa-max) must "
-           "satisfy"),
-          ("num_kappas must", "num_kappas (--num-kappas) must"),
-          ("refine_steps must", "refine_steps (--refine-steps) must"),
-          ("num_paths must", "num_paths (--num-paths) must"),
-          ("top must", "top (--top) must"),
-          ("batch_sizes", "batch_sizes (-B/--batch-sizes)"),
-          ("momenta", "momenta (-m/--momenta)"))
-
-
-def _flagged(msg: str, nn: int, k: int, n: int) -> str:
-    """A :func:`suggest` argument message with the ``ntk-tt suggest`` flag named."""
-    for prefix, flagged in _FLAGS:
-        if msg.startswith(prefix):
-            msg = flagged + msg[len(prefix):]
-            break
-    for python, flag in (("kappa_range", "(--kappa-min, --kappa-max)"),
-                         ("e.g. target=0.5", "e.g. --target 0.5"),
-                         ("target_kind='fraction'", "--target-kind fraction"),
-                         ("None (full-batch GD)", "N (full-batch GD)")):
-        msg = msg.replace(python, flag)
-    return msg.replace(f"N = {nn}]", f"N = K·n = {k}·{n} = {nn}]")
-
-
 def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = False,
                  **options) -> dict:
     """``ntk-tt suggest`` as a call: load the task like ``ntk-tt predict`` (shipped checkpoint
@@ -837,23 +675,23 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
 
     Options (defaults in ``ntk_tt._defaults.SUGGEST_DEFAULTS``): checkpoint, dataset,
     data_dir, split, num_classes (K), per_class (n), seed, resize, head_scale, target,
-    target_kind, steps (T_max), batch_sizes (None = GD), momenta, kappa_min, kappa_max,
-    num_kappas, refine_steps, num_paths, loss, predictor, top.
+    target_kind, steps (T_max), batch_sizes (candidate B, None entries = GD; omitted or None:
+    ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50) without 50 when N = K·n
+    <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min, kappa_max, num_kappas,
+    refine_steps, num_paths, loss, predictor, top.
+
+    Warns:
+      TargetNotReachedWarning: as :func:`suggest`, when nothing reaches the target (the report
+        has ``found`` False and its ``reason``).
 
     Raises:
-      ValueError: one line for any bad option or output path, before the checkpoint's weights
-        are read.
+      ValueError: one line for any bad option (values, the dataset path, data_dir and
+        checkpoint that must exist) or output path, before JAX work and before the
+        checkpoint's weights are read (:func:`ntk_tt._options.check_suggest_job`).
     """
-    from ntk_tt._defaults import SUGGEST_DEFAULTS
-    from ntk_tt.prediction._job import _output, _plain, _write_json, check_outputs, load_task
+    from ntk_tt.prediction._job import _output, _plain, _write_json, load_task
 
-    unknown = set(options) - set(SUGGEST_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown options {sorted(unknown)}; known: "
-                         f"{sorted(SUGGEST_DEFAULTS)}.")
-    o = SUGGEST_DEFAULTS | options
-    check_task_options(o)
-    check_outputs(None, json_path, overwrite)
+    o = check_suggest_job(options, json_path, overwrite)
     apply_fn, params, x, y, _, _, info, head = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "seed", "resize", "head_scale")}, test_per_class=0)

@@ -42,6 +42,7 @@ from ntk_tt.dynamics._losses import check_loss, mean_loss
 from ntk_tt.dynamics._predict_kernel import (
     _check_finite,
     _summarise,
+    check_f0_shape,
     check_num_paths,
     check_problem,
     check_test_kernel,
@@ -122,7 +123,10 @@ class WhatIfGrid(NamedTuple):
     boundary_inside: bool (G_m,), some grid η diverged at that m (the boundary lies inside
       the grid). monotone: bool (G_m,), no grid η above the first diverged one recovers
       (False flags e.g. SGD noise or a cross-entropy catapult at that m).
-    epsilon: the ε of ``training_time``. steps: T.
+    epsilon: the ε of ``training_time`` (a Python float). steps: T (a Python int).
+
+    Printed (``repr``), arrays show as plain numbers ``[0.01, 0.1]`` (numpy's summary for
+    large ones), not ``array(...)`` / ``np.float64(...)``; the fields stay numpy arrays.
     """
 
     learning_rates: np.ndarray
@@ -138,6 +142,15 @@ class WhatIfGrid(NamedTuple):
     monotone: np.ndarray
     epsilon: float
     steps: int
+
+    def __repr__(self) -> str:
+        def show(v):
+            if isinstance(v, np.ndarray):
+                return np.array2string(v, separator=", ", threshold=100, precision=6)
+            return repr(v.item() if isinstance(v, np.generic) else v)
+
+        body = ", ".join(f"{k}={show(v)}" for k, v in zip(self._fields, self, strict=True))
+        return f"WhatIfGrid({body})"
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -212,6 +225,12 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
                 "a HeadAwareKernel carries its own logits (features @ W + b) and held-out "
                 "features: drop f0, kernel_test and f0_test (pass y_test for the held-out "
                 "labels).")
+        n_hk = np.shape(kernel.features)[0] if np.ndim(kernel.features) else None
+        if np.ndim(y) == 1 and np.shape(y)[0] != n_hk:
+            raise ValueError(
+                f"the HeadAwareKernel was built on N = {n_hk} inputs (features of shape "
+                f"{np.shape(kernel.features)}), but y has N = {np.shape(y)[0]} labels: build "
+                "it with ntk_tt.head_aware_kernel(split, x) on the inputs x of these labels.")
         y, y_test, batch_size = validate_head_aware(
             kernel, y, y_test, learning_rate=learning_rate, momentum=momentum, steps=steps,
             batch_size=batch_size, loss=loss, key=key, num_paths=num_paths)
@@ -226,6 +245,7 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             "a plain kernel Θ needs f0, the initial logits (N, C) at the pre-trained weights: "
             "pass f0=apply_fn(params, x) (or give a HeadAwareKernel).")
     f0 = as_array(f0, "f0")
+    check_f0_shape(kernel, f0, y)
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     if batch_size < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
@@ -395,7 +415,8 @@ def sensitivities(
       ValueError (before any work, with how to fix it): η not a real scalar or ≤ 0, m ∉
       [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1,
       B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, ``f0`` with a
-      HeadAwareKernel, held-out arrays given in part, and every shape, label, loss and
+      HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),
+      held-out arrays given in part, and every shape, label, loss and
       finiteness check of :func:`ntk_tt.predict_from_kernel` / :func:`ntk_tt.predict_head_aware`.
     """
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
@@ -546,7 +567,7 @@ def divergence_boundary(
         learning_rates=lrs, momenta=ms, diverged=div, training_time=np.asarray(t),
         final_loss=np.asarray(lt), test_accuracy=np.asarray(acc),
         kappa=np.asarray(kappa)[0], beyond_edge=np.asarray(edge), boundary=boundary,
-        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=steps)
+        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps))
 
 
 # -- figure ------------------------------------------------------------------------------------

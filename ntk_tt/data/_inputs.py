@@ -14,12 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import _describe
+from ntk_tt._options import check_real as check_real  # importable without JAX
+
 _NUMERIC = "biuf"  # numpy dtype kinds of bool, int, unsigned and float arrays
-
-
-def _describe(value: Any) -> str:
-    shape = np.shape(value) if isinstance(value, (np.ndarray, jax.Array)) else None
-    return type(value).__name__ + ("" if shape is None else f" of shape {shape}")
 
 
 def as_array(value: Any, name: str) -> Any:
@@ -49,21 +47,6 @@ def as_array(value: Any, name: str) -> Any:
             f"whose entries are not all numbers (numpy dtype {arr.dtype}); pass a numeric array."
         )
     return arr
-
-
-def check_real(value: Any, name: str) -> None:
-    """ValueError unless ``value`` is a real number (Python int/float, numpy or jax array of
-    int/float dtype, or a tracer); strings such as ``"0.1"`` and booleans are refused."""
-    dtype = getattr(value, "dtype", None)
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-            value, (bool, np.bool_)):
-        return
-    if dtype is not None and np.dtype(dtype).kind in "iuf":
-        return
-    raise ValueError(
-        f"{name} must be a real number, got {_describe(value)}; pass e.g. {name}=0.1 (a float, "
-        "not a string)."
-    )
 
 
 def check_key(key: Any, name: str = "key") -> None:

@@ -105,8 +105,9 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
         out = jax.eval_shape(apply_fn, params,
                              jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))
     except (TypeError, ValueError) as err:  # e.g. a layer seeing the wrong feature size
+        why = str(err).strip().rstrip(".") or type(err).__name__  # its own period: not twice
         raise ValueError(
-            f"apply_fn(params, {name}) fails on {name} of shape {np.shape(x)}: {err}. Check "
+            f"apply_fn(params, {name}) fails on {name} of shape {np.shape(x)}: {why}. Check "
             f"that {name} has the input shape the model was built for (the per-sample shape "
             "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint)."
         ) from err

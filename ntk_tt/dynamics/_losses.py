@@ -14,20 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-LOSSES = ("cross_entropy", "mse")
-
-
-def check_loss(loss: str, num_classes: int | None = None) -> None:
-    """Raise ``ValueError`` unless ``loss`` is one of :data:`LOSSES` and, when the number of
-    logits C is given, C ≥ 2 for cross-entropy (a softmax over one logit is constant)."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
-    if loss == "cross_entropy" and num_classes is not None and num_classes < 2:
-        raise ValueError(
-            f"cross-entropy needs C >= 2 logits, the model returns C = {num_classes}: a "
-            "softmax over one logit is constant (loss 0, nothing to predict); give the head "
-            "one logit per class or use loss='mse'."
-        )
+from ntk_tt._options import LOSSES as LOSSES  # one list, importable without JAX
+from ntk_tt._options import check_loss as check_loss
 
 
 def per_sample_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:

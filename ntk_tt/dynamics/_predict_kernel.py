@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
+from ntk_tt._options import METHODS as METHODS
+from ntk_tt._options import resolve_method as resolve_method
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.dynamics._closed_form import mse_closed_form
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
@@ -33,7 +36,6 @@ from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.dynamics._training_time import DIVERGED, training_time_array
 
 EPSILONS = (0.01, 0.1, 0.4)
-METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
 STATIC = ("steps", "batch_size", "nesterov", "loss", "method", "num_paths")
 
 
@@ -90,9 +92,6 @@ def check_num_paths(num_paths) -> None:
         )
 
 
-MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
-
-
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
     steps ∉ [1, MAX_STEPS], B ∉ [1, N] (values checked when concrete)."""
@@ -147,16 +146,6 @@ def _check_finite(kernel, name):
             f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
             "block_size) before predicting."
         )
-
-
-def resolve_method(method) -> str:
-    """"auto" is the exact discrete recursion: exact for the linearised model at any η (so it
-    predicts divergence, which the ODE/SDE small-η limits cannot), and the cheapest at usual
-    horizons — T steps cost T·(N·C)² against (N·C)³ for the closed form's eigendecomposition
-    (N·C = 3750: 1.2 s against 74 s, README). Other methods are used when asked for."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    return "discrete" if method == "auto" else method
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -225,6 +214,37 @@ def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
     return n, c, batch_size, check_labels(y, n, c)
 
 
+def check_f0_shape(kernel, f0, y) -> None:
+    """ValueError when ``f0`` does not have the (N, C) shape that ``kernel`` and the labels
+    ``y`` imply (shapes only, and the labels' values when concrete): N = len(y), C =
+    kernel side / N for a full (N·C, N·C) kernel; for a logit-summed (N, N) kernel, C must
+    exceed every label. A kernel that fits neither is left to the kernel's own check."""
+    if np.ndim(f0) != 2 or np.ndim(kernel) != 2 or np.ndim(y) != 1:
+        return
+    n, c = np.shape(f0)
+    side = np.shape(kernel)[0]
+    if np.shape(kernel) != (side, side):
+        return
+    ny = np.shape(y)[0]
+    if side not in (n * c, n) and ny and side % ny == 0:
+        expected = f"({ny}, {side // ny})" if side != ny else f"({ny}, C)"
+        raise ValueError(
+            f"f0 has shape {(n, c)}, but the kernel {(side, side)} and the {ny} labels y "
+            f"imply initial logits of shape {expected} (N = {ny} samples, "
+            + (f"C = {side} / {ny} = {side // ny} logits each" if side != ny else
+               "a logit-summed (N, N) kernel")
+            + "); pass f0 = apply_fn(params, x) of the model and inputs the kernel was built "
+            f"on (or the kernel of this f0's model: shape {(n * c, n * c)} or {(n, n)})."
+        )
+    yc = _concrete(y) if side == n and c > 1 and ny == n > 0 else None
+    if yc is not None and yc.dtype.kind in "iu" and yc.max() >= c:
+        raise ValueError(
+            f"f0 has shape {(n, c)}: C = {c} logits per sample, but the labels y go up to "
+            f"{yc.max()}: expected f0 of shape ({n}, C) with C >= {yc.max() + 1}; pass f0 = "
+            "apply_fn(params, x) of a model with one logit per class (or check the labels)."
+        )
+
+
 def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
     """Held-out inputs of a plain-kernel prediction: Θ(x_test, x) (N_test·C, N·C) or traced
     (N_test, N), f0_test (N_test, C) logits, y_test (N_test,) labels. Returns
@@ -273,7 +293,8 @@ def predict_from_kernel(
     Raises:
       ValueError: arrays given as anything but arrays or nested lists of numbers, η or m
         not a real number (a string included), a key that is not ``jax.random.key(seed)``,
-        bad shapes, labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
+        bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
+        expected and the given shape), labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
         steps < 1, num_paths < 1, non-finite Θ,
         unknown method or loss, missing key / noise features (value checks only when the
         arguments are concrete, i.e. not traced).
@@ -281,6 +302,7 @@ def predict_from_kernel(
     check_loss(loss)
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)
+    check_f0_shape(kernel, f0, y)
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     check_num_paths(num_paths)
     full_batch = batch_size == n

@@ -15,11 +15,14 @@ or when no step comes within ε·drop of L_T.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ntk_tt._options import check_real
 
 OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED = 0, 1, 2, 3, 4
 REASONS = {
@@ -31,6 +34,15 @@ REASONS = {
 
 
 def _check(curve, epsilon, window) -> jax.Array:
+    traced = [name for name, v in (("curve", curve), ("epsilon", epsilon))
+              if isinstance(v, jax.core.Tracer)]
+    if traced:
+        raise ValueError(
+            f"{' and '.join(traced)} traced: training_time and training_time_report run "
+            "eagerly and return Python floats; under jit, vmap or grad use "
+            "training_time_array(curve, epsilon) (value and reason code) or "
+            "smooth_training_time (differentiable)."
+        )
     curve = jnp.asarray(curve)
     if curve.ndim != 1 or curve.shape[0] < 2:
         raise ValueError(
@@ -43,6 +55,7 @@ def _check(curve, epsilon, window) -> jax.Array:
             f"window must be an odd int in [1, len(curve)] (centred moving average), got "
             f"{window!r}; e.g. window=5, or 1 for no smoothing."
         )
+    check_real(epsilon, "epsilon")
     eps = np.asarray(epsilon)
     if eps.ndim != 0 or not 0.0 < float(eps) < 1.0:
         raise ValueError(
@@ -94,11 +107,14 @@ def training_time_array(curve: jax.Array, epsilon, window: int = 5):
 
 
 def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str | None]:
-    """T_ε in steps and the reason it is undefined (None when defined).
+    """T_ε in steps and the reason it is undefined (None when defined): ``(NaN, reason)`` for
+    a curve with NaN or inf entries, a flat or rising curve, or one that never comes within
+    ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
 
     Raises:
-      ValueError: curve not 1-D with ≥ 2 entries, ε ∉ (0, 1), window not odd in
-        [1, len(curve)].
+      ValueError: curve not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
+        "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
+        jit / vmap / grad: use :func:`training_time_array`).
     """
     curve = _check(curve, epsilon, window)
     t, code = training_time_array(curve, epsilon, window)
@@ -114,14 +130,36 @@ def training_time(curve, epsilon, *, window: int = 5) -> float:
       window: centred moving-average width w (1 = no smoothing); L_T averages the last w.
 
     Returns:
-      T_ε as a float number of optimiser steps; NaN when undefined (see
-      :func:`training_time_report` for the reason). Never 0 for a flat or rising curve.
+      T_ε as a Python float number of optimiser steps, or NaN ("not defined") when
+
+      * the curve has NaN or inf entries (a diverged run, a broken pipeline): a
+        ``UserWarning`` naming :func:`training_time_report` is also issued;
+      * the curve is flat or rising (L_0 − L_T not clearly positive; never 0 then);
+      * no step comes within ε·(L_0 − L_T) of L_T.
+
+      :func:`training_time_report` returns the same value with the reason in words.
+
+    Eager: it checks its arguments and returns a Python float, so it does not run under
+    ``jax.jit`` / ``vmap`` / ``grad``; there, use :func:`training_time_array` (the value and
+    a reason code, NaN when undefined, no warning) or the differentiable
+    :func:`smooth_training_time`.
+
+    Warns:
+      UserWarning: the curve has NaN or inf entries (the result is NaN; the warning names
+        the first such step and :func:`training_time_report`).
 
     Raises:
-      ValueError: curve not 1-D with ≥ 2 entries, ε ∉ (0, 1), window not odd in
-        [1, len(curve)].
+      ValueError: curve not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
+        "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε.
     """
-    return training_time_report(curve, epsilon, window=window)[0]
+    t, why = training_time_report(curve, epsilon, window=window)
+    if why == REASONS[NON_FINITE]:
+        first = int(np.flatnonzero(~np.isfinite(np.asarray(curve)))[0])
+        warnings.warn(
+            f"training_time: the curve has NaN or inf entries (the first at step {first}), so "
+            "T_ε is undefined and NaN is returned; training_time_report(curve, epsilon) "
+            "returns the reason with the value.", UserWarning, stacklevel=2)
+    return t
 
 
 def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):

@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
+from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt.data._inputs import as_array, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._losses import check_loss
@@ -26,8 +28,6 @@ from ntk_tt.dynamics._predict_kernel import (
 from ntk_tt.dynamics._training_time import REASONS
 from ntk_tt.training._timing import timed_stage
 
-KERNELS = ("exact", "traced", "sketch")
-PREDICTORS = ("auto", "linear", "head_aware")
 DEFAULT_SKETCH_DIM = 256
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._divergence import divergence
@@ -33,7 +34,6 @@ from ntk_tt.prediction._extrapolate import (
 )
 from ntk_tt.training._timing import Stopwatch, timed_stage
 
-SUBSET_METHODS = ("power_law", "nystrom")
 EDGE = 2.0  # full-batch GD on the mean MSE loss is stable iff η·μ_max < 2
 
 

@@ -204,7 +204,7 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
     """
     import ntk_tt
     from ntk_tt.dynamics._fspace import top_eigenvalue
-    from ntk_tt.dynamics._training_time import training_time
+    from ntk_tt.dynamics._training_time import training_time_report
     from ntk_tt.kernels._head_aware import head_aware_kernel, initial_kernel
     from ntk_tt.sweep._table import _atomic_write, _jsonable
 
@@ -251,7 +251,7 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
                     "test_accuracy": run.test_accuracy, "diverged": run.diverged,
                     "spiked_at": run.spiked_at, "final_loss": float(run.loss[-1]),
                     "failed": failed(run.test_accuracy, run.diverged, task.classes),
-                    "training_time": {f"{e:g}": float(training_time(run.loss, e))
+                    "training_time": {f"{e:g}": training_time_report(run.loss, e)[0]
                                       for e in EPSILONS}},
                 "seconds": {k: float(v) for k, v in run.seconds.items()},
             }

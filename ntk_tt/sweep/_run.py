@@ -94,8 +94,9 @@ def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, m
 
 
 def _t_eps(curve: np.ndarray, eps: float) -> float:
-    """T_ε in steps from ``ntk_tt.training_time`` (the one definition); NaN where undefined."""
-    return float(ntk_tt.training_time(np.asarray(curve), eps))
+    """T_ε in steps from ``ntk_tt.training_time_report`` (the one definition, no warning on a
+    non-finite curve); NaN where undefined."""
+    return float(ntk_tt.training_time_report(np.asarray(curve), eps)[0])
 
 
 _KERNEL_SHAPES: set = set()

@@ -518,7 +518,7 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     """
     from scipy.optimize import curve_fit
 
-    from ntk_tt.dynamics._training_time import training_time
+    from ntk_tt.dynamics._training_time import training_time_report
 
     t = truncate(telemetry, int(k))
     loss = np.asarray(t.loss, float)
@@ -548,7 +548,7 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
                 best, curve = err, form(grid, *p)
         if curve is None:
             curve = np.full_like(grid, loss[-1])
-    return {"loss_T_rel": float(curve[-1] / l0), "t_eps": float(training_time(curve, 0.1))}
+    return {"loss_T_rel": float(curve[-1] / l0), "t_eps": training_time_report(curve, 0.1)[0]}
 
 
 def load_runs(path: str | pathlib.Path) -> Iterable[tuple[Telemetry, dict | None]]:
