@@ -28,8 +28,7 @@ METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
 KERNELS = ("exact", "traced", "sketch")
 PREDICTORS = ("auto", "linear", "head_aware")
 SUBSET_METHODS = ("power_law", "nystrom")
-# the head-aware feature kernels; the same tuple as ntk_tt.kernels._head_aware.BACKBONES
-# (tests/test_cli.py checks that they agree)
+# the head-aware feature kernels (ntk_tt.kernels._head_aware imports them from here)
 BACKBONES = ("isotropic", "kronecker", "exact")
 TARGET_KINDS = ("absolute", "fraction")
 MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit

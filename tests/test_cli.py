@@ -578,10 +578,3 @@ def test_bad_option_value_of_the_program_is_one_line_with_status_2(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ntk-tt: error: ")
         assert match in proc.stderr and proc.stdout == "", proc.stderr
-
-
-def test_the_jax_free_backbone_names_agree_with_the_head_aware_kernel():
-    from ntk_tt import _options
-    from ntk_tt.kernels._head_aware import BACKBONES
-
-    assert _options.BACKBONES == BACKBONES  # kept apart: ntk_tt.kernels imports JAX

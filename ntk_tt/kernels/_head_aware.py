@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ntk_tt._options import BACKBONES
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.dynamics._losses import logit_residual
 
@@ -62,8 +63,6 @@ class HeadAwareKernel(NamedTuple):
     features_test: jax.Array | None = None
     backbone_test: jax.Array | None = None
 
-
-BACKBONES = ("isotropic", "kronecker", "exact")
 
 
 class _Identity(nnx.Module):
