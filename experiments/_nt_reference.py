@@ -1,27 +1,29 @@
 """neural-tangents reference timings, run by bench_ntk.py inside a separate environment
 (neural-tangents 0.6.5, jax 0.4.25, numpy<2, flax 0.8.1: see ENVIRONMENT.md).
 
-Usage: <nt-python> _nt_reference.py INPUT.npz IMPL TRACE CALLS
+Usage: <nt-python> _nt_reference.py INPUT.npz IMPL TRACE CALLS [MODULE]
   INPUT.npz: params (flattened as "layer/name") and x, written by bench_ntk.py;
   IMPL: 1 jacobian contraction, 2 NTK-vector products, 3 structured derivatives;
   TRACE: 1 for the logit-traced (N, N) kernel, 0 for the full one (trace_axes=());
-  CALLS: 2 to time a steady second call, 1 for the first call only.
+  CALLS: 2 to time a steady second call, 1 for the first call only;
+  MODULE: the plain-JAX model, ``_bench_cnn`` (default) or ``_bench_resnet``.
 Prints one JSON line: first-call (and steady) seconds, peak memory over the calls (as in
 bench_ntk.py); writes the kernel next to the input for the error check.
 """
 
+import importlib
 import json
 import sys
 import time
 
-import _bench_cnn
 import jax
 import neural_tangents as nt
 import numpy as np
 from _rss import PeakRSS
 
 
-def main(path, impl, trace, calls):
+def main(path, impl, trace, calls, module="_bench_cnn"):
+    net = importlib.import_module(module)
     data = np.load(path)
     params = {}
     for key in data.files:
@@ -30,7 +32,7 @@ def main(path, impl, trace, calls):
             params.setdefault(layer, {})[name] = jax.numpy.asarray(data[key])
     x = jax.numpy.asarray(data["x"])
     fn = nt.empirical_ntk_fn(
-        _bench_cnn.apply,
+        net.apply,
         trace_axes=(-1,) if trace else (),
         vmap_axes=0,
         implementation=nt.NtkImplementation(impl),
@@ -53,4 +55,4 @@ def main(path, impl, trace, calls):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])

@@ -1,16 +1,19 @@
 """Benchmark: exact vs sketched empirical NTK (ntk_tt) vs neural-tangents, on real images.
 
-Model: the plain-JAX CNN of ``_bench_cnn.py`` (conv16-conv32-dense64-head, D = 105,829 at
-C = 5), pre-trained here for a few hundred Adam steps on ``cifar10_train_source10k`` (10
-classes), then given a fresh seeded 5-class head (paper Sec. 5). Task: CIFAR-10 test images of
-classes 0-4 from ``cifar10_test_300pc`` (N/5 per class). Each measurement runs in its own
-subprocess: wall time of the first call (with compilation) and of a second, steady call;
-peak memory = the subprocess's maximum resident size minus its resident size after imports and data
-loading, polled every 2 ms (``_rss.py``; XLA allocations are host memory on CPU, so RSS sees
-them; tracemalloc would not), over both calls.
+Models (``--nets``): ``cnn``, the plain-JAX CNN of ``_bench_cnn.py`` (conv16-conv32-dense64-
+head, D = 105,829 at C = 5), pre-trained here for a few hundred Adam steps on
+``cifar10_train_source10k`` (10 classes), then given a fresh seeded 5-class head (paper Sec.
+5); ``resnet``, the shipped SmallResNet checkpoint (``ntk_tt.models.SmallResNet``: a stem,
+six residual and two strided 3×3 convolutions, D = 120,901 at C = 5) written in plain JAX in
+``_bench_resnet.py`` with the same weights and a fresh seeded 5-class head. Task: CIFAR-10
+test images of classes 0-4 from ``cifar10_test_300pc`` (N/5 per class). Each measurement
+runs in its own subprocess: wall time of the first call (with compilation) and of a second,
+steady call; peak memory = the subprocess's maximum resident size minus its resident size
+after imports and data loading, polled every 2 ms (``_rss.py``; XLA allocations are host
+memory on CPU, so RSS sees them; tracemalloc would not), over both calls.
 
-Run:  python experiments/bench_ntk.py [--quick] [--widths 1,2,4] [--csv out.csv]
-      [--nt-python /work/nt-venv/bin/python]
+Run:  python experiments/bench_ntk.py [--quick] [--nets cnn,resnet] [--widths 1,2,4]
+      [--csv out.csv] [--nt-python /work/nt-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data"
+NETS = {"cnn": "_bench_cnn", "resnet": "_bench_resnet"}
 
 
 def _load_params(path):
@@ -44,22 +48,24 @@ def _load_params(path):
 
 def worker(spec: dict) -> None:
     """One measurement (run in a subprocess): prints a JSON line."""
-    import _bench_cnn
+    import importlib
+
     import jax
     from _rss import PeakRSS
 
     import ntk_tt
 
+    net = importlib.import_module(NETS[spec.get("net", "cnn")])
     params, x = _load_params(spec["input"])
     if spec["method"] == "exact":
 
         def run():
-            return ntk_tt.empirical_ntk(_bench_cnn.apply, params, x, trace_logits=spec["trace"])
+            return ntk_tt.empirical_ntk(net.apply, params, x, trace_logits=spec["trace"])
     else:
 
         def run():
             return ntk_tt.sketched_ntk(
-                _bench_cnn.apply,
+                net.apply,
                 params,
                 x,
                 sketch_dim=spec["sketch_dim"],
@@ -120,13 +126,39 @@ def pretrain(steps: int, width: int, seed: int = 0):
     return params, float(value)
 
 
-def task_inputs(n: int) -> np.ndarray:
-    """n CIFAR-10 test images, n/5 from each of classes 0-4, standardised."""
-    import _bench_cnn
+def resnet_params(seed: int = 0):
+    """The shipped SmallResNet checkpoint with a fresh seeded 5-class head, as the two-level
+    dict of ``_bench_resnet.py`` (numpy), after checking both give the same logits."""
+    import _bench_resnet
+    import jax
 
+    import ntk_tt
+    from ntk_tt.data._checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(None)
+    model = ntk_tt.replace_head(model, 5, key=jax.random.key(seed + 1))
+    apply_fn, state = ntk_tt.from_nnx(model)
+    params = _bench_resnet.from_nnx_params(state)
+    x = task_inputs(10, "resnet")
+    gap = np.abs(np.asarray(apply_fn(state, x)) - np.asarray(_bench_resnet.apply(params, x)))
+    assert gap.max() < 1e-5, f"_bench_resnet differs from SmallResNet by {gap.max():.2g}"
+    return params
+
+
+def task_inputs(n: int, net: str = "cnn") -> np.ndarray:
+    """n CIFAR-10 test images, n/5 from each of classes 0-4, standardised (``cnn``: fixed
+    CIFAR statistics; ``resnet``: those stored with the checkpoint)."""
     tgt = np.load(DATA / "cifar10_test_300pc.npz")
     idx = np.concatenate([np.flatnonzero(tgt["labels"] == c)[: n // 5] for c in range(5)])
-    return _bench_cnn.standardise(tgt["images"][idx])
+    if net == "cnn":
+        import _bench_cnn
+
+        return _bench_cnn.standardise(tgt["images"][idx])
+    from ntk_tt.data._checkpoint import read_meta
+
+    meta = read_meta(None)[1]
+    return ((tgt["images"][idx].astype(np.float32) / 255 - np.asarray(meta["mean"], np.float32))
+            / np.asarray(meta["std"], np.float32))
 
 
 def _write_input(tmp: Path, name: str, params, x) -> str:
@@ -148,20 +180,20 @@ def _row(rows, **kw):
     print("  " + ", ".join(cells), flush=True)
 
 
-def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained"):
+def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained", net="cnn"):
     me = [sys.executable, str(HERE / "bench_ntk.py"), "--worker"]
-    exact_path = str(tmp / f"exact{n}.npy")
+    exact_path = str(tmp / f"{net}_exact{n}.npy")
     for trace in (False, True):
-        out = exact_path if not trace else str(tmp / f"traced{n}.npy")
-        spec = {"method": "exact", "input": inp, "trace": trace, "out": out}
+        out = exact_path if not trace else str(tmp / f"{net}_traced{n}.npy")
+        spec = {"method": "exact", "input": inp, "trace": trace, "out": out, "net": net}
         res = _measure([*me, json.dumps(spec)], timeout)
         label = "ntk_tt exact" + (" traced" if trace else "")
-        _row(rows, model=model, method=label, N=n, D=d, **res)
+        _row(rows, net=net, model=model, method=label, N=n, D=d, **res)
     theta = np.load(exact_path).astype(np.float64)
     r = np.trace(theta) ** 2 / np.sum(theta**2)
     for sd in sketch_dims:
-        out = str(tmp / f"sketch{n}_{sd}.npy")
-        spec = {"method": "sketch", "input": inp, "sketch_dim": sd, "out": out}
+        out = str(tmp / f"{net}_sketch{n}_{sd}.npy")
+        spec = {"method": "sketch", "input": inp, "sketch_dim": sd, "out": out, "net": net}
         res = _measure([*me, json.dumps(spec)], timeout)
         if "steady_s" in res:
             feats = np.load(out).astype(np.float64)
@@ -171,15 +203,16 @@ def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained"):
             res["top10_eig_err"] = _top_eig_error(theta, approx)
             res["NCDp_mib"] = n * 5 * sd * 4 / 2**20
             res["DDp_mib"] = d * sd * 4 / 2**20
-        _row(rows, model=model, method=f"ntk_tt sketch D'={sd}", N=n, D=d, **res)
+        _row(rows, net=net, model=model, method=f"ntk_tt sketch D'={sd}", N=n, D=d, **res)
     return theta
 
 
-def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout):
+def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout, net="cnn"):
     names = {1: "jacobian contraction", 2: "NTK-vector products", 3: "structured derivatives"}
     if not nt_python or not Path(nt_python).exists():
         _row(
             rows,
+            net=net,
             model="pre-trained",
             method="neural-tangents",
             N=n,
@@ -189,13 +222,14 @@ def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout):
         return
     for impl in impls:
         for trace in (0, 1):
-            cmd = [nt_python, str(HERE / "_nt_reference.py"), inp, str(impl), str(trace), "2"]
+            cmd = [nt_python, str(HERE / "_nt_reference.py"), inp, str(impl), str(trace), "2",
+                   NETS[net]]
             res = _measure(cmd, timeout)
             if "steady_s" in res and not trace:
                 k = np.load(inp.replace(".npz", f"_nt{impl}{trace}.npy"))
                 res["diff_vs_ntk_tt"] = float(np.linalg.norm(k - theta) / np.linalg.norm(theta))
             label = f"neural-tangents {names[impl]}" + (" traced" if trace else "")
-            _row(rows, model="pre-trained", method=label, N=n, D=d, **res)
+            _row(rows, net=net, model="pre-trained", method=label, N=n, D=d, **res)
 
 
 def main(argv=None):
@@ -209,9 +243,14 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     ap.add_argument("--csv", default=None, help="also write the table to this CSV file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--nets", default="cnn,resnet",
+                    help="comma list of cnn (benchmark CNN) and resnet (shipped SmallResNet)")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(json.loads(args.worker))
+    nets = args.nets.split(",")
+    if not nets or any(k not in NETS for k in nets):
+        ap.error(f"--nets takes a comma list of {', '.join(NETS)}, got {args.nets!r}")
     import pandas as pd
 
     sizes = [64, 150] if args.quick else [64, 150, 750]
@@ -219,19 +258,25 @@ def main(argv=None):
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        params, loss = pretrain(args.pretrain_steps, 1)
-        d = sum(v.size for layer in params.values() for v in layer.values())
-        print(
-            f"pre-trained {args.pretrain_steps} Adam steps on the source set, loss {loss:.3f};"
-            f" D = {d}",
-            flush=True,
-        )
-        for n in sizes:
-            inp = _write_input(tmp, f"in{n}", params, task_inputs(n))
-            theta = _ours(tmp, inp, rows, n, d, sketch_dims if n > 64 else [], args.timeout)
-            # NTK-vector products: 94 s and 15 GB already at N = 150, so only at N = 64
-            impls = (1, 2, 3) if n == 64 else (1, 3)
-            _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls, args.timeout)
+        for net in nets:
+            if net == "cnn":
+                params, loss = pretrain(args.pretrain_steps, 1)
+                print(f"cnn: pre-trained {args.pretrain_steps} Adam steps on the source set, "
+                      f"loss {loss:.3f}", flush=True)
+            else:
+                params = resnet_params()
+            d = sum(v.size for layer in params.values() for v in layer.values())
+            print(f"{net}: D = {d}", flush=True)
+            for n in sizes:
+                inp = _write_input(tmp, f"{net}_in{n}", params, task_inputs(n, net))
+                # sketches: the CNN only (the issue's target is the exact and traced kernels)
+                dims = sketch_dims if n > 64 and net == "cnn" else []
+                theta = _ours(tmp, inp, rows, n, d, dims, args.timeout, net=net)
+                # NTK-vector products: 94 s and 15 GB already at N = 150 on the CNN, so only
+                # there at N = 64
+                impls = (1, 2, 3) if n == 64 and net == "cnn" else (1, 3)
+                _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls,
+                                 args.timeout, net=net)
         if args.widths and not args.quick:
             import _bench_cnn
             import jax

@@ -146,7 +146,8 @@ def test_beyond_edge_grid_points_are_listed_but_not_predicted_by_default():
 
 
 def test_nothing_reaches_the_target_says_why():
-    s = linear_suggest(EDGE, 0.01, 5, refine_steps=0)
+    with pytest.warns(ntk_tt.TargetNotReachedWarning, match="raise the step budget"):
+        s = linear_suggest(EDGE, 0.01, 5, refine_steps=0)
     assert not s.found and s.learning_rate is None and s.steps is None
     assert "no configuration of the grid reaches the target" in s.reason
     assert "raise the step budget" in s.reason and len(s.grid) == 16
