@@ -176,11 +176,11 @@ def empirical_ntk(
     """Exact empirical NTK Θ(x, x2) = J(x) J(x2)ᵀ at ``params`` (paper eq. (2), Sec. 4).
 
     Per-sample Jacobians are computed for blocks of ``block_size`` inputs (one compiled function
-    reused for every block) and contracted parameter leaf by parameter leaf: dense weights ``h @
-    W`` in structured form ``(h_i·h_j)(δ_ic·δ_jc')``, convolution kernels and weights shared
-    over positions from the layer input's patches and δ = ∂f/∂y (Novak et al. 2022, Sec. 4;
-    ``ntk_tt.kernels._structured``), every other leaf by ``vmap(jacrev)``. Peak memory is Θ plus
-    two Jacobian blocks (~``2·block_size·C·D`` numbers) plus the activations one block's
+    reused for every block) and contracted parameter leaf by parameter leaf: dense weights
+    ``h @ W`` in structured form ``(h_i·h_j)(δ_ic·δ_jc')``, convolution kernels and weights
+    shared over positions from the layer input's patches and δ = ∂f/∂y (Novak et al. 2022, Sec.
+    4; ``ntk_tt.kernels._structured``), every other leaf by ``vmap(jacrev)``. Peak memory is Θ
+    plus two Jacobian blocks (~``2·block_size·C·D`` numbers) plus the activations one block's
     per-sample backward passes keep (XLA's memory analysis of the compiled block function; for
     convolutions on large images these dominate), never N·C·D. With several blocks, Jacobian
     blocks are recomputed for each block pair (time grows with the number of blocks);
