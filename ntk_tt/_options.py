@@ -332,8 +332,9 @@ def _check_source(o: dict[str, Any]) -> None:
     data: the seed an integer, a dataset path (a name ending in ``.npz`` or holding a ``/``)
     an existing file, a ``data_dir`` an existing folder."""
     seed = o["seed"]
-    if not _is_int(seed):
-        raise ValueError(f"seed (--seed) must be an integer, got {seed!r}.")
+    if not _is_int(seed) or not -2**63 <= seed < 2**63:
+        raise ValueError(f"seed (--seed) must be an integer that fits in 64 bits "
+                         f"(-2**63 <= seed < 2**63, as jax.random.key takes), got {seed!r}.")
     name = o["dataset"]
     if not isinstance(name, str):
         raise ValueError(f"dataset (--dataset) must be a string: a short name such as "

@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --subset: power_law (App. D power-law tails from Θ(X', X')) or "
                    "nystrom (the cross kernel Θ(X, X'), N·N' entries)")
     q.add_argument("--sketch-dim", type=int, default=None,
-                   help="D' of the random projection; only with --kernel sketch or --method sde")
+                   help="D' of the random projection; only with --kernel sketch or --method sde "
+                   "(default there: 256)")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
                    help="SGD noise paths averaged (with -B < N)")
     q.add_argument("--verify", action="store_true",

@@ -527,6 +527,8 @@ BEFORE_JAX = [
     (["predict", "--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
     (["predict", "-K", "1"], "num_classes (K) must be >= 2"),
     (["predict", "-n", "0"], "per_class (n) must be >= 1"),
+    (["predict", "--seed", str(2**63)], "seed (--seed) must be an integer that fits in 64"),
+    (["suggest", "--seed", str(-2**63 - 1)], "seed (--seed) must be an integer that fits"),
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
     (["predict", "--data-dir", "TMP/nope"], "data_dir (--data-dir) 'TMP/nope' is not a directory"),
