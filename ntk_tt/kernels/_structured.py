@@ -95,10 +95,9 @@ def _shared_jacobian(kind: str, params: dict, w_shape, h: jax.Array,
     h (1, P…, in). ``"conv"``: the same over the patches of h that the convolution sees.
     """
     c = delta.shape[0]
-    if kind == "shared":
+    if kind == "shared":  # positions p × inputs k, and δ as (C, positions, outputs)
         pk = h.reshape(-1, h.shape[-1])
-        po = delta.reshape(c, pk.shape[0], -1)
-        return jnp.einsum("pk,cpo->cko", pk, po).reshape(c, -1)
+        return jnp.einsum("pk,cpo->cko", pk, delta.reshape(c, pk.shape[0], -1)).reshape(c, -1)
     dn = params["dimension_numbers"]
     spatial = dn.rhs_spec[2:]
     patches = jax.lax.conv_general_dilated_patches(
@@ -218,11 +217,12 @@ def contract(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
     some2 = next(iter(b.generic.values())) if b.generic else next(iter(b.cotangents.values()))
     (bsz, c), bsz2 = some.shape[:2], some2.shape[0]
     out = jnp.zeros((bsz, bsz2) if trace_logits else (bsz * c, bsz2 * c), some.dtype)
+    # traced: Σ_c Σ_d ja[b,c,d] jb[e,c,d], one (B, C·D) @ (C·D, B) product per leaf
+    per_row = 1 if trace_logits else c
     for i, ja in a.generic.items():
-        # traced: Σ_c Σ_d ja[b,c,d] jb[e,c,d], one (B, C·D) @ (C·D, B) product
-        rows = (lambda j: j.reshape(j.shape[0], -1)) if trace_logits else (
-            lambda j: j.reshape(j.shape[0] * c, -1))
-        out = out + _gram(rows(ja), None if symmetric else rows(b.generic[i]))
+        jb = None if symmetric else b.generic[i]
+        out = out + _gram(ja.reshape(bsz * per_row, -1),
+                          None if jb is None else jb.reshape(bsz2 * per_row, -1))
     for i, da in a.cotangents.items():
         gram, db = a.acts[i] @ b.acts[i].T, b.cotangents[i]
         if trace_logits:
