@@ -237,3 +237,18 @@ def test_sampler_rejects_labels_outside_class_names():
     short = Dataset(np.zeros((5, 4, 4, 1), np.uint8), np.arange(6) % 2, ("a", "b"))
     with pytest.raises(ValueError, match=r"images \(5\) and labels \(6\) differ in length"):
         ntk_tt.sample_task(short, num_classes=2, per_class=1, key=jax.random.key(0))
+
+
+def test_readme_lists_every_short_dataset_name():
+    """README's --dataset option names exactly the code's short names, in its order
+    (sorted vendored, then shared: ntk_tt.known_datasets when every file is present)."""
+    import re
+    from pathlib import Path
+
+    from ntk_tt.data._data import SHARED, VENDORED
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = readme.split("`--dataset NAME|file.npz` (short names:", 1)[1]
+    listed = listed.split("holds them;", 1)[0]
+    names = [n for n in re.findall(r"`([^`]+)`", listed) if not n.startswith(("..", "$"))]
+    assert names == sorted(VENDORED) + list(SHARED)
