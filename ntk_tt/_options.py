@@ -34,6 +34,18 @@ TARGET_KINDS = ("absolute", "fraction")
 MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
 # suggest: a whole grid's predicted trajectories are held in memory at once
 SUGGEST_MAX_STEPS = 10_000
+# the short dataset names and their files (ntk_tt.data._data loads them): the vendored set in
+# ntk_tt/assets/data, the others in ../shared/data (or $NTK_TT_DATA_DIR). Each is one fixed
+# set, like an .npz path: the task sampler draws the training and held-out images from it,
+# and --split (a TFDS split) does not apply to it
+VENDORED_FILES = {"flowers5": "flowers5_32px_200pc.npz"}
+SHARED_FILES = {
+    "cifar10_source": "cifar10_train_source10k.npz",
+    "cifar10_test": "cifar10_test_300pc.npz",
+    "mnist_test": "mnist_test.npz",
+    "notmnist": "notmnist_sample_test.npz",
+    "flowers5_300pc": "flowers5_32px_300pc.npz",
+}
 
 
 def _describe(value: Any) -> str:
@@ -242,10 +254,10 @@ def check_outputs(figure_path=None, json_path=None, overwrite: bool = False) -> 
 
 def check_options(o: dict[str, Any]) -> None:
     """Fail fast on the options of :func:`ntk_tt.predict_task`, before loading anything (and
-    without JAX): K, n, seed, the dataset path and data_dir (:func:`_check_source`), the
-    hyperparameters, the method / kernel / predictor / subset combinations, the checkpoint
-    folder. K against the dataset's classes, n against its images and the images against the
-    model need the data: :func:`ntk_tt.prediction._job.load_task` checks them.
+    without JAX): K, n, seed, the dataset path, split and data_dir (:func:`_check_source`),
+    the hyperparameters, the method / kernel / predictor / subset combinations, the
+    checkpoint folder. K against the dataset's classes, n against its images and the images
+    against the model need the data: :func:`ntk_tt.prediction._job.load_task` checks them.
 
     Each message names the option as in Python and, in parentheses, its ``ntk-tt predict``
     flag. N = K·n is known before loading, so the batch size is checked against it here.
@@ -328,9 +340,10 @@ def check_options(o: dict[str, Any]) -> None:
 
 
 def _check_source(o: dict[str, Any]) -> None:
-    """``seed``, ``dataset`` and ``data_dir`` as far as they can be checked without reading
-    data: the seed an integer, a dataset path (a name ending in ``.npz`` or holding a ``/``)
-    an existing file, a ``data_dir`` an existing folder."""
+    """``seed``, ``dataset``, ``split`` and ``data_dir`` as far as they can be checked without
+    reading data: the seed an integer, a dataset path (a name ending in ``.npz`` or holding a
+    ``/``) an existing file, the split a string and the default ``"train"`` unless the
+    dataset is a TFDS name (:func:`_check_split`), a ``data_dir`` an existing folder."""
     seed = o["seed"]
     if not _is_int(seed) or not -2**63 <= seed < 2**63:
         raise ValueError(f"seed (--seed) must be an integer that fits in 64 bits "
@@ -345,11 +358,37 @@ def _check_source(o: dict[str, Any]) -> None:
             raise ValueError(f"dataset file not found: {name!r}; pass an existing path to an "
                              ".npz file with keys images, labels and class_names, or a short "
                              "name (ntk_tt.known_datasets(), e.g. 'flowers5').")
+    _check_split(name, o["split"])
     data_dir = o["data_dir"]
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise ValueError(f"data_dir (--data-dir) {str(data_dir)!r} is not a directory; pass "
                          "the TFDS data_dir holding prepared sets, or omit it "
                          "($TFDS_DATA_DIR or ~/tensorflow_datasets).")
+
+
+def _check_split(name: str, split: Any) -> None:
+    """``split`` (--split) selects a split of a prepared TFDS dataset only: a short name
+    (:data:`VENDORED_FILES`, :data:`SHARED_FILES`) or an .npz path is one fixed file, which
+    ``load_dataset`` reads whatever the split, so a split other than the default "train"
+    would be silently ignored: refused."""
+    default = DEFAULTS["split"]
+    if not isinstance(split, str) or not split:
+        raise ValueError(f"split (--split) must be the name of a TFDS split such as "
+                         f"{default!r}, got {split!r}.")
+    if split == default:
+        return
+    if name in VENDORED_FILES:
+        what = f"the vendored file {VENDORED_FILES[name]}"
+    elif name in SHARED_FILES:
+        what = f"the file {SHARED_FILES[name]} of ../shared/data ($NTK_TT_DATA_DIR)"
+    elif name.endswith(".npz") or "/" in name or os.sep in name:
+        what = "an .npz file"
+    else:
+        return
+    raise ValueError(f"split (--split) {split!r} does not apply to dataset {name!r}: it is "
+                     f"{what}, one fixed set from which the n training and the held-out "
+                     f"images per class are both drawn; drop --split (it selects a split of "
+                     f"a prepared TFDS dataset only).")
 
 
 def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
@@ -518,8 +557,8 @@ def check_suggest_job(options: dict[str, Any], json_path=None,
 def check_task_options(o: dict) -> None:
     """Fail fast on the options of :func:`ntk_tt.suggest_task`, before loading anything and
     without JAX (each message names the Python option and its ``ntk-tt suggest`` flag): K,
-    n, seed, dataset path, data_dir, target, budget, grid, batch sizes (explicit ones as
-    given), momenta, loss, predictor, head scale, checkpoint folder.
+    n, seed, dataset path, split, data_dir, target, budget, grid, batch sizes (explicit ones
+    as given), momenta, loss, predictor, head scale, checkpoint folder.
 
     Raises:
       ValueError: one line naming the option, the value and the fix.

@@ -536,6 +536,10 @@ BEFORE_JAX = [
     (["predict", "--json", "TMP/no/r.json"], "does not exist; create it first"),
     (["predict", "--figure", "TMP/f.xyz"], "must end in a format matplotlib writes"),
     (["suggest", "-B", "N,abc"], "batch_sizes (-B/--batch-sizes) must be a comma-separated"),
+    (["predict", "--split", "test"], "split (--split) 'test' does not apply to dataset "
+                                     "'flowers5': it is the vendored file"),
+    (["suggest", "--dataset", "cifar10_source", "--split", "test"],
+     "does not apply to dataset 'cifar10_source'"),
     (["suggest", "-m", "0,1"], "momenta (-m/--momenta) entries must be in [0, 1)"),
     (["suggest", "--target", "2"], "target (--target) with --target-kind fraction must be in"),
     (["suggest", "--dataset", "TMP/missing.npz"], "dataset file not found"),
@@ -568,6 +572,23 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
         assert line.startswith("ntk-tt: error: "), (args, line)
         assert match.replace("TMP", str(tmp_path)) in line, (args, line)
         assert jax_imported is False, args
+
+
+def test_split_is_refused_where_it_would_be_ignored_only(tmp_path):
+    """--split selects a TFDS split: for a short name or an .npz file (one fixed set, read
+    whatever the split) a split other than "train" is refused, for a TFDS name it is kept."""
+    from ntk_tt._options import check_predict_job, check_suggest_job
+
+    path = tmp_path / "set.npz"
+    fake_npz(tmp_path, "set.npz", np.zeros((10, 8, 8, 3), np.uint8))
+    for name in ("flowers5", "notmnist", str(path)):
+        for check in (check_predict_job, check_suggest_job):
+            with pytest.raises(ValueError, match=r"split \(--split\) 'test' does not apply"):
+                check({"dataset": name, "split": "test"})
+            assert check({"dataset": name, "split": "train"})["split"] == "train"
+    assert check_predict_job({"dataset": "cifar10", "split": "test"})["split"] == "test"
+    with pytest.raises(ValueError, match="split .--split. must be the name of a TFDS split"):
+        check_predict_job({"dataset": "cifar10", "split": ""})
 
 
 def test_bad_option_value_of_the_program_is_one_line_with_status_2(tmp_path):

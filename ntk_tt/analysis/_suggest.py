@@ -686,7 +686,8 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
 
     Raises:
       ValueError: one line for any bad option (values, the dataset path, data_dir and
-        checkpoint that must exist) or output path, before JAX work and before the
+        checkpoint that must exist, a split other than "train" for a short name or .npz file)
+        or output path, before JAX work and before the
         checkpoint's weights are read (:func:`ntk_tt._options.check_suggest_job`).
     """
     from ntk_tt.prediction._job import _output, _plain, _write_json, load_task

@@ -24,15 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import SHARED_FILES, VENDORED_FILES
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-VENDORED = {"flowers5": ASSETS / "data" / "flowers5_32px_200pc.npz"}
-SHARED = {
-    "cifar10_source": "cifar10_train_source10k.npz",
-    "cifar10_test": "cifar10_test_300pc.npz",
-    "mnist_test": "mnist_test.npz",
-    "notmnist": "notmnist_sample_test.npz",
-    "flowers5_300pc": "flowers5_32px_300pc.npz",
-}
+VENDORED = {name: ASSETS / "data" / file for name, file in VENDORED_FILES.items()}
+SHARED = SHARED_FILES  # short name → file name in shared_data_dir()
 
 
 class Dataset(NamedTuple):
@@ -216,7 +212,9 @@ def load_dataset(name: str, *, split: str = "train",
         live in ``../shared/data``), a path to an ``.npz`` file with the keys ``images``,
         ``labels`` and ``class_names`` (the format of ``../shared/data``), or a
         tensorflow-datasets name prepared offline in ``data_dir``.
-      split: TFDS split (ignored for the short names, whose split is fixed by the file).
+      split: TFDS split (ignored for the short names and .npz files, one fixed set each;
+        :func:`ntk_tt.predict_task`, :func:`ntk_tt.suggest_task` and ``ntk-tt`` refuse a
+        split other than "train" for them).
       data_dir: TFDS data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
 
     An ``.npz`` file's images are uint8, or any integer or float numbers in [0, 255] (kept

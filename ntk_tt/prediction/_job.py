@@ -197,7 +197,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       ``json_path``.
 
     Raises:
-      ValueError: one line for any bad input (unknown option, dataset, K, n, seed,
+      ValueError: one line for any bad input (unknown option, dataset, a split other than
+        "train" for a short name or .npz file (one fixed set each), K, n, seed,
         checkpoint, data_dir, image shape, hyperparameters, num_paths < 1, output paths, an
         existing output without ``overwrite``, an output that cannot be written at the end);
         the option values (:func:`ntk_tt._options.check_predict_job`, no JAX needed, which
