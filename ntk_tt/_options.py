@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -495,14 +496,19 @@ def parse_batch_sizes(text: str) -> tuple:
     """"N,50,100" → (None, 50, 100); "N" (or "gd") = full-batch GD.
 
     Raises:
-      ValueError: an entry that is neither N nor an integer.
+      ValueError: an entry that is neither N nor an integer; an integer entry < 1 (the
+        message names it: a batch size is a positive integer, N is full-batch GD).
     """
     out = []
     for tok in str(text).split(","):
         tok = tok.strip()
         if tok.lower() in ("n", "gd", "none"):
             out.append(None)
-        elif tok.lstrip("+").isdigit():
+        elif re.fullmatch(r"[+-]?\d+", tok):
+            if int(tok) < 1:
+                raise ValueError(f"batch_sizes (-B/--batch-sizes) entries must be positive "
+                                 f"integers (mini-batch sizes B >= 1) or N (full-batch GD), got "
+                                 f"{tok} in {text!r}; e.g. N,50.")
             out.append(int(tok))
         else:
             raise ValueError(f"batch_sizes (-B/--batch-sizes) must be a comma-separated list of "

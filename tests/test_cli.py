@@ -540,6 +540,9 @@ BEFORE_JAX = [
                                      "'flowers5': it is the vendored file"),
     (["suggest", "--dataset", "cifar10_source", "--split", "test"],
      "does not apply to dataset 'cifar10_source'"),
+    (["suggest", "-B", "50,-5"], "entries must be positive integers (mini-batch sizes B >= "
+                                 "1) or N (full-batch GD), got -5 in '50,-5'"),
+    (["predict", "-B", "-5"], "batch_size (-B) must be an integer >= 1, got -5; omit it"),
     (["suggest", "-m", "0,1"], "momenta (-m/--momenta) entries must be in [0, 1)"),
     (["suggest", "--target", "2"], "target (--target) with --target-kind fraction must be in"),
     (["suggest", "--dataset", "TMP/missing.npz"], "dataset file not found"),

@@ -334,6 +334,10 @@ def cli_no_work(monkeypatch):
     (["-T", "0"], "steps (-T/--max-steps, the budget T_max) must be an integer in"),
     (["-T", "1000000000"], "steps (-T/--max-steps, the budget T_max) must be an integer in"),
     (["-B", "N,abc"], "batch_sizes (-B/--batch-sizes) must be a comma-separated list"),
+    (["-B", "-5"], "batch_sizes (-B/--batch-sizes) entries must be positive integers "
+                   "(mini-batch sizes B >= 1) or N (full-batch GD), got -5 in '-5'"),
+    (["-B", "N,0"], "must be positive integers (mini-batch sizes B >= 1) or N (full-batch "
+                    "GD), got 0 in 'N,0'"),
     (["-B", "N,751"], "must be N (full-batch GD) or integers in [1, N = K·n = 5·150 = 750]"),
     (["-K", "2", "-n", "3", "-B", "N,6"], "both full-batch GD"),
     (["-m", "0,x"], "momenta (-m/--momenta) must be a comma-separated list of numbers"),
