@@ -232,3 +232,18 @@ def test_labels_beyond_a_matching_kernel_and_f0_are_still_a_label_error():
     f0, y = np.zeros((6, 2)), np.arange(6) % 3  # kernel and f0 agree on C = 2: y is wrong
     with pytest.raises(ValueError, match=r"y has labels outside \[0, C\) = \[0, 2\)"):
         ntk_tt.predict_from_kernel(np.eye(12), f0, y, learning_rate=0.1, steps=5)
+
+
+@pytest.mark.parametrize("kernel", [np.eye(18), np.eye(6)])  # full and logit-summed
+def test_a_transposed_f0_is_said_to_be_transposed(kernel):
+    """f0 of shape (C, N) (the model's logits transposed): the message says so and gives the
+    shape to pass (it was a y-shape error for the full kernel)."""
+    y = np.arange(6) % 3
+    with pytest.raises(ValueError) as err:
+        ntk_tt.predict_from_kernel(kernel, np.zeros((3, 6)), y, learning_rate=0.1, steps=5)
+    msg = str(err.value)
+    assert msg.startswith("f0 looks transposed: it has shape (3, 6) = (C, N)"), msg
+    assert "pass f0 of shape (N, C) = (6, 3) (f0.T)" in msg and "y must be" not in msg, msg
+    with pytest.raises(ValueError, match="f0 looks transposed"):  # the what-if functions too
+        ntk_tt.sensitivities(kernel, y, f0=np.zeros((3, 6)), learning_rate=0.1, steps=5)
+

@@ -218,7 +218,8 @@ def check_f0_shape(kernel, f0, y) -> None:
     """ValueError when ``f0`` does not have the (N, C) shape that ``kernel`` and the labels
     ``y`` imply (shapes only, and the labels' values when concrete): N = len(y), C =
     kernel side / N for a full (N·C, N·C) kernel; for a logit-summed (N, N) kernel, C must
-    exceed every label. A kernel that fits neither is left to the kernel's own check."""
+    exceed every label. ``f0`` of shape (C, N) (N ≠ C) is said to be transposed. A kernel that
+    fits neither is left to the kernel's own check."""
     if np.ndim(f0) != 2 or np.ndim(kernel) != 2 or np.ndim(y) != 1:
         return
     n, c = np.shape(f0)
@@ -226,6 +227,12 @@ def check_f0_shape(kernel, f0, y) -> None:
     if np.shape(kernel) != (side, side):
         return
     ny = np.shape(y)[0]
+    if c == ny != n and ny and side in (n * c, ny):
+        raise ValueError(
+            f"f0 looks transposed: it has shape {(n, c)} = (C, N), while the {ny} labels y "
+            f"and the kernel {(side, side)} imply N = {ny} samples of C = {n} logits; pass "
+            f"f0 of shape (N, C) = {(ny, n)} (f0.T)."
+        )
     if side not in (n * c, n) and ny and side % ny == 0:
         expected = f"({ny}, {side // ny})" if side != ny else f"({ny}, C)"
         raise ValueError(
@@ -294,8 +301,9 @@ def predict_from_kernel(
       ValueError: arrays given as anything but arrays or nested lists of numbers, η or m
         not a real number (a string included), a key that is not ``jax.random.key(seed)``,
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
-        expected and the given shape), labels, η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N],
-        steps < 1, num_paths < 1, non-finite Θ,
+        expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
+        η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N], steps < 1, num_paths < 1, non-finite
+        Θ,
         unknown method or loss, missing key / noise features (value checks only when the
         arguments are concrete, i.e. not traced).
     """
