@@ -247,3 +247,20 @@ def test_a_transposed_f0_is_said_to_be_transposed(kernel):
     with pytest.raises(ValueError, match="f0 looks transposed"):  # the what-if functions too
         ntk_tt.sensitivities(kernel, y, f0=np.zeros((3, 6)), learning_rate=0.1, steps=5)
 
+
+def test_non_finite_f0_is_refused_with_the_count_when_concrete():
+    from ntk_tt.dynamics._predict_kernel import check_finite_logits
+
+    f0, y, kernel = np.zeros((4, 2)), np.array([0, 1, 0, 1]), np.eye(8)
+    bad = f0.copy()
+    bad[0, 0], bad[1, 1], bad[3, 0] = np.nan, np.inf, -np.inf
+    with pytest.raises(ValueError, match=r"^f0 has 3 non-finite entries \(NaN or inf\) of 8"):
+        ntk_tt.predict_from_kernel(kernel, bad, y, learning_rate=0.1, steps=5)
+    with pytest.raises(ValueError, match=r"^f0 has 3 non-finite entries"):
+        ntk_tt.sensitivities(kernel, y, f0=bad, learning_rate=0.1, steps=5)
+    with pytest.raises(ValueError, match=r"^f0_test has 1 non-finite entries .* of 4"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=5,
+                                   kernel_test=np.ones((4, 8)), f0_test=bad[2:],
+                                   y_test=np.array([0, 1]))
+    # traced (under jit): not checked, no error while tracing
+    jax.make_jaxpr(lambda f: (check_finite_logits(f), f)[1])(jnp.asarray(bad))

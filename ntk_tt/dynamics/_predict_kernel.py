@@ -201,12 +201,30 @@ def _edge(m, nesterov, loss):
 
 
 
+def check_finite_logits(f0, name: str = "f0") -> None:
+    """ValueError when concrete initial logits ``f0`` hold NaN or inf (the message gives how
+    many); traced ones are not checked."""
+    fc = _concrete(f0)
+    if fc is None or fc.dtype.kind not in "fc":
+        return
+    bad = int(np.size(fc) - np.count_nonzero(np.isfinite(fc)))
+    if bad:
+        x = "x_test" if name == "f0_test" else "x"
+        raise ValueError(
+            f"{name} has {bad} non-finite entries (NaN or inf) of {np.size(fc)}; the initial "
+            f"logits must be finite: recompute {name} = apply_fn(params, {x}) and check the "
+            "weights and inputs (a NaN there makes every predicted curve NaN)."
+        )
+
+
 def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
-    """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits, the loss for
-    C outputs, the hyperparameters, the labels. Returns ``(n, c, batch_size, y)`` with
-    ``batch_size`` None read as N (GD) and ``y`` as checked labels. Raises ValueError."""
+    """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits (finite when
+    concrete), the loss for C outputs, the hyperparameters, the labels. Returns
+    ``(n, c, batch_size, y)`` with ``batch_size`` None read as N (GD) and ``y`` as checked
+    labels. Raises ValueError."""
     if np.ndim(f0) != 2:
         raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
+    check_finite_logits(f0)
     n, c = np.shape(f0)
     check_loss(loss, c)
     batch_size = n if batch_size is None else batch_size
@@ -256,7 +274,7 @@ def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
     """Held-out inputs of a plain-kernel prediction: Θ(x_test, x) (N_test·C, N·C) or traced
     (N_test, N), f0_test (N_test, C) logits, y_test (N_test,) labels. Returns
     ``(test operator, traced?, f0_test, y_test)``. Raises ValueError when f0_test / y_test are
-    missing or mis-shaped, or Θ_test is not finite."""
+    missing or mis-shaped, or Θ_test or (concrete) f0_test is not finite."""
     kernel_test = as_array(kernel_test, "kernel_test")
     f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
     if f0_test is None or y_test is None or np.ndim(f0_test) != 2 or np.shape(f0_test)[1] != c:
@@ -264,6 +282,7 @@ def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
         raise ValueError(f"kernel_test needs f0_test (N_test, {c}) and y_test (N_test,), got "
                          f"f0_test of shape {shape}.")
     _check_finite(kernel_test, "kernel_test")
+    check_finite_logits(f0_test, "f0_test")
     nt = np.shape(f0_test)[0]
     y_test = check_labels(y_test, nt, c, name="y_test")
     test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
@@ -303,7 +322,7 @@ def predict_from_kernel(
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
         η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N], steps < 1, num_paths < 1, non-finite
-        Θ,
+        Θ, f0 or f0_test with NaN or inf entries (the message gives how many),
         unknown method or loss, missing key / noise features (value checks only when the
         arguments are concrete, i.e. not traced).
     """
