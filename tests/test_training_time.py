@@ -115,8 +115,30 @@ def test_wall_clock_time():
 def test_wall_clock_time_refuses_negative_steps_and_keeps_nan():
     assert ntk_tt.wall_clock_time(20, seconds_per_step=0.5) == 10.0
     assert np.isnan(ntk_tt.wall_clock_time(np.nan, seconds_per_step=0.5))
+    out = ntk_tt.wall_clock_time([4, None], np.float32(0.5))  # None (undefined T_ε): NaN
+    assert out[0] == 2.0 and np.isnan(out[1])
     with pytest.raises(ValueError, match="steps must be >= 0"):
         ntk_tt.wall_clock_time(-5, seconds_per_step=0.1)
+
+
+@pytest.mark.parametrize("curve", ["abc", np.array(["1.0", "0.5"]), [[1.0, 0.5], [0.2]]])
+def test_a_curve_that_is_not_numbers_is_named(curve):
+    """A string, an array of strings or a ragged list as the curve: one ValueError naming
+    curve (it was a JAX TypeError, or numpy's, that named no argument)."""
+    for fn in (ntk_tt.training_time, ntk_tt.training_time_report):
+        with pytest.raises(ValueError, match=r"^curve must be a 1-D array of numbers \(a loss"):
+            fn(curve, 0.1)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(steps=10, seconds_per_step="a"), "seconds_per_step"),
+    (dict(steps=10, seconds_per_step="0.5"), "seconds_per_step"),  # was read as 0.5
+    (dict(steps="abc", seconds_per_step=0.1), "steps"),
+    (dict(steps=[1.0, [2.0, 3.0]], seconds_per_step=0.1), "steps"),
+])
+def test_wall_clock_time_names_an_argument_that_is_not_numbers(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be a number or an array of numbers"):
+        ntk_tt.wall_clock_time(**kwargs)
 
 
 @pytest.mark.parametrize("eps", ["0.1", None, True, [0.1]])

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import check_real
+from ntk_tt._options import _describe, check_real
 
 OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED = 0, 1, 2, 3, 4
 REASONS = {
@@ -43,7 +43,8 @@ def _check(curve, epsilon, window) -> jax.Array:
             "training_time_array(curve, epsilon) (value and reason code) or "
             "smooth_training_time (differentiable)."
         )
-    curve = jnp.asarray(curve)
+    curve = jnp.asarray(_numbers(curve, "curve", "a 1-D array of numbers (a loss or error "
+                                    "curve, one entry per step)"))
     if curve.ndim != 1 or curve.shape[0] < 2:
         raise ValueError(
             f"curve must be 1-D with steps + 1 >= 2 entries, got shape {curve.shape}; pass one "
@@ -63,6 +64,26 @@ def _check(curve, epsilon, window) -> jax.Array:
             "e.g. 0.1 for 10%."
         )
     return curve
+
+
+def _numbers(value, name: str, what: str, dtype=None) -> np.ndarray | jax.Array:
+    """``value`` as an array of numbers (converted to ``dtype`` if given, which also reads
+    None entries as NaN; a jax array is kept as it is without ``dtype``), or a ValueError
+    naming ``name``: strings (``"0.5"`` included), arrays of strings, ragged lists and other
+    objects that are not numbers are refused."""
+    if isinstance(value, jax.Array) and dtype is None:
+        return value
+    arr = None
+    if not isinstance(value, (str, bytes)):
+        try:
+            arr = np.asarray(value)
+            if arr.dtype.kind in "biuf" or (dtype is not None and arr.dtype.kind == "O"):
+                return arr if dtype is None else np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError):
+            pass
+    kind = f" with dtype {arr.dtype}" if arr is not None else ""
+    raise ValueError(f"{name} must be {what}, got {_describe(value)}{kind}; pass numbers (a "
+                     "numeric array), not strings or ragged lists.")
 
 
 def smooth(curve: jax.Array, window: int) -> jax.Array:
@@ -112,7 +133,8 @@ def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str
     ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
 
     Raises:
-      ValueError: curve not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
+      ValueError: curve not numbers (a string, an array of strings, a ragged list: the message
+        names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
         "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
         jit / vmap / grad: use :func:`training_time_array`).
     """
@@ -149,7 +171,8 @@ def training_time(curve, epsilon, *, window: int = 5) -> float:
         the first such step and :func:`training_time_report`).
 
     Raises:
-      ValueError: curve not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
+      ValueError: curve not numbers (a string, an array of strings, a ragged list: the message
+        names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
         "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε.
     """
     t, why = training_time_report(curve, epsilon, window=window)
@@ -188,15 +211,20 @@ def wall_clock_time(steps, seconds_per_step):
     Works on scalars or arrays; NaN (undefined T_ε) stays NaN.
 
     Raises:
-      ValueError: a negative or non-finite ``seconds_per_step``, or negative ``steps``.
+      ValueError: ``steps`` or ``seconds_per_step`` not numbers (a string such as ``"0.5"``
+        included: the message names the argument), a negative or non-finite
+        ``seconds_per_step``, or negative ``steps``.
     """
-    if np.any(np.asarray(steps, dtype=float) < 0):
+    steps_f = _numbers(steps, "steps", "a number or an array of numbers (a T_ε in optimiser "
+                       "steps, NaN if undefined)", float)
+    sps = _numbers(seconds_per_step, "seconds_per_step", "a number or an array of numbers (the "
+                   "measured wall time of one optimiser step, e.g. 0.05)", float)
+    if np.any(steps_f < 0):
         raise ValueError(f"steps must be >= 0 (a T_ε in optimiser steps, NaN if undefined), "
                          f"got {steps!r}.")
-    sps = np.asarray(seconds_per_step, dtype=float)
     if not np.all(np.isfinite(sps)) or np.any(sps < 0):
         raise ValueError(
             f"seconds_per_step must be finite and >= 0 (measured wall time of one optimiser "
             f"step), got {seconds_per_step!r}."
         )
-    return np.asarray(steps, dtype=float) * sps
+    return steps_f * sps
