@@ -62,6 +62,30 @@ def test_traced_kernel_is_sum_of_diagonal_logit_blocks(x64, kind):
     np.testing.assert_allclose(traced, expected, rtol=1e-10)
 
 
+def test_block_function_compiles_once_per_model_and_block_shape(x64, monkeypatch):
+    """An exact then a traced kernel of one model, and the same kernel again, lower the
+    Jacobian block function once; another block shape lowers it again."""
+    apply_fn, params, x = setup("cnn")
+    lowered = []
+
+    class Counting:
+        def lower(self, *args):
+            lowered.append(args[2].shape)
+            return structured_jacobian.lower(*args)
+
+    monkeypatch.setattr(ntk_module, "structured_jacobian", Counting())
+    monkeypatch.setattr(ntk_module, "_COMPILED", {})
+    full = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x))
+    traced = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True))
+    again = np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x))
+    assert lowered == [(5, *x.shape[1:])]
+    assert _rel(full, _brute("cnn", 5)) < 1e-6 and np.array_equal(again, full)
+    np.testing.assert_allclose(traced, sum(full[a::3, a::3] for a in range(3)), rtol=1e-10)
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x[:3]),
+                               full[:9, :9], rtol=1e-10)
+    assert lowered == [(5, *x.shape[1:]), (3, *x.shape[1:])]
+
+
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("trace_logits", [False, True])
 def test_block_size_does_not_change_result(x64, block_size, trace_logits):

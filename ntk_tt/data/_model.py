@@ -64,9 +64,10 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
 
     Shapes are traced (``jax.eval_shape``); finiteness is checked on the concrete arrays.
     ``apply_fn`` must treat every sample independently (the kernel is built sample by sample,
-    fine-tuning runs on batches): one forward pass on the first ≤ 4 samples of ``x``, together
-    and one at a time, must agree up to float rounding, and a batch of one must give logits of
-    shape (1, C). Models in training mode (batch statistics, dropout) or that centre, normalise
+    fine-tuning runs on batches): when N ≥ 2, one forward pass on the first ≤ 4 samples of
+    ``x``, together and one at a time, must agree up to float rounding (a single sample is
+    its own batch: only shapes are traced), and a batch of one must give logits of shape
+    (1, C). Models in training mode (batch statistics, dropout) or that centre, normalise
     or squeeze over the batch fail this; use eval mode (:func:`from_nnx` does).
 
     Args:
@@ -135,6 +136,8 @@ def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int)
             "must map each sample independently, a batch of one included (do not squeeze the "
             "batch axis); the NTK is computed one sample at a time."
         )
+    if np.shape(x)[0] == 1:  # one sample alone is the batch itself: nothing to compare (and
+        return  # the two eager passes cost more than a 1-sample kernel, e.g. feature_mixing's)
     xs = jnp.asarray(x[:4])
     together = np.asarray(apply_fn(params, xs))
     alone = np.asarray(jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs))

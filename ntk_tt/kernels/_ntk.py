@@ -69,16 +69,35 @@ def _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric):
         rows = min(block_size, np.shape(inputs)[0])
         return jax.ShapeDtypeStruct((rows, *np.shape(inputs)[1:]), jnp.result_type(inputs))
 
-    def compiled(block):
-        fn = structured_jacobian.lower(apply_fn, params, block).compile()
-        ma = fn.memory_analysis()
-        return fn, (ma.temp_size_in_bytes + ma.argument_size_in_bytes, ma.output_size_in_bytes)
-
-    row_fn, row_bytes = compiled(spec(x))
+    leaves, treedef = jax.tree.flatten(params)
+    avals = (treedef, tuple((np.shape(v), jnp.result_type(v), getattr(v, "weak_type", False))
+                            for v in leaves))
+    row_fn, row_bytes = _compiled_block(apply_fn, avals, params, spec(x))
     if symmetric or spec(x2) == spec(x):
         return row_fn, row_fn, row_bytes, row_bytes
-    col_fn, col_bytes = compiled(spec(x2))
+    col_fn, col_bytes = _compiled_block(apply_fn, avals, params, spec(x2))
     return row_fn, col_fn, row_bytes, col_bytes
+
+
+_COMPILED: dict = {}
+_COMPILED_MAX = 16
+
+
+def _compiled_block(apply_fn, avals, params, block):
+    """``structured_jacobian`` compiled ahead of time for one block shape, and XLA's
+    ``(working, output)`` bytes for it. AOT executables are not in jit's cache, so the last
+    ``_COMPILED_MAX`` are kept here, keyed on ``apply_fn``, the parameters' shapes and dtypes
+    and the block's: an exact and a traced kernel of one model, or a kernel per call on the same
+    inputs, compile once."""
+    key = (apply_fn, avals, block)
+    if key not in _COMPILED:
+        fn = structured_jacobian.lower(apply_fn, params, block).compile()
+        ma = fn.memory_analysis()
+        while len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = fn, (ma.temp_size_in_bytes + ma.argument_size_in_bytes,
+                              ma.output_size_in_bytes)
+    return _COMPILED[key]
 
 
 def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
