@@ -4,7 +4,8 @@
 
 Side by side in one process, for one task of the sweep (5 classes × ``--per-class`` images,
 the shipped checkpoint with a fresh head) and the 18 configurations of the ``full`` sweep
-preset (GD, SGD B = 50 and 100; m ∈ {0, 0.9}; κ̃ ∈ {1, 4, 12}; T = 150):
+preset (GD, SGD B = 50 and 100; m ∈ {0, 0.9}; κ̃ ∈ {1, 4, 12}; T = 150; SGD averaged over the
+preset's 8 minibatch orders):
 
 * prediction = kernel (exact Θ, traced Θ, sketch D' = 256, or the head-aware kernel: the
   traced Θ and the backbone features, isotropic, the default predictor) + λ_max + the
@@ -23,15 +24,17 @@ flowers5`` runs from the repository alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
 import pandas as pd
+from sweep import PRESETS  # experiments/sweep.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._fspace import top_eigenvalue
 from ntk_tt.kernels._head_aware import head_aware_kernel
-from ntk_tt.sweep._grid import SweepSpec, Task, plan
+from ntk_tt.sweep._grid import Task, plan
 from ntk_tt.sweep._run import _hyper, _predict_group, _task_key, load_task
 
 SKETCH_DIM = 256
@@ -54,7 +57,10 @@ def main(argv=None) -> None:
     p.add_argument("--per-class", type=int, default=150)
     p.add_argument("--csv", help="also write the table here")
     a = p.parse_args(argv)
-    spec = SweepSpec(datasets=(a.dataset,), per_class=(a.per_class,), seeds=(0,))
+    # the full preset's grid, paths and steps on this one task (its edge κ̃ rows need
+    # N <= 250, so a task of 5 x 150 has the 18 configurations)
+    spec = dataclasses.replace(PRESETS["full"], datasets=(a.dataset,),
+                               per_class=(a.per_class,), seeds=(0,))
     task = Task(a.dataset, a.per_class, 0)
     data = load_task(task, spec)
     n = data.x.shape[0]
