@@ -200,3 +200,39 @@ def test_training_time_array_stays_jittable_vmappable_and_silent_on_nan():
     assert np.all(np.isfinite(g))
     with pytest.raises(ValueError, match="under jit, vmap or grad use training_time_array"):
         jax.jit(lambda c: ntk_tt.training_time(c, 0.1))(curves[0])
+
+
+@pytest.mark.parametrize("curve", [np.array([True, False] * 5), [True, False, True],
+                                   jnp.array([True, False] * 5)])
+def test_a_bool_curve_is_refused(curve):
+    """A bool curve was read as 1/0 and gave NaN silently: now one ValueError naming curve."""
+    for fn in (ntk_tt.training_time, ntk_tt.training_time_report):
+        with pytest.raises(ValueError, match=r"^curve must be real numbers, got booleans"):
+            fn(curve, 0.1)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(steps=10, seconds_per_step=True), "seconds_per_step"),  # was read as 1.0
+    (dict(steps=True, seconds_per_step=0.5), "steps"),
+    (dict(steps=np.array([True, False]), seconds_per_step=0.5), "steps"),
+])
+def test_wall_clock_time_refuses_bools(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be real numbers, got booleans"):
+        ntk_tt.wall_clock_time(**kwargs)
+
+
+def test_smooth_training_time_checks_its_arguments_like_training_time():
+    """A string ε or curve gave a raw JAX TypeError / AttributeError: now the same messages as
+    training_time; traced arguments still pass (jit, grad)."""
+    curve = jnp.exp(-jnp.arange(41) / 10.0)
+    with pytest.raises(ValueError, match=r"^epsilon must be a real number, got str"):
+        ntk_tt.smooth_training_time(curve, "0.1")
+    with pytest.raises(ValueError, match=r"^curve must be a 1-D array of numbers \(a loss"):
+        ntk_tt.smooth_training_time("abc", 0.1)
+    with pytest.raises(ValueError, match=r"^epsilon must be a scalar in \(0, 1\)"):
+        ntk_tt.smooth_training_time(curve, 1.5)
+    with pytest.raises(ValueError, match=r"^curve must be real numbers, got booleans"):
+        ntk_tt.smooth_training_time(np.array([True, False] * 5), 0.1)
+    eager = float(ntk_tt.smooth_training_time(curve, 0.1))
+    assert float(jax.jit(ntk_tt.smooth_training_time)(curve, 0.1)) == pytest.approx(eager)
+    assert np.isfinite(jax.grad(ntk_tt.smooth_training_time, argnums=1)(curve, 0.1))

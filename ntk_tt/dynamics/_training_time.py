@@ -43,8 +43,18 @@ def _check(curve, epsilon, window) -> jax.Array:
             "training_time_array(curve, epsilon) (value and reason code) or "
             "smooth_training_time (differentiable)."
         )
-    curve = jnp.asarray(_numbers(curve, "curve", "a 1-D array of numbers (a loss or error "
-                                    "curve, one entry per step)"))
+    curve = _check_curve(curve, window)
+    _check_epsilon(epsilon)
+    return curve
+
+
+def _check_curve(curve, window: int):
+    """``curve`` checked (numbers, not bools; 1-D with >= 2 entries) and ``window`` (odd, in
+    [1, len(curve)]); a traced curve has only its shape checked. Returns the curve as an array.
+    Raises ValueError."""
+    if not isinstance(curve, jax.core.Tracer):
+        curve = jnp.asarray(_numbers(curve, "curve", "a 1-D array of numbers (a loss or error "
+                                     "curve, one entry per step)"))
     if curve.ndim != 1 or curve.shape[0] < 2:
         raise ValueError(
             f"curve must be 1-D with steps + 1 >= 2 entries, got shape {curve.shape}; pass one "
@@ -56,31 +66,41 @@ def _check(curve, epsilon, window) -> jax.Array:
             f"window must be an odd int in [1, len(curve)] (centred moving average), got "
             f"{window!r}; e.g. window=5, or 1 for no smoothing."
         )
+    return curve
+
+
+def _check_epsilon(epsilon) -> None:
+    """ValueError unless ``epsilon`` is a real number (tracers pass) and, when concrete, a
+    scalar in (0, 1)."""
     check_real(epsilon, "epsilon")
+    if isinstance(epsilon, jax.core.Tracer):
+        return
     eps = np.asarray(epsilon)
     if eps.ndim != 0 or not 0.0 < float(eps) < 1.0:
         raise ValueError(
             f"epsilon must be a scalar in (0, 1) (fraction of L_0 - L_T), got {epsilon!r}; "
             "e.g. 0.1 for 10%."
         )
-    return curve
 
 
 def _numbers(value, name: str, what: str, dtype=None) -> np.ndarray | jax.Array:
     """``value`` as an array of numbers (converted to ``dtype`` if given, which also reads
     None entries as NaN; a jax array is kept as it is without ``dtype``), or a ValueError
     naming ``name``: strings (``"0.5"`` included), arrays of strings, ragged lists and other
-    objects that are not numbers are refused."""
-    if isinstance(value, jax.Array) and dtype is None:
+    objects that are not numbers are refused, and so are booleans (True, a bool array)."""
+    if isinstance(value, jax.Array) and dtype is None and value.dtype.kind != "b":
         return value
     arr = None
     if not isinstance(value, (str, bytes)):
         try:
             arr = np.asarray(value)
-            if arr.dtype.kind in "biuf" or (dtype is not None and arr.dtype.kind == "O"):
+            if arr.dtype.kind in "iuf" or (dtype is not None and arr.dtype.kind == "O"):
                 return arr if dtype is None else np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):
             pass
+    if arr is not None and arr.dtype.kind == "b":
+        raise ValueError(f"{name} must be real numbers, got booleans ({_describe(value)}); "
+                         f"pass {what}, not True/False.")
     kind = f" with dtype {arr.dtype}" if arr is not None else ""
     raise ValueError(f"{name} must be {what}, got {_describe(value)}{kind}; pass numbers (a "
                      "numeric array), not strings or ragged lists.")
@@ -133,9 +153,9 @@ def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str
     ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
 
     Raises:
-      ValueError: curve not numbers (a string, an array of strings, a ragged list: the message
-        names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
-        "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
+      ValueError: curve not numbers (a string, an array of strings, a ragged list, booleans:
+        the message names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g.
+        the string "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
         jit / vmap / grad: use :func:`training_time_array`).
     """
     curve = _check(curve, epsilon, window)
@@ -171,9 +191,9 @@ def training_time(curve, epsilon, *, window: int = 5) -> float:
         the first such step and :func:`training_time_report`).
 
     Raises:
-      ValueError: curve not numbers (a string, an array of strings, a ragged list: the message
-        names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g. the string
-        "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε.
+      ValueError: curve not numbers (a string, an array of strings, a ragged list, booleans:
+        the message names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g.
+        the string "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε.
     """
     t, why = training_time_report(curve, epsilon, window=window)
     if why == REASONS[NON_FINITE]:
@@ -199,7 +219,14 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
 
     Returns:
       A scalar, T_ε in (fractional) optimiser steps.
+
+    Raises:
+      ValueError: the same argument errors as :func:`training_time` (curve not numbers,
+        booleans, not 1-D with ≥ 2 entries; ε not a real number, e.g. the string "0.1", or
+        ∉ (0, 1); window not odd in [1, len(curve)]), values checked only when concrete.
     """
+    curve = _check_curve(curve, window)
+    _check_epsilon(epsilon)
     gap, drop, _ = _distance(curve, epsilon, window)
     log_far = jax.nn.log_sigmoid(gap / (temperature * epsilon * drop))
     return jnp.sum(jnp.exp(jnp.cumsum(log_far)))
@@ -212,8 +239,8 @@ def wall_clock_time(steps, seconds_per_step):
 
     Raises:
       ValueError: ``steps`` or ``seconds_per_step`` not numbers (a string such as ``"0.5"``
-        included: the message names the argument), a negative or non-finite
-        ``seconds_per_step``, or negative ``steps``.
+        or a bool such as ``True`` included: the message names the argument), a negative or
+        non-finite ``seconds_per_step``, or negative ``steps``.
     """
     steps_f = _numbers(steps, "steps", "a number or an array of numbers (a T_ε in optimiser "
                        "steps, NaN if undefined)", float)
