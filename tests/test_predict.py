@@ -248,6 +248,29 @@ def test_a_transposed_f0_is_said_to_be_transposed(kernel):
         ntk_tt.sensitivities(kernel, y, f0=np.zeros((3, 6)), learning_rate=0.1, steps=5)
 
 
+@pytest.mark.parametrize("dtype", [int, np.int32, bool])
+def test_integer_or_bool_f0_is_cast_to_the_kernel_float_dtype(dtype):
+    """f0 = np.zeros((N, C), int) crashed deep in the discrete scan (int32 carry vs float32):
+    integer / bool f0 and f0_test are read as floats, giving the float f0's prediction."""
+    n, c = 20, 3
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(n * c, n * c)).astype(np.float32)
+    kernel, y = a @ a.T / (n * c), np.arange(n) % c
+    kt = a[: 4 * c] @ a.T / (n * c)
+    kw = dict(learning_rate=0.1, steps=5, kernel_test=kt, y_test=np.arange(4) % c)
+    got = ntk_tt.predict_from_kernel(kernel, np.zeros((n, c), dtype), y,
+                                     f0_test=np.zeros((4, c), dtype), **kw)
+    want = ntk_tt.predict_from_kernel(kernel, np.zeros((n, c), np.float32), y,
+                                      f0_test=np.zeros((4, c), np.float32), **kw)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        if hasattr(g, "dtype"):
+            assert g.dtype == w.dtype
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+    sens = ntk_tt.sensitivities(kernel, y, f0=np.zeros((n, c), dtype), learning_rate=0.1,
+                                steps=5)
+    assert sens is not None
+
+
 def test_non_finite_f0_is_refused_with_the_count_when_concrete():
     from ntk_tt.dynamics._predict_kernel import check_finite_logits
 

@@ -46,6 +46,7 @@ from ntk_tt.dynamics._predict_kernel import (
     check_num_paths,
     check_problem,
     check_test_kernel,
+    float_logits,
     predict_from_kernel,
 )
 from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
@@ -246,6 +247,7 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             "pass f0=apply_fn(params, x) (or give a HeadAwareKernel).")
     f0 = as_array(f0, "f0")
     check_f0_shape(kernel, f0, y)
+    f0 = float_logits(f0, kernel)
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     if batch_size < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")

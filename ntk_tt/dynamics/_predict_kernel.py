@@ -217,6 +217,18 @@ def check_finite_logits(f0, name: str = "f0") -> None:
         )
 
 
+def float_logits(f0, kernel):
+    """``f0`` (already an array) as floats: integer or bool initial logits (e.g.
+    ``np.zeros((N, C), int)``) are cast to the kernel's float dtype (the default float dtype
+    when the kernel is not floating), so the recursion's carry has one dtype; float and
+    complex ``f0`` are returned unchanged."""
+    if np.dtype(f0.dtype).kind not in "biu":
+        return f0
+    kdt = np.dtype(kernel.dtype)
+    dtype = kdt if kdt.kind == "f" else jnp.result_type(float)
+    return jnp.asarray(f0, dtype)
+
+
 def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
     """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits (finite when
     concrete), the loss for C outputs, the hyperparameters, the labels. Returns
@@ -299,7 +311,8 @@ def predict_from_kernel(
     Args:
       kernel: empirical NTK Θ (N·C, N·C), sample-major; or (N, N) logit-SUMMED, used as
         (Θ/C) ⊗ I_C. Symmetrised; significant negative eigenvalues are clamped to 0.
-      f0: initial logits (N, C) at the pre-trained weights. y: integer labels (N,).
+      f0: initial logits (N, C) at the pre-trained weights (integer or bool logits are cast
+        to the kernel's float dtype, f0_test too). y: integer labels (N,).
       learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable).
       steps: T optimiser updates. batch_size: B (None = N, full-batch GD).
       nesterov: optax's Nesterov form. loss: "cross_entropy" or "mse" (mean over samples).
@@ -330,6 +343,7 @@ def predict_from_kernel(
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)
     check_f0_shape(kernel, f0, y)
+    f0 = float_logits(f0, kernel)
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     check_num_paths(num_paths)
     full_batch = batch_size == n
