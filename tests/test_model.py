@@ -99,6 +99,21 @@ def test_check_model_rejects_bad_x():
         check_model(apply_fn, params, jnp.ones((5, 7)))  # the model expects 4 features
 
 
+def test_params_of_the_wrong_structure_are_named_not_only_x():
+    """params not the pytree apply_fn was built with: the message said only "Check that x
+    has the input shape", blaming x; it now names params (and from_nnx) too."""
+    model, x = _bn_model()
+    apply_fn, _ = ntk_tt.from_nnx(model)
+    for fn in (lambda: check_model(apply_fn, {"a": jnp.ones(3)}, x),
+               lambda: ntk_tt.empirical_ntk(apply_fn, {"a": jnp.ones(3)}, x)):
+        with pytest.raises(ValueError) as err:
+            fn()
+        msg = str(err.value)
+        assert msg.startswith("apply_fn(params, x) fails on x of shape (5, 4)"), msg
+        assert "or that params is the pytree apply_fn was built with (from_nnx returns both)" \
+            in msg, msg
+
+
 @pytest.mark.parametrize("couple, match", [
     # centring over the batch: Θ was all zero, silently
     (lambda x: x - x.mean(axis=0), r"couples the samples of a batch: .*eval mode"),

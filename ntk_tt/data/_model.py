@@ -82,8 +82,9 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     Raises:
       ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
         rank < 2 or empty; non-finite entries in ``x`` or ``params``; ``apply_fn`` failing on
-        inputs of ``x``'s shape (e.g. a wrong feature size), its output not of shape (N, C),
-        or samples of one batch not independent.
+        inputs of ``x``'s shape (e.g. a wrong feature size) or on ``params`` (a pytree not
+        the one ``apply_fn`` was built with: the message names both), its output not of
+        shape (N, C), or samples of one batch not independent.
     """
     x = as_array(x, name)
     if np.ndim(x) < 2:
@@ -110,7 +111,8 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
         raise ValueError(
             f"apply_fn(params, {name}) fails on {name} of shape {np.shape(x)}: {why}. Check "
             f"that {name} has the input shape the model was built for (the per-sample shape "
-            "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint)."
+            "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint), or that "
+            "params is the pytree apply_fn was built with (from_nnx returns both)."
         ) from err
     if len(out.shape) != 2 or out.shape[0] != n:
         raise ValueError(
