@@ -170,6 +170,24 @@ def test_bad_block_size_raises(bad):
         ntk_tt.empirical_ntk(apply_fn, params, x, block_size=bad)
 
 
+@pytest.mark.parametrize("bad", ["yes", "no", 1, 0, None])
+def test_trace_logits_must_be_a_bool(bad, monkeypatch):
+    """trace_logits="yes" (or "no", read as True) was accepted: one ValueError, before the
+    model is even traced; numpy bools are fine."""
+    apply_fn, params, x = setup("mlp")
+
+    def no_work(*_, **__):
+        raise AssertionError("work started before trace_logits was checked")
+
+    monkeypatch.setattr(ntk_module, "check_model", no_work)
+    with pytest.raises(ValueError, match=r"^trace_logits must be True \(logit-summed .* or "
+                                         r"False .*, got "):
+        ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=bad)
+    monkeypatch.undo()
+    got = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=np.bool_(True))
+    assert got.shape == (x.shape[0], x.shape[0])
+
+
 def test_bad_inputs_raise_value_error():
     apply_fn, params, x = setup("mlp")
     with pytest.raises(ValueError, match="at least 2 dimensions"):

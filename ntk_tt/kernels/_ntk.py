@@ -26,6 +26,17 @@ from ntk_tt.kernels._memory import (
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
 
+def check_trace_logits(trace_logits) -> bool:
+    """``trace_logits`` as a Python bool; ``ValueError`` unless it is True or False (numpy
+    bools included): a string such as ``"yes"`` (or ``"no"``) is refused, not read as True."""
+    if not isinstance(trace_logits, (bool, np.bool_)):
+        raise ValueError(
+            f"trace_logits must be True (logit-summed (N, N2) kernel) or False (full "
+            f"(N·C, N2·C) kernel), got {trace_logits!r}."
+        )
+    return bool(trace_logits)
+
+
 def check_block_size(block_size: int | None) -> None:
     """Raise ``ValueError`` unless ``block_size`` is None or a positive integer."""
     if block_size is not None and (
@@ -226,7 +237,8 @@ def empirical_ntk(
 
     Raises:
       ValueError: bad ``x``/``x2``/params/``apply_fn`` output (see ``check_model``),
-        ``block_size`` ≤ 0, or ``x2`` giving a different number of logits.
+        ``block_size`` ≤ 0, ``trace_logits`` not True / False (e.g. the string "yes"), or
+        ``x2`` giving a different number of logits.
       NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when Θ, the Jacobian blocks and
         the activations of one block (at ``block_size``, or at 1 when automatic) exceed the
         available memory; raised after compiling the block function, before any Jacobian is
@@ -236,6 +248,7 @@ def empirical_ntk(
       UserWarning: the automatic block size is 1 because of the memory limit.
     """
     check_block_size(block_size)
+    trace_logits = check_trace_logits(trace_logits)
     x = as_array(x, "x")
     x2 = None if x2 is None else as_array(x2, "x2")
     n, c = check_model(apply_fn, params, x)
