@@ -183,6 +183,8 @@ def test_trace_logits_must_be_a_bool(bad, monkeypatch):
     with pytest.raises(ValueError, match=r"^trace_logits must be True \(logit-summed .* or "
                                          r"False .*, got "):
         ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=bad)
+    with pytest.raises(ValueError, match=r"^trace_logits must be True"):  # the same check
+        ntk_tt.sharded_empirical_ntk(apply_fn, params, x, trace_logits=bad)
     monkeypatch.undo()
     got = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=np.bool_(True))
     assert got.shape == (x.shape[0], x.shape[0])

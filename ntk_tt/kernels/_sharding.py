@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.kernels._ntk import check_trace_logits
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
 
@@ -101,9 +102,11 @@ def sharded_empirical_ntk(
       replicated on every device (JAX arrays cannot be split unevenly).
 
     Raises:
-      ValueError: bad x / x2 / params / ``apply_fn`` output (``check_model``), x2 giving a
-        different number of logits, or a mesh that is not a 1-D ``Mesh``.
+      ValueError: ``trace_logits`` not True or False; bad x / x2 / params / ``apply_fn``
+        output (``check_model``), x2 giving a different number of logits, or a mesh that is
+        not a 1-D ``Mesh``.
     """
+    trace_logits = check_trace_logits(trace_logits)
     mesh = _check_mesh(mesh)
     n, c = check_model(apply_fn, params, x)
     symmetric = x2 is None
