@@ -62,7 +62,7 @@ import pandas as pd
 import ntk_tt
 from ntk_tt.dynamics._fspace import mean_grad, top_eigenvalue
 from ntk_tt.dynamics._losses import mean_loss
-from ntk_tt.kernels._head_aware import head_aware_step
+from ntk_tt.kernels._head_aware import head_aware_step, initial_state
 from ntk_tt.sweep._grid import SweepSpec, Task
 from ntk_tt.sweep._run import _head_aware, _task_key, load_task
 from ntk_tt.training._finetune import train_step
@@ -168,19 +168,17 @@ def _jit_eval(apply_fn):
 @functools.partial(jax.jit, static_argnames="steps")
 def _head_aware_path(hk, y, lr, mom, *, steps):
     """States (W, b, φ) after 0..T steps (stacked) and the loss curve of the head-aware model."""
-    n, f = hk.features.shape
-    s0 = (hk.head_kernel, hk.head_bias, jnp.zeros((n, f)), jnp.zeros_like(hk.head_kernel),
-          jnp.zeros_like(hk.head_bias), jnp.zeros((n, f)), None, None)
-    idx = jnp.arange(n, dtype=jnp.int32)
+    s0 = initial_state(hk)
+    idx = jnp.arange(hk.features.shape[0], dtype=jnp.int32)
 
     def body(s, _):
         s = head_aware_step(s, idx, hk, y, learning_rate=lr, momentum=mom, nesterov=False,
-                            loss=LOSS)
-        return s, s[:3]
+                            loss=LOSS, track_backbone=False)
+        return s, (s.w, s.b, s.phi)
 
     _, (ws, bs, phis) = jax.lax.scan(body, s0, None, length=steps)
-    ws, bs, phis = (jnp.concatenate([a[None], b]) for a, b in zip(s0[:3], (ws, bs, phis),
-                                                                   strict=True))
+    ws, bs, phis = (jnp.concatenate([a[None], b]) for a, b in zip((s0.w, s0.b, s0.phi),
+                                                                   (ws, bs, phis), strict=True))
     fs = jnp.einsum("tnf,tfc->tnc", hk.features[None] + phis, ws) + bs[:, None]
     return ws, phis, jax.vmap(lambda f: mean_loss(f, y, LOSS))(fs)
 

@@ -15,6 +15,7 @@ from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     head_aware_kernel,
     head_aware_trajectory,
+    initial_eigenvalues,
     initial_kernel,
     predict_head_aware,
     split_head,
@@ -125,6 +126,50 @@ def test_initial_kernel_is_the_empirical_ntk(x64):
         for backbone in backbones:
             hk = head_aware_kernel(split_head(model), x, backbone=backbone)
             np.testing.assert_allclose(initial_kernel(hk), want, rtol=1e-9, atol=1e-9)
+
+
+def _random_kronecker(key, n, f, c, *, psd):
+    """A HeadAwareKernel with a random Kronecker backbone k_b (PSD or with a negative
+    eigenvalue far beyond rounding) and a random PSD mixing S."""
+    ks = jax.random.split(key, 4)
+    a = jax.random.normal(ks[0], (n, n), F64)
+    kb = a @ a.T / n - (0.0 if psd else 3.0) * jnp.eye(n, dtype=F64)
+    s = jax.random.normal(ks[1], (f, f), F64)
+    return HeadAwareKernel(jax.random.normal(ks[2], (n, f), F64),
+                           jax.random.normal(ks[3], (f, c), F64), jnp.zeros(c, F64), kb,
+                           s @ s.T / f)
+
+
+@pytest.mark.parametrize("psd", [True, False])
+def test_initial_eigenvalues_equal_those_of_the_formed_kernel(x64, psd):
+    """λ_max and λ_min of Θ_0 from its C blocks A + g_c k_b equal eigvalsh of the formed
+    (N·C, N·C) initial_kernel; clamping is flagged exactly when Θ_0 is not PSD; the exact
+    feature kernel (no Kronecker structure) agrees too."""
+    hk = _random_kronecker(jax.random.key(7), 15, 4, 3, psd=psd)
+    want = np.linalg.eigvalsh(np.asarray(initial_kernel(hk)))
+    lmin, lmax = jax.jit(initial_eigenvalues)(hk)
+    np.testing.assert_allclose(lmax, want[-1], rtol=1e-6)  # 60 power iterations
+    if psd:  # inverse iteration: an upper bound on λ_min, close to it
+        assert want[0] > 0 and want[0] - 1e-9 <= lmin <= 1.01 * want[0]
+    else:
+        assert want[0] < -1.0
+        np.testing.assert_allclose(lmin, want[0], rtol=1e-8)
+    model, x, *_ = _problem(True)
+    exact = head_aware_kernel(split_head(model), x, backbone="exact")
+    want = np.linalg.eigvalsh(np.asarray(initial_kernel(exact)))
+    np.testing.assert_allclose(initial_eigenvalues(exact)[1], want[-1], rtol=1e-6)
+
+
+def test_head_aware_flags_a_kernel_that_is_not_psd(x64):
+    """predict_head_aware reports Θ_0's λ_min and flags clamping from the block spectrum."""
+    y = jnp.arange(15) % 3
+    for psd in (True, False):
+        hk = _random_kronecker(jax.random.key(7), 15, 4, 3, psd=psd)
+        out = predict_head_aware(hk, y, learning_rate=1e-4, steps=3)
+        assert bool(out.clamped) is (not psd)
+        lmin = np.linalg.eigvalsh(np.asarray(initial_kernel(hk)))[0]
+        if not psd:
+            np.testing.assert_allclose(out.min_eigenvalue, lmin, rtol=1e-8)
 
 
 def test_head_grows_the_kernel_frozen_linear_does_not(x64):

@@ -410,7 +410,7 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
             timings, bar, evaluate_beyond_edge, head_kernel=None):
     """The work of :func:`suggest` (arguments validated): kernel, step times, grid, refinement.
     Fills ``timings`` (seconds without compilation) and advances ``bar`` per stage."""
-    from ntk_tt.dynamics._fspace import clamp_psd, top_eigenvalue
+    from ntk_tt.dynamics._fspace import clamp_psd
     from ntk_tt.training._aot import compiled
     from ntk_tt.training._finetune import step_time
     from ntk_tt.training._timing import Stopwatch
@@ -419,12 +419,12 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
     bar.set_description("suggest: kernel")
     with Stopwatch() as sw:
         if head is not None:
-            from ntk_tt.kernels._head_aware import head_aware_kernel, initial_kernel
+            from ntk_tt.kernels._head_aware import head_aware_kernel, initial_eigenvalues
 
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
                 head, x, backbone=backbone,
                 key=None if key is None else jax.random.fold_in(key, 1))
-            lam = float(top_eigenvalue(_sym(initial_kernel(hk))))
+            lam = float(jax.jit(initial_eigenvalues)(hk)[1])  # λ_max of Θ_0
             dtype = hk.features.dtype
             static = dict(kind="head_aware", traced=False, loss=loss)
             name = "head_aware:given" if head_kernel is not None else f"head_aware:{backbone}"
@@ -503,10 +503,6 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
             step_log, (min(moms), max(moms)), sps[best["b"]], loss, rows, curves, compiled)
         bar.update()
     return rows, ranked, best, choice, curves, refinement, sps, name, lam
-
-
-def _sym(mat):
-    return 0.5 * (mat + mat.T)
 
 
 def _batches(key, n, b, steps, num_paths):

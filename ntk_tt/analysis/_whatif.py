@@ -53,7 +53,7 @@ from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, t
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     head_aware_paths,
-    initial_kernel,
+    initial_eigenvalues,
     predict_head_aware,
 )
 from ntk_tt.kernels._head_aware import validate as validate_head_aware
@@ -271,8 +271,11 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
 
 
 def _clamped(kind, data):
-    """The symmetrised, clamped kernel and (λ_min, λ_max): independent of η and m."""
-    return clamp_psd(data.mat if kind == "plain" else initial_kernel(data))
+    """The symmetrised, clamped kernel (None for the head-aware model, whose solver does not
+    read Θ_0) and (λ_min, λ_max): independent of η and m."""
+    if kind == "plain":
+        return clamp_psd(data.mat)
+    return None, initial_eigenvalues(data)
 
 
 def _paths(kind, data, psd, y, lr, m, key, *, traced, test_traced, steps, batch_size,
@@ -330,8 +333,9 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
         return out, (out, fs, fts)
 
     jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(jnp.stack([lr, m]))
-    pred = _summarise(fs, fts, y, y_test, (psd, traced if kind == "plain" else False), lr, m,
-                      lams, nesterov=nesterov, loss=loss, stochastic=fs.shape[0] > 1)
+    size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
+    pred = _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov, loss=loss,
+                      stochastic=fs.shape[0] > 1)
     acc = (jnp.full((), jnp.nan, values.dtype) if fts is None
            else 1.0 - pred.test_error[-1])
     t_hard, code = training_time_array(pred.loss, epsilon, window)

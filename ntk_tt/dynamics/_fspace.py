@@ -81,7 +81,8 @@ def top_eigenvalue(mat: jax.Array, iters: int = 60) -> jax.Array:
     return v @ (mat @ v)
 
 
-def clamp_psd(mat: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+def clamp_psd(mat: jax.Array, size: int | None = None,
+              ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Symmetrise Θ and clamp its negative eigenvalues to zero when they are significant.
 
     A float32 Θ = J Jᵀ has rounding-level negative eigenvalues; those are harmless. PSD-ness
@@ -96,6 +97,8 @@ def clamp_psd(mat: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
 
     Args:
       mat: Θ, a square (M, M) matrix, M = N·C (or N for the traced kernel).
+      size: the size in the tolerance s = size·eps·λ_max (default M). A diagonal block of a
+        larger kernel passes the whole kernel's size, so that its verdict is the kernel's.
 
     Returns:
       ``(mat, (min_eigenvalue, max_eigenvalue))``: the symmetrised (and clamped if needed)
@@ -103,10 +106,10 @@ def clamp_psd(mat: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
       ``negative_significant(min_eigenvalue, max_eigenvalue, M)``.
     """
     mat = 0.5 * (mat + mat.T)
-    size = mat.shape[0]
+    size = mat.shape[0] if size is None else size
     lmax = top_eigenvalue(mat)
     shift = size * jnp.finfo(mat.dtype).eps * jnp.abs(lmax)
-    chol = jnp.linalg.cholesky(mat + shift * jnp.eye(size, dtype=mat.dtype))
+    chol = jnp.linalg.cholesky(mat + shift * jnp.eye(mat.shape[0], dtype=mat.dtype))
 
     def clamp(m, _chol, _shift):
         w, v = jnp.linalg.eigh(m)

@@ -378,7 +378,7 @@ def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, 
         nesterov=nesterov, loss=loss, key=key, noise_features=noise_features,
         num_paths=num_paths)
     lams = lam_exact if lams is None else lams
-    return _summarise(fs, fts, y, y_test, op, lr, m, lams, nesterov=nesterov, loss=loss,
+    return _summarise(fs, fts, y, y_test, mat.shape[0], lr, m, lams, nesterov=nesterov, loss=loss,
                       stochastic=method == "sde" or fs.shape[0] > 1)
 
 
@@ -394,9 +394,9 @@ def _earliest(steps: jax.Array) -> jax.Array:
     return jnp.where(low == big, -1, low).astype(jnp.int32)
 
 
-def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochastic):
-    """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε."""
-    mat, _ = op
+def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic):
+    """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
+    ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to."""
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
@@ -425,6 +425,6 @@ def _summarise(fs, fts, y, y_test, op, lr, m, lams, *, nesterov, loss, stochasti
         diverged=diverged, diverged_at=_earliest(div.diverged_at),
         spiked_at=_earliest(div.spiked_at),
         kappa=kappa, beyond_edge=kappa > _edge(m, nesterov, loss),
-        min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, mat.shape[0]),
+        min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, size),
         training_time=t_eps, training_time_code=codes,
     )

@@ -14,12 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._batches import batch_indices
-from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._predict_kernel import _summarise
 from ntk_tt.kernels._head_aware import (
     head_aware_kernel,
     head_aware_trajectory,
-    initial_kernel,
+    initial_eigenvalues,
     initial_state,
     predict_head_aware,
     validate,
@@ -70,7 +69,7 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, moment
                              steps=steps, batch_size=batch_size, loss=loss, key=key,
                              num_paths=1)
     n = hk.features.shape[0]
-    mat, lams = _initial_eigenvalues(hk)  # κ and λ_min refer to Θ_0, as in predict_head_aware
+    lams = _initial_eigenvalues(hk)  # κ and λ_min refer to Θ_0, as in predict_head_aware
     batches = batch_indices(key, n, bs, steps)
     ends = np.linspace(0, steps, segments + 1).round().astype(int)
     kw = dict(learning_rate=jnp.asarray(learning_rate, hk.features.dtype),
@@ -92,13 +91,11 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, moment
         fts.append(None if ft is None else (ft if k == 0 else ft[1:]))
     fs = jnp.concatenate(fs)[None]
     fts = None if x_test is None else jnp.concatenate(fts)[None]
-    return _summarise(fs, fts, y, y_test, (mat, False), kw["learning_rate"], kw["momentum"],
-                      lams, nesterov=nesterov, loss=loss, stochastic=False)
+    return _summarise(fs, fts, y, y_test, n * hk.head_kernel.shape[1], kw["learning_rate"],
+                      kw["momentum"], lams, nesterov=nesterov, loss=loss, stochastic=False)
 
 
-@jax.jit
-def _initial_eigenvalues(hk):
-    return clamp_psd(initial_kernel(hk))
+_initial_eigenvalues = jax.jit(initial_eigenvalues)
 
 
 @partial(jax.jit, static_argnames=("nesterov", "loss"))
