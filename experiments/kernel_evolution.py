@@ -64,7 +64,7 @@ from ntk_tt.dynamics._fspace import mean_grad, top_eigenvalue
 from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.kernels._head_aware import head_aware_step, initial_state
 from ntk_tt.sweep._grid import SweepSpec, Task
-from ntk_tt.sweep._run import _head_aware, _task_key, load_task
+from ntk_tt.sweep._run import _kronecker, _task_key, load_task
 from ntk_tt.training._finetune import train_step
 
 LOSS = "cross_entropy"
@@ -215,7 +215,7 @@ def run_dataset(dataset, args, rows, curves, log):
     t0 = time.perf_counter()
     theta0 = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x)
     lam_power = float(top_eigenvalue(theta0))
-    hk = _head_aware(data, theta0, key)  # k_b, S exactly as the sweep's primary predictor
+    hk = _kronecker(data, theta0, key)  # k_b, S exactly as the sweep's Kronecker variant
     h0 = np.asarray(hk.features)
     kb, s_mix = np.asarray(hk.backbone, np.float64), np.asarray(hk.mixing, np.float64)
     sub = np.sort(np.asarray(jax.random.choice(jax.random.fold_in(key, 5), n,

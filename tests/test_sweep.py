@@ -316,6 +316,30 @@ def test_sequential_and_vmapped_fine_tunes_agree():
         assert list(s[2]) == list(v[2]) and s[2][0] == s[2][1] == -1 and s[2][2] >= 1
 
 
+def test_reused_real_runs_keep_their_curves_and_are_timed_on_this_machine():
+    """A reused run keeps its curve; its seconds are T × this machine's step time now (the
+    earlier run's may come from another machine); a run at another η is fine-tuned again."""
+    from ntk_tt.sweep import _run
+    from ntk_tt.sweep._grid import Task
+
+    task = Task("flowers5", 6, 0)
+    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
+    key, steps, b = _run._task_key(task), 6, 10
+    cfgs = [Config(b, 0.0, "eta", 1e-3), Config(b, 0.9, "eta", 5e-3)]
+    lrs, moms = np.array([1e-3, 5e-3], np.float32), np.array([0.0, 0.9], np.float32)
+    fresh = _run._real_runs(data, task, key, cfgs, lrs, moms, b, steps, None)
+    assert fresh[5] == ["fine-tuned"] * 2
+    reuse = {row_id(task, c): (fresh[0][i], False, 0.0, float(lrs[i]), steps)
+             for i, c in enumerate(cfgs)}
+    reuse[row_id(task, cfgs[1])] = (fresh[0][1], False, 0.0, 2 * float(lrs[1]), steps)
+    again = _run._real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse)
+    assert again[5] == ["reused", "fine-tuned"]
+    np.testing.assert_array_equal(again[0][0], fresh[0][0])
+    np.testing.assert_allclose(again[0][1], fresh[0][1], rtol=1e-6)  # deterministic run
+    per_step = again[3][0] / steps
+    assert 0 < per_step and 0.1 < again[3][0] / fresh[3][0] < 10
+
+
 # --- datasets given as .npz paths -------------------------------------------------------------
 
 

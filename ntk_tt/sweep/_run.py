@@ -34,7 +34,12 @@ from ntk_tt.data._checkpoint import load_checkpoint
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.dynamics._divergence import divergence
 from ntk_tt.dynamics._fspace import top_eigenvalue
-from ntk_tt.kernels._head_aware import HeadAwareKernel, head_aware_kernel, split_head
+from ntk_tt.kernels._head_aware import (
+    HeadAwareKernel,
+    head_aware_kernel,
+    initial_eigenvalues,
+    split_head,
+)
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._figures import make_figures
@@ -103,39 +108,51 @@ _KERNEL_SHAPES: set = set()
 
 
 def _kernel(data: TaskData, key):
-    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the head-aware kernel (or None without
-    ``data.split``; isotropic, the primary), and their wall time in seconds.
+    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the primary kernel (the isotropic
+    head-aware kernel; None without ``data.split``) and the wall time of the PRIMARY
+    predictor's kernel work, in seconds.
 
-    λ_max comes from the predictor's own power iteration (``predict_from_kernel`` uses the
-    same one for κ): a full ``eigvalsh`` of Θ took longer than Θ itself at N·C = 3750. The
-    head-aware kernel takes k_b from Θ's logit trace (free).
+    The primary's kernel work is what a user of ``ntk_tt.predict_head_aware`` pays: the
+    logit-summed (traced) empirical NTK, the head-aware kernel built from it (backbone
+    features, k_b) and λ_max of its Θ_0 (``initial_eigenvalues``, what turns a κ̃ into η).
+    The exact Θ is computed apart, untimed: the variants need it and the grid's η comes from
+    its λ_max (power iteration, as ``predict_from_kernel`` uses for κ), as in every sweep
+    since issue 5, so that real runs stay comparable. Without a split the primary is the
+    frozen exact Θ and its time is the exact kernel's.
 
     The first task of each input shape is computed once untimed, so compile time is never in
     the prediction's wall time (the same rule as for the solves and the fine-tunes).
     """
 
-    def build():
+    def exact():
         theta = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x)
-        f0 = data.apply_fn(data.params, data.x)
-        return theta, f0, top_eigenvalue(theta), _head_aware(data, theta, key, isotropic=True)
+        return theta, data.apply_fn(data.params, data.x), top_eigenvalue(theta)
+
+    def primary():
+        traced = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x, trace_logits=True)
+        hk = head_aware_kernel(data.split, data.x, backbone=PRIMARY[1], traced_kernel=traced)
+        return hk, initial_eigenvalues(hk)[1]
 
     if (id(data.apply_fn), data.x.shape) not in _KERNEL_SHAPES:
-        jax.block_until_ready(build())
+        jax.block_until_ready((exact(), None if data.split is None else primary()))
         _KERNEL_SHAPES.add((id(data.apply_fn), data.x.shape))
-    (theta, f0, lam, hk), seconds = _timed(build)
+    (theta, f0, lam), seconds = _timed(exact)
+    hk = None
+    if data.split is not None:
+        (hk, _), seconds = _timed(primary)
     return theta, f0, float(lam), hk, seconds
 
 
-def _head_aware(data: TaskData, theta, key, *, isotropic: bool = False):
-    """The task's head-aware kernel (isotropic or Kronecker, its mixing S from
+def _kronecker(data: TaskData, theta, key):
+    """The task's Kronecker head-aware kernel (the variant; its mixing S from
     ``MIXING_SAMPLES`` inputs), k_b from the logit trace of its exact Θ (None without a
     split)."""
     if data.split is None:
         return None
     n, c = data.x.shape[0], data.split[2].shape[1]
     return head_aware_kernel(
-        data.split, data.x, backbone="isotropic" if isotropic else "kronecker",
-        mixing_samples=MIXING_SAMPLES, key=jax.random.fold_in(key, 3),
+        data.split, data.x, backbone="kronecker", mixing_samples=MIXING_SAMPLES,
+        key=jax.random.fold_in(key, 3),
         traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3))
 
 
@@ -147,7 +164,7 @@ def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Vari
                              "primary before issue 9)", False),
            "traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
                              "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C", False)}
-    kron = _head_aware(data, theta, key)
+    kron = _kronecker(data, theta, key)
     if kron is not None:
         out["head_aware_kronecker"] = Variant(
             kron, f"head-aware, Kronecker feature kernel, S from {MIXING_SAMPLES} inputs", False)
@@ -306,12 +323,13 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
 
 def reusable_runs(out) -> dict:
     """Real runs of an earlier sweep directory ``out``, by row id: (loss curve, diverged,
-    fine-tune seconds, compile seconds, learning rate). Real fine-tunes are deterministic
-    given the task, configuration and checkpoint (same data, head, batch order, η), so a
-    rerun that changes only the predictors need not train again."""
+    compile seconds, learning rate, steps). Real fine-tunes are deterministic given the task,
+    configuration and checkpoint (same data, head, batch order, η), so a rerun that changes
+    only the predictors need not train again. Their cost is measured again on this machine
+    (:func:`_real_runs`): the earlier run's seconds may come from another machine or load."""
     frame = read_table(out)
-    cols = ["real_loss", "real_diverged", "seconds_finetune", "seconds_compile_finetune",
-            "learning_rate", "steps"]
+    cols = ["real_loss", "real_diverged", "seconds_compile_finetune", "learning_rate",
+            "steps"]
     return {r.row_id: tuple(getattr(r, k) for k in cols) for r in frame.itertuples()}
 
 
@@ -319,11 +337,15 @@ def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
     """Real loss curves (G, T + 1), divergence flags, spike steps, fine-tune seconds (G,),
     compile seconds and each run's source: the earlier run from ``reuse`` where it exists with
     the same η (to 1e-5) and steps (its flags re-derived from its curve by
-    ``ntk_tt.dynamics._divergence``), a fresh fine-tune (one ``_finetune_group``) for the others. An
-    earlier run flagged diverged is never reused: runs before issue 10 stopped at 10·L_0."""
+    ``ntk_tt.dynamics._divergence``), a fresh fine-tune (one ``_finetune_group``) for the
+    others. An earlier run flagged diverged is never reused: runs before issue 10 stopped at
+    10·L_0. A reused run's seconds are T × this machine's seconds per training step now
+    (``ntk_tt.step_time``: 5 warm steps of the group's batch size), so that its cost and the
+    predictions' are measured on one machine, as for a fresh fine-tune (training steps only,
+    no per-step evaluation)."""
     found = [(reuse or {}).get(row_id(task, cfg)) for cfg in cfgs]
     lr_np = np.asarray(lrs)
-    ok = [f is not None and abs(f[4] - lr) <= 1e-5 * abs(lr) and len(f[0]) == steps + 1
+    ok = [f is not None and abs(f[3] - lr) <= 1e-5 * abs(lr) and len(f[0]) == steps + 1
           and not f[1] for f, lr in zip(found, lr_np, strict=True)]
     fresh = [i for i, good in enumerate(ok) if not good]
     loss = np.empty((len(cfgs), steps + 1))
@@ -336,12 +358,17 @@ def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
         lf, df, kf, sf, cs = _finetune_group(data, key, lrs[pick], moms[pick], steps=steps,
                                              batch_size=b)
         loss[pick], div[pick], spike[pick], secs[pick] = lf, df, kf, sf
+    per_step = 0.0
+    if any(ok):
+        per_step = ntk_tt.step_time(data.apply_fn, data.params, data.x, data.y,
+                                    learning_rate=float(lr_np[0]), momentum=float(moms[0]),
+                                    batch_size=b, key=key)  # η, m: the same cost
     for i, good in enumerate(ok):
         if good:
-            loss[i], secs[i] = np.asarray(found[i][0], float), found[i][2]
+            loss[i], secs[i] = np.asarray(found[i][0], float), steps * per_step
             verdict = divergence(loss[i])
             div[i], spike[i] = bool(verdict.diverged), int(verdict.spiked_at)
-            cs = cs or float(found[i][3])
+            cs = cs or float(found[i][2])
     return loss, div, spike, secs, cs, ["reused" if good else "fine-tuned" for good in ok]
 
 
