@@ -424,7 +424,7 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
                 head, x, backbone=backbone,
                 key=None if key is None else jax.random.fold_in(key, 1))
-            lam = float(jax.jit(initial_eigenvalues)(hk)[1])  # λ_max of Θ_0
+            lam = float(initial_eigenvalues(hk)[1])  # λ_max of Θ_0
             dtype = hk.features.dtype
             static = dict(kind="head_aware", traced=False, loss=loss)
             name = "head_aware:given" if head_kernel is not None else f"head_aware:{backbone}"

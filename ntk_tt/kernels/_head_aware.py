@@ -347,6 +347,7 @@ def initial_kernel(hk: HeadAwareKernel) -> jax.Array:
     return head + back
 
 
+@jax.jit
 def initial_eigenvalues(hk: HeadAwareKernel) -> tuple[jax.Array, jax.Array]:
     """(λ_min, λ_max) of Θ_0 (:func:`initial_kernel`, (N·C, N·C)) without forming it.
 

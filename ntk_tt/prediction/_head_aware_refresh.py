@@ -69,7 +69,7 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, moment
                              steps=steps, batch_size=batch_size, loss=loss, key=key,
                              num_paths=1)
     n = hk.features.shape[0]
-    lams = _initial_eigenvalues(hk)  # κ and λ_min refer to Θ_0, as in predict_head_aware
+    lams = initial_eigenvalues(hk)  # κ and λ_min refer to Θ_0, as in predict_head_aware
     batches = batch_indices(key, n, bs, steps)
     ends = np.linspace(0, steps, segments + 1).round().astype(int)
     kw = dict(learning_rate=jnp.asarray(learning_rate, hk.features.dtype),
@@ -93,9 +93,6 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, moment
     fts = None if x_test is None else jnp.concatenate(fts)[None]
     return _summarise(fs, fts, y, y_test, n * hk.head_kernel.shape[1], kw["learning_rate"],
                       kw["momentum"], lams, nesterov=nesterov, loss=loss, stochastic=False)
-
-
-_initial_eigenvalues = jax.jit(initial_eigenvalues)
 
 
 @partial(jax.jit, static_argnames=("nesterov", "loss"))
