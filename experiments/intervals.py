@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     frame = read_table(args.sweep_dir)
     summary = pathlib.Path(args.sweep_dir) / "summary.json"
     primary = json.loads(summary.read_text()).get("primary") if summary.exists() else None
-    if primary:
+    if primary and primary["promoted_variant"]:
         frame = promote(frame, primary["promoted_variant"], primary["demoted_primary_as"])
     tables = []
     for name, by in GROUPINGS.items():

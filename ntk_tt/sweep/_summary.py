@@ -230,6 +230,10 @@ def wall_time(frame: pd.DataFrame) -> dict:
 
     Per configuration: one real fine-tune against one stand-alone prediction (kernel + solve).
     Per task: all fine-tunes of the task against its one kernel plus all its predictions.
+    The prediction side is the primary predictor's (``task_seconds_kernel``: its own kernel
+    work; ``task_seconds_predict``: its solves); the variants recorded beside it are not
+    counted. Fine-tunes count training steps only; reused runs are timed on the sweep's
+    machine (``ntk_tt.sweep._run._real_runs``). Compilation is excluded on both sides.
     """
     per_row = frame["seconds_finetune"] / frame["seconds_predict"]
     tasks = task_times(frame)
