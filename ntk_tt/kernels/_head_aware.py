@@ -19,8 +19,9 @@ on (W, b, φ on the training inputs): with g = ∂L_B/∂f (B, C) on the minibat
     grad_W = h_Bᵀ g,   grad_b = Σ_B g,   J_h grad_θ = Σ_{j∈B} K_h(·, j) (g_j Wᵀ),
 
 and heavy ball / Nesterov act on each of the three exactly as on weights (J_h is constant, so
-the backbone's velocity maps to feature space linearly). Each step costs O(N·B·F) with the
-Kronecker feature kernel K_h(i, j) = k_b(i, j)·S, O(N·F·B·F) with the exact one. Held-out
+the backbone's velocity maps to feature space linearly). Each step costs O(N·B·C + N·F·C)
+with the Kronecker feature kernel K_h(i, j) = k_b(i, j)·S (the residual g is contracted with
+k_b before Wᵀ S maps it to features), O(N·F·B·F) with the exact one. Held-out
 features follow with the cross kernel. This is exact for a network whose backbone is linear
 in its weights (e.g. h = V x) and equals real optax training of f = (h_0 + J_h Δθ)W + b.
 
