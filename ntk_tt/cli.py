@@ -414,6 +414,11 @@ def _interval(pred: dict, curve: str, eps: str) -> str:
             f"{'∞' if hi is None else math.ceil(hi)}")
 
 
+def _g(value) -> str:
+    """A number to 3 significant digits, "n/a" where the report holds None (NaN in JSON)."""
+    return "n/a" if value is None else f"{value:.3g}"
+
+
 def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
@@ -430,11 +435,11 @@ def format_report(r: dict) -> str:
         f"images: {'×'.join(map(str, t['image_shape']))} → "
         f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
-        f"κ = η·λ_max/N = {pred['kappa']:.3g}; {r['seconds']['predict']:.1f} s "
+        f"κ = η·λ_max/N = {_g(pred['kappa'])}; {r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
     ]
     if pred.get("beyond_edge"):
-        lines.append(f"warning: κ = {pred['kappa']:.3g} is beyond the linearised model's "
+        lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
                      "stability edge: the real run will likely diverge or oscillate; the "
                      "predicted curve and T_ε are not trustworthy; lower --lr")
     asked = r["config"]["test_per_class"]

@@ -316,3 +316,33 @@ def test_feature_mixing_is_the_sum_of_per_sample_feature_kernels(x64):
     rows = jnp.concatenate([j.reshape(N, F, -1) for j in jax.tree.leaves(jac)], axis=-1)
     ref = jnp.einsum("ifp,igp->fg", rows, rows)
     np.testing.assert_allclose(s, ref * (F / jnp.trace(ref)), rtol=1e-10, atol=1e-12)
+
+
+def test_head_too_small_to_read_k_b_off_theta_is_refused():
+    """k_b = (ΣcΘ − C(HHᵀ + 1)) / tr(W_0ᵀW_0): a zero head gives 0/0 and a head so small that
+    the backbone's share is below float32 rounding gives noise / tiny (the prediction blew
+    up); both are one clear ValueError, and an ordinary head passes. Bad splits and a plain
+    matrix for hk are refused too."""
+    class Net32(nnx.Module):  # float32, where rounding is the issue
+        def __init__(self, rngs):
+            self.body, self.head = nnx.Linear(D, F, rngs=rngs), nnx.Linear(F, C, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(jnp.tanh(self.body(x)))
+
+    model = Net32(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (N, D))
+    y = jnp.arange(N) % C
+    for scale, match in ((0.0, "non-zero head"), (1e-6, "too small")):
+        small = nnx.clone(model)
+        small.head.kernel[...] = scale * small.head.kernel[...]
+        with pytest.raises(ValueError, match=match):
+            head_aware_kernel(split_head(small), x)
+    hk = head_aware_kernel(split_head(model), x)
+    assert np.all(np.isfinite(hk.backbone))
+    with pytest.raises(ValueError, match="split must be ntk_tt.split_head"):
+        head_aware_kernel((1, 2), x)
+    with pytest.raises(ValueError, match="x \\(feature_fn inputs\\)"):
+        head_aware_kernel(split_head(model), jnp.ones((N, D + 1), jnp.float32))
+    with pytest.raises(ValueError, match="HeadAwareKernel"):
+        predict_head_aware(np.eye(N * C), y, learning_rate=0.1, steps=3)

@@ -280,7 +280,8 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
     assert summary["rows"] == len(frame) and summary["tasks"] == frame["task_id"].nunique()
     recomputed = summarize(frame, meta={k: summary[k] for k in ("grid", "skipped_rows",
                                                                 "sweep_wall_seconds",
-                                                                "sweep_invocations")})
+                                                                "sweep_invocations",
+                                                                "primary")})
     assert json.loads(json.dumps(recomputed)) == summary  # the summary is the table's
     for opt in ("gd", "sgd"):
         block = summary["headline"]["all"][opt]["pooled_0.1_0.4"]["ntk"]

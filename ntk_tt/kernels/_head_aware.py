@@ -298,7 +298,15 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     if isinstance(mixing_samples, bool) or not isinstance(mixing_samples, int) \
             or mixing_samples < 1:
         raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
+    if not isinstance(split, tuple | list) or len(split) != 4:
+        size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
+        raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
+                         "backbone_params, head_kernel, head_bias), got "
+                         f"{type(split).__name__}{size}.")
     feature_fn, bparams, w0, b0 = split
+    check_model(feature_fn, bparams, x, name="x (feature_fn inputs)")
+    if x_test is not None:
+        check_model(feature_fn, bparams, x_test, name="x_test (feature_fn inputs)")
     h0 = feature_fn(bparams, x)
     h0t = None if x_test is None else feature_fn(bparams, x_test)
     n, f = h0.shape
@@ -327,10 +335,45 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         pick = (jnp.arange(m) if key is None
                 else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
         mixing = feature_mixing(feature_fn, bparams, jnp.asarray(x)[pick])
+    _check_backbone_resolved(tk, h0, w0, mixing)
     kb = kronecker_backbone(tk, h0, h0, w0, mixing)
     kbt = (None if h0t is None
            else kronecker_backbone(jnp.asarray(traced_kernel_test), h0t, h0, w0, mixing))
     return HeadAwareKernel(h0, w0, b0, kb, mixing, h0t, kbt)
+
+
+def _check_backbone_resolved(traced_kernel, h0, w0, mixing) -> None:
+    """ValueError when k_b cannot be read off the logit-summed Θ (concrete values only).
+
+    k_b = (Σ_c Θ − C(H Hᵀ + 1)) / tr(W_0ᵀ S W_0): with a zero head the backbone's share is
+    zero and k_b is 0/0; with a tiny head the difference is below the float rounding of Σ_c Θ
+    and k_b is rounding noise divided by a tiny trace (it then blows the prediction up). The
+    share must exceed 10·eps of Θ's largest entry, i.e. k_b known to better than ~10 %.
+    """
+    if isinstance(traced_kernel, jax.core.Tracer) or isinstance(w0, jax.core.Tracer):
+        return
+    c = w0.shape[1]
+    trace = float(jnp.trace(w0.T @ mixing @ w0))
+    tk = np.asarray(traced_kernel)
+    if not np.all(np.isfinite(tk)):
+        raise ValueError(f"traced_kernel has {int(np.sum(~np.isfinite(tk)))} NaN or inf "
+                         "entries; compute it from finite parameters and inputs.")
+    fix = ("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head), "
+           "or use backbone='exact' (small N) or the frozen-kernel predictor "
+           "(predictor='linear')")
+    if not trace > 0:
+        raise ValueError("the head-aware kernel needs a non-zero head: tr(W_0ᵀ S W_0) = "
+                         f"{trace:.3g}, so the backbone's share of the logit-summed Θ is zero "
+                         f"and k_b cannot be read off it; {fix}.")
+    scale = float(np.max(np.abs(tk)))
+    share = float(np.max(np.abs(tk - c * np.asarray(head_kernel_part(h0, h0))))) / scale
+    tol = 10 * float(np.finfo(tk.dtype).eps)
+    if not share > tol:
+        raise ValueError(
+            f"the backbone's share of the logit-summed Θ is {share:.2g} of its largest entry, "
+            f"below float rounding ({tol:.2g}): the head (‖W_0‖_F = "
+            f"{float(jnp.linalg.norm(w0)):.2g}) is too small for k_b to be read off Θ; "
+            f"{fix}.")
 
 
 def initial_kernel(hk: HeadAwareKernel) -> jax.Array:
@@ -403,6 +446,9 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
     from ntk_tt.dynamics._losses import check_loss
     from ntk_tt.dynamics._predict_kernel import check_hyper, check_labels, check_num_paths
 
+    if not isinstance(hk, HeadAwareKernel):
+        raise ValueError(f"hk must be a HeadAwareKernel (ntk_tt.head_aware_kernel(split, x)), "
+                         f"got {type(hk).__name__}; for a plain Θ use ntk_tt.predict_from_kernel.")
     check_loss(loss)
     n = np.shape(hk.features)[0]
     c = np.shape(hk.head_bias)[0] if np.ndim(hk.head_bias) == 1 else 0
