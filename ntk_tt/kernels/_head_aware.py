@@ -289,7 +289,11 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     (N_test, N) if given).
 
     Raises:
-      ValueError: unknown ``backbone``, ``mixing_samples`` < 1, or kernels of the wrong shape.
+      ValueError: unknown ``backbone``, ``mixing_samples`` < 1, kernels of the wrong shape or
+        with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that ``feature_fn`` cannot
+        take (``check_model``'s messages, before any kernel work), or (Kronecker and isotropic,
+        concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
+        of its largest entry: k_b would be 0/0 or rounding noise.
     """
     from ntk_tt.kernels._ntk import empirical_ntk
 
