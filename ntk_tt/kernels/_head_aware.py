@@ -295,6 +295,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
         of its largest entry: k_b would be 0/0 or rounding noise.
     """
+    from ntk_tt.dynamics._predict_kernel import _check_finite
     from ntk_tt.kernels._ntk import empirical_ntk
 
     if backbone not in BACKBONES:
@@ -339,38 +340,36 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         pick = (jnp.arange(m) if key is None
                 else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
         mixing = feature_mixing(feature_fn, bparams, jnp.asarray(x)[pick])
-    _check_backbone_resolved(tk, h0, w0, mixing)
+    _check_finite(tk, "traced_kernel")
     kb = kronecker_backbone(tk, h0, h0, w0, mixing)
+    _check_backbone_resolved(tk, kb, w0, mixing)
     kbt = (None if h0t is None
            else kronecker_backbone(jnp.asarray(traced_kernel_test), h0t, h0, w0, mixing))
     return HeadAwareKernel(h0, w0, b0, kb, mixing, h0t, kbt)
 
 
-def _check_backbone_resolved(traced_kernel, h0, w0, mixing) -> None:
+def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
     """ValueError when k_b cannot be read off the logit-summed Θ (concrete values only).
 
     k_b = (Σ_c Θ − C(H Hᵀ + 1)) / tr(W_0ᵀ S W_0): with a zero head the backbone's share is
     zero and k_b is 0/0; with a tiny head the difference is below the float rounding of Σ_c Θ
     and k_b is rounding noise divided by a tiny trace (it then blows the prediction up). The
-    share must exceed 10·eps of Θ's largest entry, i.e. k_b known to better than ~10 %.
+    share max|k_b|·tr / max|Σ_c Θ| must exceed 10·eps, i.e. k_b known to better than ~10 %.
     """
-    if isinstance(traced_kernel, jax.core.Tracer) or isinstance(w0, jax.core.Tracer):
+    from ntk_tt.dynamics._predict_kernel import _concrete
+
+    tk, kbc = _concrete(traced_kernel), _concrete(kb)
+    if tk is None or kbc is None:
         return
-    c = w0.shape[1]
-    trace = float(jnp.trace(w0.T @ mixing @ w0))
-    tk = np.asarray(traced_kernel)
-    if not np.all(np.isfinite(tk)):
-        raise ValueError(f"traced_kernel has {int(np.sum(~np.isfinite(tk)))} NaN or inf "
-                         "entries; compute it from finite parameters and inputs.")
     fix = ("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head), "
            "or use backbone='exact' (small N) or the frozen-kernel predictor "
            "(predictor='linear')")
+    trace = float(jnp.trace(w0.T @ mixing @ w0))
     if not trace > 0:
         raise ValueError("the head-aware kernel needs a non-zero head: tr(W_0ᵀ S W_0) = "
                          f"{trace:.3g}, so the backbone's share of the logit-summed Θ is zero "
                          f"and k_b cannot be read off it; {fix}.")
-    scale = float(np.max(np.abs(tk)))
-    share = float(np.max(np.abs(tk - c * np.asarray(head_kernel_part(h0, h0))))) / scale
+    share = float(np.max(np.abs(kbc))) * trace / float(np.max(np.abs(tk)))
     tol = 10 * float(np.finfo(tk.dtype).eps)
     if not share > tol:
         raise ValueError(
