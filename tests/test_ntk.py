@@ -10,7 +10,7 @@ from _ntk_models import brute_ntk, cnn, inputs, setup
 
 import ntk_tt
 import ntk_tt.kernels._ntk as ntk_module
-from ntk_tt.kernels._structured import structured_jacobian
+from ntk_tt.kernels._structured import contract, contract_host, structured_jacobian
 
 
 @pytest.fixture
@@ -296,13 +296,36 @@ def test_patches_times_matrix_and_grouped_convolution(x64):
 
 
 def test_symmetric_kernel_from_upper_chunks_equals_brute_force(x64):
-    """N·C = 1,560 rows (4 chunks; traced: 520 rows, 2 chunks) of the symmetric Gram."""
+    """N·C = 1,560 rows (4 chunks; traced: 520 rows, 2 chunks) of the symmetric Gram, by
+    ``empirical_ntk`` (on a CPU: the host BLAS, ``contract_host``) and by the XLA
+    ``contract`` (the upper-chunk products; used on accelerators and when sharded)."""
     apply_fn, params, x = setup("mlp", n=520)
     theta, ref = ntk_tt.empirical_ntk(apply_fn, params, x), brute_ntk(apply_fn, params, x)
+    traced_ref = jnp.einsum("icjc->ij", ref.reshape(520, 3, 520, 3))
     np.testing.assert_allclose(theta, ref, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True),
-                               jnp.einsum("icjc->ij", ref.reshape(520, 3, 520, 3)),
-                               rtol=1e-10, atol=1e-12)
+                               traced_ref, rtol=1e-10, atol=1e-12)
+    jac = structured_jacobian(apply_fn, params, x)
+    for trace, want in ((False, ref), (True, traced_ref)):
+        np.testing.assert_allclose(contract(jac, jac, trace, symmetric=True), want,
+                                   rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("trace_logits", [False, True])
+def test_host_contraction_equals_xla_contraction(x64, kind, trace_logits):
+    """``contract_host`` (numpy BLAS, what ``empirical_ntk`` uses on a CPU) against the XLA
+    ``contract``, for a diagonal block (symmetric) and a cross block, with generic and
+    structured dense leaves."""
+    apply_fn, params, x = setup(kind, n=7)
+    ja = structured_jacobian(apply_fn, params, x[:4])
+    jb = structured_jacobian(apply_fn, params, x[4:])
+    assert ja.generic and ja.cotangents if kind == "mlp" else ja.generic
+    for a, b, sym in ((ja, ja, True), (ja, jb, False)):
+        host = contract_host(a, b, trace_logits, symmetric=sym)
+        assert isinstance(host, np.ndarray)
+        np.testing.assert_allclose(host, contract(a, b, trace_logits, symmetric=sym),
+                                   rtol=1e-12, atol=1e-14)
 
 
 def _wide_conv():

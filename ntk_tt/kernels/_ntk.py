@@ -23,7 +23,7 @@ from ntk_tt.kernels._memory import (
     format_bytes,
     kernel_memory_bytes,
 )
-from ntk_tt.kernels._structured import contract, structured_jacobian
+from ntk_tt.kernels._structured import contract, contract_host, on_cpu, structured_jacobian
 
 
 def check_trace_logits(trace_logits) -> bool:
@@ -271,8 +271,10 @@ def empirical_ntk(
             rj, xj = cols[j]
             jj = None
             jj = ji if (symmetric and i == j) else col_fn(params, xj)
-            blk = np.asarray(contract(ji, jj, trace_logits, symmetric=jj is ji)
-                             )[: ri * k, : rj * k]
+            same = jj is ji
+            blk = (contract_host(ji, jj, trace_logits, symmetric=same) if on_cpu(ji)
+                   else np.asarray(contract(ji, jj, trace_logits, symmetric=same))
+                   )[: ri * k, : rj * k]
             c0 = j * cols[0][1].shape[0] * k
             out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk
             if symmetric and j != i:
