@@ -183,6 +183,25 @@ def test_curve_distance_divergence_by_kappa_and_edge_rows():
     assert not edge_rows(frame, None).any()
 
 
+def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
+    """A task's predictions are timed together, edge κ̃ rows with the rest
+    (``task_seconds_predict``): its fine-tunes are summed over the same rows."""
+    from ntk_tt.sweep._summary import wall_time
+
+    frame = pd.DataFrame({
+        "task_id": ["a", "a", "a", "b", "b"], "optimizer": "gd",
+        "seconds_finetune": [10.0, 20.0, 30.0, 40.0, 50.0],
+        "seconds_predict": [1.0, 1.0, 1.0, 2.0, 2.0],
+        "task_seconds_kernel": [1.0, 1.0, 1.0, 3.0, 3.0],
+        "task_seconds_predict": [2.0, 2.0, 2.0, 6.0, 6.0],
+    })
+    out = wall_time(frame)
+    assert out["per_task_ratio_min_max"] == [10.0, 20.0]  # b: 90 / 9, a: 60 / 3
+    assert out["per_task_median_ratio"] == 15.0
+    assert out["total_seconds_finetune"] == 150.0
+    assert out["total_seconds_kernel_and_predict"] == 12.0
+
+
 def test_promote_swaps_a_variant_into_the_headline():
     from ntk_tt.sweep._summary import promote
 

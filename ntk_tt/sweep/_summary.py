@@ -229,7 +229,8 @@ def wall_time(frame: pd.DataFrame) -> dict:
     """Fine-tuning / prediction wall-time ratios, per configuration and per whole task sweep.
 
     Per configuration: one real fine-tune against one stand-alone prediction (kernel + solve).
-    Per task: all fine-tunes of the task against its one kernel plus all its predictions.
+    Per task: all fine-tunes of the task against its one kernel plus all its predictions
+    (``frame`` must hold every row of a task, as ``task_seconds_predict`` times them all).
     The prediction side is the primary predictor's (``task_seconds_kernel``: its own kernel
     work; ``task_seconds_predict``: its solves); the variants recorded beside it are not
     counted. Fine-tunes count training steps only; reused runs are timed on the sweep's
@@ -394,8 +395,10 @@ def edge_rows(frame: pd.DataFrame, grid: dict | None) -> np.ndarray:
 def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
     """The sweep summary as a JSON-ready dict (see the module docstring for the rules).
 
-    The headline, breakdown, curve distances, sketch agreement and wall time use the main
-    grid; the divergence block uses every row, the edge κ̃ included.
+    The headline, breakdown, curve distances and sketch agreement use the main grid; the
+    divergence block and the wall time use every row, the edge κ̃ included (a task's
+    predictions are timed together, edge rows with the rest, so its fine-tunes are summed over
+    the same rows).
     """
     if len(frame) == 0:
         raise ValueError("the results table is empty; run the sweep before summarising.")
@@ -416,7 +419,7 @@ def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
         "divergence_confusion": divergence_confusion(frame),
         "sketch_vs_exact": sketch_agreement(frame),
         "breakdown": breakdown(frame),
-        "wall_time": wall_time(frame),
+        "wall_time": wall_time(everything),
         "methods": {"|".join(k): int(v) for k, v in methods.items()},
         "variants": {v: str(frame[f"var_{v}_label"].iat[0]) for v in variants(frame)
                      if f"var_{v}_label" in frame},
