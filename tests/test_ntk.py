@@ -199,6 +199,9 @@ def test_bad_inputs_raise_value_error():
     bad_params = dict(params, b1=params["b1"].at[0].set(jnp.inf))
     with pytest.raises(ValueError, match="params leaf"):
         ntk_tt.empirical_ntk(apply_fn, bad_params, x)
+    int_params = dict(params, n=jnp.array(2, jnp.int32))  # jacrev's own error before
+    with pytest.raises(ValueError, match=r"params leaf \['n'\] has dtype int32"):
+        ntk_tt.empirical_ntk(lambda p, x: apply_fn(p, x) * p["n"], int_params, x)
     with pytest.raises(ValueError, match=r"shape \(N, C\)"):
         ntk_tt.empirical_ntk(lambda p, x: apply_fn(p, x)[:, 0], params, x)
     with pytest.raises(ValueError, match="x2 must be a batch"):

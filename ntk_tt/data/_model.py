@@ -81,7 +81,8 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
 
     Raises:
       ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
-        rank < 2 or empty; non-finite entries in ``x`` or ``params``; ``apply_fn`` failing on
+        rank < 2 or empty; non-finite entries in ``x`` or ``params``; a ``params`` leaf that
+        is not a float array (integer, boolean or complex); ``apply_fn`` failing on
         inputs of ``x``'s shape (e.g. a wrong feature size) or on ``params`` (a pytree not
         the one ``apply_fn`` was built with: the message names both), its output not of
         shape (N, C), or samples of one batch not independent.
@@ -98,6 +99,13 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     if not bool(jnp.all(jnp.isfinite(jnp.asarray(x)))):
         raise ValueError(f"{name} contains NaN or inf; clean or re-normalise the inputs.")
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(
+                f"params leaf {jax.tree_util.keystr(path)} has dtype "
+                f"{jnp.result_type(leaf)}: the NTK and fine-tuning differentiate every leaf "
+                "of params, so every leaf must be a float array; keep integer constants "
+                "(counts, indices) out of params, e.g. closed over in apply_fn."
+            )
         if not bool(jnp.all(jnp.isfinite(jnp.asarray(leaf)))):
             raise ValueError(
                 f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
