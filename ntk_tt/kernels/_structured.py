@@ -254,11 +254,10 @@ def contract_host(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
     stay in :func:`contract`. Same layout and value as :func:`contract` up to float rounding (the
     products are summed in another order).
     """
-    dense = None
-    if a.cotangents:
-        dense = np.array(contract(BlockJacobian({}, a.acts, a.cotangents),
-                                  BlockJacobian({}, b.acts, b.cotangents), trace_logits))
-    out = dense
+    out = None
+    if a.cotangents:  # np.array: a writable copy, summed into below
+        out = np.array(contract(BlockJacobian({}, a.acts, a.cotangents),
+                                BlockJacobian({}, b.acts, b.cotangents), trace_logits))
     for i, ja in a.generic.items():
         rows = ja.shape[0] * (1 if trace_logits else ja.shape[1])
         x = np.asarray(ja).reshape(rows, -1)
