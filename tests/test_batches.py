@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import ntk_tt
+from ntk_tt.data._batches import path_batch_indices
 
 
 def test_each_epoch_is_a_fresh_permutation_without_the_incomplete_batch():
@@ -45,3 +46,22 @@ def test_bad_arguments_raise(n, b, steps, key, match):
     k = None if key is None else jax.random.key(key)
     with pytest.raises(ValueError, match=match):
         ntk_tt.batch_indices(k, n, b, steps)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_path_batches_are_each_paths_batch_indices(raw):
+    # the SGD predictors' paths: path 0 = a real run's order with `key`, p ≥ 1 that of
+    # split(key, P)[p]; checked one path at a time against batch_indices, eager and jitted
+    n, b, steps, paths = 11, 3, 10, 4
+    key = jax.random.PRNGKey(5) if raw else jax.random.key(5)
+    want = [ntk_tt.batch_indices(key, n, b, steps)]
+    want += [ntk_tt.batch_indices(k, n, b, steps) for k in jax.random.split(key, paths)[1:]]
+    for got in (path_batch_indices(key, n, b, steps, paths),
+                jax.jit(path_batch_indices, static_argnums=(1, 2, 3, 4))(key, n, b, steps,
+                                                                           paths)):
+        assert got.shape == (paths, steps, b) and got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.stack(want))
+    with pytest.raises(ValueError, match="GD has one path"):
+        path_batch_indices(key, n, n, steps, paths)
+    with pytest.raises(ValueError, match="key"):
+        path_batch_indices(None, n, b, steps, paths)

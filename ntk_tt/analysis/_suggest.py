@@ -508,12 +508,11 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
 def _batches(key, n, b, steps, num_paths):
     """Batch sequences (P, T, B): GD one path of arange(N); SGD ``num_paths`` orders, path 0 =
     ``batch_indices(key, N, B, T)`` (the keys of ``head_aware_paths`` / ``discrete_paths``)."""
-    from ntk_tt.data._batches import batch_indices
+    from ntk_tt.data._batches import path_batch_indices
 
     if b is None:
         return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (1, steps, n))
-    keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
-    return jax.vmap(lambda k: batch_indices(k, n, b, steps))(keys)
+    return path_batch_indices(key, n, b, steps, num_paths)
 
 
 def _skipped(b, n, lr, m, lam, sps) -> dict:

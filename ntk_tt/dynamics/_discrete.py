@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ntk_tt.data._batches import batch_indices
+from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.dynamics._fspace import theta_cols_dot, theta_dot
 from ntk_tt.dynamics._losses import logit_residual
 
@@ -78,8 +78,7 @@ def discrete_paths(
     Returns ``(fs, fs_test)`` with a leading path axis (num_paths, steps + 1, ...).
     """
     n = f0.shape[0]
-    keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
-    batches = jax.vmap(lambda k: batch_indices(k, n, batch_size, steps))(keys)
+    batches = path_batch_indices(key, n, batch_size, steps, num_paths)
 
     def one(b):
         return discrete_trajectory(op, f0, y, b, test_op=test_op, f0_test=f0_test, **kwargs)

@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 
 from ntk_tt._options import BACKBONES
-from ntk_tt.data._batches import batch_indices
+from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.data._model import check_model
 from ntk_tt.dynamics._losses import logit_residual
 from ntk_tt.kernels._structured import contract, structured_jacobian
@@ -268,8 +268,7 @@ def head_aware_paths(hk: HeadAwareKernel, y, *, key, num_paths, batch_size, step
         batches = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
         fs, fts, _ = head_aware_trajectory(hk, y, batches, **kwargs)
         return fs[None], None if fts is None else fts[None]
-    keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
-    batches = jax.vmap(lambda k: batch_indices(k, n, batch_size, steps))(keys)
+    batches = path_batch_indices(key, n, batch_size, steps, num_paths)
     fs, fts, _ = jax.vmap(lambda bt: head_aware_trajectory(hk, y, bt, **kwargs))(batches)
     return fs, fts
 
