@@ -263,11 +263,15 @@ def smoke(tmp_path_factory):
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(_sweep(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    while proc.poll() is None and not _finished_rows(rows):
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    # stderr to a file, not a pipe nobody reads while polling: a full pipe (progress bars,
+    # JAX_LOG_COMPILES) would block the sweep before its first row and the loop forever
+    log = out.parent / f"{out.name}-killed.stderr"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(_sweep(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err)
+        while proc.poll() is None and not _finished_rows(rows):
+            time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()[-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_with = len(_finished_rows(rows))
