@@ -12,8 +12,8 @@ steady call; peak memory = the subprocess's maximum resident size minus its resi
 after imports and data loading, polled every 2 ms (``_rss.py``; XLA allocations are host
 memory on CPU, so RSS sees them; tracemalloc would not), over both calls.
 
-Run:  python experiments/bench_ntk.py [--quick] [--nets cnn,resnet] [--widths 1,2,4]
-      [--csv out.csv] [--nt-python /work/nt-venv/bin/python]
+Run:  python experiments/bench_ntk.py [--quick | --sizes 150,750] [--nets cnn,resnet]
+      [--widths 1,2,4] [--csv out.csv] [--nt-python /work/nt-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -234,7 +234,10 @@ def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout, net
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="N in {64, 150}, D' in {256, 1024}")
+    ap.add_argument("--quick", action="store_true", help="N in {60, 150}, D' in {256, 1024}")
+    ap.add_argument("--sizes", default="",
+                    help="comma list of task sizes N (multiples of 5), e.g. 750; default "
+                         "60,150,750 (60,150 with --quick)")
     ap.add_argument("--nt-python", default=os.environ.get("NT_PYTHON", "/work/nt-venv/bin/python"))
     ap.add_argument("--pretrain-steps", type=int, default=300)
     ap.add_argument(
@@ -251,9 +254,15 @@ def main(argv=None):
     nets = args.nets.split(",")
     if not nets or any(k not in NETS for k in nets):
         ap.error(f"--nets takes a comma list of {', '.join(NETS)}, got {args.nets!r}")
+    try:
+        sizes = [int(v) for v in args.sizes.split(",")] if args.sizes else []
+    except ValueError:
+        sizes = [0]
+    if any(v < 5 or v % 5 for v in sizes):
+        ap.error(f"--sizes takes a comma list of multiples of 5, got {args.sizes!r}")
     import pandas as pd
 
-    sizes = [64, 150] if args.quick else [64, 150, 750]
+    sizes = sizes or ([60, 150] if args.quick else [60, 150, 750])
     sketch_dims = [256, 1024] if args.quick else [256, 1024, 4096]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -270,11 +279,11 @@ def main(argv=None):
             for n in sizes:
                 inp = _write_input(tmp, f"{net}_in{n}", params, task_inputs(n, net))
                 # sketches: the CNN only (the issue's target is the exact and traced kernels)
-                dims = sketch_dims if n > 64 and net == "cnn" else []
+                dims = sketch_dims if n > 60 and net == "cnn" else []
                 theta = _ours(tmp, inp, rows, n, d, dims, args.timeout, net=net)
                 # NTK-vector products: 94 s and 15 GB already at N = 150 on the CNN, so only
-                # there at N = 64
-                impls = (1, 2, 3) if n == 64 and net == "cnn" else (1, 3)
+                # there at N = 60
+                impls = (1, 2, 3) if n == 60 and net == "cnn" else (1, 3)
                 _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls,
                                  args.timeout, net=net)
         if args.widths and not args.quick:
