@@ -40,10 +40,18 @@ def test_same_key_same_sequence_and_gd_ignores_key():
         (10, 11, 5, 0, "batch_size"),
         (10, 5, 0, 0, "steps"),
         (10, 5, 5, None, "key"),
+        (10, True, 5, 0, "batch_size must be an int"),
+        (10, 2.5, 5, 0, "batch_size must be an int"),
+        (10, "8", 5, 0, "batch_size must be an int"),
+        (10, 5, 2.5, 0, "steps must be an int"),
+        (10, 5, 5, "int", "key must be a jax random key"),
+        (10, 5, 5, "str", "key must be a jax random key"),
+        (10, 5, 5, "float", "key must be a jax random key"),
     ],
 )
 def test_bad_arguments_raise(n, b, steps, key, match):
-    k = None if key is None else jax.random.key(key)
+    bad = {"int": 0, "str": "abc", "float": np.zeros(2)}  # not keys
+    k = bad[key] if isinstance(key, str) else None if key is None else jax.random.key(key)
     with pytest.raises(ValueError, match=match):
         ntk_tt.batch_indices(k, n, b, steps)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.data._inputs import check_key
 
 
 def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) -> jax.Array:
@@ -24,8 +27,12 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
       int32 array of shape (steps, batch_size); row t holds the batch of update t + 1.
 
     Raises:
-      ValueError: B < 1 or B > N, steps < 1, or ``key`` missing for SGD (B < N).
+      ValueError: n, B or steps not an int (a bool included), B < 1 or B > N, steps < 1, or
+        ``key`` missing or not a jax random key for SGD (B < N).
     """
+    for name, value in (("n", n), ("batch_size", batch_size), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an int, got {value!r}.")
     n, batch_size, steps = int(n), int(batch_size), int(steps)
     if not 1 <= batch_size <= n:
         raise ValueError(
@@ -41,6 +48,7 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
             "SGD (batch_size < N) needs a key for the minibatch order: pass "
             "key=jax.random.key(seed)."
         )
+    check_key(key)
     return _epoch_batches(key[None], n, batch_size, steps)[0]
 
 

@@ -94,7 +94,7 @@ def check_num_paths(num_paths) -> None:
 
 def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
-    steps ∉ [1, MAX_STEPS], B ∉ [1, N] (values checked when concrete)."""
+    steps not an int in [1, MAX_STEPS], B not an int in [1, N] (values checked when concrete)."""
     for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
         check_real(value, name)
         if np.ndim(value) != 0:
@@ -113,10 +113,12 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
             or steps > MAX_STEPS):
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
                          f"got {steps!r}.")
-    if batch_size is not None and not 1 <= batch_size <= n:
+    if batch_size is not None and (isinstance(batch_size, bool)
+                                   or not isinstance(batch_size, (int, np.integer))
+                                   or not 1 <= batch_size <= n):
         raise ValueError(
-            f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {batch_size}; use "
-            "batch_size=None for full-batch gradient descent."
+            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
+            "use batch_size=None for full-batch gradient descent."
         )
 
 
