@@ -71,5 +71,8 @@ def test_path_batches_are_each_paths_batch_indices(raw):
         np.testing.assert_array_equal(got, np.stack(want))
     with pytest.raises(ValueError, match="GD has one path"):
         path_batch_indices(key, n, n, steps, paths)
-    with pytest.raises(ValueError, match="key"):
-        path_batch_indices(None, n, b, steps, paths)
+    for bad in (None, 0, "abc"):
+        with pytest.raises(ValueError, match="key"):
+            path_batch_indices(bad, n, b, steps, paths)
+    with pytest.raises(ValueError, match="batch_size must be an int"):
+        path_batch_indices(key, n, 2.5, steps, paths)

@@ -30,10 +30,16 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
       ValueError: n, B or steps not an int (a bool included), B < 1 or B > N, steps < 1, or
         ``key`` missing or not a jax random key for SGD (B < N).
     """
+    if _check(key, n, batch_size, steps):
+        return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
+    return _epoch_batches(key[None], int(n), int(batch_size), int(steps))[0]
+
+
+def _check(key, n, batch_size, steps) -> bool:
+    """:func:`batch_indices`' ValueErrors; True for gradient descent (B = N)."""
     for name, value in (("n", n), ("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"{name} must be an int, got {value!r}.")
-    n, batch_size, steps = int(n), int(batch_size), int(steps)
     if not 1 <= batch_size <= n:
         raise ValueError(
             f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {batch_size}; "
@@ -42,14 +48,14 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}.")
     if batch_size == n:
-        return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
+        return True
     if key is None:
         raise ValueError(
             "SGD (batch_size < N) needs a key for the minibatch order: pass "
             "key=jax.random.key(seed)."
         )
     check_key(key)
-    return _epoch_batches(key[None], n, batch_size, steps)[0]
+    return False
 
 
 def path_batch_indices(key: jax.Array, n: int, batch_size: int, steps: int,
@@ -68,10 +74,9 @@ def path_batch_indices(key: jax.Array, n: int, batch_size: int, steps: int,
     Raises:
       ValueError: as :func:`batch_indices`.
     """
-    n, batch_size, steps = int(n), int(batch_size), int(steps)
-    if not 1 <= batch_size < n or steps < 1 or key is None:
-        batch_indices(key, n, batch_size, steps)  # its ValueError
+    if _check(key, n, batch_size, steps):
         raise ValueError("path_batch_indices is for SGD (batch_size < N); GD has one path.")
+    n, batch_size, steps = int(n), int(batch_size), int(steps)
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     keys = jnp.concatenate([key[None], jax.random.split(key, num_paths)[1:]])
