@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from ntk_tt._options import _is_int
 from ntk_tt.data._inputs import check_key
 
 
@@ -38,7 +38,7 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
 def _check(key, n, batch_size, steps) -> bool:
     """:func:`batch_indices`' ValueErrors; True for gradient descent (B = N)."""
     for name, value in (("n", n), ("batch_size", batch_size), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not _is_int(value):
             raise ValueError(f"{name} must be an int, got {value!r}.")
     if not 1 <= batch_size <= n:
         raise ValueError(

@@ -19,6 +19,7 @@ import numpy as np
 
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
+from ntk_tt._options import _is_int
 from ntk_tt._options import resolve_method as resolve_method
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.dynamics._closed_form import mse_closed_form
@@ -113,9 +114,7 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
             or steps > MAX_STEPS):
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
                          f"got {steps!r}.")
-    if batch_size is not None and (isinstance(batch_size, bool)
-                                   or not isinstance(batch_size, (int, np.integer))
-                                   or not 1 <= batch_size <= n):
+    if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= n):
         raise ValueError(
             f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
             "use batch_size=None for full-batch gradient descent."
