@@ -139,22 +139,25 @@ def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
     assert check_model(apply_fn, params, x) == (5, 3)  # the same model, per sample: accepted
 
 
-def test_a_single_sample_is_checked_by_shapes_only():
+def test_a_single_sample_is_checked_by_shapes_only(monkeypatch):
     # one sample is its own batch: the together-vs-alone passes would compare a pass with
     # itself, so check_model traces shapes only (a 1-sample kernel costs less than the passes)
+    import ntk_tt.data._model as model_module
+
     model, x = _bn_model()
     apply_fn, params = ntk_tt.from_nnx(model)
-    concrete = []
+    runs = []
+    real = model_module._together_and_alone
 
-    def recording(p, xx):
-        concrete.append(not isinstance(xx, jax.core.Tracer))
-        return apply_fn(p, xx)
+    def counting(fn, p, xs):
+        runs.append(xs.shape[0])
+        return real(fn, p, xs)
 
-    assert check_model(recording, params, x[:1]) == (1, 3)
-    assert concrete and not any(concrete)  # traced (eval_shape), never run
-    concrete.clear()
-    assert check_model(recording, params, x[:2]) == (2, 3)
-    assert any(concrete)  # two samples: run together and one at a time
+    monkeypatch.setattr(model_module, "_together_and_alone", counting)
+    assert check_model(apply_fn, params, x[:1]) == (1, 3)
+    assert runs == []  # traced (eval_shape), never run
+    assert check_model(apply_fn, params, x[:2]) == (2, 3)
+    assert runs == [2]  # two samples: run together and one at a time
 
 
 @pytest.mark.parametrize("reason", ["the layer wants 5 input features.",

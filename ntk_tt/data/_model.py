@@ -8,6 +8,7 @@ through :func:`from_nnx`, the single adapter.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -96,7 +97,7 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     n = int(np.shape(x)[0])
     if n == 0:
         raise ValueError(f"{name} is empty (N = 0); pass at least one input.")
-    if not bool(jnp.all(jnp.isfinite(jnp.asarray(x)))):
+    if not np.isfinite(np.asarray(x)).all():  # numpy: no compile per shape
         raise ValueError(f"{name} contains NaN or inf; clean or re-normalise the inputs.")
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
@@ -106,7 +107,7 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
                 "of params, so every leaf must be a float array; keep integer constants "
                 "(counts, indices) out of params, e.g. closed over in apply_fn."
             )
-        if not bool(jnp.all(jnp.isfinite(jnp.asarray(leaf)))):
+        if not np.isfinite(np.asarray(leaf)).all():
             raise ValueError(
                 f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
                 "checkpoint or re-initialise."
@@ -132,6 +133,13 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     return n, c
 
 
+@partial(jax.jit, static_argnums=0)
+def _together_and_alone(apply_fn: ApplyFn, params: Any, xs: jax.Array):
+    """Logits of ``xs`` as one batch and one sample at a time (one compiled call: eager
+    op-by-op dispatch compiled every primitive apart, ~3 s for a small CNN)."""
+    return apply_fn(params, xs), jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs)
+
+
 def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int) -> None:
     """ValueError unless ``apply_fn`` maps each of ``x[:4]`` to the same logits alone as in a
     batch (relative tolerance √eps of the logits' dtype) and a batch of one to shape (1, C)."""
@@ -148,15 +156,13 @@ def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int)
         )
     if np.shape(x)[0] == 1:  # one sample alone is the batch itself: nothing to compare (and
         return  # the two eager passes cost more than a 1-sample kernel, e.g. feature_mixing's)
-    xs = jnp.asarray(x[:4])
-    together = np.asarray(apply_fn(params, xs))
-    alone = np.asarray(jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs))
+    together, alone = map(np.asarray, _together_and_alone(apply_fn, params, jnp.asarray(x[:4])))
     diff = float(np.max(np.abs(together - alone)))
     scale = float(np.max(np.abs(together)) + np.max(np.abs(alone)))
     if not diff <= np.sqrt(np.finfo(together.dtype).eps) * scale:
         raise ValueError(
-            f"apply_fn couples the samples of a batch: the logits of {name}[:{len(xs)}] computed "
-            f"together differ from those computed one sample at a time (max difference "
+            f"apply_fn couples the samples of a batch: the logits of {name}[:{len(together)}] "
+            f"computed together differ from those computed one sample at a time (max difference "
             f"{diff:.3g}); the NTK is computed per sample, so apply_fn must treat every sample "
             "independently: eval mode (frozen batch-norm statistics, no dropout), no statistics "
             "over the batch (e.g. centring the inputs)."
