@@ -30,6 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
 
+from ntk_tt.kernels._patches import patch_rewrites
+from ntk_tt.kernels._patches import patches as slice_patches
+
 
 class BlockJacobian(NamedTuple):
     """Per-sample derivatives of a block of B inputs.
@@ -101,10 +104,14 @@ def _shared_jacobian(kind: str, params: dict, w_shape, h: jax.Array,
         return jnp.einsum("pk,cpo->cko", pk, delta.reshape(c, pk.shape[0], -1)).reshape(c, -1)
     dn = params["dimension_numbers"]
     spatial = dn.rhs_spec[2:]
-    patches = jax.lax.conv_general_dilated_patches(
-        h, [w_shape[a] for a in spatial], params["window_strides"], params["padding"],
-        params["lhs_dilation"], params["rhs_dilation"], dn,
-        precision=jax.lax.Precision.HIGHEST)
+    window = [w_shape[a] for a in spatial]
+    if all(d == 1 for d in params["lhs_dilation"]):  # strided slices: no grouped convolution
+        patches = slice_patches(h, window, params["window_strides"], params["padding"],
+                                params["rhs_dilation"], dn)
+    else:
+        patches = jax.lax.conv_general_dilated_patches(
+            h, window, params["window_strides"], params["padding"], params["lhs_dilation"],
+            params["rhs_dilation"], dn, precision=jax.lax.Precision.HIGHEST)
     # patch features are ordered (in, spatial axes of W in rhs_spec order)
     order = (dn.out_spec[0], *dn.out_spec[2:], dn.out_spec[1])
     pk = jnp.transpose(patches, order).reshape(-1, patches.shape[dn.out_spec[1]])
@@ -116,9 +123,11 @@ def _shared_jacobian(kind: str, params: dict, w_shape, h: jax.Array,
                          ).reshape(c, -1)
 
 
-def _interpret(closed, args, eps: dict[int, jax.Array]):
+def _interpret(closed, args, eps: dict[int, jax.Array], rewrites: dict | None = None):
     """Evaluate ``closed`` on ``args``, adding ``eps[k]`` to the output of eqn k and returning
-    (outputs, {k: left operand of eqn k})."""
+    (outputs, {k: left operand of eqn k}); eqn k in ``rewrites`` is computed by
+    ``rewrites[k](*inputs)`` instead (the same value, see ``_patches``)."""
+    rewrites = rewrites or {}
     env = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
     env.update(zip(closed.jaxpr.invars, args, strict=True))
     captured = {}
@@ -128,8 +137,11 @@ def _interpret(closed, args, eps: dict[int, jax.Array]):
 
     for k, eqn in enumerate(closed.jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
-        outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-        outs = outs if eqn.primitive.multiple_results else [outs]
+        if k in rewrites:
+            outs = [rewrites[k](*invals)]
+        else:
+            outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
         if k in eps:
             captured[k] = invals[0]
             outs = [outs[0] + eps[k]]
@@ -138,8 +150,15 @@ def _interpret(closed, args, eps: dict[int, jax.Array]):
 
 
 @partial(jax.jit, static_argnums=0)
-def structured_jacobian(apply_fn, params: Any, xb: jax.Array) -> BlockJacobian:
-    """Per-sample derivatives of ``apply_fn`` at ``params`` for the inputs ``xb`` (B, ...)."""
+def structured_jacobian(apply_fn, params: Any, xb: jax.Array,
+                        cotangents: jax.Array | None = None) -> BlockJacobian:
+    """Per-sample derivatives of ``apply_fn`` at ``params`` for the inputs ``xb`` (B, ...).
+
+    ``cotangents`` (G, C): the derivatives of the G output combinations Σ_c v_gc f_c instead of
+    the C logits (one reverse pass each; the logit axis of every array is then G). None is the
+    identity: every logit, as ``jax.jacrev``. Rows of the identity give a group of logits
+    (``empirical_ntk`` builds a logit-summed Θ group by group); a zero row gives zeros.
+    """
     leaves, treedef = jax.tree.flatten(params)
 
     def single(leaf_list, xi):
@@ -149,6 +168,7 @@ def structured_jacobian(apply_fn, params: Any, xb: jax.Array) -> BlockJacobian:
     xspec = jax.ShapeDtypeStruct(xb.shape[1:], xb.dtype)
     closed = jax.make_jaxpr(single)(spec, xspec)
     found = _structured_leaves(closed.jaxpr, len(leaves))
+    rewrites = patch_rewrites(closed)
     rest = [i for i in range(len(leaves)) if i not in found]
     order = sorted(found)
     eqn_of = [found[i][1] for i in order]
@@ -158,15 +178,16 @@ def structured_jacobian(apply_fn, params: Any, xb: jax.Array) -> BlockJacobian:
         for i, leaf in zip(rest, rest_leaves, strict=True):
             full[i] = leaf
         eps = dict(zip(eqn_of, eps_list, strict=True))
-        (out,), captured = _interpret(closed, [*full, xi], eps)
+        (out,), captured = _interpret(closed, [*full, xi], eps, rewrites)
         return out, [captured[k] for k in eqn_of]
 
     def per_sample(xi):
         avals = [closed.jaxpr.eqns[k].outvars[0].aval for k in eqn_of]
         eps0 = [jnp.zeros(a.shape, a.dtype) for a in avals]
-        (j_rest, j_eps), acts = jax.jacrev(perturbed, argnums=(0, 1), has_aux=True)(
-            [leaves[i] for i in rest], eps0, xi
-        )
+        out, pull, acts = jax.vjp(lambda r, e: perturbed(r, e, xi),
+                                  [leaves[i] for i in rest], eps0, has_aux=True)
+        basis = jnp.eye(out.shape[0], dtype=out.dtype) if cotangents is None else cotangents
+        j_rest, j_eps = jax.vmap(pull)(basis)
         generic = dict(zip(rest, j_rest, strict=True))
         dense_acts, dense_cots = {}, {}
         for i, k, h, delta in zip(order, eqn_of, acts, j_eps, strict=True):
@@ -235,10 +256,11 @@ def contract(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
 
 
 def on_cpu(jac: BlockJacobian) -> bool:
-    """Whether the block's arrays live on CPU devices (then :func:`contract_host` is faster)."""
+    """Whether the block's arrays live on CPU devices or are host numpy arrays (then
+    :func:`contract_host` is faster)."""
     leaf = next(iter(jac.generic.values()), None)
     leaf = next(iter(jac.cotangents.values())) if leaf is None else leaf
-    return all(d.platform == "cpu" for d in leaf.devices())
+    return isinstance(leaf, np.ndarray) or all(d.platform == "cpu" for d in leaf.devices())
 
 
 def contract_host(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
