@@ -347,20 +347,25 @@ def _wide_conv():
 
 
 def _block_bytes(apply_fn, params, xb):
-    """(working, output) bytes of one Jacobian block, from XLA's memory analysis."""
-    ma = structured_jacobian.lower(apply_fn, params, xb).compile().memory_analysis()
+    """(working, output) bytes of one Jacobian block of every logit (the identity
+    cotangents ``empirical_ntk`` passes), from XLA's memory analysis."""
+    c = jax.eval_shape(apply_fn, params, xb).shape[1]
+    cot = jnp.eye(c, dtype=xb.dtype)
+    ma = structured_jacobian.lower(apply_fn, params, xb, cot).compile().memory_analysis()
     return ma.temp_size_in_bytes + ma.argument_size_in_bytes, ma.output_size_in_bytes
 
 
 def _block_sizes(monkeypatch):
+    """The block sizes ``empirical_ntk``'s plans choose, one per call."""
     used = []
-    real = ntk_module.sample_blocks
+    real = ntk_module._plan
 
-    def spy(x, block_size):
-        used.append(block_size)
-        return real(x, block_size)
+    def spy(*args):
+        plan = real(*args)
+        used.append(plan.block_size)
+        return plan
 
-    monkeypatch.setattr(ntk_module, "sample_blocks", spy)
+    monkeypatch.setattr(ntk_module, "_plan", spy)
     return used
 
 
@@ -410,3 +415,57 @@ def test_memory_plan_shrinks_past_the_two_block_lower_bound(monkeypatch):
     theta = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True, memory_limit=limit)
     assert 1 < used[0] < 8
     np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("group_bytes", [None, 1, "two"])
+def test_chunks_and_logit_groups_give_the_brute_force_kernel(x64, monkeypatch, group_bytes):
+    """Jacobians two samples per compiled call (host buffers), and the logit-summed kernel
+    accumulated over logit groups of one, or of two (the second padded by a zero
+    cotangent), in one or several sample blocks: every kernel equals brute force."""
+    apply_fn, params, x = setup("cnn")
+    x2 = inputs("cnn", jax.random.key(7), 4)
+    c = 3
+    monkeypatch.setattr(ntk_module, "CPU_CHUNK", 2)
+    if group_bytes == "two":  # two logits of the 5 + 4 samples of the cross kernel fit
+        per_logit, per_sample = ntk_module._jacobian_bytes(apply_fn, params, x, c, x.dtype)
+        group_bytes = 9 * (2 * per_logit + per_sample)
+    if group_bytes is not None:
+        monkeypatch.setattr(ntk_module, "GROUP_BYTES", group_bytes)
+    plans = []
+    real = ntk_module._plan
+    monkeypatch.setattr(ntk_module, "_plan", lambda *a: plans.append(real(*a)) or plans[-1])
+    full = brute_ntk(apply_fn, params, x)
+    cross = brute_ntk(apply_fn, params, x, x2)
+
+    def traced(k, n2):
+        return jnp.einsum("icjc->ij", k.reshape(-1, c, n2, c))
+
+    for block_size in (None, 3):
+        kw = dict(block_size=block_size)
+        np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, **kw), full,
+                                   rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, x2, **kw), cross,
+                                   rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True,
+                                                        **kw), traced(full, 5), rtol=1e-10)
+        np.testing.assert_allclose(ntk_tt.empirical_ntk(apply_fn, params, x, x2,
+                                                        trace_logits=True, **kw),
+                                   traced(cross, 4), rtol=1e-10)
+    assert {p.chunk for p in plans} == {2}
+    assert all(len(p.groups) == 1 for p in plans[0::4] + plans[1::4])  # exact: every logit
+    cross_traced = {(len(p.groups), p.groups[0].shape) for p in plans[3::4]}
+    if group_bytes is None:
+        assert cross_traced == {(1, (3, 3))}
+    elif group_bytes == 1:
+        assert cross_traced == {(3, (1, 3))}
+    else:
+        assert cross_traced == {(2, (2, 3))}
+        np.testing.assert_array_equal(plans[3].groups[1], [[0, 0, 1], [0, 0, 0]])
+
+
+def test_logit_groups_cover_every_logit_once():
+    for c in range(1, 12):
+        for group in range(1, c + 1):
+            groups = ntk_module.logit_groups(c, group, np.float32)
+            assert len({g.shape for g in groups}) == 1 and groups[0].shape[0] <= group
+            np.testing.assert_array_equal(sum(g.T @ g for g in groups), np.eye(c))

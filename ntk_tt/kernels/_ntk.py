@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,23 +70,73 @@ def sample_blocks(x: Any, block_size: int) -> list[tuple[int, jax.Array]]:
     return out
 
 
-def _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric):
-    """Compiled ``structured_jacobian`` for the row (and column) block shape, and the bytes
-    XLA reports for one call: ``(row_fn, col_fn, row_bytes, col_bytes)``, each bytes a
-    ``(working, output)`` pair (working = temporaries + arguments, e.g. the activations that
-    ``vmap(jacrev)`` keeps for the backward pass; output = the Jacobian block itself)."""
+CPU_CHUNK = 16
+"""Samples per compiled Jacobian call on a CPU. A block's per-sample Jacobians are computed
+at most ``CPU_CHUNK`` samples at a time into host buffers, so XLA's working memory (the
+activations and per-logit cotangents that ``vmap`` keeps) is that of one chunk, not of the
+whole block. Small chunks also run faster on a CPU (their working memory stays in cache): on
+the 2-core CPU measured, the logit-summed Θ of the shipped SmallResNet at N = 750 took 4.0 /
+4.4 / 5.9 s with chunks of 8 / 16 / 64 samples, of the benchmark CNN 0.53 s with 16 against
+1.04 s with 64. On accelerators a block is one call."""
 
-    def spec(inputs):
-        rows = min(block_size, np.shape(inputs)[0])
-        return jax.ShapeDtypeStruct((rows, *np.shape(inputs)[1:]), jnp.result_type(inputs))
+GROUP_BYTES = 2**30
+"""Logit-summed Θ: the per-sample Jacobians of all N samples are held for a group of logits at
+a time, as many logits as fit in ``GROUP_BYTES`` (at least one), and Θ = Σ_groups J_g J_gᵀ.
+Each further group costs one more forward pass per sample; a full C-logit Jacobian (N·C·D
+numbers: 1.7 GiB for the shipped SmallResNet at N = 750, C = 5) is what set the peak memory."""
+
+
+class _Plan(NamedTuple):
+    """How ``empirical_ntk`` computes Θ: sample blocks of ``block_size`` rows and columns,
+    Jacobians ``chunk`` samples per compiled call (``row_fn`` / ``col_fn``, compiled for
+    ``row_chunk`` / ``col_chunk`` samples), and the logit ``groups`` (cotangent matrices
+    (G, C), all of one shape; the last may have zero rows)."""
+
+    block_size: int
+    chunk: int
+    row_chunk: int
+    col_chunk: int
+    groups: list
+    row_fn: Any
+    col_fn: Any
+
+
+def _platform(params) -> str:
+    """Platform of the device holding the first ``jax.Array`` leaf of ``params`` (where the
+    Jacobians will be computed), else JAX's default backend."""
+    for leaf in jax.tree.leaves(params):
+        if isinstance(leaf, jax.Array):
+            return next(iter(leaf.devices())).platform
+    return jax.default_backend()
+
+
+def logit_groups(c: int, group: int, dtype) -> list[np.ndarray]:
+    """The C logits as ``ceil(C / group)`` groups of equal size: rows of the identity (C
+    columns), the last group padded with zero rows so that one compiled function serves all."""
+    count = -(-c // group)
+    size = -(-c // count)
+    eye = np.eye(count * size, c, dtype=dtype)  # rows past C are zero
+    return [eye[k * size : (k + 1) * size] for k in range(count)]
+
+
+def _jacobian_fns(apply_fn, params, x, x2, rows, cols, cot, symmetric):
+    """Compiled ``structured_jacobian`` for ``rows`` samples of x and ``cols`` of x2 with the
+    cotangents ``cot`` (G, C), and the bytes XLA reports for one call:
+    ``(row_fn, col_fn, row_bytes, col_bytes)``, each bytes a ``(working, output)`` pair
+    (working = temporaries + arguments, e.g. the activations that ``vmap`` keeps for the
+    backward pass; output = the Jacobian of those samples)."""
+
+    def spec(inputs, m):
+        return jax.ShapeDtypeStruct((m, *np.shape(inputs)[1:]), jnp.result_type(inputs))
 
     leaves, treedef = jax.tree.flatten(params)
     avals = (treedef, tuple((np.shape(v), jnp.result_type(v), getattr(v, "weak_type", False))
                             for v in leaves))
-    row_fn, row_bytes = _compiled_block(apply_fn, avals, params, spec(x))
-    if symmetric or spec(x2) == spec(x):
+    cot_spec = jax.ShapeDtypeStruct(cot.shape, cot.dtype)
+    row_fn, row_bytes = _compiled_block(apply_fn, avals, params, spec(x, rows), cot_spec)
+    if symmetric or spec(x2, cols) == spec(x, rows):
         return row_fn, row_fn, row_bytes, row_bytes
-    col_fn, col_bytes = _compiled_block(apply_fn, avals, params, spec(x2))
+    col_fn, col_bytes = _compiled_block(apply_fn, avals, params, spec(x2, cols), cot_spec)
     return row_fn, col_fn, row_bytes, col_bytes
 
 
@@ -94,15 +144,15 @@ _COMPILED: dict = {}
 _COMPILED_MAX = 16
 
 
-def _compiled_block(apply_fn, avals, params, block):
-    """``structured_jacobian`` compiled ahead of time for one block shape, and XLA's
-    ``(working, output)`` bytes for it. AOT executables are not in jit's cache, so the last
-    ``_COMPILED_MAX`` are kept here, keyed on ``apply_fn``, the parameters' shapes and dtypes
-    and the block's: an exact and a traced kernel of one model, or a kernel per call on the same
-    inputs, compile once."""
-    key = (apply_fn, avals, block)
+def _compiled_block(apply_fn, avals, params, block, cot):
+    """``structured_jacobian`` compiled ahead of time for one input and cotangent shape, and
+    XLA's ``(working, output)`` bytes for it. AOT executables are not in jit's cache, so the
+    last ``_COMPILED_MAX`` are kept here, keyed on ``apply_fn``, the parameters' shapes and
+    dtypes and the shapes: an exact and a traced kernel of one model, or a kernel per call on
+    the same inputs, compile once."""
+    key = (apply_fn, avals, block, cot)
     if key not in _COMPILED:
-        fn = structured_jacobian.lower(apply_fn, params, block).compile()
+        fn = structured_jacobian.lower(apply_fn, params, block, cot).compile()
         ma = fn.memory_analysis()
         while len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
@@ -111,23 +161,44 @@ def _compiled_block(apply_fn, avals, params, block):
     return _COMPILED[key]
 
 
-def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
-    """Choose the block size from what the compiled Jacobian function really holds.
+def _jacobian_bytes(apply_fn, params, x, c, dtype) -> tuple[int, int]:
+    """Bytes of one sample's Jacobian: ``(per logit, per sample)``; structured dense leaves
+    hold their input once per sample and δ per logit (from shapes only: nothing compiled)."""
+    one = jax.ShapeDtypeStruct((1, *np.shape(x)[1:]), jnp.result_type(x))
+    jac = jax.eval_shape(partial(structured_jacobian, apply_fn), params, one,
+                         jax.ShapeDtypeStruct((1, c), dtype))
+    per_logit = sum(a.size * a.dtype.itemsize for a in (*jac.generic.values(),
+                                                         *jac.cotangents.values()))
+    return per_logit, sum(a.size * a.dtype.itemsize for a in jac.acts.values())
 
-    Peak = Θ + the row block's Jacobian + (working memory and output of the column block being
-    computed); the working memory (activations of the per-sample backward pass) comes from
-    XLA's memory analysis of the compiled block function. An automatic block size is shrunk
-    until the peak fits; a given one that does not fit raises. Returns
-    ``(block_size, row_fn, col_fn)`` with the compiled block functions to use.
+
+def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit) -> _Plan:
+    """Choose logit groups, block size and chunk from what the compiled Jacobian function
+    really holds.
+
+    Peak = Θ + the row and column blocks' Jacobians + the working memory and output of the
+    chunk being computed (XLA's memory analysis of the compiled chunk function: the
+    activations of the per-sample backward passes). When a block is one call (accelerators,
+    or a block no larger than a chunk), its output is the block's Jacobian. An automatic block
+    size is shrunk until the peak fits; a given one that does not fit raises.
     """
     symmetric = x2 is None
     n, n2 = np.shape(x)[0], np.shape(x if symmetric else x2)[0]
-    d, itemsize = num_params(params), output_dtype(apply_fn, params, x).itemsize
+    d, dtype = num_params(params), output_dtype(apply_fn, params, x)
+    itemsize = dtype.itemsize
     avail = available_memory(memory_limit)
     kernel_only = kernel_memory_bytes(
         n, n2, c, d, itemsize=itemsize, trace_logits=trace_logits, jac_rows=0
     )
-    per_row = itemsize * c * d  # the Jacobian rows alone: a lower bound, checked uncompiled
+    group = c
+    samples = n if symmetric else n + n2
+    if trace_logits and itemsize * d * c * samples > GROUP_BYTES:  # else all C fit anyway
+        per_logit, per_sample = _jacobian_bytes(apply_fn, params, x, c, dtype)
+        group = int(max(1, min(c, (GROUP_BYTES / samples - per_sample) // per_logit)))
+    groups = logit_groups(c, group, dtype)
+    per_row = itemsize * groups[0].shape[0] * d  # Jacobian rows alone: a lower bound
+    cap = CPU_CHUNK if _platform(params) == "cpu" else None
+
     def balanced(bs):
         """The smallest block size giving as many blocks as ``bs`` does over the larger
         input (less padding of the last block: e.g. 3 × 1334 instead of 2 × 1956 + 88
@@ -143,17 +214,37 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
     else:
         auto = False
 
-    def need(bs, row, col):
-        single = symmetric and bs >= n
-        lower = kernel_only + per_row * (bs if single else min(bs, n) + min(bs, n2))
-        if row is None:
-            return lower
-        first = kernel_only + row[0] + row[1]
-        return max(lower, first if single else max(first, kernel_only + row[1] + sum(col)))
+    def chunk_of(bs):
+        """Samples per call: the block (accelerators), else the block in equal chunks of at
+        most ``CPU_CHUNK`` (150 → 3 × 50: no padded samples)."""
+        return bs if cap is None else -(-bs // -(-bs // cap))
 
-    fns = (None, None, None, None)
+    def held(bs):
+        """Samples whose Jacobians are held at once: the row block, and the column block
+        unless Θ is one symmetric block."""
+        single = symmetric and bs >= n
+        return min(bs, n) + (0 if single else min(bs, n2)), single
+
+    def need(bs, fns):
+        rows, single = held(bs)
+        lower = kernel_only + per_row * rows
+        if fns is None:
+            return lower
+        ch, (_, _, row, col) = chunk_of(bs), fns
+        if ch >= bs:  # one call per block: its output is the block's Jacobian
+            first = kernel_only + row[0] + row[1]
+            return max(lower, first if single else max(first, kernel_only + row[1] + sum(col)))
+        per_sample = row[1] / min(ch, n)  # host buffers filled chunk by chunk
+        return max(lower, kernel_only + per_sample * rows + max(sum(row), sum(col)))
+
+    def compiled(bs):
+        ch = chunk_of(bs)
+        return _jacobian_fns(apply_fn, params, x, x2, min(ch, n), min(ch, n2), groups[0],
+                             symmetric)
+
+    fns = None
     while True:
-        if need(block_size, None, None) > avail:
+        if need(block_size, None) > avail:
             if not auto or block_size == 1:
                 break
             # a shrink from one block to several holds two Jacobian blocks at once: go to the
@@ -161,22 +252,28 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
             block_size = balanced(max(1, min(block_size - 1,
                                              (avail - kernel_only) // (2 * per_row))))
             continue
-        fns = _jacobian_fns(apply_fn, params, x, x2, block_size, symmetric)
-        total = need(block_size, fns[2], fns[3])
+        fns = compiled(block_size)
+        total = need(block_size, fns)
         if total <= avail or not auto or block_size == 1:
             break
-        # Θ and the parameters (an argument of the block function) do not scale with the block
-        fixed = kernel_only + sum(leaf.nbytes for leaf in jax.tree.leaves(params))
-        per_sample = (total - fixed) / block_size
-        block_size = balanced(max(1, min(block_size - 1, (avail - fixed) // per_sample)))
-    total = need(block_size, fns[2], fns[3])
+        ch, (_, _, row, col) = chunk_of(block_size), fns
+        if ch < block_size:  # the chunk's working memory is fixed; the held blocks scale
+            per_sample = row[1] / min(ch, n)
+            room = avail - kernel_only - max(sum(row), sum(col))
+            smaller = room // (2 * per_sample)
+        else:  # Θ and the parameters (an argument of the block function) do not scale
+            fixed = kernel_only + sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+            smaller = (avail - fixed) // ((total - fixed) / block_size)
+        block_size = balanced(max(1, min(block_size - 1, smaller)))
+        fns = None
+    total = need(block_size, fns)
     if total > avail:
         shape = f"({n}, {n2})" if trace_logits else f"({n * c}, {n2 * c})"
         raise NTKMemoryError(
             f"the empirical NTK {shape} with block_size={block_size} needs about "
             f"{format_bytes(total)} (Θ: {format_bytes(kernel_only)}, Jacobian blocks of "
-            f"C={c} × D={d} per sample and the activations kept to compute them: "
-            f"{format_bytes(total - kernel_only)}) but only {format_bytes(avail)} is "
+            f"C={groups[0].shape[0]} × D={d} per sample and the activations kept to compute "
+            f"them: {format_bytes(total - kernel_only)}) but only {format_bytes(avail)} is "
             "available. Use a smaller block_size, trace_logits=True (N×N kernel, C² times "
             "smaller), sketched_ntk(..., sketch_dim=...) (N·C × D' features), or "
             "ntk_vector_product for Θ·v without forming Θ."
@@ -190,7 +287,36 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit):
             "sketched_ntk.",
             stacklevel=3,
         )
-    return block_size, fns[0], fns[1]
+    ch = chunk_of(block_size)
+    return _Plan(block_size, ch, min(ch, n), min(ch, n2), groups, fns[0], fns[1])
+
+
+def _padded(rows: np.ndarray, m: int) -> np.ndarray:
+    """``rows`` with its last row repeated up to ``m`` rows (the compiled shape)."""
+    if rows.shape[0] == m:
+        return rows
+    return np.concatenate([rows, np.repeat(rows[-1:], m - rows.shape[0], axis=0)])
+
+
+def _block_jacobian(fn, params, xs: np.ndarray, chunk: int, cot, buf):
+    """Jacobian of the rows ``xs`` (R, ...) for the cotangents ``cot``: ``(jac, buf)``.
+
+    R ≤ ``chunk``: one call of ``fn`` on ``xs`` padded to ``chunk`` rows (the padded rows are
+    returned too; callers slice Θ). Otherwise ``chunk`` rows per call, copied into ``buf``
+    (host arrays of ≥ R rows, allocated on first use and returned for reuse: a new buffer
+    would be page-faulted in again), and ``jac`` is its first R rows.
+    """
+    r = xs.shape[0]
+    if r <= chunk:
+        return fn(params, _padded(xs, chunk), cot), buf
+    for s in range(0, r, chunk):
+        part = fn(params, _padded(xs[s : s + chunk], chunk), cot)
+        if buf is None or jax.tree.leaves(buf)[0].shape[0] < r:
+            buf = jax.tree.map(lambda a: np.empty((r, *a.shape[1:]), a.dtype), part)
+        m = min(chunk, r - s)
+        for dst, src in zip(jax.tree.leaves(buf), jax.tree.leaves(part), strict=True):
+            dst[s : s + m] = np.asarray(src)[:m]
+    return jax.tree.map(lambda a: a[:r], buf), buf
 
 
 def empirical_ntk(
@@ -205,21 +331,28 @@ def empirical_ntk(
 ) -> jax.Array:
     """Exact empirical NTK Θ(x, x2) = J(x) J(x2)ᵀ at ``params`` (paper eq. (2), Sec. 4).
 
-    Per-sample Jacobians are computed for blocks of ``block_size`` inputs (one compiled function
-    reused for every block) and contracted parameter leaf by parameter leaf: dense weights
-    ``h @ W`` in structured form ``(h_i·h_j)(δ_ic·δ_jc')``, convolution kernels and weights
-    shared over positions from the layer input's patches and δ = ∂f/∂y (Novak et al. 2022, Sec.
-    4; ``ntk_tt.kernels._structured``), every other leaf by ``vmap(jacrev)``. Peak memory is Θ
-    plus two Jacobian blocks (~``2·block_size·C·D`` numbers) plus the activations one block's
-    per-sample backward passes keep (XLA's memory analysis of the compiled block function; for
-    convolutions on large images these dominate), never N·C·D. With several blocks, Jacobian
-    blocks are recomputed for each block pair (time grows with the number of blocks);
-    ``block_size=None`` uses the fewest blocks whose peak fits in the available memory (one
-    block when possible), of equal size (the last one padded as little as possible), and warns
-    when that is a single sample (≈ N²/2 Jacobian recomputations).
+    Per-sample Jacobians are computed for blocks of ``block_size`` inputs and contracted
+    parameter leaf by parameter leaf: dense weights ``h @ W`` in structured form
+    ``(h_i·h_j)(δ_ic·δ_jc')``, convolution kernels and weights shared over positions from the
+    layer input's patches and δ = ∂f/∂y (Novak et al. 2022, Sec. 4;
+    ``ntk_tt.kernels._structured``), every other leaf by ``vmap`` of reverse passes; patch
+    extractions (``lax.conv_general_dilated_patches``) are taken as strided slices, whose
+    reverse pass is cheap (``ntk_tt.kernels._patches``). On a CPU a block's Jacobians are
+    computed ``CPU_CHUNK`` (16) samples per compiled call into host buffers, so XLA's working
+    memory is that of one chunk; on accelerators a block is one call. The logit-summed kernel
+    (``trace_logits``) is summed over groups of logits, as many as keep the held Jacobians
+    under ``GROUP_BYTES`` (1 GiB; at least one logit per group), each group one more forward
+    pass per sample. Peak memory is Θ plus two Jacobian blocks (~``2·block_size·G·D``
+    numbers for a group of G logits) plus one chunk's activations (XLA's memory analysis of
+    the compiled chunk function; for convolutions on large images these dominate), never
+    N·C·D when the groups are smaller. With several blocks, Jacobian blocks are recomputed
+    for each block pair (time grows with the number of blocks); ``block_size=None`` uses the
+    fewest blocks whose peak fits in the available memory (one block when possible), of
+    equal size (the last one padded as little as possible), and warns when that is a single
+    sample (≈ N²/2 Jacobian recomputations).
 
     Call it outside ``jax.jit`` (it checks inputs on concrete values and compiles its own
-    block function); the kernel it returns then goes into jitted, vmapped
+    Jacobian function); the kernel it returns then goes into jitted, vmapped
     :func:`ntk_tt.predict_from_kernel` calls.
 
     Args:
@@ -240,9 +373,9 @@ def empirical_ntk(
         ``block_size`` ≤ 0, ``trace_logits`` not True / False (e.g. the string "yes"), or
         ``x2`` giving a different number of logits.
       NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when Θ, the Jacobian blocks and
-        the activations of one block (at ``block_size``, or at 1 when automatic) exceed the
-        available memory; raised after compiling the block function, before any Jacobian is
-        computed.
+        the activations of one chunk (at ``block_size``, or at 1 when automatic) exceed the
+        available memory; raised after compiling the Jacobian function, before any Jacobian
+        is computed.
 
     Warns:
       UserWarning: the automatic block size is 1 because of the memory limit.
@@ -256,29 +389,34 @@ def empirical_ntk(
     n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
     if c2 != c:
         raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
-    bs, row_fn, col_fn = _plan(apply_fn, params, x, x2, c, trace_logits, block_size,
-                               memory_limit)
-    rows = sample_blocks(x, min(bs, n))
-    cols = rows if symmetric else sample_blocks(x2, min(bs, n2))
+    plan = _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit)
+    bs = plan.block_size
+    xr = np.asarray(x)
+    xc = xr if symmetric else np.asarray(x2)
     k = 1 if trace_logits else c
-    out = np.empty((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
-    ji = jj = None
-    for i, (ri, xi) in enumerate(rows):
-        ji = jj = None  # free the previous blocks first: the plan holds one row + one column
-        ji = row_fn(params, xi)
-        r0 = i * rows[0][1].shape[0] * k
-        for j in range(i if symmetric else 0, len(cols)):
-            rj, xj = cols[j]
-            jj = None
-            jj = ji if (symmetric and i == j) else col_fn(params, xj)
-            same = jj is ji
-            blk = (contract_host(ji, jj, trace_logits, symmetric=same) if on_cpu(ji)
-                   else np.asarray(contract(ji, jj, trace_logits, symmetric=same))
-                   )[: ri * k, : rj * k]
-            c0 = j * cols[0][1].shape[0] * k
-            out[r0 : r0 + ri * k, c0 : c0 + rj * k] = blk
-            if symmetric and j != i:
-                out[c0 : c0 + rj * k, r0 : r0 + ri * k] = blk.T
+    out = np.zeros((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
+    row_buf = col_buf = None
+    for cot in plan.groups:
+        for r0 in range(0, n, bs):
+            ji = jj = None  # free the previous blocks first: the plan holds one row + one column
+            ji, row_buf = _block_jacobian(plan.row_fn, params, xr[r0 : r0 + bs],
+                                          plan.row_chunk, cot, row_buf)
+            ri = min(bs, n - r0)
+            for c0 in range(r0 if symmetric else 0, n2, bs):
+                rj = min(bs, n2 - c0)
+                jj = None
+                if symmetric and c0 == r0:
+                    jj = ji
+                else:
+                    jj, col_buf = _block_jacobian(plan.col_fn, params, xc[c0 : c0 + bs],
+                                                  plan.col_chunk, cot, col_buf)
+                same = jj is ji
+                blk = (contract_host(ji, jj, trace_logits, symmetric=same) if on_cpu(ji)
+                       else np.asarray(contract(ji, jj, trace_logits, symmetric=same))
+                       )[: ri * k, : rj * k]
+                out[r0 * k : (r0 + ri) * k, c0 * k : (c0 + rj) * k] += blk
+                if symmetric and c0 != r0:
+                    out[c0 * k : (c0 + rj) * k, r0 * k : (r0 + ri) * k] += blk.T
     return jnp.asarray(out)
 
 
