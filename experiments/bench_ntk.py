@@ -7,13 +7,15 @@ head, D = 105,829 at C = 5), pre-trained here for a few hundred Adam steps on
 six residual and two strided 3×3 convolutions, D = 120,901 at C = 5) written in plain JAX in
 ``_bench_resnet.py`` with the same weights and a fresh seeded 5-class head. Task: CIFAR-10
 test images of classes 0-4 from ``cifar10_test_300pc`` (N/5 per class). Each measurement
-runs in its own subprocess: wall time of the first call (with compilation) and of a second,
-steady call; peak memory = the subprocess's maximum resident size minus its resident size
-after imports and data loading, polled every 2 ms (``_rss.py``; XLA allocations are host
-memory on CPU, so RSS sees them; tracemalloc would not), over both calls.
+runs in its own subprocess: wall time of the first call (with compilation) and of
+``--repeats`` more, steady calls (``steady_s`` their median, ``best_s`` their minimum: this
+machine is shared and noisy); peak memory = the subprocess's maximum resident size minus its
+resident size after imports and data loading, polled every 2 ms (``_rss.py``; XLA allocations
+are host memory on CPU, so RSS sees them; tracemalloc would not), over all calls.
 
 Run:  python experiments/bench_ntk.py [--quick | --sizes 150,750] [--nets cnn,resnet]
-      [--widths 1,2,4] [--csv out.csv] [--nt-python /work/nt-venv/bin/python]
+      [--nt-impls 3] [--sketch-dims ''] [--widths 1,2,4] [--csv out.csv]
+      [--nt-python /work/nt-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -74,12 +76,13 @@ def worker(spec: dict) -> None:
 
     times = []
     with PeakRSS() as mem:
-        for _ in range(2):
+        for _ in range(1 + spec.get("repeats", 1)):
             t0 = time.perf_counter()
             out = np.asarray(jax.block_until_ready(run()))
             times.append(time.perf_counter() - t0)
     np.save(spec["out"], out)
-    print(json.dumps({"first_s": times[0], "steady_s": times[1], "peak_mib": mem.delta_mib}))
+    print(json.dumps({"first_s": times[0], "steady_s": float(np.median(times[1:])),
+                      "best_s": min(times[1:]), "peak_mib": mem.delta_mib}))
 
 
 def _measure(cmd: list[str], timeout: float) -> dict:
@@ -180,12 +183,14 @@ def _row(rows, **kw):
     print("  " + ", ".join(cells), flush=True)
 
 
-def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained", net="cnn"):
+def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained", net="cnn",
+          repeats=1):
     me = [sys.executable, str(HERE / "bench_ntk.py"), "--worker"]
     exact_path = str(tmp / f"{net}_exact{n}.npy")
     for trace in (False, True):
         out = exact_path if not trace else str(tmp / f"{net}_traced{n}.npy")
-        spec = {"method": "exact", "input": inp, "trace": trace, "out": out, "net": net}
+        spec = {"method": "exact", "input": inp, "trace": trace, "out": out, "net": net,
+                "repeats": repeats}
         res = _measure([*me, json.dumps(spec)], timeout)
         label = "ntk_tt exact" + (" traced" if trace else "")
         _row(rows, net=net, model=model, method=label, N=n, D=d, **res)
@@ -193,7 +198,8 @@ def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained", net="
     r = np.trace(theta) ** 2 / np.sum(theta**2)
     for sd in sketch_dims:
         out = str(tmp / f"{net}_sketch{n}_{sd}.npy")
-        spec = {"method": "sketch", "input": inp, "sketch_dim": sd, "out": out, "net": net}
+        spec = {"method": "sketch", "input": inp, "sketch_dim": sd, "out": out, "net": net,
+                "repeats": repeats}
         res = _measure([*me, json.dumps(spec)], timeout)
         if "steady_s" in res:
             feats = np.load(out).astype(np.float64)
@@ -207,7 +213,8 @@ def _ours(tmp, inp, rows, n, d, sketch_dims, timeout, model="pre-trained", net="
     return theta
 
 
-def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout, net="cnn"):
+def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout, net="cnn",
+                     repeats=1):
     names = {1: "jacobian contraction", 2: "NTK-vector products", 3: "structured derivatives"}
     if not nt_python or not Path(nt_python).exists():
         _row(
@@ -222,8 +229,8 @@ def _neural_tangents(tmp, inp, rows, n, d, theta, nt_python, impls, timeout, net
         return
     for impl in impls:
         for trace in (0, 1):
-            cmd = [nt_python, str(HERE / "_nt_reference.py"), inp, str(impl), str(trace), "2",
-                   NETS[net]]
+            cmd = [nt_python, str(HERE / "_nt_reference.py"), inp, str(impl), str(trace),
+                   str(1 + repeats), NETS[net]]
             res = _measure(cmd, timeout)
             if "steady_s" in res and not trace:
                 k = np.load(inp.replace(".npz", f"_nt{impl}{trace}.npy"))
@@ -244,8 +251,17 @@ def main(argv=None):
         "--widths", default="", help="width factors of the D sweep at N=150, e.g. 1,2,4 (slow)"
     )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="steady calls after the first (median and minimum reported)")
     ap.add_argument("--csv", default=None, help="also write the table to this CSV file")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--nt-impls", default="",
+                    help="comma list of neural-tangents implementations to time (1 jacobian "
+                         "contraction, 2 NTK-vector products, 3 structured derivatives); "
+                         "default 1,3 (and 2 for the CNN at N = 60)")
+    ap.add_argument("--sketch-dims", default=None,
+                    help="comma list of sketch dimensions D' for the CNN ('' for none); "
+                         "default 256,1024,4096 (256,1024 with --quick)")
     ap.add_argument("--nets", default="cnn,resnet",
                     help="comma list of cnn (benchmark CNN) and resnet (shipped SmallResNet)")
     args = ap.parse_args(argv)
@@ -258,12 +274,22 @@ def main(argv=None):
         sizes = [int(v) for v in args.sizes.split(",")] if args.sizes else []
     except ValueError:
         sizes = [0]
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if any(v < 5 or v % 5 for v in sizes):
         ap.error(f"--sizes takes a comma list of multiples of 5, got {args.sizes!r}")
     import pandas as pd
 
     sizes = sizes or ([60, 150] if args.quick else [60, 150, 750])
     sketch_dims = [256, 1024] if args.quick else [256, 1024, 4096]
+    if args.sketch_dims is not None:
+        sketch_dims = [int(v) for v in args.sketch_dims.split(",") if v]
+    try:
+        nt_impls = tuple(int(v) for v in args.nt_impls.split(",") if v)
+    except ValueError:
+        nt_impls = (0,)
+    if any(v not in (1, 2, 3) for v in nt_impls):
+        ap.error(f"--nt-impls takes a comma list of 1, 2, 3, got {args.nt_impls!r}")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -280,12 +306,13 @@ def main(argv=None):
                 inp = _write_input(tmp, f"{net}_in{n}", params, task_inputs(n, net))
                 # sketches: the CNN only (the issue's target is the exact and traced kernels)
                 dims = sketch_dims if n > 60 and net == "cnn" else []
-                theta = _ours(tmp, inp, rows, n, d, dims, args.timeout, net=net)
+                theta = _ours(tmp, inp, rows, n, d, dims, args.timeout, net=net,
+                              repeats=args.repeats)
                 # NTK-vector products: 94 s and 15 GB already at N = 150 on the CNN, so only
                 # there at N = 60
-                impls = (1, 2, 3) if n == 60 and net == "cnn" else (1, 3)
+                impls = nt_impls or ((1, 2, 3) if n == 60 and net == "cnn" else (1, 3))
                 _neural_tangents(tmp, inp, rows, n, d, theta, args.nt_python, impls,
-                                 args.timeout, net=net)
+                                 args.timeout, net=net, repeats=args.repeats)
         if args.widths and not args.quick:
             import _bench_cnn
             import jax
@@ -294,7 +321,8 @@ def main(argv=None):
                 p = _bench_cnn.init(jax.random.key(0), 5, w)  # random init for the D sweep
                 dw = sum(v.size for layer in p.values() for v in layer.values())
                 inp = _write_input(tmp, f"wide{w}", p, task_inputs(150))
-                _ours(tmp, inp, rows, 150, dw, [256, 1024], args.timeout, f"random init, w={w}")
+                _ours(tmp, inp, rows, 150, dw, [256, 1024], args.timeout, f"random init, w={w}",
+                      repeats=args.repeats)
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
