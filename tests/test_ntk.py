@@ -417,18 +417,21 @@ def test_memory_plan_shrinks_past_the_two_block_lower_bound(monkeypatch):
     np.testing.assert_allclose(theta, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("group_bytes", [None, 1, "two"])
+@pytest.mark.parametrize("group_bytes", [None, 1, 9, 5])
 def test_chunks_and_logit_groups_give_the_brute_force_kernel(x64, monkeypatch, group_bytes):
     """Jacobians two samples per compiled call (host buffers), and the logit-summed kernel
     accumulated over logit groups of one, or of two (the second padded by a zero
-    cotangent), in one or several sample blocks: every kernel equals brute force."""
+    cotangent, whose products are skipped), in one or several sample blocks: every kernel
+    equals brute force. ``group_bytes`` 9 / 5: two logits of 9 / 5 samples fit (the cross /
+    the symmetric kernel gets groups of two)."""
     apply_fn, params, x = setup("cnn")
     x2 = inputs("cnn", jax.random.key(7), 4)
     c = 3
     monkeypatch.setattr(ntk_module, "CPU_CHUNK", 2)
-    if group_bytes == "two":  # two logits of the 5 + 4 samples of the cross kernel fit
+    samples = group_bytes
+    if group_bytes in (9, 5):
         per_logit, per_sample = ntk_module._jacobian_bytes(apply_fn, params, x, c, x.dtype)
-        group_bytes = 9 * (2 * per_logit + per_sample)
+        group_bytes = samples * (2 * per_logit + per_sample)
     if group_bytes is not None:
         monkeypatch.setattr(ntk_module, "GROUP_BYTES", group_bytes)
     plans = []
@@ -453,14 +456,16 @@ def test_chunks_and_logit_groups_give_the_brute_force_kernel(x64, monkeypatch, g
                                    traced(cross, 4), rtol=1e-10)
     assert {p.chunk for p in plans} == {2}
     assert all(len(p.groups) == 1 for p in plans[0::4] + plans[1::4])  # exact: every logit
-    cross_traced = {(len(p.groups), p.groups[0].shape) for p in plans[3::4]}
-    if group_bytes is None:
-        assert cross_traced == {(1, (3, 3))}
-    elif group_bytes == 1:
-        assert cross_traced == {(3, (1, 3))}
-    else:
-        assert cross_traced == {(2, (2, 3))}
-        np.testing.assert_array_equal(plans[3].groups[1], [[0, 0, 1], [0, 0, 0]])
+    def groups(ps):
+        return {(len(p.groups), p.groups[0].shape) for p in ps}
+
+    sym, cross = groups(plans[2::4]), groups(plans[3::4])  # the traced kernels
+    want = {None: ({(1, (3, 3))}, {(1, (3, 3))}), 1: ({(3, (1, 3))}, {(3, (1, 3))}),
+            9: ({(1, (3, 3))}, {(2, (2, 3))}), 5: ({(2, (2, 3))}, {(3, (1, 3))})}
+    assert (sym, cross) == want[samples]
+    padded = plans[3] if samples == 9 else plans[2] if samples == 5 else None
+    if padded is not None:
+        np.testing.assert_array_equal(padded.groups[1], [[0, 0, 1], [0, 0, 0]])
 
 
 def test_logit_groups_cover_every_logit_once():

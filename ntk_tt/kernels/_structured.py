@@ -264,7 +264,7 @@ def on_cpu(jac: BlockJacobian) -> bool:
 
 
 def contract_host(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
-                  symmetric: bool = False) -> np.ndarray:
+                  symmetric: bool = False, logits: int | None = None) -> np.ndarray:
     """:func:`contract` as a numpy array, with the per-leaf Jacobian products done by the host
     BLAS (numpy's ``@``), for blocks on the CPU.
 
@@ -274,20 +274,28 @@ def contract_host(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
     SmallResNet with C = 5: the products of the traced Θ of N = 750 take 3.9 s against 6.2 s
     in :func:`contract`, of N = 50 0.05 s against 0.15 s. The structured dense leaves (small)
     stay in :func:`contract`. Same layout and value as :func:`contract` up to float rounding (the
-    products are summed in another order).
+    products are summed in another order). ``logits`` (traced only): use the first ``logits``
+    entries of the logit axis (a logit group padded with zero cotangents: the padding's
+    products are skipped, one strided product per logit, as fast as one fused product).
     """
     out = None
     if a.cotangents:  # np.array: a writable copy, summed into below
         out = np.array(contract(BlockJacobian({}, a.acts, a.cotangents),
                                 BlockJacobian({}, b.acts, b.cotangents), trace_logits))
     for i, ja in a.generic.items():
-        rows = ja.shape[0] * (1 if trace_logits else ja.shape[1])
-        x = np.asarray(ja).reshape(rows, -1)
-        prod = x @ (x if symmetric else np.asarray(b.generic[i]).reshape(-1, x.shape[1])).T
-        if out is None:
-            out = prod
+        ja, jb = np.asarray(ja), np.asarray(b.generic[i])
+        if trace_logits and logits is not None and logits < ja.shape[1]:
+            pairs = [(ja[:, k], ja[:, k] if symmetric else jb[:, k]) for k in range(logits)]
         else:
-            out += prod
+            rows = ja.shape[0] * (1 if trace_logits else ja.shape[1])
+            x = ja.reshape(rows, -1)
+            pairs = [(x, x if symmetric else jb.reshape(-1, x.shape[1]))]
+        for x, y in pairs:
+            prod = x @ y.T
+            if out is None:
+                out = prod
+            else:
+                out += prod
     return out
 
 
