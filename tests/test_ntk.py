@@ -474,3 +474,30 @@ def test_logit_groups_cover_every_logit_once():
             groups = ntk_module.logit_groups(c, group, np.float32)
             assert len({g.shape for g in groups}) == 1 and groups[0].shape[0] <= group
             np.testing.assert_array_equal(sum(g.T @ g for g in groups), np.eye(c))
+
+
+def test_a_tight_memory_limit_takes_fewer_logits_before_fewer_samples(x64, monkeypatch):
+    """Under a limit where the logit-summed kernel's Jacobians of all C logits do not fit
+    but those of one logit do, the plan holds one logit at a time in one sample block (one
+    forward pass more per logit) instead of splitting the samples into blocks (Jacobians
+    recomputed for every block pair); the kernel equals brute force."""
+    apply_fn, params = cnn(jax.random.key(0))
+    n, c = 64, 3
+    x = inputs("cnn", jax.random.key(1), n)
+    per_logit, per_sample = ntk_module._jacobian_bytes(apply_fn, params, x, c, x.dtype)
+    kernel = 8 * n * n
+    # half the memory beside Θ holds one logit's Jacobians of all samples, not two
+    limit = kernel + 2 * n * (per_logit + per_sample) + n * per_logit
+    args = (apply_fn, params, x, None, c, True, None, limit)
+    with monkeypatch.context() as m:  # every logit at once: the samples would be split
+        groups = ntk_module.logit_groups
+        m.setattr(ntk_module, "logit_groups", lambda c, g, dtype: groups(c, c, dtype))
+        assert ntk_module._plan(*args).block_size < n
+    plans = []
+    real = ntk_module._plan
+    monkeypatch.setattr(ntk_module, "_plan", lambda *a: plans.append(real(*a)) or plans[-1])
+    theta = ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True, memory_limit=limit)
+    assert plans[0].block_size == n and [g.shape for g in plans[0].groups] == [(1, c)] * c
+    np.testing.assert_allclose(
+        theta, jnp.einsum("icjc->ij", brute_ntk(apply_fn, params, x).reshape(n, c, n, c)),
+        rtol=1e-10)

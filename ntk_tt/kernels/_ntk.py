@@ -17,6 +17,7 @@ import scipy.sparse.linalg as sla
 
 from ntk_tt.data._inputs import as_array
 from ntk_tt.data._model import ApplyFn, check_model, num_params
+from ntk_tt.kernels import _structured
 from ntk_tt.kernels._memory import (
     NTKMemoryError,
     available_memory,
@@ -81,7 +82,8 @@ the 2-core CPU measured, the logit-summed Θ of the shipped SmallResNet at N = 7
 
 GROUP_BYTES = 3 * 2**29
 """Logit-summed Θ: the per-sample Jacobians of all N samples are held for a group of logits at
-a time, as many logits as fit in ``GROUP_BYTES`` (1.5 GiB; at least one), and
+a time, as many logits as fit in ``GROUP_BYTES`` (1.5 GiB), or in half the memory left
+beside Θ when that is less (at least one logit), and
 Θ = Σ_groups J_g J_gᵀ. Each further group costs one more forward pass per sample (a group
 padded with a zero cotangent also one more reverse pass; its products are skipped). Measured
 on the shipped SmallResNet at N = 750, C = 5 (one logit's Jacobians: 0.34 GiB), steady
@@ -168,8 +170,8 @@ def _jacobian_bytes(apply_fn, params, x, c, dtype) -> tuple[int, int]:
     """Bytes of one sample's Jacobian: ``(per logit, per sample)``; structured dense leaves
     hold their input once per sample and δ per logit (from shapes only: nothing compiled)."""
     one = jax.ShapeDtypeStruct((1, *np.shape(x)[1:]), jnp.result_type(x))
-    jac = jax.eval_shape(partial(structured_jacobian, apply_fn), params, one,
-                         jax.ShapeDtypeStruct((1, c), dtype))
+    jac = jax.eval_shape(partial(_structured.structured_jacobian, apply_fn), params, one,
+                         jax.ShapeDtypeStruct((1, c), dtype))  # abstract: no Jacobian
     per_logit = sum(a.size * a.dtype.itemsize for a in (*jac.generic.values(),
                                                          *jac.cotangents.values()))
     return per_logit, sum(a.size * a.dtype.itemsize for a in jac.acts.values())
@@ -195,9 +197,12 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit) ->
     )
     group = c
     samples = n if symmetric else n + n2
-    if trace_logits and itemsize * d * c * samples > GROUP_BYTES:  # else all C fit anyway
+    # fewer logits per group before fewer samples per block: a group costs one more forward
+    # pass, a block split recomputes Jacobians for every block pair
+    budget = min(GROUP_BYTES, (avail - kernel_only) // 2)
+    if trace_logits and itemsize * d * c * samples > budget:  # else all C fit anyway
         per_logit, per_sample = _jacobian_bytes(apply_fn, params, x, c, dtype)
-        group = int(max(1, min(c, (GROUP_BYTES / samples - per_sample) // per_logit)))
+        group = int(max(1, min(c, (budget / samples - per_sample) // per_logit)))
     groups = logit_groups(c, group, dtype)
     per_row = itemsize * groups[0].shape[0] * d  # Jacobian rows alone: a lower bound
     cap = CPU_CHUNK if _platform(params) == "cpu" else None
