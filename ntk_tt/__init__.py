@@ -72,6 +72,7 @@ _EXPORTS = {
     "default_calibrator": "ntk_tt.prediction._intervals",
     "fit_intervals": "ntk_tt.prediction._intervals",
     "intervals": "ntk_tt.prediction._intervals",
+    "BeyondEdgeWarning": "ntk_tt.dynamics._predict_kernel",
     "OutcomePredictor": "ntk_tt.telemetry._outcome",
     "default_outcome_predictor": "ntk_tt.telemetry._outcome",
     "fit_models": "ntk_tt.telemetry._outcome",

@@ -585,9 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     if program:
         _guard_interrupts(opts)
     try:
+        from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
         from ntk_tt.prediction._job import predict_task
 
-        report = predict_task(**opts)
+        with warnings.catch_warnings():  # the report says it itself ("warning: κ = ...")
+            warnings.simplefilter("ignore", BeyondEdgeWarning)
+            report = predict_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     except KeyboardInterrupt:

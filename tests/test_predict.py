@@ -1,5 +1,7 @@
 """predict / predict_from_kernel: end to end, sweeps without retracing, clamping, errors."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,6 +162,48 @@ def test_predict_from_kernel_rejects_bad_kernels():
                                    batch_size=2, key=jax.random.key(0))
     with pytest.raises(ValueError, match="labels"):
         ntk_tt.predict_from_kernel(good, f0, jnp.eye(4, 2), learning_rate=0.1, steps=5)
+
+
+def test_a_cross_or_negated_kernel_is_refused_not_clamped(model):
+    """Θ(x, x2) of two input sets of one size, or −Θ, are square and finite but not J Jᵀ:
+    refused (before, they were symmetrised or clamped into a plausible, wrong curve). The
+    kernel of the same inputs passes, and so does one asymmetric at float32 rounding."""
+    apply_fn, params, x, y, xt, _ = model
+    theta = brute_ntk(apply_fn, params, x)
+    cross = brute_ntk(apply_fn, params, jnp.concatenate([xt, xt, xt, xt, xt]), x)
+    assert cross.shape == theta.shape
+    kw = dict(learning_rate=0.1, steps=5)
+    f0 = apply_fn(params, x)
+    with pytest.raises(ValueError, match="not symmetric.*kernel_test"):
+        ntk_tt.predict_from_kernel(cross, f0, y, **kw)
+    with pytest.raises(ValueError, match="negative diagonal entry"):
+        ntk_tt.predict_from_kernel(-theta, f0, y, **kw)
+    traced = theta.reshape(20, 3, 20, 3).trace(axis1=1, axis2=3)
+    with pytest.raises(ValueError, match="negative diagonal entry"):
+        ntk_tt.predict_from_kernel(-traced, f0, y, **kw)
+    noise = 1e-6 * float(jnp.max(theta)) * jax.random.normal(jax.random.key(3), theta.shape)
+    ok = ntk_tt.predict_from_kernel(theta + noise, f0, y, **kw)
+    ref = ntk_tt.predict_from_kernel(theta, f0, y, **kw)
+    np.testing.assert_allclose(ok.loss, ref.loss, rtol=1e-4)
+
+
+def test_continuous_time_beyond_the_edge_warns(model):
+    """The ODE converges at any κ; beyond the stability edge the real run does not, so an
+    eager ODE prediction there warns (κ in the message); within the edge, or traced, none."""
+    apply_fn, params, x, y, _, _ = model
+    theta = brute_ntk(apply_fn, params, x)
+    lam_max = float(np.linalg.eigvalsh(np.asarray(theta))[-1])
+    f0 = apply_fn(params, x)
+    kw = dict(steps=STEPS, loss="mse", method="ode")
+    with pytest.warns(ntk_tt.BeyondEdgeWarning,
+                      match=r"κ = η·λ_max/N = 1000 is beyond .*method='ode'"):
+        pred = ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=1e3 * 20 / lam_max, **kw)
+    assert bool(pred.beyond_edge) and not bool(pred.diverged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=0.5 * 20 / lam_max, **kw)
+        jax.jit(lambda lr: ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=lr,
+                                                      **kw).loss)(1e3 * 20 / lam_max)
 
 
 def test_divergent_learning_rate_has_no_training_time(model):

@@ -10,6 +10,7 @@ raised.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import NamedTuple
 
@@ -147,6 +148,42 @@ def _check_finite(kernel, name):
             f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
             "block_size) before predicting."
         )
+
+
+GRAM_TOL = 1e-3
+"""Relative tolerance of :func:`check_gram` (of max |Θ|): far above float32 rounding of a
+blockwise Θ = J Jᵀ (~1e-6), far below the asymmetry of a cross kernel."""
+
+
+def check_gram(kernel, name: str = "kernel") -> None:
+    """ValueError when a concrete square ``kernel`` cannot be an empirical NTK Θ = J Jᵀ:
+    asymmetric by more than ``GRAM_TOL`` of its largest entry (e.g. a cross kernel
+    Θ(x, x2) of two input sets of one size), or with a diagonal entry below −``GRAM_TOL``
+    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ). Traced kernels, and kernels of other shapes
+    (left to ``as_operator``), are not checked. Rows are compared in blocks, so no second
+    N·C × N·C array is made."""
+    kc = _concrete(kernel)
+    if kc is None or kc.ndim != 2 or kc.shape[0] != kc.shape[1] or kc.size == 0 \
+            or kc.dtype.kind != "f":
+        return
+    scale = float(np.max(np.abs(kc)))
+    if scale == 0.0:
+        return
+    side, rows = kc.shape[0], max(1, 2**22 // kc.shape[0])
+    asym = max(float(np.max(np.abs(kc[r : r + rows] - kc[:, r : r + rows].T)))
+               for r in range(0, side, rows))
+    if asym > GRAM_TOL * scale:
+        raise ValueError(
+            f"{name} is not symmetric: max |Θ − Θᵀ| = {asym:.3g} against max |Θ| = "
+            f"{scale:.3g}. The dynamics need the training kernel Θ(x, x) = J Jᵀ; a cross "
+            "kernel Θ(x_test, x) goes in kernel_test (with f0_test and y_test), and "
+            "empirical_ntk(apply_fn, params, x) without x2 gives Θ(x, x).")
+    low = float(np.min(np.diagonal(kc)))
+    if low < -GRAM_TOL * scale:
+        raise ValueError(
+            f"{name} has a negative diagonal entry ({low:.3g}; max |Θ| = {scale:.3g}), but "
+            "Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0 for an empirical NTK: pass Θ = J Jᵀ itself (not −Θ "
+            "or a difference of kernels).")
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -311,7 +348,8 @@ def predict_from_kernel(
 
     Args:
       kernel: empirical NTK Θ (N·C, N·C), sample-major; or (N, N) logit-SUMMED, used as
-        (Θ/C) ⊗ I_C. Symmetrised; significant negative eigenvalues are clamped to 0.
+        (Θ/C) ⊗ I_C. Symmetrised (rounding only: a visibly asymmetric kernel is refused);
+        significant negative eigenvalues are clamped to 0.
       f0: initial logits (N, C) at the pre-trained weights (integer or bool logits are cast
         to the kernel's float dtype, f0_test too). y: integer labels (N,).
       learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable).
@@ -337,8 +375,15 @@ def predict_from_kernel(
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
         η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N], steps < 1, num_paths < 1, non-finite
         Θ, f0 or f0_test with NaN or inf entries (the message gives how many),
-        unknown method or loss, missing key / noise features (value checks only when the
-        arguments are concrete, i.e. not traced).
+        unknown method or loss, missing key / noise features, a kernel that cannot be
+        Θ = J Jᵀ (asymmetric beyond 1e-3 of its largest entry, e.g. a cross kernel, or with a
+        negative diagonal entry; ``check_gram``) (value checks only when the arguments are
+        concrete, i.e. not traced).
+
+    Warns:
+      BeyondEdgeWarning: (a UserWarning) ``method`` "ode" or "sde" with κ beyond the stability
+        edge (concrete values): the continuous-time limit converges at any κ, the real run
+        does not.
     """
     check_loss(loss)
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
@@ -351,6 +396,7 @@ def predict_from_kernel(
     method = resolve_method(method)
     _check_method_inputs(method, loss, full_batch, key, noise_features, n * c)
     _check_finite(kernel, "kernel")
+    check_gram(kernel)
     f0 = jnp.asarray(f0)
     dtype = f0.dtype
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
@@ -358,10 +404,35 @@ def predict_from_kernel(
     if kernel_test is not None:
         test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
                                                                    n, c, dtype)
-    return _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
-                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
-                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
-                 nesterov=nesterov, loss=loss, num_paths=num_paths)
+    out = _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
+                key, noise_features, test_mat, f0_test, y_test, traced=traced,
+                test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
+                nesterov=nesterov, loss=loss, num_paths=num_paths)
+    if method in ("ode", "sde"):
+        _warn_beyond_edge(out.beyond_edge, out.kappa, method)
+    return out
+
+
+class BeyondEdgeWarning(UserWarning):
+    """A continuous-time (ODE/SDE) prediction at κ beyond the stability edge: its curve and T_ε
+    are not trustworthy (the result's ``beyond_edge`` is True). ``ntk-tt predict`` prints
+    its own warning line instead."""
+
+
+def _warn_beyond_edge(beyond_edge, kappa, method) -> None:
+    """UserWarning when a continuous-time prediction (concrete values) is beyond the
+    stability edge: the ODE/SDE has no step size, so it converges at any κ while the real
+    discrete run diverges or oscillates there, and nothing in its curve says so."""
+    flags, kappas = _concrete(beyond_edge), _concrete(kappa)
+    if flags is None or kappas is None or not np.any(flags):
+        return
+    warnings.warn(
+        f"κ = η·λ_max/N = {float(np.max(kappas[flags])):.4g} is beyond the linearised model's "
+        f"stability edge, where the real (discrete) run diverges or oscillates; method="
+        f"{method!r} integrates the continuous-time limit, which converges at any κ, so its "
+        "curve and T_ε are not trustworthy here (the result's beyond_edge is True). Lower the "
+        "learning rate, or use method='discrete', which reports the divergence.",
+        BeyondEdgeWarning, stacklevel=3)
 
 
 @partial(jax.jit, static_argnames=("traced", "test_traced", "method", "steps", "batch_size",
