@@ -73,6 +73,7 @@ _EXPORTS = {
     "fit_intervals": "ntk_tt.prediction._intervals",
     "intervals": "ntk_tt.prediction._intervals",
     "BeyondEdgeWarning": "ntk_tt.dynamics._predict_kernel",
+    "calibrated_for": "ntk_tt.prediction._intervals",
     "OutcomePredictor": "ntk_tt.telemetry._outcome",
     "default_outcome_predictor": "ntk_tt.telemetry._outcome",
     "fit_models": "ntk_tt.telemetry._outcome",

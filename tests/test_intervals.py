@@ -159,14 +159,16 @@ def test_bad_table_and_prediction_raise():
     assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
 
 
-def fake_prediction(kappa, momentum, batch_size, times):
+def fake_prediction(kappa, momentum, batch_size, times, *, method="discrete",
+                    kernel="head_aware:isotropic", loss="cross_entropy"):
     return Prediction(
         loss=None, error=None, loss_band=None, error_band=None, test_loss=None,
         test_error=None, training_time={"loss": times, "error": dict(times)},
         training_time_reasons={}, diverged=False, diverged_at=None, spiked_at=None,
         kappa=kappa, beyond_edge=False, clamped=False, min_eigenvalue=0.0,
-        method="discrete", kernel="exact",
-        hyperparameters={"momentum": momentum, "batch_size": batch_size, "num_train": 100},
+        method=method, kernel=kernel,
+        hyperparameters={"momentum": momentum, "batch_size": batch_size, "num_train": 100,
+                         "loss": loss},
         seconds={})
 
 
@@ -198,6 +200,27 @@ def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     out = ntk_tt.intervals(pred)
     for eps, t in pred.training_time["loss"].items():
         assert out["loss"][eps] == pytest.approx(fitted.interval(t, 4.0, eps, "gd"), rel=1e-5)
+
+
+def test_no_interval_for_a_predictor_the_residuals_are_not_of():
+    """The shipped residuals are the default head-aware predictor's (discrete recursion,
+    cross-entropy): a frozen-kernel, subset, ODE or MSE prediction gets no interval, and a
+    calibrator that does not name its predictor matches any discrete cross-entropy one."""
+    times = {0.01: 140.0, 0.1: 60.0, 0.4: 20.0}
+    shipped = ntk_tt.default_calibrator()
+    assert shipped.source["pred_method"] == ["head_aware"]
+    assert all(ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times))["loss"].values())
+    for other in (dict(kernel="exact"), dict(kernel="traced:subset150:power_law"),
+                  dict(kernel="head_aware:isotropic:refresh4"), dict(method="ode"),
+                  dict(loss="mse")):
+        out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
+        assert out == {"loss": dict.fromkeys(times), "error": dict.fromkeys(times)}, other
+    unnamed = ntk_tt.fit_intervals(synthetic(np.random.default_rng(10), 20))
+    assert "pred_method" not in unnamed.source
+    pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, kernel="exact")
+    assert ntk_tt.intervals(pred, unnamed)["loss"][0.1] == unnamed.interval(40.0, 1.0, 0.1, "gd")
+    assert ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, loss="mse"),
+                            unnamed)["loss"][0.1] is None
 
 
 def test_leave_one_set_out_script(tmp_path):

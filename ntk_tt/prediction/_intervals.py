@@ -244,6 +244,31 @@ def default_calibrator() -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSET)
 
 
+def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
+    """Whether ``calibrator``'s residuals are of the predictor that made ``prediction``.
+
+    The sweep's predictions are cross-entropy ones by the discrete recursion; the predictor is
+    the ``pred_method``/``pred_kernel`` pair(s) in ``calibrator.source`` (e.g. "head_aware" /
+    "isotropic": ``Prediction.kernel`` "head_aware:isotropic"). A calibrator whose source does
+    not name its predictor (a table without those columns) is taken to match any discrete
+    cross-entropy prediction.
+
+    Args:
+      prediction: a :class:`ntk_tt.Prediction` (``method``, ``kernel``, and
+        ``hyperparameters["loss"]`` are read). calibrator: e.g. :func:`default_calibrator`.
+
+    Returns:
+      True when :func:`intervals` gives intervals for ``prediction``; raises nothing itself.
+    """
+    hp = prediction.hyperparameters
+    if prediction.method != "discrete" or hp.get("loss", "cross_entropy") != "cross_entropy":
+        return False
+    methods, kernels = (calibrator.source.get(k) for k in ("pred_method", "pred_kernel"))
+    if not methods or not kernels:
+        return True
+    return prediction.kernel in {f"{m}:{k}" for m in methods for k in kernels}
+
+
 def intervals(prediction, calibrator: IntervalCalibrator | None = None,
               level: float | None = None) -> dict:
     """Conformal intervals around a :class:`ntk_tt.Prediction`'s T_ε.
@@ -259,12 +284,17 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}}`` in steps, for the ε of
       ``prediction.training_time``: None where T̂_ε is undefined (or the prediction
       diverged); the benchmark table measures loss-curve T_ε only, so error-curve T_ε have
-      no calibrated interval (None).
+      no calibrated interval (None). All None when the prediction was not made by the
+      predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's are
+      the default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete
+      recursion, cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'.
 
     Raises:
       ValueError: level not in (0, 1).
     """
     cal = default_calibrator() if calibrator is None else calibrator
+    if not calibrated_for(prediction, cal):
+        return {c: dict.fromkeys(prediction.training_time[c]) for c in ("loss", "error")}
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
