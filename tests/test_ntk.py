@@ -145,11 +145,40 @@ def test_memory_guard_fails_before_any_jacobian(monkeypatch):
     with pytest.raises(ntk_tt.NTKMemoryError) as err:
         ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=1000)
     assert isinstance(err.value, MemoryError) and isinstance(err.value, ValueError)
-    for hint in ("needs about", "block_size", "trace_logits=True", "sketched_ntk"):
+    for hint in ("needs about", "with block_size=1 ", "trace_logits=True", "sketched_ntk",
+                 "memory_limit"):
         assert hint in str(err.value)
+    assert "smaller block_size" not in str(err.value)  # it is 1 already
+    with pytest.raises(ntk_tt.NTKMemoryError) as err:
+        ntk_tt.empirical_ntk(apply_fn, params, x, block_size=2, memory_limit=1000)
+    assert "a smaller block_size" in str(err.value)
     monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", "1000")
     with pytest.raises(MemoryError, match="available"):
         ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=True)
+
+
+@pytest.mark.parametrize("limit", [float("nan"), float("inf"), "1e9", True, -1, 0.5, None])
+def test_a_memory_limit_that_is_not_a_positive_number_of_bytes_is_named(limit, monkeypatch):
+    apply_fn, params, x = setup("mlp")
+    if limit is None:  # the environment variable instead
+        monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", "inf")
+    name = "NTK_TT_MEMORY_LIMIT" if limit is None else "memory_limit"
+    with pytest.raises(ValueError, match=rf"{name} must be a .*number of bytes") as err:
+        ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=limit)
+    assert not isinstance(err.value, MemoryError)
+
+
+def test_a_float_memory_limit_is_a_number_of_bytes():
+    apply_fn, params, x = setup("mlp")
+    np.testing.assert_array_equal(ntk_tt.empirical_ntk(apply_fn, params, x, memory_limit=1e9),
+                                  ntk_tt.empirical_ntk(apply_fn, params, x))
+
+
+def test_params_without_parameters_are_refused():
+    x = jnp.ones((4, 5))
+    for empty in ({}, [], {"w": jnp.zeros((0, 3))}):
+        with pytest.raises(ValueError, match=r"params holds no parameters \(D = 0"):
+            ntk_tt.empirical_ntk(lambda p, x: x[:, :3], empty, x)
 
 
 def test_automatic_block_size_fits_a_tight_memory_limit(x64):

@@ -151,6 +151,10 @@ def test_bad_arguments_raise_value_error():
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=key, block_size=0)
     with pytest.raises(ValueError, match="key"):
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=0)
+    with pytest.raises(ValueError, match=r"single jax random key, got an array of 3 keys"):
+        ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=jax.random.split(key, 3))
+    with pytest.raises(ValueError, match="key must be a jax.random key.*got None"):
+        ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=None)
     with pytest.raises(ValueError, match="param_scale"):
         ntk_tt.sketched_ntk(
             apply_fn, params, x, sketch_dim=4, key=key, param_scale={"w1": params["w1"]}

@@ -50,12 +50,17 @@ def as_array(value: Any, name: str) -> Any:
 
 
 def check_key(key: Any, name: str = "key") -> None:
-    """ValueError unless ``key`` is None, a typed ``jax.random.key(seed)`` or a raw uint32 (2,)
-    ``jax.random.PRNGKey(seed)`` (concrete or traced)."""
+    """ValueError unless ``key`` is None, a single typed ``jax.random.key(seed)`` (shape ())
+    or a raw uint32 (2,) ``jax.random.PRNGKey(seed)`` (concrete or traced)."""
     if key is None:
         return
     dtype = getattr(key, "dtype", None)
     if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if np.shape(key) != ():
+            raise ValueError(
+                f"{name} must be a single jax random key, got an array of {np.size(key)} keys "
+                f"(shape {np.shape(key)}, e.g. from jax.random.split); pass one of them, "
+                f"e.g. {name}=keys[0], or jax.vmap over the keys.")
         return
     if dtype is not None and jnp.dtype(dtype) == jnp.uint32 and np.shape(key) == (2,):
         return

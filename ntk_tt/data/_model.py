@@ -83,10 +83,10 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     Raises:
       ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
         rank < 2 or empty; non-finite entries in ``x`` or ``params``; a ``params`` leaf that
-        is not a float array (integer, boolean or complex); ``apply_fn`` failing on
-        inputs of ``x``'s shape (e.g. a wrong feature size) or on ``params`` (a pytree not
-        the one ``apply_fn`` was built with: the message names both), its output not of
-        shape (N, C), or samples of one batch not independent.
+        is not a float array (integer, boolean or complex); ``params`` with no parameters;
+        ``apply_fn`` failing on inputs of ``x``'s shape (e.g. a wrong feature size) or on
+        ``params`` (a pytree not the one ``apply_fn`` was built with: the message names
+        both), its output not of shape (N, C), or samples of one batch not independent.
     """
     x = as_array(x, name)
     if np.ndim(x) < 2:
@@ -112,6 +112,12 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
                 f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
                 "checkpoint or re-initialise."
             )
+    if num_params(params) == 0:
+        raise ValueError(
+            "params holds no parameters (D = 0 numbers; got "
+            f"{type(params).__name__} with {len(jax.tree_util.tree_leaves(params))} leaves): "
+            "the NTK and fine-tuning differentiate params, so pass the trainable parameters "
+            "apply_fn uses (ntk_tt.from_nnx(model) returns them), not an empty pytree.")
     try:
         out = jax.eval_shape(apply_fn, params,
                              jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 MEMORY_ENV = "NTK_TT_MEMORY_LIMIT"
 
 
@@ -18,6 +20,15 @@ class NTKMemoryError(MemoryError, ValueError):
     Subclasses both ``MemoryError`` and ``ValueError``, so either ``except`` clause catches it.
     Raised before any Jacobian is computed.
     """
+
+
+def _bytes(value) -> int:
+    """``value`` as a whole number of bytes ≥ 1; ValueError (or OverflowError for ±inf)
+    otherwise (NaN included)."""
+    out = int(value)
+    if out < 1:
+        raise ValueError(value)
+    return out
 
 
 def available_memory(memory_limit: int | None = None) -> int:
@@ -35,18 +46,22 @@ def available_memory(memory_limit: int | None = None) -> int:
     """
     if memory_limit is None and os.environ.get(MEMORY_ENV):
         try:
-            memory_limit = int(float(os.environ[MEMORY_ENV]))
-        except ValueError:
+            memory_limit = _bytes(float(os.environ[MEMORY_ENV]))
+        except (ValueError, OverflowError):
             raise ValueError(
-                f"${MEMORY_ENV} must be a number of bytes, got {os.environ[MEMORY_ENV]!r}; "
-                f"unset it or write e.g. {MEMORY_ENV}=8e9."
+                f"${MEMORY_ENV} must be a positive, finite number of bytes, got "
+                f"{os.environ[MEMORY_ENV]!r}; unset it or write e.g. {MEMORY_ENV}=8e9."
             ) from None
     if memory_limit is not None:
-        if int(memory_limit) <= 0:
-            raise ValueError(
-                f"memory_limit must be a positive number of bytes, got {memory_limit}."
-            )
-        return int(memory_limit)
+        if isinstance(memory_limit, (bool, np.bool_)) or not isinstance(
+                memory_limit, (int, float, np.integer, np.floating)):
+            raise ValueError(f"memory_limit must be a number of bytes (e.g. 8e9 or 2**33), got "
+                             f"{memory_limit!r} of type {type(memory_limit).__name__}.")
+        try:
+            return _bytes(memory_limit)
+        except (ValueError, OverflowError):
+            raise ValueError(f"memory_limit must be a positive, finite number of bytes (e.g. "
+                             f"8e9), got {memory_limit!r}.") from None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:

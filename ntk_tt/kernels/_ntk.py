@@ -282,9 +282,12 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit) ->
             f"{format_bytes(total)} (Θ: {format_bytes(kernel_only)}, Jacobian blocks of "
             f"C={groups[0].shape[0]} × D={d} per sample and the activations kept to compute "
             f"them: {format_bytes(total - kernel_only)}) but only {format_bytes(avail)} is "
-            "available. Use a smaller block_size, trace_logits=True (N×N kernel, C² times "
-            "smaller), sketched_ntk(..., sketch_dim=...) (N·C × D' features), or "
-            "ntk_vector_product for Θ·v without forming Θ."
+            "available. Use "
+            + ("a smaller block_size, " if block_size > 1 else "")
+            + ("" if trace_logits else "trace_logits=True (N×N kernel, C² times smaller), ")
+            + "sketched_ntk(..., sketch_dim=...) (N·C × D' features), ntk_vector_product for "
+            "Θ·v without forming Θ, or a larger memory_limit / $NTK_TT_MEMORY_LIMIT if more "
+            "memory is free."
         )
     if auto and block_size == 1 and max(n, n2) > 1:
         pairs = n * (n + 1) // 2 if symmetric else n * n2

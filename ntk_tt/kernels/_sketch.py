@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt.data._inputs import check_key
 from ntk_tt.data._model import ApplyFn, check_model, num_params
 from ntk_tt.kernels._memory import NTKMemoryError, available_memory, format_bytes
 from ntk_tt.kernels._ntk import check_block_size, output_dtype, sample_blocks
@@ -128,12 +129,10 @@ def _check_args(params, sketch_dim, key, distribution, route, param_scale):
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}.")
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}.")
-    is_key = isinstance(key, jax.Array) and (
-        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-        or (key.dtype == jnp.uint32 and key.shape == (2,))
-    )
-    if not is_key:
-        raise ValueError(f"key must be a jax.random key, e.g. jax.random.key(0); got {key!r}.")
+    if key is None:
+        raise ValueError("key must be a jax.random key, e.g. jax.random.key(0), got None: the "
+                         "random projection P is drawn from it.")
+    check_key(key)
     if param_scale is not None:
         same = jax.tree.structure(param_scale) == jax.tree.structure(params) and all(
             np.shape(s) == np.shape(p)
