@@ -319,7 +319,7 @@ def test_integer_or_bool_f0_is_cast_to_the_kernel_float_dtype(dtype):
 
 
 def test_non_finite_f0_is_refused_with_the_count_when_concrete():
-    from ntk_tt.dynamics._predict_kernel import check_finite_logits
+    from ntk_tt.dynamics._checks import check_finite_logits
 
     f0, y, kernel = np.zeros((4, 2)), np.array([0, 1, 0, 1]), np.eye(8)
     bad = f0.copy()

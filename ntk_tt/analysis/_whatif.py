@@ -36,19 +36,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._inputs import as_array, check_key, check_real
-from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
-from ntk_tt.dynamics._fspace import as_operator, clamp_psd
-from ntk_tt.dynamics._losses import check_loss, mean_loss
-from ntk_tt.dynamics._predict_kernel import (
+from ntk_tt.dynamics._checks import (
     _check_finite,
-    _summarise,
     check_f0_shape,
     check_num_paths,
     check_problem,
     check_test_kernel,
     float_logits,
-    predict_from_kernel,
 )
+from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
+from ntk_tt.dynamics._fspace import as_operator, clamp_psd
+from ntk_tt.dynamics._losses import check_loss, mean_loss
+from ntk_tt.dynamics._predict_kernel import _summarise, predict_from_kernel
 from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,

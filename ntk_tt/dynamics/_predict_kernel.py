@@ -20,9 +20,19 @@ import numpy as np
 
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
-from ntk_tt._options import _is_int
 from ntk_tt._options import resolve_method as resolve_method
-from ntk_tt.data._inputs import as_array, check_key, check_real
+from ntk_tt.data._inputs import as_array, check_key
+from ntk_tt.dynamics._checks import (
+    _check_finite,
+    _check_method_inputs,
+    _concrete,
+    check_f0_shape,
+    check_gram,
+    check_num_paths,
+    check_problem,
+    check_test_kernel,
+    float_logits,
+)
 from ntk_tt.dynamics._closed_form import mse_closed_form
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
 from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
@@ -80,112 +90,6 @@ class KernelPrediction(NamedTuple):
     training_time_code: jax.Array
 
 
-def _concrete(value):
-    """``value`` as a numpy array, or None when it is a tracer."""
-    return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
-
-
-def check_num_paths(num_paths) -> None:
-    """ValueError unless ``num_paths`` (seeds / Brownian paths) is an int >= 1."""
-    if isinstance(num_paths, bool) or not isinstance(num_paths, (int, np.integer)) \
-            or num_paths < 1:
-        raise ValueError(
-            f"num_paths must be an int >= 1 (SGD seeds or Brownian paths), got {num_paths!r}."
-        )
-
-
-def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
-    """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
-    steps not an int in [1, MAX_STEPS], B not an int in [1, N] (values checked when concrete)."""
-    for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
-        check_real(value, name)
-        if np.ndim(value) != 0:
-            raise ValueError(
-                f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, "
-                "jax.vmap predict_from_kernel over it (one kernel, one compilation)."
-            )
-    lr, m = _concrete(learning_rate), _concrete(momentum)
-    if lr is not None and not (np.all(np.isfinite(lr)) and np.all(lr > 0)):
-        raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}.")
-    if m is not None and not np.all((m >= 0) & (m < 1)):
-        raise ValueError(
-            f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
-        )
-    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1
-            or steps > MAX_STEPS):
-        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
-                         f"got {steps!r}.")
-    if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= n):
-        raise ValueError(
-            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
-            "use batch_size=None for full-batch gradient descent."
-        )
-
-
-def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
-    """Integer labels of shape (n,) with values in [0, c) (values checked when concrete); a
-    list of ints is accepted. Returns them as a jax array."""
-    y = as_array(y, name)
-    if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
-        raise ValueError(
-            f"{name} must be integer class labels of shape ({n},) matching the logits, got "
-            f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; pass class indices, not "
-            "one-hot vectors."
-        )
-    yc = _concrete(y)
-    if yc is not None and n and (yc.min() < 0 or yc.max() >= c):
-        raise ValueError(
-            f"{name} has labels outside [0, C) = [0, {c}) (min {yc.min()}, max {yc.max()}); "
-            "the number of logits C must exceed every label."
-        )
-    return jnp.asarray(y)
-
-
-def _check_finite(kernel, name):
-    kc = _concrete(kernel)
-    if kc is not None and not np.all(np.isfinite(kc)):
-        raise ValueError(
-            f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
-            "block_size) before predicting."
-        )
-
-
-GRAM_TOL = 1e-3
-"""Relative tolerance of :func:`check_gram` (of max |Θ|): far above float32 rounding of a
-blockwise Θ = J Jᵀ (~1e-6), far below the asymmetry of a cross kernel."""
-
-
-def check_gram(kernel, name: str = "kernel") -> None:
-    """ValueError when a concrete square ``kernel`` cannot be an empirical NTK Θ = J Jᵀ:
-    asymmetric by more than ``GRAM_TOL`` of its largest entry (e.g. a cross kernel
-    Θ(x, x2) of two input sets of one size), or with a diagonal entry below −``GRAM_TOL``
-    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ). Traced kernels, and kernels of other shapes
-    (left to ``as_operator``), are not checked. Rows are compared in blocks, so no second
-    N·C × N·C array is made."""
-    kc = _concrete(kernel)
-    if kc is None or kc.ndim != 2 or kc.shape[0] != kc.shape[1] or kc.size == 0 \
-            or kc.dtype.kind != "f":
-        return
-    scale = max(float(kc.max()), -float(kc.min()))  # max |Θ| without an N·C × N·C temporary
-    if scale == 0.0:
-        return
-    side, rows = kc.shape[0], max(1, 2**22 // kc.shape[0])
-    asym = max(float(np.max(np.abs(kc[r : r + rows] - kc[:, r : r + rows].T)))
-               for r in range(0, side, rows))
-    if asym > GRAM_TOL * scale:
-        raise ValueError(
-            f"{name} is not symmetric: max |Θ − Θᵀ| = {asym:.3g} against max |Θ| = "
-            f"{scale:.3g}. The dynamics need the training kernel Θ(x, x) = J Jᵀ; a cross "
-            "kernel Θ(x_test, x) goes in kernel_test (with f0_test and y_test), and "
-            "empirical_ntk(apply_fn, params, x) without x2 gives Θ(x, x).")
-    low = float(np.min(np.diagonal(kc)))
-    if low < -GRAM_TOL * scale:
-        raise ValueError(
-            f"{name} has a negative diagonal entry ({low:.3g}; max |Θ| = {scale:.3g}), but "
-            "Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0 for an empirical NTK: pass Θ = J Jᵀ itself (not −Θ "
-            "or a difference of kernels).")
-
-
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
            key, noise_features, num_paths):
     """Logits trajectories with a leading path axis, plus the closed form's exact λ_min."""
@@ -213,131 +117,10 @@ def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nes
     return fs[None], None if fts is None else fts[None], None
 
 
-def _check_method_inputs(method, loss, full_batch, key, noise_features, nc):
-    if method == "closed_form" and (loss != "mse" or not full_batch):
-        raise ValueError(
-            "method='closed_form' exists for loss='mse' with full-batch GD only; use "
-            "method='ode' (cross-entropy) or method='discrete' / 'sde' (SGD)."
-        )
-    if method == "sde":
-        if noise_features is None or np.ndim(noise_features) != 2 or (
-                np.shape(noise_features)[0] != nc):
-            raise ValueError(
-                f"method='sde' needs noise_features of shape ({nc}, D') (see "
-                "ntk_tt.noise_features); got "
-                f"{None if noise_features is None else np.shape(noise_features)}."
-            )
-    if key is None and (method == "sde" or (method == "discrete" and not full_batch)):
-        raise ValueError(
-            f"method={method!r} with batch_size < N is random: pass key=jax.random.key(seed)."
-        )
-
-
 def _edge(m, nesterov, loss):
     h = 1.0 if loss == "mse" else 0.5
     return 2.0 * (1.0 + m) / ((1.0 + 2.0 * m) if nesterov else 1.0) / h
 
-
-
-def check_finite_logits(f0, name: str = "f0") -> None:
-    """ValueError when concrete initial logits ``f0`` hold NaN or inf (the message gives how
-    many); traced ones are not checked."""
-    fc = _concrete(f0)
-    if fc is None or fc.dtype.kind not in "fc":
-        return
-    bad = int(np.size(fc) - np.count_nonzero(np.isfinite(fc)))
-    if bad:
-        x = "x_test" if name == "f0_test" else "x"
-        raise ValueError(
-            f"{name} has {bad} non-finite entries (NaN or inf) of {np.size(fc)}; the initial "
-            f"logits must be finite: recompute {name} = apply_fn(params, {x}) and check the "
-            "weights and inputs (a NaN there makes every predicted curve NaN)."
-        )
-
-
-def float_logits(f0, kernel):
-    """``f0`` (already an array) as floats: integer or bool initial logits (e.g.
-    ``np.zeros((N, C), int)``) are cast to the kernel's float dtype (the default float dtype
-    when the kernel is not floating), so the recursion's carry has one dtype; float and
-    complex ``f0`` are returned unchanged."""
-    if np.dtype(f0.dtype).kind not in "biu":
-        return f0
-    kdt = np.dtype(kernel.dtype)
-    dtype = kdt if kdt.kind == "f" else jnp.result_type(float)
-    return jnp.asarray(f0, dtype)
-
-
-def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
-    """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits (finite when
-    concrete), the loss for C outputs, the hyperparameters, the labels. Returns
-    ``(n, c, batch_size, y)`` with ``batch_size`` None read as N (GD) and ``y`` as checked
-    labels. Raises ValueError."""
-    if np.ndim(f0) != 2:
-        raise ValueError(f"f0 must be the initial logits (N, C), got shape {np.shape(f0)}.")
-    check_finite_logits(f0)
-    n, c = np.shape(f0)
-    check_loss(loss, c)
-    batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
-    return n, c, batch_size, check_labels(y, n, c)
-
-
-def check_f0_shape(kernel, f0, y) -> None:
-    """ValueError when ``f0`` does not have the (N, C) shape that ``kernel`` and the labels
-    ``y`` imply (shapes only, and the labels' values when concrete): N = len(y), C =
-    kernel side / N for a full (N·C, N·C) kernel; for a logit-summed (N, N) kernel, C must
-    exceed every label. ``f0`` of shape (C, N) (N ≠ C) is said to be transposed. A kernel that
-    fits neither is left to the kernel's own check."""
-    if np.ndim(f0) != 2 or np.ndim(kernel) != 2 or np.ndim(y) != 1:
-        return
-    n, c = np.shape(f0)
-    side = np.shape(kernel)[0]
-    if np.shape(kernel) != (side, side):
-        return
-    ny = np.shape(y)[0]
-    if c == ny != n and ny and side in (n * c, ny):
-        raise ValueError(
-            f"f0 looks transposed: it has shape {(n, c)} = (C, N), while the {ny} labels y "
-            f"and the kernel {(side, side)} imply N = {ny} samples of C = {n} logits; pass "
-            f"f0 of shape (N, C) = {(ny, n)} (f0.T)."
-        )
-    if side not in (n * c, n) and ny and side % ny == 0:
-        expected = f"({ny}, {side // ny})" if side != ny else f"({ny}, C)"
-        raise ValueError(
-            f"f0 has shape {(n, c)}, but the kernel {(side, side)} and the {ny} labels y "
-            f"imply initial logits of shape {expected} (N = {ny} samples, "
-            + (f"C = {side} / {ny} = {side // ny} logits each" if side != ny else
-               "a logit-summed (N, N) kernel")
-            + "); pass f0 = apply_fn(params, x) of the model and inputs the kernel was built "
-            f"on (or the kernel of this f0's model: shape {(n * c, n * c)} or {(n, n)})."
-        )
-    yc = _concrete(y) if side == n and c > 1 and ny == n > 0 else None
-    if yc is not None and yc.dtype.kind in "iu" and yc.max() >= c:
-        raise ValueError(
-            f"f0 has shape {(n, c)}: C = {c} logits per sample, but the labels y go up to "
-            f"{yc.max()}: expected f0 of shape ({n}, C) with C >= {yc.max() + 1}; pass f0 = "
-            "apply_fn(params, x) of a model with one logit per class (or check the labels)."
-        )
-
-
-def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
-    """Held-out inputs of a plain-kernel prediction: Θ(x_test, x) (N_test·C, N·C) or traced
-    (N_test, N), f0_test (N_test, C) logits, y_test (N_test,) labels. Returns
-    ``(test operator, traced?, f0_test, y_test)``. Raises ValueError when f0_test / y_test are
-    missing or mis-shaped, or Θ_test or (concrete) f0_test is not finite."""
-    kernel_test = as_array(kernel_test, "kernel_test")
-    f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
-    if f0_test is None or y_test is None or np.ndim(f0_test) != 2 or np.shape(f0_test)[1] != c:
-        shape = None if f0_test is None else np.shape(f0_test)
-        raise ValueError(f"kernel_test needs f0_test (N_test, {c}) and y_test (N_test,), got "
-                         f"f0_test of shape {shape}.")
-    _check_finite(kernel_test, "kernel_test")
-    check_finite_logits(f0_test, "f0_test")
-    nt = np.shape(f0_test)[0]
-    y_test = check_labels(y_test, nt, c, name="y_test")
-    test_mat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
-                                        name="kernel_test", rows=nt)
-    return test_mat, test_traced, jnp.asarray(f0_test, dtype), y_test
 
 def predict_from_kernel(
     kernel, f0, y, *, learning_rate, momentum=0.0, steps, batch_size=None, nesterov=False,

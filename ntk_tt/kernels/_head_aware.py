@@ -294,7 +294,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
         of its largest entry: k_b would be 0/0 or rounding noise.
     """
-    from ntk_tt.dynamics._predict_kernel import _check_finite
+    from ntk_tt.dynamics._checks import _check_finite
     from ntk_tt.kernels._ntk import empirical_ntk
 
     if backbone not in BACKBONES:
@@ -355,7 +355,7 @@ def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
     and k_b is rounding noise divided by a tiny trace (it then blows the prediction up). The
     share max|k_b|·tr / max|Σ_c Θ| must exceed 10·eps, i.e. k_b known to better than ~10 %.
     """
-    from ntk_tt.dynamics._predict_kernel import _concrete
+    from ntk_tt.dynamics._checks import _concrete
 
     tk, kbc = _concrete(traced_kernel), _concrete(kb)
     if tk is None or kbc is None:
@@ -445,8 +445,8 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
              loss, key, num_paths):
     """The checks of :func:`predict_head_aware` (ValueErrors before any work); returns the
     labels, held-out labels and batch size (N for GD)."""
+    from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths
     from ntk_tt.dynamics._losses import check_loss
-    from ntk_tt.dynamics._predict_kernel import check_hyper, check_labels, check_num_paths
 
     if not isinstance(hk, HeadAwareKernel):
         raise ValueError(f"hk must be a HeadAwareKernel (ntk_tt.head_aware_kernel(split, x)), "

@@ -16,15 +16,9 @@ from ntk_tt._options import KERNELS as KERNELS  # one list each, importable with
 from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt.data._inputs import as_array, check_key
 from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths
 from ntk_tt.dynamics._losses import check_loss
-from ntk_tt.dynamics._predict_kernel import (
-    EPSILONS,
-    check_hyper,
-    check_labels,
-    check_num_paths,
-    predict_from_kernel,
-    resolve_method,
-)
+from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
 from ntk_tt.dynamics._training_time import REASONS
 from ntk_tt.training._timing import timed_stage
 

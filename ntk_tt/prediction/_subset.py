@@ -21,8 +21,9 @@ import numpy as np
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import divergence
-from ntk_tt.dynamics._predict_kernel import EPSILONS, check_labels
+from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._training_time import training_time_report
 from ntk_tt.kernels._ntk import empirical_ntk, sample_blocks
 from ntk_tt.prediction._extrapolate import (
