@@ -43,7 +43,7 @@ from ntk_tt._options import (
     check_suggest_job,
 )
 from ntk_tt._options import _real_scalar as _real
-from ntk_tt.data._inputs import as_array, check_key
+from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
 from ntk_tt.dynamics._losses import check_loss, logit_residual, mean_loss
 
@@ -343,6 +343,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     if kernel not in LINEAR_KERNELS:
         raise ValueError(f"kernel must be one of {LINEAR_KERNELS}, got {kernel!r}.")
     x = as_array(x, "x")
+    params, x, head = at_least_float32((params, x, head))  # as predict (README, "Dtypes")
     n, c = check_model(apply_fn, params, x)
     check_loss(loss, c)
     y = check_labels(y, n, c)

@@ -43,6 +43,7 @@ from ntk_tt.dynamics._checks import (
     check_problem,
     check_test_kernel,
     float_logits,
+    solve_dtype_fields,
 )
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
 from ntk_tt.dynamics._fspace import as_operator, clamp_psd
@@ -238,7 +239,8 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
             raise ValueError("y_test given but the HeadAwareKernel has no held-out features: "
                              "build it with head_aware_kernel(split, x, x_test), or drop "
                              "y_test.")
-        return "head_aware", kernel, y, y_test, batch_size, {}
+        hk = solve_dtype_fields(kernel)[0]  # one dtype, >= float32 (README, "Dtypes")
+        return "head_aware", hk, y, y_test, batch_size, {}
     kernel = as_array(kernel, "kernel")
     if f0 is None:
         raise ValueError(

@@ -25,9 +25,11 @@ def as_array(value: Any, name: str) -> Any:
     converted with ``np.asarray`` (ints stay ints: a list of labels becomes an int array).
 
     Raises:
-      ValueError: a ragged list, a list of non-numbers, a string, a dict or another object.
+      ValueError: a ragged list, a list of non-numbers, a string, a dict or another object;
+        a complex array or list (kernels, losses and dynamics are real).
     """
     if isinstance(value, (np.ndarray, jax.Array)):
+        _check_not_complex(value.dtype, name)
         return value
     if not isinstance(value, (list, tuple)):
         raise ValueError(
@@ -41,12 +43,37 @@ def as_array(value: Any, name: str) -> Any:
             f"{name} is a ragged {type(value).__name__} (rows of different lengths, "
             f"{len(value)} at the top level); pass a rectangular array."
         ) from None
+    _check_not_complex(arr.dtype, name)
     if arr.dtype.kind not in _NUMERIC:
         raise ValueError(
             f"{name} must hold numbers, got a {type(value).__name__} of shape {arr.shape} "
             f"whose entries are not all numbers (numpy dtype {arr.dtype}); pass a numeric array."
         )
     return arr
+
+
+def _check_not_complex(dtype, name: str) -> None:
+    if np.dtype(dtype).kind == "c":
+        raise ValueError(
+            f"{name} is complex ({np.dtype(dtype)}), but ntk_tt's kernels, losses and dynamics "
+            "are real-valued: pass a real array (complex inputs e.g. as their real and "
+            "imaginary parts, concatenated along the feature axis)."
+        )
+
+
+def at_least_float32(tree: Any) -> Any:
+    """``tree`` (params, inputs or a ``split_head`` tuple) with its bfloat16 / float16 array
+    leaves cast to float32 (exactly: every such value is a float32); other leaves unchanged.
+    ``predict`` builds Θ from the cast params and inputs, as Θ's eigenvalues and the
+    recursion need more than 8 (11) mantissa bits (README, "Dtypes")."""
+    def up(leaf):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and jnp.issubdtype(dtype, jnp.floating) \
+                and jnp.finfo(dtype).bits < 32:
+            return jnp.asarray(leaf, jnp.float32)
+        return leaf
+
+    return jax.tree.map(up, tree)
 
 
 def check_key(key: Any, name: str = "key") -> None:

@@ -69,9 +69,16 @@ def curves(fs: jax.Array, y: jax.Array, loss: str) -> tuple[jax.Array, jax.Array
     return loss_c, err_c
 
 
+def _unit(size: int, dtype) -> jax.Array:
+    """The unit vector (1, …, 1)/√size in ``dtype``: the iterations' start. (Dividing by the
+    float64 ``np.sqrt(size)`` would promote a float32 start to float64 under x64.)"""
+    return jnp.full(size, 1.0 / np.sqrt(size), dtype)
+
+
 def top_eigenvalue(mat: jax.Array, iters: int = 60) -> jax.Array:
-    """λ_max of a symmetric PSD-ish matrix by power iteration (deterministic start)."""
-    v0 = jnp.ones(mat.shape[0], mat.dtype) / np.sqrt(mat.shape[0])
+    """λ_max of a symmetric PSD-ish matrix by power iteration (deterministic start), in
+    ``mat``'s dtype."""
+    v0 = _unit(mat.shape[0], mat.dtype)
 
     def body(_, v):
         w = mat @ v
@@ -121,7 +128,7 @@ def clamp_psd(mat: jax.Array, size: int | None = None,
 
 def _keep(mat: jax.Array, chol: jax.Array, shift: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``mat`` unchanged and its λ_min by inverse iteration with ``chol`` (Θ + s·I = L Lᵀ)."""
-    v0 = jnp.ones(mat.shape[0], mat.dtype) / np.sqrt(mat.shape[0])
+    v0 = _unit(mat.shape[0], mat.dtype)
 
     def body(_, v):
         w = jax.scipy.linalg.cho_solve((chol, True), v)

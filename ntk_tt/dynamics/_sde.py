@@ -54,7 +54,9 @@ def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_s
         s = jnp.where(rescale, jnp.linalg.norm(mean_grad(f, y, loss)) / g0_norm, 1.0)
         return (scale * s) * g_mat
 
-    brownian = diffrax.UnsafeBrownianPath(shape=(noise_features.shape[1],), key=key)
+    # increments in f0's dtype: by default they are the default float (float64 under x64)
+    noise = jax.ShapeDtypeStruct((noise_features.shape[1],), f0.dtype)
+    brownian = diffrax.UnsafeBrownianPath(shape=noise, key=key)
     terms = diffrax.MultiTerm(diffrax.ODETerm(drift), diffrax.ControlTerm(diffusion, brownian))
     sol = diffrax.diffeqsolve(
         terms,

@@ -491,13 +491,18 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, s
       (:func:`initial_kernel`).
 
     Raises:
-      ValueError: as :func:`ntk_tt.predict_from_kernel`, and shapes of ``hk`` not matching.
+      ValueError: as :func:`ntk_tt.predict_from_kernel`, and shapes of ``hk`` not matching,
+        or a complex field of ``hk``.
+
+    Dtypes: every array of ``hk`` is cast to their common floating dtype, at least float32
+    (bfloat16 is promoted), and η, m to it; the result is in it (README, "Dtypes").
     """
+    from ntk_tt.dynamics._checks import solve_dtype_fields
 
     y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
                                      momentum=momentum, steps=steps, batch_size=batch_size,
                                      loss=loss, key=key, num_paths=num_paths)
-    dtype = hk.features.dtype
+    hk, dtype = solve_dtype_fields(hk)  # one dtype for all of hk, η and m (README, "Dtypes")
     return _head_core(hk, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
                       key, y_test, steps=steps, batch_size=batch_size, nesterov=nesterov,
                       loss=loss, num_paths=num_paths)
