@@ -169,3 +169,38 @@ def test_no_batch_dependence_in_small_resnet_and_frozen_bn_in_resnet18():
         assert full.shape == (4, 5)
         np.testing.assert_allclose(apply_fn(params, x[:1]), full[:1], rtol=1e-4, atol=1e-5)
     assert ntk_tt.num_params(params) > 11_000_000  # ResNet-18
+
+
+class _MyCNN(nnx.Module):
+    def __init__(self, rngs):
+        self.head = nnx.Linear(4, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(x)
+
+
+@pytest.mark.parametrize("model_kind, meta, expected", [
+    ("own", META | {"architecture": "MyCNN"},
+     "meta names architecture 'MyCNN' (the model is a _MyCNN), which ntk_tt cannot rebuild: "
+     "load_checkpoint builds the model from this name, and the known architectures are "
+     "ResNet18, SmallResNet (ntk_tt.models). Save one of those, or use your own flax model "
+     "without a checkpoint: ntk_tt.from_nnx(model) and the Python API (keep its weights with "
+     "orbax yourself, e.g. nnx.state(model))."),
+    ("own", META | {"architecture": "SmallResNet"},
+     "meta names architecture 'SmallResNet' but the model is a _MyCNN: load_checkpoint would "
+     "rebuild a SmallResNet, not this model. Set meta['architecture'] to the model's class "
+     "(one of ResNet18, SmallResNet), or see ntk_tt.from_nnx for other models."),
+    ("small", {k: v for k, v in META.items() if k not in ("mean", "std")},
+     "meta lacks the keys ['mean', 'std']; it needs architecture (one of ResNet18, "
+     "SmallResNet), num_classes, input_shape [H, W, C], mean and std (C,), and optionally "
+     "kwargs."),
+])
+def test_save_checkpoint_names_the_architecture_problem(model_kind, meta, expected, tmp_path):
+    """Issue 25: an unknown architecture said "missing []"; now the message names it, the
+    model's class, the known ones and the way out, and nothing is written."""
+    model = (_MyCNN(nnx.Rngs(0)) if model_kind == "own"
+             else SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7)))
+    with pytest.raises(ValueError) as err:
+        ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
+    assert str(err.value) == expected
+    assert not (tmp_path / "ck").exists()

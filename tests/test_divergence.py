@@ -1,18 +1,26 @@
-"""Divergence vs a spike: one rule for real runs and predictions (issue 10, item 4).
+"""Divergence vs a spike: one rule for real runs and predictions (issue 10, item 4); the
+prediction's tri-state verdict on the real run (issue 25, item 3).
 
 References: a plain optax loop written here (real runs), the closed form of GD on a diagonal
-kernel (predictions), curves read by hand (the rule itself).
+kernel (predictions), curves read by hand (the rule itself), real ``ntk_tt.finetune`` runs of
+a flax MLP with λ_max of its brute-force NTK (the verdict).
 """
+
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _dynamics_helpers import brute_ntk
+from flax import nnx
 
 import ntk_tt
-from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.cli import format_report
+from ntk_tt.dynamics._divergence import VERDICTS, divergence, verdict
 from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.training._compare import predicted_summary
 
 WIDTH, N, D, C = 1024, 32, 16, 2
 
@@ -141,3 +149,95 @@ def test_prediction_that_overflows_is_diverged_and_held():
     np.testing.assert_allclose(pred.loss[:stop], closed[:stop], rtol=1e-5)
     assert np.all(pred.loss[stop:] == pred.loss[stop - 1])
     assert bool(pred.diverged) and int(pred.diverged_at) == 1 and int(pred.spiked_at) == 1
+
+
+@pytest.mark.parametrize("diverged,beyond_edge,expected", [
+    (False, False, "no"), (True, False, "yes"), (True, True, "yes"), (False, True, "unknown"),
+])
+def test_verdict_rule_read_by_hand(diverged, beyond_edge, expected):
+    assert VERDICTS[int(verdict(jnp.asarray(diverged), jnp.asarray(beyond_edge)))] == expected
+
+
+class _CEMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(6, 32, rngs=rngs)
+        self.head = nnx.Linear(32, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jax.nn.relu(self.l1(x)))
+
+
+@pytest.fixture(scope="module")
+def ce_mlp():
+    """A flax MLP with a cross-entropy task, and η for κ = η·λ_max/N from an independent
+    float64 eigendecomposition of its brute-force NTK (N·C, N·C)."""
+    model = _CEMLP(nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    x = jax.random.normal(jax.random.key(1), (30, 6))
+    y = jnp.arange(30) % 3
+    lam = float(np.linalg.eigvalsh(np.asarray(brute_ntk(apply_fn, params, x), np.float64))[-1])
+    return model, apply_fn, params, x, y, lambda kappa: kappa * 30 / lam
+
+
+def _report(pred, run):
+    """The keys ``format_report`` reads, around the real prediction and run, as the report's
+    JSON holds them."""
+    body = ntk_tt.compare(pred, run)
+    body["predicted"] = predicted_summary(pred, run.seconds_per_step) | {
+        k: body["predicted"][k] for k in ("wall_clock", "test_accuracy")}
+    return json.loads(json.dumps(body | {
+        "config": {"test_per_class": 0},
+        "task": {"dataset": "toy", "classes": ["a", "b", "c"], "n_train": 30, "n_test": 0,
+                 "test_per_class": 0, "architecture": "MLP", "num_params": 323,
+                 "image_shape": [6], "model_input_shape": [6], "preprocessing": "none"},
+        "seconds": {"predict": 0.1, "predict_stages": {"compile": 0.0}, "finetune": 0.1,
+                    "compile_finetune": 0.0, "ratio": 1.0},
+        "diverged": {"predicted": pred.diverged, "real": run.diverged}}))
+
+
+def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
+    """The frozen-kernel cross-entropy recursion cannot blow up (its gradient is bounded):
+    at κ = 10⁴, 2,500 times the edge 4, the real fine-tune diverges while the prediction's
+    curve does not. Its verdict is "unknown" (not "no"), with no T_ε and the reason, in the
+    API, the report's JSON half and the CLI's lines; at κ = 0.5 both the real run and the
+    verdict say "no" and T_ε is defined."""
+    _, apply_fn, params, x, y, lr_at = ce_mlp
+    far = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
+    assert far.diverged and not far.loss[-1] <= far.loss[0]  # the real run blew up
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
+    assert pred.kernel == "exact" and pred.kappa == pytest.approx(1e4, rel=1e-3)
+    assert not pred.diverged and pred.loss[-1] <= pred.loss[0]  # what the old "no" rested on
+    assert pred.beyond_edge and pred.divergence == "unknown"
+    assert "beyond the linearised model's stability edge" in pred.divergence_reason
+    for curve in ("loss", "error"):
+        assert all(np.isnan(t) for t in pred.training_time[curve].values())
+        assert all(r.startswith("beyond the stability edge: the linearised model cannot tell")
+                   for r in pred.training_time_reasons[curve].values())
+    report = _report(pred, far)
+    assert report["predicted"]["divergence"] == "unknown"
+    assert report["predicted"]["diverged"] is False
+    text = format_report(report)
+    assert ("diverged: predicted unknown (beyond the stability edge: the linearised model "
+            "cannot tell), real True") in text
+    assert "predicted: beyond the stability edge: cannot tell" in text
+
+    near = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(0.5), steps=40)
+    small = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(0.5), steps=40)
+    assert not near.diverged and near.loss[-1] < near.loss[0]
+    assert not small.beyond_edge and small.divergence == "no" and small.divergence_reason is None
+    assert all(np.isfinite(t) for c in ("loss", "error") for t in small.training_time[c].values())
+    assert "diverged: predicted False, real False" in format_report(_report(small, near))
+
+
+def test_head_aware_beyond_the_edge_says_unknown_unless_it_diverges(ce_mlp):
+    """The head-aware recursion can blow up (its head grows): far beyond the edge it predicts
+    the real divergence ("yes"); just beyond it, not diverged, it says "unknown" and keeps its
+    T_ε (calibrated there, README "Calibrated intervals")."""
+    model, apply_fn, params, x, y, lr_at = ce_mlp
+    head = ntk_tt.split_head(model)
+    far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40, head=head)
+    real = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
+    assert real.diverged and far.diverged and far.divergence == "yes"
+    near = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(8.0), steps=40, head=head)
+    assert near.beyond_edge and not near.diverged and near.divergence == "unknown"
+    assert np.isfinite(near.training_time["loss"][0.1])

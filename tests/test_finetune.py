@@ -215,3 +215,56 @@ def test_python_lists_are_converted_and_strings_or_int_keys_refused():
         assert str(err.value) == message
     with pytest.raises(ValueError, match=r"^y must hold numbers, got a list of shape \(24,\)"):
         ntk_tt.finetune(mlp, params, x, ["cat"] * N, **args)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("learning_rate", np.geomspace(0.1, 0.01, 3)),  # a per-step schedule
+    ("learning_rate", jnp.array([0.1])),
+    ("momentum", np.array([0.9, 0.0, 0.0])),
+])
+@pytest.mark.parametrize("entry", ["finetune", "step_time"])
+def test_array_hyperparameters_are_named_not_ambiguous(name, value, entry, monkeypatch):
+    """Issue 25: an array η (a schedule) or m is one ValueError naming the argument (it was
+    NumPy's "truth value of an array is ambiguous"), before the model is run."""
+    params, x, y = problem()
+    calls = []
+    monkeypatch.setattr("ntk_tt.training._finetune.check_model",
+                        lambda *a, **k: calls.append(a))
+    fn = getattr(ntk_tt, entry)
+    kw = dict(learning_rate=0.1) | ({"steps": 3} if entry == "finetune" else {})
+    with pytest.raises(ValueError) as err:
+        fn(mlp, params, x, y, **(kw | {name: value}))
+    assert str(err.value) == (
+        f"{name} must be a scalar, one value for every step; got an array of shape "
+        f"{np.shape(value)}. Per-step schedules are not supported yet: expected a scalar, "
+        f"e.g. {name}={0.01 if name == 'learning_rate' else 0.9}.")
+    assert calls == []
+
+
+def test_training_labels_of_one_class_are_refused_held_out_ones_are_not():
+    """As ``ntk-tt`` refuses -K 1; a one-output MSE fit (C = 1, labels all 0) stays allowed
+    (tests/test_losses.py)."""
+    params, x, _ = problem()
+    one = jnp.full((N,), 1)
+    for fn, kw in ((ntk_tt.finetune, dict(steps=2)), (ntk_tt.step_time, {})):
+        with pytest.raises(ValueError, match=r"^y holds labels of one class only \(all 1, "
+                                             r"N = 24\): a task needs at least two classes"):
+            fn(mlp, params, x, one, learning_rate=0.1, **kw)
+    run = ntk_tt.finetune(mlp, params, x[:18], jnp.arange(18) % C, learning_rate=0.1, steps=2,
+                          x_test=x[18:], y_test=one[18:])
+    assert run.test_accuracy == pytest.approx(float(np.mean(np.argmax(
+        mlp(run.params, x[18:]), 1) == 1)))
+
+
+def test_compare_of_runs_shorter_than_the_smoothing_window():
+    """T = 3 gives 4-entry curves, shorter than the 5-step window: both sides fall back to no
+    smoothing (the real side raised "window must be an odd int ..." before)."""
+    params, x, y = problem()
+    run = ntk_tt.finetune(mlp, params, x, y, learning_rate=0.5, steps=3)
+    pred = ntk_tt.predict(mlp, params, x, y, learning_rate=0.5, steps=3)
+    report = ntk_tt.compare(pred, run)
+    for eps in (0.01, 0.1, 0.4):
+        want = ntk_tt.training_time(run.loss, eps, window=1)
+        assert report["real"]["training_time"]["loss"][eps] == want
+        assert report["predicted"]["training_time"]["loss"][eps] == ntk_tt.training_time(
+            pred.loss, eps, window=1)

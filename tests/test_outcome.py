@@ -3,8 +3,13 @@ baseline against closed forms, fitting on a corpus with a known law, conformal c
 save/load round trip, the run-file reader and ``ntk-tt outcome``."""
 
 import dataclasses
+import gzip
 import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,12 +19,18 @@ from ntk_tt.telemetry._outcome import (
     TARGETS,
     OutcomePredictor,
     dataset,
+    default_outcome_predictor,
+    feature_domain,
     fit_outcome,
     load_runs,
+    out_of_domain,
     outcome_features,
     parametric_baseline,
 )
 from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "experiments" / "results" / "telemetry" / "corpus.jsonl.gz"
 
 T = 40
 SNAPS = np.array([0, 1, 2, 4, 8, 20, 40])
@@ -264,3 +275,124 @@ def test_damaged_predictor_file_is_one_value_error(damage, tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="damaged outcome predictor file"):
         OutcomePredictor.load(tmp_path / "p.json")
+
+
+def _scaled(row: dict, factor: float) -> dict:
+    """A corpus row whose loss curve is ``factor`` times the row's: another model's run."""
+    tele = dict(row["telemetry"], loss=[v * factor for v in row["telemetry"]["loss"]])
+    return dict(row, telemetry=tele)
+
+
+def test_domain_is_the_fitted_rows_range_and_flags_what_leaves_it(tmp_path):
+    """The stored range of L_0 is that of the rows' own curves (read directly); a row of the
+    fitting set is inside; its loss curve × 100 leaves it by 100·L_0 − max L_0 (reported);
+    the domain survives save/load, and a file without one flags nothing (None)."""
+    rows = _corpus(60)
+    model = fit_outcome(rows, ntk=False, ks=(0.0, 0.1), folds=2)
+    l0 = [r["telemetry"]["loss"][0] for r in rows]
+    assert model.domain["loss0"] == [min(l0), max(l0), False]
+    assert model.domain["num_classes"] == [5.0, 5.0, False]
+    tele = Telemetry.from_dict(rows[3]["telemetry"])
+    assert model.predict(tele, k=4)["out_of_domain"] == []
+    far = Telemetry.from_dict(_scaled(rows[3], 100.0)["telemetry"])
+    flags = model.predict(far, k=4)["out_of_domain"]
+    assert [f["feature"] for f in flags] == ["loss0"]  # every other input is a ratio
+    assert flags[0]["value"] == pytest.approx(100 * l0[3])
+    assert flags[0]["by"] == pytest.approx(100 * l0[3] - max(l0))
+    assert flags[0]["relative"] == pytest.approx((100 * l0[3] - max(l0)) / (max(l0) - min(l0)))
+    model.save(tmp_path / "p.json")
+    assert OutcomePredictor.load(tmp_path / "p.json").domain == model.domain
+    doc = json.loads((tmp_path / "p.json").read_text())
+    del doc["domain"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert OutcomePredictor.load(tmp_path / "old.json").predict(far, k=4)["out_of_domain"] is None
+
+
+def test_out_of_domain_by_hand():
+    domain = {"a": [0.0, 1.0, False], "b": [5.0, 5.0, False], "c": [0.0, 2.0, True],
+              "d": [-1.0, 1.0, False], "e": [math.nan, math.nan, True]}
+    got = out_of_domain({"a": 1.5, "b": 10.0, "c": math.nan, "d": math.nan, "e": 3.0}, domain)
+    # farthest first (b: 5 above a one-value range of 5 = 1 width; a: half a width); then
+    # a value missing where the rows had one (d) and one present where they had none (e)
+    assert got[:3] == [
+        {"feature": "b", "value": 10.0, "low": 5.0, "high": 5.0, "by": 5.0, "relative": 1.0},
+        {"feature": "a", "value": 1.5, "low": 0.0, "high": 1.0, "by": 0.5, "relative": 0.5},
+        {"feature": "d", "value": None, "low": -1.0, "high": 1.0, "by": None, "relative": None}]
+    assert len(got) == 4 and (got[3]["feature"], got[3]["value"], got[3]["by"]) == ("e", 3.0,
+                                                                                   None)
+    assert out_of_domain({"a": 0.0, "b": 5.0, "c": math.nan, "d": 1.0, "e": math.nan},
+                         domain) == []
+    x = np.array([[0.0, np.nan], [1.0, np.inf], [0.5, 2.0]])
+    assert feature_domain(x, ["p", "q"]) == {"p": [0.0, 1.0, False], "q": [2.0, np.inf, True]}
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="no committed telemetry corpus")
+def test_shipped_predictors_know_their_corpus_and_flag_another_model(tmp_path):
+    """The shipped domains are the ranges of the corpus's features (as fitted); a corpus row
+    is inside for both predictors; the same run with its loss curve × 100 (another model) is
+    flagged with loss0, in the API, ``ntk-tt outcome``'s lines and its JSON."""
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    max_l0 = max(r["telemetry"]["loss"][0] for r in rows)
+    row = rows[5]
+    for ntk in (False, True):
+        model = default_outcome_predictor(ntk=ntk)
+        assert model.domain == feature_domain(dataset(rows, ks=model.ks, ntk=ntk).x,
+                                              model.columns)
+        pred = row["prediction"] if ntk else None
+        inside = model.predict(Telemetry.from_dict(row["telemetry"]), pred, k=4)
+        assert inside["out_of_domain"] == []
+        far = model.predict(Telemetry.from_dict(_scaled(row, 100.0)["telemetry"]), pred, k=4)
+        loss0 = next(f for f in far["out_of_domain"] if f["feature"] == "loss0")
+        l0 = 100 * row["telemetry"]["loss"][0]
+        assert loss0["value"] == pytest.approx(l0) and loss0["by"] == pytest.approx(l0 - max_l0)
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(row) + "\n" + json.dumps(_scaled(row, 100.0)) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "ntk_tt.cli", "outcome", "runs.jsonl",
+                           "--fraction", "0.1", "--json", "out.json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    blocks = proc.stdout.split("run 2:")
+    assert "outside the corpus" not in blocks[0]
+    line = next(s for s in blocks[1].splitlines() if "outside the corpus" in s)
+    assert line.startswith("  outside the corpus the predictor was fitted on: ")
+    assert f"loss0 = {l0:.4g} (corpus " in line and line.endswith("extrapolations")
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out[0]["out_of_domain"] == []
+    assert "loss0" in [f["feature"] for f in out[1]["out_of_domain"]]
+
+
+def test_a_real_run_of_another_model_is_flagged():
+    """A flax MLP on synthetic 8-D data (not the corpus's CNN on images) fine-tuned for real
+    with telemetry: its first 4 updates leave the corpus's ranges (its dead-ReLU fraction,
+    gradient norm and initial accuracy), so the result says so instead of only answering."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import ntk_tt
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(8, 64, rngs=rngs)
+            self.head = nnx.Linear(64, 5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(jax.nn.relu(self.l1(x)))
+
+    model = MLP(nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    x = jax.random.normal(jax.random.key(0), (300, 8))
+    y = jnp.argmax(x[:, :5], 1)
+    run = ntk_tt.finetune(apply_fn, params, x[:250], y[:250], learning_rate=0.5, steps=40,
+                          batch_size=25, key=jax.random.key(1), x_test=x[250:],
+                          y_test=y[250:], telemetry=ntk_tt.TelemetrySpec(
+                              features=ntk_tt.model_features(model)))
+    first = ntk_tt.truncate(run.telemetry, 4)
+    out = default_outcome_predictor().predict(first)
+    feats = outcome_features(first)
+    domain = default_outcome_predictor().domain
+    outside = {name for name, (lo, hi, _) in domain.items() if not lo <= feats[name] <= hi}
+    assert {f["feature"] for f in out["out_of_domain"]} == outside
+    assert "snap0_dead_relu_fraction" in outside and run.test_accuracy > 0.8

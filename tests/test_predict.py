@@ -34,11 +34,12 @@ def model():
 
 def test_predict_matches_predict_from_kernel_on_brute_force_kernel(model):
     apply_fn, params, x, y, xt, yt = model
-    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=2.0, steps=STEPS,
+    # κ ≈ 4.6, within the heavy-ball edge 4(1 + m) = 6 (beyond it T_ε is undefined)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1.5, steps=STEPS,
                           momentum=0.5, x_test=xt, y_test=yt)
     assert pred.method == "discrete" and pred.kernel == "exact"  # auto with m > 0
     ref = ntk_tt.predict_from_kernel(
-        brute_ntk(apply_fn, params, x), apply_fn(params, x), y, learning_rate=2.0,
+        brute_ntk(apply_fn, params, x), apply_fn(params, x), y, learning_rate=1.5,
         momentum=0.5, steps=STEPS, kernel_test=brute_ntk(apply_fn, params, xt, x),
         f0_test=apply_fn(params, xt), y_test=yt)
     # float32 kernels from two routes: 1e-4 relative.
@@ -52,7 +53,7 @@ def test_predict_matches_predict_from_kernel_on_brute_force_kernel(model):
     assert set(pred.seconds) == {"kernel", "noise", "logits", "solve", "compile", "total"}
     assert pred.seconds["compile"] > 0.0  # first call of this configuration compiled
     assert not pred.diverged and pred.diverged_at is None
-    np.testing.assert_allclose(pred.kappa, 2.0 * np.linalg.eigvalsh(
+    np.testing.assert_allclose(pred.kappa, 1.5 * np.linalg.eigvalsh(
         np.asarray(brute_ntk(apply_fn, params, x), np.float64))[-1] / 20, rtol=1e-3)
 
 
@@ -334,3 +335,88 @@ def test_non_finite_f0_is_refused_with_the_count_when_concrete():
                                    y_test=np.array([0, 1]))
     # traced (under jit): not checked, no error while tracing
     jax.make_jaxpr(lambda f: (check_finite_logits(f), f)[1])(jnp.asarray(bad))
+
+
+def test_verdict_and_beyond_edge_training_time_under_jit_vmap(model):
+    """Issue 25: one compiled sweep over η gives each prediction's verdict code
+    (``_divergence.VERDICTS``). Cross-entropy on the frozen kernel: "no" with T_ε within the
+    edge κ ≤ 4, "unknown" with T_ε NaN (code BEYOND_EDGE) beyond it, where its recursion does
+    not blow up; MSE: the linear recursion itself diverges beyond its edge κ = 2 ("yes"). κ
+    from an independent float64 eigendecomposition."""
+    from ntk_tt.dynamics._divergence import VERDICTS
+    from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED
+
+    apply_fn, params, x, y, _, _ = model
+    kernel, f0 = brute_ntk(apply_fn, params, x), apply_fn(params, x)
+    lam = float(np.linalg.eigvalsh(np.asarray(kernel, np.float64))[-1])
+    kappas = np.array([0.5, 3.9, 4.2, 50.0, 1e4])
+    lrs = jnp.asarray(kappas * 20 / lam, jnp.float32)
+
+    def sweep(loss):
+        return jax.jit(jax.vmap(lambda lr: ntk_tt.predict_from_kernel(
+            kernel, f0, y, learning_rate=lr, steps=STEPS, loss=loss)))(lrs)
+
+    ce = sweep("cross_entropy")
+    np.testing.assert_allclose(ce.kappa, kappas, rtol=1e-3)
+    assert not np.any(ce.diverged)  # the bounded-gradient recursion never blows up here
+    assert [VERDICTS[int(v)] for v in ce.divergence] == ["no", "no", "unknown", "unknown",
+                                                         "unknown"]
+    t, codes = np.asarray(ce.training_time), np.asarray(ce.training_time_code)
+    assert np.all(np.isfinite(t[:2, 0])) and np.all(codes[:2, 0] == 0)  # loss curve's T_ε
+    assert np.all(np.isnan(t[2:])) and np.all(codes[2:] == BEYOND_EDGE)
+    mse = sweep("mse")  # its edge is κ = 2
+    assert [VERDICTS[int(v)] for v in mse.divergence] == ["no", "yes", "yes", "yes", "yes"]
+    assert np.all(np.asarray(mse.training_time_code)[1:] == DIVERGED)
+    with pytest.warns(ntk_tt.BeyondEdgeWarning):  # continuous time, cross-entropy: the same
+        ode = ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lrs[3], steps=STEPS,
+                                         method="ode")
+    assert int(ode.divergence) == 2 and np.all(np.asarray(ode.training_time_code) == BEYOND_EDGE)
+
+
+class _HeadMLP(_MLP):
+    """_MLP with its classifier named ``head`` (the head-aware predictor's convention)."""
+
+    def __init__(self, rngs):
+        super().__init__(rngs)
+        self.head = self.l2
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.l1(x)))
+
+
+@pytest.mark.parametrize("entry", ["predict", "predict_from_kernel", "predict_head_aware",
+                                   "suggest"])
+def test_labels_of_one_class_are_refused_before_any_work(entry, monkeypatch):
+    """As ``ntk-tt`` refuses -K 1: training labels of one class are one ValueError, raised
+    before a kernel is built; held-out labels of one class are fine."""
+    net = _HeadMLP(nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(net)
+    x = jax.random.normal(jax.random.key(1), (12, 6))
+    one = jnp.full((12,), 2)
+
+    hk = ntk_tt.head_aware_kernel(ntk_tt.split_head(net), x)  # set-up, not the call tested
+
+    def no_kernel(*_, **__):
+        raise AssertionError("a kernel was built")
+
+    monkeypatch.setattr(ntk_tt, "empirical_ntk", no_kernel)
+    monkeypatch.setattr(ntk_tt, "head_aware_kernel", no_kernel)
+    kw = dict(learning_rate=0.1, steps=STEPS)
+    calls = {
+        "predict": lambda: ntk_tt.predict(apply_fn, params, x, one, **kw),
+        "predict_from_kernel": lambda: ntk_tt.predict_from_kernel(
+            jnp.eye(36), jnp.zeros((12, 3)), one, **kw),
+        "predict_head_aware": lambda: ntk_tt.predict_head_aware(hk, one, **kw),
+        "suggest": lambda: ntk_tt.suggest(apply_fn, params, x, one, target=0.5,
+                                          steps=STEPS, batch_sizes=(None,)),
+    }
+    with pytest.raises(ValueError, match=r"^y holds labels of one class only \(all 2, N = 12\)"
+                                         r": a task needs at least two classes") as err:
+        calls[entry]()
+    assert "\n" not in str(err.value)
+    if entry == "predict":  # held-out labels of one class are a fine held-out set
+        monkeypatch.undo()
+        two = jnp.arange(12) % 3
+        pred = ntk_tt.predict(apply_fn, params, x[:9], two[:9], x_test=x[9:], y_test=one[9:],
+                              **kw)
+        assert pred.test_error.shape == (STEPS + 1,)

@@ -351,7 +351,7 @@ def test_sensitivities_refuses_bad_input_before_any_work(monkeypatch, bad, match
 
 def test_head_aware_refuses_f0(x64):
     hk = _head_problem()[3]._replace(features_test=None, backbone_test=None)
-    y = jnp.zeros(N, jnp.int32)
+    y = jnp.arange(N, dtype=jnp.int32) % 3  # two classes or more: one is refused first
     with pytest.raises(ValueError, match="drop f0"):
         ntk_tt.sensitivities(hk, y, learning_rate=0.1, steps=5, f0=jnp.zeros((N, 3)))
     with pytest.raises(ValueError, match="no held-out features"):

@@ -187,14 +187,31 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
       The absolute checkpoint path.
 
     Raises:
-      ValueError: ``meta`` lacks a required key or names an unknown architecture.
+      ValueError: ``meta`` is not a dict or lacks a required key; ``meta["architecture"]``
+        is not one of the known architectures (the message names it, the model's class, the
+        known ones and the way out), or is not the model's class.
     """
-    missing = {"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta)
-    if missing or meta.get("architecture") not in ARCHITECTURES:
+    known = ", ".join(sorted(ARCHITECTURES))
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a dict, got {type(meta).__name__}.")
+    missing = sorted({"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta))
+    if missing:
         raise ValueError(
-            f"meta needs keys architecture (one of {sorted(ARCHITECTURES)}), num_classes, "
-            f"input_shape, mean, std; missing {sorted(missing)}."
-        )
+            f"meta lacks the keys {missing}; it needs architecture (one of {known}), "
+            "num_classes, input_shape [H, W, C], mean and std (C,), and optionally kwargs.")
+    arch, kind = meta["architecture"], type(model).__name__
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        raise ValueError(
+            f"meta names architecture {arch!r} (the model is a {kind}), which ntk_tt cannot "
+            f"rebuild: load_checkpoint builds the model from this name, and the known "
+            f"architectures are {known} (ntk_tt.models). Save one of those, or use your own "
+            "flax model without a checkpoint: ntk_tt.from_nnx(model) and the Python API "
+            "(keep its weights with orbax yourself, e.g. nnx.state(model)).")
+    if type(model) is not ARCHITECTURES[arch]:
+        raise ValueError(
+            f"meta names architecture {arch!r} but the model is a {kind}: load_checkpoint "
+            f"would rebuild a {arch}, not this model. Set meta['architecture'] to the "
+            f"model's class (one of {known}), or see ntk_tt.from_nnx for other models.")
     path = Path(path).absolute()
     state = nnx.to_pure_dict(nnx.state(model))
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:

@@ -60,7 +60,9 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
 
 def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
     """Integer labels of shape (n,) with values in [0, c) (values checked when concrete); a
-    list of ints is accepted. Returns them as a jax array."""
+    list of ints is accepted. Training labels (``name`` "y") of a model with C >= 2 logits
+    must hold two classes or more (:func:`check_two_classes`; C = 1 is a one-output MSE fit);
+    held-out ones may hold one. Returns them as a jax array."""
     y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
         raise ValueError(
@@ -74,7 +76,21 @@ def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
             f"{name} has labels outside [0, C) = [0, {c}) (min {yc.min()}, max {yc.max()}); "
             "the number of logits C must exceed every label."
         )
+    if yc is not None and name == "y" and c >= 2:
+        check_two_classes(yc, name)
     return jnp.asarray(y)
+
+
+def check_two_classes(y, name: str = "y") -> None:
+    """ValueError when the concrete training labels ``y`` (N,) hold one class only: a task
+    needs two or more (as ``ntk-tt``'s ``-K >= 2``); with one class the cross-entropy is
+    lowered by growing every logit of that class, which is not a classification task."""
+    yc = np.asarray(y)
+    if yc.size and yc.min() == yc.max():
+        raise ValueError(
+            f"{name} holds labels of one class only (all {int(yc.flat[0])}, N = {yc.size}): a "
+            "task needs at least two classes (ntk-tt -K >= 2); pass labels of two or more "
+            "classes, e.g. from ntk_tt.sample_task(data, num_classes=K) with K >= 2.")
 
 
 def _check_finite(kernel, name):
@@ -100,7 +116,7 @@ def check_gram(kernel, name: str = "kernel") -> None:
     N·C × N·C array is made."""
     kc = _concrete(kernel)
     if kc is None or kc.ndim != 2 or kc.shape[0] != kc.shape[1] or kc.size == 0 \
-            or kc.dtype.kind != "f":
+            or not jnp.issubdtype(kc.dtype, jnp.floating):  # bfloat16's numpy kind is "V"
         return
     scale = max(float(kc.max()), -float(kc.min()))  # max |Θ| without an N·C × N·C temporary
     if scale == 0.0:
@@ -146,7 +162,7 @@ def check_finite_logits(f0, name: str = "f0") -> None:
     """ValueError when concrete initial logits ``f0`` hold NaN or inf (the message gives how
     many); traced ones are not checked."""
     fc = _concrete(f0)
-    if fc is None or fc.dtype.kind not in "fc":
+    if fc is None or not jnp.issubdtype(fc.dtype, jnp.floating):
         return
     bad = int(np.size(fc) - np.count_nonzero(np.isfinite(fc)))
     if bad:
@@ -158,16 +174,36 @@ def check_finite_logits(f0, name: str = "f0") -> None:
         )
 
 
+def solve_dtype(*arrays):
+    """The floating dtype a prediction runs in (README, "Dtypes"): the promotion of the
+    floating dtypes among ``arrays`` (None, integer and bool ones ignored; the default float
+    dtype if none is floating), at least float32. bfloat16 and float16 are promoted to
+    float32: their 8- and 11-bit mantissas are too coarse for Θ's eigenvalues and a T-step
+    recursion. float64 needs ``jax_enable_x64`` (JAX's arrays are float32 without it).
+    Complex arrays are refused earlier, by ``as_array``."""
+    floats = [jnp.result_type(a) for a in arrays
+              if a is not None and jnp.issubdtype(jnp.result_type(a), jnp.floating)]
+    dtype = jnp.result_type(*floats) if floats else jnp.result_type(float)
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def float_logits(f0, kernel):
-    """``f0`` (already an array) as floats: integer or bool initial logits (e.g.
-    ``np.zeros((N, C), int)``) are cast to the kernel's float dtype (the default float dtype
-    when the kernel is not floating), so the recursion's carry has one dtype; float and
-    complex ``f0`` are returned unchanged."""
-    if np.dtype(f0.dtype).kind not in "biu":
-        return f0
-    kdt = np.dtype(kernel.dtype)
-    dtype = kdt if kdt.kind == "f" else jnp.result_type(float)
-    return jnp.asarray(f0, dtype)
+    """``f0`` (already an array) as a jax array of :func:`solve_dtype` ``(kernel, f0)``, the
+    dtype the prediction runs in: integer or bool initial logits (e.g.
+    ``np.zeros((N, C), int)``) take the kernel's float dtype, bfloat16 / float16 ones become
+    float32, float32 logits with a float64 kernel (x64) float64, so the recursion's carry,
+    the kernel and the hyperparameters share one dtype."""
+    return jnp.asarray(f0, solve_dtype(kernel, f0))
+
+
+def solve_dtype_fields(hk):
+    """A head-aware kernel ``hk`` (``ntk_tt.HeadAwareKernel``) with every array cast to the
+    :func:`solve_dtype` of all of them, and that dtype. Raises ValueError naming the field
+    (``hk.<field>``) when one is complex or not an array."""
+    fields = [None if a is None else as_array(a, f"hk.{name}")
+              for name, a in zip(hk._fields, hk, strict=True)]
+    dtype = solve_dtype(*fields)
+    return type(hk)(*(None if a is None else jnp.asarray(a, dtype) for a in fields)), dtype
 
 
 def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):

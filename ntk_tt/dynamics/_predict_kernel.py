@@ -35,7 +35,7 @@ from ntk_tt.dynamics._checks import (
 )
 from ntk_tt.dynamics._closed_form import mse_closed_form
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
-from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
+from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from, verdict
 from ntk_tt.dynamics._fspace import (
     as_operator,
     clamp_psd,
@@ -45,7 +45,12 @@ from ntk_tt.dynamics._fspace import (
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._ode import ode_trajectory
 from ntk_tt.dynamics._sde import sde_paths
-from ntk_tt.dynamics._training_time import DIVERGED, training_time_array
+from ntk_tt.dynamics._training_time import (
+    BEYOND_EDGE,
+    DIVERGED,
+    curve_window,
+    training_time_array,
+)
 
 EPSILONS = (0.01, 0.1, 0.4)
 STATIC = ("steps", "batch_size", "nesterov", "loss", "method", "num_paths")
@@ -66,6 +71,12 @@ class KernelPrediction(NamedTuple):
       Each path's curves hold their last finite value from its first non-finite loss on.
     kappa: η·λ_max(Θ)/N. beyond_edge: κ beyond the linear model's stability edge
       2(1 + m)/h (heavy ball; 2(1 + m)/((1 + 2m)h) Nesterov), h = 1 for MSE, ½ for CE.
+    divergence (property): int32 verdict on the real run, ``_divergence.VERDICTS[code]``:
+      0 "no" (not diverged, within the edge), 1 "yes" (diverged), 2 "unknown" (not diverged
+      but beyond the edge, where the linearised model cannot tell). The frozen-kernel
+      cross-entropy prediction (``predict_from_kernel``) beyond the edge has no T_ε either
+      (NaN, code ``BEYOND_EDGE``): that recursion cannot blow up, so its curve there says
+      nothing of whether the real run converges.
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``.
@@ -88,6 +99,12 @@ class KernelPrediction(NamedTuple):
     clamped: jax.Array
     training_time: jax.Array
     training_time_code: jax.Array
+
+    @property
+    def divergence(self) -> jax.Array:
+        """Verdict code on the real run (see the class docstring), from ``diverged`` and
+        ``beyond_edge``."""
+        return verdict(self.diverged, self.beyond_edge)
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -133,8 +150,11 @@ def predict_from_kernel(
       kernel: empirical NTK Θ (N·C, N·C), sample-major; or (N, N) logit-SUMMED, used as
         (Θ/C) ⊗ I_C. Symmetrised (rounding only: a visibly asymmetric kernel is refused);
         significant negative eigenvalues are clamped to 0.
-      f0: initial logits (N, C) at the pre-trained weights (integer or bool logits are cast
-        to the kernel's float dtype, f0_test too). y: integer labels (N,).
+      f0: initial logits (N, C) at the pre-trained weights. y: integer labels (N,).
+        Dtypes: the solve runs in the kernel's floating dtype promoted with f0's, at least
+        float32 (bfloat16 / float16 are promoted; integer or bool f0 takes the kernel's;
+        float64 needs x64); the other arrays and η, m are cast to it, and the result's
+        curves, κ and λ_min are in it (README, "Dtypes").
       learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable).
       steps: T optimiser updates. batch_size: B (None = N, full-batch GD).
       nesterov: optax's Nesterov form. loss: "cross_entropy" or "mse" (mean over samples).
@@ -152,7 +172,8 @@ def predict_from_kernel(
       :class:`KernelPrediction`.
 
     Raises:
-      ValueError: arrays given as anything but arrays or nested lists of numbers, η or m
+      ValueError: arrays given as anything but arrays or nested lists of numbers, complex
+        arrays (kernel, f0, kernel_test, f0_test: the message names the argument), η or m
         not a real number (a string included), a key that is not ``jax.random.key(seed)``,
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
@@ -172,7 +193,7 @@ def predict_from_kernel(
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)
     check_f0_shape(kernel, f0, y)
-    f0 = float_logits(f0, kernel)
+    f0 = float_logits(f0, kernel)  # in the dtype of the solve (README, "Dtypes")
     n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
     check_num_paths(num_paths)
     full_batch = batch_size == n
@@ -180,13 +201,14 @@ def predict_from_kernel(
     _check_method_inputs(method, loss, full_batch, key, noise_features, n * c)
     _check_finite(kernel, "kernel")
     check_gram(kernel)
-    f0 = jnp.asarray(f0)
     dtype = f0.dtype
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
     test_mat = test_traced = None
     if kernel_test is not None:
         test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
                                                                    n, c, dtype)
+    if noise_features is not None:
+        noise_features = jnp.asarray(noise_features, dtype)
     out = _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
@@ -234,7 +256,7 @@ def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, 
         num_paths=num_paths)
     lams = lam_exact if lams is None else lams
     return _summarise(fs, fts, y, y_test, mat.shape[0], lr, m, lams, nesterov=nesterov, loss=loss,
-                      stochastic=method == "sde" or fs.shape[0] > 1)
+                      stochastic=method == "sde" or fs.shape[0] > 1, frozen=True)
 
 
 def _mean_band(paths, stochastic):
@@ -249,9 +271,12 @@ def _earliest(steps: jax.Array) -> jax.Array:
     return jnp.where(low == big, -1, low).astype(jnp.int32)
 
 
-def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic):
+def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
+               frozen=False):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
-    ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to."""
+    ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to. ``frozen``: the
+    curves are of a frozen kernel (``predict_from_kernel``), whose cross-entropy T_ε beyond the
+    stability edge is undefined (``BEYOND_EDGE``)."""
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
@@ -267,19 +292,24 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     diverged = jnp.any(div.diverged)
     lam_min, lam_max = lams
     kappa = lr * lam_max / n
-    window = 5 if loss_c.shape[0] >= 5 else 1
+    window = curve_window(loss_c.shape[0])
     eps = jnp.asarray(EPSILONS, loss_c.dtype)
     tt = jax.vmap(lambda cv: jax.vmap(lambda e: training_time_array(cv, e, window))(eps))
     t_eps, codes = tt(jnp.stack([loss_c, err_c]))
     # a diverged run has no training time, whatever its held (finite) curve looks like
     t_eps = jnp.where(diverged, jnp.nan, t_eps)
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
+    beyond = kappa > _edge(m, nesterov, loss)
+    if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there
+        blind = beyond & ~diverged
+        t_eps = jnp.where(blind, jnp.nan, t_eps)
+        codes = jnp.where(blind, BEYOND_EDGE, codes).astype(jnp.int32)
     return KernelPrediction(
         loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
         loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,
         diverged=diverged, diverged_at=_earliest(div.diverged_at),
         spiked_at=_earliest(div.spiked_at),
-        kappa=kappa, beyond_edge=kappa > _edge(m, nesterov, loss),
+        kappa=kappa, beyond_edge=beyond,
         min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, size),
         training_time=t_eps, training_time_code=codes,
     )

@@ -24,13 +24,22 @@ import numpy as np
 
 from ntk_tt._options import _describe, check_real
 
-OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED = 0, 1, 2, 3, 4
+OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE = 0, 1, 2, 3, 4, 5
 REASONS = {
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
     NOT_SETTLED: "no step comes within epsilon * (L_0 - L_T) of L_T",
     DIVERGED: "training diverged (loss non-finite, or above L_0 at the end): no training time",
+    BEYOND_EDGE: "beyond the stability edge: the linearised model cannot tell (cross-entropy on "
+                 "a frozen kernel cannot blow up, so its curve says nothing of whether the real "
+                 "run converges; use head=split_head(model) or a smaller learning rate)",
 }
+
+
+def curve_window(length: int) -> int:
+    """The moving-average width that predicted and measured curves share: 5 steps, or 1 (no
+    smoothing) for a curve of fewer than 5 entries (T < 4 steps)."""
+    return 5 if length >= 5 else 1
 
 
 def _check(curve, epsilon, window) -> jax.Array:

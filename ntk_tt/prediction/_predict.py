@@ -14,9 +14,10 @@ import numpy as np
 
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
-from ntk_tt.data._inputs import as_array, check_key
+from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths
+from ntk_tt.dynamics._divergence import VERDICTS, verdict
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
 from ntk_tt.dynamics._training_time import REASONS
@@ -40,6 +41,12 @@ class Prediction(NamedTuple):
     spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
       the curve spiked and recovered, and T_ε is defined as usual.
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
+    divergence (property): the verdict on the real run, "yes" (``diverged``), "no" (not
+      diverged, κ within the edge) or "unknown" (not diverged, κ beyond the edge: the
+      linearised model cannot tell; ``ntk_tt.dynamics._divergence``), with
+      ``divergence_reason`` (None unless "unknown"). ``diverged`` stays the predicted curve's
+      own flag. A frozen-kernel cross-entropy prediction (no ``head``) beyond the edge also
+      has no T_ε (NaN, reason "beyond the stability edge: the linearised model cannot tell").
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
       ``subset=N'``).
@@ -73,6 +80,21 @@ class Prediction(NamedTuple):
     kernel: str
     hyperparameters: dict
     seconds: dict
+
+    @property
+    def divergence(self) -> str:
+        """"yes", "no" or "unknown" (see the class docstring)."""
+        return VERDICTS[int(verdict(self.diverged, self.beyond_edge))]
+
+    @property
+    def divergence_reason(self) -> str | None:
+        """Why the verdict is "unknown" (None otherwise)."""
+        if self.divergence != "unknown":
+            return None
+        return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
+                "edge and the prediction did not diverge: the linearised model cannot tell "
+                "whether the real run diverges (README, \"Divergence\"); lower the learning "
+                "rate for a verdict")
 
 
 def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
@@ -177,15 +199,20 @@ def predict(
         kernel (see above), or None for the full kernel. subset_method: "power_law" (App. D)
         or "nystrom" (cross kernel Θ(X, X')); only with ``subset``.
 
+    Dtypes: bfloat16 / float16 leaves of ``params``, ``head`` and ``x``, ``x_test`` are cast
+    to float32 first, so Θ, f0 and the curves are float32 (float64 with x64 and float64
+    params); ``ntk_tt.finetune`` trains in the params' own dtype (README, "Dtypes").
+
     Returns:
       :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
       predictor.
 
     Raises:
       ValueError: bad model output or inputs (x, y, x_test, y_test not arrays: nested lists
-        of numbers are converted, anything else refused), ``apply_fn`` coupling the samples
-        of a batch, η or m not a real number (a string included), a key that is not
-        ``jax.random.key(seed)``, labels not matching N or C, η ≤ 0, num_paths < 1,
+        of numbers are converted, anything else refused; complex x or x_test), ``apply_fn``
+        coupling the samples of a batch, η or m not a real number (a string included), a key
+        that is not ``jax.random.key(seed)``, labels not matching N or C or (training
+        labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a head-aware prediction without ``head`` or with a method other than the discrete
@@ -198,6 +225,8 @@ def predict(
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
+    # bfloat16 / float16 params and inputs: Θ and f0 in float32 (README, "Dtypes")
+    params, x, head = at_least_float32((params, x, head))
     n, c = check_model(apply_fn, params, x)
     check_loss(loss, c)
     y = check_labels(y, n, c)
@@ -228,7 +257,7 @@ def predict(
     if (x_test is None) != (y_test is None):
         raise ValueError("pass x_test and y_test together (or neither).")
     if x_test is not None:
-        x_test = as_array(x_test, "x_test")
+        x_test = at_least_float32(as_array(x_test, "x_test"))
         nt, _ = check_model(apply_fn, params, x_test, name="x_test")
         check_labels(y_test, nt, c, name="y_test")
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim

@@ -30,6 +30,12 @@ diverge, mixed with the divergence classifier's probability.
 Uncertainty: each regression target carries a split-conformal 90 % interval (absolute
 residual quantile of out-of-fold predictions on the fitting corpus, per k); classification
 targets are probabilities.
+
+Domain: a predictor keeps the range of every input over the rows it was fitted on
+(:func:`feature_domain`: smallest and largest value, and whether any was missing); a run
+whose inputs leave it (:func:`out_of_domain`: another model, data set or number of classes,
+a prefix longer than the fitted ones) is flagged in :meth:`OutcomePredictor.predict`, since
+trees do not extrapolate: they answer as for the nearest corpus runs.
 """
 
 from __future__ import annotations
@@ -320,12 +326,74 @@ def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarr
     return out
 
 
+def feature_domain(x: np.ndarray, columns: Sequence[str]) -> dict[str, list]:
+    """The range of each input over fitting rows: {column: [low, high, missing]} from a
+    feature matrix ``x`` (R, F) in ``columns`` order, low/high the smallest and largest
+    non-NaN value (±inf kept: diverged runs have them; NaN when the column is all NaN) and
+    missing whether any row is NaN there."""
+    x = np.asarray(x, np.float64)
+    out = {}
+    for j, name in enumerate(columns):
+        col = x[:, j]
+        seen = col[~np.isnan(col)]
+        lo, hi = (float(seen.min()), float(seen.max())) if seen.size else (math.nan, math.nan)
+        out[name] = [lo, hi, bool(seen.size < col.size)]
+    return out
+
+
+def out_of_domain(features: dict[str, float], domain: dict[str, list]) -> list[dict]:
+    """The inputs of one run (:func:`outcome_features`) outside a predictor's ``domain``
+    (:func:`feature_domain`), farthest first.
+
+    Returns:
+      one dict per flagged input: ``feature``, ``value`` (None when missing), ``low`` and
+      ``high`` (the fitting rows' range), ``by`` (how far outside it, in the feature's units)
+      and ``relative`` (``by`` in units of the range's width, of the bound's magnitude when
+      the rows held one value); ``by`` and ``relative`` are None when missing or infinite.
+      An input is outside when it is below ``low`` or above ``high``, missing (NaN) where no
+      fitting row was, or present where every fitting row was missing.
+    """
+    flagged = []
+    for name, (lo, hi, missing) in domain.items():
+        v = _f(features.get(name, math.nan))
+        if math.isnan(v) or math.isnan(lo):
+            if math.isnan(v) == math.isnan(lo) or (math.isnan(v) and missing):
+                continue
+            by = rel = math.nan
+        elif lo <= v <= hi:
+            continue
+        else:
+            bound = lo if v < lo else hi
+            by = abs(v - bound)
+            width = hi - lo
+            rel = by / (width if math.isfinite(width) and width > 0 else max(abs(bound), 1e-12))
+        flagged.append({"feature": name, "value": None if math.isnan(v) else v, "low": lo,
+                        "high": hi, "by": by, "relative": rel})
+    flagged.sort(key=lambda e: -1.0 if math.isnan(e["relative"]) else -e["relative"] - 1.0)
+    for e in flagged:
+        e["by"], e["relative"] = (None if not math.isfinite(e[k]) else e[k]
+                                  for k in ("by", "relative"))
+    return flagged
+
+
+def _domain(doc, columns: Sequence[str]) -> dict[str, list] | None:
+    """A predictor file's ``domain`` checked against its columns (None when absent)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != set(columns) or not all(
+            isinstance(v, list) and len(v) == 3 for v in doc.values()):
+        raise ValueError("domain is not {column: [low, high, missing]} for every column")
+    return {c: [float(doc[c][0]), float(doc[c][1]), bool(doc[c][2])] for c in columns}
+
+
 @dataclasses.dataclass
 class OutcomePredictor:
     """Fitted gradient-boosted outcome models: one per target (see module docstring).
 
     ``ntk``: whether the NTK prediction's features are inputs. ``intervals``: per regression
-    target, {k fraction (str): half-width of the 90 % split-conformal interval}.
+    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``domain``:
+    {column: [low, high, missing]} of the fitting rows (:func:`feature_domain`), or None for
+    a file written before domains were kept (then nothing is flagged).
     """
 
     columns: list[str]
@@ -335,6 +403,7 @@ class OutcomePredictor:
     constants: dict[str, float]
     intervals: dict[str, dict[str, float]]
     info: dict[str, Any]
+    domain: dict[str, list] | None = None
 
     def predict_features(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """Predictions (R,) per target for a feature matrix (R, F) in ``columns`` order:
@@ -350,7 +419,10 @@ class OutcomePredictor:
 
         Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (90 %),
         ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 %
-        interval, ``observed_updates`` k and ``steps`` T.
+        interval, ``observed_updates`` k and ``steps`` T, and ``out_of_domain``: the inputs
+        outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
+        [] when none, None when the predictor keeps no domain). A flagged run's numbers are
+        extrapolations: the trees answer as for the nearest corpus runs.
 
         Raises:
           ValueError: a predictor with NTK features given no ``prediction``; k out of range.
@@ -383,6 +455,8 @@ class OutcomePredictor:
             "p_above_median": p["above_median"],
             f"t_eps_{T_EPS}": t_eps,
             f"t_eps_{T_EPS}_interval": [t_eps * math.exp(-ht), t_eps * math.exp(ht)],
+            "out_of_domain": None if self.domain is None else out_of_domain(feats,
+                                                                             self.domain),
         }
 
     def save(self, path: str | pathlib.Path) -> None:
@@ -390,7 +464,7 @@ class OutcomePredictor:
         gzip-compressed."""
         doc = {"format_version": FORMAT_VERSION, "columns": self.columns, "ntk": self.ntk,
                "ks": list(self.ks), "constants": self.constants, "intervals": self.intervals,
-               "info": self.info,
+               "info": self.info, "domain": self.domain,
                "models": {t: None if m is None else m.booster_.model_to_string()
                           for t, m in self.models.items()}}
         text = json.dumps(doc)
@@ -434,7 +508,7 @@ class OutcomePredictor:
                                      f"the file names {len(columns)} columns")
             out = cls(columns, bool(doc["ntk"]), tuple(float(k) for k in doc["ks"]), models,
                       {k: float(v) for k, v in doc["constants"].items()}, doc["intervals"],
-                      doc["info"])
+                      doc["info"], _domain(doc.get("domain"), columns))
             missing = set(TARGETS) - set(out.constants)
             if missing:
                 raise ValueError(f"constants miss {sorted(missing)}")
@@ -500,7 +574,7 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     info = {"runs": int(len(runs)), "rows": int(len(fold)), "level": level, "seed": seed,
             "lightgbm": _lgbm_params(seed)}
     return OutcomePredictor(data.columns, ntk, tuple(float(k) for k in ks), models, consts,
-                            intervals, info)
+                            intervals, info, feature_domain(data.x, data.columns))
 
 
 def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:

@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 
 from ntk_tt.dynamics._predict_kernel import EPSILONS
-from ntk_tt.dynamics._training_time import training_time_report, wall_clock_time
+from ntk_tt.dynamics._training_time import (
+    curve_window,
+    training_time_report,
+    wall_clock_time,
+)
 from ntk_tt.prediction._intervals import intervals
 from ntk_tt.prediction._predict import Prediction
 from ntk_tt.training._finetune import FineTuneRun
@@ -43,7 +47,8 @@ def real_training_time(run: FineTuneRun) -> tuple[dict, dict]:
                 times[name][eps] = None
                 reasons[name][eps] = f"diverged at step {run.diverged_at}"
                 continue
-            t, why = training_time_report(getattr(run, name), eps)
+            curve = getattr(run, name)
+            t, why = training_time_report(curve, eps, window=curve_window(len(curve)))
             times[name][eps] = _num(t)
             if why:
                 reasons[name][eps] = why
@@ -91,8 +96,9 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
     ``spiked_at`` (first step with loss above 10·L_0, None if none), ``kappa``,
-    ``beyond_edge``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss:
-    what was predicted).
+    ``beyond_edge``, ``divergence`` ("yes" / "no" / "unknown": the verdict on the real run)
+    and ``divergence_reason``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov,
+    B, T, loss: what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
     iv = intervals(prediction, level=0.9)
@@ -106,6 +112,8 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
             "spiked_at": prediction.spiked_at,
             "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
+            "divergence": prediction.divergence,
+            "divergence_reason": prediction.divergence_reason,
             "method": prediction.method, "kernel": prediction.kernel,
             "hyperparameters": dict(prediction.hyperparameters)}
 

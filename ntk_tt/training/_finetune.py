@@ -31,6 +31,7 @@ from tqdm import tqdm
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.dynamics._checks import check_two_classes
 from ntk_tt.dynamics._divergence import divergence
 from ntk_tt.dynamics._losses import check_loss, error_rate, mean_loss
 from ntk_tt.telemetry._telemetry import Recorder, Telemetry, TelemetrySpec
@@ -263,7 +264,21 @@ def _labels(y, n, c, name):
     if y.min() < 0 or y.max() >= c:
         raise ValueError(f"{name} must lie in [0, {c}) for a {c}-output model, got "
                          f"[{y.min()}, {y.max()}]; relabel or replace the head.")
+    if name == "y" and c >= 2:  # C = 1: a one-output MSE fit (cross-entropy is refused)
+        check_two_classes(y, name)
     return jnp.asarray(y, jnp.int32)
+
+
+def _check_hyper(learning_rate, momentum) -> None:
+    """η and m must be real scalars: ValueError naming the argument otherwise (an array, e.g.
+    a per-step schedule, included)."""
+    for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
+        check_real(value, name)
+        if np.ndim(value) != 0:
+            raise ValueError(
+                f"{name} must be a scalar, one value for every step; got an array of shape "
+                f"{np.shape(value)}. Per-step schedules are not supported yet: expected a "
+                f"scalar, e.g. {name}={0.01 if name == 'learning_rate' else 0.9}.")
 
 
 def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: float,
@@ -301,8 +316,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       those of the last finite step. ``seconds["finetune"]`` counts the steps taken.
 
     Raises:
-      ValueError: bad shapes or labels, x or y not arrays (lists of numbers are converted),
-        η or m not a real number (a string included), η ≤ 0, m ∉ [0, 1), steps < 1,
+      ValueError: bad shapes or labels (training labels of one class included), x or y not
+        arrays (lists of numbers are converted), η or m not a real scalar (a string, or an
+        array such as a per-step schedule: not supported yet), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
         unknown loss, x_test without y_test, telemetry neither a bool nor a
         :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not returning (N, F).
@@ -310,8 +326,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     if not isinstance(telemetry, bool | TelemetrySpec):
         raise ValueError(f"telemetry must be a bool or an ntk_tt.TelemetrySpec, got "
                          f"{type(telemetry).__name__}.")
-    check_real(learning_rate, "learning_rate")
-    check_real(momentum, "momentum")
+    _check_hyper(learning_rate, momentum)
     check_key(key)
     x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
@@ -410,6 +425,7 @@ def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: 
     Raises:
       ValueError: as :func:`finetune`.
     """
+    _check_hyper(learning_rate, momentum)
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
     check_loss(loss)
