@@ -204,18 +204,39 @@ def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, nu
 # --- predict_task / ntk-tt predict ----------------------------------------------------------
 
 
-def check_outputs(figure_path=None, json_path=None, overwrite: bool = False) -> None:
+OUTPUTS = frozenset({"figure", "json"})
+
+
+def replaceable(overwrite) -> frozenset[str]:
+    """The outputs ``overwrite`` lets a job replace: every one for True, none for False, or
+    those named in a list / set of "figure" and "json" (``ntk-tt predict`` replaces its
+    default figure without --overwrite: ``overwrite=("figure",)``).
+
+    Raises:
+      ValueError: anything else.
+    """
+    if isinstance(overwrite, (bool, np.bool_)):
+        return OUTPUTS if overwrite else frozenset()
+    names = frozenset(overwrite) if isinstance(overwrite, (list, tuple, set, frozenset)) else None
+    if names is None or not names <= OUTPUTS:
+        raise ValueError(f"overwrite must be True, False or a list of the outputs it may "
+                         f"replace, {sorted(OUTPUTS)}, got {overwrite!r}.")
+    return names
+
+
+def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
     """Fail fast on output paths, before any work: each must name a file (not a directory) in
     an existing folder where a file can be created, and the figure's extension must be one
     matplotlib writes (png, pdf, svg, ...). An existing file is refused unless ``overwrite``
-    (then it must be writable): two runs in one folder never replace each other's outputs
-    silently. Empty / None = no output.
+    names it (:func:`replaceable`; then it must be writable): two runs in one folder never
+    replace each other's outputs silently. Empty / None = no output.
 
     Raises:
       ValueError: one line naming the path and the fix.
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
+    replace = replaceable(overwrite)
     given = [(what, path) for what, path in (("figure", figure_path), ("json", json_path))
              if path]
     for what, path in given:
@@ -227,7 +248,7 @@ def check_outputs(figure_path=None, json_path=None, overwrite: bool = False) -> 
         if not folder.is_dir():
             raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
                              "exist; create it first or choose another path.")
-        if target.exists() and not overwrite:
+        if target.exists() and what not in replace:
             raise ValueError(f"{what} path {str(path)!r} exists (an earlier run's output?) and "
                              "is not replaced; choose another path, or pass --overwrite "
                              "(overwrite=True) to replace it.")
@@ -393,7 +414,7 @@ def _check_split(name: str, split: Any) -> None:
 
 
 def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
-                      overwrite: bool = False) -> dict[str, Any]:
+                      overwrite=False) -> dict[str, Any]:
     """Every check of :func:`ntk_tt.predict_task` that reads no data: unknown options,
     ``num_paths``, :func:`check_options`, :func:`check_outputs`. Returns the options with
     their defaults (``DEFAULTS | options``).

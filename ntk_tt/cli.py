@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 from ntk_tt._defaults import DEFAULTS
 
@@ -26,6 +27,9 @@ from ntk_tt._defaults import DEFAULTS
 # is instant, and so is a bad option value)
 
 _JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
+# ntk-tt predict's own figure: replaced by each run (no --overwrite needed); a --figure given
+# that exists is refused before any work unless --overwrite
+DEFAULT_FIGURE = "ntk_tt_predict.png"
 
 
 def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
@@ -114,17 +118,19 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
                    help="SGD noise paths averaged (with -B < N)")
     q.add_argument("--verify", action="store_true",
-                   help="also fine-tune for real and compare (the --json report is written "
-                   "when the prediction exists, and completed at the end)")
-    q.add_argument("--figure", default="ntk_tt_predict.png", dest="figure_path",
+                   help="also fine-tune for real and compare (the --json report gets the "
+                   "prediction as soon as it exists, and is completed at the end)")
+    q.add_argument("--figure", default=argparse.SUPPRESS, dest="figure_path",
                    help="figure file, any matplotlib format by its extension (in the current "
-                   "directory unless a folder is given; '' for none)")
+                   "directory unless a folder is given; '' for none) (default: "
+                   f"{DEFAULT_FIGURE}, replaced by each run)")
     q.add_argument("--json", default=None, dest="json_path",
-                   help="also write the report here (None: no JSON)")
+                   help="also write the report here (None: no JSON); created when the work "
+                   "starts, so a second run given the same path refuses at once")
     q.add_argument("--overwrite", action="store_true",
-                   help="replace an existing figure / JSON file; without it an existing "
-                   "output is an error before any work, so two runs in one folder never "
-                   "overwrite each other silently")
+                   help="replace an existing --figure / --json file; without it an existing "
+                   "one is an error before any work, so two runs never overwrite each "
+                   "other's outputs silently")
     q.add_argument("--no-progress", action="store_false", dest="progress",
                    help="no progress bars on stderr (progress=%(default)s unless this flag "
                    "is given)")
@@ -206,9 +212,9 @@ def _options_only(opts: dict) -> dict:
     return {k: v for k, v in opts.items() if k not in _JOB_ARGS}
 
 
-def _suggest(args, parser, program: bool) -> int:
+def _suggest(args, parser, run: dict) -> int:
     """``ntk-tt suggest``: options checked (before JAX is imported), task loaded,
-    :func:`ntk_tt.suggest_task` run."""
+    :func:`ntk_tt.suggest_task` run (``run``: see :func:`_guard_interrupts`)."""
     from ntk_tt._options import check_suggest_job, parse_batch_sizes, parse_floats
 
     opts = vars(args)
@@ -221,26 +227,15 @@ def _suggest(args, parser, program: bool) -> int:
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     opts["batch_sizes"] = checked["batch_sizes"]
-    if program:
-        _guard_interrupts(opts)
-    try:
-        from ntk_tt.analysis._suggest import (
-            TargetNotReachedWarning,
-            format_suggestion,
-            suggest_task,
-        )
+    from ntk_tt.analysis._suggest import TargetNotReachedWarning, format_suggestion, suggest_task
 
+    run.update(progress=opts["progress"], working=True)
+    try:
         with warnings.catch_warnings():  # the CLI says it itself ("no suggestion: ...", exit 1)
             warnings.simplefilter("ignore", TargetNotReachedWarning)
             report = suggest_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
-    except KeyboardInterrupt:
-        _interrupted(opts)
-    except ImportError as err:
-        if not _caused_by_interrupt(err):
-            raise
-        _interrupted(opts)
     print(format_suggestion(report))
     if opts["json_path"]:
         print(f"json: {opts['json_path']}")
@@ -316,6 +311,8 @@ def _outcome(args, parser) -> int:
               + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f})"
                  if r["p_diverged"] < 0.5 else
                  "  loss T_0.1: none expected (the run will likely diverge)"))
+        if r.get("out_of_domain"):
+            print(_outside_corpus(r["out_of_domain"]))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=1))
         print(f"json: {args.json_path}")
@@ -331,7 +328,27 @@ def _fmt(v, unit=""):
 _SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
                   ("no step comes within", "never within ε of L_T"),
-                  ("not predicted: the subset", "not predicted (--subset: loss curve only)"))
+                  ("not predicted: the subset", "not predicted (--subset: loss curve only)"),
+                  ("beyond the stability edge", "beyond the stability edge: cannot tell"))
+
+
+def _outside_corpus(flags: list[dict]) -> str:
+    """``ntk-tt outcome``'s line for a run whose inputs leave the predictor's corpus (the
+    result's ``out_of_domain``, farthest first)."""
+    def one(e):
+        value = "missing" if e["value"] is None else f"{e['value']:.4g}"
+        return f"{e['feature']} = {value} (corpus {e['low']:.4g} to {e['high']:.4g})"
+    more = f" and {len(flags) - 3} more" if len(flags) > 3 else ""
+    return (f"  outside the corpus the predictor was fitted on: "
+            f"{', '.join(one(e) for e in flags[:3])}{more}; these numbers are extrapolations")
+
+
+def _predicted_verdict(r: dict):
+    """The prediction's divergence verdict for the report's last line: True / False, or
+    "unknown" with why (κ beyond the stability edge, not diverged)."""
+    if r["predicted"].get("divergence") == "unknown":
+        return "unknown (beyond the stability edge: the linearised model cannot tell)"
+    return r["diverged"]["predicted"]
 
 
 def _short(reason: str | None) -> str:
@@ -474,52 +491,78 @@ def format_report(r: dict) -> str:
             f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
             f"fine-tuning / prediction wall time = {_ratio(r)}")
         lines += _comparison_lines(r)
-        lines.append(f"diverged: predicted {r['diverged']['predicted']}, "
+        lines.append(f"diverged: predicted {_predicted_verdict(r)}, "
                      f"real {r['diverged']['real']}")
     else:
-        lines.append(f"diverged: predicted {r['diverged']['predicted']}")
+        lines.append(f"diverged: predicted {_predicted_verdict(r)}")
     return "\n".join(lines)
 
 
 _EXITING = threading.Lock()
 GRACE_S = 3.0  # after Ctrl-C, the main thread's own exit path gets this long
+_STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
 
 
-def _interrupted(opts: dict) -> None:
-    """Ctrl-C: one line, outputs already written kept, exit status 130, at once.
+def _interrupted(run: dict) -> None:
+    """Ctrl-C or SIGTERM: one line, exit status 128 + the signal number (130, 143), at once.
 
-    ``os._exit`` skips the interpreter's teardown, where JAX / orbax threads interrupted
-    mid-work can crash (segmentation fault) or print tracebacks. Called by the main thread
-    (``KeyboardInterrupt``) or by the watcher of :func:`_guard_interrupts`, whichever comes
-    first; the other one waits for the exit.
+    A --json report the job left saying the fine-tuning is running is marked interrupted,
+    one that holds no result yet is removed (:func:`ntk_tt.prediction._job.settle`); the
+    line names a report that keeps the prediction. ``os._exit`` skips the interpreter's
+    teardown, where JAX / orbax threads interrupted mid-work can crash (segmentation fault)
+    or print tracebacks. Called by the main thread (``KeyboardInterrupt``, or the signal
+    handler before the work starts) or by the watcher of :func:`_guard_interrupts`,
+    whichever comes first; the other one waits for the exit.
     """
     if not _EXITING.acquire(blocking=False):
         threading.Event().wait()  # the other caller is exiting the process
-    kept = opts.get("json_path")
-    clear = "\r\033[K" if opts.get("progress") and sys.stderr.isatty() else ""
-    note = (f" (the prediction, if it was done, is in {kept})"
-            if kept and opts.get("verify") and os.path.isfile(kept) else "")
+    signum = run.get("signal", signal.SIGINT)
     try:
+        job = sys.modules.get("ntk_tt.prediction._job")  # imported if a report was written
+        kept = run.get("json_path") if job and run.get("json_path") else None
+        note = (f" (the prediction is kept in {kept})"
+                if kept and job.settle(Path(kept).expanduser()) else "")
+        clear = "\r\033[K" if run.get("progress") and sys.stderr.isatty() else ""
         sys.stdout.flush()
-        sys.stderr.write(f"{clear}ntk-tt: interrupted{note}\n")
+        sys.stderr.write(f"{clear}ntk-tt: {_STOPPED[signum]}{note}\n")
         sys.stderr.flush()
     finally:
-        os._exit(130)
+        os._exit(128 + signum)
 
 
-def _guard_interrupts(opts: dict) -> None:
-    """Make Ctrl-C end the run within :data:`GRACE_S` seconds, whatever the main thread does.
+def _guard_interrupts(run: dict) -> None:
+    """Make Ctrl-C and SIGTERM end the program with one line, whatever it is doing.
 
-    Python raises ``KeyboardInterrupt`` only between bytecodes of the main thread: not during
-    a long XLA compilation, and a ``KeyboardInterrupt`` raised inside a garbage-collection or
-    ``__del__`` callback is printed ("Exception ignored in ...") and dropped, so the run went
-    on. The C-level signal handler also writes the signal number to a wake-up pipe at once;
-    a watcher thread reads it, gives the main thread's normal path (which records the
-    interruption in the JSON report) :data:`GRACE_S` seconds, then exits itself. Dropped
-    ``KeyboardInterrupt`` reports are silenced (the watcher ends the run).
+    ``run`` says what an interruption needs: ``working`` (set once the imports are done and
+    the job starts), ``json_path``, ``progress``; the handler adds ``signal``. Before the
+    work (arguments, checks, the imports of numpy, matplotlib and JAX) the handler exits at
+    once: nothing is written yet, and a ``KeyboardInterrupt`` inside an import surfaces as
+    an ``ImportError`` or a traceback. During the work it raises ``KeyboardInterrupt``, so
+    the job records the interruption in its JSON report. Python runs the handler only
+    between bytecodes of the main thread: not during a long XLA compilation, and a
+    ``KeyboardInterrupt`` raised inside a garbage-collection or ``__del__`` callback is
+    printed ("Exception ignored in ...") and dropped, so the run went on. The C-level
+    handler also writes the signal number to a wake-up pipe at once; a watcher thread reads
+    it, gives the main thread's own path :data:`GRACE_S` seconds, then exits itself. Dropped
+    ``KeyboardInterrupt`` reports are silenced (the watcher ends the run). A signal ignored
+    when the program starts (e.g. SIGINT of a job started in the background) stays ignored.
     """
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # SIGINT ignored (e.g. started in the background) or handled by the caller
+    handled = [sig for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                                        (signal.SIGTERM, signal.SIG_DFL))
+               if signal.getsignal(sig) is default]
+    if not handled:
+        return
+
+    def handler(signum, frame):
+        if _EXITING.locked():  # a second Ctrl-C while exiting: the exit goes on
+            return
+        run.setdefault("signal", signum)
+        if not run.get("working"):
+            _interrupted(run)
+        raise KeyboardInterrupt
+
+    for sig in handled:
+        signal.signal(sig, handler)
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write)
@@ -532,10 +575,11 @@ def _guard_interrupts(opts: dict) -> None:
     sys.unraisablehook = hook
 
     def watch():
-        while os.read(read, 1) != bytes([signal.SIGINT]):
+        while (signum := os.read(read, 1)[0]) not in handled:
             pass
+        run.setdefault("signal", signum)
         time.sleep(GRACE_S)
-        _interrupted(opts)
+        _interrupted(run)
 
     threading.Thread(target=watch, name="ntk-tt-interrupt", daemon=True).start()
 
@@ -555,26 +599,38 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point; with no arguments runs ``predict --verify`` on the defaults.
 
     Exit status: 0 done, 2 bad input (one ``ntk-tt: error: ...`` line on stderr), 130
-    interrupted (Ctrl-C: one ``ntk-tt: interrupted`` line; a --json report already written
-    is kept). As the program (``argv`` None), Ctrl-C ends the run within
-    :data:`GRACE_S` seconds even during a compilation (:func:`_guard_interrupts`).
+    interrupted (Ctrl-C: one ``ntk-tt: interrupted`` line; a --json report that holds the
+    prediction is kept and says so), 143 terminated (SIGTERM, as Ctrl-C). As the program
+    (``argv`` None), the signals are handled from the start of ``main`` and end the run
+    within :data:`GRACE_S` seconds even during a compilation (:func:`_guard_interrupts`).
     """
-    program = argv is None  # the ntk-tt process itself (not a call from Python)
-    argv = sys.argv[1:] if program else argv
+    run: dict = {}
+    if argv is None:  # the ntk-tt process itself (not a call from Python)
+        _guard_interrupts(run)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv, run)
+    except KeyboardInterrupt:
+        _interrupted(run)
+    except ImportError as err:  # Ctrl-C while numpy/jax import: numpy re-raises it this way
+        if not _caused_by_interrupt(err):
+            raise
+        _interrupted(run)
+
+
+def _main(argv: list[str], run: dict) -> int:
     parser = _parser()
     args = parser.parse_args(argv or ["predict", "--verify"])
     if args.command == "outcome":
-        try:
-            return _outcome(args, parser)
-        except KeyboardInterrupt:
-            sys.stderr.write("ntk-tt: interrupted\n")
-            return 130
+        return _outcome(args, parser)
     if args.command == "suggest":
-        return _suggest(args, parser, program)
+        return _suggest(args, parser, run)
     if args.command != "predict":
         parser.error("choose a command: predict, suggest or outcome")
     opts = vars(args)
     opts.pop("command")
+    if "figure_path" not in opts:  # the default figure: this tool's own, replaced
+        opts["figure_path"] = DEFAULT_FIGURE
+        opts["overwrite"] = opts["overwrite"] or ["figure"]
     try:
         from ntk_tt._options import check_predict_job
 
@@ -582,26 +638,22 @@ def main(argv: list[str] | None = None) -> int:
                           opts["overwrite"])
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
-    if program:
-        _guard_interrupts(opts)
-    try:
-        from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
-        from ntk_tt.prediction._job import predict_task
+    from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+    from ntk_tt.prediction._job import predict_task
 
+    run.update(json_path=opts["json_path"], progress=opts["progress"], working=True)
+    try:
         with warnings.catch_warnings():  # the report says it itself ("warning: κ = ...")
             warnings.simplefilter("ignore", BeyondEdgeWarning)
             report = predict_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
-    except KeyboardInterrupt:
-        _interrupted(opts)
-    except ImportError as err:  # Ctrl-C while numpy/jax import: numpy re-raises it this way
-        if not _caused_by_interrupt(err):
-            raise
-        _interrupted(opts)
     print(format_report(report))
-    if opts["figure_path"]:
-        print(f"figure: {opts['figure_path']}")
+    if report["figure"]:
+        moved = report["figure"] != str(Path(opts["figure_path"]).expanduser())
+        print(f"figure: {report['figure']}" + (f" ({opts['figure_path']} was created by "
+                                                "another run meanwhile and is kept)"
+                                                if moved else ""))
     if opts["json_path"]:
         print(f"json: {opts['json_path']}")
     return 0

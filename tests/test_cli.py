@@ -14,9 +14,20 @@ import numpy as np
 import pytest
 
 import ntk_tt
-from ntk_tt.cli import format_report, main
+from ntk_tt.cli import DEFAULT_FIGURE, format_report, main
+from ntk_tt.prediction._job import INTERRUPTED, RUNNING
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
+STALE = b"an earlier run's default figure"
+
+
+@pytest.fixture(autouse=True)
+def in_a_used_folder(tmp_path, monkeypatch):
+    """Every test runs in its own folder (never the repository), one where an earlier
+    ``ntk-tt predict`` left its default figure, as README's main job leaves it in the
+    repository's root before README's test command runs."""
+    (tmp_path / DEFAULT_FIGURE).write_bytes(STALE)
+    monkeypatch.chdir(tmp_path)
 
 
 def run_cli(args, capsys):
@@ -45,11 +56,13 @@ def test_tiny_verify_run_writes_json_and_figure(tmp_path, capsys):
 
 
 def test_prediction_only_reports_wall_clock(tmp_path, capsys):
+    """... and replaces the default figure an earlier run left, without --overwrite."""
     js = tmp_path / "r.json"
-    code, out = run_cli(["-K", "2", "-n", "3", "-T", "4", "--json", str(js), "--figure", ""],
-                        capsys)
+    code, out = run_cli(["-K", "2", "-n", "3", "-T", "4", "--json", str(js)], capsys)
     r = json.loads(js.read_text())
     assert code == 0 and r["real"] is None and r["seconds"]["finetune"] is None
+    assert r["figure"] == DEFAULT_FIGURE and f"figure: {DEFAULT_FIGURE}\n" in out.out
+    assert (tmp_path / DEFAULT_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sps = r["predicted"]["seconds_per_step"]
     for eps, t in r["predicted"]["training_time"]["loss"].items():
         wall = r["predicted"]["wall_clock"]["loss"][eps]
@@ -169,7 +182,8 @@ def test_help_names_default_figure_and_npz_format(capsys):
     with pytest.raises(SystemExit):
         main(["predict", "-h"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default: ntk_tt_predict.png)" in text and "in the current directory" in text
+    assert "(default: ntk_tt_predict.png, replaced by each run)" in text
+    assert "in the current directory" in text
     assert ".npz file with keys images" in text
 
 
@@ -386,6 +400,26 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path, capsys, monkeyp
         assert (tmp_path / name).read_text() == "an earlier run"
 
 
+def test_overwrite_names_the_outputs_it_may_replace(tmp_path):
+    """``overwrite`` is True / False for both outputs, or the list of those that may be
+    replaced (``ntk-tt predict`` passes ["figure"] for its default figure)."""
+    from ntk_tt._options import check_outputs
+
+    fig, js = tmp_path / "f.png", tmp_path / "r.json"
+    fig.write_text("earlier")
+    js.write_text("earlier")
+    check_outputs(fig, js, True)
+    check_outputs(fig, None, ["figure"])
+    with pytest.raises(ValueError, match=r"json path .* exists \(an earlier run's output"):
+        check_outputs(fig, js, ["figure"])
+    with pytest.raises(ValueError, match=r"figure path .* exists"):
+        check_outputs(fig, js, ("json",))
+    with pytest.raises(ValueError, match="overwrite must be True, False or a list of the "
+                                         "outputs it may replace, \\['figure', 'json'\\], "
+                                         "got 'figure'"):
+        check_outputs(fig, js, "figure")
+
+
 def test_output_created_meanwhile_is_not_replaced(tmp_path):
     from ntk_tt.prediction._job import _output, _write_json
 
@@ -411,11 +445,11 @@ def test_every_predict_option_has_help_and_its_default_shown(capsys):
         assert f"{' '.join(action.help.split())} (default: {default})" in text, flag
 
 
-def test_version_and_help_need_no_jax(capsys):
+def test_version_and_help_need_no_jax(tmp_path, capsys):
     code = ("import sys\nfrom ntk_tt.cli import main\ntry:\n    main(['-h'])\n"
             "except SystemExit:\n    pass\nprint('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=os.environ | {"PYTHONPATH": ROOT}).stdout
+                         check=True, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path).stdout
     assert out.splitlines()[-1] == "False"
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
@@ -466,30 +500,161 @@ def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
         figure(tmp_path / "f.png", pred, run, overwrite=False)
 
 
-def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path):
-    js = tmp_path / "r.json"
-    args = ["predict", "--verify", "--no-progress", "-K", "2", "-n", "4", "--test-per-class",
-            "2", "-T", "3000", "--json", str(js), "--figure", ""]
-    # the program as the console script runs it, with Ctrl-C as in a terminal (even when
-    # this test runs with SIGINT ignored, e.g. in the background)
+def start_program(args, cwd, before=""):
+    """``ntk-tt ARGS`` as the console script runs it, in ``cwd``, with Ctrl-C as in a terminal
+    (even when this test runs with SIGINT ignored, e.g. in the background); ``before``: code
+    run first (patches)."""
     code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            f"sys.argv = ['ntk-tt', *{args!r}]\nfrom ntk_tt.cli import main\nsys.exit(main())")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+            f"{before}sys.argv = ['ntk-tt', *{args!r}]\nfrom ntk_tt.cli import main\n"
+            "sys.exit(main())")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=cwd,
                             env=os.environ | {"PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not js.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert js.exists(), proc.communicate()
+
+
+def wait_for(proc, ready, seconds=240):
+    deadline = time.monotonic() + seconds
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready(), proc.communicate()
+
+
+def status(js):
+    try:
+        return json.loads(js.read_text())["status"]
+    except (OSError, ValueError):  # not there, or being replaced
+        return None
+
+
+STOPPED = {signal.SIGINT: "ntk-tt: interrupted", signal.SIGTERM: "ntk-tt: terminated (SIGTERM)"}
+
+
+def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path):
+    js = tmp_path / "r.json"
+    proc = start_program(["predict", "--verify", "--no-progress", "-K", "2", "-n", "4",
+                          "--test-per-class", "2", "-T", "3000", "--json", str(js),
+                          "--figure", ""], tmp_path)
+    wait_for(proc, lambda: status(js) == RUNNING)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err == f"ntk-tt: interrupted (the prediction, if it was done, is in {js})\n", err
+    assert err == f"ntk-tt: interrupted (the prediction is kept in {js})\n", err
     r = json.loads(js.read_text())
-    assert r["status"] == "interrupted during the real fine-tuning" and r["real"] is None
-    assert set(r["predicted"]["training_time"]) == {"loss", "error"}
+    assert r["status"] == INTERRUPTED == "interrupted during the real fine-tuning"
+    assert r["real"] is None and set(r["predicted"]["training_time"]) == {"loss", "error"}
     assert len(r["curves"]["predicted"]["loss"]) == 3001
+
+
+@pytest.mark.parametrize("sig,moment", [(signal.SIGINT, "start"), (signal.SIGTERM, "start"),
+                                        (signal.SIGINT, "imports"),
+                                        (signal.SIGTERM, "json claimed")])
+def test_a_signal_before_a_result_is_one_line_and_leaves_no_report(sig, moment, tmp_path):
+    """Ctrl-C or SIGTERM as soon as ``main`` runs (numpy and matplotlib still importing),
+    0.5 s later (JAX importing), or once the --json report is claimed (the job loading and
+    predicting): one line, exit status 130 / 143, no traceback, and no report (it holds no
+    result). The default figure an earlier run left is untouched."""
+    js = tmp_path / "r.json"
+    before = ("import pathlib, ntk_tt.cli as c\nparser = c._parser\n"
+              "def started():\n    pathlib.Path('started').touch()\n    return parser()\n"
+              "c._parser = started\n")
+    proc = start_program(["predict", "--verify", "--no-progress", "-K", "2", "-n", "4",
+                          "--json", str(js)], tmp_path, before)
+    wait_for(proc, (tmp_path / "started").exists)
+    if moment == "imports":
+        time.sleep(0.5)
+    elif moment == "json claimed":
+        wait_for(proc, js.exists)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig and (out, err) == ("", f"{STOPPED[sig]}\n"), err
+    assert not js.exists() and (tmp_path / DEFAULT_FIGURE).read_bytes() == STALE
+
+
+def test_sigterm_while_the_main_thread_goes_on_marks_the_report_interrupted(tmp_path):
+    """SIGTERM (what batch schedulers send) while the main thread does not end (here it
+    drops the KeyboardInterrupt, as Python drops one raised in a ``__del__`` or
+    garbage-collection callback; a long XLA compilation runs no handler at all): the
+    watcher ends the program after GRACE_S with one line and status 143, and the report
+    that said the fine-tuning is running says it was interrupted, not "running" for a
+    dead process."""
+    from ntk_tt.cli import GRACE_S
+
+    js = tmp_path / "r.json"
+    before = ("import time, ntk_tt.prediction._job as j\n"
+              "def work(o, verify, json_file, progress):\n"
+              "    j._write_json(json_file, {'status': j.RUNNING, 'predicted': 'kept'}, "
+              "create=False)\n"
+              "    while True:\n"
+              "        try:\n            time.sleep(1)\n"
+              "        except KeyboardInterrupt:\n            pass\n"
+              "j._work = work\n")
+    proc = start_program(["predict", "--verify", "--no-progress", "--json", str(js)],
+                         tmp_path, before)
+    wait_for(proc, lambda: status(js) == RUNNING)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert GRACE_S <= time.monotonic() - t0 < GRACE_S + 30
+    assert proc.returncode == 143, err
+    assert err == f"ntk-tt: terminated (SIGTERM) (the prediction is kept in {js})\n", err
+    assert json.loads(js.read_text()) == {"status": INTERRUPTED, "predicted": "kept"}
+
+
+def test_a_second_run_with_the_same_json_refuses_before_its_work(tmp_path, capsys,
+                                                                monkeypatch):
+    """While a run works, its --json report exists (claimed when the work starts): a second
+    run given the same path ends with one line and status 2 before any work, instead of
+    refusing after all of it. A run that ends before a result removes its claim."""
+    from ntk_tt.prediction._job import STARTED
+
+    js, seen = tmp_path / "r.json", []
+
+    def load_task(**_):  # the first run, at work; a second one starts meanwhile
+        if seen:
+            raise AssertionError("the second run started its work")
+        seen.append(status(js))
+        with pytest.raises(SystemExit) as second:
+            run_cli(["--json", str(js)], capsys)
+        seen.append((second.value.code, capsys.readouterr().err))
+        raise ValueError("the first run stops here.")
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", load_task)
+    with pytest.raises(SystemExit) as first:
+        run_cli(["--json", str(js)], capsys)
+    assert seen[0] == STARTED
+    code, err = seen[1]
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"ntk-tt: error: json path {str(js)!r} exists"), err
+    assert first.value.code == 2 and capsys.readouterr().err == (
+        "ntk-tt: error: the first run stops here.\n")
+    assert not js.exists()
+
+
+def test_a_figure_created_meanwhile_is_kept_and_this_run_s_goes_beside_it(tmp_path, capsys,
+                                                                         monkeypatch):
+    """An explicit --figure that another run wrote while this one worked is not replaced,
+    and this run's result is not thrown away: its figure is f.1.png, and it says so (the
+    work is a stand-in returning a finished report; the figure is drawn for real)."""
+    from ntk_tt.prediction import _job
+
+    png, js = tmp_path / "f.png", tmp_path / "r.json"
+    curve = SimpleNamespace(loss=np.linspace(2, 1, 5), error=np.linspace(0.8, 0.5, 5),
+                            loss_band=None, error_band=None, diverged_at=None,
+                            training_time={"loss": {0.1: 3.0}, "error": {0.1: 3.0}})
+
+    def work(*_):  # another run writes f.png meanwhile
+        png.write_text("the other run's figure")
+        report = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+        return report, curve, None, report["task"]
+
+    monkeypatch.setattr(_job, "_work", work)
+    code, out = run_cli(["--json", str(js), "--figure", str(png)], capsys)
+    assert code == 0 and png.read_text() == "the other run's figure"
+    kept = tmp_path / "f.1.png"
+    assert kept.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(js.read_text())["figure"] == str(kept)
+    assert f"figure: {kept} ({png} was created by another run meanwhile and is kept)" in out.out
 
 
 def test_table_prints_the_90_percent_interval():
@@ -508,7 +673,7 @@ def test_table_prints_the_90_percent_interval():
                if k not in (("loss", "0.1"), ("loss", "0.4")))
 
 
-def test_interrupt_during_an_import_is_an_interruption_too():
+def test_interrupt_during_an_import_is_an_interruption_too(tmp_path):
     """Ctrl-C while numpy / JAX import reaches the CLI as an ImportError caused by the
     KeyboardInterrupt (numpy re-raises it): still one line and exit status 130."""
     code = ("import ntk_tt.prediction._job as j, ntk_tt.cli as c\n"
@@ -518,7 +683,7 @@ def test_interrupt_during_an_import_is_an_interruption_too():
             "j.predict_task = boom\n"
             "c.main(['predict', '--figure', ''])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=tmp_path, env=os.environ | {"PYTHONPATH": ROOT})
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "ntk-tt: interrupted\n"
 
@@ -564,7 +729,7 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
             "    sys.stderr.flush()\n"
             "print(json.dumps(out))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT})
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout.splitlines()[-1])
     lines = proc.stderr.splitlines()

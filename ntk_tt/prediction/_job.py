@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt._defaults import DEFAULTS as DEFAULTS  # experiments import it from here
-from ntk_tt._options import check_predict_job, resolve_predictor  # JAX-free checks
+from ntk_tt._options import check_predict_job, replaceable, resolve_predictor  # no JAX
 from ntk_tt.data._checkpoint import load_checkpoint, read_meta
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
@@ -151,6 +151,32 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
     return path
 
 
+# the ``status`` of a --json report: STARTED from the start of the work (the file claimed, no
+# result yet), RUNNING once a --verify prediction exists, then COMPLETE, INTERRUPTED or
+# "failed after the prediction (...)"
+STARTED = "started: loading the task and predicting"
+RUNNING = "prediction done; real fine-tuning running"
+INTERRUPTED = "interrupted during the real fine-tuning"
+COMPLETE = "complete"
+
+
+def settle(path: Path, status: str = INTERRUPTED) -> bool:
+    """When a job ends early (Ctrl-C, SIGTERM, an error): remove a --json report at ``path``
+    that holds no result yet (:data:`STARTED`), and give one that says the fine-tuning is
+    running (:data:`RUNNING`) ``status`` instead, so no report says "running" for a dead
+    process. Returns whether ``path`` then holds a prediction with that ``status``."""
+    try:
+        report = json.loads(path.read_text())
+        if report["status"] == STARTED:
+            path.unlink()
+        elif report["status"] == RUNNING:
+            report["status"] = status
+            _write_json(path, report, create=False)
+        return report["status"] == status
+    except (OSError, ValueError, TypeError, KeyError):  # no report, or not a job's
+        return False
+
+
 def _write_json(path: Path, report: dict, *, create: bool) -> None:
     """Write the report atomically (a reader or an interrupt never sees half a file);
     ``create``: the file must not exist yet (``FileExistsError``: another run's output)."""
@@ -171,7 +197,7 @@ def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
 
 
 def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
-                 progress: bool = True, overwrite: bool = False, **options) -> dict[str, Any]:
+                 progress: bool = True, overwrite=False, **options) -> dict[str, Any]:
     """The main job: predict T_ε for a real task (and, with ``verify``, fine-tune for real).
 
     Options (defaults in :data:`DEFAULTS`): checkpoint, dataset, data_dir, split, num_classes
@@ -180,21 +206,31 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
     App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom").
 
-    Order: the options, output paths, checkpoint meta, dataset, task and images are checked
-    (:func:`load_task`) before the weights are read and before any progress output; the
-    prediction follows. With ``verify`` and ``json_path``, the JSON is written as soon as the
-    prediction exists (``status`` "prediction done; real fine-tuning running") and rewritten
-    when the fine-tuning ends ("complete"), is interrupted (``KeyboardInterrupt``:
-    "interrupted during the real fine-tuning") or fails ("failed after the prediction
-    (...)"); the exception is then re-raised.
+    Order: the options and output paths are checked, ``json_path`` is claimed (written with
+    ``status`` :data:`STARTED`, unless ``overwrite`` lets it be replaced: a second run with
+    the same path refuses before its work), then the checkpoint meta, dataset, task and
+    images are checked (:func:`load_task`) before the weights are read and before any
+    progress output; the prediction follows. With ``verify`` and ``json_path``, the JSON is
+    rewritten as soon as the prediction exists (:data:`RUNNING`) and when the fine-tuning
+    ends (:data:`COMPLETE`), is interrupted (``KeyboardInterrupt``: :data:`INTERRUPTED`) or
+    fails ("failed after the prediction (...)"); the exception is then re-raised. A claimed
+    JSON that holds no result is removed when the job ends early (bad input, interruption,
+    error). An explicit figure that another run created while this one worked is not
+    replaced: this run's figure is kept beside it as ``name.1.png`` (``.2``, ...), and
+    ``report["figure"]`` says where.
+
+    Args:
+      overwrite: True replaces existing outputs, False refuses them (before any work); or a
+        list naming those that may be replaced, e.g. ``("figure",)``
+        (:func:`ntk_tt._options.replaceable`).
 
     Returns:
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
-      images), ``status``, ``predicted`` (training_time, wall_clock, test_accuracy, kappa,
-      ...), ``real`` (None without ``verify``), ``relative_error``, ``absolute_error``,
-      ``curve_distance``, ``linearisation_gap``, ``seconds`` (predict, finetune, ratio,
-      ...), ``diverged``, ``curves``. Writes ``figure_path`` (any matplotlib format) and
-      ``json_path``.
+      images), ``status``, ``figure`` (the path written, None without one), ``predicted``
+      (training_time, wall_clock, test_accuracy, kappa, ...), ``real`` (None without
+      ``verify``), ``relative_error``, ``absolute_error``, ``curve_distance``,
+      ``linearisation_gap``, ``seconds`` (predict, finetune, ratio, ...), ``diverged``,
+      ``curves``. Writes ``figure_path`` (any matplotlib format) and ``json_path``.
 
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, a split other than
@@ -206,12 +242,37 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         weights are checked before the checkpoint's weights are read.
     """
     o = check_predict_job(options, figure_path, json_path, overwrite)
+    replace = replaceable(overwrite)
+    json_file = Path(json_path).expanduser() if json_path else None
+    claimed = json_file if json_file and "json" not in replace else None
+    if claimed:
+        _output(_write_json, claimed, {"config": o | {"verify": verify}, "status": STARTED},
+                create=True)
+    try:
+        report, pred, run, info = _work(o, verify, json_file, progress)
+        report["figure"] = str(_output(
+            _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
+            f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
+            f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
+        ) if figure_path else None
+        if json_file:
+            _output(_write_json, json_file, report, create=False)
+    except BaseException as err:
+        if json_file:
+            settle(json_file, INTERRUPTED if isinstance(err, KeyboardInterrupt) else
+                   f"failed after the prediction ({type(err).__name__}: {err})")
+        raise
+    return report
+
+
+def _work(o, verify, json_file, progress):
+    """The task, the prediction and (``verify``) the real fine-tuning of
+    :func:`predict_task`: (report, prediction, run, task info)."""
     apply_fn, params, x, y, x_test, y_test, info, head = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")})
     hyper = {k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
-    json_file = Path(json_path).expanduser() if json_path else None
     bar = tqdm(total=2, disable=not progress, unit="stage",
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")
     try:
@@ -227,30 +288,19 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         bar.update()
         run = None
         if verify:
+            # wall clock = T_ε × a real step's time, not measured yet: None until the end
+            early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None},
+                     "real": None,
+                     "seconds": {"predict": pred.seconds["total"],
+                                 "predict_stages": pred.seconds},
+                     "diverged": {"predicted": pred.diverged, "real": None}}
             if json_file:
-                # wall clock = T_ε × a real step's time, not measured yet: None until the end
-                early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None},
-                         "real": None,
-                         "seconds": {"predict": pred.seconds["total"],
-                                     "predict_stages": pred.seconds},
-                         "diverged": {"predicted": pred.diverged, "real": None}}
-                _output(_write_json, json_file, _report(
-                    o, verify, info, early, pred, None,
-                    "prediction done; real fine-tuning running"), create=not overwrite)
+                _output(_write_json, json_file, _report(o, verify, info, early, pred, None,
+                                                        RUNNING), create=False)
             bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
-            try:
-                run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key,
-                               x_test=x_test, y_test=y_test, record_logits=True,
-                               progress=progress, **hyper)
-                body = compare(pred, run)
-            except (KeyboardInterrupt, Exception) as err:
-                if json_file:
-                    status = ("interrupted during the real fine-tuning"
-                              if isinstance(err, KeyboardInterrupt) else
-                              f"failed after the prediction ({type(err).__name__}: {err})")
-                    _output(_write_json, json_file, _report(o, verify, info, early, pred,
-                                                            None, status), create=False)
-                raise
+            run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
+                           y_test=y_test, record_logits=True, progress=progress, **hyper)
+            body = compare(pred, run)
         else:
             bar.set_description("timing a few real training steps")
             sps = step_time(apply_fn, params, x, y, key=key, **hyper)
@@ -267,22 +317,28 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         raise
     finally:
         bar.close()
-    report = _report(o, verify, info, body, pred, run, "complete")
-    if json_file:
-        _output(_write_json, json_file, report, create=not (overwrite or verify))
-    if figure_path:
-        title = (f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
-                 f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
-        _output(figure, Path(figure_path).expanduser(), pred, run, title, overwrite=overwrite)
-    return report
+    return _report(o, verify, info, body, pred, run, COMPLETE), pred, run, info
 
 
-def _output(write, path: Path, *args, **kwargs) -> None:
-    """Run ``write(path, ...)``; an output that appeared meanwhile or cannot be written is a
-    one-line ``ValueError`` (checked up front; this catches another run writing the same file
-    during the work, and a folder removed or filled)."""
+def _keep_figure(path: Path, replace: bool, pred, run, title: str) -> Path:
+    """Write the figure at ``path``; one that another run created meanwhile (and ``replace``
+    does not allow replacing) is kept, and this one goes beside it as ``name.1.ext`` (the
+    first free of .1, .2, ...). Returns the path written."""
+    target, k = path, 0
+    while True:
+        try:
+            return figure(target, pred, run, title, overwrite=replace)
+        except FileExistsError:
+            k += 1
+            target = path.with_name(f"{path.stem}.{k}{path.suffix}")
+
+
+def _output(write, path: Path, *args, **kwargs):
+    """Run ``write(path, ...)`` and return its result; an output that appeared meanwhile or
+    cannot be written is a one-line ``ValueError`` (checked up front; this catches another
+    run writing the same file during the work, and a folder removed or filled)."""
     try:
-        write(path, *args, **kwargs)
+        return write(path, *args, **kwargs)
     except FileExistsError:
         raise ValueError(f"{path} was created by another run while this one worked; it is not "
                          "replaced: rerun with another path, or with --overwrite "
