@@ -35,7 +35,8 @@ import ntk_tt
 from ntk_tt.dynamics._fspace import top_eigenvalue
 from ntk_tt.kernels._head_aware import head_aware_kernel
 from ntk_tt.sweep._grid import Task, plan
-from ntk_tt.sweep._run import _hyper, _predict_group, _task_key, load_task
+from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._predictions import _hyper, _predict_group
 
 SKETCH_DIM = 256
 

@@ -19,7 +19,7 @@ import numpy as np
 import ntk_tt
 from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 from ntk_tt.sweep._grid import SweepSpec, Task
-from ntk_tt.sweep._run import _task_key, load_task
+from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._table import read_table
 
 

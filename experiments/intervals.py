@@ -23,7 +23,8 @@ import pandas as pd
 
 from ntk_tt import fit_intervals
 from ntk_tt.prediction._intervals import residuals
-from ntk_tt.sweep._summary import epsilons, promote
+from ntk_tt.sweep._errors import epsilons
+from ntk_tt.sweep._summary import promote
 from ntk_tt.sweep._table import read_table
 
 GROUPINGS = {"kappa": ("kappa",), "kappa+eps": ("kappa", "eps"),

@@ -1,18 +1,18 @@
 """Kernel-evolution diagnostics (issue 9, item 1): which part of the empirical NTK grows
 during fine-tuning, and why.
 
-Tasks are built exactly as the sweep builds them (``ntk_tt.sweep._run.load_task``: shipped
+Tasks are built exactly as the sweep builds them (``ntk_tt.sweep._load.load_task``: shipped
 checkpoint, fresh head from the task seed, ``classes`` × ``per_class`` images). For each
 (dataset, κ̃, m), with η = κ̃·N(1 − m)/λ_max(Θ_0) (λ_max by the sweep's power iteration),
 three full-batch GD paths of T steps on the mean cross-entropy:
 
 * ``real``: optax ``sgd(η, m)`` through
-  ``ntk_tt.training._finetune.train_step`` (one jitted step in a
+  ``ntk_tt.training._steps.train_step`` (one jitted step in a
   host loop, as ``sweep._finetune._finetune_group``). At each checkpoint t the exact Θ_t
   (N·C × N·C) of the full model at the real weights w_t, its head part
   Θ_head,t = (H_t H_tᵀ + 1) ⊗ I_C (H_t = backbone features at w_t) and backbone part
   Θ_b,t = Θ_t − Θ_head,t.
-* ``head_aware``: ``ntk_tt.kernels._head_aware.head_aware_step`` rolled with the same η, m
+* ``head_aware``: ``ntk_tt.dynamics._predict_head_aware.head_aware_step`` rolled with the same η, m
   (Kronecker feature kernel k_b, S of the sweep); its implied kernel
   Θ̂_t = ((H_0 + φ_t)(H_0 + φ_t)ᵀ + 1) ⊗ I_C + k_b ⊗ (W_tᵀ S W_t).
 * ``linear``: the frozen-kernel recursion on the exact Θ_0 (heavy ball in function space);
@@ -62,10 +62,11 @@ import pandas as pd
 import ntk_tt
 from ntk_tt.dynamics._fspace import mean_grad, top_eigenvalue
 from ntk_tt.dynamics._losses import mean_loss
-from ntk_tt.kernels._head_aware import head_aware_step, initial_state
+from ntk_tt.dynamics._predict_head_aware import head_aware_step, initial_state
 from ntk_tt.sweep._grid import SweepSpec, Task
-from ntk_tt.sweep._run import _kronecker, _task_key, load_task
-from ntk_tt.training._finetune import train_step
+from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._predictions import _kronecker
+from ntk_tt.training._steps import train_step
 
 LOSS = "cross_entropy"
 

@@ -3,7 +3,7 @@
     python experiments/outcome_domain.py experiments/results/telemetry/corpus.jsonl.gz
 
 Each ``ntk_tt/assets/outcome_*.json.gz`` gets a ``domain`` entry, {column: [low, high,
-missing]} of the rows it was fitted on (``ntk_tt.telemetry._outcome.feature_domain`` of
+missing]} of the rows it was fitted on (``ntk_tt.telemetry._outcome_domain.feature_domain`` of
 ``dataset(corpus, ks, ntk)``, the matrix ``fit_outcome`` fits), which ``predict`` uses to flag
 runs outside the corpus. Nothing else in the files changes: the fitted trees, constants and
 intervals are kept as they are (checked), so no refit is needed. ``experiments/outcome.py
@@ -23,7 +23,8 @@ import sys
 import numpy as np
 
 from ntk_tt.sweep._corpus import read_corpus
-from ntk_tt.telemetry._outcome import dataset, feature_domain
+from ntk_tt.telemetry._outcome_domain import feature_domain
+from ntk_tt.telemetry._outcome_features import dataset
 
 ASSETS = pathlib.Path(__file__).resolve().parents[1] / "ntk_tt" / "assets"
 

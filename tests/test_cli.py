@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import ntk_tt
-from ntk_tt.cli import DEFAULT_FIGURE, format_report, main
+from ntk_tt._cli_parser import DEFAULT_FIGURE
+from ntk_tt._cli_report import format_report
+from ntk_tt.cli import main
 from ntk_tt.prediction._job import INTERRUPTED, RUNNING
 
 ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
@@ -403,7 +405,7 @@ def test_existing_outputs_are_refused_unless_overwrite(tmp_path, capsys, monkeyp
 def test_overwrite_names_the_outputs_it_may_replace(tmp_path):
     """``overwrite`` is True / False for both outputs, or the list of those that may be
     replaced (``ntk-tt predict`` passes ["figure"] for its default figure)."""
-    from ntk_tt._options import check_outputs
+    from ntk_tt._output_paths import check_outputs
 
     fig, js = tmp_path / "f.png", tmp_path / "r.json"
     fig.write_text("earlier")
@@ -745,7 +747,8 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
 def test_split_is_refused_where_it_would_be_ignored_only(tmp_path):
     """--split selects a TFDS split: for a short name or an .npz file (one fixed set, read
     whatever the split) a split other than "train" is refused, for a TFDS name it is kept."""
-    from ntk_tt._options import check_predict_job, check_suggest_job
+    from ntk_tt._options import check_suggest_job
+    from ntk_tt._options_predict import check_predict_job
 
     path = tmp_path / "set.npz"
     fake_npz(tmp_path, "set.npz", np.zeros((10, 8, 8, 3), np.uint8))

@@ -17,10 +17,10 @@ from _dynamics_helpers import brute_ntk
 from flax import nnx
 
 import ntk_tt
-from ntk_tt.cli import format_report
+from ntk_tt._cli_report import format_report
 from ntk_tt.dynamics._divergence import VERDICTS, divergence, verdict
 from ntk_tt.dynamics._losses import mean_loss
-from ntk_tt.training._compare import predicted_summary
+from ntk_tt.prediction._compare import predicted_summary
 
 WIDTH, N, D, C = 1024, 32, 16, 2
 

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt.kernels._head_aware import HeadAwareKernel, predict_head_aware
+from ntk_tt.dynamics._predict_head_aware import predict_head_aware
+from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 N, C, F, STEPS = 8, 3, 4, 10
 LRS, MS = (0.4, 0.8), (0.0, 0.5)  # the jit(vmap) sweep; eager uses the first pair with m = 0.5

@@ -8,7 +8,7 @@ import pytest
 
 import ntk_tt
 from ntk_tt.dynamics._losses import error_rate, mean_loss
-from ntk_tt.training._finetune import finetune_core
+from ntk_tt.training._steps import finetune_core
 
 N, DIN, C = 24, 6, 3
 

@@ -11,13 +11,15 @@ from flax import nnx
 import ntk_tt
 from ntk_tt.dynamics._fspace import curves
 from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.dynamics._predict_head_aware import (
+    head_aware_trajectory,
+    initial_eigenvalues,
+    predict_head_aware,
+)
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     head_aware_kernel,
-    head_aware_trajectory,
-    initial_eigenvalues,
     initial_kernel,
-    predict_head_aware,
     split_head,
 )
 from ntk_tt.prediction._head_aware_refresh import _relinearise, predict_head_aware_refreshed

@@ -12,7 +12,7 @@ import pytest
 
 import ntk_tt
 from ntk_tt.prediction._intervals import conformal_quantile, kappa_bin
-from ntk_tt.prediction._predict import Prediction
+from ntk_tt.prediction._result import Prediction
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "experiments" / "results" / "sweep"

@@ -16,17 +16,14 @@ import pytest
 
 from ntk_tt.dynamics._training_time import training_time
 from ntk_tt.telemetry._outcome import (
-    TARGETS,
     OutcomePredictor,
-    dataset,
     default_outcome_predictor,
-    feature_domain,
     fit_outcome,
     load_runs,
-    out_of_domain,
-    outcome_features,
     parametric_baseline,
 )
+from ntk_tt.telemetry._outcome_domain import feature_domain, out_of_domain
+from ntk_tt.telemetry._outcome_features import TARGETS, dataset, outcome_features
 from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

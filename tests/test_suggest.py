@@ -10,13 +10,13 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt.analysis._suggest import (
+from ntk_tt.analysis._suggest_curves import (
     _STATIC,
-    _batches,
     _surrogate,
     _surrogate_grad,
     soft_time_to_target,
 )
+from ntk_tt.analysis._suggest_search import _batches
 from ntk_tt.cli import main
 
 # --- a plain linear model whose kernel is diagonal: time to target in closed form ------------

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
-from ntk_tt.sweep._summary import breakdown, row_errors, summarize
+from ntk_tt.sweep._errors import row_errors
+from ntk_tt.sweep._summary import breakdown, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "sweep.py"
@@ -133,7 +134,7 @@ def test_task_bootstrap_resamples_whole_tasks():
     """Two tasks, one with every error 0, one with every error 1: a task resample may hold
     only the first task, so the interval reaches 0; resampling rows (half of them 1) gives
     p95 = 1 in every resample, an interval far too narrow."""
-    from ntk_tt.sweep._summary import error_stats
+    from ntk_tt.sweep._errors import error_stats
 
     abs_err = np.array([0.0] * 10 + [1.0] * 10)
     groups = np.array(["a"] * 10 + ["b"] * 10)
@@ -145,7 +146,7 @@ def test_task_bootstrap_resamples_whole_tasks():
 def test_task_bootstrap_equals_concatenating_the_picked_tasks():
     """The vectorised resampling against the direct one: the same task draws, the picked
     tasks' rows concatenated, np.percentile (ties and unequal task sizes included)."""
-    from ntk_tt.sweep._summary import _task_bootstrap
+    from ntk_tt.sweep._errors import _task_bootstrap
 
     rng = np.random.default_rng(3)
     for n, t in [(1, 1), (7, 3), (60, 9)]:

@@ -96,3 +96,17 @@ def check_key(key: Any, name: str = "key") -> None:
         + (f" with dtype {dtype}" if dtype is not None else "")
         + f"; pass {name}=jax.random.key(seed)."
     )
+
+
+def _concrete(value):
+    """``value`` as a numpy array, or None when it is a tracer."""
+    return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
+
+
+def _check_finite(kernel, name):
+    kc = _concrete(kernel)
+    if kc is not None and not np.all(np.isfinite(kc)):
+        raise ValueError(
+            f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
+            "block_size) before predicting."
+        )

@@ -11,14 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import MAX_STEPS, _is_int
-from ntk_tt.data._inputs import as_array, check_real
+from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
 from ntk_tt.dynamics._fspace import as_operator
 from ntk_tt.dynamics._losses import check_loss
-
-
-def _concrete(value):
-    """``value`` as a numpy array, or None when it is a tracer."""
-    return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
 
 
 def check_num_paths(num_paths) -> None:
@@ -91,15 +86,6 @@ def check_two_classes(y, name: str = "y") -> None:
             f"{name} holds labels of one class only (all {int(yc.flat[0])}, N = {yc.size}): a "
             "task needs at least two classes (ntk-tt -K >= 2); pass labels of two or more "
             "classes, e.g. from ntk_tt.sample_task(data, num_classes=K) with K >= 2.")
-
-
-def _check_finite(kernel, name):
-    kc = _concrete(kernel)
-    if kc is not None and not np.all(np.isfinite(kc)):
-        raise ValueError(
-            f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
-            "block_size) before predicting."
-        )
 
 
 GRAM_TOL = 1e-3

@@ -21,11 +21,9 @@ import numpy as np
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
 from ntk_tt._options import resolve_method as resolve_method
-from ntk_tt.data._inputs import as_array, check_key
+from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_key
 from ntk_tt.dynamics._checks import (
-    _check_finite,
     _check_method_inputs,
-    _concrete,
     check_f0_shape,
     check_gram,
     check_num_paths,

@@ -1,4 +1,7 @@
-"""Exact empirical NTK Θ = J Jᵀ, in sample blocks, and Θ·v without forming Θ.
+"""Exact empirical NTK Θ = J Jᵀ in sample blocks, planned from the compiled Jacobian's memory.
+
+Θ·v without forming Θ: ``ntk_tt.kernels._matvec``; the blocks and their host buffers:
+``ntk_tt.kernels._blocks``.
 
 Paper: Zancato et al. 2020, eq. (2) and Sec. 4 (METHOD.md §1, §5). Layout: row index
 ``i*C + c`` (sample-major); ``trace_logits=True`` gives Σ_c Θ[(i,c),(j,c)].
@@ -13,11 +16,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.sparse.linalg as sla
 
 from ntk_tt.data._inputs import as_array
 from ntk_tt.data._model import ApplyFn, check_model, num_params
 from ntk_tt.kernels import _structured
+from ntk_tt.kernels._blocks import (
+    _block_jacobian,
+    check_block_size,
+    check_trace_logits,
+    output_dtype,
+)
 from ntk_tt.kernels._memory import (
     NTKMemoryError,
     available_memory,
@@ -25,51 +33,6 @@ from ntk_tt.kernels._memory import (
     kernel_memory_bytes,
 )
 from ntk_tt.kernels._structured import contract, contract_host, on_cpu, structured_jacobian
-
-
-def check_trace_logits(trace_logits) -> bool:
-    """``trace_logits`` as a Python bool; ``ValueError`` unless it is True or False (numpy
-    bools included): a string such as ``"yes"`` (or ``"no"``) is refused, not read as True."""
-    if not isinstance(trace_logits, (bool, np.bool_)):
-        raise ValueError(
-            f"trace_logits must be True (logit-summed (N, N2) kernel) or False (full "
-            f"(N·C, N2·C) kernel), got {trace_logits!r}."
-        )
-    return bool(trace_logits)
-
-
-def check_block_size(block_size: int | None) -> None:
-    """Raise ``ValueError`` unless ``block_size`` is None or a positive integer."""
-    if block_size is not None and (
-        isinstance(block_size, bool)
-        or not isinstance(block_size, (int, np.integer))
-        or block_size < 1
-    ):
-        raise ValueError(
-            f"block_size must be a positive integer (samples per Jacobian block) or None for "
-            f"automatic, got {block_size!r}."
-        )
-
-
-def output_dtype(apply_fn: ApplyFn, params: Any, x: Any) -> np.dtype:
-    """dtype of ``apply_fn(params, x)``, from shapes only."""
-    spec = jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
-    return np.dtype(jax.eval_shape(apply_fn, params, spec).dtype)
-
-
-def sample_blocks(x: Any, block_size: int) -> list[tuple[int, jax.Array]]:
-    """Split x into blocks of exactly ``block_size`` rows (last one padded by repeating its last
-    row, so one compiled function serves every block); returns (number of real rows, block)."""
-    x = jnp.asarray(x)
-    out = []
-    for start in range(0, x.shape[0], block_size):
-        xb = x[start : start + block_size]
-        real = xb.shape[0]
-        if real < block_size:
-            xb = jnp.concatenate([xb, jnp.repeat(xb[-1:], block_size - real, axis=0)])
-        out.append((real, xb))
-    return out
-
 
 CPU_CHUNK = 16
 """Samples per compiled Jacobian call on a CPU. A block's per-sample Jacobians are computed
@@ -302,34 +265,6 @@ def _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit) ->
     return _Plan(block_size, ch, min(ch, n), min(ch, n2), groups, fns[0], fns[1])
 
 
-def _padded(rows: np.ndarray, m: int) -> np.ndarray:
-    """``rows`` with its last row repeated up to ``m`` rows (the compiled shape)."""
-    if rows.shape[0] == m:
-        return rows
-    return np.concatenate([rows, np.repeat(rows[-1:], m - rows.shape[0], axis=0)])
-
-
-def _block_jacobian(fn, params, xs: np.ndarray, chunk: int, cot, buf):
-    """Jacobian of the rows ``xs`` (R, ...) for the cotangents ``cot``: ``(jac, buf)``.
-
-    R ≤ ``chunk``: one call of ``fn`` on ``xs`` padded to ``chunk`` rows (the padded rows are
-    returned too; callers slice Θ). Otherwise ``chunk`` rows per call, copied into ``buf``
-    (host arrays of ≥ R rows, allocated on first use and returned for reuse: a new buffer
-    would be page-faulted in again), and ``jac`` is its first R rows.
-    """
-    r = xs.shape[0]
-    if r <= chunk:
-        return fn(params, _padded(xs, chunk), cot), buf
-    for s in range(0, r, chunk):
-        part = fn(params, _padded(xs[s : s + chunk], chunk), cot)
-        if buf is None or jax.tree.leaves(buf)[0].shape[0] < r:
-            buf = jax.tree.map(lambda a: np.empty((r, *a.shape[1:]), a.dtype), part)
-        m = min(chunk, r - s)
-        for dst, src in zip(jax.tree.leaves(buf), jax.tree.leaves(part), strict=True):
-            dst[s : s + m] = np.asarray(src)[:m]
-    return jax.tree.map(lambda a: a[:r], buf), buf
-
-
 def empirical_ntk(
     apply_fn: ApplyFn,
     params: Any,
@@ -431,95 +366,3 @@ def empirical_ntk(
                 if symmetric and c0 != r0:
                     out[c0 * k : (c0 + rj) * k, r0 * k : (r0 + ri) * k] += blk.T
     return jnp.asarray(out)
-
-
-def _check_v(v: jax.Array, nc: int) -> None:
-    if v.ndim not in (1, 2) or v.shape[0] != nc:
-        raise ValueError(
-            f"v must have shape (N·C,) = ({nc},) or (N·C, k), got {v.shape}; flatten the "
-            "(N, C) residual sample-major with v.reshape(-1)."
-        )
-
-
-@partial(jax.jit, static_argnums=0)
-def _ntk_mv(apply_fn: ApplyFn, params: Any, x: jax.Array, v: jax.Array) -> jax.Array:
-    def f(p):
-        return apply_fn(p, x)
-
-    out, vjp = jax.vjp(f, params)
-
-    def one(vi):
-        (g,) = vjp(vi.reshape(out.shape).astype(out.dtype))
-        return jax.jvp(f, (params,), (g,))[1].reshape(-1)
-
-    return one(v) if v.ndim == 1 else jax.vmap(one, in_axes=1, out_axes=1)(v)
-
-
-def ntk_vector_product(apply_fn: ApplyFn, params: Any, x: Any):
-    """Return ``v ↦ Θ·v`` for the empirical NTK on ``x``, never forming Θ (or J).
-
-    Θ v = J (Jᵀ v): one reverse-mode ``vjp`` then one forward-mode ``jvp`` per column, compiled
-    once per ``apply_fn`` and shape. For Lanczos (``ntk_top_eigenvalues``) and for N too large
-    for the (N·C)² kernel (METHOD.md §5).
-
-    Args:
-      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
-      params: parameter pytree.
-      x: inputs, shape (N, ...).
-
-    Returns:
-      ``mv(v)`` taking v of shape (N·C,) or (N·C, k) (sample-major, index ``i*C + c``) and
-      returning Θ v of the same shape.
-
-    Raises:
-      ValueError: bad ``x``/params/``apply_fn`` output; (from ``mv``) v of the wrong shape.
-    """
-    n, c = check_model(apply_fn, params, x)
-    x = jnp.asarray(x)
-
-    def mv(v):
-        v = jnp.asarray(v)
-        _check_v(v, n * c)
-        return _ntk_mv(apply_fn, params, x, v)
-
-    return mv
-
-
-def ntk_top_eigenvalues(
-    apply_fn: ApplyFn, params: Any, x: Any, k: int, *, key: jax.Array
-) -> jax.Array:
-    """Top-k eigenvalues of the empirical NTK Θ on ``x`` by Lanczos on Θ·v (Θ never formed).
-
-    Uses ``scipy.sparse.linalg.eigsh`` on a ``LinearOperator`` wrapping
-    :func:`ntk_vector_product`; the Lanczos start vector is drawn from ``key``. Cost: a few
-    times k Θ·v products, each about three forward passes over the N inputs. Paper Prop. 2 /
-    METHOD.md §4: these set the fastest decay rates of the loss.
-
-    Args:
-      apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
-      params: parameter pytree.
-      x: inputs, shape (N, ...).
-      k: number of eigenvalues, 1 ≤ k < N·C.
-      key: ``jax.random`` key for the start vector.
-
-    Returns:
-      The k largest eigenvalues of the (N·C, N·C) kernel, descending.
-
-    Raises:
-      ValueError: bad model/input, or k outside [1, N·C).
-    """
-    n, c = check_model(apply_fn, params, x)
-    if not isinstance(k, (int, np.integer)) or not 1 <= k < n * c:
-        raise ValueError(
-            f"k must be an integer with 1 <= k < N·C = {n * c}, got {k!r}; for all eigenvalues "
-            "use jnp.linalg.eigvalsh(empirical_ntk(...))."
-        )
-    mv = ntk_vector_product(apply_fn, params, x)
-    dtype = output_dtype(apply_fn, params, x)
-    op = sla.LinearOperator(
-        (n * c, n * c), matvec=lambda v: np.asarray(mv(jnp.asarray(v, dtype))), dtype=dtype
-    )
-    v0 = np.asarray(jax.random.normal(key, (n * c,), dtype))
-    ncv = min(n * c, max(2 * k + 1, 20))
-    vals = sla.eigsh(op, k=k, which="LA", v0=v0, ncv=ncv, return_eigenvectors=False)
-    return jnp.asarray(np.sort(vals)[::-1].copy())

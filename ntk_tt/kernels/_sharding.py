@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.kernels._ntk import check_trace_logits
+from ntk_tt.kernels._blocks import check_trace_logits
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from ntk_tt.data._inputs import check_key
 from ntk_tt.data._model import ApplyFn, check_model, num_params
+from ntk_tt.kernels._blocks import check_block_size, output_dtype, sample_blocks
 from ntk_tt.kernels._memory import NTKMemoryError, available_memory, format_bytes
-from ntk_tt.kernels._ntk import check_block_size, output_dtype, sample_blocks
 from ntk_tt.kernels._structured import project, structured_jacobian
 
 DIRECTION_BLOCK = 32

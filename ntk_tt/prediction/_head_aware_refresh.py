@@ -14,15 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._batches import batch_indices
-from ntk_tt.dynamics._predict_kernel import _summarise
-from ntk_tt.kernels._head_aware import (
-    head_aware_kernel,
+from ntk_tt.dynamics._predict_head_aware import (
     head_aware_trajectory,
     initial_eigenvalues,
     initial_state,
     predict_head_aware,
     validate,
 )
+from ntk_tt.dynamics._predict_kernel import _summarise
+from ntk_tt.kernels._head_aware import head_aware_kernel
 
 
 def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, momentum=0.0,

@@ -16,14 +16,15 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt._defaults import DEFAULTS as DEFAULTS  # experiments import it from here
-from ntk_tt._options import check_predict_job, replaceable, resolve_predictor  # no JAX
+from ntk_tt._options_predict import check_predict_job, resolve_predictor  # no JAX
+from ntk_tt._output_paths import replaceable  # no JAX
 from ntk_tt.data._checkpoint import load_checkpoint, read_meta
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
+from ntk_tt.prediction._compare import compare, predicted_summary
 from ntk_tt.prediction._predict import predict
-from ntk_tt.training._compare import compare, predicted_summary
 from ntk_tt.training._finetune import finetune, step_time
 
 
@@ -222,7 +223,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     Args:
       overwrite: True replaces existing outputs, False refuses them (before any work); or a
         list naming those that may be replaced, e.g. ``("figure",)``
-        (:func:`ntk_tt._options.replaceable`).
+        (:func:`ntk_tt._output_paths.replaceable`).
 
     Returns:
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
@@ -237,7 +238,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         "train" for a short name or .npz file (one fixed set each), K, n, seed,
         checkpoint, data_dir, image shape, hyperparameters, num_paths < 1, output paths, an
         existing output without ``overwrite``, an output that cannot be written at the end);
-        the option values (:func:`ntk_tt._options.check_predict_job`, no JAX needed, which
+        the option values (:func:`ntk_tt._options_predict.check_predict_job`, no JAX needed, which
         ``ntk-tt predict`` runs before importing JAX) and then everything else that needs no
         weights are checked before the checkpoint's weights are read.
     """

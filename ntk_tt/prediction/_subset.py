@@ -25,7 +25,8 @@ from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import divergence
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._training_time import training_time_report
-from ntk_tt.kernels._ntk import empirical_ntk, sample_blocks
+from ntk_tt.kernels._blocks import sample_blocks
+from ntk_tt.kernels._ntk import empirical_ntk
 from ntk_tt.prediction._extrapolate import (
     Spectrum,
     _check_range,

@@ -142,14 +142,14 @@ _FEATURES: dict = {}
 
 def load_corpus_task(task, spec: CorpusSpec):
     """(apply_fn, params, x, y, x_test, y_test, split, telemetry features) of a task: the
-    sweep's :func:`ntk_tt.sweep._run.load_task` data and fresh head, plus ``test_per_class``
+    sweep's :func:`ntk_tt.sweep._load.load_task` data and fresh head, plus ``test_per_class``
     held-out images per class drawn with the training ones."""
     from flax import nnx
 
     from ntk_tt.data._data import prepare_images, sample_task
     from ntk_tt.kernels._head_aware import split_head
     from ntk_tt.models import replace_head
-    from ntk_tt.sweep._run import _checkpoint, _dataset, _shared_apply
+    from ntk_tt.sweep._load import _checkpoint, _dataset, _shared_apply
 
     model, meta = _checkpoint(spec.checkpoint)
     key = jax.random.key(task.seed)

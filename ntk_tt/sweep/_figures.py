@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
 
-from ntk_tt.sweep._summary import POOLED, epsilons, row_errors, t_col, task_times
+from ntk_tt.sweep._errors import POOLED, epsilons, row_errors, t_col
+from ntk_tt.sweep._summary import task_times
 
 
 def _subplots(*grid, figsize, **kw):

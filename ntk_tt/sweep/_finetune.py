@@ -15,7 +15,7 @@ import ntk_tt
 from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
 from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.sweep._compile import _compiled, _timed
-from ntk_tt.training._finetune import train_step
+from ntk_tt.training._steps import train_step
 
 
 class TaskData(NamedTuple):

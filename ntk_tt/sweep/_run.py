@@ -13,226 +13,31 @@ sweep (``reuse``) — and write one row per configuration as soon as its batch s
 fine-tunes have finished. Compile time is measured apart (ahead-of-time
 ``lower().compile()``) and never counted in the prediction or fine-tuning wall times. The
 prediction wall time is the primary predictor's alone: its own kernel work (the traced Θ, not
-the exact one, which the variants need) and its solves.
+the exact one, which the variants need) and its solves. The task's data: ``_load``; its
+kernels and predictions: ``_predictions``; its real fine-tunes: ``_finetune``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 import ntk_tt
-from ntk_tt.data._checkpoint import load_checkpoint
-from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.dynamics._divergence import divergence
-from ntk_tt.dynamics._fspace import top_eigenvalue
-from ntk_tt.kernels._head_aware import (
-    HeadAwareKernel,
-    head_aware_kernel,
-    initial_eigenvalues,
-    split_head,
-)
-from ntk_tt.models import replace_head
-from ntk_tt.sweep._compile import _compiled, _timed
+from ntk_tt.sweep._errors import t_col
 from ntk_tt.sweep._figures import make_figures
 from ntk_tt.sweep._finetune import TaskData, _finetune_group
 from ntk_tt.sweep._grid import Config, SweepSpec, Task, plan, row_id, spec_from_dict, spec_to_dict
-from ntk_tt.sweep._summary import promote, summarize, t_col
+from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._predictions import PRIMARY, _hyper, _kernel, _predict_group, _t_eps, _variants
+from ntk_tt.sweep._summary import promote, summarize
 from ntk_tt.sweep._table import ResultsTable, read_table
-
-
-def _task_key(task: Task) -> jax.Array:
-    """The task's run key: the SGD batch order of both the prediction and the fine-tune."""
-    return jax.random.fold_in(jax.random.key(task.seed), 7919)
-
-
-class Variant(NamedTuple):
-    """An extra prediction recorded beside the primary one (head-aware, isotropic feature
-    kernel); ``kernel`` is a :class:`HeadAwareKernel` for head-aware variants."""
-
-    kernel: jax.Array | HeadAwareKernel
-    label: str
-    continuous: bool
-    noise: jax.Array | None = None
-
-
-PRIMARY = ("head_aware", "isotropic")
-MIXING_SAMPLES = 32
-
-
-def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
-                   num_paths):
-    """Predicted mean loss curves (G, T + 1), divergence flags (G,), first spike steps (G,)
-    (−1 for none), seconds, compile seconds.
-
-    ``kernel`` is Θ (``predict_from_kernel``) or a :class:`HeadAwareKernel`
-    (``predict_head_aware``; ``f0`` and ``noise`` unused)."""
-    head_aware = isinstance(kernel, HeadAwareKernel)
-
-    def one(kernel, f0, y, key, noise, lr, m):
-        if head_aware:
-            out = ntk_tt.predict_head_aware(
-                kernel, y, learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
-                key=key, num_paths=num_paths)
-        else:
-            out = ntk_tt.predict_from_kernel(
-                kernel, f0, y, learning_rate=lr, momentum=m, steps=steps,
-                batch_size=batch_size, method=method, key=key, noise_features=noise,
-                num_paths=num_paths,
-            )
-        return out.loss, out.diverged, out.spiked_at
-
-    batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
-    args = (kernel, f0, y, key, noise, lrs, moms)
-    name = ("predict", head_aware, steps, batch_size, method, num_paths)
-    compiled, compile_s = _compiled(name, batched, *args)
-    (loss, div, spike), seconds = _timed(compiled, *args)
-    return np.asarray(loss), np.asarray(div), np.asarray(spike), seconds, compile_s
-
-
-def _t_eps(curve: np.ndarray, eps: float) -> float:
-    """T_ε in steps from ``ntk_tt.training_time_report`` (the one definition, no warning on a
-    non-finite curve); NaN where undefined."""
-    return float(ntk_tt.training_time_report(np.asarray(curve), eps)[0])
-
-
-_KERNEL_SHAPES: set = set()
-
-
-def _kernel(data: TaskData, key):
-    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the primary kernel (the isotropic
-    head-aware kernel; None without ``data.split``) and the wall time of the PRIMARY
-    predictor's kernel work, in seconds.
-
-    The primary's kernel work is what a user of ``ntk_tt.predict_head_aware`` pays: the
-    logit-summed (traced) empirical NTK, the head-aware kernel built from it (backbone
-    features, k_b) and λ_max of its Θ_0 (``initial_eigenvalues``, what turns a κ̃ into η).
-    The exact Θ is computed apart, untimed: the variants need it and the grid's η comes from
-    its λ_max (power iteration, as ``predict_from_kernel`` uses for κ), as in every sweep
-    since issue 5, so that real runs stay comparable. Without a split the primary is the
-    frozen exact Θ and its time is the exact kernel's.
-
-    The first task of each input shape is computed once untimed, so compile time is never in
-    the prediction's wall time (the same rule as for the solves and the fine-tunes).
-    """
-
-    def exact():
-        theta = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x)
-        return theta, data.apply_fn(data.params, data.x), top_eigenvalue(theta)
-
-    def primary():
-        traced = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x, trace_logits=True)
-        hk = head_aware_kernel(data.split, data.x, backbone=PRIMARY[1], traced_kernel=traced)
-        return hk, initial_eigenvalues(hk)[1]
-
-    if (id(data.apply_fn), data.x.shape) not in _KERNEL_SHAPES:
-        jax.block_until_ready((exact(), None if data.split is None else primary()))
-        _KERNEL_SHAPES.add((id(data.apply_fn), data.x.shape))
-    (theta, f0, lam), seconds = _timed(exact)
-    hk = None
-    if data.split is not None:
-        (hk, _), seconds = _timed(primary)
-    return theta, f0, float(lam), hk, seconds
-
-
-def _kronecker(data: TaskData, theta, key):
-    """The task's Kronecker head-aware kernel (the variant; its mixing S from
-    ``MIXING_SAMPLES`` inputs), k_b from the logit trace of its exact Θ (None without a
-    split)."""
-    if data.split is None:
-        return None
-    n, c = data.x.shape[0], data.split[2].shape[1]
-    return head_aware_kernel(
-        data.split, data.x, backbone="kronecker", mixing_samples=MIXING_SAMPLES,
-        key=jax.random.fold_in(key, 3),
-        traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3))
-
-
-def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
-    """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
-    Θ), the Kronecker head-aware model, one sketch per D', and the ODE/SDE on the exact Θ."""
-    n, c = f0.shape
-    out = {"linear": Variant(theta, "discrete recursion, exact kernel frozen at w0 (the "
-                             "primary before issue 9)", False),
-           "traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
-                             "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C", False)}
-    kron = _kronecker(data, theta, key)
-    if kron is not None:
-        out["head_aware_kronecker"] = Variant(
-            kron, f"head-aware, Kronecker feature kernel, S from {MIXING_SAMPLES} inputs", False)
-    for d in spec.sketch_dims:
-        sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,
-                                 key=jax.random.fold_in(key, d))
-        out[f"sketch{d}"] = Variant(sk.kernel, f"discrete recursion, sketched kernel D'={d}",
-                                    False)
-    if spec.noise_dim:
-        noise = ntk_tt.noise_features(data.apply_fn, data.params, data.x, data.y,
-                                      sketch_dim=spec.noise_dim, key=jax.random.fold_in(key, 1))
-        out["continuous"] = Variant(
-            theta, f"GD: diffrax ODE (m via η/(1−m)); SGD: diffrax SDE, {spec.num_paths} paths, "
-            f"noise sketch D'={spec.noise_dim}; exact kernel", True, noise)
-    return out
-
-
-def _hyper(configs, lam, n):
-    etas = np.array([c.learning_rate(lam, n) for c in configs])
-    moms = np.array([c.momentum for c in configs])
-    return jnp.asarray(etas, jnp.float32), jnp.asarray(moms, jnp.float32)
-
-
-@functools.lru_cache(maxsize=2)
-def _checkpoint(path: str | None):
-    return load_checkpoint(path)
-
-
-@functools.lru_cache(maxsize=8)
-def _dataset(name: str):
-    return load_dataset(name)
-
-
-def load_task(task: Task, spec: SweepSpec) -> TaskData:
-    """The shipped (or ``spec.checkpoint``) pre-trained model with a fresh seeded head, and the
-    task's training images sampled from ``task.dataset`` (resized to the model's input).
-
-    The task seed fixes the classes, the images and the head; the same task always gives the
-    same data and initial logits.
-    """
-    model, meta = _checkpoint(spec.checkpoint)
-    key = jax.random.key(task.seed)
-    sampled = sample_task(_dataset(task.dataset), num_classes=task.classes,
-                          per_class=task.per_class, test_per_class=0,
-                          key=jax.random.fold_in(key, 0))
-    x = prepare_images(sampled.x_train, tuple(meta["input_shape"]), mean=np.asarray(meta["mean"]),
-                       std=np.asarray(meta["std"]))
-    module = replace_head(model, task.classes, key=jax.random.fold_in(key, 1))
-    apply_fn, params = _shared_apply(module)
-    feature_fn, bparams, w0, b0 = split_head(module)
-    feature_fn = _APPLY.setdefault(("features", nnx.graphdef(module)), feature_fn)
-    return TaskData(apply_fn, params, x, jnp.asarray(sampled.y_train, jnp.int32),
-                    (feature_fn, bparams, w0, b0))
-
-
-_APPLY: dict = {}
-
-
-def _shared_apply(module):
-    """``ntk_tt.from_nnx(module)``, reusing one ``apply_fn`` for every module of the same graph
-    without non-parameter state, so compiled predictions and fine-tunes are shared by tasks."""
-    graphdef, _, rest = nnx.split(module, nnx.Param, ...)
-    apply_fn, params = ntk_tt.from_nnx(module)
-    if jax.tree.leaves(rest):
-        return apply_fn, params
-    return _APPLY.setdefault(graphdef, apply_fn), params
 
 
 def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:

@@ -21,7 +21,7 @@ from ntk_tt.dynamics._training_time import (
     wall_clock_time,
 )
 from ntk_tt.prediction._intervals import intervals
-from ntk_tt.prediction._predict import Prediction
+from ntk_tt.prediction._result import Prediction
 from ntk_tt.training._finetune import FineTuneRun
 
 CURVES = ("loss", "error")

@@ -1,0 +1,214 @@
+"""The ``ntk-tt`` commands: ``predict``, ``suggest`` and ``outcome``, each from its parsed
+arguments to its exit status. Option values are checked before JAX is imported; JAX and the
+jobs are imported inside the commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+from ntk_tt._cli_parser import DEFAULT_FIGURE
+from ntk_tt._cli_report import format_report
+
+_JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
+
+
+def _options_only(opts: dict) -> dict:
+    """The job options of ``opts`` (the parsed arguments without the output / run flags)."""
+    return {k: v for k, v in opts.items() if k not in _JOB_ARGS}
+
+
+def _suggest(args, parser, run: dict) -> int:
+    """``ntk-tt suggest``: options checked (before JAX is imported), task loaded,
+    :func:`ntk_tt.suggest_task` run (``run``: see
+    :func:`ntk_tt.cli._guard_interrupts`)."""
+    from ntk_tt._options import check_suggest_job
+
+    opts = vars(args)
+    opts.pop("command")
+    try:  # without -B: None, which check_suggest_job reads as the default (default_batch_sizes)
+        if opts["batch_sizes"] is not None:
+            opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
+        opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
+        checked = check_suggest_job(_options_only(opts), opts["json_path"], opts["overwrite"])
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    opts["batch_sizes"] = checked["batch_sizes"]
+    from ntk_tt.analysis._suggest import TargetNotReachedWarning, suggest_task
+    from ntk_tt.analysis._suggest_report import format_suggestion
+
+    run.update(progress=opts["progress"], working=True)
+    try:
+        with warnings.catch_warnings():  # the CLI says it itself ("no suggestion: ...", exit 1)
+            warnings.simplefilter("ignore", TargetNotReachedWarning)
+            report = suggest_task(**opts)
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    print(format_suggestion(report))
+    if opts["json_path"]:
+        print(f"json: {opts['json_path']}")
+    return 0 if report["found"] else 1
+
+
+def _outcome(args, parser) -> int:
+    """``ntk-tt outcome``: one block of predicted outcome per run."""
+    import json
+    from pathlib import Path
+
+    def fail(msg):
+        parser.exit(2, f"ntk-tt: error: {msg}\n")
+
+    if args.updates is not None and args.fraction is not None:
+        fail("give --updates or --fraction, not both.")
+    if args.updates is not None and args.updates < 0:
+        fail(f"--updates must be >= 0, got {args.updates}.")
+    if args.fraction is not None and not 0.0 <= args.fraction <= 1.0:
+        fail(f"--fraction must be in [0, 1], got {args.fraction}.")
+    if not os.path.isfile(args.runs):
+        fail(f"runs file {args.runs!r} does not exist (or is not a file).")
+    if args.json_path:
+        if os.path.isdir(args.json_path):
+            fail(f"--json {args.json_path!r} is a directory; give a file name.")
+        if os.path.exists(args.json_path) and not args.overwrite:
+            fail(f"--json {args.json_path!r} exists; pass --overwrite to replace it.")
+        folder = os.path.dirname(os.path.abspath(args.json_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            fail(f"--json folder {folder!r} does not exist or is not writable.")
+    named = args.predictor in ("auto", "telemetry", "ntk")
+    if not named and not os.path.isfile(args.predictor):
+        fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")
+    from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor, load_runs
+
+    try:
+        runs = load_runs(args.runs)
+        fixed = None if named else OutcomePredictor.load(args.predictor)
+        cache = {}
+        out = []
+        for i, (tele, pred) in enumerate(runs, 1):
+            if fixed is not None:
+                model = fixed
+            else:
+                use_ntk = args.predictor == "ntk" or (args.predictor == "auto"
+                                                      and pred is not None)
+                if use_ntk and pred is None:
+                    fail(f"run {i} has no 'prediction': --predictor ntk needs corpus rows "
+                         "{\"telemetry\", \"prediction\"}; use --predictor telemetry.")
+                model = cache.setdefault(use_ntk, default_outcome_predictor(ntk=use_ntk))
+            have = len(tele.loss) - 1
+            k = (args.updates if args.updates is not None else
+                 int(round(args.fraction * tele.steps)) if args.fraction is not None else have)
+            if k > have:
+                fail(f"run {i} has {have} recorded updates, fewer than the {k} asked for.")
+            try:
+                res = model.predict(tele, pred if model.ntk else None, k=k)
+            except ValueError as err:
+                raise ValueError(f"run {i}: {err}") from None
+            res["predictor"] = "ntk" if model.ntk else "telemetry"
+            out.append(res)
+    except ValueError as err:
+        fail(str(err))
+    for i, r in enumerate(out, 1):
+        lo, hi = r["test_accuracy_interval"]
+        tlo, thi = r["t_eps_0.1_interval"]
+        print(f"run {i}: {r['observed_updates']} of {r['steps']} updates observed "
+              f"({r['predictor']} predictor)\n"
+              f"  final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
+              f"{lo:.3f}–{hi:.3f})\n"
+              f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
+              f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
+              + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f})"
+                 if r["p_diverged"] < 0.5 else
+                 "  loss T_0.1: none expected (the run will likely diverge)"))
+        if r.get("out_of_domain"):
+            print(_outside_corpus(r["out_of_domain"]))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+        print(f"json: {args.json_path}")
+    return 0
+
+
+def _outside_corpus(flags: list[dict]) -> str:
+    """``ntk-tt outcome``'s line for a run whose inputs leave the predictor's corpus (the
+    result's ``out_of_domain``, farthest first)."""
+    def one(e):
+        value = "missing" if e["value"] is None else f"{e['value']:.4g}"
+        return f"{e['feature']} = {value} (corpus {e['low']:.4g} to {e['high']:.4g})"
+    more = f" and {len(flags) - 3} more" if len(flags) > 3 else ""
+    return (f"  outside the corpus the predictor was fitted on: "
+            f"{', '.join(one(e) for e in flags[:3])}{more}; these numbers are extrapolations")
+
+
+def _predict(args, parser, run: dict) -> int:
+    """``ntk-tt predict``: options and output paths checked (before JAX is imported),
+    :func:`ntk_tt.predict_task` run, its report printed (``run``: see
+    :func:`ntk_tt.cli._guard_interrupts`)."""
+    opts = vars(args)
+    opts.pop("command")
+    if "figure_path" not in opts:  # the default figure: this tool's own, replaced
+        opts["figure_path"] = DEFAULT_FIGURE
+        opts["overwrite"] = opts["overwrite"] or ["figure"]
+    try:
+        from ntk_tt._options_predict import check_predict_job
+
+        check_predict_job(_options_only(opts), opts["figure_path"], opts["json_path"],
+                          opts["overwrite"])
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+    from ntk_tt.prediction._job import predict_task
+
+    run.update(json_path=opts["json_path"], progress=opts["progress"], working=True)
+    try:
+        with warnings.catch_warnings():  # the report says it itself ("warning: κ = ...")
+            warnings.simplefilter("ignore", BeyondEdgeWarning)
+            report = predict_task(**opts)
+    except ValueError as err:
+        parser.exit(2, f"ntk-tt: error: {err}\n")
+    print(format_report(report))
+    if report["figure"]:
+        moved = report["figure"] != str(Path(opts["figure_path"]).expanduser())
+        print(f"figure: {report['figure']}" + (f" ({opts['figure_path']} was created by "
+                                                "another run meanwhile and is kept)"
+                                                if moved else ""))
+    if opts["json_path"]:
+        print(f"json: {opts['json_path']}")
+    return 0
+
+
+def parse_batch_sizes(text: str) -> tuple:
+    """"N,50,100" → (None, 50, 100); "N" (or "gd") = full-batch GD.
+
+    Raises:
+      ValueError: an entry that is neither N nor an integer; an integer entry < 1 (the
+        message names it: a batch size is a positive integer, N is full-batch GD).
+    """
+    out = []
+    for tok in str(text).split(","):
+        tok = tok.strip()
+        if tok.lower() in ("n", "gd", "none"):
+            out.append(None)
+        elif re.fullmatch(r"[+-]?\d+", tok):
+            if int(tok) < 1:
+                raise ValueError(f"batch_sizes (-B/--batch-sizes) entries must be positive "
+                                 f"integers (mini-batch sizes B >= 1) or N (full-batch GD), got "
+                                 f"{tok} in {text!r}; e.g. N,50.")
+            out.append(int(tok))
+        else:
+            raise ValueError(f"batch_sizes (-B/--batch-sizes) must be a comma-separated list of "
+                             f"N (full-batch GD) and integers, e.g. N,50; got {text!r}.")
+    return tuple(out)
+
+
+def parse_floats(text: str, what: str) -> tuple:
+    """"0,0.5,0.9" → (0.0, 0.5, 0.9).
+
+    Raises:
+      ValueError: an entry that is not a number.
+    """
+    try:
+        return tuple(float(tok) for tok in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"{what} must be a comma-separated list of numbers, e.g. 0,0.9; got "
+                         f"{text!r}.") from None

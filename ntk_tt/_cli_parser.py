@@ -1,0 +1,189 @@
+"""The ``ntk-tt`` argument parser: its commands, options, defaults and help (no JAX)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ntk_tt._defaults import DEFAULTS
+
+DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical NTK, without "
+               "training.")
+
+# ntk-tt predict's own figure: replaced by each run (no --overwrite needed); a --figure given
+# that exists is refused before any work unless --overwrite
+DEFAULT_FIGURE = "ntk_tt_predict.png"
+
+
+def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
+    """The task options ``predict`` and ``suggest`` share (checkpoint, dataset, K, n, seed,
+    resizing, head scale), with their defaults from ``d``."""
+    q.add_argument("--checkpoint", default=None,
+                   help="orbax checkpoint dir written by ntk_tt.save_checkpoint (None: the "
+                   "shipped SmallResNet pre-trained on CIFAR-10)")
+    q.add_argument("--dataset", default=d["dataset"],
+                   help="short name (ntk_tt.known_datasets()), a prepared TFDS name, or a "
+                   "path to an .npz file with keys images (N×H×W×C or N×H×W, uint8 or float in "
+                   "[0, 255]), labels (integers in [0, K), N) and class_names (K strings); "
+                   "grey images are repeated to RGB and other sizes resized to the model's "
+                   "input (the report says so)")
+    q.add_argument("--data-dir", default=None,
+                   help="TFDS data_dir holding prepared sets (None: $TFDS_DATA_DIR or "
+                   "~/tensorflow_datasets)")
+    q.add_argument("--split", default=d["split"], help="TFDS split")
+    q.add_argument("-K", "--classes", type=int, default=d["num_classes"], dest="num_classes",
+                   help="K, classes in the task (>= 2)")
+    q.add_argument("-n", "--per-class", type=int, default=d["per_class"],
+                   help="n, training images per class (N = K·n)")
+    q.add_argument("--seed", type=int, default=d["seed"],
+                   help="seed of the task sample, the fresh head and SGD batches")
+    q.add_argument("--no-resize", action="store_false", dest="resize",
+                   help="fail instead of resizing images to the model's input size "
+                   "(resize=%(default)s unless this flag is given)")
+    q.add_argument("--head-scale", type=float, default=d["head_scale"],
+                   help="init scale of the fresh head (× LeCun normal)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ntk_tt import __version__
+
+    p = argparse.ArgumentParser(prog="ntk-tt", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command")
+    q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = DEFAULTS
+    _add_task_options(q, d)
+    q.add_argument("--test-per-class", type=int, default=d["test_per_class"],
+                   help="held-out images per class (>= 0; fewer, with a note, when the class "
+                   "has not that many left after n)")
+    q.add_argument("-T", "--steps", type=int, default=d["steps"],
+                   help="T, optimiser steps predicted (and fine-tuned with --verify)")
+    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
+                   help="η, learning rate")
+    q.add_argument("-B", "--batch-size", type=int, default=None,
+                   help="SGD mini-batch size (None: N, full-batch GD)")
+    q.add_argument("-m", "--momentum", type=float, default=d["momentum"],
+                   help="heavy-ball momentum in [0, 1)")
+    q.add_argument("--nesterov", action="store_true", help="Nesterov momentum (needs -m > 0)")
+    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+                   help="training loss")
+    q.add_argument("--method", default=d["method"],
+                   choices=("auto", "closed_form", "ode", "sde", "discrete"),
+                   help="dynamics solver (auto = discrete, exact for the linearised model; "
+                   "closed_form needs --loss mse and no -B)")
+    q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"),
+                   help="how the empirical NTK is computed")
+    q.add_argument("--predictor", default=d["predictor"],
+                   choices=("auto", "head_aware", "linear"),
+                   help="head_aware: fresh head exact, backbone linearised (its kernel grows "
+                   "with the head, the most accurate measured); linear: the whole network "
+                   "linearised, Θ frozen at w0 (paper Sec. 3); auto: head_aware unless "
+                   "--method/--kernel ask for what only linear has")
+    q.add_argument("--backbone", default=d["backbone"],
+                   choices=("isotropic", "kronecker", "exact"),
+                   help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
+                   "(N·F)² (small N only)")
+    q.add_argument("--segments", type=int, default=d["segments"],
+                   help="head-aware: re-linearise the backbone along the predicted path this "
+                   "many times (one kernel each)")
+    q.add_argument("--subset", type=int, default=None, metavar="N'",
+                   help="predict from the logit-summed kernel of a class-balanced subset of "
+                   "N' images (App. D: no N×N kernel); only with --loss mse and no -B; the "
+                   "loss curve only (None: the full kernel)")
+    q.add_argument("--subset-method", default=d["subset_method"],
+                   choices=("power_law", "nystrom"),
+                   help="with --subset: power_law (App. D power-law tails from Θ(X', X')) or "
+                   "nystrom (the cross kernel Θ(X, X'), N·N' entries)")
+    q.add_argument("--sketch-dim", type=int, default=None,
+                   help="D' of the random projection; only with --kernel sketch or --method sde "
+                   "(default there: 256)")
+    q.add_argument("--num-paths", type=int, default=d["num_paths"],
+                   help="SGD noise paths averaged (with -B < N)")
+    q.add_argument("--verify", action="store_true",
+                   help="also fine-tune for real and compare (the --json report gets the "
+                   "prediction as soon as it exists, and is completed at the end)")
+    q.add_argument("--figure", default=argparse.SUPPRESS, dest="figure_path",
+                   help="figure file, any matplotlib format by its extension (in the current "
+                   "directory unless a folder is given; '' for none) (default: "
+                   f"{DEFAULT_FIGURE}, replaced by each run)")
+    q.add_argument("--json", default=None, dest="json_path",
+                   help="also write the report here (None: no JSON); created when the work "
+                   "starts, so a second run given the same path refuses at once")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --figure / --json file; without it an existing "
+                   "one is an error before any work, so two runs never overwrite each "
+                   "other's outputs silently")
+    q.add_argument("--no-progress", action="store_false", dest="progress",
+                   help="no progress bars on stderr (progress=%(default)s unless this flag "
+                   "is given)")
+    _suggest_parser(sub)
+    o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    o.add_argument("runs", help="JSON Lines (or JSON, .gz too) file of runs: each a telemetry "
+                   "row (ntk_tt.save_telemetry; a run in progress may hold fewer steps than "
+                   "its planned 'steps') or a corpus row {\"telemetry\": ..., \"prediction\": "
+                   "...}")
+    o.add_argument("--updates", type=int, default=None,
+                   help="use only the first K updates of each run (None: all recorded)")
+    o.add_argument("--fraction", type=float, default=None,
+                   help="use only the first fraction of each run's planned steps, in [0, 1]")
+    o.add_argument("--predictor", default="auto",
+                   help="'telemetry' (shipped, telemetry only), 'ntk' (shipped, also reads "
+                   "the run's NTK prediction), 'auto' (ntk when a row has a prediction), or "
+                   "a file written by OutcomePredictor.save")
+    o.add_argument("--json", default=None, dest="json_path",
+                   help="also write the predictions here as a JSON list")
+    o.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    return p
+
+
+def _suggest_parser(sub) -> None:
+    from ntk_tt._defaults import SUGGEST_DEFAULTS as d
+
+    q = sub.add_parser(
+        "suggest", help="choose (η, m, B) minimising the predicted wall-clock time to a target "
+        "loss, without training", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Predict the loss curve of every configuration of a grid of κ = η·λ_max/N "
+        "× momenta × batch sizes from one kernel, refine the best by jax.grad, and print the "
+        "(η, m, B) whose predicted curve reaches the target in the least wall-clock time (steps "
+        "× measured seconds per real step), without predicted divergence. Exit status 0 with a "
+        "suggestion, 1 when no configuration reaches the target, 2 on bad input.")
+    _add_task_options(q, d)
+    q.add_argument("--target", type=float, default=d["target"],
+                   help="target mean training loss: a fraction of the initial loss L_0 in (0, 1) "
+                   "(--target-kind fraction) or an absolute value below L_0 (absolute)")
+    q.add_argument("--target-kind", default=d["target_kind"], choices=("fraction", "absolute"),
+                   help="how --target is read")
+    q.add_argument("-T", "--max-steps", type=int, default=d["steps"], dest="steps",
+                   help="T_max, the step budget: the target must be reached within it")
+    q.add_argument("-B", "--batch-sizes", default=None,
+                   help="candidate batch sizes, comma-separated; N = full-batch GD "
+                   "(default: N,50); without -B, 50 is left out when N = K·n <= 50")
+    q.add_argument("-m", "--momenta", default=",".join(f"{m:g}" for m in d["momenta"]),
+                   help="heavy-ball momenta of the grid, comma-separated, each in [0, 1)")
+    q.add_argument("--kappa-min", type=float, default=d["kappa_min"],
+                   help="smallest κ = η·λ_max/N of the log grid")
+    q.add_argument("--kappa-max", type=float, default=d["kappa_max"],
+                   help="largest κ of the log grid (beyond the stability edge is never "
+                   "suggested)")
+    q.add_argument("--num-kappas", type=int, default=d["num_kappas"],
+                   help="κ values of the log grid")
+    q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
+                   help="jax.grad evaluations refining the best grid point in (log η, m); 0: none")
+    q.add_argument("--num-paths", type=int, default=d["num_paths"],
+                   help="SGD batch orders averaged in each predicted SGD curve")
+    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+                   help="training loss")
+    q.add_argument("--predictor", default=d["predictor"],
+                   choices=("auto", "head_aware", "linear"),
+                   help="head_aware (fresh head exact, backbone linearised) or linear (frozen "
+                   "Θ); auto = head_aware")
+    q.add_argument("--top", type=int, default=d["top"], help="runner-up rows printed")
+    q.add_argument("--json", default=None, dest="json_path",
+                   help="also write the report here (None: no JSON)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --json file (without it an existing file is an "
+                   "error before any work)")
+    q.add_argument("--no-progress", action="store_false", dest="progress",
+                   help="no progress bar on stderr (progress=%(default)s unless this flag is "
+                   "given)")

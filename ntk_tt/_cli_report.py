@@ -1,0 +1,173 @@
+"""The text ``ntk-tt predict`` prints: the table of a :func:`ntk_tt.predict_task` report."""
+
+from __future__ import annotations
+
+import math
+
+
+def _fmt(v, unit=""):
+    return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
+
+
+# short forms of the reasons a T_ε is undefined (ntk_tt.dynamics._training_time.REASONS, and
+# "diverged at step k" for a real run), matched by a phrase each contains
+_SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
+                  ("flat or rising", "curve not falling"),
+                  ("no step comes within", "never within ε of L_T"),
+                  ("not predicted: the subset", "not predicted (--subset: loss curve only)"),
+                  ("beyond the stability edge", "beyond the stability edge: cannot tell"))
+
+
+def _predicted_verdict(r: dict):
+    """The prediction's divergence verdict for the report's last line: True / False, or
+    "unknown" with why (κ beyond the stability edge, not diverged)."""
+    if r["predicted"].get("divergence") == "unknown":
+        return "unknown (beyond the stability edge: the linearised model cannot tell)"
+    return r["diverged"]["predicted"]
+
+
+def _short(reason: str | None) -> str:
+    if not reason:
+        return "no reason given"
+    return next((short for key, short in _SHORT_REASONS if key in reason), reason)
+
+
+def _why_undefined(side: dict, curve: str, eps: str) -> str | None:
+    """Short reason for an undefined T_ε on one side of the report (None when defined)."""
+    if side["training_time"][curve][eps] is not None:
+        return None
+    return _short((side.get("training_time_reasons") or {}).get(curve, {}).get(eps))
+
+
+def _diverged_lines(r: dict) -> list[str]:
+    """Plain-language lines for a prediction or real run that diverged, or spiked and
+    recovered."""
+    pred, real, lines = r["predicted"], r["real"], []
+    if pred["diverged"]:
+        lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
+                     "(lower --lr)")
+    if real and real["diverged"]:
+        lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
+                     "(lower --lr)")
+    for name, side in (("prediction", pred), ("real run", real)):
+        if side and not side["diverged"] and side.get("spiked_at") is not None:
+            lines.append(f"{name} spiked above 10·L_0 at step {side['spiked_at']} and "
+                         "recovered (not divergence; T_ε as usual)")
+    return lines
+
+
+def _comparison_lines(r: dict) -> list[str]:
+    """Loss-curve distance and held-out accuracy, or why they are not meaningful."""
+    pred, real, t = r["predicted"], r["real"], r["task"]
+    who = [name for name, side in (("prediction", pred), ("real run", real))
+           if side["diverged"]]
+    if who:
+        lines = [f"loss curves: not compared ({' and '.join(who)} diverged: the distance "
+                 "is not meaningful)"]
+    else:
+        dist = r["curve_distance"]["loss"]
+        rel = dist["max_rel_to_fall"]
+        share = (f"{_fmt(100 * rel)} % of the real fall {_fmt(dist['real_fall'])}"
+                 if rel is not None else
+                 f"real fall {_fmt(dist['real_fall'])}: not positive, no relative distance")
+        lines = [f"loss curves: max |predicted − real| = {_fmt(dist['max_abs'])} ({share})"]
+    if not t["n_test"]:
+        lines.append("held-out accuracy at T: no held-out images (--test-per-class 0)")
+    else:
+        acc = [f"{name} " + ("not meaningful (diverged)" if side["diverged"]
+                             else "n/a (--subset: not predicted)"
+                             if side["test_accuracy"] is None
+                             else _fmt(side["test_accuracy"]))
+               for name, side in (("predicted", pred), ("real", real))]
+        lines.append(f"held-out accuracy at T: {', '.join(acc)}")
+    return lines
+
+
+def _ratio(r: dict) -> str:
+    """The fine-tuning / prediction wall-time ratio, or why it means nothing."""
+    pred, real = r["predicted"], r["real"]
+    if real["diverged"]:
+        return (f"not meaningful (the real run diverged at step {real['diverged_at']} and "
+                "stopped there)")
+    if pred["diverged"]:
+        return "not meaningful (the prediction diverged: it predicts no T_ε to compare)"
+    return _fmt(r["seconds"]["ratio"])
+
+
+def _interval(pred: dict, curve: str, eps: str) -> str:
+    """The 90 % interval of a predicted T_ε as "lo–hi" whole steps (widened outwards; an
+    unbounded side is 0 or ∞), "n/a" when there is none (error curve, undefined T_ε, or a
+    report written before intervals existed)."""
+    iv = (pred.get("interval_90") or {}).get(curve, {}).get(eps)
+    if iv is None:
+        return "n/a"
+    lo, hi = iv
+    return (f"{0 if lo is None else math.floor(lo)}–"
+            f"{'∞' if hi is None else math.ceil(hi)}")
+
+
+def _g(value) -> str:
+    """A number to 3 significant digits, "n/a" where the report holds None (NaN in JSON)."""
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def format_report(r: dict) -> str:
+    """Human-readable table of a :func:`ntk_tt.predict_task` report.
+
+    An undefined T_ε has its short reason at the end of its row; a diverged prediction or
+    real run is said in words, and comparisons it makes meaningless are not printed as
+    numbers.
+    """
+    from ntk_tt.dynamics._predict_kernel import EPSILONS
+
+    t, pred, real = r["task"], r["predicted"], r["real"]
+    lines = [
+        f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {t['n_train']} train, "
+        f"{t['n_test']} held out; model {t['architecture']} (D = {t['num_params']})",
+        f"images: {'×'.join(map(str, t['image_shape']))} → "
+        f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
+        f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
+        f"κ = η·λ_max/N = {_g(pred['kappa'])}; {r['seconds']['predict']:.1f} s "
+        f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
+    ]
+    if pred.get("beyond_edge"):
+        lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
+                     "stability edge: the real run will likely diverge or oscillate; the "
+                     "predicted curve and T_ε are not trustworthy; lower --lr")
+    asked = r["config"]["test_per_class"]
+    if t["test_per_class"] < asked:
+        lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "
+                     f"{asked} asked for (only that many are left after n per class)")
+    head = (f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'90 % interval':>14} "
+            f"{'pred. wall-clock':>17}")
+    if real:
+        head += f" {'real T_ε':>9} {'real wall':>10} {'rel. error':>10}"
+    lines.append(head)
+    for c in ("loss", "error"):
+        for e in EPSILONS:
+            k = str(e)
+            row = (f"{c:6} {e:>5g} {_fmt(pred['training_time'][c][k]):>14} "
+                   f"{_interval(pred, c, k):>14} {_fmt(pred['wall_clock'][c][k], ' s'):>17}")
+            if real:
+                rel = r["relative_error"][c][k]
+                row += (f" {_fmt(real['training_time'][c][k]):>9} "
+                        f"{_fmt(real['wall_clock'][c][k], ' s'):>10} "
+                        f"{'n/a' if rel is None else f'{100 * rel:.0f} %':>10}")
+            why = [f"{name}: {w}" for name, side in (("predicted", pred), ("real", real))
+                   if side and (w := _why_undefined(side, c, k))]
+            if why:
+                row += f"  ({'; '.join(why)})"
+            lines.append(row)
+    lines += _diverged_lines(r)
+    if real:
+        s = r["seconds"]
+        lines.append(
+            f"real fine-tuning: {real['seconds_per_step'] * 1e3:.0f} ms/step, training "
+            f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
+            f"fine-tuning / prediction wall time = {_ratio(r)}")
+        lines += _comparison_lines(r)
+        lines.append(f"diverged: predicted {_predicted_verdict(r)}, "
+                     f"real {r['diverged']['real']}")
+    else:
+        lines.append(f"diverged: predicted {_predicted_verdict(r)}")
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""The checks of :func:`ntk_tt.predict_task` / ``ntk-tt predict`` that need no JAX (see
+``ntk_tt._options``): every option value, the method / kernel / predictor / subset
+combinations and the output paths, before any data or weights are read."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ntk_tt._defaults import DEFAULTS
+from ntk_tt._options import (
+    BACKBONES,
+    KERNELS,
+    MAX_STEPS,
+    PREDICTORS,
+    SUBSET_METHODS,
+    _check_source,
+    _is_int,
+    _real_or_none,
+    check_loss,
+    resolve_method,
+)
+from ntk_tt._output_paths import check_outputs
+
+
+def check_options(o: dict[str, Any]) -> None:
+    """Fail fast on the options of :func:`ntk_tt.predict_task`, before loading anything (and
+    without JAX): K, n, seed, the dataset path, split and data_dir
+    (:func:`ntk_tt._options._check_source`), the hyperparameters, the method / kernel /
+    predictor / subset combinations, the checkpoint folder. K against the dataset's classes,
+    n against its images and the images against the model need the data:
+    :func:`ntk_tt.prediction._job.load_task` checks them.
+
+    Each message names the option as in Python and, in parentheses, its ``ntk-tt predict``
+    flag. N = K·n is known before loading, so the batch size is checked against it here.
+
+    Raises:
+      ValueError: one line naming the option, the value and the fix.
+    """
+    k, n = o["num_classes"], o["per_class"]
+    if not _is_int(k) or k < 2:
+        raise ValueError(f"num_classes (K) must be >= 2 (-K: an integer number of classes; a "
+                         f"task needs at least two), got {k!r}.")
+    if not _is_int(n) or n < 1:
+        raise ValueError(f"per_class (n) must be >= 1 training image per class (-n: an "
+                         f"integer), got {n!r}.")
+    _check_source(o)
+    steps = o["steps"]
+    if not _is_int(steps) or steps < 1 or steps > MAX_STEPS:
+        raise ValueError(f"steps (-T) must be an integer >= 1 and <= {MAX_STEPS:,} (optimiser "
+                         f"updates), got {steps!r}.")
+    lr = _real_or_none(o["learning_rate"])
+    if lr is None or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"learning_rate (--lr) must be a finite number > 0, got "
+                         f"{o['learning_rate']!r}.")
+    m = _real_or_none(o["momentum"])
+    if m is None or not 0.0 <= m < 1.0:
+        raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "
+                         "plain (S)GD.")
+    if o["nesterov"] and m == 0.0:
+        raise ValueError("Nesterov needs momentum > 0: nesterov (--nesterov) with momentum "
+                         "(-m) 0 is plain (S)GD; pass e.g. -m 0.9 or drop --nesterov.")
+    k, n, b = o["num_classes"], o["per_class"], o["batch_size"]
+    if b is not None:
+        if not _is_int(b) or b < 1:
+            raise ValueError(f"batch_size (-B) must be an integer >= 1, got {b!r}; omit it "
+                             "(None) for full-batch gradient descent.")
+        if _is_int(k) and _is_int(n) and k >= 2 and n >= 1 and b > k * n:
+            raise ValueError(f"batch_size (-B) = {b} is more than the N = K·n = {k}·{n} = "
+                             f"{k * n} training images; choose B <= {k * n}, or omit it for "
+                             "full-batch gradient descent.")
+    scale = _real_or_none(o["head_scale"])
+    if scale is None or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"head_scale (--head-scale) must be a finite number > 0 (the fresh "
+                         f"head's init scale × LeCun normal; 1 = flax's default), got "
+                         f"{o['head_scale']!r}.")
+    tpc = o["test_per_class"]
+    if not _is_int(tpc) or tpc < 0:
+        raise ValueError(f"test_per_class (--test-per-class) must be an integer >= 0 held-out "
+                         f"images per class (0 for none), got {tpc!r}.")
+    check_loss(o["loss"])
+    method = resolve_method(o["method"])
+    full_batch = b is None or (_is_int(k) and _is_int(n) and b == k * n)
+    _check_subset_options(o, m, full_batch)
+    if method == "closed_form" and (o["loss"] != "mse" or not full_batch):
+        raise ValueError(f"method 'closed_form' (--method closed_form) exists for loss 'mse' "
+                         f"(--loss mse) with full-batch GD only, got loss {o['loss']!r} and "
+                         f"batch_size (-B) {b!r}; use --loss mse without -B, or method 'ode' "
+                         "(cross-entropy) or 'discrete' (SGD).")
+    if o["kernel"] not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {o['kernel']!r}.")
+    _check_predictor_options(o, method)
+    d = o["sketch_dim"]
+    if d is not None:
+        if not _is_int(d) or d < 1:
+            raise ValueError(f"sketch_dim (--sketch-dim) must be an integer >= 1 (D'), got "
+                             f"{d!r}.")
+        if o["kernel"] != "sketch" and method != "sde":
+            raise ValueError(f"sketch_dim (--sketch-dim) only applies to kernel 'sketch' "
+                             f"(--kernel sketch) or method 'sde' (--method sde); got kernel "
+                             f"{o['kernel']!r}, method {o['method']!r}: drop it or choose one "
+                             "of those.")
+    if o["checkpoint"] is not None:
+        ck = Path(o["checkpoint"]).expanduser()
+        if ck.exists() and not ck.is_dir():
+            raise ValueError(f"checkpoint {str(ck)!r} is a file; pass the directory written "
+                             "by ntk_tt.save_checkpoint (or omit it for the shipped one).")
+        if not ck.exists():
+            raise ValueError(f"checkpoint not found: {ck.absolute()} (pass the directory "
+                             "written by ntk_tt.save_checkpoint, or omit it for the shipped "
+                             "one).")
+
+
+def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
+                      overwrite=False) -> dict[str, Any]:
+    """Every check of :func:`ntk_tt.predict_task` that reads no data: unknown options,
+    ``num_paths``, :func:`check_options`, :func:`ntk_tt._output_paths.check_outputs`. Returns
+    the options with their defaults (``DEFAULTS | options``).
+
+    Raises:
+      ValueError: one line naming the option, the value and the fix.
+    """
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}.")
+    o = DEFAULTS | options
+    if not (_is_int(o["num_paths"]) and o["num_paths"] >= 1):
+        raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
+                         f"{o['num_paths']!r}.")
+    check_options(o)
+    check_outputs(figure_path, json_path, overwrite)
+    return o
+
+
+def _check_subset_options(o: dict[str, Any], momentum: float, full_batch: bool) -> None:
+    """``subset`` (--subset N') and ``subset_method``: the subset predictor exists for the
+    MSE loss of full-batch GD only (Prop. 2 on the predicted spectrum, App. D)."""
+    sub, how = o["subset"], o["subset_method"]
+    if how not in SUBSET_METHODS:
+        raise ValueError(f"subset_method (--subset-method) must be one of {SUBSET_METHODS}, "
+                         f"got {how!r}.")
+    if sub is None:
+        if how != "power_law":
+            raise ValueError(f"subset_method (--subset-method) {how!r} applies with subset "
+                             "(--subset N') only; add --subset N' or drop --subset-method.")
+        return
+    k, n = o["num_classes"], o["per_class"]
+    if not _is_int(sub) or sub < 1:
+        raise ValueError(f"subset (--subset) must be an integer N' >= 1 (samples whose kernel "
+                         f"is built), got {sub!r}.")
+    if _is_int(k) and _is_int(n) and k >= 2 and n >= 1 and not (
+            k <= sub < k * n and sub % k == 0):
+        raise ValueError(f"subset (--subset) N' = {sub} must be a multiple of K = {k} classes "
+                         f"with K <= N' < N = K·n = {k}·{n} = {k * n} (N'/K images per "
+                         f"class); e.g. --subset {max(k, (k * n // 4) // k * k)}.")
+    if o["loss"] != "mse":
+        raise ValueError(f"subset (--subset) predicts the MSE loss of full-batch GD only "
+                         f"(Prop. 2 on the predicted spectrum, App. D): pass --loss mse, got "
+                         f"loss {o['loss']!r}.")
+    if not full_batch:
+        raise ValueError(f"subset (--subset) predicts full-batch GD only: drop -B (got "
+                         f"batch_size {o['batch_size']!r}).")
+    if momentum != 0.0:
+        raise ValueError(f"subset (--subset) predicts plain GD: drop -m (got momentum "
+                         f"{o['momentum']!r}).")
+    if o["method"] not in ("auto", "closed_form"):
+        raise ValueError(f"subset (--subset) uses the closed form on the predicted spectrum: "
+                         f"drop --method (got {o['method']!r}) or use --method closed_form.")
+    if o["kernel"] == "sketch":
+        raise ValueError("subset (--subset) builds the exact logit-summed kernel of the "
+                         "subset: drop --kernel sketch (exact and traced are the same here).")
+    if o["predictor"] == "head_aware":
+        raise ValueError("subset (--subset) is the frozen-kernel linear predictor: drop "
+                         "--predictor head_aware (or use --predictor linear).")
+
+
+def resolve_predictor(o: dict[str, Any]) -> str:
+    """The predictor the job runs: ``predictor`` unless "auto", which is the head-aware model
+    (the best measured, README) except with options only the frozen-kernel linear predictor
+    has (``method`` other than auto/discrete, ``kernel="sketch"``, ``subset``)."""
+    if o["predictor"] != "auto":
+        return o["predictor"]
+    if o.get("subset") is not None:
+        return "linear"
+    linear_only = resolve_method(o["method"]) != "discrete" or o["kernel"] == "sketch"
+    return "linear" if linear_only else "head_aware"
+
+
+def _check_predictor_options(o: dict[str, Any], method: str) -> None:
+    if o["predictor"] not in PREDICTORS:
+        raise ValueError(f"predictor (--predictor) must be one of {PREDICTORS}, got "
+                         f"{o['predictor']!r}.")
+    if o["backbone"] not in BACKBONES:
+        raise ValueError(f"backbone (--backbone) must be one of {BACKBONES}, got "
+                         f"{o['backbone']!r}.")
+    seg, steps = o["segments"], o["steps"]
+    if not _is_int(seg) or seg < 1 or (_is_int(steps) and seg > steps):
+        raise ValueError(f"segments (--segments) must be an integer in [1, steps], got "
+                         f"{seg!r}.")
+    if o["predictor"] == "head_aware" and (method != "discrete" or o["kernel"] == "sketch"):
+        raise ValueError(f"the head-aware predictor (--predictor head_aware) uses the exact "
+                         f"discrete recursion and the exact logit-summed kernel, got method "
+                         f"{o['method']!r} and kernel {o['kernel']!r}; use --predictor linear "
+                         "for other methods or a sketch.")
+    if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
+        raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
+                         "drop them or use --predictor head_aware.")

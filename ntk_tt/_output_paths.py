@@ -1,0 +1,79 @@
+"""The output paths of the jobs (figure, JSON report), checked before any work, without JAX:
+which ones a job may replace, and whether each can be written."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+OUTPUTS = frozenset({"figure", "json"})
+
+
+def replaceable(overwrite) -> frozenset[str]:
+    """The outputs ``overwrite`` lets a job replace: every one for True, none for False, or
+    those named in a list / set of "figure" and "json" (``ntk-tt predict`` replaces its
+    default figure without --overwrite: ``overwrite=("figure",)``).
+
+    Raises:
+      ValueError: anything else.
+    """
+    if isinstance(overwrite, (bool, np.bool_)):
+        return OUTPUTS if overwrite else frozenset()
+    names = frozenset(overwrite) if isinstance(overwrite, (list, tuple, set, frozenset)) else None
+    if names is None or not names <= OUTPUTS:
+        raise ValueError(f"overwrite must be True, False or a list of the outputs it may "
+                         f"replace, {sorted(OUTPUTS)}, got {overwrite!r}.")
+    return names
+
+
+def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
+    """Fail fast on output paths, before any work: each must name a file (not a directory) in
+    an existing folder where a file can be created, and the figure's extension must be one
+    matplotlib writes (png, pdf, svg, ...). An existing file is refused unless ``overwrite``
+    names it (:func:`replaceable`; then it must be writable): two runs in one folder never
+    replace each other's outputs silently. Empty / None = no output.
+
+    Raises:
+      ValueError: one line naming the path and the fix.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    replace = replaceable(overwrite)
+    given = [(what, path) for what, path in (("figure", figure_path), ("json", json_path))
+             if path]
+    for what, path in given:
+        target = Path(path).expanduser()
+        if target.is_dir():
+            raise ValueError(f"{what} path {str(path)!r} is a directory; give a file name "
+                             "inside it.")
+        folder = target.resolve().parent
+        if not folder.is_dir():
+            raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
+                             "exist; create it first or choose another path.")
+        if target.exists() and what not in replace:
+            raise ValueError(f"{what} path {str(path)!r} exists (an earlier run's output?) and "
+                             "is not replaced; choose another path, or pass --overwrite "
+                             "(overwrite=True) to replace it.")
+        if target.exists() and not (target.is_file() and os.access(target, os.W_OK)):
+            raise ValueError(f"{what} path {str(path)!r} exists and is not a writable file; "
+                             "choose another path.")
+        try:  # os.access alone says yes for root on read-only or virtual file systems
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            raise ValueError(f"{what} path {str(path)!r}: cannot create a file in folder "
+                             f"{str(folder)!r} ({err.strerror or type(err).__name__}); "
+                             "choose another path.") from None
+    if len(given) == 2 and (Path(figure_path).expanduser().resolve()
+                            == Path(json_path).expanduser().resolve()):
+        raise ValueError(f"the figure and the json report would both be written to "
+                         f"{str(figure_path)!r}; give them different paths.")
+    if figure_path:
+        formats = FigureCanvasBase.get_supported_filetypes()
+        ext = Path(figure_path).suffix.lower().lstrip(".")
+        if ext not in formats:
+            raise ValueError(f"figure path {str(figure_path)!r} must end in a format matplotlib "
+                             f"writes: {', '.join('.' + f for f in sorted(formats))}.")

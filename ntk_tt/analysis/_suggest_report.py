@@ -1,0 +1,209 @@
+"""What :func:`ntk_tt.suggest` returns and ``ntk-tt suggest`` prints: the rows of the
+configurations tried, the :class:`Suggestion` made from them, and its text."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ntk_tt.analysis._suggest_curves import _edge
+
+
+@dataclasses.dataclass(frozen=True)
+class Suggestion:
+    """Result of :func:`ntk_tt.suggest`. Time is in optimiser steps and seconds; losses are MEAN
+    training losses over the N samples.
+
+    found: an admissible configuration reaches the target within ``steps_max``; when False the
+      choice fields (learning_rate, momentum, batch_size, kappa, steps, seconds, loss,
+      grid_best) are None, ``reason`` says why and what to try, :func:`ntk_tt.suggest`
+      warns (:class:`ntk_tt.TargetNotReachedWarning`) with the same reason, and the grid is
+      still there.
+    learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice.
+    steps: predicted first step with L̂_t ≤ target (int). seconds: steps × seconds_per_step[B].
+    loss: the choice's predicted mean loss curve (steps_max + 1,) (mean over SGD paths).
+    target: the absolute target loss; initial_loss: L_0; target_kind, target_value: as given.
+    refined: the gradient refinement improved on the best grid point (else the choice is it).
+    grid_best: the best grid point (dict of the ``grid`` row).
+    runners_up: pandas DataFrame of the best admissible grid configuration of every other
+      (B, m) pair (and the next best of the choice's own), ≤ ``top`` rows, best first, columns
+      as ``grid``.
+    grid: pandas DataFrame, one row per grid configuration and per refinement candidate
+      (``source`` "grid" or "refine"): batch_size (N for GD), gd, momentum,
+      learning_rate, kappa, kappa_eff = κ/(1 − m), steps (NaN: target not reached), seconds,
+      soft_steps, final_loss, diverged, beyond_edge, admissible, source, evaluated (False: a
+      grid point beyond the stability edge, not predicted; its steps etc. are NaN).
+    seconds_per_step: {B (None = GD): seconds per real step}, measured or as given.
+    refinement: one dict per refinement evaluation (log η, m, soft steps, steps, accepted).
+    predictor: "head_aware:<backbone>" ("head_aware:given" with ``head_kernel``) or
+    "linear:<kernel>"; lambda_max: λ_max of Θ_0.
+    num_train: N. steps_max: T_max. reason: why nothing was found (None when found).
+    timings: wall seconds per stage ("kernel", "step_time", "grid", "refine", "total") without
+      JAX compilation, which is summed apart in "compile".
+    """
+
+    found: bool
+    learning_rate: float | None
+    momentum: float | None
+    batch_size: int | None
+    kappa: float | None
+    steps: int | None
+    seconds: float | None
+    loss: np.ndarray | None
+    target: float
+    initial_loss: float
+    target_kind: str
+    target_value: float
+    refined: bool
+    grid_best: dict | None
+    runners_up: Any
+    grid: Any
+    seconds_per_step: dict
+    refinement: list
+    predictor: str
+    lambda_max: float
+    num_train: int
+    steps_max: int
+    reason: str | None
+    timings: dict
+
+
+def _order(rows):
+    """Admissible rows by (seconds, soft seconds), best first."""
+    ok = [r for r in rows if r["admissible"]]
+    return sorted(ok, key=lambda r: (r["seconds"], r["soft_steps"] * r["sps"]))
+
+
+def _skipped(b, n, lr, m, lam, sps) -> dict:
+    """A grid row beyond the stability edge that was not predicted."""
+    kappa = lr * lam / n
+    return {"batch_size": n if b is None else b, "gd": b is None, "b": b, "momentum": m,
+            "learning_rate": lr, "kappa": kappa, "kappa_eff": kappa / (1 - m),
+            "steps": math.nan, "seconds": math.nan, "sps": sps, "soft_steps": math.nan,
+            "final_loss": math.nan, "diverged": False, "beyond_edge": True,
+            "admissible": False, "source": "grid", "evaluated": False}
+
+
+def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
+    kappa = lr * lam / n
+    steps = float(out.steps[i])
+    beyond = kappa > _edge(m, loss)
+    diverged = bool(out.diverged[i])
+    reached = math.isfinite(steps)
+    return {"batch_size": n if b is None else b, "gd": b is None, "b": b, "momentum": m,
+            "learning_rate": lr, "kappa": kappa, "kappa_eff": kappa / (1 - m),
+            "steps": steps if reached else math.nan,
+            "seconds": steps * sps if reached else math.nan, "sps": sps,
+            "soft_steps": float(out.soft[i]), "final_loss": float(out.loss[i][-1]),
+            "diverged": diverged, "beyond_edge": bool(beyond),
+            "admissible": reached and not diverged and not beyond, "source": source,
+            "evaluated": True}
+
+
+_COLUMNS = ("batch_size", "gd", "momentum", "learning_rate", "kappa", "kappa_eff", "steps",
+            "seconds", "soft_steps", "final_loss", "diverged", "beyond_edge", "admissible",
+            "source", "evaluated")
+
+
+def _frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame([{k: r[k] for k in _COLUMNS} for r in rows], columns=list(_COLUMNS))
+
+
+def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0, target_kind,
+            target_value, name, lam, n, steps_max, top, timings, kappa_range) -> Suggestion:
+    common = dict(target=target_abs, initial_loss=l0, target_kind=target_kind,
+                  target_value=target_value, grid=_frame(rows), seconds_per_step=sps,
+                  refinement=refinement, predictor=name, lambda_max=lam, num_train=n,
+                  steps_max=steps_max, timings=timings)
+    if choice is None:
+        grid = [r for r in rows if not r["diverged"] and not r["beyond_edge"]]
+        closest = min(grid, key=lambda r: r["final_loss"]) if grid else None
+        why = (f"no configuration of the grid reaches the target loss {target_abs:.4g} within "
+               f"T_max = {steps_max} steps without predicted divergence or κ beyond the "
+               f"stability edge")
+        if closest is not None:
+            why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
+                    f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
+        why += (f"; raise the step budget (steps, -T), raise the target, or widen "
+                f"kappa_range {tuple(kappa_range)}")
+        return Suggestion(found=False, learning_rate=None, momentum=None, batch_size=None,
+                          kappa=None, steps=None, seconds=None, loss=None, refined=False,
+                          grid_best=None, runners_up=_frame([]), reason=why, **common)
+    others, seen = [], set()
+    for r in _order([r for r in rows if r["source"] == "grid"]):
+        if r is not choice and (r["b"], r["momentum"]) not in seen:
+            seen.add((r["b"], r["momentum"]))
+            others.append(r)
+    return Suggestion(
+        found=True, learning_rate=choice["learning_rate"], momentum=choice["momentum"],
+        batch_size=choice["b"], kappa=choice["kappa"], steps=int(choice["steps"]),
+        seconds=choice["seconds"], loss=curves[id(choice)], refined=choice is not best,
+        grid_best={k: best[k] for k in _COLUMNS}, runners_up=_frame(others[:top]), reason=None,
+        **common)
+
+
+def _b(b, n=None) -> str:
+    return "N (GD)" if b is None or b == n else str(b)
+
+
+def format_suggestion(r: dict) -> str:
+    """Human-readable text of a :func:`ntk_tt.suggest_task` report."""
+    t, tg, sec = r["task"], r["target"], r["seconds"]
+    n = t["n_train"]
+    size = r["grid_size"]
+    total = size["kappas"] * size["momenta"] * size["batch_sizes"]
+    cfg = r["config"]
+    lines = [
+        f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {n} train; model "
+        f"{t['architecture']} (D = {t['num_params']})",
+        f"target: mean training loss <= {tg['loss']:.4g} ("
+        + (f"{tg['value']:g} × L_0 = {tg['initial_loss']:.4g}" if tg["kind"] == "fraction"
+           else f"L_0 = {tg['initial_loss']:.4g}")
+        + f") within T_max = {tg['steps_max']} steps",
+        f"predictor: {r['predictor']}, λ_max = {r['lambda_max']:.4g}; grid {size['kappas']} κ "
+        f"in [{cfg['kappa_min']:g}, {cfg['kappa_max']:g}] × {size['momenta']} m × "
+        f"{size['batch_sizes']} B = {total} configurations; kernel {sec['kernel']:.1f} s, "
+        f"grid {sec['grid']:.1f} s, refinement {sec['refine']:.1f} s, total {sec['total']:.1f} s "
+        f"(compile {sec['compile']:.1f} s apart)",
+        "seconds per real step (measured, 5 warm steps, compile excluded): "
+        + ", ".join(f"B = {'N (GD)' if b == 'N' else b} {v * 1e3:.1f} ms"
+                    for b, v in r["seconds_per_step"].items()),
+    ]
+    if not r["found"]:
+        lines.append(f"no suggestion: {r['reason']}")
+        return "\n".join(lines)
+    s, g = r["suggestion"], r["grid_best"]
+    lines.append(
+        f"suggestion: B = {_b(s['batch_size'])}, m = {s['momentum']:.3g}, "
+        f"η = {s['learning_rate']:.4g} (κ = {s['kappa']:.3g}): predicted to reach the target at "
+        f"step {s['steps']}, {s['seconds']:.3g} s of training")
+    if s["refined"]:
+        lines.append(f"  (refined by jax.grad from the grid's best: m = {g['momentum']:g}, "
+                     f"η = {g['learning_rate']:.4g}, {g['steps']:.0f} steps, "
+                     f"{g['seconds']:.3g} s)")
+    else:
+        lines.append("  (the grid's best; the gradient refinement did not improve the hard "
+                     "predicted time)")
+    if r["runners_up"]:
+        lines.append(f"runners-up: {'B':>7} {'m':>5} {'η':>10} {'κ':>7} {'steps':>6} "
+                     f"{'seconds':>8}")
+        for row in r["runners_up"]:
+            lines.append(f"            {_b(row['batch_size'], n):>7} {row['momentum']:>5g} "
+                         f"{row['learning_rate']:>10.4g} {row['kappa']:>7.3g} "
+                         f"{row['steps']:>6.0f} {row['seconds']:>8.3g}")
+    grid = [row for row in r["grid"] if row["source"] == "grid"]
+    ok = sum(row["admissible"] for row in grid)
+    edge = sum(row["beyond_edge"] for row in grid)
+    div = sum(row["diverged"] and not row["beyond_edge"] for row in grid)
+    skipped = sum(not row.get("evaluated", True) for row in grid)
+    lines.append(f"admissible: {ok} of {len(grid)} grid configurations reach the target "
+                 f"({edge} beyond the stability edge"
+                 + (f", {skipped} of them not predicted" if skipped else "")
+                 + f", {div} more diverged, "
+                 f"{len(grid) - ok - edge - div} too slow)")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The argument checks of the what-if analysis (``ntk_tt.analysis._whatif``): every
+ValueError before any work, and the validated problem (plain kernel or head-aware)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.data._inputs import _check_finite, as_array, check_key, check_real
+from ntk_tt.dynamics._checks import (
+    check_f0_shape,
+    check_num_paths,
+    check_problem,
+    check_test_kernel,
+    float_logits,
+    solve_dtype_fields,
+)
+from ntk_tt.dynamics._fspace import as_operator
+from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._predict_head_aware import validate as validate_head_aware
+from ntk_tt.kernels._head_aware import HeadAwareKernel
+
+
+def _check_scalar_in(value, name: str, low: float, high: float | None, hint: str,
+                     low_open: bool = True) -> None:
+    """ValueError unless ``value`` is a real scalar in (low, high) (low closed if not
+    ``low_open``); values checked only when concrete."""
+    check_real(value, name)
+    if np.ndim(value) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {np.shape(value)}; {hint}")
+    if isinstance(value, jax.core.Tracer):
+        return
+    v = float(np.asarray(value))
+    ok = np.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v < high)
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{low:g}, {'inf' if high is None else f'{high:g}'})"
+        raise ValueError(f"{name} must be in {bounds}, got {value!r}; {hint}")
+
+
+def _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature,
+                 window, steps) -> None:
+    _check_scalar_in(learning_rate, "learning_rate", 0.0, None,
+                     "pass the optax sgd step size as a positive float, e.g. 1e-3 "
+                     "(divergence_boundary scans a range).")
+    _check_scalar_in(momentum, "momentum", 0.0, 1.0,
+                     "use 0.0 for plain (S)GD, e.g. 0.9 for heavy ball.", low_open=False)
+    _check_epsilon(epsilon)
+    _check_scalar_in(temperature, "temperature", 0.0, None,
+                     "it is the relative softness of smooth_training_time, e.g. 0.02.")
+    _check_scalar_in(accuracy_temperature, "accuracy_temperature", 0.0, None,
+                     "it is the logit-margin scale of the smoothed accuracy, e.g. 0.1.")
+    _check_window(window, steps)
+
+
+def _check_epsilon(epsilon) -> None:
+    _check_scalar_in(epsilon, "epsilon", 0.0, 1.0,
+                     "it is a fraction of the loss fall L_0 - L_T, e.g. 0.1 for 10 %.")
+
+
+def _check_window(window, steps) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    if (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+            or not 1 <= window <= steps + 1 or window % 2 == 0):
+        raise ValueError(
+            f"window must be an odd int in [1, steps + 1] = [1, {steps + 1}] (the centred "
+            f"moving average of training_time), got {window!r}; e.g. window=5, or 1 for none."
+        )
+
+
+class _Plain(NamedTuple):
+    """Validated plain-kernel problem: Θ as ``(mat, traced)``, f0, held-out parts or None."""
+
+    mat: jax.Array
+    f0: jax.Array
+    test_mat: jax.Array | None
+    f0_test: jax.Array | None
+
+
+def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, momentum, steps,
+             batch_size, loss, key, num_paths):
+    """Validate everything (before any work); returns ``(kind, data, y, y_test, batch_size,
+    static extras)`` with kind "plain" or "head_aware"."""
+    check_loss(loss)
+    check_key(key)
+    check_num_paths(num_paths)
+    if isinstance(kernel, HeadAwareKernel):
+        if f0 is not None or kernel_test is not None or f0_test is not None:
+            raise ValueError(
+                "a HeadAwareKernel carries its own logits (features @ W + b) and held-out "
+                "features: drop f0, kernel_test and f0_test (pass y_test for the held-out "
+                "labels).")
+        n_hk = np.shape(kernel.features)[0] if np.ndim(kernel.features) else None
+        if np.ndim(y) == 1 and np.shape(y)[0] != n_hk:
+            raise ValueError(
+                f"the HeadAwareKernel was built on N = {n_hk} inputs (features of shape "
+                f"{np.shape(kernel.features)}), but y has N = {np.shape(y)[0]} labels: build "
+                "it with ntk_tt.head_aware_kernel(split, x) on the inputs x of these labels.")
+        y, y_test, batch_size = validate_head_aware(
+            kernel, y, y_test, learning_rate=learning_rate, momentum=momentum, steps=steps,
+            batch_size=batch_size, loss=loss, key=key, num_paths=num_paths)
+        if kernel.features_test is None and y_test is not None:
+            raise ValueError("y_test given but the HeadAwareKernel has no held-out features: "
+                             "build it with head_aware_kernel(split, x, x_test), or drop "
+                             "y_test.")
+        hk = solve_dtype_fields(kernel)[0]  # one dtype, >= float32 (README, "Dtypes")
+        return "head_aware", hk, y, y_test, batch_size, {}
+    kernel = as_array(kernel, "kernel")
+    if f0 is None:
+        raise ValueError(
+            "a plain kernel Θ needs f0, the initial logits (N, C) at the pre-trained weights: "
+            "pass f0=apply_fn(params, x) (or give a HeadAwareKernel).")
+    f0 = as_array(f0, "f0")
+    check_f0_shape(kernel, f0, y)
+    f0 = float_logits(f0, kernel)
+    n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
+    if batch_size < n and key is None:
+        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
+    _check_finite(kernel, "kernel")
+    dtype = jnp.asarray(f0).dtype
+    mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
+    test_mat = test_traced = None
+    if (kernel_test is None) != (f0_test is None) or (kernel_test is None
+                                                     and y_test is not None):
+        raise ValueError(
+            "held-out data need all three of kernel_test Θ(x_test, x), f0_test (N_test, C) "
+            "and y_test (N_test,), or none of them.")
+    if kernel_test is not None:
+        test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
+                                                                   n, c, dtype)
+    data = _Plain(mat, jnp.asarray(f0), test_mat, f0_test)
+    return "plain", data, y, y_test, batch_size, dict(traced=traced, test_traced=test_traced)
+
+
+def _check_grid(values, name: str, low: float, high: float | None, hint: str) -> np.ndarray:
+    values = as_array(values, name)
+    if isinstance(values, jax.core.Tracer):
+        raise ValueError(f"{name} must be concrete (the grid is evaluated eagerly), got a "
+                         "tracer; call divergence_boundary outside jit.")
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be a 1-D array of real numbers with at least one "
+                         f"entry, got shape {arr.shape} and dtype {arr.dtype}; {hint}")
+    arr = arr.astype(float)
+    ok = np.isfinite(arr) & (arr > low if name == "learning_rates" else arr >= low)
+    if high is not None:
+        ok &= arr < high
+    if not np.all(ok):
+        bad = arr[~ok][0]
+        raise ValueError(f"{name} has an entry outside its range ({bad!r}); {hint}")
+    if arr.shape[0] > 1 and not np.all(np.diff(arr) > 0):
+        raise ValueError(f"{name} must be strictly increasing; sort it (np.unique does).")
+    return arr

@@ -1,0 +1,248 @@
+"""The what-if results (:class:`Sensitivities`, :class:`WhatIfGrid`) and the compiled cores
+that compute them from a validated problem: ``jax.jacfwd`` through the exact discrete
+recursion at one (η, m), and the η × m grid in one ``jit(vmap(vmap))``
+(``ntk_tt.analysis._whatif``)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
+from ntk_tt.dynamics._fspace import clamp_psd
+from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.dynamics._predict_head_aware import (
+    head_aware_paths,
+    initial_eigenvalues,
+    predict_head_aware,
+)
+from ntk_tt.dynamics._predict_kernel import _summarise, predict_from_kernel
+from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
+
+
+class Sensitivities(NamedTuple):
+    """Result of :func:`ntk_tt.sensitivities` (all float scalars unless stated).
+
+    learning_rate, momentum: the point (η, m) the derivatives are taken at.
+    training_time: T_ε of the predicted mean training-loss curve by
+      :func:`ntk_tt.smooth_training_time`, in (fractional) optimiser steps; NaN where the hard
+      T_ε is undefined (diverged, flat, not settled). training_time_hard: the hard
+      :func:`ntk_tt.training_time` of the same curve (whole steps, NaN when undefined);
+      training_time_code: int32, 0 when defined, else a key of
+      ``ntk_tt.dynamics._training_time.REASONS``.
+    final_loss: predicted mean training loss L_T after ``steps`` updates.
+    test_accuracy: predicted held-out accuracy after ``steps`` updates (1 − error, the figure
+      ``compare`` reports); NaN without held-out data or when diverged. soft_test_accuracy: the
+      smoothed accuracy mean σ(margin/τ_acc) whose derivatives are given (NaN likewise).
+    d_training_time_d_lr, d_training_time_d_momentum: dT_ε/dη (steps per unit η), dT_ε/dm.
+    d_final_loss_d_lr, d_final_loss_d_momentum: dL_T/dη, dL_T/dm.
+    d_test_accuracy_d_lr, d_test_accuracy_d_momentum: d(soft accuracy)/dη, /dm.
+    training_time_elasticity, final_loss_elasticity, test_accuracy_elasticity:
+      d log Q / d log η = (η/Q)·dQ/dη (dimensionless: +1 means Q grows in proportion to η).
+    diverged: bool, the prediction diverged (every derivative is then NaN).
+    kappa: η·λ_max(Θ)/N (Θ_0 for the head-aware kernel). beyond_edge: bool, κ beyond the
+      linear model's stability edge (see :class:`ntk_tt.KernelPrediction`).
+    """
+
+    learning_rate: jax.Array
+    momentum: jax.Array
+    training_time: jax.Array
+    training_time_hard: jax.Array
+    training_time_code: jax.Array
+    final_loss: jax.Array
+    test_accuracy: jax.Array
+    soft_test_accuracy: jax.Array
+    d_training_time_d_lr: jax.Array
+    d_training_time_d_momentum: jax.Array
+    d_final_loss_d_lr: jax.Array
+    d_final_loss_d_momentum: jax.Array
+    d_test_accuracy_d_lr: jax.Array
+    d_test_accuracy_d_momentum: jax.Array
+    training_time_elasticity: jax.Array
+    final_loss_elasticity: jax.Array
+    test_accuracy_elasticity: jax.Array
+    diverged: jax.Array
+    kappa: jax.Array
+    beyond_edge: jax.Array
+
+
+class WhatIfGrid(NamedTuple):
+    """Result of :func:`ntk_tt.divergence_boundary` (G_m = len(momenta),
+    G_η = len(learning_rates)).
+
+    learning_rates (G_η,), momenta (G_m,): the grid, ascending η.
+    diverged: bool (G_m, G_η), the predicted run diverged (non-finite loss or L_T > L_0).
+    training_time: (G_m, G_η) hard T_ε of the predicted mean loss curve at ``epsilon``, in
+      optimiser steps; NaN where undefined (diverged included).
+    final_loss: (G_m, G_η) predicted mean training loss L_T (a diverged run's is held at its
+      last finite value, as in :class:`ntk_tt.KernelPrediction`).
+    test_accuracy: (G_m, G_η) predicted held-out accuracy at T; NaN without held-out data
+      or where diverged.
+    kappa: (G_η,) η·λ_max/N. beyond_edge: bool (G_m, G_η), κ beyond the linear model's
+      stability edge 2(1 + m)/h (a formula, not the prediction).
+    boundary: (G_m,) for each m the largest grid η below the first diverged one: the
+      predicted divergence boundary; NaN when the smallest η already diverges, the largest
+      grid η when none does (then ``boundary_inside`` is False).
+    boundary_inside: bool (G_m,), some grid η diverged at that m (the boundary lies inside
+      the grid). monotone: bool (G_m,), no grid η above the first diverged one recovers
+      (False flags e.g. SGD noise or a cross-entropy catapult at that m).
+    epsilon: the ε of ``training_time`` (a Python float). steps: T (a Python int).
+
+    Printed (``repr``), arrays show as plain numbers ``[0.01, 0.1]`` (numpy's summary for
+    large ones), not ``array(...)`` / ``np.float64(...)``; the fields stay numpy arrays.
+    """
+
+    learning_rates: np.ndarray
+    momenta: np.ndarray
+    diverged: np.ndarray
+    training_time: np.ndarray
+    final_loss: np.ndarray
+    test_accuracy: np.ndarray
+    kappa: np.ndarray
+    beyond_edge: np.ndarray
+    boundary: np.ndarray
+    boundary_inside: np.ndarray
+    monotone: np.ndarray
+    epsilon: float
+    steps: int
+
+    def __repr__(self) -> str:
+        def show(v):
+            if isinstance(v, np.ndarray):
+                return np.array2string(v, separator=", ", threshold=100, precision=6)
+            return repr(v.item() if isinstance(v, np.generic) else v)
+
+        body = ", ".join(f"{k}={show(v)}" for k, v in zip(self._fields, self, strict=True))
+        return f"WhatIfGrid({body})"
+
+
+def _clamped(kind, data):
+    """The symmetrised, clamped kernel (None for the head-aware model, whose solver does not
+    read Θ_0) and (λ_min, λ_max): independent of η and m."""
+    if kind == "plain":
+        return clamp_psd(data.mat)
+    return None, initial_eigenvalues(data)
+
+
+def _paths(kind, data, psd, y, lr, m, key, *, traced, test_traced, steps, batch_size,
+           nesterov, loss, num_paths):
+    """Training and held-out logits (P, T + 1, N, C), (P, T + 1, N_test, C) or None: the
+    solver of ``predict_from_kernel(method="discrete")`` / ``predict_head_aware``."""
+    if kind == "head_aware":
+        return head_aware_paths(data, y, key=key, num_paths=num_paths, batch_size=batch_size,
+                                steps=steps, learning_rate=lr, momentum=m, nesterov=nesterov,
+                                loss=loss)
+    op = (psd, traced)
+    test_op = None if data.test_mat is None else (data.test_mat, test_traced)
+    n = data.f0.shape[0]
+    common = dict(learning_rate=lr, momentum=m, nesterov=nesterov, loss=loss, test_op=test_op,
+                  f0_test=data.f0_test)
+    if batch_size < n:
+        return discrete_paths(op, data.f0, y, key=key, num_paths=num_paths,
+                              batch_size=batch_size, steps=steps, **common)
+    batches = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (steps, n))
+    fs, fts = discrete_trajectory(op, data.f0, y, batches, **common)
+    return fs[None], None if fts is None else fts[None]
+
+
+def soft_accuracy(logits: jax.Array, y: jax.Array, temperature) -> jax.Array:
+    """mean_i σ((f_i,y_i − max_{c≠y_i} f_i,c) / τ): a smooth accuracy in (0, 1) that tends to
+    the arg-max accuracy as τ → 0 (ties aside). logits (N, C), y (N,) → scalar."""
+    c = logits.shape[-1]
+    true = jnp.take_along_axis(logits, y[:, None], axis=-1)[:, 0]
+    other = jnp.max(jnp.where(jax.nn.one_hot(y, c, dtype=bool), -jnp.inf, logits), axis=-1)
+    return jnp.mean(jax.nn.sigmoid((true - other) / temperature))
+
+
+@partial(jax.jit, static_argnames=("kind", "traced", "test_traced", "steps", "batch_size",
+                                   "nesterov", "loss", "num_paths", "window"))
+def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_temperature, *,
+                      kind, traced, test_traced, steps, batch_size, nesterov, loss, num_paths,
+                      window):
+    psd, lams = _clamped(kind, data)
+    static = dict(traced=traced, test_traced=test_traced, steps=steps, batch_size=batch_size,
+                  nesterov=nesterov, loss=loss, num_paths=num_paths)
+
+    def quantities(point):
+        # only what the derivatives need is traced with tangents; the rest of the summary
+        # (divergence, κ, T_ε codes) is computed once from the primal logits below
+        fs, fts = _paths(kind, data, psd, y, point[0], point[1], key, **static)
+        loss_c = jnp.mean(jax.vmap(jax.vmap(lambda f: mean_loss(f, y, loss)))(fs), axis=0)
+        t_soft = smooth_training_time(loss_c, epsilon, window=window,
+                                      temperature=temperature)
+        if fts is None:
+            soft = jnp.full((), jnp.nan, loss_c.dtype)
+        else:
+            soft = jnp.mean(jax.vmap(lambda f: soft_accuracy(f[-1], y_test, acc_temperature))(
+                fts))
+        out = jnp.stack([t_soft, loss_c[-1], soft])
+        return out, (out, fs, fts)
+
+    jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(jnp.stack([lr, m]))
+    size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
+    pred = _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov, loss=loss,
+                      stochastic=fs.shape[0] > 1)
+    acc = (jnp.full((), jnp.nan, values.dtype) if fts is None
+           else 1.0 - pred.test_error[-1])
+    t_hard, code = training_time_array(pred.loss, epsilon, window)
+    diverged = pred.diverged
+    t_hard = jnp.where(diverged, jnp.nan, t_hard)
+    defined = (code == OK) & ~diverged
+    nan = jnp.asarray(jnp.nan, values.dtype)
+    jac = jnp.where(diverged, nan, jac)
+    if y_test is None:  # no held-out data: the accuracy row is NaN, not a derivative of 0
+        jac = jac.at[2].set(nan)
+    t_soft = jnp.where(defined, values[0], nan)
+    d_t = jnp.where(defined, jac[0], nan)
+    soft = jnp.where(diverged, nan, values[2])
+    acc = jnp.where(diverged, nan, acc)
+
+    def elastic(value, d_lr):
+        return lr * d_lr / value
+
+    return Sensitivities(
+        learning_rate=lr, momentum=m,
+        training_time=t_soft, training_time_hard=t_hard,
+        training_time_code=jnp.where(diverged, DIVERGED, code).astype(jnp.int32),
+        final_loss=pred.loss[-1], test_accuracy=acc, soft_test_accuracy=soft,
+        d_training_time_d_lr=d_t[0], d_training_time_d_momentum=d_t[1],
+        d_final_loss_d_lr=jac[1, 0], d_final_loss_d_momentum=jac[1, 1],
+        d_test_accuracy_d_lr=jac[2, 0], d_test_accuracy_d_momentum=jac[2, 1],
+        training_time_elasticity=elastic(t_soft, d_t[0]),
+        final_loss_elasticity=elastic(pred.loss[-1], jac[1, 0]),
+        test_accuracy_elasticity=elastic(soft, jac[2, 0]),
+        diverged=diverged, kappa=pred.kappa, beyond_edge=pred.beyond_edge)
+
+
+@partial(jax.jit, static_argnames=("kind", "steps", "batch_size", "nesterov", "loss",
+                                   "num_paths", "window"))
+def _grid_core(data, y, y_test, lrs, ms, key, epsilon, *, kind, steps, batch_size, nesterov,
+               loss, num_paths, window):
+    def one(lr, m):
+        common = dict(learning_rate=lr, momentum=m, steps=steps, batch_size=batch_size,
+                      nesterov=nesterov, loss=loss, key=key, num_paths=num_paths,
+                      y_test=y_test)
+        if kind == "plain":
+            pred = predict_from_kernel(data.kernel, data.f0, y, method="discrete",
+                                       kernel_test=data.kernel_test, f0_test=data.f0_test,
+                                       **common)
+        else:
+            pred = predict_head_aware(data, y, **common)
+        t, _ = training_time_array(pred.loss, epsilon, window)
+        nan = jnp.asarray(jnp.nan, pred.loss.dtype)
+        acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
+        return (pred.diverged, jnp.where(pred.diverged, nan, t), pred.loss[-1],
+                jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge)
+
+    return jax.vmap(lambda m: jax.vmap(lambda lr: one(lr, m))(lrs))(ms)
+
+
+class _PlainRaw(NamedTuple):
+    kernel: jax.Array
+    f0: jax.Array
+    kernel_test: jax.Array | None
+    f0_test: jax.Array | None

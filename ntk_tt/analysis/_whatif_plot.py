@@ -1,0 +1,84 @@
+"""The what-if figure: predicted T_ε over η × m with the predicted divergence boundary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ntk_tt.analysis._whatif_core import WhatIfGrid
+
+
+def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
+    """Heat map of the predicted T_ε over η × m with the predicted divergence boundary.
+
+    x axis: learning rate η (log scale); y axis: momentum m; colour: T_ε in optimiser steps
+    (``grid_result.training_time``), diverged cells grey, cells where T_ε is otherwise
+    undefined (flat or not settled) left white; the boundary (per m, the largest grid η below
+    the first diverged one) is drawn as a line with markers. Uses matplotlib's object API
+    (no pyplot state, no backend change); a new figure has a colour bar. What it shows is
+    defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; paper
+    Sec. 5, Alg. 1).
+
+    Args:
+      grid_result: a :class:`ntk_tt.WhatIfGrid` from :func:`ntk_tt.divergence_boundary`.
+      ax: a matplotlib Axes to draw on (default: a new Figure with one Axes).
+
+    Returns:
+      The ``matplotlib.figure.Figure`` drawn on.
+
+    Raises:
+      ValueError: ``grid_result`` is not a :class:`ntk_tt.WhatIfGrid` or its arrays do not have the
+        shapes (G_m, G_η), (G_m,), (G_η,); pass the result of ``divergence_boundary``.
+    """
+    if not isinstance(grid_result, WhatIfGrid):
+        raise ValueError(f"grid_result must be the WhatIfGrid returned by "
+                         f"divergence_boundary, got {type(grid_result).__name__}.")
+    lrs, ms = np.asarray(grid_result.learning_rates), np.asarray(grid_result.momenta)
+    shape = (ms.shape[0], lrs.shape[0])
+    t = np.asarray(grid_result.training_time, float)
+    div = np.asarray(grid_result.diverged, bool)
+    if (lrs.ndim != 1 or ms.ndim != 1 or t.shape != shape or div.shape != shape
+            or np.shape(grid_result.boundary) != (shape[0],)):
+        raise ValueError(f"grid_result arrays do not match its grid {shape} (momenta × "
+                         "learning rates); pass the result of divergence_boundary unchanged.")
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    new = ax is None
+    if new:
+        fig = Figure(figsize=(6.4, 4.2), constrained_layout=True)
+        ax = fig.add_subplot()
+    fig = ax.figure
+    x_edges, y_edges = _edges(lrs, log=True), np.clip(_edges(ms, log=False), 0.0, 1.0)
+    mesh = ax.pcolormesh(x_edges, y_edges, np.ma.masked_invalid(t), cmap="viridis",
+                         shading="flat")
+    if div.any():
+        ax.pcolormesh(x_edges, y_edges, np.ma.masked_where(~div, np.ones(shape)),
+                      cmap=ListedColormap(["0.7"]), shading="flat")
+    b = np.asarray(grid_result.boundary, float)
+    ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
+            label="predicted divergence boundary")
+    ax.set_xscale("log")
+    ax.set_xlim(x_edges[0], x_edges[-1])
+    ax.set_ylim(y_edges[0], y_edges[-1])
+    ax.set_xlabel("learning rate η (log scale)")
+    ax.set_ylabel("momentum m")
+    ax.set_title(f"predicted T_{grid_result.epsilon:g} (loss, steps of {grid_result.steps}); "
+                 "grey: diverged", fontsize=9)
+    ax.legend(loc="lower left", fontsize=8)
+    if new:
+        fig.colorbar(mesh, ax=ax, label="predicted T_ε (optimiser steps)")
+    return fig
+
+
+def _edges(centres: np.ndarray, *, log: bool) -> np.ndarray:
+    """Cell edges around grid ``centres`` (midpoints; geometric when ``log``)."""
+    v = np.log(centres) if log else np.asarray(centres, float)
+    if v.shape[0] == 1:
+        half = 0.1 if log else 0.05
+        e = np.array([v[0] - half, v[0] + half])
+    else:
+        mid = 0.5 * (v[1:] + v[:-1])
+        e = np.concatenate([[2 * v[0] - mid[0]], mid, [2 * v[-1] - mid[-1]]])
+    return np.exp(e) if log else e

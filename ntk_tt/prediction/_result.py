@@ -1,0 +1,107 @@
+"""The :class:`Prediction` that :func:`ntk_tt.predict` returns, and its making from a
+kernel predictor's result (T_ε per ε with the reasons it is undefined)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ntk_tt.dynamics._divergence import VERDICTS, verdict
+from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._training_time import REASONS
+
+
+class Prediction(NamedTuple):
+    """Result of :func:`ntk_tt.predict` (T = steps; curves indexed by optimiser steps taken).
+
+    loss, error: predicted mean training loss (MEAN over samples) and error rate (T + 1,);
+      ``error`` is all NaN when not predicted (``subset=N'``: the loss curve only).
+    loss_band, error_band: 5–95 % band over paths/seeds (2, T + 1), None if deterministic.
+    test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
+    training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
+      NaN when undefined, with the reason in training_time_reasons[curve][ε].
+    diverged, diverged_at: whether the predicted loss diverged (non-finite, or L_T > L_0; the
+      rule of ``ntk_tt.dynamics._divergence``, shared with :func:`ntk_tt.finetune`) and the step its
+      final rise above L_0 began (None if not diverged).
+    spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
+      the curve spiked and recovered, and T_ε is defined as usual.
+    kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
+    divergence (property): the verdict on the real run, "yes" (``diverged``), "no" (not
+      diverged, κ within the edge) or "unknown" (not diverged, κ beyond the edge: the
+      linearised model cannot tell; ``ntk_tt.dynamics._divergence``), with
+      ``divergence_reason`` (None unless "unknown"). ``diverged`` stays the predicted curve's
+      own flag. A frozen-kernel cross-entropy prediction (no ``head``) beyond the edge also
+      has no T_ε (NaN, reason "beyond the stability edge: the linearised model cannot tell").
+    clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
+    method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
+      ``subset=N'``).
+    hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
+      "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
+      checks them
+      against the fine-tuning run.
+    seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
+      the call to the result, validation included), all WITHOUT JAX compilation (tracing,
+      lowering, XLA compile), which is summed apart in "compile". With ``subset=N'``:
+      "kernel" is the subset (power law) or cross (Nyström) kernel, "logits" f0 on all N,
+      "solve" = "spectrum" + "curve".
+    """
+
+    loss: np.ndarray
+    error: np.ndarray
+    loss_band: np.ndarray | None
+    error_band: np.ndarray | None
+    test_loss: np.ndarray | None
+    test_error: np.ndarray | None
+    training_time: dict
+    training_time_reasons: dict
+    diverged: bool
+    diverged_at: int | None
+    spiked_at: int | None
+    kappa: float
+    beyond_edge: bool
+    clamped: bool
+    min_eigenvalue: float
+    method: str
+    kernel: str
+    hyperparameters: dict
+    seconds: dict
+
+    @property
+    def divergence(self) -> str:
+        """"yes", "no" or "unknown" (see the class docstring)."""
+        return VERDICTS[int(verdict(self.diverged, self.beyond_edge))]
+
+    @property
+    def divergence_reason(self) -> str | None:
+        """Why the verdict is "unknown" (None otherwise)."""
+        if self.divergence != "unknown":
+            return None
+        return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
+                "edge and the prediction did not diverge: the linearised model cannot tell "
+                "whether the real run diverges (README, \"Divergence\"); lower the learning "
+                "rate for a verdict")
+
+
+def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
+    t_eps, codes = np.asarray(out.training_time), np.asarray(out.training_time_code)
+    names = ("loss", "error")
+    times = {nm: {e: float(t_eps[i, j]) for j, e in enumerate(EPSILONS)}
+             for i, nm in enumerate(names)}
+    reasons = {nm: {e: REASONS[int(codes[i, j])] for j, e in enumerate(EPSILONS)
+                    if codes[i, j]} for i, nm in enumerate(names)}
+
+    def arr(a):
+        return None if a is None else np.asarray(a)
+
+    at, spike = int(out.diverged_at), int(out.spiked_at)
+    return Prediction(
+        loss=arr(out.loss), error=arr(out.error), loss_band=arr(out.loss_band),
+        error_band=arr(out.error_band), test_loss=arr(out.test_loss),
+        test_error=arr(out.test_error), training_time=times, training_time_reasons=reasons,
+        diverged=bool(out.diverged), diverged_at=None if at < 0 else at,
+        spiked_at=None if spike < 0 else spike,
+        kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
+        min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
+        hyperparameters=hyper, seconds=seconds,
+    )

@@ -1,0 +1,84 @@
+"""The gradient-boosted models of the outcome predictors, one per target (LightGBM).
+
+Final accuracy is a two-part model (:func:`fit_models`): a regressor on the runs that did not
+diverge, mixed with the divergence classifier's probability.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS
+
+
+def _lgbm_params(seed: int) -> dict[str, Any]:
+    return dict(n_estimators=150, learning_rate=0.1, num_leaves=7, min_child_samples=10,
+                subsample=0.8, subsample_freq=1, colsample_bytree=0.8, reg_lambda=1.0,
+                random_state=seed, n_jobs=1, deterministic=True, verbose=-1)
+
+
+def _fit_one(target: str, x: np.ndarray, y: np.ndarray, seed: int):
+    import lightgbm as lgb
+
+    keep = np.isfinite(y)
+    if keep.sum() < 2:
+        return None  # nothing to learn from: predict the constant
+    if target in REGRESSION:
+        model = lgb.LGBMRegressor(**_lgbm_params(seed))
+    else:
+        if len(np.unique(y[keep])) < 2:
+            return None  # a constant label: predict its rate
+        model = lgb.LGBMClassifier(**_lgbm_params(seed))
+    model.fit(x[keep], y[keep])
+    return model
+
+
+def _predict_one(target: str, model, x: np.ndarray, constant: float) -> np.ndarray:
+    if model is None:
+        return np.full(len(x), constant)
+    if target in REGRESSION:
+        return model.predict(x)
+    return model.predict_proba(x)[:, 1]
+
+
+def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
+               ) -> tuple[dict[str, Any], dict[str, float]]:
+    """One LightGBM model per target on features ``x`` (R, F) and labels ``y`` (target →
+    (R,), NaN = unknown, left out): (models, constants). A target with fewer than 2 known
+    labels (or one class) gets no model and predicts its constant (mean label).
+
+    Final accuracy is a two-part (hurdle) model: the regressor is fitted on the runs that did
+    not diverge, and :func:`predict_models` mixes it with the divergence classifier,
+    E[acc] = p_div·acc_div + (1 − p_div)·acc_not_div, acc_div the mean final accuracy of the
+    diverged training runs (near chance). A diverged run's accuracy is set by the divergence,
+    not by its hyperparameters' smooth trend, and the classifier sees that from the first
+    steps (measured on the corpus: README).
+    """
+    div = y["diverged"] == 1
+    models, consts = {}, {}
+    for t in TARGETS:
+        yt = y[t]
+        consts[t] = float(np.nanmean(yt)) if np.isfinite(yt).any() else math.nan
+        keep = ~div if t == "test_accuracy" else np.ones(len(yt), bool)
+        models[t] = _fit_one(t, x[keep], yt[keep], seed)
+        if t == "test_accuracy" and np.isfinite(yt[~div]).any():
+            consts[t] = float(np.nanmean(yt[~div]))
+    acc = y["test_accuracy"][div]
+    consts["acc_diverged"] = (float(np.nanmean(acc)) if np.isfinite(acc).any()
+                              else consts["test_accuracy"])
+    return models, consts
+
+
+def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+    """Predictions (R,) per target from :func:`fit_models`' output: final accuracy (the
+    hurdle mixture, clipped to [0, 1]) and log(T_0.1/T) values, probabilities for the
+    classification targets."""
+    out = {t: _predict_one(t, models[t], x, consts[t]) for t in TARGETS}
+    p = out["diverged"]
+    acc = np.clip(out["test_accuracy"], 0.0, 1.0)
+    out["test_accuracy"] = np.clip(p * consts["acc_diverged"] + (1 - p) * acc, 0.0, 1.0)
+    return out
