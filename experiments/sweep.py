@@ -39,10 +39,13 @@ PRESETS = {
                          sketch_dims=(256,), noise_dim=64),
     # full: the grid run for issue 5, sized to finish in <= 90 min on 2 CPU cores (the
     # paper's task size 5 x 150 plus dataset sizes 10 and 50 per class, one task per size)
+    # edge rows (issue 26): κ̃ ∈ {16, 24, 32, 48, 96} × m ∈ {0, 0.9} × (GD, B = 50) on every
+    # task, N = 750 included: 200 rows, ~1.5 h of real fine-tuning more (README "Divergence")
     "full": SweepSpec(datasets=TARGETS, per_class=(150, 50, 10), seeds=(0,),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
                       sketch_dims=(256,), noise_dim=64, num_paths=8,
-                      edge_kappas=(24.0, 48.0, 96.0), edge_max_train=250),
+                      edge_kappas=(16.0, 24.0, 32.0, 48.0, 96.0), edge_momenta=(0.0, 0.9),
+                      edge_batch_sizes=(None, 50)),
     # paper: the issue's whole protocol (sizes 10/50/125/150, three seeds): many hours here
     "paper": SweepSpec(datasets=TARGETS, per_class=(10, 50, 125, 150), seeds=(0, 1, 2),
                        batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
@@ -74,7 +77,12 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--sketch-dims", nargs="+", type=int)
     p.add_argument("--checkpoint", help="pre-trained checkpoint (default: the shipped one)")
     p.add_argument("--edge-kappas", nargs="+", type=float,
-                   help="extra κ̃ values at/past the stability edge, m = 0 only")
+                   help="extra κ̃ values at/past the stability edge (the divergence benchmark)")
+    p.add_argument("--edge-momenta", nargs="+", type=float,
+                   help="momenta of the edge rows (default 0)")
+    p.add_argument("--edge-batch-sizes", nargs="+", type=_batch,
+                   help="batch sizes of the edge rows, N (= GD) or integers (default: "
+                        "--batch-sizes)")
     p.add_argument("--reuse-real", metavar="DIR",
                    help="reuse the identical real fine-tunes of the sweep in DIR (same task, "
                         "configuration and η); only the predictions are recomputed")
@@ -121,6 +129,10 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
+def _share(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def _headline(summary: dict) -> str:
     lines = [f"{summary['rows']} rows, {summary['tasks']} tasks, "
              f"{summary.get('sweep_wall_seconds', 0):.0f} s of sweep wall time"]
@@ -136,6 +148,19 @@ def _headline(summary: dict) -> str:
                              f"(CI {s['p95_ci95'][0]:.1%}–{s['p95_ci95'][1]:.1%}), within 13 %: "
                              f"{s['within_13pct']:.0%}, 20 %: {s['within_20pct']:.0%}, "
                              f"signed median {_pct(s['median_signed'])}  (n = {s['n']})")
+    targets = summary.get("absolute_targets", {})
+    for block, what in (("headline", "loss <= q·L_0"), ("headline_error", "training error")):
+        for opt in ("gd", "sgd"):
+            s = targets.get(block, {}).get(opt, {})
+            if s.get("n"):
+                lines.append(f"{opt.upper():3s} steps to {what}: p95 |err| {s['p95']:.1%}, "
+                             f"median {s['median_abs']:.1%}, reached-or-not agrees "
+                             f"{s['reach_agreement']:.0%} (n = {s['n']} of {s['pairs']})")
+    for name, r in summary.get("outcome", {}).get("divergence", {}).items():
+        if r["recall"] is not None or r["precision"] is not None:
+            lines.append(f"outcome {name:18s} real diverges {r['real_diverges']}, called "
+                         f"{r['called_diverges']} (unknown {r['unknown']}): recall "
+                         f"{_share(r['recall'])}, precision {_share(r['precision'])}")
     for name, conf in summary.get("divergence", {}).get("confusion", {}).items():
         lines.append(f"divergence {name:15s} predicted/real yes-yes {conf['pred_yes_real_yes']}"
                      f", yes-no {conf['pred_yes_real_no']}, no-yes {conf['pred_no_real_yes']}, "

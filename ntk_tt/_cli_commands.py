@@ -151,7 +151,11 @@ def _predict(args, parser, run: dict) -> int:
         opts["overwrite"] = opts["overwrite"] or ["figure"]
     try:
         from ntk_tt._options_predict import check_predict_job
+        from ntk_tt._options_targets import JOB_TARGETS
 
+        for name, flag, _ in JOB_TARGETS:  # repeated flags and comma lists: one tuple
+            opts[name] = tuple(v for text in opts[name] or ()
+                               for v in parse_floats(text, f"{name} ({flag})", "0.5,0.2"))
         check_predict_job(_options_only(opts), opts["figure_path"], opts["json_path"],
                           opts["overwrite"])
     except ValueError as err:
@@ -201,8 +205,8 @@ def parse_batch_sizes(text: str) -> tuple:
     return tuple(out)
 
 
-def parse_floats(text: str, what: str) -> tuple:
-    """"0,0.5,0.9" → (0.0, 0.5, 0.9).
+def parse_floats(text: str, what: str, example: str = "0,0.9") -> tuple:
+    """"0,0.5,0.9" → (0.0, 0.5, 0.9); ``example`` is the list the message shows.
 
     Raises:
       ValueError: an entry that is not a number.
@@ -210,5 +214,5 @@ def parse_floats(text: str, what: str) -> tuple:
     try:
         return tuple(float(tok) for tok in str(text).split(","))
     except ValueError:
-        raise ValueError(f"{what} must be a comma-separated list of numbers, e.g. 0,0.9; got "
-                         f"{text!r}.") from None
+        raise ValueError(f"{what} must be a comma-separated list of numbers, e.g. {example}; "
+                         f"got {text!r}.") from None

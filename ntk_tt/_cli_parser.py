@@ -99,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
                    "(default there: 256)")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
                    help="SGD noise paths averaged (with -B < N)")
+    for flag, dest, what in (
+            ("--loss-target", "loss_targets", "mean training loss L* > 0"),
+            ("--error-target", "error_targets", "training error rate e* in [0, 1]"),
+            ("--accuracy-target", "accuracy_targets", "held-out accuracy A in (0, 1], i.e. "
+             "held-out error <= 1 - A (needs --test-per-class >= 1)")):
+        q.add_argument(flag, action="append", dest=dest, metavar="X[,X...]",
+                       help=f"absolute target: report the steps (and wall-clock time) until the "
+                       f"{what} is reached, predicted and with --verify real; repeat it or "
+                       "give a comma list")
     q.add_argument("--verify", action="store_true",
                    help="also fine-tune for real and compare (the --json report gets the "
                    "prediction as soon as it exists, and is completed at the end)")

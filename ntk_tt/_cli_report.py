@@ -15,15 +15,36 @@ _SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
                   ("no step comes within", "never within ε of L_T"),
                   ("not predicted: the subset", "not predicted (--subset: loss curve only)"),
-                  ("beyond the stability edge", "beyond the stability edge: cannot tell"))
+                  ("beyond the stability edge", "beyond the stability edge: cannot tell"),
+                  ("does not reach the target", "not reached within T"),
+                  ("not recorded", "not recorded"))
 
 
 def _predicted_verdict(r: dict):
-    """The prediction's divergence verdict for the report's last line: True / False, or
-    "unknown" with why (κ beyond the stability edge, not diverged)."""
-    if r["predicted"].get("divergence") == "unknown":
+    """The prediction's call on the real run for the report's last line (its ``divergence``,
+    ``ntk_tt.dynamics._divergence.call``): True / False, True with why when the predicted
+    curve itself did not diverge (κ ≥ 68), or "unknown" with why (beyond the stability edge,
+    a predictor that cannot blow up there)."""
+    said = r["predicted"].get("divergence")
+    if said == "unknown":
         return "unknown (beyond the stability edge: the linearised model cannot tell)"
-    return r["diverged"]["predicted"]
+    if said is None:  # a report written before the call existed
+        return r["diverged"]["predicted"]
+    why = r["predicted"].get("divergence_reason")
+    return f"{said == 'yes'}" + (f" ({why})" if why else "")
+
+
+def _outcome_line(r: dict) -> list[str]:
+    """"outcome: predicted X, real Y" (converges / catapult / diverges / unknown, with the
+    first step above L_0); [] for a report without outcomes."""
+    sides = [(name, side) for name, side in (("predicted", r["predicted"]), ("real", r["real"]))
+             if side and side.get("outcome")]
+    if not sides:
+        return []
+    return ["outcome: " + ", ".join(
+        f"{name} {side['outcome']}" + ("" if side.get("spike_step") is None
+                                       else f" (above L_0 from step {side['spike_step']})")
+        for name, side in sides)]
 
 
 def _short(reason: str | None) -> str:
@@ -39,6 +60,47 @@ def _why_undefined(side: dict, curve: str, eps: str) -> str | None:
     return _short((side.get("training_time_reasons") or {}).get(curve, {}).get(eps))
 
 
+def _real_cells(steps, wall, rel) -> str:
+    """The real columns of a table row: steps, wall-clock time, relative error."""
+    return (f" {_fmt(steps):>9} {_fmt(wall, ' s'):>10} "
+            f"{'n/a' if rel is None else f'{100 * rel:.0f} %':>10}")
+
+
+def _target_name(curve: str, target: str) -> str:
+    """"loss ≤ 0.5", "error ≤ 0.2", "held-out accuracy ≥ 0.9" (the held-out error ≤ 0.1)."""
+    if curve == "test_error":
+        return f"held-out accuracy ≥ {round(1.0 - float(target), 12):g}"
+    return f"{curve.replace('test_', 'held-out ')} ≤ {float(target):g}"
+
+
+def _target_lines(r: dict) -> list[str]:
+    """The "steps to target" section: predicted (and real) steps and wall-clock time to each
+    absolute target, the relative error, the short reason of an undefined one; [] without
+    targets."""
+    pred, real = r["predicted"], r["real"]
+    targets = pred.get("steps_to_target") or {}
+    if not targets:
+        return []
+    width = max(len(_target_name(c, t)) for c, per in targets.items() for t in per)
+    head = (f"{'steps to target':{width}} {'predicted':>9} {'pred. wall-clock':>17}"
+            + (f" {'real':>9} {'real wall':>10} {'rel. error':>10}" if real else ""))
+    lines = [head]
+    for c, per in targets.items():
+        for t, steps in per.items():
+            row = (f"{_target_name(c, t):{width}} {_fmt(steps):>9} "
+                   f"{_fmt(pred['target_wall_clock'][c][t], ' s'):>17}")
+            if real:
+                row += _real_cells(real["steps_to_target"][c][t],
+                                   real["target_wall_clock"][c][t], r["target_error"][c][t])
+            why = [f"{name}: {_short(side['steps_to_target_reasons'].get(c, {}).get(t))}"
+                   for name, side in (("predicted", pred), ("real", real))
+                   if side and side["steps_to_target"][c][t] is None]
+            if why:
+                row += f"  ({'; '.join(why)})"
+            lines.append(row)
+    return lines
+
+
 def _diverged_lines(r: dict) -> list[str]:
     """Plain-language lines for a prediction or real run that diverged, or spiked and
     recovered."""
@@ -52,7 +114,8 @@ def _diverged_lines(r: dict) -> list[str]:
     for name, side in (("prediction", pred), ("real run", real)):
         if side and not side["diverged"] and side.get("spiked_at") is not None:
             lines.append(f"{name} spiked above 10·L_0 at step {side['spiked_at']} and "
-                         "recovered (not divergence; T_ε as usual)")
+                         "recovered below L_0 (outcome diverges: every measured real run "
+                         "that did ended untrained; T_ε as usual)")
     return lines
 
 
@@ -149,15 +212,14 @@ def format_report(r: dict) -> str:
             row = (f"{c:6} {e:>5g} {_fmt(pred['training_time'][c][k]):>14} "
                    f"{_interval(pred, c, k):>14} {_fmt(pred['wall_clock'][c][k], ' s'):>17}")
             if real:
-                rel = r["relative_error"][c][k]
-                row += (f" {_fmt(real['training_time'][c][k]):>9} "
-                        f"{_fmt(real['wall_clock'][c][k], ' s'):>10} "
-                        f"{'n/a' if rel is None else f'{100 * rel:.0f} %':>10}")
+                row += _real_cells(real["training_time"][c][k], real["wall_clock"][c][k],
+                                   r["relative_error"][c][k])
             why = [f"{name}: {w}" for name, side in (("predicted", pred), ("real", real))
                    if side and (w := _why_undefined(side, c, k))]
             if why:
                 row += f"  ({'; '.join(why)})"
             lines.append(row)
+    lines += _target_lines(r)
     lines += _diverged_lines(r)
     if real:
         s = r["seconds"]
@@ -166,8 +228,10 @@ def format_report(r: dict) -> str:
             f"{s['finetune']:.1f} s (compile {s['compile_finetune']:.1f} s apart); "
             f"fine-tuning / prediction wall time = {_ratio(r)}")
         lines += _comparison_lines(r)
+        lines += _outcome_line(r)
         lines.append(f"diverged: predicted {_predicted_verdict(r)}, "
                      f"real {r['diverged']['real']}")
     else:
+        lines += _outcome_line(r)
         lines.append(f"diverged: predicted {_predicted_verdict(r)}")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from ntk_tt._options import (
     check_loss,
     resolve_method,
 )
+from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs
 
 
@@ -115,7 +116,9 @@ def check_options(o: dict[str, Any]) -> None:
 def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
                       overwrite=False) -> dict[str, Any]:
     """Every check of :func:`ntk_tt.predict_task` that reads no data: unknown options,
-    ``num_paths``, :func:`check_options`, :func:`ntk_tt._output_paths.check_outputs`. Returns
+    ``num_paths``, :func:`check_options`, the absolute targets
+    (:func:`ntk_tt._options_targets.check_job_targets`),
+    :func:`ntk_tt._output_paths.check_outputs`. Returns
     the options with their defaults (``DEFAULTS | options``).
 
     Raises:
@@ -129,6 +132,7 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
         raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
                          f"{o['num_paths']!r}.")
     check_options(o)
+    check_job_targets(o)
     check_outputs(figure_path, json_path, overwrite)
     return o
 

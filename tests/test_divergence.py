@@ -1,5 +1,6 @@
 """Divergence vs a spike: one rule for real runs and predictions (issue 10, item 4); the
-prediction's tri-state verdict on the real run (issue 25, item 3).
+prediction's tri-state verdict on the real run (issue 25, item 3); the three-way outcome and
+the call on the real run (issue 26, item 3).
 
 References: a plain optax loop written here (real runs), the closed form of GD on a diagonal
 kernel (predictions), curves read by hand (the rule itself), real ``ntk_tt.finetune`` runs of
@@ -18,7 +19,20 @@ from flax import nnx
 
 import ntk_tt
 from ntk_tt._cli_report import format_report
-from ntk_tt.dynamics._divergence import VERDICTS, divergence, verdict
+from ntk_tt.dynamics._divergence import (
+    CATAPULT,
+    CONVERGES,
+    DIVERGES,
+    KAPPA_MAX,
+    OUTCOMES,
+    VERDICTS,
+    Outcome,
+    call,
+    divergence,
+    outcome,
+    paths_outcome,
+    verdict,
+)
 from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.prediction._compare import predicted_summary
 
@@ -198,28 +212,39 @@ def _report(pred, run):
 def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
     """The frozen-kernel cross-entropy recursion cannot blow up (its gradient is bounded):
     at κ = 10⁴, 2,500 times the edge 4, the real fine-tune diverges while the prediction's
-    curve does not. Its verdict is "unknown" (not "no"), with no T_ε and the reason, in the
-    API, the report's JSON half and the CLI's lines; at κ = 0.5 both the real run and the
-    verdict say "no" and T_ε is defined."""
+    curve does not. Its call is "diverges" all the same (κ ≥ KAPPA_MAX, issue 26), said with
+    the reason; at κ = 20 (beyond the edge, below KAPPA_MAX) its verdict is "unknown" (not
+    "no"); both have no T_ε and the reason, in the API, the report's JSON half and the CLI's
+    lines; at κ = 0.5 both the real run and the verdict say "no" and T_ε is defined."""
     _, apply_fn, params, x, y, lr_at = ce_mlp
     far = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
     assert far.diverged and not far.loss[-1] <= far.loss[0]  # the real run blew up
     pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
     assert pred.kernel == "exact" and pred.kappa == pytest.approx(1e4, rel=1e-3)
     assert not pred.diverged and pred.loss[-1] <= pred.loss[0]  # what the old "no" rested on
-    assert pred.beyond_edge and pred.divergence == "unknown"
-    assert "beyond the linearised model's stability edge" in pred.divergence_reason
-    for curve in ("loss", "error"):
-        assert all(np.isnan(t) for t in pred.training_time[curve].values())
-        assert all(r.startswith("beyond the stability edge: the linearised model cannot tell")
-                   for r in pred.training_time_reasons[curve].values())
+    assert pred.beyond_edge and pred.divergence == "yes" and pred.outcome == "diverges"
+    assert "κ = η·λ_max/N = 1e+04 ≥ 68, where the real runs" in pred.divergence_reason
+    mid = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(20.0), steps=40)
+    assert mid.beyond_edge and mid.divergence == "unknown" and mid.outcome == "unknown"
+    assert "beyond the linearised model's stability edge" in mid.divergence_reason
+    for p in (pred, mid):
+        for curve in ("loss", "error"):
+            assert all(np.isnan(t) for t in p.training_time[curve].values())
+            assert all(r.startswith("beyond the stability edge: the linearised model cannot "
+                                    "tell") for r in p.training_time_reasons[curve].values())
     report = _report(pred, far)
-    assert report["predicted"]["divergence"] == "unknown"
+    assert report["predicted"]["divergence"] == "yes"
     assert report["predicted"]["diverged"] is False
     text = format_report(report)
-    assert ("diverged: predicted unknown (beyond the stability edge: the linearised model "
-            "cannot tell), real True") in text
+    assert "diverged: predicted True (the predicted loss spiked above 10·L_0 at step 1" in text
+    assert "; κ = η·λ_max/N = 1e+04 ≥ 68, where the real " in text
+    assert text.endswith("though the predicted curve did not end above L_0), real True")
     assert "predicted: beyond the stability edge: cannot tell" in text
+    mid_run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(20.0), steps=40)
+    report = _report(mid, mid_run)
+    assert report["predicted"]["divergence"] == "unknown"
+    assert ("diverged: predicted unknown (beyond the stability edge: the linearised model "
+            "cannot tell), real False") in format_report(report)
 
     near = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(0.5), steps=40)
     small = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(0.5), steps=40)
@@ -229,15 +254,102 @@ def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
     assert "diverged: predicted False, real False" in format_report(_report(small, near))
 
 
-def test_head_aware_beyond_the_edge_says_unknown_unless_it_diverges(ce_mlp):
+def test_head_aware_beyond_the_edge_calls_its_own_outcome(ce_mlp):
     """The head-aware recursion can blow up (its head grows): far beyond the edge it predicts
-    the real divergence ("yes"); just beyond it, not diverged, it says "unknown" and keeps its
-    T_ε (calibrated there, README "Calibrated intervals")."""
+    the real divergence ("yes"); just beyond it, not diverged, its call is its own outcome
+    (issue 26: "no", as the real run at κ = 8 converges) and it keeps its T_ε (calibrated
+    there, README "Calibrated intervals")."""
     model, apply_fn, params, x, y, lr_at = ce_mlp
     head = ntk_tt.split_head(model)
     far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40, head=head)
     real = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40)
     assert real.diverged and far.diverged and far.divergence == "yes"
     near = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(8.0), steps=40, head=head)
-    assert near.beyond_edge and not near.diverged and near.divergence == "unknown"
+    run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(8.0), steps=40)
+    assert not run.diverged and np.all(run.loss[1:] <= run.loss[0])  # it converges
+    assert near.beyond_edge and not near.diverged and near.divergence == "no"
+    assert near.outcome == "converges" and near.divergence_reason is None
     assert np.isfinite(near.training_time["loss"][0.1])
+
+
+# --- issue 26: the three-way outcome and the call on the real run ---------------------------
+
+
+@pytest.mark.parametrize("curve,name,step", [
+    ([2.0, 1.5, 1.0, 0.5], "converges", -1),                 # never above L_0
+    ([2.0, 1.9, 3.0, 7.0, 1.0, 0.2], "catapult", 2),         # up to 3.5·L_0, back below
+    ([2.0, 1.0, 1.5, 2.5, 3.0], "diverges", 3),              # slow rise, ends above L_0
+    ([2.0, 30.0, 1e9, 1.6, 1.6], "diverges", 1),             # above 10·L_0, "back" to ln K
+    ([2.0, 1.0, 0.5, np.nan, 0.1], "diverges", 3),           # non-finite without a rise
+    ([2.0, 2.0, 2.0], "converges", -1),                      # did not move
+])
+def test_outcome_of_hand_made_curves(curve, name, step):
+    out = outcome(jnp.asarray(curve))
+    assert (OUTCOMES[int(out.outcome)], int(out.spike_step)) == (name, step)
+
+
+def test_outcome_of_held_curves_and_batches():
+    """A held curve (last finite value repeated from the non-finite step 3 on, with the
+    flags of the curve as computed) gets the outcome and spike step of the curve as computed;
+    a batch of curves is read row by row."""
+    computed = jnp.asarray([2.0, 1.0, 0.5, jnp.nan, jnp.nan])
+    held = jnp.asarray([2.0, 1.0, 0.5, 0.5, 0.5])
+    div = divergence(computed)
+    out = outcome(held, div.diverged, div.spiked_at)
+    assert (int(out.outcome), int(out.spike_step)) == (DIVERGES, 3)
+    batch = outcome(jnp.asarray([[2.0, 1.0, 0.5], [2.0, 3.0, 1.0], [2.0, 25.0, 1.0]]))
+    assert [OUTCOMES[c] for c in np.asarray(batch.outcome)] == ["converges", "catapult",
+                                                                "diverges"]
+    assert list(np.asarray(batch.spike_step)) == [-1, 1, 1]
+
+
+def test_paths_outcome_and_call_read_by_hand():
+    """Several paths: "diverges" if one does, at its first step above L_0; else the mean
+    curve's outcome. The call: "diverges" at κ ≥ KAPPA_MAX whatever the curve, "unknown"
+    where the predictor abstains, else its own outcome."""
+    calm = jnp.asarray([[2.0, 1.0, 0.5, 0.4], [2.0, 1.5, 2.5, 1.0]])
+    mean = jnp.mean(calm, 0)  # [2, 1.25, 1.5, 0.7]: never above L_0
+    assert OUTCOMES[int(paths_outcome(calm, mean).outcome)] == "converges"
+    wild = calm.at[1].set(jnp.asarray([2.0, 1.0, 1.5, jnp.inf]))
+    out = paths_outcome(wild, mean)
+    assert (OUTCOMES[int(out.outcome)], int(out.spike_step)) == ("diverges", 3)
+    own = Outcome(jnp.asarray([CONVERGES, CATAPULT, CATAPULT, DIVERGES]),
+                  jnp.asarray([-1, 2, 2, 1]))
+    kappa = jnp.asarray([1.0, 20.0, KAPPA_MAX, 1.0])
+    said = call(own, kappa, jnp.asarray([True, True, False, True]))
+    assert [OUTCOMES[c] for c in np.asarray(said.outcome)] == ["unknown", "unknown",
+                                                               "diverges", "diverges"]
+    assert list(np.asarray(said.spike_step)) == [-1, 2, 2, 1]
+
+
+def test_outcomes_of_real_runs_and_the_calls_of_their_predictions(ce_mlp):
+    """Real ``ntk_tt.finetune`` runs of the MLP, each read by hand: κ = 0.5 never rises above
+    L_0 (converges), κ = 20 rises at step 1 and recovers below 10·L_0 (a catapult), κ = 10⁴
+    blows up (diverges). The head-aware prediction calls each of them right, the catapult at
+    the real step; the frozen-kernel one calls "converges" within the edge, abstains at 20
+    (beyond the edge 4, below KAPPA_MAX) and calls "diverges" at 10⁴ although its own curve
+    did not diverge."""
+    model, apply_fn, params, x, y, lr_at = ce_mlp
+    head = ntk_tt.split_head(model)
+    for kappa, real_name, frozen_name in ((0.5, "converges", "converges"),
+                                          (20.0, "catapult", "unknown"),
+                                          (1e4, "diverges", "diverges")):
+        lr = lr_at(kappa)
+        run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr, steps=40)
+        loss = np.asarray(run.loss)
+        rise = np.flatnonzero(loss[1:] > loss[0]) + 1
+        by_hand = ("diverges" if run.diverged or np.max(loss) > 10 * loss[0] else
+                   "catapult" if rise.size else "converges")
+        assert by_hand == real_name
+        real = outcome(loss, run.diverged, -1 if run.spiked_at is None else run.spiked_at)
+        assert OUTCOMES[int(real.outcome)] == real_name
+        if real_name == "catapult":
+            assert int(real.spike_step) == rise[0] == 1
+        ha = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=40, head=head)
+        frozen = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, steps=40)
+        assert (ha.outcome, frozen.outcome) == (real_name, frozen_name)
+        if real_name == "catapult":
+            assert ha.spike_step == int(real.spike_step)
+        report = ntk_tt.compare(ha, run)
+        assert report["real"]["outcome"] == report["predicted"]["outcome"] == real_name
+    assert not frozen.diverged and frozen.divergence == "yes"

@@ -341,7 +341,8 @@ def test_verdict_and_beyond_edge_training_time_under_jit_vmap(model):
     """Issue 25: one compiled sweep over η gives each prediction's verdict code
     (``_divergence.VERDICTS``). Cross-entropy on the frozen kernel: "no" with T_ε within the
     edge κ ≤ 4, "unknown" with T_ε NaN (code BEYOND_EDGE) beyond it, where its recursion does
-    not blow up; MSE: the linear recursion itself diverges beyond its edge κ = 2 ("yes"). κ
+    not blow up, and "yes" from κ ≥ ``KAPPA_MAX`` on (issue 26); MSE: the linear recursion
+    itself diverges beyond its edge κ = 2 ("yes"). κ
     from an independent float64 eigendecomposition."""
     from ntk_tt.dynamics._divergence import VERDICTS
     from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED
@@ -360,7 +361,7 @@ def test_verdict_and_beyond_edge_training_time_under_jit_vmap(model):
     np.testing.assert_allclose(ce.kappa, kappas, rtol=1e-3)
     assert not np.any(ce.diverged)  # the bounded-gradient recursion never blows up here
     assert [VERDICTS[int(v)] for v in ce.divergence] == ["no", "no", "unknown", "unknown",
-                                                         "unknown"]
+                                                         "yes"]  # κ ≥ KAPPA_MAX = 68: "yes"
     t, codes = np.asarray(ce.training_time), np.asarray(ce.training_time_code)
     assert np.all(np.isfinite(t[:2, 0])) and np.all(codes[:2, 0] == 0)  # loss curve's T_ε
     assert np.all(np.isnan(t[2:])) and np.all(codes[2:] == BEYOND_EDGE)

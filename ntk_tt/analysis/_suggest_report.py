@@ -23,7 +23,10 @@ class Suggestion:
       warns (:class:`ntk_tt.TargetNotReachedWarning`) with the same reason, and the grid is
       still there.
     learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice.
-    steps: predicted first step with L̂_t ≤ target (int). seconds: steps × seconds_per_step[B].
+    steps: predicted steps to target: the first step with L̂_t ≤ target (int), on the raw curve
+      (``ntk_tt.steps_to_target(loss, target, window=1)``; ``predict(targets=...)`` smooths
+      over ``curve_window`` steps, which can put the hit a step or two later).
+      seconds: steps × seconds_per_step[B].
     loss: the choice's predicted mean loss curve (steps_max + 1,) (mean over SGD paths).
     target: the absolute target loss; initial_loss: L_0; target_kind, target_value: as given.
     refined: the gradient refinement improved on the best grid point (else the choice is it).
@@ -180,8 +183,9 @@ def format_suggestion(r: dict) -> str:
     s, g = r["suggestion"], r["grid_best"]
     lines.append(
         f"suggestion: B = {_b(s['batch_size'])}, m = {s['momentum']:.3g}, "
-        f"η = {s['learning_rate']:.4g} (κ = {s['kappa']:.3g}): predicted to reach the target at "
-        f"step {s['steps']}, {s['seconds']:.3g} s of training")
+        f"η = {s['learning_rate']:.4g} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
+        f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
+        f"{s['seconds']:.3g} s of training")
     if s["refined"]:
         lines.append(f"  (refined by jax.grad from the grid's best: m = {g['momentum']:g}, "
                      f"η = {g['learning_rate']:.4g}, {g['steps']:.0f} steps, "

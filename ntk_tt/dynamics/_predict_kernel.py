@@ -33,7 +33,17 @@ from ntk_tt.dynamics._checks import (
 )
 from ntk_tt.dynamics._closed_form import mse_closed_form
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
-from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from, verdict
+from ntk_tt.dynamics._divergence import (
+    ABSTAINS,
+    DIVERGES,
+    call,
+    cannot_diverge,
+    divergence,
+    first_nonfinite,
+    hold_from,
+    paths_outcome,
+    verdict,
+)
 from ntk_tt.dynamics._fspace import (
     as_operator,
     clamp_psd,
@@ -69,12 +79,17 @@ class KernelPrediction(NamedTuple):
       Each path's curves hold their last finite value from its first non-finite loss on.
     kappa: η·λ_max(Θ)/N. beyond_edge: κ beyond the linear model's stability edge
       2(1 + m)/h (heavy ball; 2(1 + m)/((1 + 2m)h) Nesterov), h = 1 for MSE, ½ for CE.
+    outcome: int32 code of the call on the real run, ``_divergence.OUTCOMES[code]``
+      (``_divergence.call``): 2 "diverges" (some path diverged or spiked above 10·L_0, or
+      κ ≥ ``_divergence.KAPPA_MAX``), 3 "unknown" (κ beyond the edge for a predictor that
+      cannot blow up there: frozen kernel with cross-entropy, or ODE/SDE), else the mean
+      curve's 1 "catapult" (it rises above its L_0) or 0 "converges". spike_step: int32, the
+      first step above L_0 (of the earliest diverging path when it diverges), −1 if none.
     divergence (property): int32 verdict on the real run, ``_divergence.VERDICTS[code]``:
-      0 "no" (not diverged, within the edge), 1 "yes" (diverged), 2 "unknown" (not diverged
-      but beyond the edge, where the linearised model cannot tell). The frozen-kernel
-      cross-entropy prediction (``predict_from_kernel``) beyond the edge has no T_ε either
-      (NaN, code ``BEYOND_EDGE``): that recursion cannot blow up, so its curve there says
-      nothing of whether the real run converges.
+      1 "yes" (outcome "diverges"), 2 "unknown" (outcome "unknown"), else 0 "no". The
+      frozen-kernel cross-entropy prediction (``predict_from_kernel``) beyond the edge has no
+      T_ε either (NaN, code ``BEYOND_EDGE``): that recursion cannot blow up, so its curve
+      there says nothing of whether the real run converges.
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``.
@@ -97,12 +112,13 @@ class KernelPrediction(NamedTuple):
     clamped: jax.Array
     training_time: jax.Array
     training_time_code: jax.Array
+    outcome: jax.Array
+    spike_step: jax.Array
 
     @property
     def divergence(self) -> jax.Array:
-        """Verdict code on the real run (see the class docstring), from ``diverged`` and
-        ``beyond_edge``."""
-        return verdict(self.diverged, self.beyond_edge)
+        """Verdict code on the real run (see the class docstring), from ``outcome``."""
+        return verdict(self.outcome == DIVERGES, self.outcome == ABSTAINS)
 
 
 def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nesterov, loss,
@@ -254,7 +270,8 @@ def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, 
         num_paths=num_paths)
     lams = lam_exact if lams is None else lams
     return _summarise(fs, fts, y, y_test, mat.shape[0], lr, m, lams, nesterov=nesterov, loss=loss,
-                      stochastic=method == "sde" or fs.shape[0] > 1, frozen=True)
+                      stochastic=method == "sde" or fs.shape[0] > 1, frozen=True,
+                      continuous=method in ("ode", "sde"))
 
 
 def _mean_band(paths, stochastic):
@@ -270,14 +287,16 @@ def _earliest(steps: jax.Array) -> jax.Array:
 
 
 def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
-               frozen=False):
+               frozen=False, continuous=False):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
     ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to. ``frozen``: the
     curves are of a frozen kernel (``predict_from_kernel``), whose cross-entropy T_ε beyond the
-    stability edge is undefined (``BEYOND_EDGE``)."""
+    stability edge is undefined (``BEYOND_EDGE``); ``continuous``: of the ODE/SDE (the call
+    abstains beyond the edge for both, ``_divergence.cannot_diverge``)."""
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
+    raw = loss_p
     stop = first_nonfinite(loss_p)
     hold = jax.vmap(hold_from)
     loss_p, err_p = hold(loss_p, stop), hold(err_p, stop)
@@ -298,6 +317,8 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     t_eps = jnp.where(diverged, jnp.nan, t_eps)
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
     beyond = kappa > _edge(m, nesterov, loss)
+    said = call(paths_outcome(raw, loss_c), kappa,
+                beyond & cannot_diverge(frozen, loss, continuous))
     if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there
         blind = beyond & ~diverged
         t_eps = jnp.where(blind, jnp.nan, t_eps)
@@ -309,5 +330,6 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
         spiked_at=_earliest(div.spiked_at),
         kappa=kappa, beyond_edge=beyond,
         min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, size),
-        training_time=t_eps, training_time_code=codes,
+        training_time=t_eps, training_time_code=codes, outcome=said.outcome,
+        spike_step=said.spike_step,
     )

@@ -14,14 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from ntk_tt.dynamics._divergence import outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._targets import curve_targets
 from ntk_tt.dynamics._training_time import (
     curve_window,
     training_time_report,
     wall_clock_time,
 )
 from ntk_tt.prediction._intervals import intervals
-from ntk_tt.prediction._result import Prediction
+from ntk_tt.prediction._result import Prediction, outcome_fields
 from ntk_tt.training._finetune import FineTuneRun
 
 CURVES = ("loss", "error")
@@ -55,6 +57,25 @@ def real_training_time(run: FineTuneRun) -> tuple[dict, dict]:
     return times, reasons
 
 
+NOT_RECORDED = ("not recorded: the run has no held-out curve (finetune(..., x_test=..., "
+                "record_test_curves=True) records one)")
+
+
+def real_steps_to_target(run: FineTuneRun, targets: dict) -> tuple[dict, dict]:
+    """Steps to the absolute ``targets`` ({curve: (target, ...)}) on the measured curves, by
+    the definition of the prediction's (:func:`ntk_tt.steps_to_target`, window
+    ``curve_window``): ({curve: {target: steps or None}}, {curve: {target: reason}}). A
+    diverged run has none, with the reason "diverged at step k" (as its T_ε); a held-out
+    curve the run did not record has none, with the reason ``NOT_RECORDED``."""
+    curves = {"loss": run.loss, "error": run.error,
+              "test_loss": NOT_RECORDED if run.test_loss is None else run.test_loss,
+              "test_error": NOT_RECORDED if run.test_error is None else run.test_error}
+    steps, reasons = curve_targets(
+        curves, targets, window=curve_window(len(run.loss)),
+        undefined=f"diverged at step {run.diverged_at}" if run.diverged else None)
+    return {c: {t: _num(v) for t, v in per.items()} for c, per in steps.items()}, reasons
+
+
 def _curve_distance(pred: np.ndarray, real: np.ndarray) -> dict[str, float | None]:
     """max and RMS |pred − real| over steps, and the max relative to the real fall L_0 − L_T."""
     diff = np.abs(np.asarray(pred, float) - np.asarray(real, float))
@@ -83,7 +104,7 @@ def linearisation_gap(run: FineTuneRun) -> dict[str, list] | None:
 
 def _clock(times: dict, seconds_per_step: float) -> dict:
     return {c: {e: None if t is None else float(wall_clock_time(t, seconds_per_step))
-                for e, t in times[c].items()} for c in CURVES}
+                for e, t in per.items()} for c, per in times.items()}
 
 
 def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[str, Any]:
@@ -95,18 +116,27 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     {curve: {ε: seconds}} (T_ε × ``seconds_per_step``, a measured real step),
     ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
-    ``spiked_at`` (first step with loss above 10·L_0, None if none), ``kappa``,
+    ``spiked_at`` (first step with loss above 10·L_0, None if none), ``steps_to_target``
+    {curve: {target: steps or None}} with ``steps_to_target_reasons`` and
+    ``target_wall_clock`` {curve: {target: seconds}} (the prediction's absolute targets,
+    {} for none), ``kappa``,
     ``beyond_edge``, ``divergence`` ("yes" / "no" / "unknown": the verdict on the real run)
-    and ``divergence_reason``, ``method``, ``kernel``, ``hyperparameters`` (η, m, Nesterov,
-    B, T, loss: what was predicted).
+    and ``divergence_reason``, ``outcome`` and ``spike_step`` (the call on the real run:
+    converges / catapult / diverges / unknown, ``ntk_tt.dynamics._divergence``), ``method``,
+    ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss: what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
     iv = intervals(prediction, level=0.9)
+    to_target = {c: {t: _num(v) for t, v in per.items()}
+                 for c, per in prediction.steps_to_target.items()}
     return {"training_time": pred_t,
             "interval_90": {c: {e: None if iv[c][e] is None else [_num(v) for v in iv[c][e]]
                                 for e in EPSILONS} for c in CURVES},
             "wall_clock": _clock(pred_t, seconds_per_step),
             "training_time_reasons": prediction.training_time_reasons,
+            "steps_to_target": to_target,
+            "steps_to_target_reasons": prediction.steps_to_target_reasons,
+            "target_wall_clock": _clock(to_target, seconds_per_step),
             "test_accuracy": None if prediction.test_error is None or prediction.diverged
             else 1.0 - float(prediction.test_error[-1]),
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
@@ -114,6 +144,7 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
             "kappa": prediction.kappa, "beyond_edge": bool(prediction.beyond_edge),
             "divergence": prediction.divergence,
             "divergence_reason": prediction.divergence_reason,
+            "outcome": prediction.outcome, "spike_step": prediction.spike_step,
             "method": prediction.method, "kernel": prediction.kernel,
             "hyperparameters": dict(prediction.hyperparameters)}
 
@@ -157,11 +188,19 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``test_accuracy`` at T, ``diverged``, ``diverged_at``, ``spiked_at`` (both sides use
       the rule of
       ``ntk_tt.dynamics._divergence``: diverged = a non-finite loss or L_T > L_0; a spike
-      above 10·L_0 that recovers is not divergence and keeps its T_ε; ``predicted`` also
+      above 10·L_0 that recovers is not divergence and keeps its T_ε; both sides also have
+      ``outcome`` and ``spike_step`` (the real run's own, the prediction's call); ``predicted``
+      also
       ``kappa`` and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
       predicted curve is not trustworthy; a diverged real run has every T_ε None with the
       reason "diverged at step k"). ``absolute_error`` and
-      ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε), ``curve_distance``
+      ``relative_error`` {curve: {ε: ...}} (relative = |T̂_ε − T_ε| / T_ε); the absolute
+      targets of the prediction (``predict(..., targets=...)``): ``steps_to_target`` {curve:
+      {target: steps}} on both sides (the real one from the run's curves by the same
+      definition, :func:`real_steps_to_target`; held-out targets need a run fine-tuned with
+      ``record_test_curves=True``), with ``steps_to_target_reasons`` and
+      ``target_wall_clock``, and ``target_error`` {curve: {target: |ŝ − s| / s}} (None when
+      either is undefined or s = 0); ``curve_distance``
       {curve: {max_abs, rms, real_fall, max_rel_to_fall}} (None when either side diverged:
       not meaningful), ``linearisation_gap`` (None without recorded logits or when the run
       diverged), a diverged side's ``test_accuracy`` is None,
@@ -187,18 +226,33 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
             ok = p is not None and r is not None
             abs_err[c][e] = abs(p - r) if ok else None
             rel_err[c][e] = abs(p - r) / r if ok and r > 0 else None
+    targets = {c: tuple(per) for c, per in prediction.steps_to_target.items()}
+    real_s, real_s_why = real_steps_to_target(run, targets)
+    pred_s = predicted["steps_to_target"]
+    target_err: dict = {}
+    for c, per in targets.items():
+        target_err[c] = {}
+        for t in per:
+            p, r = pred_s[c][t], real_s[c][t]
+            ok = p is not None and r is not None and r > 0
+            target_err[c][t] = abs(p - r) / r if ok else None
 
     t_pred = float(prediction.seconds["total"])
     return {
         "predicted": predicted,
         "real": {"training_time": real_t, "wall_clock": _clock(real_t, run.seconds_per_step),
                  "training_time_reasons": real_why,
+                 "steps_to_target": real_s, "steps_to_target_reasons": real_s_why,
+                 "target_wall_clock": _clock(real_s, run.seconds_per_step),
                  "test_accuracy": None if run.diverged else run.test_accuracy,
                  "diverged": run.diverged, "diverged_at": run.diverged_at,
                  "spiked_at": run.spiked_at,
+                 **outcome_fields(outcome(run.loss, run.diverged, -1 if run.spiked_at is None
+                                          else run.spiked_at)),
                  "seconds_per_step": run.seconds_per_step},
         "absolute_error": abs_err,
         "relative_error": rel_err,
+        "target_error": target_err,
         "curve_distance": None if prediction.diverged or run.diverged else {
             c: _curve_distance(getattr(prediction, c), getattr(run, c)) for c in CURVES},
         "linearisation_gap": None if run.diverged else linearisation_gap(run),

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ntk_tt._defaults import DEFAULTS as DEFAULTS  # experiments import it from here
 from ntk_tt._options_predict import check_predict_job, resolve_predictor  # no JAX
+from ntk_tt._options_targets import job_targets  # no JAX
 from ntk_tt._output_paths import replaceable  # no JAX
 from ntk_tt.data._checkpoint import load_checkpoint, read_meta
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
@@ -205,7 +206,10 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     (K), per_class (n), test_per_class, steps (T), learning_rate, batch_size (None = GD),
     momentum, nesterov, loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
     predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
-    App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom").
+    App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom"),
+    loss_targets (L*), error_targets (training error e*), accuracy_targets (held-out accuracy
+    A: the held-out error ≤ 1 − A): absolute targets, whose steps the report gives as
+    ``steps_to_target`` {curve: {target: steps}} ("loss", "error", "test_error").
 
     Order: the options and output paths are checked, ``json_path`` is claimed (written with
     ``status`` :data:`STARTED`, unless ``overwrite`` lets it be replaced: a second run with
@@ -229,7 +233,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
       images), ``status``, ``figure`` (the path written, None without one), ``predicted``
       (training_time, wall_clock, test_accuracy, kappa, ...), ``real`` (None without
-      ``verify``), ``relative_error``, ``absolute_error``, ``curve_distance``,
+      ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
+      absolute targets, predicted vs real: ``predict``'s ``steps_to_target``; None without
+      ``verify``), ``curve_distance``,
       ``linearisation_gap``, ``seconds`` (predict, finetune, ratio, ...), ``diverged``,
       ``curves``. Writes ``figure_path`` (any matplotlib format) and ``json_path``.
 
@@ -280,12 +286,13 @@ def _work(o, verify, json_file, progress):
         bar.set_description("predicting (Jacobians, NTK, dynamics)")
         # the subset predictor gives the training loss only: no held-out prediction
         held_out = (None, None) if o["subset"] is not None else (x_test, y_test)
+        targets = job_targets(o)
         pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
                        kernel=o["kernel"], sketch_dim=o["sketch_dim"],
                        num_paths=o["num_paths"], key=key, x_test=held_out[0],
                        y_test=held_out[1], predictor=resolve_predictor(o), head=head,
                        backbone=o["backbone"], segments=o["segments"], subset=o["subset"],
-                       subset_method=o["subset_method"], **hyper)
+                       subset_method=o["subset_method"], targets=targets, **hyper)
         bar.update()
         run = None
         if verify:
@@ -300,7 +307,8 @@ def _work(o, verify, json_file, progress):
                                                         RUNNING), create=False)
             bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
             run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
-                           y_test=y_test, record_logits=True, progress=progress, **hyper)
+                           y_test=y_test, record_logits=True, progress=progress,
+                           record_test_curves="test_error" in targets, **hyper)
             body = compare(pred, run)
         else:
             bar.set_description("timing a few real training steps")
@@ -308,6 +316,7 @@ def _work(o, verify, json_file, progress):
             body = {
                 "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
                 "real": None, "relative_error": None, "absolute_error": None,
+                "target_error": None,
                 "seconds": {"predict": pred.seconds["total"], "predict_stages": pred.seconds,
                             "finetune": None},
                 "diverged": {"predicted": pred.diverged, "real": None},

@@ -14,12 +14,14 @@ import numpy as np
 
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
+from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths
+from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
-from ntk_tt.prediction._result import Prediction, _to_prediction
+from ntk_tt.prediction._result import Prediction, _to_prediction, outcome_fields, with_targets
 from ntk_tt.training._timing import timed_stage
 
 DEFAULT_SKETCH_DIM = 256
@@ -69,7 +71,7 @@ def predict(
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
     backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
-    subset_method: str = "power_law",
+    subset_method: str = "power_law", targets=None,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -103,6 +105,9 @@ def predict(
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
       >>> pred.training_time["loss"][0.1]          # T_0.1 in steps (NaN if undefined)
+      >>> pred = ntk_tt.predict(..., x_test=xt, y_test=yt,
+      ...                       targets={"loss": 0.5, "test_error": 0.1})
+      >>> pred.steps_to_target["test_error"][0.1]  # steps to 90 % held-out accuracy
 
     Args:
       apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →
@@ -126,6 +131,11 @@ def predict(
       subset: N' (int in [K, N), a multiple of the K classes in y) to predict from a subset's
         kernel (see above), or None for the full kernel. subset_method: "power_law" (App. D)
         or "nystrom" (cross kernel Θ(X, X')); only with ``subset``.
+      targets: absolute targets, {curve: target or [targets]} with curves "loss",
+        "test_loss" (a mean loss L* > 0), "error", "test_error" (an error rate in [0, 1];
+        held-out accuracy ≥ A is "test_error" ≤ 1 − A); the test curves need ``x_test``.
+        Steps to each are in ``steps_to_target`` (first step with the smoothed predicted
+        curve ≤ target, :func:`ntk_tt.steps_to_target`; NaN with the reason when undefined).
 
     Dtypes: bfloat16 / float16 leaves of ``params``, ``head`` and ``x``, ``x_test`` are cast
     to float32 first, so Θ, f0 and the curves are float32 (float64 with x64 and float64
@@ -146,8 +156,10 @@ def predict(
         a head-aware prediction without ``head`` or with a method other than the discrete
         recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
         ``subset`` with anything but MSE full-batch GD (or with a sketch, SDE/ODE/discrete
-        method, head-aware predictor, held-out set, no key) or a bad N' — all before the
-        kernel is built.
+        method, head-aware predictor, held-out set, no key) or a bad N', bad ``targets``
+        (unknown curve, not finite, a loss target ≤ 0, an error target outside [0, 1], a
+        held-out target without ``x_test``, an error target with ``subset``) — all before
+        the kernel is built.
     """
     start = time.perf_counter()
     check_loss(loss)
@@ -161,13 +173,21 @@ def predict(
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
     check_num_paths(num_paths)
+    targets = check_targets(targets)
+    missing = [name for name in targets if name.startswith("test_")] if x_test is None else []
+    if missing or (subset is not None and set(targets) - {"loss"}):
+        raise ValueError(f"targets on {missing or sorted(set(targets) - {'loss'})} need "
+                         + ("x_test and y_test (the held-out curves)" if missing else
+                            "the error curves, which subset=N' does not predict (the loss "
+                            "curve only)") + "; drop them or pass what they need.")
     if subset is not None:
-        return _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
+        pred = _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
                                learning_rate=learning_rate, steps=steps,
                                batch_size=batch_size, momentum=momentum, nesterov=nesterov,
                                loss=loss, method=method, kernel=kernel,
                                sketch_dim=sketch_dim, key=key, x_test=x_test,
                                y_test=y_test, predictor=predictor, segments=segments)
+        return with_targets(pred, targets)
     if subset_method != "power_law":
         raise ValueError(f"subset_method applies with subset=N' only, got subset_method="
                          f"{subset_method!r} and subset=None.")
@@ -206,8 +226,9 @@ def predict(
                      key=key, x_test=x_test, y_test=y_test, backbone=backbone)
         seconds["kernel"] = 0.0  # the kernels are rebuilt inside the solve, one per segment
         seconds["total"] = time.perf_counter() - start - seconds["compile"]
-        return _to_prediction(out, "discrete", f"head_aware:{backbone}:refresh{segments}",
-                              hyper, seconds)
+        return with_targets(_to_prediction(
+            out, "discrete", f"head_aware:{backbone}:refresh{segments}", hyper, seconds),
+            targets)
     if head_aware:
         from ntk_tt.dynamics._predict_head_aware import predict_head_aware
         from ntk_tt.kernels._head_aware import head_aware_kernel
@@ -218,7 +239,8 @@ def predict(
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
         seconds["total"] = time.perf_counter() - start - seconds["compile"]
-        return _to_prediction(out, "discrete", f"head_aware:{backbone}", hyper, seconds)
+        return with_targets(_to_prediction(out, "discrete", f"head_aware:{backbone}", hyper,
+                                           seconds), targets)
     k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
                    keys[0])
     feats = None
@@ -234,7 +256,7 @@ def predict(
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
-    return _to_prediction(out, method, kernel, hyper, seconds)
+    return with_targets(_to_prediction(out, method, kernel, hyper, seconds), targets)
 
 
 ERROR_NOT_PREDICTED = ("not predicted: the subset predictor (subset=N') gives the mean MSE "
@@ -293,7 +315,7 @@ def _predict_subset(apply_fn, params, x, y, subset, subset_method, start, *, lea
         kappa=sp.kappa, beyond_edge=sp.beyond_edge, clamped=False,
         min_eigenvalue=float(sp.spectrum.eigenvalues[-1]) * n, method="closed_form",
         kernel=f"traced:subset{sp.subset_size}:{subset_method}", hyperparameters=hyper,
-        seconds=seconds)
+        seconds=seconds, **outcome_fields(call(outcome(sp.loss), sp.kappa, False)))
 
 
 def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:

@@ -7,9 +7,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ntk_tt.dynamics._divergence import VERDICTS, verdict
+from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
-from ntk_tt.dynamics._training_time import REASONS
+from ntk_tt.dynamics._targets import curve_targets
+from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED, REASONS, curve_window
 
 
 class Prediction(NamedTuple):
@@ -27,12 +28,17 @@ class Prediction(NamedTuple):
     spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
       the curve spiked and recovered, and T_ε is defined as usual.
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
-    divergence (property): the verdict on the real run, "yes" (``diverged``), "no" (not
-      diverged, κ within the edge) or "unknown" (not diverged, κ beyond the edge: the
-      linearised model cannot tell; ``ntk_tt.dynamics._divergence``), with
-      ``divergence_reason`` (None unless "unknown"). ``diverged`` stays the predicted curve's
-      own flag. A frozen-kernel cross-entropy prediction (no ``head``) beyond the edge also
-      has no T_ε (NaN, reason "beyond the stability edge: the linearised model cannot tell").
+    outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
+      "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
+      real runs measured diverged), "unknown" (κ beyond the edge and a predictor that cannot
+      blow up there: frozen kernel with cross-entropy, or ODE/SDE), else "catapult" (the
+      predicted curve rises above L_0 and recovers) or "converges"; the first step above L_0
+      (None if none). None only for a Prediction built by hand.
+    divergence (property): the call as a verdict on the real run, "yes" (outcome
+      "diverges"), "unknown" (outcome "unknown") or "no", with ``divergence_reason`` (None
+      unless "unknown", or "yes" from κ alone). ``diverged`` stays the predicted curve's own
+      flag. A frozen-kernel cross-entropy prediction (no ``head``) beyond the edge also has
+      no T_ε (NaN, reason "beyond the stability edge: the linearised model cannot tell").
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
       ``subset=N'``).
@@ -45,6 +51,12 @@ class Prediction(NamedTuple):
       lowering, XLA compile), which is summed apart in "compile". With ``subset=N'``:
       "kernel" is the subset (power law) or cross (Nyström) kernel, "logits" f0 on all N,
       "solve" = "spectrum" + "curve".
+    steps_to_target: {curve: {target: steps}} for the ``targets`` asked of
+      :func:`ntk_tt.predict` ({} for none): the first optimiser step at which the smoothed
+      predicted curve ("loss", "error", "test_loss", "test_error") is ≤ the target
+      (:func:`ntk_tt.steps_to_target`, window ``curve_window``); NaN when undefined, with the
+      reason in steps_to_target_reasons[curve][target] (never reached within T, or, as for
+      T_ε, the prediction diverged or cannot tell beyond the stability edge).
     """
 
     loss: np.ndarray
@@ -66,15 +78,30 @@ class Prediction(NamedTuple):
     kernel: str
     hyperparameters: dict
     seconds: dict
+    steps_to_target: dict = {}  # never mutated (with_targets makes a new Prediction)
+    steps_to_target_reasons: dict = {}
+    outcome: str | None = None
+    spike_step: int | None = None
 
     @property
     def divergence(self) -> str:
         """"yes", "no" or "unknown" (see the class docstring)."""
-        return VERDICTS[int(verdict(self.diverged, self.beyond_edge))]
+        return {"diverges": "yes", "unknown": "unknown"}.get(self.outcome, "no")
 
     @property
     def divergence_reason(self) -> str | None:
-        """Why the verdict is "unknown" (None otherwise)."""
+        """Why the verdict is "unknown", or "yes" though the predicted curve did not
+        diverge (None otherwise)."""
+        if self.divergence == "yes" and not self.diverged:
+            why = []
+            if self.spiked_at is not None:
+                why.append(f"the predicted loss spiked above 10·L_0 at step {self.spiked_at}, "
+                           "and every real run measured that did was destroyed (README, "
+                           "\"Divergence\")")
+            if self.kappa >= KAPPA_MAX:
+                why.append(f"κ = η·λ_max/N = {self.kappa:.3g} ≥ {KAPPA_MAX:g}, where the real "
+                           "runs measured diverged (136 of 144; README, \"Divergence\")")
+            return "; ".join(why) + ", though the predicted curve did not end above L_0"
         if self.divergence != "unknown":
             return None
         return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
@@ -104,4 +131,30 @@ def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
         kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
         min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
         hyperparameters=hyper, seconds=seconds,
+        **outcome_fields(Outcome(out.outcome, out.spike_step)),
     )
+
+
+def outcome_fields(said: Outcome) -> dict:
+    """A call (``ntk_tt.dynamics._divergence.call``) as :class:`Prediction` fields:
+    ``outcome`` (a name of ``OUTCOMES``) and ``spike_step`` (None for none)."""
+    step = int(said.spike_step)
+    return {"outcome": OUTCOMES[int(said.outcome)], "spike_step": None if step < 0 else step}
+
+
+def with_targets(pred: Prediction, targets: dict) -> Prediction:
+    """``pred`` with ``steps_to_target`` / ``steps_to_target_reasons`` for ``targets``
+    ({curve: (target, ...)}, checked by ``ntk_tt._options_targets.check_targets``) on its own
+    curves. Undefined wherever its T_ε is for the whole prediction: a diverged prediction
+    (reason "training diverged") or a frozen-kernel cross-entropy one beyond the stability
+    edge (it cannot tell)."""
+    if not targets:
+        return pred
+    blind = REASONS[DIVERGED] if pred.diverged else next(
+        (why for why in pred.training_time_reasons["loss"].values()
+         if why == REASONS[BEYOND_EDGE]), None)
+    curves = {name: getattr(pred, name) for name in ("loss", "error", "test_loss",
+                                                      "test_error")}
+    steps, reasons = curve_targets(curves, targets, window=curve_window(len(pred.loss)),
+                                   undefined=blind)
+    return pred._replace(steps_to_target=steps, steps_to_target_reasons=reasons)

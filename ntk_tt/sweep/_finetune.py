@@ -13,7 +13,7 @@ import optax
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
-from ntk_tt.dynamics._losses import mean_loss
+from ntk_tt.dynamics._losses import error_rate, mean_loss
 from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.training._steps import train_step
 
@@ -31,8 +31,9 @@ class TaskData(NamedTuple):
 
 
 def _evaluate(apply_fn, params, x, y):
-    """Full-training-set mean loss (the curve; measurement, not training)."""
-    return mean_loss(apply_fn(params, x), y, "cross_entropy")
+    """Full-training-set mean loss and error rate (the curves; measurement, not training)."""
+    f = apply_fn(params, x)
+    return mean_loss(f, y, "cross_entropy"), error_rate(f, y).astype(f.dtype)
 
 
 def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmapped=None):
@@ -52,7 +53,8 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
     steps are timed (the per-step full-set evaluation is measurement).
 
     Returns loss curves (G, T + 1), divergence flags (G,), first spike steps (G,) int (−1 for
-    none), seconds per fine-tune (G,) and compile seconds.
+    none), seconds per fine-tune (G,), compile seconds and training-error curves (G, T + 1)
+    (held like the loss).
     """
     n, g = data.x.shape[0], len(lrs)
     if vmapped is None:
@@ -74,30 +76,39 @@ def _finetune_group(data: TaskData, key, lrs, moms, *, steps, batch_size, vmappe
                          lr_args, mom_args)
     ev, ce = _compiled(("eval", tag), eval_fn, params, data.x, data.y)
     if vmapped:
-        return (*_host_loop(step, ev, params, state, data, batches, lrs, moms, g), cs + ce)
-    parts = [_host_loop(step, ev, params, state, data, batches, lrs[i], moms[i], 1)
-             for i in range(g)]
-    return (*(np.concatenate(a) for a in zip(*parts, strict=True)), cs + ce)
+        held, div, spike, secs, err = _host_loop(step, ev, params, state, data, batches, lrs,
+                                                 moms, g)
+    else:
+        parts = [_host_loop(step, ev, params, state, data, batches, lrs[i], moms[i], 1)
+                 for i in range(g)]
+        held, div, spike, secs, err = (np.concatenate(a) for a in zip(*parts, strict=True))
+    return held, div, spike, secs, cs + ce, err
 
 
 def _host_loop(step, ev, params, state, data: TaskData, batches, lrs, moms, g):
     """T compiled steps of ``g`` configurations (stacked when g > 1 or vmapped): loss curves
     (g, T + 1) held from each one's first non-finite loss on, divergence flags (g,), first
-    spike steps (g,) (−1 for none), summed training-step seconds per configuration (g,)."""
+    spike steps (g,) (−1 for none), summed training-step seconds per configuration (g,),
+    error curves (g, T + 1) held like the loss."""
     steps = len(batches)
     raw = np.full((g, steps + 1), np.nan)
-    raw[:, 0] = np.asarray(ev(params, data.x, data.y))
+    err = np.full((g, steps + 1), np.nan)
+    loss_0, err_0 = ev(params, data.x, data.y)
+    raw[:, 0], err[:, 0] = np.asarray(loss_0), np.asarray(err_0)
     stopped = np.zeros(g, bool)
     train_s = np.zeros(g)
     for t in range(steps):
         (params, state), sec = _timed(step, params, state, data.x, data.y, batches[t], lrs,
                                       moms)
         train_s[~stopped] += sec / g
-        loss_t = np.asarray(ev(params, data.x, data.y)).reshape(g)
+        loss_t, err_t = (np.asarray(a).reshape(g) for a in ev(params, data.x, data.y))
         stopped |= ~np.isfinite(loss_t)
         raw[~stopped, t + 1] = loss_t[~stopped]
+        err[~stopped, t + 1] = err_t[~stopped]
         if np.all(stopped):  # every configuration is non-finite: nothing left to record
             break
     verdict = divergence(raw)
-    held = np.asarray(jax.vmap(hold_from)(raw, first_nonfinite(raw)))
-    return held, np.asarray(verdict.diverged), np.asarray(verdict.spiked_at), train_s
+    stop = first_nonfinite(raw)
+    held = np.asarray(jax.vmap(hold_from)(raw, stop))
+    return (held, np.asarray(verdict.diverged), np.asarray(verdict.spiked_at), train_s,
+            np.asarray(jax.vmap(hold_from)(err, stop)))

@@ -92,6 +92,10 @@ class SweepSpec:
     also records the continuous-time predictions (ODE for GD, SDE for SGD with noise features
     of that sketch dimension). ``num_paths``: minibatch orders (discrete SGD) or Brownian paths
     (SDE) averaged by a stochastic prediction.
+
+    Edge rows (the divergence benchmark, README "Divergence"): every (B, m, κ̃) in
+    ``edge_batch_sizes`` (None: ``batch_sizes``) × ``edge_momenta`` × ``edge_kappas`` that the
+    main grid lacks, on the tasks of N ≤ ``edge_max_train`` (None: every task).
     """
 
     datasets: tuple[str, ...]
@@ -110,6 +114,8 @@ class SweepSpec:
     checkpoint: str | None = None
     edge_kappas: tuple[float, ...] = ()
     edge_max_train: int | None = None
+    edge_momenta: tuple[float, ...] = (0.0,)
+    edge_batch_sizes: tuple[int | None, ...] | None = None
 
     def __post_init__(self):
         for name in ("datasets", "per_class", "seeds", "batch_sizes", "momenta", "epsilons"):
@@ -119,8 +125,14 @@ class SweepSpec:
             raise ValueError("SweepSpec needs learning rates: give kappas and/or etas.")
         if self.steps < 1:
             raise ValueError(f"SweepSpec.steps must be >= 1, got {self.steps}.")
-        if any(not 0.0 <= m < 1.0 for m in self.momenta):
-            raise ValueError(f"momenta must lie in [0, 1), got {self.momenta}.")
+        for name in ("momenta", "edge_momenta"):
+            if any(not 0.0 <= m < 1.0 for m in getattr(self, name)):
+                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}.")
+        if self.edge_kappas and not self.edge_momenta:
+            raise ValueError("SweepSpec.edge_momenta is empty; give at least one value (0.0).")
+        if self.edge_batch_sizes is not None and not self.edge_batch_sizes:
+            raise ValueError("SweepSpec.edge_batch_sizes is empty; give None (= batch_sizes) "
+                             "or at least one value.")
         if any(not 0.0 < e < 1.0 for e in self.epsilons):
             raise ValueError(f"epsilons must lie in (0, 1), got {self.epsilons}.")
 
@@ -143,9 +155,10 @@ class SweepSpec:
         """The divergence benchmark's configurations not already in the main grid."""
         lrs = [("kappa", k) for k in self.kappas] + [("eta", e) for e in self.etas]
         grid = set(itertools.product(self.batch_sizes, self.momenta, lrs))
-        return [Config(b, 0.0, "kappa", k)
-                for b, k in itertools.product(self.batch_sizes, self.edge_kappas)
-                if (b, 0.0, ("kappa", k)) not in grid]
+        sizes = self.batch_sizes if self.edge_batch_sizes is None else self.edge_batch_sizes
+        return [Config(b, m, "kappa", k)
+                for b, m, k in itertools.product(sizes, self.edge_momenta, self.edge_kappas)
+                if (b, m, ("kappa", k)) not in grid]
 
 
 def row_id(task: Task, config: Config) -> str:

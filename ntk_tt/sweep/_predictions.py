@@ -38,7 +38,8 @@ MIXING_SAMPLES = 32
 def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, method,
                    num_paths):
     """Predicted mean loss curves (G, T + 1), divergence flags (G,), first spike steps (G,)
-    (−1 for none), seconds, compile seconds.
+    (−1 for none), seconds, compile seconds, and the predicted mean training-error curves
+    (G, T + 1) (the absolute error targets, ``ntk_tt.sweep._targets``).
 
     ``kernel`` is Θ (``predict_from_kernel``) or a :class:`HeadAwareKernel`
     (``predict_head_aware``; ``f0`` and ``noise`` unused)."""
@@ -55,14 +56,15 @@ def _predict_group(kernel, f0, y, key, lrs, moms, noise, *, steps, batch_size, m
                 batch_size=batch_size, method=method, key=key, noise_features=noise,
                 num_paths=num_paths,
             )
-        return out.loss, out.diverged, out.spiked_at
+        return out.loss, out.diverged, out.spiked_at, out.error
 
     batched = jax.vmap(one, in_axes=(None, None, None, None, None, 0, 0))
     args = (kernel, f0, y, key, noise, lrs, moms)
     name = ("predict", head_aware, steps, batch_size, method, num_paths)
     compiled, compile_s = _compiled(name, batched, *args)
-    (loss, div, spike), seconds = _timed(compiled, *args)
-    return np.asarray(loss), np.asarray(div), np.asarray(spike), seconds, compile_s
+    (loss, div, spike, error), seconds = _timed(compiled, *args)
+    return (np.asarray(loss), np.asarray(div), np.asarray(spike), seconds, compile_s,
+            np.asarray(error))
 
 
 def _t_eps(curve: np.ndarray, eps: float) -> float:

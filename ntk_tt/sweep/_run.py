@@ -30,14 +30,17 @@ import numpy as np
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.kernels._head_aware import HeadAwareKernel
 from ntk_tt.sweep._errors import t_col
 from ntk_tt.sweep._figures import make_figures
 from ntk_tt.sweep._finetune import TaskData, _finetune_group
 from ntk_tt.sweep._grid import Config, SweepSpec, Task, plan, row_id, spec_from_dict, spec_to_dict
 from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._outcomes import outcome_columns
 from ntk_tt.sweep._predictions import PRIMARY, _hyper, _kernel, _predict_group, _t_eps, _variants
 from ntk_tt.sweep._summary import promote, summarize
 from ntk_tt.sweep._table import ResultsTable, read_table
+from ntk_tt.sweep._targets import target_columns
 
 
 def _row(task, cfg, b, n, c, lam, lr, spec) -> dict:
@@ -100,16 +103,26 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
              f"({time.perf_counter() - t0:.0f} s with compilation)")
     written = 0
     for b, cfgs in groups.items():
-        (loss_p, div_p, spike_p, s_pred, _), var, lrs, moms = preds[b]
-        loss_r, div_r, spike_r, s_ft, cs, source = _real_runs(data, task, key, cfgs, lrs, moms,
-                                                              b, spec.steps, reuse)
+        (loss_p, div_p, spike_p, s_pred, _, err_p), var, lrs, moms = preds[b]
+        loss_r, div_r, spike_r, s_ft, cs, source, err_r = _real_runs(
+            data, task, key, cfgs, lrs, moms, b, spec.steps, reuse)
+        kappas = np.asarray(lrs, np.float64) * lam / n  # the rows' κ (exact Θ)
+        outs = outcome_columns("real", loss_r, div_r, spike_r) | outcome_columns(
+            "pred", loss_p, div_p, spike_p, kappa=kappas, momentum=moms, frozen=hk is None)
+        for name, (vloss, vdiv, vspike, *_) in var.items():
+            outs |= outcome_columns(f"var_{name}", vloss, vdiv, vspike, kappa=kappas,
+                                    momentum=moms, frozen=not isinstance(
+                                        variants[name].kernel, HeadAwareKernel))
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
             if hk is None:
                 row.update(pred_method="discrete", pred_kernel="exact")
             row.update(_curve_columns("real", loss_r[i], div_r[i], spike_r[i], spec.epsilons))
             row.update(_curve_columns("pred", loss_p[i], div_p[i], spike_p[i], spec.epsilons))
-            for name, (vloss, vdiv, vspike, vsec, _) in var.items():
+            row.update(target_columns(loss_r[i], loss_p[i], div_r[i], div_p[i], err_r[i],
+                                      err_p[i]))
+            row.update({k: v[i] for k, v in outs.items()})
+            for name, (vloss, vdiv, vspike, vsec, *_) in var.items():
                 row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], vspike[i],
                                           spec.epsilons))
                 row[f"var_{name}_label"] = variants[name].label
@@ -117,6 +130,7 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
                 row[f"var_{name}_loss"] = vloss[i]
             row.update(
                 real_loss=loss_r[i], pred_loss=loss_p[i], real_source=source[i],
+                real_error=err_r[i], pred_error=err_p[i],
                 real_loss_drop=float(1 - loss_r[i][-1] / loss_r[i][0]),
                 seconds_predict=sec_kernel + s_pred / len(cfgs), seconds_finetune=s_ft[i],
                 seconds_compile_finetune=cs, task_seconds_kernel=sec_kernel,
@@ -132,19 +146,23 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
 
 def reusable_runs(out) -> dict:
     """Real runs of an earlier sweep directory ``out``, by row id: (loss curve, diverged,
-    compile seconds, learning rate, steps). Real fine-tunes are deterministic given the task,
+    compile seconds, learning rate, steps, error curve or None: tables before absolute
+    targets stored none). Real fine-tunes are deterministic given the task,
     configuration and checkpoint (same data, head, batch order, η), so a rerun that changes
     only the predictors need not train again. Their cost is measured again on this machine
     (:func:`_real_runs`): the earlier run's seconds may come from another machine or load."""
     frame = read_table(out)
     cols = ["real_loss", "real_diverged", "seconds_compile_finetune", "learning_rate",
             "steps"]
-    return {r.row_id: tuple(getattr(r, k) for k in cols) for r in frame.itertuples()}
+    errors = frame["real_error"] if "real_error" in frame else [None] * len(frame)
+    return {r.row_id: (*(getattr(r, k) for k in cols), e)
+            for r, e in zip(frame.itertuples(), errors, strict=True)}
 
 
 def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
     """Real loss curves (G, T + 1), divergence flags, spike steps, fine-tune seconds (G,),
-    compile seconds and each run's source: the earlier run from ``reuse`` where it exists with
+    compile seconds, each run's source and its error curve (None for a reused run whose
+    table stored none): the earlier run from ``reuse`` where it exists with
     the same η (to 1e-5) and steps (its flags re-derived from its curve by
     ``ntk_tt.dynamics._divergence``), a fresh fine-tune (one ``_finetune_group``) for the
     others. An earlier run flagged diverged is never reused: runs before issue 10 stopped at
@@ -161,12 +179,15 @@ def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
     div = np.zeros(len(cfgs), bool)
     spike = np.full(len(cfgs), -1)
     secs = np.zeros(len(cfgs))
+    err: list = [None] * len(cfgs)
     cs = 0.0
     if fresh:
         pick = np.array(fresh)
-        lf, df, kf, sf, cs = _finetune_group(data, key, lrs[pick], moms[pick], steps=steps,
-                                             batch_size=b)
+        lf, df, kf, sf, cs, ef = _finetune_group(data, key, lrs[pick], moms[pick],
+                                                 steps=steps, batch_size=b)
         loss[pick], div[pick], spike[pick], secs[pick] = lf, df, kf, sf
+        for j, i in enumerate(fresh):
+            err[i] = ef[j]
     per_step = 0.0
     if any(ok):
         per_step = ntk_tt.step_time(data.apply_fn, data.params, data.x, data.y,
@@ -175,10 +196,12 @@ def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
     for i, good in enumerate(ok):
         if good:
             loss[i], secs[i] = np.asarray(found[i][0], float), steps * per_step
+            err[i] = found[i][5] if len(found[i]) > 5 else None
             verdict = divergence(loss[i])
             div[i], spike[i] = bool(verdict.diverged), int(verdict.spiked_at)
             cs = cs or float(found[i][2])
-    return loss, div, spike, secs, cs, ["reused" if good else "fine-tuned" for good in ok]
+    return (loss, div, spike, secs, cs, ["reused" if good else "fine-tuned" for good in ok],
+            err)
 
 
 def _read_json(path: pathlib.Path, default):

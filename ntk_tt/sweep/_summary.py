@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ntk_tt.sweep._errors import LOSS_DROP, POOLED, _pooled_stats, epsilons, t_col, variants
+from ntk_tt.sweep._outcomes import outcome_summary
+from ntk_tt.sweep._targets import absolute_targets
 
 
 def headline(frame: pd.DataFrame) -> dict:
@@ -237,13 +239,28 @@ def divergence(frame: pd.DataFrame) -> dict:
 
 
 def edge_rows(frame: pd.DataFrame, grid: dict | None) -> np.ndarray:
-    """Rows of the divergence benchmark's extra κ̃ values (``SweepSpec.edge_kappas`` not in
-    ``kappas``): kept out of the headline so that runs compare across grids."""
+    """Rows of the divergence benchmark's edge configurations (``SweepSpec.edge_configs``:
+    each (B, m, κ̃) of ``edge_batch_sizes`` × ``edge_momenta`` × ``edge_kappas`` that the main
+    grid lacks): kept out of the headline so that runs compare across grids. A ``grid`` that
+    omits a field matches any row on it (``edge_momenta``: 0 only, the grids before issue 26;
+    ``edge_batch_sizes``: ``batch_sizes``)."""
     if not grid or not grid.get("edge_kappas"):
         return np.zeros(len(frame), bool)
-    extra = set(grid["edge_kappas"]) - set(grid.get("kappas", ()))
-    return ((frame["lr_kind"] == "kappa") & frame["lr_value"].isin(extra)
-            & (frame["momentum"] == 0.0)).to_numpy()
+    def inside(kappas, momenta, sizes) -> pd.Series:
+        ok = (frame["lr_kind"] == "kappa") & frame["lr_value"].isin(kappas)
+        if momenta is not None:
+            ok &= frame["momentum"].isin(momenta)
+        if sizes is not None:
+            b = pd.Series(np.where(frame["optimizer"] == "gd", "N",
+                                   frame["batch_size"].fillna(0).astype(int).astype(str)),
+                          index=frame.index)
+            ok &= b.isin({"N" if s is None else str(int(s)) for s in sizes})
+        return ok
+
+    edge = inside(grid["edge_kappas"], grid.get("edge_momenta", [0.0]),
+                  grid.get("edge_batch_sizes") or grid.get("batch_sizes"))
+    main = inside(grid.get("kappas", ()), grid.get("momenta"), grid.get("batch_sizes"))
+    return (edge & ~main).to_numpy()
 
 
 def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
@@ -264,12 +281,16 @@ def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
         **(meta or {}),
         "edge_rows": int(edge.sum()),
         "divergence": divergence(everything),
+        # the three-way outcomes and each predictor's call (ntk_tt.sweep._outcomes)
+        "outcome": outcome_summary(everything),
         "curve_distance": curve_distance(frame),
         "rows": int(len(frame)),
         "tasks": int(frame["task_id"].nunique()),
         "datasets": sorted(frame["dataset"].unique().tolist()),
         "rows_by_optimizer": frame["optimizer"].value_counts().to_dict(),
         "headline": headline(frame),
+        # steps to absolute targets (ntk_tt.sweep._targets), from the stored curves
+        "absolute_targets": absolute_targets(frame),
         "divergence_confusion": divergence_confusion(frame),
         "sketch_vs_exact": sketch_agreement(frame),
         "breakdown": breakdown(frame),

@@ -35,6 +35,7 @@ from ntk_tt.dynamics._losses import check_loss, error_rate
 from ntk_tt.telemetry._recorder import Recorder
 from ntk_tt.telemetry._telemetry import Telemetry, TelemetrySpec
 from ntk_tt.training._steps import (
+    _evaluate_jit,
     _init_jit,
     _linear_jit,
     _step_jit,
@@ -76,6 +77,9 @@ class FineTuneRun:
     began; ``spiked_at`` = the first step with loss above 10·L_0 (None if none): spiked and
     not diverged = spiked and recovered (the catapult phase). ``telemetry``: the
     :class:`ntk_tt.Telemetry` row when recorded (``finetune(telemetry=...)``), else None.
+    ``test_loss``, ``test_error``: held-out mean loss and error rate (steps+1,) after every
+    step, held like ``loss`` past a stop, when recorded (``record_test_curves=True``), else
+    None.
     """
 
     loss: np.ndarray
@@ -97,6 +101,8 @@ class FineTuneRun:
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
     linear_logits: np.ndarray | None = dataclasses.field(default=None, repr=False)
     telemetry: Telemetry | None = dataclasses.field(default=None, repr=False)
+    test_loss: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    test_error: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
 
 def _labels(y, n, c, name):
@@ -128,7 +134,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
              steps: int, batch_size: int | None = None, momentum: float = 0.0,
              nesterov: bool = False, loss: str = "cross_entropy", key: jax.Array | None = None,
              x_test: Any = None, y_test: Any = None, record_logits: bool = False,
-             telemetry: bool | TelemetrySpec = False, progress: bool = False) -> FineTuneRun:
+             telemetry: bool | TelemetrySpec = False, progress: bool = False,
+             record_test_curves: bool = False) -> FineTuneRun:
     """Fine-tune for real with ``optax.sgd`` and record full-training-set curves (paper Sec. 5).
 
     Same conventions as :func:`ntk_tt.predict`: mean loss, optax SGD semantics, the batch
@@ -151,6 +158,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         Never changes the run. Costs per update one more minibatch gradient and
         ``snr_samples`` per-sample gradients, plus the snapshots' forward passes.
       progress: show a tqdm progress bar over the steps.
+      record_test_curves: also evaluate the held-out set after every step into
+        ``FineTuneRun.test_loss`` / ``test_error`` (needs ``x_test``; measurement, not counted
+        in the training time): the real side of held-out steps-to-target
+        (:func:`ntk_tt.compare`).
 
     Returns:
       :class:`FineTuneRun`. Training goes on through loss spikes; it stops only at the first
@@ -163,8 +174,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         arrays (lists of numbers are converted), η or m not a real scalar (a string, or an
         array such as a per-step schedule: not supported yet), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
-        unknown loss, x_test without y_test, telemetry neither a bool nor a
-        :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not returning (N, F).
+        unknown loss, x_test without y_test, record_test_curves without x_test, telemetry
+        neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
+        returning (N, F).
     """
     if not isinstance(telemetry, bool | TelemetrySpec):
         raise ValueError(f"telemetry must be a bool or an ntk_tt.TelemetrySpec, got "
@@ -185,6 +197,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         x_test = as_array(x_test, "x_test")
         m, _ = check_model(apply_fn, params, x_test, name="x_test")
         y_test = _labels(y_test, m, c, "y_test")
+    if record_test_curves and x_test is None:
+        raise ValueError("record_test_curves=True records the held-out curves: pass x_test "
+                         "and y_test too.")
     b = n if batch_size is None else int(batch_size)
     batches = batch_indices(key, n, b, steps)
     x = jnp.asarray(x)
@@ -198,6 +213,11 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                        static=(apply_fn,), **statics)
     lin = (compiled(_linear_jit, params, state.logits, params, x, static=(apply_fn,))[0]
            if record_logits else None)
+    test_eval = None
+    if record_test_curves:
+        x_test = jnp.asarray(x_test)
+        test_eval = compiled(_evaluate_jit, params, x_test, y_test, static=(apply_fn,),
+                             loss=loss)[0]
     rec_t = None
     if telemetry is not False:
         spec = TelemetrySpec() if telemetry is True else telemetry
@@ -211,6 +231,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     t2 = time.perf_counter()
     rec = {"loss": [state.loss], "error": [state.error], "logits": [state.logits],
            "linear": [state.logits]}
+    if test_eval is not None:
+        test_loss, test_error, _ = test_eval(state.params, x_test, y_test)
+        rec["test_loss"], rec["test_error"] = [test_loss], [test_error]
     if rec_t is not None:
         rec_t.after_update(0, state)
     for t in tqdm(range(1, int(steps) + 1), desc="fine-tuning", unit="step", leave=False,
@@ -220,6 +243,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         state = step(state, x, y, batches[t - 1], jnp.int32(t), *hyper)
         rec["loss"].append(state.loss)
         rec["error"].append(state.error)
+        if test_eval is not None:  # at the last finite weights once stopped, as the loss
+            test_loss, test_error, _ = test_eval(state.params, x_test, y_test)
+            rec["test_loss"].append(test_loss)
+            rec["test_error"].append(test_error)
         if rec_t is not None:
             rec_t.after_update(t, state)
         if int(state.stopped_at) >= 0:
@@ -252,6 +279,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         **hp, loss_name=loss, params=state.params,
         logits=held["logits"] if record_logits else None,
         linear_logits=held["linear"] if record_logits else None, telemetry=tele,
+        **{k: held[k].astype(float) for k in ("test_loss", "test_error") if k in held},
     )
 
 

@@ -186,3 +186,8 @@ _train_jit = jax.jit(train_step, static_argnums=0, static_argnames=_STATIC)
 
 
 _linear_jit = jax.jit(linear_logits, static_argnums=0)
+
+
+# the held-out set's mean loss, error and logits at given weights (finetune(...,
+# record_test_curves=True): measurement after every step, not training)
+_evaluate_jit = jax.jit(_evaluate, static_argnums=0, static_argnames="loss")
