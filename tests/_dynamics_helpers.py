@@ -47,14 +47,20 @@ def train_optax(apply_fn, params, x, y, batches, x_eval, learning_rate, momentum
 
     Returns the logits on ``x_eval`` after 0..steps updates, (steps + 1, N_eval, C).
     """
-    opt = optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov)
+    tx = optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov)
+    return train_tx(apply_fn, params, x, y, tx, batches, x_eval, loss)
+
+
+def train_tx(apply_fn, params, x, y, tx, batches, x_eval, loss):
+    """Real training with the optax transformation ``tx`` over a batch-index sequence
+    ``batches`` (T, B); the logits on ``x_eval`` after 0..T updates, (T + 1, N_eval, C)."""
 
     def step(carry, idx):
         p, state = carry
         grads = jax.grad(lambda q: mean_loss(apply_fn(q, x[idx]), y[idx], loss))(p)
-        updates, state = opt.update(grads, state, p)
+        updates, state = tx.update(grads, state, p)
         p = optax.apply_updates(p, updates)
         return (p, state), apply_fn(p, x_eval)
 
-    _, fs = jax.lax.scan(step, (params, opt.init(params)), batches)
+    _, fs = jax.lax.scan(step, (params, tx.init(params)), batches)
     return jnp.concatenate([apply_fn(params, x_eval)[None], fs])

@@ -1,0 +1,219 @@
+"""Learning-rate schedules as pytrees: η_t for optimiser step t = 0, 1, ..., T − 1.
+
+A schedule's numbers (peak, warmup length, ...) are array leaves, so ``jit``, ``vmap`` and
+``jax.grad`` act on them; a schedule is called with a step count (int array) and gives η at
+that step, the same value optax's ``scale_by_learning_rate`` uses for the update of that step
+(optax counts from 0). Any optax schedule or callable ``step -> η`` is accepted through
+:func:`schedule` (its parameters are then closed over, not leaves).
+
+Warmup length as a differentiable number (issue 27): the linear warmup is optax's,
+η_t = init + (peak − init)·min(1, t/w) (η_0 = init), written so that η_t is continuous in w
+and differentiable in w everywhere except at t = w: d η_t/d w = −(peak − init)·t/w² during
+the warmup, 0 after. ``smoothing`` > 0 replaces min(1, x) by the softplus relaxation
+1 − s·softplus((1 − x)/s), s = smoothing/w (``smoothing`` in steps), which is smooth in w and
+tends to the exact schedule as smoothing → 0 (0 = exact, the default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def _number(value, name: str) -> Array:
+    """``value`` as a float array leaf; one-line ValueError for non-numbers (bools, strings,
+    None) before any work. Tracers pass unchecked. The checks run on the concrete input (a
+    Python or NumPy number stays checkable inside ``jit``, where ``jnp.asarray`` gives a
+    tracer)."""
+    if isinstance(value, jax.core.Tracer):
+        return value
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        raise ValueError(f"{name} must be a real number, got {value!r}.")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a real number, got {type(value).__name__}.") from err
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise ValueError(f"{name} must be a real number, got dtype {arr.dtype}.")
+    if arr.ndim == 0 and not np.isfinite(float(arr)):
+        raise ValueError(f"{name} must be finite, got {float(arr)}.")
+    return jnp.asarray(arr, jnp.result_type(float))
+
+
+def _concrete(value) -> float | None:
+    """A scalar argument's value as a float (None for a tracer or an array): the value range
+    checks read the user's input, never the (possibly traced) leaf made from it."""
+    if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+        return None
+    return float(np.asarray(value))
+
+
+class Schedule(eqx.Module):
+    """Base class: ``schedule(step) -> η`` for an int (array) ``step`` (broadcasts)."""
+
+    def __call__(self, step) -> Array:
+        raise NotImplementedError
+
+    def values(self, steps: int) -> Array:
+        """η_0 … η_{T−1}: the learning rate of each of ``steps`` updates, (T,)."""
+        return jax.vmap(self)(jnp.arange(steps))
+
+
+class Constant(Schedule):
+    """η_t = ``value`` at every step."""
+
+    value: Array
+
+    def __call__(self, step) -> Array:
+        return jnp.broadcast_to(self.value, jnp.shape(step)).astype(self.value.dtype)
+
+
+class WarmupCosine(Schedule):
+    """Linear warmup from ``init`` (η_0) to ``peak`` (step ``warmup``), then cosine decay to
+    ``end`` at step ``decay_steps`` (counted from 0, warmup included), ``end`` after: optax's
+    ``warmup_cosine_decay_schedule(init, peak, warmup, decay_steps, end)`` at integer
+    ``warmup``, with ``warmup`` a differentiable leaf (``smoothing``: module docstring)."""
+
+    peak: Array
+    warmup: Array
+    decay_steps: Array
+    init: Array
+    end: Array
+    smoothing: float = eqx.field(static=True, default=0.0)
+
+    def __call__(self, step) -> Array:
+        t = jnp.asarray(step, self.peak.dtype)
+        span = jnp.maximum(self.decay_steps - self.warmup, 1.0)
+        frac = jnp.clip((t - self.warmup) / span, 0.0, 1.0)
+        cos = self.end + (self.peak - self.end) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+        # warmup ramp + (cosine − peak): the second term is 0 until the warmup ends
+        ramp = (self.peak - self.init) * _ramp(t, self.warmup, self.smoothing)
+        return self.init + ramp + (cos - self.peak)
+
+
+class WarmupStableDecay(Schedule):
+    """Warmup–stable–decay (WSD): linear warmup from 0 (η_0) to ``peak`` (step ``warmup``),
+    ``peak`` until step ``decay_start`` (>= warmup), then linear decay to ``end`` over
+    ``decay_steps`` steps, ``end`` after."""
+
+    peak: Array
+    warmup: Array
+    decay_start: Array
+    decay_steps: Array
+    end: Array
+    smoothing: float = eqx.field(static=True, default=0.0)
+
+    def __call__(self, step) -> Array:
+        t = jnp.asarray(step, self.peak.dtype)
+        frac = jnp.clip((t - self.decay_start) / jnp.maximum(self.decay_steps, 1.0), 0.0, 1.0)
+        # warmup ramp + the decay (0 until decay_start >= warmup)
+        return self.peak * _ramp(t, self.warmup, self.smoothing) + (self.end - self.peak) * frac
+
+
+class Exponential(Schedule):
+    """η_t = ``init``·``rate``^t (optax ``exponential_decay(init, 1, rate)``)."""
+
+    init: Array
+    rate: Array
+
+    def __call__(self, step) -> Array:
+        return self.init * self.rate ** jnp.asarray(step, self.init.dtype)
+
+
+class FromCallable(Schedule):
+    """Any ``fn(step) -> η``: an optax schedule or a user's function (static: its numbers are
+    not leaves, so no ``jax.grad`` with respect to them through the schedule object)."""
+
+    fn: Callable = eqx.field(static=True)
+
+    def __call__(self, step) -> Array:
+        return jnp.asarray(self.fn(step), jnp.result_type(float))
+
+
+def _ramp(t, warmup, smoothing) -> Array:
+    """min(1, t/w) (exact; 1 when w = 0), or its softplus relaxation of width ``smoothing``
+    steps."""
+    x = jnp.where(warmup > 0, t / jnp.where(warmup > 0, warmup, 1.0), 1.0)
+    if smoothing == 0:
+        return jnp.minimum(x, 1.0)
+    s = smoothing / jnp.maximum(warmup, smoothing)
+    return 1.0 - s * jax.nn.softplus((1.0 - x) / s)
+
+
+def constant(value) -> Constant:
+    """η_t = ``value``."""
+    return Constant(_number(value, "learning_rate"))
+
+
+def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
+                  smoothing: float = 0.0) -> WarmupCosine:
+    """Linear warmup to ``peak`` over ``warmup`` steps, cosine decay to ``end`` at
+    ``decay_steps`` (optax ``warmup_cosine_decay_schedule``'s convention: ``decay_steps``
+    counts the warmup). Every number is a leaf (``jax.grad`` w.r.t. peak and warmup).
+
+    Raises:
+      ValueError: a non-number, warmup < 0, decay_steps < warmup, smoothing < 0.
+    """
+    leaves = (_number(peak, "peak"), _number(warmup, "warmup"),
+              _number(decay_steps, "decay_steps"), _number(init, "init"), _number(end, "end"))
+    _check_order(warmup, decay_steps, "warmup", "decay_steps", smoothing)
+    return WarmupCosine(*leaves, float(smoothing))
+
+
+def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
+                        smoothing: float = 0.0) -> WarmupStableDecay:
+    """Warmup (``warmup`` steps) – stable (``peak`` until ``decay_start``) – linear decay to
+    ``end`` over ``decay_steps`` steps.
+
+    Raises:
+      ValueError: a non-number, warmup < 0, decay_start < warmup, decay_steps < 0,
+        smoothing < 0.
+    """
+    leaves = (_number(peak, "peak"), _number(warmup, "warmup"),
+              _number(decay_start, "decay_start"), _number(decay_steps, "decay_steps"),
+              _number(end, "end"))
+    _check_order(warmup, decay_start, "warmup", "decay_start", smoothing)
+    if (d := _concrete(decay_steps)) is not None and d < 0:
+        raise ValueError(f"decay_steps must be >= 0, got {d}.")
+    return WarmupStableDecay(*leaves, float(smoothing))
+
+
+def exponential(init, rate) -> Exponential:
+    """η_t = init·rate^t (rate per step, e.g. 0.99)."""
+    return Exponential(_number(init, "init"), _number(rate, "rate"))
+
+
+def schedule(value) -> Schedule:
+    """A :class:`Schedule` from a number (constant), a Schedule (unchanged) or any callable
+    ``step -> η`` (an optax schedule such as ``optax.piecewise_constant_schedule(...)``).
+
+    Raises:
+      ValueError: anything else (an array of per-step values: use
+        ``schedule(lambda t: values[t])``), with the accepted forms in the message.
+    """
+    if isinstance(value, Schedule):
+        return value
+    if callable(value):
+        return FromCallable(value)
+    if np.ndim(value) != 0 and not isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"learning_rate must be a number, a schedule (ntk_tt.warmup_cosine(...), any optax "
+            f"schedule or a callable step -> η), got an array of shape {np.shape(value)}; "
+            "for per-step values use lambda t: values[t].")
+    return constant(value)
+
+
+def _check_order(first, second, name1, name2, smoothing) -> None:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or smoothing < 0:
+        raise ValueError(f"smoothing must be a number >= 0 (steps), got {smoothing!r}.")
+    first, second = _concrete(first), _concrete(second)
+    if first is not None and first < 0:
+        raise ValueError(f"{name1} must be >= 0 steps, got {first}.")
+    if first is not None and second is not None and second < first:
+        raise ValueError(f"{name2} ({second}) must be >= {name1} ({first}).")

@@ -1,0 +1,330 @@
+"""A fast Adam/AdamW predictor at function-space cost: the head-aware model (issue 27).
+
+METHOD.md §11. The model f = (h_0 + φ) W + b, φ = J_h (θ − θ_0) (METHOD.md §10), trained by
+``ntk_tt.adam``/``adamw`` (β₁, β₂, ε, schedule η_t, decoupled weight decay λ):
+
+* Head (W, b): EXACT Adam — its moments are elementwise on F×C and C numbers.
+* Backbone: the weight gradient on the minibatch is g_t = J_hᵀ vec(Q_t), Q_t (N, F) = g W_tᵀ
+  on the batch rows (g = ∂L_B/∂f), zero elsewhere. Adam's first moment is linear:
+  m_t = β₁m_{t−1} + (1 − β₁)g_t = J_hᵀ vec(Q̄_t), Q̄ the β₁-EMA of Q (exact). The second
+  moment v_t (the β₂-EMA of g_t², elementwise) has no function-space form; approximate it by
+  the "rescaled diagonal" of Zancato et al. (2020, Sec. 4, there for the SGD noise): the
+  per-parameter profile is frozen at θ_0 and its scale follows the gradient norm,
+
+      g_t² ≈ r_t·v̄,   v̄ = E[g_0²] = g_0² + σ²·(N − B)/(B(N − 1)),   r_t = ‖g_t‖² / E‖g_0‖²,
+
+  v̄ per parameter (g_0 the full-batch gradient, σ² the per-sample gradient variance of
+  ``ntk_tt.gradient_variance``, the second term that of a mean over B samples drawn without
+  replacement: 0 for GD). Then v_t ≈ ρ_t·v̄ with the scalar ρ_t = β₂ρ_{t−1} + (1 − β₂)r_t,
+  and with the bias corrections m̂ = m/(1 − β₁^{t+1}), ρ̂ = ρ/(1 − β₂^{t+1}),
+
+      d_t = m̂_t / (√v̂_t + ε) ≈ P m̂_t / √ρ̂_t,    P = diag(1 / (√v̄ + ε)),
+
+  ε kept at ρ = 1 (so the first GD step, sign(g_0)·|g_0|/(|g_0| + ε), is exact) and
+  otherwise ignored against √v (relative error O(ε/√v)). In feature space
+
+      J_h d_t = K_P vec(Q̂_t) / √ρ̂_t,    K_P = J_h P J_hᵀ  (the preconditioned feature kernel),
+
+  and M_t = K_P vec(Q̄_t) is carried by its own EMA, M_t = β₁M_{t−1} + (1 − β₁)K_P[:, B] Q_B
+  (O(N·B·F) per step; O(N·B·C + N·C·F) with an isotropic / Kronecker K_P).
+  Both norms are quadratic forms of the feature kernel K_h = J_h J_hᵀ:
+  ‖g_t‖² = Σ_{i,j∈B} q_iᵀ K_h(i, j) q_j, and, for per-sample q_i = r_i W_0ᵀ (r = ∂ℓ_i/∂f_i),
+  E‖g_0‖² = B⁻²[(B/N) Σ_i q_iᵀK_h(i,i)q_i + B(B − 1)/(N(N − 1)) Σ_{i≠j} q_iᵀK_h(i,j)q_j]
+  (= ‖g_0‖² for B = N), so r_0 = 1 for GD whatever the feature-kernel approximation.
+* Decoupled decay (AdamW): θ ← θ − η_t(d_t + λθ), in feature space
+  φ ← φ − η_t(J_h d_t + λ(a_h + φ)) with a_h = J_h θ_0 (one jvp), exact; W, b decay exactly.
+  L2 decay with Adam (λθ inside the elementwise moments) has no such form and is refused
+  (``ntk_tt.linearised_reference`` handles it).
+
+Exact for GD at t = 0 and whenever every parameter's gradient stays proportional to its
+value at θ_0; the error comes from the gradient profile changing during training and, for
+SGD, from the realised minibatch's squared gradient against ρ_t·v̄.
+:func:`adam_head_aware_kernel` builds K_P like the isotropic head-aware kernel: the wrapped
+backbone θ' ↦ feature_fn(θ_0 + θ'·P^{1/2}) has Jacobian J_h P^{1/2} at θ' = 0, and its
+logit-summed NTK through the head W_0 is k_P·tr(W_0ᵀ S W_0) (no head term), so k_P is read
+off one more logit-summed kernel per task ("exact": K_P (N·F)² itself).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt._optimizer import Optimizer
+from ntk_tt._options import BACKBONES
+from ntk_tt.dynamics._checks import check_labels
+from ntk_tt.dynamics._losses import check_loss, logit_residual
+from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
+from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
+from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
+from ntk_tt.dynamics._predict_head_aware import _backbone_step
+from ntk_tt.kernels._head_aware import (
+    HeadAwareKernel,
+    check_head_aware,
+    feature_mixing,
+    head_aware_kernel,
+)
+from ntk_tt.kernels._ntk import empirical_ntk
+
+
+class AdamKernel(NamedTuple):
+    """The kernels of the fast Adam predictor (:func:`adam_head_aware_kernel`).
+
+    hk: the head-aware kernel (features h_0, head W_0, b_0, feature kernel K_h: the gradient
+    norms). precond: the same with K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ as its backbone kernel
+    (and held-out cross kernel): the Adam step's direction. batch_size: the B that v̄ was
+    estimated for (N for full batch).
+    """
+
+    hk: HeadAwareKernel
+    precond: HeadAwareKernel
+    batch_size: int
+
+
+class AdamHeadState(NamedTuple):
+    """Head W, b with Adam moments (m_W, v_W, m_b, v_b); φ (N, F); M = K_P vec(Q̄) (N, F);
+    ρ (scalar); φ_test, M_test (N_test, F) or None."""
+
+    w: jax.Array
+    b: jax.Array
+    mw: jax.Array
+    vw: jax.Array
+    mb: jax.Array
+    vb: jax.Array
+    phi: jax.Array
+    big_m: jax.Array
+    rho: jax.Array
+    phit: jax.Array | None
+    big_mt: jax.Array | None
+
+
+def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
+                           backbone: str = "isotropic", loss: str = "cross_entropy",
+                           hk: HeadAwareKernel | None = None, mixing_samples: int = 32,
+                           key: jax.Array | None = None) -> AdamKernel:
+    """The kernels of the fast Adam predictor for a network split as ``(feature_fn,
+    backbone_params, head_kernel, head_bias)`` (:func:`ntk_tt.split_head`).
+
+    v̄ per backbone parameter from the full-batch gradient at θ_0 (and, for B < N, the
+    per-sample gradient variance: N more backward passes); then K_P = J_h diag(1/(√v̄ + ε))
+    J_hᵀ in the form of ``backbone`` (as :func:`ntk_tt.head_aware_kernel`: "isotropic",
+    "kronecker" with S_P from the preconditioned feature kernel's diagonal blocks, or
+    "exact"), from one more empirical NTK (module docstring).
+
+    Args:
+      split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
+      optimizer: the Adam optimiser to predict (its ε and batch size set v̄ and P).
+      x_test: held-out inputs (N_test, ...) or None.
+      backbone: feature-kernel form of both kernels. loss: "cross_entropy" or "mse".
+      hk: the plain head-aware kernel if already built (same inputs and ``backbone``).
+      mixing_samples, key: as :func:`ntk_tt.head_aware_kernel` (Kronecker S, S_P).
+
+    Returns:
+      :class:`AdamKernel`.
+
+    Raises:
+      ValueError: not an Adam optimiser, unknown ``backbone``, a ``hk`` of another form or
+        size, and every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
+    """
+    check_optimizer(optimizer, ("adam",), where="adam_head_aware_kernel")
+    check_loss(loss)
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if hk is None:
+        hk = head_aware_kernel(split, x, x_test, backbone=backbone,
+                               mixing_samples=mixing_samples, key=key)
+    elif not isinstance(hk, HeadAwareKernel) or (hk.mixing is None) != (backbone == "exact") \
+            or (hk.features_test is None) != (x_test is None):
+        raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
+                         "(x and x_test), or None to build it here.")
+    feature_fn, bparams, w0, b0 = split
+    x = jnp.asarray(x)
+    n = x.shape[0]
+    y = check_labels(y, n, w0.shape[1])
+    bsz = n if optimizer.batch_size is None else optimizer.batch_size
+    root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5,
+                        _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz))
+    zeros = jax.tree.map(jnp.zeros_like, bparams)
+
+    def pre_features(tp, xx):  # θ' ↦ h(θ_0 + θ'·P^{1/2}): Jacobian J_h P^{1/2} at θ' = 0
+        return feature_fn(jax.tree.map(lambda p0, t, r: p0 + t * r, bparams, tp, root), xx)
+
+    if backbone == "exact":
+        kp = empirical_ntk(pre_features, zeros, x)
+        kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
+        return AdamKernel(hk, hk._replace(backbone=kp, backbone_test=kpt), bsz)
+    mixing = jnp.eye(w0.shape[0], dtype=hk.features.dtype)
+    if backbone == "kronecker":
+        m = min(mixing_samples, n)
+        pick = (jnp.arange(m) if key is None
+                else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
+        mixing = feature_mixing(pre_features, zeros, x[pick])
+
+    def pre_logits(tp, xx):
+        return pre_features(tp, xx) @ w0
+
+    trace = jnp.trace(w0.T @ mixing @ w0)
+    kp = empirical_ntk(pre_logits, zeros, x, trace_logits=True) / trace
+    kpt = (None if x_test is None
+           else empirical_ntk(pre_logits, zeros, x_test, x, trace_logits=True) / trace)
+    return AdamKernel(hk, hk._replace(backbone=kp, mixing=mixing, backbone_test=kpt), bsz)
+
+
+def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
+    """v̄ = g_0² + σ²·(N − B)/(B(N − 1)) per backbone parameter (module docstring)."""
+    def backbone_apply(p, xx):
+        return feature_fn(p, xx) @ w0 + b0
+
+    n = x.shape[0]
+    vbar = jax.tree.map(jnp.square, _mean_grad(backbone_apply, bparams, x, y, loss))
+    if bsz == n:
+        return vbar
+    var = gradient_variance(backbone_apply, bparams, x, y, loss=loss)
+    return jax.tree.map(lambda v, s: v + s * (n - bsz) / (bsz * (n - 1)), vbar, var)
+
+
+def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps: int,
+                               key=None, a_h=None, a_h_test=None,
+                               loss: str = "cross_entropy", batches=None):
+    """Logits of the head-aware model trained by Adam/AdamW, predicted in function space.
+
+    Head exact, backbone by the rescaled-diagonal preconditioner (module docstring). Pure and
+    jittable: ``vmap`` over the optimiser's array leaves (η schedule, β₁, β₂, λ) shares
+    ``ak``; ``ak`` itself depends on ε and the batch size (through v̄), so build it for those.
+
+    Args:
+      ak: :class:`AdamKernel` (:func:`adam_head_aware_kernel`). y: labels (N,).
+      optimizer: ``ntk_tt.adamw(...)`` or ``ntk_tt.adam(...)`` without weight decay.
+      steps: T updates (static). key: minibatch order for B < N (``ntk_tt.finetune``'s).
+      a_h, a_h_test: J_h θ_0 on the training (N, F) and held-out (N_test, F) inputs, needed
+        when weight_decay ≠ 0 (``weight_tangent(feature_fn, backbone_params, x)``).
+      loss: "cross_entropy" or "mse". batches: (T, B) indices instead of the key's.
+
+    Returns:
+      ``(fs, fs_test)``: logits after 0..T updates (T + 1, N, C), held-out ones or None.
+
+    Raises:
+      ValueError: not an Adam optimiser, Adam with L2 weight decay (use adamw), kernels that
+        do not match, weight decay without ``a_h``, SGD without a key, bad labels.
+    """
+    if isinstance(optimizer, Optimizer) and optimizer.rule == "adam" \
+            and not optimizer.decoupled and _maybe_nonzero(optimizer.weight_decay):
+        raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay "
+                         "enters Adam's elementwise moments, which have no feature-space form; "
+                         "use ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
+    if not isinstance(ak, AdamKernel):
+        raise ValueError(f"ak must be an AdamKernel (adam_head_aware_kernel(...)), got "
+                         f"{type(ak).__name__}.")
+    hk, y, a_h, a_h_test, _ = validate_head(ak.hk, y, optimizer, rules=("adam",),
+                                            where="head_aware_adam_trajectory", loss=loss,
+                                            a_h=a_h, a_h_test=a_h_test)
+    hp = _check_precond(ak.precond, hk)
+    bsz = optimizer.batch_size or hk.features.shape[0]
+    if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != bsz:
+        raise ValueError(f"ak was built for batch size {ak.batch_size} (v̄ depends on B), the "
+                         f"optimizer's is {bsz}: rebuild it with adam_head_aware_kernel(..., "
+                         "optimizer).")
+    batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
+    return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss)
+
+
+def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
+    """``ak.precond`` checked against ``hk`` (same N, F, C and held-out inputs), in its dtype."""
+    n, f = hk.features.shape
+    check_head_aware(hp, n, hk.head_bias.shape[0])
+    if np.shape(hp.features) != (n, f) or (hp.features_test is None) != (
+            hk.features_test is None):
+        raise ValueError("ak.precond must be built on the inputs of ak.hk (the same training "
+                         "and held-out sets): use adam_head_aware_kernel.")
+    dtype = hk.features.dtype
+    return HeadAwareKernel(*(None if a is None else jnp.asarray(a, dtype) for a in hp))
+
+
+def _maybe_nonzero(value) -> bool:
+    return isinstance(value, jax.core.Tracer) or np.ndim(value) != 0 or float(value) != 0.0
+
+
+def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
+    """Σ_{i,j∈idx} q_iᵀ K_h(i, j) q_j for q (B, F): ‖J_hᵀ vec(Q)‖², Q = q on the rows idx."""
+    if hk.mixing is not None:
+        return jnp.sum(hk.backbone[idx][:, idx] * (q @ hk.mixing @ q.T))
+    n, f = hk.features.shape
+    block = hk.backbone.reshape(n, f, n, f)[idx][:, :, idx]  # (B, F, B, F)
+    return jnp.einsum("ifjg,if,jg->", block, q, q)
+
+
+def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Array:
+    """E‖g_0‖² over the minibatch draw (module docstring): the scale of v̄ in function space."""
+    n, f = hk.features.shape
+    f0 = hk.features @ hk.head_kernel + hk.head_bias
+    q = logit_residual(f0, y, loss) @ hk.head_kernel.T  # per-sample ∂ℓ_i/∂h_i (N, F)
+    if hk.mixing is not None:
+        pair = hk.backbone * (q @ hk.mixing @ q.T)
+    else:
+        pair = jnp.einsum("ifjg,if,jg->ij", hk.backbone.reshape(n, f, n, f), q, q)
+    diag, total = jnp.trace(pair), jnp.sum(pair)
+    bsz = batch_size
+    off = 0.0 if n == 1 else bsz * (bsz - 1) / (n * (n - 1)) * (total - diag)
+    return (bsz / n * diag + off) / bsz**2
+
+
+@partial(jax.jit, static_argnames="loss")
+def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss):
+    steps, bsz = batches.shape
+    dtype = hk.features.dtype
+    lrs = optimizer.learning_rates(steps).astype(dtype)
+    b1, b2 = (jnp.asarray(v, dtype) for v in (optimizer.momentum, optimizer.b2))
+    eps, wd = (jnp.asarray(v, dtype) for v in (optimizer.eps, optimizer.weight_decay))
+    norm0 = expected_norm0(hk, y, bsz, loss)
+    tiny = jnp.finfo(dtype).tiny
+    decay = a_h is not None
+
+    def adam_head(p, mom, var, grad, c1, c2, lr):
+        mom = b1 * mom + (1 - b1) * grad
+        var = b2 * var + (1 - b2) * grad**2
+        direction = (mom / c1) / (jnp.sqrt(var / c2) + eps)
+        if decay:
+            direction = direction + wd * p
+        return p - lr * direction, mom, var
+
+    def backbone(phi, big_m, kernel, idx, g, w, q, tangent, scale, lr):
+        big_m = b1 * big_m + (1 - b1) * _backbone_step(kernel, hp.mixing, idx, g, w, q,
+                                                       phi.shape[0])
+        direction = big_m * scale
+        if decay:
+            direction = direction + wd * (tangent + phi)
+        return phi - lr * direction, big_m
+
+    def step(s, inputs):
+        idx, lr, t = inputs
+        c1, c2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
+        hb = (hk.features + s.phi)[idx]
+        g = logit_residual(hb @ s.w + s.b, y[idx], loss) / bsz
+        q = g @ s.w.T
+        w, mw, vw = adam_head(s.w, s.mw, s.vw, hb.T @ g, c1, c2, lr)
+        b, mb, vb = adam_head(s.b, s.mb, s.vb, jnp.sum(g, axis=0), c1, c2, lr)
+        rho = b2 * s.rho + (1 - b2) * quadratic_form(hk, idx, q) / norm0
+        scale = 1.0 / (c1 * jnp.sqrt(jnp.maximum(rho / c2, tiny)))  # 1/((1 − β₁ᵗ)√ρ̂)
+        phi, big_m = backbone(s.phi, s.big_m, hp.backbone, idx, g, s.w, q, a_h, scale, lr)
+        phit, big_mt = s.phit, s.big_mt
+        if phit is not None:
+            phit, big_mt = backbone(phit, big_mt, hp.backbone_test, idx, g, s.w, q, a_h_test,
+                                    scale, lr)
+        s = AdamHeadState(w, b, mw, vw, mb, vb, phi, big_m, rho, phit, big_mt)
+        return s, head_logits(hk, w, b, phi, phit)
+
+    zf = jnp.zeros_like(hk.features)
+    zt = None if hk.features_test is None else jnp.zeros_like(hk.features_test)
+    w0, b0 = hk.head_kernel, hk.head_bias
+    s0 = AdamHeadState(w0, b0, jnp.zeros_like(w0), jnp.zeros_like(w0), jnp.zeros_like(b0),
+                       jnp.zeros_like(b0), zf, zf, jnp.zeros((), dtype), zt, zt)
+    ts = jnp.arange(steps, dtype=dtype)
+    _, (fs, fts) = jax.lax.scan(step, s0, (batches, lrs, ts))
+    f0, ft0 = head_logits(hk, w0, b0, zf, zt)
+    fs = jnp.concatenate([f0[None], fs])
+    fts = None if ft0 is None else jnp.concatenate([ft0[None], fts])
+    return fs, fts

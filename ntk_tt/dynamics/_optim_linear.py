@@ -1,0 +1,215 @@
+"""Frozen-kernel linearised model under any SGD-family :class:`ntk_tt.Optimizer` (issue 27).
+
+METHOD.md §11. For f_lin(θ) = f0 + J(θ − θ0) (J the (N·C) × D Jacobian at θ0, Θ = J Jᵀ),
+optax's SGD with momentum m, a schedule η_t and weight decay λ (``Optimizer.to_optax``):
+
+    g̃_t = J_Bᵀ g_B(f_t) + λ_2 θ_t,     u_{t+1} = m u_t + g̃_t,
+    d_t = u_{t+1} (heavy ball) or g̃_t + m u_{t+1} (Nesterov),
+    θ_{t+1} = θ_t − η_t (d_t + λ_d θ_t)
+
+(λ_2 = λ for L2 in the loss, λ_d = λ for decoupled decay; g_B = ∂L_B/∂f_B of the MEAN loss on
+the minibatch B_t) maps exactly to function space: multiply by J and write p_t = J θ_t =
+a + (f_t − f0) with a = J θ0 (one ``jax.jvp`` of the network along its own weights,
+:func:`weight_tangent`); with h = J u,
+
+    h_{t+1} = m h_t + Θ[:, B] g_B + λ_2 p_t,
+    f_{t+1} = f_t − η_t (h_{t+1} + λ_d p_t)                       (heavy ball)
+    f_{t+1} = f_t − η_t (Θ[:, B] g_B + λ_2 p_t + m h_{t+1} + λ_d p_t)   (Nesterov).
+
+Held-out logits follow with the cross kernel Θ(x_test, x) and a_test = J(x_test) θ0. No
+approximation: the recursion equals optax training of f_lin to rounding. Cost per step
+O(N·C·B·C), as :mod:`ntk_tt.dynamics._discrete` (the λ = 0, constant-η case).
+Adam is elementwise in weight space and has no such closed form: see
+:mod:`ntk_tt.dynamics._adam_head_aware` (fast, approximate) and
+:func:`ntk_tt.linearised_reference` (exact, weight space).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt._optimizer import Optimizer
+from ntk_tt._options import _is_int
+from ntk_tt.data._batches import batch_indices
+from ntk_tt.dynamics._checks import check_labels, float_logits
+from ntk_tt.dynamics._fspace import as_operator, theta_cols_dot, theta_dot
+from ntk_tt.dynamics._losses import check_loss, logit_residual
+
+
+def weight_tangent(fn, params, x) -> jax.Array:
+    """J(x)·θ0: the network's tangent along its own weights, one ``jax.jvp`` (METHOD.md §11).
+
+    Args:
+      fn: ``fn(params, x) -> out`` (an ``apply_fn``, or a backbone ``feature_fn``).
+      params: the weights θ0 (every leaf decays, as optax's ``add_decayed_weights``).
+      x: inputs (N, ...).
+
+    Returns:
+      ``∂fn(θ, x)/∂θ|θ0 · θ0``, the shape of ``fn(params, x)``: (N, C) for logits (the ``a``
+      of :func:`sgd_trajectory`), (N, F) for features (the ``a_h`` of the head-aware
+      recursions).
+    """
+    return jax.jvp(lambda p: fn(p, x), (params,), (params,))[1]
+
+
+def check_optimizer(optimizer, rules=("sgd",), *, where: str) -> None:
+    """ValueError unless ``optimizer`` is an :class:`ntk_tt.Optimizer` of one of ``rules``."""
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(f"optimizer must be an ntk_tt.Optimizer (ntk_tt.sgd(...), "
+                         f"ntk_tt.adamw(...)), got {type(optimizer).__name__}.")
+    if optimizer.rule not in rules:
+        raise ValueError(
+            f"{where} handles the {'/'.join(rules)} rule, got {optimizer.label}; "
+            + ("for Adam use ntk_tt.head_aware_adam_trajectory (fast) or "
+               "ntk_tt.linearised_reference (exact)." if optimizer.rule == "adam" else
+               "for SGD use ntk_tt.sgd_trajectory or ntk_tt.head_aware_sgd_trajectory."))
+
+
+def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:
+    """Whether the weight-decay terms run (``tangent`` given). A missing tangent is refused
+    unless λ is concretely 0 (a traced λ could be anything)."""
+    if tangent is not None:
+        return True
+    wd = optimizer.weight_decay
+    if isinstance(wd, jax.core.Tracer) or np.ndim(wd) != 0 or float(wd) != 0.0:
+        raise ValueError(
+            f"weight decay acts on J·θ0: pass {name} (ntk_tt.weight_tangent(fn, params, x), "
+            "one jvp), or use weight_decay=0.")
+    return False
+
+
+def check_tangent(tangent, rows: int, cols: int, name: str, dtype=None):
+    """``tangent`` as an array of shape (rows, cols) (in ``dtype``); ValueError naming it
+    otherwise."""
+    if tangent is None:
+        return None
+    if np.shape(tangent) != (rows, cols):
+        raise ValueError(f"{name} must have shape ({rows}, {cols}) (J·θ0 on the same inputs), "
+                         f"got {np.shape(tangent)}.")
+    return jnp.asarray(tangent, dtype)
+
+
+def resolve_batches(optimizer: Optimizer, n: int, steps: int, key, batches) -> jax.Array:
+    """The (T, B) minibatch sequence: ``batches`` if given, else
+    ``ntk_tt.batch_indices(key, N, optimizer.batch_size or N, steps)`` (a real run's order)."""
+    b = n if optimizer.batch_size is None else optimizer.batch_size
+    if not _is_int(steps) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+    if batches is None:
+        return batch_indices(key, n, b, steps)
+    if np.shape(batches) != (steps, b):
+        raise ValueError(f"batches must have shape (steps, B) = ({steps}, {b}), got "
+                         f"{np.shape(batches)}.")
+    return jnp.asarray(batches, jnp.int32)
+
+
+def sgd_trajectory(kernel, f0, y, optimizer: Optimizer, *, steps: int, key=None, a=None,
+                   loss: str = "cross_entropy", kernel_test=None, f0_test=None, a_test=None,
+                   batches=None):
+    """Logits of the frozen-kernel linearised model trained by an SGD-family optimiser.
+
+    Exact (module docstring): per-step η_t from the schedule, heavy-ball or Nesterov
+    momentum, minibatches, decoupled or L2 weight decay. Pure and jittable; ``vmap`` acts
+    over the optimiser's array leaves (e.g. ``jax.vmap(lambda lr: sgd_trajectory(...,
+    ntk_tt.sgd(lr, 0.9), steps=T)[0])``) and ``jax.grad`` reaches the schedule's peak and
+    warmup.
+
+    Args:
+      kernel: Θ (N·C, N·C) sample-major, or (N, N) logit-summed (used as (Θ/C) ⊗ I_C).
+      f0: logits at θ0 (N, C). y: integer labels (N,).
+      optimizer: ``ntk_tt.sgd(...)`` (rule "sgd"). steps: T updates (static).
+      key: ``jax.random`` key for the minibatch order (B < N), as ``ntk_tt.finetune``.
+      a: J·θ0 (N, C) (:func:`weight_tangent`); needed when weight_decay ≠ 0.
+      loss: "cross_entropy" or "mse" (mean over samples).
+      kernel_test, f0_test, a_test: held-out cross kernel (N_t·C, N·C) or (N_t, N), logits
+        (N_t, C) and tangent (N_t, C) (a_test when weight decay acts).
+      batches: (T, B) int indices instead of the key's sequence (e.g. other SGD paths).
+
+    Returns:
+      ``(fs, fs_test)``: logits after 0..T updates (T + 1, N, C) and held-out (T + 1, N_t, C)
+      or None. Time is in optimiser steps.
+
+    Raises:
+      ValueError: an optimiser that is not SGD-family, shapes that do not match, weight decay
+        without ``a`` (or ``a_test`` with a test kernel), SGD without a key, bad labels.
+    """
+    check_optimizer(optimizer, where="sgd_trajectory")
+    check_loss(loss)
+    if np.ndim(f0) != 2:
+        raise ValueError(f"f0 must be logits (N, C), got shape {np.shape(f0)}.")
+    n, c = np.shape(f0)
+    check_loss(loss, c)
+    y = check_labels(y, n, c)
+    f0 = float_logits(jnp.asarray(f0), kernel)  # the dtype of the solve (README, "Dtypes")
+    dtype = f0.dtype
+    op = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
+    with_decay = decay_needs_tangent(optimizer, a, "a")
+    a = check_tangent(a, n, c, "a", dtype)
+    test, test_traced = None, None
+    if kernel_test is not None:
+        if f0_test is None:
+            raise ValueError("kernel_test needs f0_test (N_test, C).")
+        nt = np.shape(f0_test)[0]
+        if with_decay and a_test is None:
+            raise ValueError("weight decay with a held-out kernel needs a_test (N_test, C).")
+        tmat, test_traced = as_operator(jnp.asarray(kernel_test, dtype), n, c,
+                                        name="kernel_test", rows=nt)
+        test = (tmat, jnp.asarray(f0_test, dtype), check_tangent(a_test, nt, c, "a_test", dtype))
+    batches = resolve_batches(optimizer, n, steps, key, batches)
+    return _sgd_core(op[0], f0, y, optimizer, batches, a, test, traced=op[1],
+                     test_traced=test_traced, loss=loss)
+
+
+@partial(jax.jit, static_argnames=("traced", "test_traced", "loss"))
+def _sgd_core(mat, f0, y, optimizer, batches, a, test, *, traced, test_traced, loss):
+    steps, b = batches.shape
+    n = f0.shape[0]
+    dtype = f0.dtype
+    lrs = optimizer.learning_rates(steps).astype(dtype)
+    m = jnp.asarray(optimizer.momentum, dtype)
+    wd = jnp.asarray(optimizer.weight_decay, dtype)
+    lam_2, lam_d = (0.0, wd) if optimizer.decoupled else (wd, 0.0)
+    nesterov = optimizer.nesterov
+    with_test = test is not None
+    if with_test:
+        tmat, ft0, at = test
+        tmat_t = tmat.T  # Θ(x_test, x)ᵀ: row gathers of the batch
+
+    def move(f, h, d, f_start, tangent, lr):
+        """One function-space SGD update of logits ``f`` with velocity image ``h``, given the
+        kernel-gradient product ``d``; ``tangent`` = J·θ0 or None (no decay)."""
+        p = None if tangent is None else tangent + (f - f_start)  # J θ_t
+        grad = d if p is None else d + lam_2 * p
+        h = m * h + grad
+        direction = grad + m * h if nesterov else h
+        if p is not None:
+            direction = direction + lam_d * p
+        return f - lr * direction, h
+
+    def step(carry, inputs):
+        f, h, ft, ht = carry
+        idx, lr = inputs
+        if b == n:
+            g = logit_residual(f, y, loss) / n
+            d = theta_dot(mat, traced, g)
+            dt = theta_dot(tmat, test_traced, g) if with_test else None
+        else:
+            g = logit_residual(f[idx], y[idx], loss) / b
+            d = theta_cols_dot(mat, traced, idx, g)
+            dt = theta_cols_dot(tmat_t, test_traced, idx, g) if with_test else None
+        f, h = move(f, h, d, f0, a, lr)
+        if with_test:
+            ft, ht = move(ft, ht, dt, ft0, at, lr)
+        return (f, h, ft, ht), (f, ft)
+
+    ft_init = ft0 if with_test else None
+    init = (f0, jnp.zeros_like(f0), ft_init,
+            jnp.zeros_like(ft0) if with_test else None)
+    _, (fs, fts) = jax.lax.scan(step, init, (batches, lrs))
+    fs = jnp.concatenate([f0[None], fs])
+    fts = jnp.concatenate([ft0[None], fts]) if with_test else None
+    return fs, fts
