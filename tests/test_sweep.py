@@ -259,7 +259,11 @@ def smoke(tmp_path_factory):
     rows = out / "rows"
     # the resumed process reuses the killed one's compiled executables (JAX's persistent
     # compilation cache): the test checks resumption, not compilation, twice
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
+    # and at XLA's default optimisation level: the smoke sweep's programs run long enough
+    # that conftest's unoptimised code generation costs more than it saves (526 s vs 160 s)
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_backend_optimization_level")]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=" ".join(flags),
                JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
