@@ -25,6 +25,7 @@ from ntk_tt.dynamics._training_time import (
 from ntk_tt.prediction._intervals import intervals
 from ntk_tt.prediction._result import Prediction, outcome_fields
 from ntk_tt.training._finetune import FineTuneRun
+from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
 CURVES = ("loss", "error")
 
@@ -169,10 +170,39 @@ def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
             wrong.append(f"{names.get(theirs, mine)}: predicted {a!r}, fine-tuned {b!r}")
         if mine == "num_train" and not same:
             break  # a different training set: the batch-size default differs too
+    # the rest of the rule: schedule, weight decay, Adam (issue 27)
+    real = (optimizer_hyperparameters(run.optimizer, run.steps, run.num_train)
+            if run.optimizer is not None else _constant_sgd(run.learning_rate))
+    said = hp if "optimizer" in hp else _constant_sgd(hp["learning_rate"])
+    keys = OPTIMIZER_KEYS + (("decoupled",) if said["weight_decay"] else ())
+    wrong += [f"{name}: predicted {said[name]!r}, fine-tuned {real[name]!r}"
+              for name in keys if not _same(said[name], real[name])]
     if wrong:
         raise ValueError("the prediction and the fine-tuning run describe different training ("
                          + "; ".join(wrong) + "); predict and fine-tune on the same data with "
                          "the same hyperparameters.")
+
+
+# what an optimiser adds to (η_peak, m, Nesterov, B); "decoupled" matters only with decay
+OPTIMIZER_KEYS = ("optimizer", "schedule", "schedule_parameters", "learning_rate_mean",
+                  "learning_rate_last", "weight_decay", "b2", "eps")
+
+
+def _constant_sgd(learning_rate) -> dict:
+    """The optimiser keys of the constant-η SGD shorthand (``learning_rate=``)."""
+    lr = float(learning_rate)
+    return {"optimizer": "sgd", "schedule": "constant", "schedule_parameters": {"value": lr},
+            "learning_rate_mean": lr, "learning_rate_last": lr, "weight_decay": 0.0,
+            "b2": None, "eps": None}
+
+
+def _same(a, b) -> bool:
+    """Equal descriptions: numbers to float32 rounding (rtol 1e-5), dicts entry by entry."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return bool(np.isclose(a, b, rtol=1e-5, atol=0))
+    return a == b
 
 
 def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
@@ -211,8 +241,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     Raises:
       ValueError: arguments not a (Prediction, FineTuneRun) pair, or the two differ in N,
         loss, steps, learning rate, momentum, Nesterov or batch size (the message names each
-        mismatch) — they would not describe the same training. Whether both used the same
-        inputs is not checked (only N).
+        mismatch), or in the rest of the optimiser (``optimizer=``: the rule, its schedule,
+        mean and last η_t, weight decay, Adam's b2 and eps; the constant-η keywords are
+        ``ntk_tt.sgd(η, m)`` without decay) — they would not describe the same training.
+        Whether both used the same inputs is not checked (only N).
     """
     _check_same_training(prediction, run)
     real_t, real_why = real_training_time(run)

@@ -22,6 +22,7 @@ from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
 from ntk_tt.prediction._result import Prediction, _to_prediction, outcome_fields, with_targets
+from ntk_tt.training._optimizer_run import check_shorthand
 from ntk_tt.training._timing import timed_stage
 
 DEFAULT_SKETCH_DIM = 256
@@ -40,6 +41,17 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
             "numbers (sketch directions, Brownian paths or minibatch orders): pass "
             "key=jax.random.key(seed)."
         )
+
+
+def check_test(apply_fn, params, x_test, y_test, c):
+    """The held-out inputs (float32 at least) checked with their labels, or None."""
+    if (x_test is None) != (y_test is None):
+        raise ValueError("pass x_test and y_test together (or neither).")
+    if x_test is not None:
+        x_test = at_least_float32(as_array(x_test, "x_test"))
+        nt, _ = check_model(apply_fn, params, x_test, name="x_test")
+        check_labels(y_test, nt, c, name="y_test")
+    return x_test
 
 
 def _logits(apply_fn, params, x, x_test):
@@ -65,13 +77,13 @@ def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
 
 
 def predict(
-    apply_fn: ApplyFn, params: Any, x, y, *, learning_rate: float, steps: int,
-    batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
+    apply_fn: ApplyFn, params: Any, x, y, *, learning_rate: float | None = None, steps: int,
+    batch_size: int | None = None, momentum: float | None = None, nesterov: bool | None = None,
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
     backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
-    subset_method: str = "power_law", targets=None,
+    subset_method: str = "power_law", targets=None, optimizer=None,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -102,6 +114,12 @@ def predict(
     kernel is used), no sketch, no held-out set and a key. Only the loss curve is predicted:
     ``error`` is NaN and its T_ε undefined, with the reason.
 
+    ``optimizer=ntk_tt.sgd(...)`` / ``ntk_tt.adamw(...)`` (an :class:`ntk_tt.Optimizer`:
+    schedule, momentum or Adam, weight decay, batch size) replaces ``learning_rate``,
+    ``momentum``, ``nesterov`` and ``batch_size`` (the constant-η SGD shorthand): exact per-step
+    recursions for SGD, the fast head-aware Adam predictor for Adam (it needs ``head``);
+    :func:`ntk_tt.prediction._predict_optimizer.predict_with_optimizer`, METHOD.md §11.
+
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
       >>> pred.training_time["loss"][0.1]          # T_0.1 in steps (NaN if undefined)
@@ -113,7 +131,9 @@ def predict(
       apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →
         logits (N, C). x: inputs (N, ...). y: integer labels (N,).
       learning_rate: η > 0. steps: T ≥ 1. batch_size: B ∈ [1, N], None = N (GD).
-      momentum: m ∈ [0, 1). nesterov: optax's Nesterov form. loss: "cross_entropy" | "mse".
+      momentum: m ∈ [0, 1) (None: 0). nesterov: optax's Nesterov form (None: False).
+      optimizer: an :class:`ntk_tt.Optimizer` instead of those four. loss: "cross_entropy" |
+        "mse".
       method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
         "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise. num_paths: seeds or
         Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches); with
@@ -146,8 +166,10 @@ def predict(
       predictor.
 
     Raises:
-      ValueError: bad model output or inputs (x, y, x_test, y_test not arrays: nested lists
-        of numbers are converted, anything else refused; complex x or x_test), ``apply_fn``
+      ValueError: ``optimizer`` with any of learning_rate, momentum, nesterov, batch_size (or
+        neither optimizer nor learning_rate), bad model output or inputs (x, y, x_test,
+        y_test not arrays: nested lists of numbers are converted, anything else refused;
+        complex x or x_test), ``apply_fn``
         coupling the samples of a batch, η or m not a real number (a string included), a key
         that is not ``jax.random.key(seed)``, labels not matching N or C or (training
         labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
@@ -161,6 +183,8 @@ def predict(
         held-out target without ``x_test``, an error target with ``subset``) — all before
         the kernel is built.
     """
+    check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
+                    nesterov=nesterov, batch_size=batch_size)
     start = time.perf_counter()
     check_loss(loss)
     check_key(key)
@@ -170,8 +194,6 @@ def predict(
     n, c = check_model(apply_fn, params, x)
     check_loss(loss, c)
     y = check_labels(y, n, c)
-    bs = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, bs, n)
     check_num_paths(num_paths)
     targets = check_targets(targets)
     missing = [name for name in targets if name.startswith("test_")] if x_test is None else []
@@ -180,6 +202,17 @@ def predict(
                          + ("x_test and y_test (the held-out curves)" if missing else
                             "the error curves, which subset=N' does not predict (the loss "
                             "curve only)") + "; drop them or pass what they need.")
+    if optimizer is not None:
+        from ntk_tt.prediction._predict_optimizer import predict_with_optimizer
+
+        return predict_with_optimizer(
+            apply_fn, params, x, y, optimizer, start, shape=(n, c), steps=steps, loss=loss,
+            method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
+            x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
+            segments=segments, subset=subset, subset_method=subset_method, targets=targets)
+    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    bs = n if batch_size is None else batch_size
+    check_hyper(learning_rate, momentum, steps, bs, n)
     if subset is not None:
         pred = _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
                                learning_rate=learning_rate, steps=steps,
@@ -202,12 +235,7 @@ def predict(
         raise ValueError(
             f"segments must be an int in [1, steps] and > 1 only with the head-aware "
             f"predictor, got {segments!r}.")
-    if (x_test is None) != (y_test is None):
-        raise ValueError("pass x_test and y_test together (or neither).")
-    if x_test is not None:
-        x_test = at_least_float32(as_array(x_test, "x_test"))
-        nt, _ = check_model(apply_fn, params, x_test, name="x_test")
-        check_labels(y_test, nt, c, name="y_test")
+    x_test = check_test(apply_fn, params, x_test, y_test, c)
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
     # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
     # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it

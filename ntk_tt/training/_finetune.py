@@ -27,6 +27,7 @@ import optax
 from tqdm import tqdm
 
 from ntk_tt._aot import compiled
+from ntk_tt._optimizer import Optimizer
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
@@ -34,6 +35,7 @@ from ntk_tt.dynamics._checks import check_two_classes
 from ntk_tt.dynamics._losses import check_loss, error_rate
 from ntk_tt.telemetry._recorder import Recorder
 from ntk_tt.telemetry._telemetry import Telemetry, TelemetrySpec
+from ntk_tt.training import _optimizer_run as optimizer_run
 from ntk_tt.training._steps import (
     _evaluate_jit,
     _init_jit,
@@ -46,12 +48,13 @@ from ntk_tt.training._steps import (
 TIMING_STEPS = 5
 
 
-def _time_steps(apply_fn, params, x, y, batches, hyper, statics) -> tuple[float, float]:
-    """(seconds per warm training step over the first ≤ 5 batches, compile seconds)."""
+def _time_steps(train_jit, apply_fn, params, opt_state, x, y, batches, hyper,
+                statics) -> tuple[float, float]:
+    """(seconds per warm training step of ``train_jit`` (the constant-SGD or the optimiser
+    step) over the first ≤ 5 batches, compile seconds)."""
     k = min(TIMING_STEPS, batches.shape[0])
     t0 = time.perf_counter()
-    opt_state = optax.sgd(1.0, hyper[1]).init(params)
-    fn, _ = compiled(_train_jit, params, opt_state, x, y, batches[0], *hyper,
+    fn, _ = compiled(train_jit, params, opt_state, x, y, batches[0], *hyper,
                      static=(apply_fn,), **statics)
     t1 = time.perf_counter()
     p, s = jax.block_until_ready(fn(params, opt_state, x, y, batches[0], *hyper))  # warm-up
@@ -79,7 +82,9 @@ class FineTuneRun:
     :class:`ntk_tt.Telemetry` row when recorded (``finetune(telemetry=...)``), else None.
     ``test_loss``, ``test_error``: held-out mean loss and error rate (steps+1,) after every
     step, held like ``loss`` past a stop, when recorded (``record_test_curves=True``), else
-    None.
+    None. ``optimizer``: the :class:`ntk_tt.Optimizer` of ``finetune(optimizer=...)``, else
+    None (constant-η SGD); with one, ``learning_rate`` is its peak η_t over the steps,
+    ``momentum`` its m (Adam: β₁).
     """
 
     loss: np.ndarray
@@ -103,6 +108,7 @@ class FineTuneRun:
     telemetry: Telemetry | None = dataclasses.field(default=None, repr=False)
     test_loss: np.ndarray | None = dataclasses.field(default=None, repr=False)
     test_error: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    optimizer: Optimizer | None = dataclasses.field(default=None, repr=False)
 
 
 def _labels(y, n, c, name):
@@ -130,13 +136,16 @@ def _check_hyper(learning_rate, momentum) -> None:
                 f"scalar, e.g. {name}={0.01 if name == 'learning_rate' else 0.9}.")
 
 
-def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: float,
-             steps: int, batch_size: int | None = None, momentum: float = 0.0,
-             nesterov: bool = False, loss: str = "cross_entropy", key: jax.Array | None = None,
+def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
+             learning_rate: float | None = None, steps: int, batch_size: int | None = None,
+             momentum: float | None = None, nesterov: bool | None = None,
+             loss: str = "cross_entropy", key: jax.Array | None = None,
              x_test: Any = None, y_test: Any = None, record_logits: bool = False,
              telemetry: bool | TelemetrySpec = False, progress: bool = False,
-             record_test_curves: bool = False) -> FineTuneRun:
-    """Fine-tune for real with ``optax.sgd`` and record full-training-set curves (paper Sec. 5).
+             record_test_curves: bool = False,
+             optimizer: Optimizer | None = None) -> FineTuneRun:
+    """Fine-tune for real with ``optax.sgd`` (or ``optimizer.to_optax()``) and record
+    full-training-set curves (paper Sec. 5).
 
     Same conventions as :func:`ntk_tt.predict`: mean loss, optax SGD semantics, the batch
     sequence ``ntk_tt.batch_indices(key, N, B, steps)`` (GD, B = N, ignores ``key``), curves of
@@ -147,7 +156,12 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       apply_fn, params: the model, e.g. from :func:`ntk_tt.from_nnx`.
       x: training inputs (N, ...); y: integer labels (N,).
       learning_rate: η > 0. steps: T ≥ 1. batch_size: B (None = N, gradient descent).
-      momentum: m ∈ [0, 1); nesterov: optax's Nesterov form.
+      momentum: m ∈ [0, 1) (None: 0); nesterov: optax's Nesterov form (None: False). These
+        four are the constant-η SGD shorthand; ``optimizer`` replaces all of them.
+      optimizer: an :class:`ntk_tt.Optimizer` (``ntk_tt.sgd``, ``adam``, ``adamw``: schedule,
+        momentum or Adam, weight decay, batch size), trained with ``optimizer.to_optax()``
+        on the same batch sequence (``batch_indices(key, N, optimizer.batch_size or N,
+        steps)``) that :func:`ntk_tt.predict` with the same optimizer and key assumes.
       loss: "cross_entropy" or "mse". key: ``jax.random`` key, required when B < N.
       x_test, y_test: optional held-out split for the final accuracy.
       record_logits: keep the (steps+1, N, C) logits trajectory (linearisation gap).
@@ -170,7 +184,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
       those of the last finite step. ``seconds["finetune"]`` counts the steps taken.
 
     Raises:
-      ValueError: bad shapes or labels (training labels of one class included), x or y not
+      ValueError: ``optimizer`` together with learning_rate, momentum, nesterov or
+        batch_size, or neither optimizer nor learning_rate, or telemetry with an optimizer
+        (the telemetry rows describe constant-η SGD runs); bad shapes or labels (training
+        labels of one class included), x or y not
         arrays (lists of numbers are converted), η or m not a real scalar (a string, or an
         array such as a per-step schedule: not supported yet), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
@@ -178,16 +195,23 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
         returning (N, F).
     """
+    optimizer_run.check_shorthand(optimizer, where="finetune", learning_rate=learning_rate,
+                                  momentum=momentum, nesterov=nesterov, batch_size=batch_size)
     if not isinstance(telemetry, bool | TelemetrySpec):
         raise ValueError(f"telemetry must be a bool or an ntk_tt.TelemetrySpec, got "
                          f"{type(telemetry).__name__}.")
-    _check_hyper(learning_rate, momentum)
+    if optimizer is not None and telemetry is not False:
+        raise ValueError("telemetry records constant-η SGD runs (the outcome model's rows); "
+                         "use learning_rate=... or telemetry=False with optimizer=.")
+    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    if optimizer is None:
+        _check_hyper(learning_rate, momentum)
     check_key(key)
     x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
     check_loss(loss, c)
-    if not (np.isfinite(learning_rate) and learning_rate > 0):
+    if optimizer is None and not (np.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}.")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
@@ -200,16 +224,24 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     if record_test_curves and x_test is None:
         raise ValueError("record_test_curves=True records the held-out curves: pass x_test "
                          "and y_test too.")
+    if optimizer is not None:
+        batch_size = optimizer.batch_size
     b = n if batch_size is None else int(batch_size)
     batches = batch_indices(key, n, b, steps)
     x = jnp.asarray(x)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
-    hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
-    statics = dict(nesterov=bool(nesterov), loss=loss)
+    if optimizer is None:
+        hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
+        statics = dict(nesterov=nesterov, loss=loss)
+        step_jit, train_jit = _step_jit, _train_jit
+    else:
+        hyper, statics = (optimizer_run.in_dtype(optimizer, dtype),), dict(loss=loss)
+        step_jit, train_jit = optimizer_run._step_jit, optimizer_run._train_jit
 
     t0 = time.perf_counter()
-    state = _init_jit(apply_fn, params, x, y, hyper[1], loss=loss)
-    step, _ = compiled(_step_jit, state, x, y, batches[0], jnp.int32(1), *hyper,
+    state = (_init_jit(apply_fn, params, x, y, hyper[1], loss=loss) if optimizer is None
+             else optimizer_run._init_jit(apply_fn, params, x, y, hyper[0], loss=loss))
+    step, _ = compiled(step_jit, state, x, y, batches[0], jnp.int32(1), *hyper,
                        static=(apply_fn,), **statics)
     lin = (compiled(_linear_jit, params, state.logits, params, x, static=(apply_fn,))[0]
            if record_logits else None)
@@ -226,7 +258,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
                          batch_size=b, loss=loss)
         rec_t.compile(state, batches[0])
     t1 = time.perf_counter()
-    seconds_per_step, compile_timing = _time_steps(apply_fn, params, x, y, batches, hyper,
+    seconds_per_step, compile_timing = _time_steps(train_jit, apply_fn, params,
+                                                   state.opt_state, x, y, batches, hyper,
                                                    statics)
     t2 = time.perf_counter()
     rec = {"loss": [state.loss], "error": [state.error], "logits": [state.logits],
@@ -260,6 +293,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
     stop = int(state.stopped_at)
     held = {k: np.stack(v + v[-1:] * (int(steps) + 1 - len(v))) for k, v in rec.items()}
     div, spike = (int(a) for a in _verdict(jnp.asarray(held["loss"]), stop)[1:])
+    if optimizer is not None:
+        learning_rate = float(jnp.max(optimizer.learning_rates(int(steps))))
+        momentum, nesterov = float(optimizer.momentum), optimizer.nesterov
     hp = dict(learning_rate=float(learning_rate), momentum=float(momentum),
               nesterov=bool(nesterov), batch_size=b, steps=int(steps), num_train=n)
     tele = None if rec_t is None else rec_t.finish(
@@ -280,6 +316,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: f
         logits=held["logits"] if record_logits else None,
         linear_logits=held["linear"] if record_logits else None, telemetry=tele,
         **{k: held[k].astype(float) for k in ("test_loss", "test_error") if k in held},
+        optimizer=optimizer,
     )
 
 
@@ -304,5 +341,6 @@ def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: 
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
     hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
     batches = batch_indices(key, n, b, TIMING_STEPS)
-    return _time_steps(apply_fn, params, jnp.asarray(x), y, batches, hyper,
+    return _time_steps(_train_jit, apply_fn, params, optax.sgd(1.0, hyper[1]).init(params),
+                       jnp.asarray(x), y, batches, hyper,
                        dict(nesterov=bool(nesterov), loss=loss))[0]

@@ -103,6 +103,14 @@ def finetune_step(apply_fn: ApplyFn, state: FineTuneState, x: jax.Array, y: jax.
     """
     p, s = train_step(apply_fn, state.params, state.opt_state, x, y, idx, learning_rate,
                       momentum, nesterov=nesterov, loss=loss)
+    return advance(apply_fn, state, p, s, x, y, t, loss)
+
+
+def advance(apply_fn: ApplyFn, state: FineTuneState, p: Any, s: Any, x: jax.Array,
+            y: jax.Array, t: jax.Array, loss: str) -> FineTuneState:
+    """The state after update t to weights ``p`` and optimiser state ``s``: measure the full
+    training set, or hold ``state`` once non-finite (:func:`finetune_step`; shared with the
+    optimiser-driven step of ``ntk_tt.training._optimizer_run``)."""
     l2, e2, f2 = _evaluate(apply_fn, p, x, y, loss)
     stopped = state.stopped_at >= 0
     finite = jnp.isfinite(l2)

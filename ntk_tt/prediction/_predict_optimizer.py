@@ -1,0 +1,183 @@
+"""``predict(..., optimizer=...)``: curves and T_ε for any :class:`ntk_tt.Optimizer` (issue 27).
+
+METHOD.md §11. The optimiser describes the whole update rule: the learning-rate schedule η_t,
+momentum (heavy ball or Nesterov) or Adam's moments, decoupled or L2 weight decay and the
+batch size. The predictor is chosen as in :func:`ntk_tt.predict`:
+
+* rule "sgd", no ``head`` (or ``predictor="linear"``): the frozen-kernel recursion
+  :func:`ntk_tt.sgd_trajectory` on the empirical NTK ("exact", "traced" or "sketch"; Θ
+  clamped to PSD as ``predict_from_kernel`` does). Exact for the linearised model.
+* rule "sgd" with ``head``: the head-aware recursion :func:`ntk_tt.head_aware_sgd_trajectory`
+  (head exact, backbone linearised). Exact for a backbone linear in its weights.
+* rule "adam" with ``head``: the fast Adam predictor (:func:`ntk_tt.adam_head_aware_kernel`,
+  :func:`ntk_tt.head_aware_adam_trajectory`): approximate (frozen per-parameter second-moment
+  profile rescaled by the gradient norm). Adam has no frozen-kernel form, so without a head
+  it is refused (``ntk_tt.linearised_reference`` is the exact, weight-space reference).
+
+Weight decay needs J·θ0 (``ntk_tt.weight_tangent``: one jvp on the training and one on the
+held-out inputs), computed only when λ ≠ 0. SGD (B < N) runs ``num_paths`` batch orders,
+path 0 = ``ntk_tt.batch_indices(key, N, B, T)``, the order of ``ntk_tt.finetune`` with the
+same optimizer and key; the curves are their mean (5–95 % bands), as the constant-η
+predictors. The summary (divergence, outcome, T_ε and reasons) is the one of
+``predict_from_kernel`` / ``predict_head_aware``, with κ = η_peak·λ_max(Θ_0)/N from the
+schedule's PEAK learning rate over the T steps (its largest step: the one that decides
+stability for SGD) and the edge of momentum m. For Adam, κ is the plain-GD number with
+η_peak: Adam's step is η/√v̂ per parameter, so κ and ``beyond_edge`` do not measure Adam's
+stability, and its call comes from the predicted curve (or κ ≥ 68).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import jax
+import numpy as np
+
+from ntk_tt._options import MAX_STEPS, _is_int, resolve_method
+from ntk_tt.data._batches import path_batch_indices
+from ntk_tt.dynamics._adam_head_aware import (
+    _maybe_nonzero,
+    adam_head_aware_kernel,
+    head_aware_adam_trajectory,
+)
+from ntk_tt.dynamics._checks import check_hyper
+from ntk_tt.dynamics._fspace import clamp_psd
+from ntk_tt.dynamics._optim_head_aware import head_aware_sgd_trajectory
+from ntk_tt.dynamics._optim_linear import sgd_trajectory, weight_tangent
+from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.dynamics._predict_kernel import _summarise
+from ntk_tt.kernels._head_aware import head_aware_kernel
+from ntk_tt.prediction._predict import (
+    DEFAULT_SKETCH_DIM,
+    _check_kinds,
+    _check_predictor,
+    _kernels,
+    _logits,
+    check_test,
+)
+from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
+from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+from ntk_tt.training._timing import timed_stage
+
+_summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
+                                                "frozen", "continuous"))
+
+
+def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
+    """The options that make sense with an optimiser (ValueErrors before any work); returns
+    the batch size B (N for full batch)."""
+    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
+                         f"got {steps!r}.")
+    if subset is not None or subset_method != "power_law":
+        raise ValueError("predict(subset=...) predicts constant-η full-batch GD only: drop "
+                         "subset (and subset_method) with optimizer=, or use learning_rate=.")
+    if segments != 1:
+        raise ValueError("segments > 1 re-linearises the constant-η SGD recursion only: use "
+                         "segments=1 with optimizer=.")
+    if resolve_method(method) != "discrete":
+        raise ValueError(f"optimizer= is predicted by the exact per-step recursion: method must "
+                         f"be 'auto' or 'discrete', got {method!r}.")
+    bs = n if optimizer.batch_size is None else optimizer.batch_size
+    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
+    if not peak > 0:  # NaN included
+        raise ValueError(f"the optimizer's learning rate must be > 0 at some of the {steps} "
+                         f"steps, got a largest η_t of {peak}.")
+    check_hyper(peak, float(optimizer.momentum), steps, bs, n)
+    return bs
+
+
+def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, steps, loss,
+                           method, kernel, sketch_dim, num_paths, key, x_test, y_test, predictor,
+                           head, backbone, segments, subset, subset_method,
+                           targets) -> Prediction:
+    """:func:`ntk_tt.predict` with ``optimizer=`` (module docstring). Arguments as there,
+    already checked up to the labels and ``targets`` ({curve: targets}); ``shape``: (N, C) of
+    the model's logits; ``start``: the ``time.perf_counter()`` of the call.
+
+    Returns:
+      :class:`ntk_tt.Prediction` with ``method`` "discrete", ``kernel`` as ``predict``'s
+      (``"head_aware_adam:<backbone>"`` for Adam) and ``hyperparameters`` =
+      :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters` plus "steps",
+      "num_train", "loss".
+
+    Raises:
+      ValueError: before any kernel: ``subset``, ``segments`` > 1, a method other than the
+        discrete recursion, a schedule that is never > 0, B > N, Adam without ``head`` (or
+        with ``predictor="linear"``), Adam with L2 weight decay, and the predictor, kernel,
+        key and held-out checks of ``predict``.
+    """
+    n, c = shape
+    bs = _check(optimizer, n, steps, method, subset, subset_method, segments)
+    _check_kinds(kernel, sketch_dim, key, "discrete", bs, n)
+    head_aware = _check_predictor(predictor, head, backbone, "discrete", kernel, apply_fn,
+                                  params, x)
+    adam = optimizer.rule == "adam"
+    if adam and not head_aware:
+        raise ValueError(
+            "Adam has no frozen-kernel predictor (its elementwise moments have no "
+            "function-space form): pass head=ntk_tt.split_head(model) for the fast head-aware "
+            "Adam predictor, or use ntk_tt.linearised_reference(...) (exact, weight space).")
+    decay = _maybe_nonzero(optimizer.weight_decay)
+    if adam and decay and not optimizer.decoupled:
+        raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay enters "
+                         "Adam's elementwise moments, which have no feature-space form; use "
+                         "ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
+    x_test = check_test(apply_fn, params, x_test, y_test, c)
+    # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
+    keys = [None, None] if key is None else [jax.random.fold_in(key, 1), key]
+    batches = (None if bs == n else path_batch_indices(keys[1], n, bs, steps, num_paths))
+    seconds = {"noise": 0.0}
+    if head_aware:
+        feature_fn, bparams = head[0], head[1]
+
+        def build():
+            hk = head_aware_kernel(head, x, x_test, backbone=backbone, key=keys[0])
+            return hk, (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
+                                               loss=loss, hk=hk, key=keys[0]) if adam else hk)
+
+        hk, kernels = timed_stage(seconds, "kernel", build)
+        tangents = timed_stage(seconds, "logits", _tangents, feature_fn, bparams, x, x_test,
+                               decay)
+        run = partial(head_aware_adam_trajectory if adam else head_aware_sgd_trajectory,
+                      kernels, y, optimizer, steps=steps, a_h=tangents[0],
+                      a_h_test=tangents[1], loss=loss)
+        lams, size, label = initial_eigenvalues(hk), n * c, f"head_aware:{backbone}"
+        label = f"head_aware_adam:{backbone}" if adam else label
+    else:
+        d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
+        k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,
+                            d_sketch, keys[0])
+        (f0, f0t), tangents = timed_stage(
+            seconds, "logits", lambda: (_logits(apply_fn, params, x, x_test),
+                                        _tangents(apply_fn, params, x, x_test, decay)))
+        k, (lmin, lmax) = clamp_psd(k)  # as predict_from_kernel; Θ/C for the traced (N, N)
+        traced = k.shape[0] == n
+        lams, size, label = ((lmin / c, lmax / c) if traced else (lmin, lmax)), k.shape[0], kernel
+        run = partial(sgd_trajectory, k, f0, y, optimizer, steps=steps, a=tangents[0],
+                      loss=loss, kernel_test=kt, f0_test=f0t, a_test=tangents[1])
+
+    def solve():
+        if batches is None:
+            fs, fts = run()
+            return fs[None], None if fts is None else fts[None]
+        return jax.vmap(lambda bt: run(batches=bt))(batches)
+
+    fs, fts = timed_stage(seconds, "solve", solve)
+    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
+    out = _summary(fs, fts, y, y_test, size=size, lr=peak, m=float(optimizer.momentum),
+                   lams=lams, nesterov=optimizer.nesterov, loss=loss,
+                   stochastic=fs.shape[0] > 1, frozen=not head_aware)
+    hyper = optimizer_hyperparameters(optimizer, steps, n) | {
+        "steps": int(steps), "num_train": int(n), "loss": loss}
+    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+    return with_targets(_to_prediction(out, "discrete", label, hyper, seconds), targets)
+
+
+def _tangents(fn, params, x, x_test, decay):
+    """(J·θ0 on x, on x_test or None), or (None, None) without weight decay."""
+    if not decay:
+        return None, None
+    return (weight_tangent(fn, params, x),
+            None if x_test is None else weight_tangent(fn, params, x_test))
