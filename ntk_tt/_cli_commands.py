@@ -68,14 +68,13 @@ def _outcome(args, parser) -> int:
         fail(f"--fraction must be in [0, 1], got {args.fraction}.")
     if not os.path.isfile(args.runs):
         fail(f"runs file {args.runs!r} does not exist (or is not a file).")
-    if args.json_path:
-        if os.path.isdir(args.json_path):
-            fail(f"--json {args.json_path!r} is a directory; give a file name.")
-        if os.path.exists(args.json_path) and not args.overwrite:
-            fail(f"--json {args.json_path!r} exists; pass --overwrite to replace it.")
-        folder = os.path.dirname(os.path.abspath(args.json_path))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            fail(f"--json folder {folder!r} does not exist or is not writable.")
+    if args.json_path:  # the checks of predict's and suggest's --json (a file is created)
+        from ntk_tt._output_paths import check_outputs
+
+        try:
+            check_outputs(None, args.json_path, args.overwrite)
+        except ValueError as err:
+            fail(str(err))
     named = args.predictor in ("auto", "telemetry", "ntk")
     if not named and not os.path.isfile(args.predictor):
         fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")

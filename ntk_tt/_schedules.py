@@ -26,7 +26,7 @@ import numpy as np
 Array = jax.Array
 
 
-def _number(value, name: str) -> Array:
+def _number(value, name: str, positive: bool = False) -> Array:
     """``value`` as a float array leaf; one-line ValueError for non-numbers (bools, strings,
     None) before any work. Tracers pass unchecked. The checks run on the concrete input (a
     Python or NumPy number stays checkable inside ``jit``, where ``jnp.asarray`` gives a
@@ -43,6 +43,9 @@ def _number(value, name: str) -> Array:
         raise ValueError(f"{name} must be a real number, got dtype {arr.dtype}.")
     if arr.ndim == 0 and not np.isfinite(float(arr)):
         raise ValueError(f"{name} must be finite, got {float(arr)}.")
+    if positive and arr.ndim == 0 and not float(arr) > 0:
+        raise ValueError(f"{name} must be > 0, got {float(arr)} (a learning rate <= 0 does not "
+                         "train, and a negative one ascends the loss).")
     return jnp.asarray(arr, jnp.result_type(float))
 
 
@@ -148,7 +151,7 @@ def _ramp(t, warmup, smoothing) -> Array:
 
 def constant(value) -> Constant:
     """η_t = ``value``."""
-    return Constant(_number(value, "learning_rate"))
+    return Constant(_number(value, "learning_rate", positive=True))
 
 
 def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
@@ -160,7 +163,7 @@ def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
     Raises:
       ValueError: a non-number, warmup < 0, decay_steps < warmup, smoothing < 0.
     """
-    leaves = (_number(peak, "peak"), _number(warmup, "warmup"),
+    leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_steps, "decay_steps"), _number(init, "init"), _number(end, "end"))
     _check_order(warmup, decay_steps, "warmup", "decay_steps", smoothing)
     return WarmupCosine(*leaves, float(smoothing))
@@ -175,7 +178,7 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
       ValueError: a non-number, warmup < 0, decay_start < warmup, decay_steps < 0,
         smoothing < 0.
     """
-    leaves = (_number(peak, "peak"), _number(warmup, "warmup"),
+    leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_start, "decay_start"), _number(decay_steps, "decay_steps"),
               _number(end, "end"))
     _check_order(warmup, decay_start, "warmup", "decay_start", smoothing)
@@ -185,8 +188,13 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
 
 
 def exponential(init, rate) -> Exponential:
-    """η_t = init·rate^t (rate per step, e.g. 0.99)."""
-    return Exponential(_number(init, "init"), _number(rate, "rate"))
+    """η_t = init·rate^t (rate per step, e.g. 0.99).
+
+    Raises:
+      ValueError: a non-number, init <= 0 or rate <= 0 (a negative rate flips η_t's sign).
+    """
+    return Exponential(_number(init, "init", positive=True),
+                       _number(rate, "rate", positive=True))
 
 
 def schedule(value) -> Schedule:

@@ -778,3 +778,20 @@ def test_bad_option_value_of_the_program_is_one_line_with_status_2(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ntk-tt: error: ")
         assert match in proc.stderr and proc.stdout == "", proc.stderr
+
+
+def test_outcome_json_that_cannot_be_written_is_one_line_before_the_runs_are_read(tmp_path,
+                                                                                  capsys):
+    """A fresh user's probe: ``ntk-tt outcome --json`` to a path it cannot create printed the
+    predictions and then a PermissionError traceback; it now makes predict's checks first
+    (the runs file here is not even valid JSON, so reading it would fail differently)."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("not json\n")
+    (tmp_path / "taken").write_text("")
+    for path, message in ((tmp_path / "taken" / "x.json", "does not exist"),
+                          (tmp_path, "is a directory"), (tmp_path / "taken", "exists")):
+        with pytest.raises(SystemExit) as stop:
+            main(["outcome", str(runs), "--json", str(path)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith("ntk-tt: error: json path ") \
+            and message in err and err.count("\n") == 1, err

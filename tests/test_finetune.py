@@ -236,8 +236,9 @@ def test_array_hyperparameters_are_named_not_ambiguous(name, value, entry, monke
         fn(mlp, params, x, y, **(kw | {name: value}))
     assert str(err.value) == (
         f"{name} must be a scalar, one value for every step; got an array of shape "
-        f"{np.shape(value)}. Per-step schedules are not supported yet: expected a scalar, "
-        f"e.g. {name}={0.01 if name == 'learning_rate' else 0.9}.")
+        f"{np.shape(value)}. For a per-step schedule use optimizer=ntk_tt.sgd("
+        f"ntk_tt.schedule(...)); else a scalar, e.g. "
+        f"{name}={0.01 if name == 'learning_rate' else 0.9}.")
     assert calls == []
 
 

@@ -146,3 +146,28 @@ def test_errors_before_work():
     # the constant-η keywords are sgd(η) without decay: the same training as optimizer=sgd(η)
     same = ntk_tt.finetune(linear_apply, params, x, y, learning_rate=0.01, steps=3)
     ntk_tt.compare(pred, same)
+
+
+def test_learning_rates_that_do_not_descend_are_refused():
+    """A fresh user's probes (issue 25's check): finetune(optimizer=) trained on a negative or
+    NaN η_t (gradient ascent) while predict refused it, and exponential(0.1, −0.5) flipped
+    η_t's sign every step in both. Constructors refuse learning-rate numbers ≤ 0; predict and
+    finetune refuse a schedule with a non-finite or negative η_t at any step, before the
+    model is called."""
+    params, x, y = linear_problem(n=N, dtype=jnp.float32)
+
+    def boom(p, xx):
+        raise AssertionError("the model was called")
+
+    for make in (lambda: ntk_tt.sgd(-0.1), lambda: ntk_tt.adamw(0.0),
+                 lambda: ntk_tt.constant(-0.1), lambda: ntk_tt.warmup_cosine(-1e-3, 10, 100),
+                 lambda: ntk_tt.warmup_stable_decay(0.0, 1, 2, 3),
+                 lambda: ntk_tt.exponential(0.1, -0.5), lambda: ntk_tt.exponential(-0.1, 0.9)):
+        with pytest.raises(ValueError, match="must be > 0, got"):
+            make()
+    for sched, what in ((ntk_tt.schedule(lambda t: jnp.nan * t), "η_0 = nan"),
+                        (ntk_tt.schedule(lambda t: 0.1 - 0.1 * t), "η_2 = -0.1"),
+                        (ntk_tt.warmup_cosine(0.1, 2, 4, end=-0.05), "η_4 = -0.05")):
+        for fn in (ntk_tt.predict, ntk_tt.finetune):
+            with pytest.raises(ValueError, match=f"finite and >= 0 at every step, got {what}"):
+                fn(boom, params, x, y, optimizer=ntk_tt.sgd(sched), steps=T)

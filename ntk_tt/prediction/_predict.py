@@ -22,7 +22,7 @@ from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
 from ntk_tt.prediction._result import Prediction, _to_prediction, outcome_fields, with_targets
-from ntk_tt.training._optimizer_run import check_shorthand
+from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
 
 DEFAULT_SKETCH_DIM = 256
@@ -185,6 +185,8 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
+    if optimizer is not None:
+        check_learning_rates(optimizer, steps)
     start = time.perf_counter()
     check_loss(loss)
     check_key(key)

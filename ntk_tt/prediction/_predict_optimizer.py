@@ -57,7 +57,7 @@ from ntk_tt.prediction._predict import (
     check_test,
 )
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
-from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+from ntk_tt.training._optimizer_run import check_learning_rates, optimizer_hyperparameters
 from ntk_tt.training._timing import timed_stage
 
 _summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
@@ -80,10 +80,7 @@ def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
         raise ValueError(f"optimizer= is predicted by the exact per-step recursion: method must "
                          f"be 'auto' or 'discrete', got {method!r}.")
     bs = n if optimizer.batch_size is None else optimizer.batch_size
-    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
-    if not peak > 0:  # NaN included
-        raise ValueError(f"the optimizer's learning rate must be > 0 at some of the {steps} "
-                         f"steps, got a largest η_t of {peak}.")
+    peak = check_learning_rates(optimizer, steps)
     check_hyper(peak, float(optimizer.momentum), steps, bs, n)
     return bs
 

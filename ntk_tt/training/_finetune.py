@@ -132,8 +132,9 @@ def _check_hyper(learning_rate, momentum) -> None:
         if np.ndim(value) != 0:
             raise ValueError(
                 f"{name} must be a scalar, one value for every step; got an array of shape "
-                f"{np.shape(value)}. Per-step schedules are not supported yet: expected a "
-                f"scalar, e.g. {name}={0.01 if name == 'learning_rate' else 0.9}.")
+                f"{np.shape(value)}. For a per-step schedule use optimizer=ntk_tt.sgd("
+                f"ntk_tt.schedule(...)); else a scalar, e.g. "
+                f"{name}={0.01 if name == 'learning_rate' else 0.9}.")
 
 
 def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
@@ -189,7 +190,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         (the telemetry rows describe constant-η SGD runs); bad shapes or labels (training
         labels of one class included), x or y not
         arrays (lists of numbers are converted), η or m not a real scalar (a string, or an
-        array such as a per-step schedule: not supported yet), η ≤ 0, m ∉ [0, 1), steps < 1,
+        array such as a per-step schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
         unknown loss, x_test without y_test, record_test_curves without x_test, telemetry
         neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
@@ -206,6 +207,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     if optimizer is None:
         _check_hyper(learning_rate, momentum)
+    else:
+        optimizer_run.check_learning_rates(optimizer, steps)
     check_key(key)
     x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
