@@ -39,8 +39,8 @@ def check_targets(targets: Any) -> dict[str, tuple[float, ...]]:
 
     Raises:
       ValueError: not a mapping, an unknown curve (the known ones named), a target that is not
-        a real number (a string, a bool, a nested list), not finite, a loss target ≤ 0 or an
-        error target outside [0, 1].
+        a real number (a string, a bool, a nested list), not finite, a loss target ≤ 0, an
+        error target outside [0, 1], or an empty list of targets for a curve.
     """
     if targets is None:
         return {}
@@ -70,8 +70,10 @@ def check_targets(targets: Any) -> dict[str, tuple[float, ...]]:
                                  f"[0, 1], got {v!r} (an accuracy A is the error 1 - A).")
             if v not in kept:
                 kept.append(v)
-        if kept:
-            out[curve] = tuple(kept)
+        if not kept:
+            raise ValueError(f"targets[{curve!r}] is empty: give at least one target, e.g. "
+                             f"targets={{{curve!r}: 0.5}}, or leave the curve out.")
+        out[curve] = tuple(kept)
     return out
 
 

@@ -50,6 +50,9 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
             raise ValueError(f"{what} path {str(path)!r} is a directory; give a file name "
                              "inside it.")
         folder = target.resolve().parent
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{what} path {str(path)!r}: {str(folder)!r} is a file, not a "
+                             "folder; choose a path inside a folder.")
         if not folder.is_dir():
             raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
                              "exist; create it first or choose another path.")

@@ -788,7 +788,8 @@ def test_outcome_json_that_cannot_be_written_is_one_line_before_the_runs_are_rea
     runs = tmp_path / "runs.jsonl"
     runs.write_text("not json\n")
     (tmp_path / "taken").write_text("")
-    for path, message in ((tmp_path / "taken" / "x.json", "does not exist"),
+    for path, message in ((tmp_path / "taken" / "x.json", "is a file, not a folder"),
+                          (tmp_path / "no" / "x.json", "does not exist"),
                           (tmp_path, "is a directory"), (tmp_path / "taken", "exists")):
         with pytest.raises(SystemExit) as stop:
             main(["outcome", str(runs), "--json", str(path)])

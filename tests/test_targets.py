@@ -169,6 +169,7 @@ def test_predict_steps_to_target_are_the_function_on_its_own_curves(task, pred_a
     ({"loss": 0.0}, "must be > 0"),
     ({"error": 1.5}, r"must be in \[0, 1\]"),
     ({"loss": "0.5"}, "finite real numbers"),
+    ({"loss": []}, r"targets\['loss'\] is empty"),
     ([0.5], "must be a dict"),
 ])
 def test_bad_targets_are_refused_before_the_kernel(task, targets, match, monkeypatch):
@@ -271,6 +272,22 @@ def test_cli_bad_targets_are_one_line_before_any_work(args, match, tiny_job, cap
         main(["predict", "--no-progress", *args])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and match in err, err
+
+
+def test_cli_accuracy_target_without_held_out_images_refused_before_weights(
+        capsys, monkeypatch, tmp_path):
+    """flowers5 (vendored) has 200 images per class: -n 200 leaves no held-out image, which is
+    known once the task is sampled, before the checkpoint's weights are read."""
+    def refuse(*_, **__):
+        raise AssertionError("weights read before the held-out images were counted")
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_checkpoint", refuse)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--no-progress", "-K", "2", "-n", "200", "--accuracy-target", "0.9"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "--accuracy-target needs held-out images" in err and "lower -n" in err, err
 
 
 def _line(start, slope, steps=10):

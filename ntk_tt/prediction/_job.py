@@ -57,7 +57,7 @@ def _preprocessing(image_shape: tuple[int, ...], input_shape: tuple[int, ...]) -
 
 def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="train",
               num_classes=5, per_class=150, test_per_class=50, seed=0, resize=True,
-              head_scale=HEAD_SCALE):
+              head_scale=HEAD_SCALE, need_test=False):
     """Checkpoint + sampled task → (apply_fn, params, x, y, x_test, y_test, info, head), with
     ``head = ntk_tt.split_head(model)`` for the head-aware predictor.
 
@@ -67,13 +67,19 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     C-output head (``fold_in(key(seed), 1)``, init scale ``head_scale``, see
     :func:`ntk_tt.replace_head`); the task uses ``fold_in(key(seed), 0)``; images are converted
     to the checkpoint's input shape and normalisation, and ``info["preprocessing"]`` says how
-    (grey → RGB, resized from H×W). Raises ``ValueError`` (one line) on any bad input.
+    (grey → RGB, resized from H×W). Raises ``ValueError`` (one line) on any bad input, and
+    (``need_test``: held-out accuracy targets) when no held-out images are left after n.
     """
     path, meta = read_meta(checkpoint)
     data = load_dataset(dataset, split=split, data_dir=data_dir)
     key = jax.random.key(seed)
     task = sample_task(data, num_classes=num_classes, per_class=per_class,
                        test_per_class=test_per_class, key=jax.random.fold_in(key, 0))
+    if need_test and not len(task.y_test):
+        raise ValueError(f"--accuracy-target needs held-out images, but n = {per_class} "
+                         f"(-n) training images per class leave none in {dataset!r} for the "
+                         f"{num_classes} classes drawn: lower -n, or use --loss-target / "
+                         "--error-target (training curves).")
     shape = tuple(meta["input_shape"])
     prep = dict(mean=np.asarray(meta["mean"]), std=np.asarray(meta["std"]), resize=resize)
     x = prepare_images(task.x_train, shape, **prep)
@@ -277,7 +283,8 @@ def _work(o, verify, json_file, progress):
     :func:`predict_task`: (report, prediction, run, task info)."""
     apply_fn, params, x, y, x_test, y_test, info, head = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
-                             "per_class", "test_per_class", "seed", "resize", "head_scale")})
+                             "per_class", "test_per_class", "seed", "resize", "head_scale")},
+        need_test=bool(o["accuracy_targets"]))
     hyper = {k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
     bar = tqdm(total=2, disable=not progress, unit="stage",
