@@ -171,3 +171,35 @@ def test_learning_rates_that_do_not_descend_are_refused():
         for fn in (ntk_tt.predict, ntk_tt.finetune):
             with pytest.raises(ValueError, match=f"finite and >= 0 at every step, got {what}"):
                 fn(boom, params, x, y, optimizer=ntk_tt.sgd(sched), steps=T)
+
+
+def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
+    """``head_kernel=``: the kernels built once (as a sweep over optimisers does) and passed
+    in give the curves ``predict`` computes when it builds them itself; a kernel of other
+    inputs, an Adam kernel of another batch size, or one without ``head`` are refused."""
+    kx, ky = jax.random.split(jax.random.key(0))
+    x, y = jax.random.normal(kx, (32, 6)), jax.random.randint(ky, (32,), 0, C)
+    model = TanhNet(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    head, key = ntk_tt.split_head(model), jax.random.key(3)
+    hk = ntk_tt.head_aware_kernel(head, x)
+    adamw = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 5, 20), weight_decay=0.1, batch_size=8)
+    ak = ntk_tt.adam_head_aware_kernel(head, x, y, adamw, hk=hk)
+    kw = dict(steps=20, key=key, num_paths=2, head=head)
+    for opt, kernel in ((_sgdw(0.3), hk), (adamw, hk), (adamw, ak)):
+        own = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, **kw)
+        reused = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=kernel, **kw)
+        np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)
+        np.testing.assert_array_equal(reused.error, own.error)
+    own = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, **kw)
+    reused = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, head_kernel=hk, **kw)
+    np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)
+    for bad, opt, match in ((ntk_tt.head_aware_kernel(head, x[:16]), adamw, "N rows"),
+                            (ak, ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 5, 20),
+                                              weight_decay=0.1, batch_size=4),
+                             "Adam kernel for B = 8"),
+                            (ak, _sgdw(0.3), "Adam kernel for B = 8")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=bad, **kw)
+    with pytest.raises(ValueError, match="for the head-aware predictor"):
+        ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, steps=20, head_kernel=hk)

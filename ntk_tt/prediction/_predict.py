@@ -17,7 +17,7 @@ from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths
+from ntk_tt.dynamics._checks import check_head_kernel, check_hyper, check_labels, check_num_paths
 from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
@@ -83,7 +83,7 @@ def predict(
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
     backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
-    subset_method: str = "power_law", targets=None, optimizer=None,
+    subset_method: str = "power_law", targets=None, optimizer=None, head_kernel=None,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -156,6 +156,9 @@ def predict(
         held-out accuracy ≥ A is "test_error" ≤ 1 − A); the test curves need ``x_test``.
         Steps to each are in ``steps_to_target`` (first step with the smoothed predicted
         curve ≤ target, :func:`ntk_tt.steps_to_target`; NaN with the reason when undefined).
+      head_kernel: head-aware only: the :class:`ntk_tt.HeadAwareKernel` of ``head`` on (x,
+        x_test) with ``backbone`` already built (``ntk_tt.head_aware_kernel``; for Adam also an
+        ``ntk_tt.adam_head_aware_kernel`` of the same B and ε), reused instead of rebuilt.
 
     Dtypes: bfloat16 / float16 leaves of ``params``, ``head`` and ``x``, ``x_test`` are cast
     to float32 first, so Θ, f0 and the curves are float32 (float64 with x64 and float64
@@ -211,7 +214,8 @@ def predict(
             apply_fn, params, x, y, optimizer, start, shape=(n, c), steps=steps, loss=loss,
             method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
-            segments=segments, subset=subset, subset_method=subset_method, targets=targets)
+            segments=segments, subset=subset, subset_method=subset_method, targets=targets,
+            head_kernel=head_kernel)
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
@@ -238,6 +242,7 @@ def predict(
             f"segments must be an int in [1, steps] and > 1 only with the head-aware "
             f"predictor, got {segments!r}.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
+    check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test)
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
     # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
     # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
@@ -263,8 +268,8 @@ def predict(
         from ntk_tt.dynamics._predict_head_aware import predict_head_aware
         from ntk_tt.kernels._head_aware import head_aware_kernel
 
-        hk = timed_stage(seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone,
-                    key=keys[0])
+        hk = head_kernel if head_kernel is not None else timed_stage(
+            seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone, key=keys[0])
         out = timed_stage(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)

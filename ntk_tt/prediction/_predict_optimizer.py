@@ -37,11 +37,12 @@ import numpy as np
 from ntk_tt._options import MAX_STEPS, _is_int, resolve_method
 from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.dynamics._adam_head_aware import (
+    AdamKernel,
     _maybe_nonzero,
     adam_head_aware_kernel,
     head_aware_adam_trajectory,
 )
-from ntk_tt.dynamics._checks import check_hyper
+from ntk_tt.dynamics._checks import check_head_kernel, check_hyper
 from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._optim_head_aware import head_aware_sgd_trajectory
 from ntk_tt.dynamics._optim_linear import sgd_trajectory, weight_tangent
@@ -88,7 +89,7 @@ def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
 def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, steps, loss,
                            method, kernel, sketch_dim, num_paths, key, x_test, y_test, predictor,
                            head, backbone, segments, subset, subset_method,
-                           targets) -> Prediction:
+                           targets, head_kernel=None) -> Prediction:
     """:func:`ntk_tt.predict` with ``optimizer=`` (module docstring). Arguments as there,
     already checked up to the labels and ``targets`` ({curve: targets}); ``shape``: (N, C) of
     the model's logits; ``start``: the ``time.perf_counter()`` of the call.
@@ -122,6 +123,11 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, s
                          "Adam's elementwise moments, which have no feature-space form; use "
                          "ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
+    check_head_kernel(head_kernel, head_aware, n, x_test)
+    if isinstance(head_kernel, AdamKernel) and (not adam or head_kernel.batch_size != bs):
+        raise ValueError(f"head_kernel is an Adam kernel for B = {head_kernel.batch_size}: "
+                         f"pass it only with an Adam optimizer of that batch size (B = {bs} "
+                         "here), or pass its .hk.")
     # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
     keys = [None, None] if key is None else [jax.random.fold_in(key, 1), key]
     batches = (None if bs == n else path_batch_indices(keys[1], n, bs, steps, num_paths))
@@ -130,7 +136,10 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, s
         feature_fn, bparams = head[0], head[1]
 
         def build():
-            hk = head_aware_kernel(head, x, x_test, backbone=backbone, key=keys[0])
+            if isinstance(head_kernel, AdamKernel):
+                return head_kernel.hk, head_kernel
+            hk = head_kernel if head_kernel is not None else head_aware_kernel(
+                head, x, x_test, backbone=backbone, key=keys[0])
             return hk, (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
                                                loss=loss, hk=hk, key=keys[0]) if adam else hk)
 
