@@ -1,0 +1,145 @@
+"""Optimiser benchmark (issue 27 item 5): SGD-momentum + warmup-cosine + weight decay and
+AdamW + warmup-cosine, predicted vs real, on the constant-η sweep's tasks.
+
+Grid (``--preset full``): the four shared target sets × 50 and 150 images per class (K = 5:
+N = 250, 750) × {sgdm_cosine: κ̃ ∈ {1, 4, 12}, m = 0.9, λ ∈ {0, 5e-4}; adamw_cosine: peak
+η ∈ {1e-4, 3e-4, 1e-3}, λ ∈ {0.01, 0.1}} × B ∈ {N (GD), 50}, T = 150, warmup 15 steps, cosine
+to 0 at T (``ntk_tt.sweep._optimizers``). Every row is written when it is done; rerunning
+the same command resumes. ``--report`` only rebuilds ``summary.json`` and the figure from the
+table (with ``--constant DIR``: the constant-η sweep's results on the same tasks beside it).
+
+    python experiments/optimizer_sweep.py --out runs/optimizers                 # full
+    python experiments/optimizer_sweep.py --out runs/optimizers --per-class 50  # N = 250 only
+    python experiments/optimizer_sweep.py --out runs/optimizers --report \\
+        --constant experiments/results/sweep
+    python experiments/optimizer_sweep.py --out /tmp/o --preset smoke           # minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from ntk_tt.sweep._optimizers import FAMILIES, OptimSpec, run_task
+from ntk_tt.sweep._optimizers_summary import summarize_optimizers
+from ntk_tt.sweep._table import ResultsTable, read_table
+
+TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
+PRESETS = {
+    "full": OptimSpec(datasets=TARGETS, per_class=(50, 150)),
+    # smoke: the vendored flowers5 set, N = 30, T = 20, one peak per family
+    "smoke": OptimSpec(datasets=("flowers5",), per_class=(6,), batch_sizes=(None, 10),
+                       steps=20, sgd_kappas=(4.0,), sgd_decays=(5e-4,), adam_peaks=(1e-3,),
+                       adam_decays=(0.1,), num_paths=2),
+}
+
+
+def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="results directory (created; resumed)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    p.add_argument("--datasets", nargs="+")
+    p.add_argument("--per-class", nargs="+", type=int)
+    p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
+    p.add_argument("--constant", help="the constant-η sweep directory to compare with")
+    args = p.parse_args(argv)
+    spec = PRESETS[args.preset]
+    if args.datasets:
+        spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
+    if args.per_class:
+        if any(n < 2 for n in args.per_class):
+            p.error(f"--per-class values must be integers >= 2, got {args.per_class}")
+        spec = dataclasses.replace(spec, per_class=tuple(args.per_class))
+    if args.constant and not (pathlib.Path(args.constant) / "results.parquet").exists():
+        p.error(f"--constant {args.constant!r} holds no results.parquet (a sweep directory, "
+                "e.g. experiments/results/sweep)")
+    return args, spec
+
+
+def report(out: pathlib.Path, constant: str | None) -> dict:
+    """Consolidate the rows, write ``summary.json`` and ``fig_optimizers.png``."""
+    table = ResultsTable(out)
+    table.consolidate()
+    frame = read_table(out)
+    summary = summarize_optimizers(frame, read_table(constant) if constant else None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _figure(frame, out / "fig_optimizers.png")
+    return summary
+
+
+def _figure(frame, path: pathlib.Path) -> None:
+    """Predicted (dashed) vs real (solid) loss curves: one panel per family × GD/SGD, the
+    first task with rows there, every peak at the first weight decay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
+    for i, fam in enumerate(FAMILIES):
+        for j, opt in enumerate(("gd", "sgd")):
+            ax, rows = axes[i][j], frame[(frame["family"] == fam) & (frame["optimizer"] == opt)]
+            if not len(rows):
+                ax.set_title(f"{fam}, {opt}: no rows")
+                continue
+            ax.set_title(f"{fam}, B = {'N' if opt == 'gd' else rows['batch_size'].iloc[0]}")
+            task = rows["task_id"].iloc[0]
+            rows = rows[(rows["task_id"] == task)
+                        & (rows["weight_decay"] == rows["weight_decay"].min())]
+            for k, (_, r) in enumerate(rows.sort_values("peak_setting").iterrows()):
+                c = f"C{k}"
+                ax.plot(r["real_loss"], c, label=f"peak {r['peak_learning_rate']:.2g} real")
+                ax.plot(r["pred_loss"], c + "--", label="predicted")
+            ax.set_xlabel(f"step ({task})")
+            ax.set_ylabel("training loss")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    args, spec = parse(argv)
+    out = pathlib.Path(args.out)
+    if not args.report:
+        table = ResultsTable(out)
+        # one directory may gather tasks run at different times (--datasets, --per-class):
+        # the rows' keys name their task; every other grid setting must be the same
+        grid, spec_path = json.loads(json.dumps(dataclasses.asdict(spec))), out / "spec.json"
+        tasks_keys = ("datasets", "per_class", "seeds")
+        if spec_path.exists():
+            old = json.loads(spec_path.read_text())
+            if {k: v for k, v in old.items() if k not in tasks_keys} != \
+                    {k: v for k, v in grid.items() if k not in tasks_keys}:
+                sys.exit(f"optimizer_sweep.py: error: {out} holds another grid ({spec_path}); "
+                         "resume it with the same options or choose a new --out.")
+            grid |= {k: sorted(set(old[k]) | set(grid[k])) for k in tasks_keys}
+        spec_path.write_text(json.dumps(grid, indent=1) + "\n")
+        tasks = spec.tasks()
+        total = sum(len(spec.configs(t)) for t in tasks)
+        t0, written = time.perf_counter(), 0
+        with tqdm(total=total, initial=len(table.done_ids()), unit="row") as bar:
+            for task in tasks:
+                written += run_task(task, spec, table, progress=lambda _: bar.update())
+        print(json.dumps({"rows_written": written, "seconds": round(time.perf_counter() - t0)}))
+    summary = report(out, args.constant)
+    for fam, block in summary["families"].items():
+        for opt in ("gd", "sgd"):
+            s = block["t_eps_pooled_0.1_0.4"][opt]
+            if s.get("n"):
+                med = 100 * (np.nan if s["median_signed"] is None else s["median_signed"])
+                print(f"{fam:13s} {opt.upper():3s} T_eps p95 {100 * s['p95']:.1f} % "
+                      f"(n = {s['n']}), signed median {med:+.1f} %")
+    print(f"cost: fine-tune / predict per task sweep "
+          f"{summary['cost'].get('per_task_median_ratio', float('nan')):.1f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

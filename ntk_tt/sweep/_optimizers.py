@@ -1,0 +1,185 @@
+"""The optimiser benchmark (issue 27 item 5): schedules, weight decay and AdamW, predicted
+against real fine-tunes on the sweep's tasks.
+
+Two families of the optimisers people fine-tune with, each with the warmup-cosine schedule
+(linear warmup over ``warmup_fraction``·T steps to the peak, cosine decay to 0 at T):
+
+* ``sgdm_cosine``: SGD with heavy-ball momentum m, decoupled weight decay λ (SGDW); the peak
+  η is set from an effective κ̃ = η_peak·λ_max/(N(1 − m)) as the constant-η sweep sets η
+  (λ_max of the head-aware Θ_0);
+* ``adamw_cosine``: AdamW (β = 0.9, 0.999, ε = 1e-8) at fixed peak learning rates.
+
+Each (task, family, peak, λ, B) is one row: ``ntk_tt.predict(..., optimizer=opt, head=...)``
+(the default head-aware predictor, isotropic backbone; the kernels built once per task and
+passed as ``head_kernel``; the Adam kernel once per batch size) against
+``ntk_tt.finetune(..., optimizer=opt)`` with the same key, so both see the same schedule and
+batch order. The tasks are the constant-η sweep's (:func:`ntk_tt.sweep._load.load_task`: the
+same classes, images and head for the same (dataset, n, seed)), so the two compare on equal
+tasks. Rows are written one at a time (:class:`ntk_tt.sweep.ResultsTable`): an interrupted
+run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+import ntk_tt
+from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.sweep._grid import SweepSpec, Task
+from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._table import ResultsTable
+from ntk_tt.sweep._targets import target_columns
+
+FAMILIES = ("sgdm_cosine", "adamw_cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """One row's optimiser: ``family`` (:data:`FAMILIES`), ``peak`` (κ̃ for sgdm_cosine, the
+    peak η for adamw_cosine), ``weight_decay`` λ and ``batch_size`` (None: full batch)."""
+
+    family: str
+    peak: float
+    weight_decay: float
+    batch_size: int | None
+
+    @property
+    def id(self) -> str:
+        """e.g. ``adamw_cosine-p0.0003-wd0.01-bN``."""
+        b = "N" if self.batch_size is None else self.batch_size
+        return f"{self.family}-p{self.peak:g}-wd{self.weight_decay:g}-b{b}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+    """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families ×
+    peaks × weight decays × batch sizes (B ≥ N skipped), T = ``steps``."""
+
+    datasets: tuple[str, ...]
+    per_class: tuple[int, ...]
+    seeds: tuple[int, ...] = (0,)
+    batch_sizes: tuple[int | None, ...] = (None, 50)
+    steps: int = 150
+    classes: int = 5
+    warmup_fraction: float = 0.1
+    sgd_kappas: tuple[float, ...] = (1.0, 4.0, 12.0)
+    sgd_momentum: float = 0.9
+    sgd_decays: tuple[float, ...] = (0.0, 5e-4)
+    adam_peaks: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
+    adam_decays: tuple[float, ...] = (0.01, 0.1)
+    epsilons: tuple[float, ...] = (0.01, 0.1, 0.4)
+    num_paths: int = 8
+    checkpoint: str | None = None
+
+    def tasks(self) -> list[Task]:
+        """Every task of the grid, in order."""
+        return [Task(d, n, s, self.classes) for d in self.datasets for n in self.per_class
+                for s in self.seeds]
+
+    def configs(self, task: Task) -> list[OptimConfig]:
+        """The task's rows (minibatch sizes B ≥ N are skipped: the same as GD or impossible)."""
+        sizes = [b for b in self.batch_sizes if b is None or b < task.num_train]
+        grids = (("sgdm_cosine", self.sgd_kappas, self.sgd_decays),
+                 ("adamw_cosine", self.adam_peaks, self.adam_decays))
+        return [OptimConfig(f, p, wd, b) for f, peaks, decays in grids for b in sizes
+                for p in peaks for wd in decays]
+
+    def optimizer(self, cfg: OptimConfig, lam_max: float, n: int) -> ntk_tt.Optimizer:
+        """The :class:`ntk_tt.Optimizer` of ``cfg`` (λ_max of Θ_0, N for the κ̃ → η map)."""
+        warmup = round(self.warmup_fraction * self.steps)
+        if cfg.family == "sgdm_cosine":
+            m = self.sgd_momentum
+            peak = cfg.peak * n * (1.0 - m) / lam_max
+            return ntk_tt.sgd(ntk_tt.warmup_cosine(peak, warmup, self.steps), m,
+                              weight_decay=cfg.weight_decay, batch_size=cfg.batch_size)
+        return ntk_tt.adamw(ntk_tt.warmup_cosine(cfg.peak, warmup, self.steps),
+                            weight_decay=cfg.weight_decay, batch_size=cfg.batch_size)
+
+
+def row_id(task: Task, cfg: OptimConfig) -> str:
+    """The results-table key of one (task, optimiser) row."""
+    return f"{task.id}__{cfg.id}"
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    return out, time.perf_counter() - t0
+
+
+def _curve_times(curve, eps_list, diverged: bool) -> dict:
+    """T_ε of one curve (``ntk_tt.training_time``: steps, NaN where undefined or diverged)."""
+    out = {}
+    for eps in eps_list:
+        t = np.nan if diverged else float(ntk_tt.training_time(np.asarray(curve), eps))
+        out[eps] = t if t >= 0 else np.nan
+    return out
+
+
+def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None) -> int:
+    """Predict and fine-tune every row of ``task`` not yet in ``table``; returns how many rows
+    were written. ``progress``: a callable given each finished row id (or None)."""
+    done = table.done_ids()
+    left = [c for c in spec.configs(task) if row_id(task, c) not in done]
+    if not left:
+        return 0
+    data = load_task(task, SweepSpec(datasets=(task.dataset,), per_class=(task.per_class,),
+                                     seeds=(task.seed,), checkpoint=spec.checkpoint))
+    n, key = task.num_train, _task_key(task)
+    hk, kernel_seconds = _timed(lambda: ntk_tt.head_aware_kernel(data.split, data.x))
+    lam = float(initial_eigenvalues(hk)[1])
+    adam_kernels: dict = {}
+    for cfg in left:
+        opt = spec.optimizer(cfg, lam, n)
+        kernel = hk
+        if cfg.family == "adamw_cosine":
+            if cfg.batch_size not in adam_kernels:
+                adam_kernels[cfg.batch_size], s = _timed(lambda o=opt: (
+                    ntk_tt.adam_head_aware_kernel(data.split, data.x, data.y, o, hk=hk)))
+                kernel_seconds += s
+            kernel = adam_kernels[cfg.batch_size]
+        pred = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
+                              steps=spec.steps, head=data.split, key=key,
+                              num_paths=spec.num_paths if cfg.batch_size else 1,
+                              head_kernel=kernel)
+        run = ntk_tt.finetune(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
+                              steps=spec.steps, key=key)
+        table.write_row(_row(task, spec, cfg, opt, lam, pred, run, kernel_seconds))
+        if progress is not None:
+            progress(row_id(task, cfg))
+    return len(left)
+
+
+def _row(task, spec, cfg, opt, lam, pred, run, kernel_seconds) -> dict:
+    n = task.num_train
+    peak = float(np.max(np.asarray(opt.learning_rates(spec.steps))))
+    real_t = _curve_times(run.loss, spec.epsilons, run.diverged)
+    pred_t = _curve_times(pred.loss, spec.epsilons, pred.diverged)
+    row = {
+        "row_id": row_id(task, cfg), "task_id": task.id, "dataset": task.dataset,
+        "per_class": task.per_class, "seed": task.seed, "num_train": n,
+        "num_classes": task.classes, "config_id": cfg.id, "family": cfg.family,
+        "optimizer": "gd" if cfg.batch_size is None else "sgd",
+        "batch_size": n if cfg.batch_size is None else cfg.batch_size,
+        "peak_setting": cfg.peak, "peak_learning_rate": peak,
+        "weight_decay": cfg.weight_decay, "momentum": float(opt.momentum),
+        "warmup": round(spec.warmup_fraction * spec.steps), "steps": spec.steps,
+        "lambda_max": lam, "kappa": peak * lam / n, "pred_method": "discrete",
+        "pred_kernel": pred.kernel, "pred_outcome": pred.outcome,
+        "real_diverged": bool(run.diverged), "pred_diverged": bool(pred.diverged),
+        "real_loss": np.asarray(run.loss, float), "pred_loss": np.asarray(pred.loss, float),
+        "real_error": np.asarray(run.error, float), "pred_error": np.asarray(pred.error, float),
+        "real_loss_drop": float(1.0 - run.loss[-1] / run.loss[0]) if not run.diverged
+        else np.nan,
+        "seconds_predict": float(pred.seconds["total"]),
+        "seconds_finetune": float(run.seconds["finetune"]),
+        "task_seconds_kernel": float(kernel_seconds),
+    }
+    for eps in spec.epsilons:
+        row[f"real_T{eps:g}"], row[f"pred_T{eps:g}"] = real_t[eps], pred_t[eps]
+    return row | target_columns(run.loss, pred.loss, run.diverged, pred.diverged,
+                                run.error, pred.error)

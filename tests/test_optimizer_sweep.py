@@ -1,0 +1,89 @@
+"""The optimiser benchmark (issue 27 item 5, ``ntk_tt.sweep._optimizers``): a row against
+independent ``predict``/``finetune`` calls, resumption, the κ̃ → η map, and the summary
+against a hand computation."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import ntk_tt
+from ntk_tt.sweep._grid import SweepSpec, Task
+from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._optimizers import OptimConfig, OptimSpec, row_id, run_task
+from ntk_tt.sweep._optimizers_summary import summarize_optimizers
+from ntk_tt.sweep._table import ResultsTable, read_table
+
+SPEC = OptimSpec(datasets=("flowers5",), per_class=(6,), batch_sizes=(None,), steps=8,
+                 sgd_kappas=(), adam_peaks=(1e-3,), adam_decays=(0.1,), num_paths=1)
+
+
+def test_row_equals_predict_and_finetune_built_independently_and_resumes(tmp_path):
+    task = Task("flowers5", 6, 0)
+    table = ResultsTable(tmp_path)
+    assert run_task(task, SPEC, table) == 1
+    assert run_task(task, SPEC, table) == 0  # resumed: nothing twice
+    table.consolidate()
+    row = read_table(tmp_path).iloc[0]
+    data = load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-3, 1, 8), weight_decay=0.1)
+    key = _task_key(task)
+    # predict builds its own kernels here (the benchmark passes them in: head_kernel=)
+    pred = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
+                          head=data.split, key=key, num_paths=1)
+    run = ntk_tt.finetune(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
+                          key=key)
+    assert row["row_id"] == row_id(task, OptimConfig("adamw_cosine", 1e-3, 0.1, None))
+    np.testing.assert_allclose(row["pred_loss"], pred.loss, rtol=2e-5)
+    np.testing.assert_allclose(row["real_loss"], run.loss, rtol=1e-5)
+    for eps in (0.1, 0.4):
+        assert row[f"pred_T{eps:g}"] == pred.training_time["loss"][eps]
+        assert row[f"real_T{eps:g}"] == ntk_tt.training_time(run.loss, eps)
+    assert row["peak_learning_rate"] == pytest.approx(1e-3)
+
+
+def test_sgd_peak_from_effective_kappa_and_skipped_batch_sizes():
+    spec = OptimSpec(datasets=("a",), per_class=(10, 50), batch_sizes=(None, 50))
+    opt = spec.optimizer(OptimConfig("sgdm_cosine", 4.0, 5e-4, 50), lam_max=200.0, n=250)
+    peak = float(np.max(np.asarray(opt.learning_rates(150))))
+    assert peak * 200.0 / (250 * (1 - 0.9)) == pytest.approx(4.0)  # κ̃ = η·λ/(N(1 − m))
+    assert float(opt.weight_decay) == pytest.approx(5e-4) and opt.batch_size == 50
+    sizes = {t.per_class: {c.batch_size for c in spec.configs(t)} for t in spec.tasks()}
+    assert sizes == {10: {None}, 50: {None, 50}}  # B = 50 is N at n = 10 (K = 5): GD only
+    assert len(spec.configs(Task("a", 10, 0))) == 12  # 2 families × 3 peaks × 2 λ, GD only
+
+
+def _frame(real, pred, family, opt, task):
+    k = len(real)
+    return pd.DataFrame({
+        "row_id": [f"{task}-{family}-{opt}-{i}" for i in range(k)], "task_id": task,
+        "config_id": [f"c{i}" for i in range(k)], "per_class": 10, "steps": 100,
+        "family": family, "optimizer": opt, "pred_method": "discrete",
+        "real_T0.1": real, "pred_T0.1": pred, "real_T0.4": real, "pred_T0.4": pred,
+        "real_diverged": False, "pred_diverged": False,
+        "real_loss": [np.linspace(2, 0.5, 11)] * k, "pred_loss": [np.linspace(2, 0.5, 11)] * k,
+        "real_error": [np.linspace(0.8, 0.0, 11)] * k,
+        "pred_error": [np.linspace(0.8, 0.0, 11)] * k,
+        "seconds_predict": 1.0, "seconds_finetune": 30.0, "task_seconds_kernel": 4.0,
+    })
+
+
+def test_summary_against_a_hand_computation():
+    """sgdm rows err by 10 % and 30 %, adamw by 0 and 50 %; the constant sweep's rows of the
+    same task by 20 % (another task's rows are ignored); cost per task = 4 × 30 / (4 + 4)."""
+    frame = pd.concat([_frame([10.0, 10.0], [11.0, 13.0], "sgdm_cosine", "gd", "t0"),
+                       _frame([20.0, 20.0], [20.0, 30.0], "adamw_cosine", "gd", "t0")],
+                      ignore_index=True)
+    constant = pd.concat([_frame([10.0], [12.0], "constant", "gd", "t0"),
+                          _frame([10.0], [50.0], "constant", "gd", "other")],
+                         ignore_index=True)
+    s = summarize_optimizers(frame, constant)
+    sgdm = s["families"]["sgdm_cosine"]["t_eps_pooled_0.1_0.4"]["gd"]
+    assert sgdm["n"] == 4 and sgdm["p95"] == pytest.approx(np.percentile([.1, .1, .3, .3], 95))
+    adam = s["families"]["adamw_cosine"]["t_eps_pooled_0.1_0.4"]["gd"]
+    assert adam["p95"] == pytest.approx(np.percentile([0, 0, .5, .5], 95))
+    assert s["constant_same_tasks"]["rows"] == 1
+    assert s["sgdm_minus_constant_p95_points"]["gd"] == pytest.approx(100 * (sgdm["p95"] - .2))
+    assert s["cost"]["per_task_median_ratio"] == pytest.approx(4 * 30 / (4 + 4))
+    # identical predicted and real curves: every absolute target reached at the same step
+    loss = s["families"]["all"]["absolute_targets"]["gd"]["loss"]
+    assert loss["reach_agreement"] == 1.0 and loss["p95"] == 0.0
