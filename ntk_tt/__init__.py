@@ -85,6 +85,7 @@ _EXPORTS = {
     "outcome_features": "ntk_tt.telemetry._outcome_features",
     "parametric_baseline": "ntk_tt.telemetry._outcome",
     "truncate": "ntk_tt.telemetry._telemetry",
+    "OptimizerSensitivities": "ntk_tt.analysis._whatif_optimizer",
     "Sensitivities": "ntk_tt.analysis._whatif_core",
     "WhatIfGrid": "ntk_tt.analysis._whatif_core",
     "divergence_boundary": "ntk_tt.analysis._whatif",

@@ -25,14 +25,19 @@ def _suggest(args, parser, run: dict) -> int:
     :func:`ntk_tt.suggest_task` run (``run``: see
     :func:`ntk_tt.cli._guard_interrupts`)."""
     from ntk_tt._options import check_suggest_job
+    from ntk_tt._options_suggest import split_optimizer_options
 
-    opts = vars(args)
+    opts = vars(args)  # -m, --kappa-min/max are absent unless given (--optimizer refuses some)
     opts.pop("command")
     try:  # without -B: None, which check_suggest_job reads as the default (default_batch_sizes)
         if opts["batch_sizes"] is not None:
             opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
-        opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
-        checked = check_suggest_job(_options_only(opts), opts["json_path"], opts["overwrite"])
+        if "momenta" in opts:
+            opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
+        if opts["warmups"] is not None:
+            opts["warmups"] = parse_floats(opts["warmups"], "warmups (--warmups)", "0,0.1,0.2")
+        _, rest = split_optimizer_options(_options_only(opts))
+        checked = check_suggest_job(rest, opts["json_path"], opts["overwrite"])
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     opts["batch_sizes"] = checked["batch_sizes"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ntk_tt._defaults import DEFAULTS
+from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
 
 DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical NTK, without "
                "training.")
@@ -43,6 +44,51 @@ def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="init scale of the fresh head (× LeCun normal)")
 
 
+def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
+    """``predict``'s optimiser (``ntk_tt._options_optimizer``): rule, schedule, weight decay,
+    batch size; ``--lr`` is the schedule's peak."""
+    q.add_argument("--optimizer", default=d["optimizer"], choices=OPTIMIZERS,
+                   help="update rule: sgd (with -m, --nesterov), adam or adamw (--b1, --b2, "
+                   "--adam-eps; predicted by the head-aware predictor only)")
+    q.add_argument("--schedule", default=d["schedule"], type=lambda s: s.replace("-", "_"),
+                   choices=SCHEDULES, metavar="{constant,warmup-cosine,warmup-stable-decay,"
+                   "exponential}",
+                   help="learning-rate schedule over the steps; anything but constant-η SGD "
+                   "without decay needs --method auto/discrete, no --subset, --segments 1")
+    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
+                   help="η, the schedule's peak learning rate (constant: every step's; "
+                   "exponential: η_0)")
+    q.add_argument("--warmup", type=int, default=d["warmup"], metavar="STEPS",
+                   help="warmup-cosine, warmup-stable-decay: linear warmup from η = 0 over "
+                   "this many steps (None: 0)")
+    q.add_argument("--decay-start", type=int, default=d["decay_start"], metavar="STEP",
+                   help="warmup-stable-decay: η stays at --lr until this step (None: the last "
+                   "20 %% of the decay horizon decays)")
+    q.add_argument("--decay-end", type=int, default=d["decay_end"], metavar="STEP",
+                   help="warmup-cosine, warmup-stable-decay: the step at which the decay "
+                   "reaches --end-lr (None: T, -T)")
+    q.add_argument("--end-lr", type=float, default=d["end_lr"],
+                   help="warmup-cosine, warmup-stable-decay: η at --decay-end and after, in "
+                   "[0, --lr] (None: 0)")
+    q.add_argument("--decay-rate", type=float, default=d["decay_rate"], metavar="R",
+                   help="exponential (needed there): η_t = --lr·R^t, R in (0, 1]")
+    q.add_argument("--weight-decay", type=float, default=d["weight_decay"], metavar="LAMBDA",
+                   help="weight decay λ >= 0, decoupled (θ ← θ − η_t·λθ; None: 0 for sgd, "
+                   f"{ADAMW_WEIGHT_DECAY:g} for adamw; adam takes none)")
+    q.add_argument("--l2", action="store_true",
+                   help="sgd: weight decay as λ/2·‖θ‖² in the loss instead of decoupled")
+    q.add_argument("-B", "--batch-size", type=int, default=None,
+                   help="mini-batch size (None: N, full-batch GD)")
+    q.add_argument("-m", "--momentum", type=float, default=d["momentum"],
+                   help="sgd: heavy-ball momentum in [0, 1) (Adam's β₁ is --b1)")
+    q.add_argument("--nesterov", action="store_true",
+                   help="sgd: Nesterov momentum (needs -m > 0)")
+    for flag, key, what in (("--b1", "b1", "β₁"), ("--b2", "b2", "β₂"),
+                            ("--adam-eps", "adam_eps", "ε")):
+        q.add_argument(flag, type=float, default=d[key],
+                       help=f"adam, adamw: {what} (None: {ADAM_DEFAULTS[key]:g})")
+
+
 def _parser() -> argparse.ArgumentParser:
     from ntk_tt import __version__
 
@@ -58,13 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                    "has not that many left after n)")
     q.add_argument("-T", "--steps", type=int, default=d["steps"],
                    help="T, optimiser steps predicted (and fine-tuned with --verify)")
-    q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
-                   help="η, learning rate")
-    q.add_argument("-B", "--batch-size", type=int, default=None,
-                   help="SGD mini-batch size (None: N, full-batch GD)")
-    q.add_argument("-m", "--momentum", type=float, default=d["momentum"],
-                   help="heavy-ball momentum in [0, 1)")
-    q.add_argument("--nesterov", action="store_true", help="Nesterov momentum (needs -m > 0)")
+    _add_optimizer_options(q, d)
     q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
                    help="training loss")
     q.add_argument("--method", default=d["method"],
@@ -148,6 +188,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _suggest_parser(sub) -> None:
     from ntk_tt._defaults import SUGGEST_DEFAULTS as d
+    from ntk_tt._options_suggest import (
+        ADAM_LEARNING_RATE_RANGE,
+        FAMILIES,
+        FAMILY_DEFAULTS,
+        WARMUPS,
+    )
 
     q = sub.add_parser(
         "suggest", help="choose (η, m, B) minimising the predicted wall-clock time to a target "
@@ -155,7 +201,9 @@ def _suggest_parser(sub) -> None:
         description="Predict the loss curve of every configuration of a grid of κ = η·λ_max/N "
         "× momenta × batch sizes from one kernel, refine the best by jax.grad, and print the "
         "(η, m, B) whose predicted curve reaches the target in the least wall-clock time (steps "
-        "× measured seconds per real step), without predicted divergence. Exit status 0 with a "
+        "× measured seconds per real step), without predicted divergence. With --optimizer, "
+        "the grid is the peak learning rate × warmup of a warmup-cosine schedule for an "
+        "SGD-momentum or AdamW template. Exit status 0 with a "
         "suggestion, 1 when no configuration reaches the target, 2 on bad input.")
     _add_task_options(q, d)
     q.add_argument("--target", type=float, default=d["target"],
@@ -168,17 +216,44 @@ def _suggest_parser(sub) -> None:
     q.add_argument("-B", "--batch-sizes", default=None,
                    help="candidate batch sizes, comma-separated; N = full-batch GD "
                    "(default: N,50); without -B, 50 is left out when N = K·n <= 50")
-    q.add_argument("-m", "--momenta", default=",".join(f"{m:g}" for m in d["momenta"]),
-                   help="heavy-ball momenta of the grid, comma-separated, each in [0, 1)")
-    q.add_argument("--kappa-min", type=float, default=d["kappa_min"],
-                   help="smallest κ = η·λ_max/N of the log grid")
-    q.add_argument("--kappa-max", type=float, default=d["kappa_max"],
+    q.add_argument("-m", "--momenta", default=argparse.SUPPRESS,
+                   help="heavy-ball momenta of the grid, comma-separated, each in [0, 1); with "
+                   "--optimizer sgd one value, the template's momentum (there "
+                   f"{FAMILY_DEFAULTS['sgd']['momentum']:g} if not given) (default: "
+                   f"{','.join(f'{m:g}' for m in d['momenta'])})")
+    q.add_argument("--kappa-min", type=float, default=argparse.SUPPRESS,
+                   help=f"smallest κ = η·λ_max/N of the log grid (default: {d['kappa_min']:g})")
+    q.add_argument("--kappa-max", type=float, default=argparse.SUPPRESS,
                    help="largest κ of the log grid (beyond the stability edge is never "
-                   "suggested)")
+                   f"suggested) (default: {d['kappa_max']:g})")
     q.add_argument("--num-kappas", type=int, default=d["num_kappas"],
-                   help="κ values of the log grid")
+                   help="κ values of the log grid (with --optimizer: peak learning rates)")
+    q.add_argument("--optimizer", default=None, choices=FAMILIES,
+                   help="search the peak learning rate × warmup of a warmup-cosine schedule "
+                   "(cosine to -T) for this optimiser instead of constant-η (η, m, B): sgd "
+                   "(heavy ball, -m one momentum, decoupled --weight-decay) or adamw (--b1, "
+                   "--b2; head-aware predictor); -B at most one batch size (None: N)")
+    q.add_argument("--weight-decay", type=float, default=None, metavar="LAMBDA",
+                   help="with --optimizer: weight decay λ >= 0, decoupled (None: "
+                   f"{FAMILY_DEFAULTS['sgd']['weight_decay']:g} for sgd, "
+                   f"{FAMILY_DEFAULTS['adamw']['weight_decay']:g} for adamw)")
+    for flag, key in (("--b1", "b1"), ("--b2", "b2")):
+        q.add_argument(flag, type=float, default=None,
+                       help=f"--optimizer adamw: β{key[1]} (None: "
+                       f"{FAMILY_DEFAULTS['adamw'][key]:g})")
+    q.add_argument("--warmups", default=None, metavar="F[,F...]",
+                   help="with --optimizer: warmup lengths of the grid as fractions of -T in "
+                   f"[0, 1), rounded to whole steps (None: {','.join(f'{w:g}' for w in WARMUPS)})")
+    q.add_argument("--lr-min", type=float, default=None,
+                   help="with --optimizer: smallest peak η of the log grid (with --lr-max; "
+                   "None: sgd the κ grid, adamw "
+                   f"{ADAM_LEARNING_RATE_RANGE[0]:g})")
+    q.add_argument("--lr-max", type=float, default=None,
+                   help="with --optimizer: largest peak η of the log grid (None: sgd the κ "
+                   f"grid, adamw {ADAM_LEARNING_RATE_RANGE[1]:g})")
     q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
-                   help="jax.grad evaluations refining the best grid point in (log η, m); 0: none")
+                   help="jax.grad evaluations refining the best grid point in (log η, m) (with "
+                   "--optimizer: (log peak η, warmup)); 0: none")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
                    help="SGD batch orders averaged in each predicted SGD curve")
     q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),

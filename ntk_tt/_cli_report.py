@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ntk_tt._options_optimizer import describe_optimizer
+
 
 def _fmt(v, unit=""):
     return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
@@ -177,6 +179,7 @@ def _g(value) -> str:
 def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
+    The optimiser line names the rule, weight decay, batch size and learning-rate schedule.
     An undefined T_ε has its short reason at the end of its row; a diverged prediction or
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers.
@@ -193,6 +196,8 @@ def format_report(r: dict) -> str:
         f"κ = η·λ_max/N = {_g(pred['kappa'])}; {r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
     ]
+    if r.get("optimizer"):  # a report written before the optimiser options has none
+        lines.append(f"optimiser: {describe_optimizer(r['optimizer'])}")
     if pred.get("beyond_edge"):
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
                      "stability edge: the real run will likely diverge or oscillate; the "

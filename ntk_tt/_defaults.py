@@ -7,7 +7,11 @@ DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train
                 loss="cross_entropy", method="auto", kernel="exact", sketch_dim=None,
                 num_paths=32, seed=0, resize=True, head_scale=0.3, predictor="auto",
                 backbone="isotropic", segments=1, subset=None, subset_method="power_law",
-                loss_targets=(), error_targets=(), accuracy_targets=())
+                loss_targets=(), error_targets=(), accuracy_targets=(),
+                # the optimiser (ntk_tt._options_optimizer): None = the default it describes
+                optimizer="sgd", schedule="constant", warmup=None, decay_start=None,
+                decay_end=None, end_lr=None, decay_rate=None, weight_decay=None, l2=False,
+                b1=None, b2=None, adam_eps=None)
 
 # ``ntk-tt suggest`` / :func:`ntk_tt.suggest_task` (the same task as ``ntk-tt predict``)
 SUGGEST_DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train",

@@ -21,6 +21,7 @@ from ntk_tt._options import (
     check_loss,
     resolve_method,
 )
+from ntk_tt._options_optimizer import check_optimizer_options
 from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs
 
@@ -28,7 +29,8 @@ from ntk_tt._output_paths import check_outputs
 def check_options(o: dict[str, Any]) -> None:
     """Fail fast on the options of :func:`ntk_tt.predict_task`, before loading anything (and
     without JAX): K, n, seed, the dataset path, split and data_dir
-    (:func:`ntk_tt._options._check_source`), the hyperparameters, the method / kernel /
+    (:func:`ntk_tt._options._check_source`), the hyperparameters and the optimiser
+    (:func:`ntk_tt._options_optimizer.check_optimizer_options`), the method / kernel /
     predictor / subset combinations, the checkpoint folder. K against the dataset's classes,
     n against its images and the images against the model need the data:
     :func:`ntk_tt.prediction._job.load_task` checks them.
@@ -59,6 +61,7 @@ def check_options(o: dict[str, Any]) -> None:
     if m is None or not 0.0 <= m < 1.0:
         raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "
                          "plain (S)GD.")
+    check_optimizer_options(o)
     if o["nesterov"] and m == 0.0:
         raise ValueError("Nesterov needs momentum > 0: nesterov (--nesterov) with momentum "
                          "(-m) 0 is plain (S)GD; pass e.g. -m 0.9 or drop --nesterov.")

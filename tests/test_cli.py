@@ -270,6 +270,10 @@ def fake_report(*, verify, pred_diverged, real_diverged):
     fall = -6.65e33 if real_diverged else 0.5
     return {
         "config": {"test_per_class": 2},
+        "optimizer": {"optimizer": "sgd", "learning_rate": 0.002, "schedule": "constant",
+                      "schedule_parameters": {"value": 0.002}, "momentum": 0.0,
+                      "nesterov": False, "b2": None, "eps": None, "weight_decay": 0.0,
+                      "decoupled": True, "batch_size": 10},
         "task": {"dataset": "flowers5", "classes": ["daisy", "tulip"], "n_train": 10,
                  "n_test": 4, "test_per_class": 2, "architecture": "SmallResNet",
                  "num_params": 120706, "image_shape": [28, 28, 1],

@@ -79,14 +79,19 @@ def _linear_losses(mat, traced, f0, y, batches, lr, m, loss):
 
 
 def _evaluate(data, lr, m, target, temperature, *, kind, traced, loss) -> _Eval:
-    """One configuration: losses per path → divergence (on the raw curves), curves held past
-    a non-finite loss, their mean, the hard and the soft time to the target."""
+    """One configuration (η, m): its loss curve per path, then :func:`_summary`."""
     if kind == "head_aware":
         hk, y, batches = data
         paths = jax.vmap(lambda b: _head_losses(hk, y, b, lr, m, loss))(batches)
     else:
         mat, f0, y, batches = data
         paths = jax.vmap(lambda b: _linear_losses(mat, traced, f0, y, b, lr, m, loss))(batches)
+    return _summary(paths, target, temperature)
+
+
+def _summary(paths, target, temperature) -> _Eval:
+    """Loss curves per path (P, T + 1) → divergence (on the raw curves), curves held past a
+    non-finite loss, their mean, the hard and the soft time to the target."""
     diverged = jnp.any(divergence(paths).diverged)
     held = jax.vmap(hold_from)(paths, first_nonfinite(paths))
     curve = jnp.mean(held, axis=0)

@@ -1,4 +1,7 @@
-"""The ``jax.grad`` refinement of :func:`ntk_tt.suggest`'s best grid point in (log η, m)."""
+"""The ``jax.grad`` refinement of :func:`ntk_tt.suggest`'s best grid point: a projected
+normalised gradient descent on the soft time to the target in two coordinates, (log η, m) for
+constant-η SGD (:func:`_refine`) and (log η_peak, warmup) for an optimiser's schedule
+(``_suggest_optimizer``), both through :func:`_descend`."""
 
 from __future__ import annotations
 
@@ -12,53 +15,40 @@ import numpy as np
 from ntk_tt.analysis._suggest_curves import _edge, _surrogate_grad
 from ntk_tt.analysis._suggest_report import _row
 
-EDGE_MARGIN = 1e-3  # the refinement keeps κ ≤ (1 − EDGE_MARGIN)·edge(m)
+EDGE_MARGIN = 1e-3  # the refinement keeps κ ≤ (1 − EDGE_MARGIN)·edge
 
 
-def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_range, sps,
-            loss, rows, curves, compiled):
-    """Projected normalised gradient descent on the soft time in (log η, m) from ``best``.
+def _descend(best, u0, evaluate, bounds, scale, budget, make_row, names, rows, curves):
+    """Projected normalised gradient descent on a soft time in u = (u_0, u_1) from ``best``.
 
-    Coordinates are scaled by (grid spacing of log κ, 0.1) and each step moves δ of them along
-    the steepest descent direction (∞-norm; a component pushing out of an active bound is
-    dropped), δ starting at ½ grid cell, ×1.5 after a step that lowers the surrogate, ×½ after
-    one that does not. Every point is projected onto m ∈ ``m_range`` (the span of the grid's
-    momenta: m stays fixed when the grid has one) and κ ∈ [κ_best·e^(−10 cells),
-    (1 − EDGE_MARGIN)·edge(m)]. Returns (the best admissible point by hard time if it beats
-    ``best`` strictly, else ``best``; the trace; run seconds without compilation).
+    Coordinates are scaled by ``scale`` (2,) and each step moves δ of them along the steepest
+    descent direction (∞-norm; a component pushing out of an active bound is dropped), δ
+    starting at ½, ×1.5 after a step that lowers the surrogate, ×½ after one that does not.
+    ``bounds(u)`` gives ((low_0, high_0), (low_1, high_1)): the second pair fixed, the first
+    may depend on u_1; a point is projected onto u_1's bounds, then u_0's at that u_1.
+    ``evaluate(u)`` → (soft time, its gradient (2,), the evaluation, run seconds without
+    compilation); ``make_row(u, evaluation)`` → a grid row (appended to ``rows``, its curve to
+    ``curves``); ``names``: the trace's keys of u_0 and u_1. Returns (the best admissible point
+    by hard seconds if it beats ``best`` strictly, else ``best``; the trace; run seconds).
     """
-    scale = np.array([step_log, 0.1])
-    log_k_min = math.log(best["kappa"]) - 10 * step_log
-
-    def bounds(m):
-        """(lowest, highest) log η at momentum m."""
-        return (math.log(math.exp(log_k_min) * n / lam),
-                math.log((1 - EDGE_MARGIN) * _edge(m, loss) * n / lam))
-
     def project(u):
-        m = float(np.clip(u[1], *m_range))
-        return np.array([float(np.clip(u[0], *bounds(m))), m])
+        v = np.array(u, float)
+        v[1] = float(np.clip(v[1], *bounds(v)[1]))
+        v[0] = float(np.clip(v[0], *bounds(v)[0]))
+        return v
 
     def direction(u, g):
         """Descent direction −g·scale without components leaving an active bound."""
         d = -g * scale
-        lo, hi = bounds(u[1])
-        for i, (low, high) in enumerate(((lo, hi), m_range)):
+        for i, (low, high) in enumerate(bounds(u)):
             if (u[i] <= low + 1e-12 and d[i] < 0) or (u[i] >= high - 1e-12 and d[i] > 0):
                 d[i] = 0.0
         return d
 
-    def evaluate(u):
-        args = (jnp.asarray(u, dtype), data, target, tau)
-        exe, _ = compiled(_surrogate_grad, *args, **static)
-        t0 = time.perf_counter()
-        (val, ev), g = jax.device_get(jax.block_until_ready(exe(*args)))
-        return float(val), np.asarray(g, float), ev, time.perf_counter() - t0
-
-    u = np.array([math.log(best["learning_rate"]), best["momentum"]])
+    u = np.asarray(u0, float)
     val, g, _, sec = evaluate(u)
-    trace = [{"log_learning_rate": u[0], "momentum": u[1], "soft_steps": val,
-              "steps": best["steps"], "accepted": True}]
+    trace = [{names[0]: u[0], names[1]: u[1], "soft_steps": val, "steps": best["steps"],
+              "accepted": True}]
     chosen, delta = best, 0.5
     for _ in range(budget - 1):
         d = direction(u, g)
@@ -70,12 +60,11 @@ def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_
             continue
         val_c, g_c, ev, s = evaluate(cand)
         sec += s
-        row = _row(best["b"], n, math.exp(cand[0]), float(cand[1]), lam,
-                   jax.tree.map(lambda a: np.asarray(a)[None], ev), 0, sps, loss, "refine")
+        row = make_row(cand, ev)
         rows.append(row)
         curves[id(row)] = np.asarray(ev.loss)
         accepted = math.isfinite(val_c) and val_c < val
-        trace.append({"log_learning_rate": cand[0], "momentum": cand[1], "soft_steps": val_c,
+        trace.append({names[0]: cand[0], names[1]: cand[1], "soft_steps": val_c,
                       "steps": row["steps"], "accepted": accepted})
         if row["admissible"] and (row["seconds"], row["soft_steps"]) < (
                 chosen["seconds"], chosen["soft_steps"]):
@@ -87,3 +76,42 @@ def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_
     if chosen is not best and not chosen["seconds"] < best["seconds"]:
         chosen = best  # the hard time did not improve: keep the grid point
     return chosen, trace, sec
+
+
+def _timed(exe, args):
+    """(soft time, gradient, evaluation, run seconds) of a compiled ``value_and_grad``."""
+    t0 = time.perf_counter()
+    (val, ev), g = jax.device_get(jax.block_until_ready(exe(*args)))
+    return float(val), np.asarray(g, float), ev, time.perf_counter() - t0
+
+
+def _one(ev):
+    """An evaluation as the row of a one-configuration grid (``_row``'s ``out``, ``i`` = 0)."""
+    return jax.tree.map(lambda a: np.asarray(a)[None], ev)
+
+
+def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_range, sps,
+            loss, rows, curves, compiled):
+    """:func:`_descend` in (log η, m) for constant-η SGD.
+
+    Coordinates are scaled by (grid spacing of log κ, 0.1). m stays in ``m_range`` (the span
+    of the grid's momenta: fixed when the grid has one) and κ in [κ_best·e^(−10 cells),
+    (1 − EDGE_MARGIN)·edge(m)].
+    """
+    log_k_min = math.log(best["kappa"]) - 10 * step_log
+
+    def bounds(u):
+        return ((math.log(math.exp(log_k_min) * n / lam),
+                 math.log((1 - EDGE_MARGIN) * _edge(u[1], loss) * n / lam)), m_range)
+
+    def evaluate(u):
+        args = (jnp.asarray(u, dtype), data, target, tau)
+        return _timed(compiled(_surrogate_grad, *args, **static)[0], args)
+
+    def make_row(u, ev):
+        return _row(best["b"], n, math.exp(u[0]), float(u[1]), lam, _one(ev), 0, sps, loss,
+                    "refine")
+
+    return _descend(best, [math.log(best["learning_rate"]), best["momentum"]], evaluate,
+                    bounds, np.array([step_log, 0.1]), budget, make_row,
+                    ("log_learning_rate", "momentum"), rows, curves)

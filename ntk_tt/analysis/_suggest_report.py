@@ -22,7 +22,8 @@ class Suggestion:
       grid_best) are None, ``reason`` says why and what to try, :func:`ntk_tt.suggest`
       warns (:class:`ntk_tt.TargetNotReachedWarning`) with the same reason, and the grid is
       still there.
-    learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice.
+    learning_rate, momentum, batch_size (None = full-batch GD), kappa (η·λ_max/N): the choice
+      (with ``optimizer=``: the PEAK η, the template's momentum (Adam: β₁) and batch size).
     steps: predicted steps to target: the first step with L̂_t ≤ target (int), on the raw curve
       (``ntk_tt.steps_to_target(loss, target, window=1)``; ``predict(targets=...)`` smooths
       over ``curve_window`` steps, which can put the hit a step or two later).
@@ -32,20 +33,27 @@ class Suggestion:
     refined: the gradient refinement improved on the best grid point (else the choice is it).
     grid_best: the best grid point (dict of the ``grid`` row).
     runners_up: pandas DataFrame of the best admissible grid configuration of every other
-      (B, m) pair (and the next best of the choice's own), ≤ ``top`` rows, best first, columns
-      as ``grid``.
+      (B, m) pair (with ``optimizer=``: every other warmup) (and the next best of the choice's
+      own), ≤ ``top`` rows, best first, columns as ``grid``.
     grid: pandas DataFrame, one row per grid configuration and per refinement candidate
       (``source`` "grid" or "refine"): batch_size (N for GD), gd, momentum,
       learning_rate, kappa, kappa_eff = κ/(1 − m), steps (NaN: target not reached), seconds,
       soft_steps, final_loss, diverged, beyond_edge, admissible, source, evaluated (False: a
-      grid point beyond the stability edge, not predicted; its steps etc. are NaN).
+      grid point beyond the stability edge, not predicted; its steps etc. are NaN); with
+      ``optimizer=`` also warmup (steps), learning_rate and kappa are the peak's, and Adam
+      rows are never beyond_edge (κ does not measure Adam's stability).
     seconds_per_step: {B (None = GD): seconds per real step}, measured or as given.
-    refinement: one dict per refinement evaluation (log η, m, soft steps, steps, accepted).
+    refinement: one dict per refinement evaluation (log η, m (``optimizer=``: log peak η,
+      warmup), soft steps, steps, accepted).
     predictor: "head_aware:<backbone>" ("head_aware:given" with ``head_kernel``) or
     "linear:<kernel>"; lambda_max: λ_max of Θ_0.
     num_train: N. steps_max: T_max. reason: why nothing was found (None when found).
     timings: wall seconds per stage ("kernel", "step_time", "grid", "refine", "total") without
       JAX compilation, which is summed apart in "compile".
+    optimizer: the choice as an :class:`ntk_tt.Optimizer` (``ntk_tt.sgd(η, m, batch_size=B)``
+      for the constant-η search; the template with the chosen warmup-cosine with
+      ``optimizer=``), to pass to ``predict``/``finetune``; None when not found.
+    warmup: the chosen warmup in steps (``optimizer=`` only; else None).
     """
 
     found: bool
@@ -72,6 +80,8 @@ class Suggestion:
     steps_max: int
     reason: str | None
     timings: dict
+    optimizer: Any = None
+    warmup: float | None = None
 
 
 def _order(rows):
@@ -111,16 +121,30 @@ _COLUMNS = ("batch_size", "gd", "momentum", "learning_rate", "kappa", "kappa_eff
             "source", "evaluated")
 
 
-def _frame(rows):
+def _columns(rows) -> tuple:
+    return _COLUMNS + (("warmup",) if rows and "warmup" in rows[0] else ())
+
+
+def _frame(rows, columns=_COLUMNS):
     import pandas as pd
 
-    return pd.DataFrame([{k: r[k] for k in _COLUMNS} for r in rows], columns=list(_COLUMNS))
+    return pd.DataFrame([{k: r[k] for k in columns} for r in rows], columns=list(columns))
+
+
+def _constant_sgd(row):
+    from ntk_tt._optimizer import sgd
+
+    return sgd(row["learning_rate"], row["momentum"], batch_size=row["b"])
 
 
 def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0, target_kind,
-            target_value, name, lam, n, steps_max, top, timings, kappa_range) -> Suggestion:
+            target_value, name, lam, n, steps_max, top, timings, widen,
+            optimizer_of=_constant_sgd) -> Suggestion:
+    """The :class:`Suggestion` of the rows; ``widen``: what grid option to widen (the reason
+    when nothing is found); ``optimizer_of(row)``: the choice's Optimizer."""
+    cols = _columns(rows)
     common = dict(target=target_abs, initial_loss=l0, target_kind=target_kind,
-                  target_value=target_value, grid=_frame(rows), seconds_per_step=sps,
+                  target_value=target_value, grid=_frame(rows, cols), seconds_per_step=sps,
                   refinement=refinement, predictor=name, lambda_max=lam, num_train=n,
                   steps_max=steps_max, timings=timings)
     if choice is None:
@@ -132,34 +156,46 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         if closest is not None:
             why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
                     f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
-        why += (f"; raise the step budget (steps, -T), raise the target, or widen "
-                f"kappa_range {tuple(kappa_range)}")
+        why += f"; raise the step budget (steps, -T), raise the target, or widen {widen}"
         return Suggestion(found=False, learning_rate=None, momentum=None, batch_size=None,
                           kappa=None, steps=None, seconds=None, loss=None, refined=False,
-                          grid_best=None, runners_up=_frame([]), reason=why, **common)
+                          grid_best=None, runners_up=_frame([], cols), reason=why, **common)
     others, seen = [], set()
+    group = ((lambda r: r["warmup"]) if "warmup" in cols
+             else (lambda r: (r["b"], r["momentum"])))
     for r in _order([r for r in rows if r["source"] == "grid"]):
-        if r is not choice and (r["b"], r["momentum"]) not in seen:
-            seen.add((r["b"], r["momentum"]))
+        if r is not choice and group(r) not in seen:
+            seen.add(group(r))
             others.append(r)
     return Suggestion(
         found=True, learning_rate=choice["learning_rate"], momentum=choice["momentum"],
         batch_size=choice["b"], kappa=choice["kappa"], steps=int(choice["steps"]),
         seconds=choice["seconds"], loss=curves[id(choice)], refined=choice is not best,
-        grid_best={k: best[k] for k in _COLUMNS}, runners_up=_frame(others[:top]), reason=None,
-        **common)
+        grid_best={k: best[k] for k in cols}, runners_up=_frame(others[:top], cols),
+        reason=None, optimizer=optimizer_of(choice), warmup=choice.get("warmup"), **common)
 
 
 def _b(b, n=None) -> str:
     return "N (GD)" if b is None or b == n else str(b)
 
 
+def _grid_text(cfg, size) -> str:
+    """The grid's description: κ × m × B, or (``optimizer=``) peak η × warmups."""
+    kappas = f"in [{cfg['kappa_min']:g}, {cfg['kappa_max']:g}]"
+    if not cfg.get("optimizer"):
+        total = size["kappas"] * size["momenta"] * size["batch_sizes"]
+        return (f"{size['kappas']} κ {kappas} × {size['momenta']} m × {size['batch_sizes']} B "
+                f"= {total} configurations")
+    rng = cfg["learning_rate_range"]
+    peaks = (f"κ_peak {kappas}" if rng is None else f"η_peak in [{rng[0]:g}, {rng[1]:g}]")
+    return (f"{cfg['optimizer']} warmup-cosine, {size['kappas']} {peaks} × {size['warmups']} "
+            f"warmups = {size['kappas'] * size['warmups']} configurations")
+
+
 def format_suggestion(r: dict) -> str:
     """Human-readable text of a :func:`ntk_tt.suggest_task` report."""
     t, tg, sec = r["task"], r["target"], r["seconds"]
     n = t["n_train"]
-    size = r["grid_size"]
-    total = size["kappas"] * size["momenta"] * size["batch_sizes"]
     cfg = r["config"]
     lines = [
         f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {n} train; model "
@@ -168,9 +204,8 @@ def format_suggestion(r: dict) -> str:
         + (f"{tg['value']:g} × L_0 = {tg['initial_loss']:.4g}" if tg["kind"] == "fraction"
            else f"L_0 = {tg['initial_loss']:.4g}")
         + f") within T_max = {tg['steps_max']} steps",
-        f"predictor: {r['predictor']}, λ_max = {r['lambda_max']:.4g}; grid {size['kappas']} κ "
-        f"in [{cfg['kappa_min']:g}, {cfg['kappa_max']:g}] × {size['momenta']} m × "
-        f"{size['batch_sizes']} B = {total} configurations; kernel {sec['kernel']:.1f} s, "
+        f"predictor: {r['predictor']}, λ_max = {r['lambda_max']:.4g}; grid "
+        f"{_grid_text(cfg, r['grid_size'])}; kernel {sec['kernel']:.1f} s, "
         f"grid {sec['grid']:.1f} s, refinement {sec['refine']:.1f} s, total {sec['total']:.1f} s "
         f"(compile {sec['compile']:.1f} s apart)",
         "seconds per real step (measured, 5 warm steps, compile excluded): "
@@ -181,24 +216,31 @@ def format_suggestion(r: dict) -> str:
         lines.append(f"no suggestion: {r['reason']}")
         return "\n".join(lines)
     s, g = r["suggestion"], r["grid_best"]
+    opt = cfg.get("optimizer")
+    what = (f"B = {_b(s['batch_size'])}, m = {s['momentum']:.3g}, η = {s['learning_rate']:.4g}"
+            if not opt else
+            f"{opt} (B = {_b(s['batch_size'])}, λ = {cfg['weight_decay']:g}), peak η = "
+            f"{s['learning_rate']:.4g}, warmup {s['warmup']:.3g} steps, cosine to T_max")
     lines.append(
-        f"suggestion: B = {_b(s['batch_size'])}, m = {s['momentum']:.3g}, "
-        f"η = {s['learning_rate']:.4g} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
+        f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
     if s["refined"]:
-        lines.append(f"  (refined by jax.grad from the grid's best: m = {g['momentum']:g}, "
-                     f"η = {g['learning_rate']:.4g}, {g['steps']:.0f} steps, "
-                     f"{g['seconds']:.3g} s)")
+        was = (f"m = {g['momentum']:g}, η = {g['learning_rate']:.4g}" if not opt else
+               f"peak η = {g['learning_rate']:.4g}, warmup {g['warmup']:g}")
+        lines.append(f"  (refined by jax.grad from the grid's best: {was}, {g['steps']:.0f} "
+                     f"steps, {g['seconds']:.3g} s)")
     else:
         lines.append("  (the grid's best; the gradient refinement did not improve the hard "
                      "predicted time)")
     if r["runners_up"]:
-        lines.append(f"runners-up: {'B':>7} {'m':>5} {'η':>10} {'κ':>7} {'steps':>6} "
+        first = ("B", "m") if not opt else ("warmup", "")
+        lines.append(f"runners-up: {first[0]:>7} {first[1]:>5} {'η':>10} {'κ':>7} {'steps':>6} "
                      f"{'seconds':>8}")
         for row in r["runners_up"]:
-            lines.append(f"            {_b(row['batch_size'], n):>7} {row['momentum']:>5g} "
-                         f"{row['learning_rate']:>10.4g} {row['kappa']:>7.3g} "
+            lead = (f"{_b(row['batch_size'], n):>7} {row['momentum']:>5g}" if not opt else
+                    f"{row['warmup']:>7g} {'':>5}")
+            lines.append(f"            {lead} {row['learning_rate']:>10.4g} {row['kappa']:>7.3g} "
                          f"{row['steps']:>6.0f} {row['seconds']:>8.3g}")
     grid = [row for row in r["grid"] if row["source"] == "grid"]
     ok = sum(row["admissible"] for row in grid)

@@ -12,6 +12,9 @@ Two questions a researcher asks before a fine-tune, answered from the empirical 
   everywhere), so the derivatives are those of a smoothed accuracy, the mean of
   σ(margin / τ_acc) over held-out samples (margin = true-class logit minus the largest
   other logit), which tends to the hard accuracy as τ_acc → 0.
+  With ``optimizer=`` (an :class:`ntk_tt.Optimizer`), the same quantities of the optimiser
+  recursions and their derivatives with respect to the schedule's peak and warmup, the weight
+  decay and m or β₁ (``_whatif_optimizer``, issue 27).
 * :func:`divergence_boundary`: the prediction on an η × m grid in one ``jit(vmap(vmap))``
   sharing the kernel, the predicted ``diverged`` flag (``ntk_tt.dynamics._divergence``: a non-finite
   loss or L_T > L_0), T_ε and L_T on the grid, and for each m the largest grid η below the
@@ -36,9 +39,11 @@ import numpy as np
 from ntk_tt.analysis._whatif_checks import (
     _check_epsilon,
     _check_grid,
+    _check_measures,
     _check_point,
     _check_window,
     _prepare,
+    _prepare_optimizer,
 )
 from ntk_tt.analysis._whatif_core import (
     Sensitivities,
@@ -47,15 +52,20 @@ from ntk_tt.analysis._whatif_core import (
     _PlainRaw,
     _sensitivity_core,
 )
+from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
+from ntk_tt.training._optimizer_run import check_shorthand
 
 
 def sensitivities(
-    kernel, y, *, learning_rate, momentum=0.0, steps, epsilon=0.1, batch_size=None,
-    key=None, y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=False,
+    kernel, y, *, learning_rate=None, momentum=None, steps, epsilon=0.1, batch_size=None,
+    key=None, y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=None,
     loss="cross_entropy", num_paths=32, window=5, temperature=0.02, accuracy_temperature=0.1,
-) -> Sensitivities:
+    optimizer=None, a=None, a_test=None, warmup_smoothing=None,
+) -> Sensitivities | OptimizerSensitivities:
     """Predicted T_ε, final loss and held-out accuracy at (η, m), with d/dη, d/dm and
-    elasticities d log Q / d log η (paper Secs. 3–5; METHOD.md §2, §3, §6).
+    elasticities d log Q / d log η (paper Secs. 3–5; METHOD.md §2, §3, §6); or, with
+    ``optimizer=``, at an :class:`ntk_tt.Optimizer`, with the derivatives with respect to its
+    schedule's peak, warmup, weight decay and momentum / β₁ (METHOD.md §11).
 
     The prediction is the exact discrete recursion of the linearised model
     (:func:`ntk_tt.predict_from_kernel` with ``method="discrete"``) for a plain kernel Θ, or
@@ -69,13 +79,33 @@ def sensitivities(
     (``batch_size`` < N) the curves are means over ``num_paths`` batch orders drawn from
     ``key`` (common random numbers across η and m), as in ``predict_from_kernel``.
 
+    With ``optimizer=`` (instead of ``learning_rate``, ``momentum``, ``nesterov``,
+    ``batch_size``) the prediction is that of :func:`ntk_tt.predict` with ``optimizer=``:
+    :func:`ntk_tt.sgd_trajectory` on a plain Θ, :func:`ntk_tt.head_aware_sgd_trajectory` on a
+    HeadAwareKernel, :func:`ntk_tt.head_aware_adam_trajectory` on an
+    :class:`ntk_tt.AdamKernel` (Adam needs one: build it with
+    :func:`ntk_tt.adam_head_aware_kernel` for the same ε and batch size). The warmup
+    derivative follows the direction in which the schedule's softplus-relaxed ramp moves η_t
+    (``ntk_tt.analysis._whatif_optimizer``: the schedule's own smoothing, else
+    ``warmup_smoothing`` steps, default 0.25); values and the other derivatives are of the
+    schedule as given.
+
     Args:
       kernel: Θ (N·C, N·C) sample-major or (N, N) logit-summed (then ``f0`` is required), or
         a :class:`ntk_tt.HeadAwareKernel` (then ``f0``, ``kernel_test``, ``f0_test`` must be
-        None; its held-out features, if any, need ``y_test``).
+        None; its held-out features, if any, need ``y_test``), or with an Adam ``optimizer``
+        an :class:`ntk_tt.AdamKernel`.
       y: integer labels (N,).
       learning_rate: η > 0, a scalar. momentum: m ∈ [0, 1), a scalar (heavy ball; Nesterov
-        with ``nesterov=True``).
+        with ``nesterov=True``); default 0.
+      optimizer: an :class:`ntk_tt.Optimizer` (``ntk_tt.sgd``, ``adam``, ``adamw``) with a
+        pytree schedule (constant, warmup_cosine, warmup_stable_decay, exponential).
+      a, a_test: J·θ0 (:func:`ntk_tt.weight_tangent`) on the training and held-out inputs,
+        (N, C) / (N_test, C) for a plain Θ (``apply_fn``), (N, F) / (N_test, F) for a
+        head-aware kernel (``feature_fn``, backbone weights); needed for weight decay λ > 0
+        and for d/dλ (without ``a`` at λ = 0 there is no "weight_decay" entry).
+      warmup_smoothing: steps ≥ 0 of the warmup relaxation for a schedule of smoothing 0
+        (None = 0.25; 0 = the exact ramp, whose derivative jumps at integer warmups).
       steps: T optimiser updates. epsilon: ε ∈ (0, 1), the fraction of the loss fall
         L_0 − L_T that defines T_ε. batch_size: B (None = N, full-batch GD).
       key: ``jax.random.key(seed)`` for the SGD batch orders (needed when B < N).
@@ -94,9 +124,11 @@ def sensitivities(
         accuracy.
 
     Returns:
-      :class:`Sensitivities`: T_ε in optimiser steps (its derivatives in steps per unit η
-      and per unit m), L_T in loss units; accuracy entries NaN without held-out data; T_ε
-      entries NaN where T_ε is undefined; every derivative NaN when the prediction diverged.
+      :class:`Sensitivities` (:class:`OptimizerSensitivities` with ``optimizer=``: the
+      derivatives as dicts ``gradients[quantity][hyperparameter]``): T_ε in optimiser steps
+      (its derivatives in steps per unit η and per unit m), L_T in loss units; accuracy
+      entries NaN without held-out data; T_ε entries NaN where T_ε is undefined; every
+      derivative NaN when the prediction diverged.
 
     Raises:
       ValueError (before any work, with how to fix it): η not a real scalar or ≤ 0, m ∉
@@ -105,7 +137,29 @@ def sensitivities(
       HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),
       held-out arrays given in part, and every shape, label, loss and
       finiteness check of :func:`ntk_tt.predict_from_kernel` / :func:`ntk_tt.predict_head_aware`.
+      With ``optimizer``: any of learning_rate, momentum, nesterov, batch_size given too (or
+      ``a``, ``a_test``, ``warmup_smoothing`` without it); a callable schedule; a schedule
+      never > 0; λ > 0 without ``a``; ``a``/``a_test`` of the wrong shape or given in part;
+      Adam without an AdamKernel (or one built for another B), an AdamKernel with SGD, Adam
+      with L2 decay (use adamw).
     """
+    check_shorthand(optimizer, where="sensitivities", learning_rate=learning_rate,
+                    momentum=momentum, nesterov=nesterov, batch_size=batch_size)
+    if optimizer is not None:
+        _check_measures(epsilon, temperature, accuracy_temperature, window, steps)
+        problem = _prepare_optimizer(
+            kernel, y, optimizer, steps=steps, key=key, y_test=y_test, f0=f0,
+            kernel_test=kernel_test, f0_test=f0_test, a=a, a_test=a_test, loss=loss,
+            num_paths=num_paths, warmup_smoothing=warmup_smoothing)
+        return optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
+                                       loss=loss, window=window)
+    extra_args = [k for k, v in (("a", a), ("a_test", a_test),
+                                 ("warmup_smoothing", warmup_smoothing)) if v is not None]
+    if extra_args:
+        raise ValueError(f"{', '.join(extra_args)} belong(s) to sensitivities(..., optimizer=): "
+                         "pass optimizer=ntk_tt.sgd(...) (weight decay, schedules) or drop them.")
+    momentum = 0.0 if momentum is None else momentum
+    nesterov = False if nesterov is None else nesterov
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
                  steps)
     kind, data, y, y_test, batch_size, extra = _prepare(

@@ -9,7 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import MAX_STEPS
+from ntk_tt.analysis._whatif_optimizer import (
+    DEFAULT_WARMUP_SMOOTHING,
+    PEAK_FIELDS,
+    hyperparameter_names,
+)
+from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.data._inputs import _check_finite, as_array, check_key, check_real
+from ntk_tt.dynamics._adam_head_aware import AdamKernel, _check_precond, _maybe_nonzero
 from ntk_tt.dynamics._checks import (
     check_f0_shape,
     check_num_paths,
@@ -20,8 +28,10 @@ from ntk_tt.dynamics._checks import (
 )
 from ntk_tt.dynamics._fspace import as_operator
 from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._optim_linear import check_tangent, decay_needs_tangent
 from ntk_tt.dynamics._predict_head_aware import validate as validate_head_aware
 from ntk_tt.kernels._head_aware import HeadAwareKernel
+from ntk_tt.training._optimizer_run import check_learning_rates
 
 
 def _check_scalar_in(value, name: str, low: float, high: float | None, hint: str,
@@ -47,6 +57,12 @@ def _check_point(learning_rate, momentum, epsilon, temperature, accuracy_tempera
                      "(divergence_boundary scans a range).")
     _check_scalar_in(momentum, "momentum", 0.0, 1.0,
                      "use 0.0 for plain (S)GD, e.g. 0.9 for heavy ball.", low_open=False)
+    _check_measures(epsilon, temperature, accuracy_temperature, window, steps)
+
+
+def _check_measures(epsilon, temperature, accuracy_temperature, window, steps) -> None:
+    """The checks of what is measured on the predicted curves (ε, both temperatures, the T_ε
+    window and the number of steps)."""
     _check_epsilon(epsilon)
     _check_scalar_in(temperature, "temperature", 0.0, None,
                      "it is the relative softness of smooth_training_time, e.g. 0.02.")
@@ -154,3 +170,94 @@ def _check_grid(values, name: str, low: float, high: float | None, hint: str) ->
     if arr.shape[0] > 1 and not np.all(np.diff(arr) > 0):
         raise ValueError(f"{name} must be strictly increasing; sort it (np.unique does).")
     return arr
+
+
+class _OptimizerProblem(NamedTuple):
+    """A validated ``sensitivities(..., optimizer=)`` problem (``_whatif_optimizer``)."""
+
+    kind: str  # "plain" | "head_aware" | "adam"
+    data: object  # _Plain, HeadAwareKernel or (HeadAwareKernel, preconditioned one)
+    y: jax.Array
+    y_test: jax.Array | None
+    optimizer: object
+    batches: jax.Array  # (P, T, B)
+    tangents: tuple  # (a, a_test), None where absent
+    names: tuple
+    warm: float | None
+    traced: bool
+    test_traced: bool
+    dtype: object
+
+
+def _warmup_smoothing(schedule, warmup_smoothing) -> float | None:
+    """The smoothing (steps) the warmup derivative is taken with (None: no warmup)."""
+    if not hasattr(schedule, "warmup"):
+        if warmup_smoothing is not None:
+            raise ValueError(f"warmup_smoothing applies to a schedule with a warmup "
+                             f"(warmup_cosine, warmup_stable_decay), not to "
+                             f"{type(schedule).__name__}: drop it.")
+        return None
+    if schedule.smoothing > 0:
+        if warmup_smoothing is not None:
+            raise ValueError(f"the schedule has its own smoothing={schedule.smoothing}, on which "
+                             "the warmup derivative is taken: drop warmup_smoothing.")
+        return schedule.smoothing
+    if warmup_smoothing is None:
+        return DEFAULT_WARMUP_SMOOTHING
+    _check_scalar_in(warmup_smoothing, "warmup_smoothing", 0.0, None,
+                     "it is the width in steps of the warmup relaxation (0 = the exact ramp), "
+                     "e.g. 1.0.", low_open=False)
+    return float(warmup_smoothing)
+
+
+def _prepare_optimizer(kernel, y, optimizer, *, steps, key, y_test, f0, kernel_test, f0_test,
+                       a, a_test, loss, num_paths, warmup_smoothing) -> _OptimizerProblem:
+    """Validate ``sensitivities(..., optimizer=)`` (every ValueError before any work)."""
+    if type(optimizer.learning_rate).__name__ not in PEAK_FIELDS:
+        raise ValueError(
+            "sensitivities differentiates the schedule's numbers; a callable schedule has none "
+            "as leaves: use ntk_tt.constant, warmup_cosine, warmup_stable_decay or exponential.")
+    warm = _warmup_smoothing(optimizer.learning_rate, warmup_smoothing)
+    peak = check_learning_rates(optimizer, steps)
+    if peak is None:
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
+                         f"got {steps!r}.")
+    adam = optimizer.rule == "adam"
+    if isinstance(kernel, AdamKernel) != adam:
+        raise ValueError(
+            "Adam is predicted by the fast head-aware Adam predictor: pass kernel="
+            "ntk_tt.adam_head_aware_kernel(split, x, y, optimizer, x_test)." if adam else
+            "an AdamKernel is for an Adam optimizer: pass its .hk for SGD.")
+    if adam and not optimizer.decoupled and (a is not None
+                                             or _maybe_nonzero(optimizer.weight_decay)):
+        raise ValueError("the fast Adam predictor has no L2 weight decay (it enters Adam's "
+                         "elementwise moments): use ntk_tt.adamw(...) for weight decay, or drop "
+                         "a.")
+    kind, data, y, y_test, bs, extra = _prepare(
+        kernel.hk if adam else kernel, y, f0=f0, kernel_test=kernel_test, f0_test=f0_test,
+        y_test=y_test, learning_rate=peak, momentum=optimizer.momentum, steps=steps,
+        batch_size=optimizer.batch_size, loss=loss, key=key, num_paths=num_paths)
+    n, cols = data.f0.shape if kind == "plain" else data.features.shape
+    held = data.f0_test if kind == "plain" else data.features_test
+    dtype = data.f0.dtype if kind == "plain" else data.features.dtype
+    if adam:
+        if kernel.batch_size != bs:
+            raise ValueError(f"the AdamKernel was built for batch size {kernel.batch_size} (v̄ "
+                             f"depends on B), the optimizer's is {bs}: rebuild it with "
+                             "adam_head_aware_kernel(..., optimizer).")
+        kind, data = "adam", (data, _check_precond(kernel.precond, data))
+    decay_needs_tangent(optimizer, a, "a")
+    if a is None and a_test is not None:
+        raise ValueError("a_test (J·θ0 on the held-out inputs) needs a on the training ones.")
+    if (a is not None) and (held is None) != (a_test is None):
+        raise ValueError("a_test goes with held-out data and a: pass a_test = "
+                         "ntk_tt.weight_tangent(fn, params, x_test) with held-out data, or drop "
+                         "it without.")
+    tangents = (check_tangent(a, n, cols, "a", dtype),
+                None if a_test is None else check_tangent(a_test, held.shape[0], cols, "a_test",
+                                                          dtype))
+    batches = (path_batch_indices(key, n, bs, steps, num_paths) if bs < n
+               else jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (1, steps, n)))
+    return _OptimizerProblem(kind, data, y, y_test, optimizer, batches, tangents,
+                             hyperparameter_names(optimizer, a is not None), warm,
+                             extra.get("traced", False), extra.get("test_traced", False), dtype)

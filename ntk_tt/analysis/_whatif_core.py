@@ -158,6 +158,37 @@ def soft_accuracy(logits: jax.Array, y: jax.Array, temperature) -> jax.Array:
     return jnp.mean(jax.nn.sigmoid((true - other) / temperature))
 
 
+def measure(fs, fts, y, y_test, epsilon, temperature, acc_temperature, *, loss, window):
+    """The differentiated quantities of paths' logits fs (P, T + 1, N, C) and held-out fts
+    (P, T + 1, N_test, C) or None: (smooth T_ε of the mean loss curve, L_T, the mean smoothed
+    held-out accuracy, NaN without held-out data), (3,)."""
+    loss_c = jnp.mean(jax.vmap(jax.vmap(lambda f: mean_loss(f, y, loss)))(fs), axis=0)
+    t_soft = smooth_training_time(loss_c, epsilon, window=window, temperature=temperature)
+    if fts is None:
+        soft = jnp.full((), jnp.nan, loss_c.dtype)
+    else:
+        soft = jnp.mean(jax.vmap(lambda f: soft_accuracy(f[-1], y_test, acc_temperature))(fts))
+    return jnp.stack([t_soft, loss_c[-1], soft])
+
+
+def settle(values, jac, pred, y_test, epsilon, window):
+    """The summary's verdicts on :func:`measure`'s ``values`` (3,) and their derivatives
+    ``jac`` (3, k): (smooth T_ε, hard T_ε, its code, held-out accuracy, soft accuracy, jac),
+    NaN where undefined (as :class:`Sensitivities` documents)."""
+    nan = jnp.asarray(jnp.nan, values.dtype)
+    acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
+    t_hard, code = training_time_array(pred.loss, epsilon, window)
+    diverged = pred.diverged
+    defined = (code == OK) & ~diverged
+    jac = jnp.where(diverged, nan, jac)
+    if y_test is None:  # no held-out data: the accuracy row is NaN, not a derivative of 0
+        jac = jac.at[2].set(nan)
+    jac = jac.at[0].set(jnp.where(defined, jac[0], nan))
+    return (jnp.where(defined, values[0], nan), jnp.where(diverged, nan, t_hard),
+            jnp.where(diverged, DIVERGED, code).astype(jnp.int32),
+            jnp.where(diverged, nan, acc), jnp.where(diverged, nan, values[2]), jac)
+
+
 @partial(jax.jit, static_argnames=("kind", "traced", "test_traced", "steps", "batch_size",
                                    "nesterov", "loss", "num_paths", "window"))
 def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_temperature, *,
@@ -171,35 +202,16 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
         # only what the derivatives need is traced with tangents; the rest of the summary
         # (divergence, κ, T_ε codes) is computed once from the primal logits below
         fs, fts = _paths(kind, data, psd, y, point[0], point[1], key, **static)
-        loss_c = jnp.mean(jax.vmap(jax.vmap(lambda f: mean_loss(f, y, loss)))(fs), axis=0)
-        t_soft = smooth_training_time(loss_c, epsilon, window=window,
-                                      temperature=temperature)
-        if fts is None:
-            soft = jnp.full((), jnp.nan, loss_c.dtype)
-        else:
-            soft = jnp.mean(jax.vmap(lambda f: soft_accuracy(f[-1], y_test, acc_temperature))(
-                fts))
-        out = jnp.stack([t_soft, loss_c[-1], soft])
+        out = measure(fs, fts, y, y_test, epsilon, temperature, acc_temperature, loss=loss,
+                      window=window)
         return out, (out, fs, fts)
 
     jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(jnp.stack([lr, m]))
     size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
     pred = _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov, loss=loss,
                       stochastic=fs.shape[0] > 1)
-    acc = (jnp.full((), jnp.nan, values.dtype) if fts is None
-           else 1.0 - pred.test_error[-1])
-    t_hard, code = training_time_array(pred.loss, epsilon, window)
-    diverged = pred.diverged
-    t_hard = jnp.where(diverged, jnp.nan, t_hard)
-    defined = (code == OK) & ~diverged
-    nan = jnp.asarray(jnp.nan, values.dtype)
-    jac = jnp.where(diverged, nan, jac)
-    if y_test is None:  # no held-out data: the accuracy row is NaN, not a derivative of 0
-        jac = jac.at[2].set(nan)
-    t_soft = jnp.where(defined, values[0], nan)
-    d_t = jnp.where(defined, jac[0], nan)
-    soft = jnp.where(diverged, nan, values[2])
-    acc = jnp.where(diverged, nan, acc)
+    t_soft, t_hard, code, acc, soft, jac = settle(values, jac, pred, y_test, epsilon, window)
+    d_t = jac[0]
 
     def elastic(value, d_lr):
         return lr * d_lr / value
@@ -207,7 +219,7 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
     return Sensitivities(
         learning_rate=lr, momentum=m,
         training_time=t_soft, training_time_hard=t_hard,
-        training_time_code=jnp.where(diverged, DIVERGED, code).astype(jnp.int32),
+        training_time_code=code,
         final_loss=pred.loss[-1], test_accuracy=acc, soft_test_accuracy=soft,
         d_training_time_d_lr=d_t[0], d_training_time_d_momentum=d_t[1],
         d_final_loss_d_lr=jac[1, 0], d_final_loss_d_momentum=jac[1, 1],
@@ -215,7 +227,7 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
         training_time_elasticity=elastic(t_soft, d_t[0]),
         final_loss_elasticity=elastic(pred.loss[-1], jac[1, 0]),
         test_accuracy_elasticity=elastic(soft, jac[2, 0]),
-        diverged=diverged, kappa=pred.kappa, beyond_edge=pred.beyond_edge)
+        diverged=pred.diverged, kappa=pred.kappa, beyond_edge=pred.beyond_edge)
 
 
 @partial(jax.jit, static_argnames=("kind", "steps", "batch_size", "nesterov", "loss",

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt._defaults import DEFAULTS as DEFAULTS  # experiments import it from here
+from ntk_tt._options_optimizer import constant_sgd, describe_optimizer  # no JAX
 from ntk_tt._options_predict import check_predict_job, resolve_predictor  # no JAX
 from ntk_tt._options_targets import job_targets  # no JAX
 from ntk_tt._output_paths import replaceable  # no JAX
@@ -25,8 +26,10 @@ from ntk_tt.data._model import from_nnx, num_params
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
+from ntk_tt.prediction._job_optimizer import job_optimizer, optimizer_step_time
 from ntk_tt.prediction._predict import predict
 from ntk_tt.training._finetune import finetune, step_time
+from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
 
 def _plain(obj: Any) -> Any:
@@ -209,8 +212,14 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     """The main job: predict T_ε for a real task (and, with ``verify``, fine-tune for real).
 
     Options (defaults in :data:`DEFAULTS`): checkpoint, dataset, data_dir, split, num_classes
-    (K), per_class (n), test_per_class, steps (T), learning_rate, batch_size (None = GD),
-    momentum, nesterov, loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
+    (K), per_class (n), test_per_class, steps (T), learning_rate (the schedule's peak),
+    batch_size (None = GD), momentum, nesterov, the optimiser (optimizer "sgd" | "adam" |
+    "adamw", schedule, warmup, decay_start, decay_end, end_lr, decay_rate, weight_decay, l2,
+    b1, b2, adam_eps: :mod:`ntk_tt._options_optimizer`; predicted with ``predict(optimizer=)``
+    and, with ``verify``, fine-tuned with ``finetune(optimizer=)`` of the same
+    :class:`ntk_tt.Optimizer`, except constant-η SGD without decay, which goes through the
+    constant-η keywords, the same rule), loss, method, kernel, sketch_dim, num_paths, seed,
+    resize, head_scale,
     predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
     App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom"),
     loss_targets (L*), error_targets (training error e*), accuracy_targets (held-out accuracy
@@ -237,7 +246,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
 
     Returns:
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
-      images), ``status``, ``figure`` (the path written, None without one), ``predicted``
+      images), ``optimizer`` (the optimiser's description,
+      :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`), ``status``,
+      ``figure`` (the path written, None without one), ``predicted``
       (training_time, wall_clock, test_accuracy, kappa, ...), ``real`` (None without
       ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
       absolute targets, predicted vs real: ``predict``'s ``steps_to_target``; None without
@@ -248,7 +259,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, a split other than
         "train" for a short name or .npz file (one fixed set each), K, n, seed,
-        checkpoint, data_dir, image shape, hyperparameters, num_paths < 1, output paths, an
+        checkpoint, data_dir, image shape, hyperparameters, the optimiser options (a value,
+        a flag the optimiser or schedule does not have, a method / subset / segments /
+        predictor its predictor does not have), num_paths < 1, output paths, an
         existing output without ``overwrite``, an output that cannot be written at the end);
         the option values (:func:`ntk_tt._options_predict.check_predict_job`, no JAX needed, which
         ``ntk-tt predict`` runs before importing JAX) and then everything else that needs no
@@ -266,7 +279,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         report["figure"] = str(_output(
             _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
             f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
-            f"η={o['learning_rate']} B={o['batch_size'] or 'N'} m={o['momentum']}")
+            + describe_optimizer(report["optimizer"], short=True))
         ) if figure_path else None
         if json_file:
             _output(_write_json, json_file, report, create=False)
@@ -285,7 +298,12 @@ def _work(o, verify, json_file, progress):
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")},
         need_test=bool(o["accuracy_targets"]))
-    hyper = {k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
+    opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
+    described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
+    # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which
+    # every method, subset and segments know (and the numbers of the job before optimizers)
+    hyper = ({k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
+             if constant_sgd(o) else {"optimizer": opt, "loss": o["loss"]})
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
     bar = tqdm(total=2, disable=not progress, unit="stage",
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")
@@ -310,8 +328,8 @@ def _work(o, verify, json_file, progress):
                                  "predict_stages": pred.seconds},
                      "diverged": {"predicted": pred.diverged, "real": None}}
             if json_file:
-                _output(_write_json, json_file, _report(o, verify, info, early, pred, None,
-                                                        RUNNING), create=False)
+                _output(_write_json, json_file, _report(o, verify, info, early | described,
+                                                        pred, None, RUNNING), create=False)
             bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
             run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
                            y_test=y_test, record_logits=True, progress=progress,
@@ -319,7 +337,8 @@ def _work(o, verify, json_file, progress):
             body = compare(pred, run)
         else:
             bar.set_description("timing a few real training steps")
-            sps = step_time(apply_fn, params, x, y, key=key, **hyper)
+            sps = (step_time(apply_fn, params, x, y, key=key, **hyper) if constant_sgd(o) else
+                   optimizer_step_time(apply_fn, params, x, y, opt, key=key, loss=o["loss"]))
             body = {
                 "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
                 "real": None, "relative_error": None, "absolute_error": None,
@@ -334,7 +353,7 @@ def _work(o, verify, json_file, progress):
         raise
     finally:
         bar.close()
-    return _report(o, verify, info, body, pred, run, COMPLETE), pred, run, info
+    return _report(o, verify, info, body | described, pred, run, COMPLETE), pred, run, info
 
 
 def _keep_figure(path: Path, replace: bool, pred, run, title: str) -> Path:

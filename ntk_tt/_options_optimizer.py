@@ -1,0 +1,244 @@
+"""The optimiser options of :func:`ntk_tt.predict_task` / ``ntk-tt predict`` (issue 27), without
+JAX: their checks, the arguments of the :class:`ntk_tt.Optimizer` and schedule they describe,
+and the words the report and the figure use for an optimiser.
+
+Options (flags): ``optimizer`` (--optimizer: "sgd", "adam", "adamw"), ``schedule``
+(--schedule: "constant", "warmup_cosine", "warmup_stable_decay", "exponential"; the CLI also
+takes the hyphenated names), ``warmup`` (--warmup W steps, from η = 0; default 0),
+``decay_start`` (--decay-start S, WSD: η stays at the peak until step S; default the last 20 %
+of the decay horizon, at least W), ``decay_end`` (--decay-end E: the step at which the decay
+reaches ``end_lr``; default T = ``steps``), ``end_lr`` (--end-lr, default 0), ``decay_rate``
+(--decay-rate R in (0, 1], exponential: η_t = η·R^t; required there), ``weight_decay``
+(--weight-decay λ >= 0; default 0 for sgd and adam, :data:`ADAMW_WEIGHT_DECAY` for adamw),
+``l2`` (--l2: SGD's decay as λ/2·‖θ‖² in the loss instead of decoupled), ``b1``, ``b2``,
+``adam_eps`` (--b1, --b2, --adam-eps: Adam's β₁, β₂, ε; defaults :data:`ADAM_DEFAULTS`).
+``learning_rate`` (--lr) is the schedule's PEAK (constant: every step's η; exponential: η_0),
+``momentum`` (-m) and ``nesterov`` SGD's, ``batch_size`` (-B) the optimiser's B.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ntk_tt._options import _is_int, _real_or_none, resolve_method
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "warmup_cosine", "warmup_stable_decay", "exponential")
+ADAMW_WEIGHT_DECAY = 1e-4  # ntk_tt.adamw's (and optax.adamw's) default λ
+ADAM_DEFAULTS = {"b1": 0.9, "b2": 0.999, "adam_eps": 1e-8}  # ntk_tt.adam's defaults
+WSD_DECAY_FRACTION = 0.2  # WSD without --decay-start: the last 20 % of the horizon decays
+# option → (flag, the schedules or optimisers it applies to)
+_SCHEDULE_ONLY = {"warmup": ("--warmup", ("warmup_cosine", "warmup_stable_decay")),
+                  "decay_start": ("--decay-start", ("warmup_stable_decay",)),
+                  "decay_end": ("--decay-end", ("warmup_cosine", "warmup_stable_decay")),
+                  "end_lr": ("--end-lr", ("warmup_cosine", "warmup_stable_decay")),
+                  "decay_rate": ("--decay-rate", ("exponential",))}
+_ADAM_ONLY = {"b1": "--b1", "b2": "--b2", "adam_eps": "--adam-eps"}
+
+
+def constant_sgd(o: dict[str, Any]) -> bool:
+    """Whether the options describe constant-η SGD without weight decay: the job then predicts
+    and fine-tunes with the constant-η keywords (the same rule as ``ntk_tt.sgd(η, m)``), which
+    every method, ``subset`` and ``segments`` know."""
+    return (o["optimizer"] == "sgd" and o["schedule"] == "constant"
+            and not weight_decay(o))
+
+
+def weight_decay(o: dict[str, Any]) -> float:
+    """λ: ``weight_decay``, or its default (0; :data:`ADAMW_WEIGHT_DECAY` for adamw)."""
+    if o["weight_decay"] is not None:
+        return float(o["weight_decay"])
+    return ADAMW_WEIGHT_DECAY if o["optimizer"] == "adamw" else 0.0
+
+
+def check_optimizer_options(o: dict[str, Any]) -> None:
+    """The optimiser options (module docstring) of checked ``steps``, ``learning_rate`` and
+    ``momentum``: their values, the flags that do not apply to the chosen optimiser or
+    schedule, the schedule's step order, and the options the optimiser predictor does not
+    have (anything but constant-η SGD without decay: ``subset``, ``segments`` > 1, a method
+    other than the discrete recursion; Adam: the linear predictor, a sketched kernel).
+
+    Raises:
+      ValueError: one line naming the option, its flag and the fix.
+    """
+    name, kind = o["optimizer"], o["schedule"]
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer (--optimizer) must be one of {OPTIMIZERS}, got {name!r}.")
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule (--schedule) must be one of {SCHEDULES} (the CLI also takes "
+                         f"warmup-cosine, warmup-stable-decay), got {kind!r}.")
+    for key, (flag, where) in _SCHEDULE_ONLY.items():
+        if o[key] is not None and kind not in where:
+            raise ValueError(f"{key} ({flag}) applies to --schedule "
+                             f"{' or '.join(w.replace('_', '-') for w in where)} only, got "
+                             f"schedule {kind!r}: drop {flag} or choose that schedule.")
+    adam = name != "sgd"
+    for key, flag in _ADAM_ONLY.items():
+        if o[key] is not None and not adam:
+            raise ValueError(f"{key} ({flag}) is Adam's: use it with --optimizer adam or adamw "
+                             "(SGD's momentum is -m), or drop it.")
+    if adam and (o["momentum"] != 0.0 or o["nesterov"]):
+        raise ValueError(f"momentum (-m) and nesterov (--nesterov) are SGD's; --optimizer "
+                         f"{name} takes β₁ as --b1 (default {ADAM_DEFAULTS['b1']}): drop them.")
+    _check_values(o)
+    _check_decay(o, name)
+    _check_order(o, kind)
+    if not constant_sgd(o):
+        _check_predictor(o, name, kind)
+
+
+def _check_values(o: dict[str, Any]) -> None:
+    for key, flag, low in (("warmup", "--warmup", 0), ("decay_start", "--decay-start", 0),
+                           ("decay_end", "--decay-end", 1)):
+        v = o[key]
+        if v is not None and (not _is_int(v) or v < low):
+            raise ValueError(f"{key} ({flag}) must be an integer >= {low} (optimiser steps), "
+                             f"got {v!r}.")
+    lr = float(o["learning_rate"])
+    for key, flag, ok, want in (
+            ("end_lr", "--end-lr", lambda v: 0 <= v <= lr, f"in [0, --lr = {lr:g}]"),
+            ("decay_rate", "--decay-rate", lambda v: 0 < v <= 1, "in (0, 1] (η_t = η·R^t)"),
+            ("weight_decay", "--weight-decay", lambda v: v >= 0, ">= 0"),
+            ("b1", "--b1", lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("b2", "--b2", lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("adam_eps", "--adam-eps", lambda v: v > 0, "> 0")):
+        if o[key] is None:
+            continue
+        v = _real_or_none(o[key])
+        if v is None or not math.isfinite(v) or not ok(v):
+            raise ValueError(f"{key} ({flag}) must be a finite number {want}, got {o[key]!r}.")
+    if not isinstance(o["l2"], bool):
+        raise ValueError(f"l2 (--l2) must be True or False, got {o['l2']!r}.")
+
+
+def _check_decay(o: dict[str, Any], name: str) -> None:
+    """Weight decay: L2 (``l2``) for SGD only, and only with λ > 0; none with adam."""
+    lam = weight_decay(o)
+    if o["l2"] and name != "sgd":
+        raise ValueError(f"l2 (--l2) applies to --optimizer sgd only: {name}'s weight decay is "
+                         + ("decoupled by definition" if name == "adamw" else
+                            "already L2, and predicted only without decay") + "; drop --l2.")
+    if o["l2"] and lam == 0:
+        raise ValueError("l2 (--l2) puts the weight decay into the loss: give weight_decay "
+                         "(--weight-decay) > 0 with it, or drop --l2.")
+    if name == "adam" and lam > 0:
+        raise ValueError(f"weight_decay (--weight-decay) {lam:g} with --optimizer adam is L2 "
+                         "decay inside Adam's moments, which the Adam predictor cannot "
+                         "follow: use --optimizer adamw (decoupled decay), or drop it.")
+
+
+def _check_order(o: dict[str, Any], kind: str) -> None:
+    """The schedule's steps: warmup <= decay_start <= decay_end, a decay rate for
+    exponential, and not every η_t = 0 (a warmup with T = 1)."""
+    if kind == "exponential" and o["decay_rate"] is None:
+        raise ValueError("schedule 'exponential' (--schedule exponential) needs decay_rate "
+                         "(--decay-rate R in (0, 1]: η_t = --lr·R^t), e.g. --decay-rate 0.99.")
+    if kind not in ("warmup_cosine", "warmup_stable_decay"):
+        return
+    warmup, end_at = o["warmup"] or 0, _decay_end(o)
+    if warmup > end_at:
+        raise ValueError(f"warmup (--warmup) {warmup} must be <= decay_end (--decay-end; "
+                         f"default T, the -T steps) {end_at}: lower --warmup or raise "
+                         "--decay-end.")
+    if kind == "warmup_stable_decay" and not warmup <= decay_start(o) <= end_at:
+        raise ValueError(f"decay_start (--decay-start) {o['decay_start']} must be in [warmup, "
+                         f"decay_end] = [{warmup}, {end_at}] (--warmup; --decay-end, default "
+                         "T, the -T steps).")
+    if warmup > 0 and o["steps"] == 1:
+        raise ValueError("with steps (-T) 1 the only update uses the warmup's η_0 = 0: use "
+                         "-T >= 2 or --warmup 0.")
+
+
+def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
+    """What the optimiser predictor (``predict(optimizer=)``) does not have."""
+    why = (f"--optimizer {name}" if name != "sgd" else f"--schedule {kind.replace('_', '-')}"
+           if kind != "constant" else "--weight-decay")  # the first thing that is not it
+    if o["subset"] is not None:
+        raise ValueError(f"subset (--subset) predicts constant-η full-batch GD only: drop it "
+                         f"with {why}.")
+    if o["segments"] != 1:
+        raise ValueError(f"segments (--segments) re-linearises the constant-η SGD recursion "
+                         f"only: drop it with {why}.")
+    if resolve_method(o["method"]) != "discrete":
+        raise ValueError(f"method (--method) {o['method']!r} predicts constant-η SGD only: "
+                         f"with {why} drop --method (auto: the exact discrete recursion) or "
+                         "use --method discrete.")
+    if name != "sgd" and (o["predictor"] == "linear" or o["kernel"] == "sketch"):
+        raise ValueError(f"--optimizer {name} is predicted by the head-aware predictor only "
+                         "(Adam has no frozen-kernel form): drop --predictor linear and "
+                         "--kernel sketch.")
+
+
+def _decay_end(o: dict[str, Any]) -> int:
+    return o["steps"] if o["decay_end"] is None else o["decay_end"]
+
+
+def decay_start(o: dict[str, Any]) -> int:
+    """WSD's ``decay_start``, or its default: the last :data:`WSD_DECAY_FRACTION` of the
+    horizon, not before the end of the warmup."""
+    if o["decay_start"] is not None:
+        return o["decay_start"]
+    end_at = _decay_end(o)
+    return max(o["warmup"] or 0, math.floor((1 - WSD_DECAY_FRACTION) * end_at))
+
+
+def schedule_arguments(o: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """(the ``ntk_tt`` schedule function, e.g. "warmup_cosine", its keyword arguments) of
+    checked options: ``learning_rate`` is the peak, the decay horizon ``decay_end`` (default
+    ``steps``)."""
+    lr, kind = float(o["learning_rate"]), o["schedule"]
+    if kind == "constant":
+        return kind, {"value": lr}
+    if kind == "exponential":
+        return kind, {"init": lr, "rate": float(o["decay_rate"])}
+    warmup, end_at = o["warmup"] or 0, _decay_end(o)
+    end = 0.0 if o["end_lr"] is None else float(o["end_lr"])
+    if kind == "warmup_cosine":
+        return kind, {"peak": lr, "warmup": warmup, "decay_steps": end_at, "end": end}
+    start = decay_start(o)
+    return kind, {"peak": lr, "warmup": warmup, "decay_start": start,
+                  "decay_steps": end_at - start, "end": end}
+
+
+def optimizer_arguments(o: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(the ``ntk_tt`` optimiser function, "sgd" | "adam" | "adamw", its keyword arguments
+    besides the learning rate) of checked options."""
+    name, lam, b = o["optimizer"], weight_decay(o), o["batch_size"]
+    if name == "sgd":
+        return name, {"momentum": float(o["momentum"]), "nesterov": bool(o["nesterov"]),
+                      "weight_decay": lam, "decoupled": not o["l2"], "batch_size": b}
+    adam = {k: float(ADAM_DEFAULTS[k] if o[k] is None else o[k]) for k in ADAM_DEFAULTS}
+    return name, {"b1": adam["b1"], "b2": adam["b2"], "eps": adam["adam_eps"],
+                  "weight_decay": lam, "batch_size": b}
+
+
+def describe_optimizer(h: dict[str, Any], short: bool = False) -> str:
+    """Words for an optimiser description (``ntk_tt.training._optimizer_run.
+    optimizer_hyperparameters``), e.g. "adamw (β₁ 0.9, β₂ 0.999, ε 1e-08), weight decay
+    0.0001 decoupled, B = 20; warmup_cosine: η 0 → 0.001 over 10 steps, cosine to 0 at step
+    100"; ``short``: a figure title's two lines (a line break instead of "; ", "B=20")."""
+    name, p, b = h["optimizer"], h["schedule_parameters"], h["batch_size"]
+    if name == "sgd":
+        rule = f"sgd (m {h['momentum']:.3g}{', Nesterov' if h['nesterov'] else ''})"
+    else:
+        rule = f"{name} (β₁ {h['momentum']:.3g}, β₂ {h['b2']:.4g}, ε {h['eps']:.3g})"
+    if h["weight_decay"]:
+        rule += (f", weight decay {h['weight_decay']:.3g} "
+                 f"{'decoupled' if h['decoupled'] else 'L2'}")
+    kind = h["schedule"]
+
+    def warm():
+        return (f"η {p.get('init', 0.0):.3g} → {p['peak']:.4g} over {p['warmup']:g} steps"
+                if p["warmup"] else f"η {p['peak']:.4g}")
+
+    sched = {
+        "constant": lambda: f"η {h['learning_rate']:.4g}",
+        "warmup_cosine": lambda: (f"{warm()}, cosine to {p['end']:.3g} at step "
+                                  f"{p['decay_steps']:g}"),
+        "warmup_stable_decay": lambda: (f"{warm()}, stable to step {p['decay_start']:g}, "
+                                        f"linear to {p['end']:.3g} at step "
+                                        f"{p['decay_start'] + p['decay_steps']:g}"),
+        "exponential": lambda: f"η_t = {p['init']:.4g}·{p['rate']:.4g}^t",
+    }[kind]()
+    return f"{rule}, B={b}\n{kind}: {sched}" if short else f"{rule}, B = {b}; {kind}: {sched}"

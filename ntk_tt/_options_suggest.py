@@ -1,0 +1,128 @@
+"""The optimiser options of :func:`ntk_tt.suggest_task` and ``ntk-tt suggest --optimizer``,
+checked without JAX (before the task is loaded): the template's family, weight decay, β₁/β₂
+or momentum, batch size, and the grid of peak learning rates and warmups that
+``suggest(optimizer=...)`` searches (``ntk_tt.analysis._suggest_optimizer``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ntk_tt._defaults import SUGGEST_DEFAULTS
+from ntk_tt._options import _is_int, check_real
+from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY
+
+WARMUPS = (0.0, 0.05, 0.1, 0.2)  # fractions of the step budget T_max
+ADAM_LEARNING_RATE_RANGE = (1e-4, 1e-1)  # η_peak of Adam's default log grid
+FAMILIES = ("sgd", "adamw")
+# the optimiser options (None: not given); the family defaults are in FAMILY_DEFAULTS
+OPTIMIZER_OPTIONS = ("optimizer", "weight_decay", "momentum", "b1", "b2", "warmups", "lr_min",
+                     "lr_max")
+# (λ and β₁, β₂ as ``ntk-tt predict``'s; SGD's momentum the usual SGD-momentum 0.9)
+FAMILY_DEFAULTS = {"sgd": {"momentum": 0.9, "weight_decay": 0.0},
+                   "adamw": {"b1": ADAM_DEFAULTS["b1"], "b2": ADAM_DEFAULTS["b2"],
+                             "weight_decay": ADAMW_WEIGHT_DECAY}}
+_FLAG = {"optimizer": "--optimizer", "weight_decay": "--weight-decay", "momentum": "-m",
+         "b1": "--b1", "b2": "--b2", "warmups": "--warmups", "lr_min": "--lr-min",
+         "lr_max": "--lr-max", "momenta": "-m/--momenta", "kappa_min": "--kappa-min",
+         "kappa_max": "--kappa-max", "batch_sizes": "-B/--batch-sizes"}
+
+
+def _named(keys) -> str:
+    return ", ".join(f"{k} ({_FLAG[k]})" for k in keys)
+
+
+def _number(o, name, low, high, closed_high=False) -> float:
+    v = o[name]
+    check_real(v, f"{name} ({_FLAG[name]})")
+    v = float(v)
+    if not (math.isfinite(v) and low <= v and (v <= high if closed_high else v < high)):
+        raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:g}, {high:g}"
+                         f"{']' if closed_high else ')'}, got {v!r}.")
+    return v
+
+
+def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
+    """(the optimiser options resolved, the other options for ``check_suggest_job``).
+
+    Without ``optimizer`` (None) the first is {} and the optimiser options must not be given.
+    With ``optimizer`` "sgd" (SGD, heavy ball, decoupled decay) or "adamw": ``momentum``
+    (SGD; also given as one value of ``momenta``, -m), ``b1``, ``b2`` (AdamW), ``weight_decay``
+    λ >= 0 (defaults ``FAMILY_DEFAULTS``), ``warmups`` (fractions of T_max in [0, 1), default
+    ``WARMUPS``) and ``lr_min``, ``lr_max`` (η_peak grid; default: SGD the κ grid, AdamW
+    ``ADAM_LEARNING_RATE_RANGE``); ``batch_sizes`` at most one (default GD); the other
+    options' ``momenta`` becomes (m,) (β₁ for AdamW: Optimizer.momentum).
+
+    Raises:
+      ValueError: one line naming the option, its flag and the fix.
+    """
+    o = {k: options.get(k) for k in OPTIMIZER_OPTIONS}
+    rest = {k: v for k, v in options.items() if k not in OPTIMIZER_OPTIONS}
+    family = o["optimizer"]
+    if family is None:
+        given = [k for k in OPTIMIZER_OPTIONS if o[k] is not None]
+        if given:
+            raise ValueError(f"{_named(given)} set the optimizer template: give optimizer "
+                             f"(--optimizer sgd|adamw) too, or drop them.")
+        return {}, rest
+    if family not in FAMILIES:
+        raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got {family!r}.")
+    momenta = rest.get("momenta")
+    other = "b1" if family == "sgd" else "momentum"
+    wrong = [k for k in (other, "b2" if family == "sgd" else None) if k and o[k] is not None]
+    if family == "adamw" and momenta is not None:
+        wrong.append("momenta")
+    if wrong:
+        raise ValueError(f"{_named(wrong)}: not an option of optimizer {family} (SGD takes -m, "
+                         f"one momentum; AdamW --b1 and --b2).")
+    if family == "sgd" and momenta is not None:
+        if o["momentum"] is not None or len(momenta) != 1:
+            raise ValueError(f"momenta (-m/--momenta) with optimizer sgd is the template's one "
+                             f"momentum, got {momenta!r}; the search is over the peak learning "
+                             "rate and warmup.")
+        o["momentum"] = momenta[0]
+    o = {k: (FAMILY_DEFAULTS[family].get(k) if o[k] is None else o[k]) for k in o}
+    out = {"optimizer": family, "weight_decay": _number(o, "weight_decay", 0.0, math.inf)}
+    for k in (("momentum",) if family == "sgd" else ("b1", "b2")):
+        out[k] = _number(o, k, 0.0, 1.0)
+    rest["momenta"] = (out["momentum"] if family == "sgd" else out["b1"],)
+    sizes = rest.get("batch_sizes")
+    if sizes is not None and len(sizes) != 1:
+        raise ValueError(f"batch_sizes (-B/--batch-sizes) with an optimizer is the template's "
+                         f"one batch size (N = full-batch GD), got {tuple(sizes)!r}.")
+    rest["batch_sizes"] = (None,) if sizes is None else tuple(sizes)
+    warm = WARMUPS if o["warmups"] is None else o["warmups"]
+    if isinstance(warm, (str, bytes)) or not hasattr(warm, "__len__") or not warm:
+        raise ValueError(f"warmups (--warmups) must be a non-empty list of fractions of the "
+                         f"step budget in [0, 1), got {warm!r}; e.g. 0,0.05,0.1,0.2.")
+    for f in warm:
+        check_real(f, "warmups (--warmups) entry")
+        if not 0.0 <= float(f) < 1.0:
+            raise ValueError(f"warmups (--warmups) entries must be fractions of the step "
+                             f"budget in [0, 1), got {f!r}.")
+    out["warmups"] = tuple(float(f) for f in warm)
+    out["learning_rate_range"] = _lr_range(o, rest, family)
+    return out, rest
+
+
+def _lr_range(o, rest, family):
+    """(lr_min, lr_max) or None (SGD's κ grid)."""
+    given = [k for k in ("lr_min", "lr_max") if o[k] is not None]
+    kappa = [k for k in ("kappa_min", "kappa_max") if k in rest]
+    if family == "adamw" and kappa:
+        raise ValueError(f"{_named(kappa)} size SGD's grid (κ = η·λ_max/N); AdamW's is "
+                         "--lr-min/--lr-max (peak learning rates).")
+    if given and kappa:
+        raise ValueError("give --kappa-min/--kappa-max (κ grid) or --lr-min/--lr-max (peak η "
+                         "grid), not both.")
+    if len(given) == 1:
+        raise ValueError("give both lr_min (--lr-min) and lr_max (--lr-max), or neither.")
+    if not given:
+        return ADAM_LEARNING_RATE_RANGE if family == "adamw" else None
+    lo, hi = (_number(o, k, 0.0, math.inf) for k in ("lr_min", "lr_max"))
+    num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
+    if not 0 < lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):
+        raise ValueError(f"lr_min, lr_max (--lr-min, --lr-max) must satisfy 0 < min <= max "
+                         f"(min == max exactly when --num-kappas is 1), got {lo:g}, {hi:g} "
+                         f"with num_kappas {num!r}.")
+    return lo, hi

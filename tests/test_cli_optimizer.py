@@ -1,0 +1,267 @@
+"""``ntk-tt predict --optimizer/--schedule/...`` (issue 27 item 1): bad flags are one line before
+JAX is imported; a tiny ``--verify`` run with AdamW + warmup-cosine predicts what
+``ntk_tt.predict(optimizer=)`` predicts and fine-tunes what ``ntk_tt.finetune(optimizer=)``
+trains with the same optimiser; constant-η SGD keeps the numbers of the constant-η keywords."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import ntk_tt
+from ntk_tt.cli import main
+from ntk_tt.prediction import _job
+
+ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
+
+BEFORE_JAX = [
+    (["--optimizer", "adam", "-m", "0.9"], "momentum (-m) and nesterov (--nesterov) are SGD's"),
+    (["--b1", "0.5"], "b1 (--b1) is Adam's: use it with --optimizer adam or adamw"),
+    (["--optimizer", "adamw", "--b2", "1"], "b2 (--b2) must be a finite number in [0, 1)"),
+    (["--optimizer", "adamw", "--adam-eps", "0"], "adam_eps (--adam-eps) must be a finite"),
+    (["--schedule", "exponential"], "needs decay_rate (--decay-rate R in (0, 1]"),
+    (["--schedule", "exponential", "--decay-rate", "1.5"],
+     "decay_rate (--decay-rate) must be a finite number in (0, 1]"),
+    (["--schedule", "warmup-cosine", "--warmup", "200"],
+     "warmup (--warmup) 200 must be <= decay_end (--decay-end; default T, the -T steps) 150"),
+    (["--schedule", "warmup-stable-decay", "--warmup", "5", "--decay-start", "3"],
+     "decay_start (--decay-start) 3 must be in [warmup, decay_end] = [5, 150]"),
+    (["--warmup", "5"], "warmup (--warmup) applies to --schedule warmup-cosine or"),
+    (["--schedule", "warmup-cosine", "--decay-rate", "0.9"],
+     "decay_rate (--decay-rate) applies to --schedule exponential only"),
+    (["--schedule", "warmup-cosine", "--end-lr", "0.01"],
+     "end_lr (--end-lr) must be a finite number in [0, --lr = 0.002]"),
+    (["--schedule", "warmup-cosine", "--warmup", "1", "-T", "1"], "the warmup's η_0 = 0"),
+    (["--optimizer", "adamw", "--l2"], "l2 (--l2) applies to --optimizer sgd only"),
+    (["--l2"], "l2 (--l2) puts the weight decay into the loss: give weight_decay"),
+    (["--optimizer", "adam", "--weight-decay", "0.01"], "use --optimizer adamw"),
+    (["--weight-decay", "-1"], "weight_decay (--weight-decay) must be a finite number >= 0"),
+    (["--optimizer", "adamw", "--method", "ode"],
+     "method (--method) 'ode' predicts constant-η SGD only: with --optimizer adamw"),
+    (["--schedule", "warmup-cosine", "--loss", "mse", "--subset", "100"],
+     "subset (--subset) predicts constant-η full-batch GD only"),
+    (["--weight-decay", "0.01", "--segments", "2"], "segments (--segments) re-linearises"),
+    (["--optimizer", "adamw", "--predictor", "linear"], "by the head-aware predictor only"),
+    (["--optimizer", "adam", "--kernel", "sketch"], "by the head-aware predictor only"),
+]
+
+
+def test_bad_optimizer_flags_are_one_line_before_jax_is_imported(tmp_path):
+    """One fresh interpreter runs every case: status 2, one ``ntk-tt: error:`` line naming
+    the flag, and ``jax`` still not imported after it."""
+    cases = [["predict", *args] for args, _ in BEFORE_JAX]
+    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
+            f"for args in {cases!r}:\n"
+            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
+            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
+            "    sys.stderr.flush()\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(BEFORE_JAX), proc.stderr  # one line per case, nothing else
+    for (args, match), (status, jax_imported), line in zip(BEFORE_JAX, results, lines,
+                                                           strict=True):
+        assert status == 2 and jax_imported is False, (args, status)
+        assert line.startswith("ntk-tt: error: ") and match in line, (args, line)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_predict_task_refuses_an_unknown_optimizer_before_loading(monkeypatch, tmp_path):
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"optimizer \(--optimizer\) must be one of"):
+        ntk_tt.predict_task(optimizer="rmsprop")
+    with pytest.raises(ValueError, match=r"schedule \(--schedule\) must be one of"):
+        ntk_tt.predict_task(schedule="cosine")
+
+
+def test_job_optimizer_schedules_against_optax_and_numpy():
+    """The options → Optimizer map: η_t of each schedule against optax / a numpy formula, the
+    peak = --lr, the horizon = T unless --decay-end, WSD's default decay start (the last
+    20 %), adamw's default λ, SGD's --l2, Adam's β defaults."""
+    from ntk_tt.prediction._job_optimizer import job_optimizer
+
+    base = _job.DEFAULTS | dict(steps=20, learning_rate=0.1)
+    t = np.arange(20)
+    opt = job_optimizer(base | dict(optimizer="adamw", schedule="warmup_cosine", warmup=4))
+    want = optax.warmup_cosine_decay_schedule(0.0, 0.1, 4, 20, 0.0)(t)
+    np.testing.assert_allclose(opt.learning_rates(20), want, rtol=1e-5, atol=1e-8)
+    assert (opt.rule, opt.decoupled, float(opt.weight_decay)) == ("adam", True,
+                                                                  pytest.approx(1e-4))
+    assert float(opt.momentum) == pytest.approx(0.9) and float(opt.b2) == pytest.approx(0.999)
+    opt = job_optimizer(base | dict(schedule="warmup_stable_decay", warmup=2, end_lr=0.01,
+                                    decay_end=15, weight_decay=0.5, l2=True, momentum=0.5,
+                                    batch_size=5))
+    start = 12  # floor(0.8 · 15): decays over steps 12-15, then 0.01
+    eta = np.minimum(t / 2, 1) * 0.1 + (0.01 - 0.1) * np.clip((t - start) / (15 - start), 0, 1)
+    np.testing.assert_allclose(opt.learning_rates(20), eta, rtol=1e-5, atol=1e-8)
+    assert (opt.rule, opt.decoupled, opt.batch_size) == ("sgd", False, 5)
+    assert float(opt.weight_decay) == 0.5 and float(opt.momentum) == 0.5
+    opt = job_optimizer(base | dict(schedule="exponential", decay_rate=0.9, optimizer="adam",
+                                    b1=0.8))
+    np.testing.assert_allclose(opt.learning_rates(20),
+                               optax.exponential_decay(0.1, 1, 0.9)(t), rtol=1e-5)
+    assert (opt.decoupled, float(opt.weight_decay)) == (False, 0.0)
+    assert float(opt.momentum) == pytest.approx(0.8)
+
+
+class _Net(nnx.Module):
+    """A tiny classifier with a linear ``head`` (the head-aware predictor's split)."""
+
+    def __init__(self, rngs):
+        self.body = nnx.Linear(6, 12, rngs=rngs)
+        self.head = nnx.Linear(12, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.body(x)))
+
+
+STEPS, LR, WARMUP, DECAY = 12, 0.05, 3, 0.01
+
+
+@pytest.fixture(scope="module")
+def task():
+    model = _Net(nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    x = jax.random.normal(jax.random.key(1), (30, 6))
+    y = jnp.argmax(x[:, :3], axis=1)  # learnable labels
+    info = {"checkpoint": "tiny", "architecture": "_Net", "num_params": 123,
+            "dataset": "tiny", "classes": ["a", "b", "c"], "n_train": 24, "n_test": 6,
+            "test_per_class": 2, "image_shape": [6], "model_input_shape": [6],
+            "preprocessing": "none"}
+    return apply_fn, params, x[:24], y[:24], x[24:], y[24:], info, ntk_tt.split_head(model)
+
+
+def _cli(task, folder, args):
+    """``ntk-tt predict`` on the tiny task (the job's own code from the task on) in
+    ``folder``: (exit status, stdout, the JSON report, the figure titles drawn)."""
+    titles = []
+
+    def figure(path, pred, run, title, overwrite):
+        titles.append(title)
+        return real_figure(path, pred, run, title, overwrite=overwrite)
+
+    real_figure = _job.figure
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+        mp.setattr("ntk_tt.prediction._job.figure", figure)
+        mp.chdir(folder)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = main(["predict", "--no-progress", "-K", "3", "-n", "8", "--test-per-class",
+                         "2", "--json", "r.json", *args])
+    return code, out.getvalue(), json.loads((folder / "r.json").read_text()), titles
+
+
+ADAMW = ["-T", str(STEPS), "--lr", str(LR), "--optimizer", "adamw", "--schedule",
+         "warmup-cosine", "--warmup", str(WARMUP), "--weight-decay", str(DECAY)]
+
+
+@pytest.fixture(scope="module")
+def adamw_run(task, tmp_path_factory):
+    """One tiny ``--verify`` run with AdamW (decoupled λ) and a warmup-cosine schedule (GD:
+    the batch size is the options → Optimizer map's, tested above)."""
+    return _cli(task, tmp_path_factory.mktemp("adamw"), ["--verify", *ADAMW, "--figure",
+                                                         "f.png"])
+
+
+def _curves(side):
+    return {k: np.array([np.nan if v is None else v for v in side[k]]) for k in side}
+
+
+def test_adamw_verify_run_is_predict_and_finetune_with_that_optimizer(task, adamw_run):
+    apply_fn, params, x, y, xt, yt, _, head = task
+    code, _, r, _ = adamw_run
+    assert code == 0 and r["status"] == "complete"
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(LR, WARMUP, STEPS), weight_decay=DECAY)
+    key = jax.random.fold_in(jax.random.key(0), 2)  # the job's key for seed 0
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=STEPS, key=key,
+                          x_test=xt, y_test=yt, head=head)
+    run = ntk_tt.finetune(apply_fn, params, x, y, optimizer=opt, steps=STEPS, key=key,
+                          x_test=xt, y_test=yt)
+    got_pred, got_real = _curves(r["curves"]["predicted"]), _curves(r["curves"]["real"])
+    for name in ("loss", "error"):
+        np.testing.assert_array_equal(got_pred[name], np.asarray(getattr(pred, name), float))
+        np.testing.assert_array_equal(got_real[name], np.asarray(getattr(run, name), float))
+    assert got_real["loss"][-1] < 0.9 * got_real["loss"][0]  # it trained
+    assert r["predicted"]["kernel"] == "head_aware_adam:isotropic"
+
+
+def test_adamw_run_records_and_names_its_optimizer(adamw_run):
+    code, out, r, titles = adamw_run
+    h = r["optimizer"]
+    assert r["config"]["optimizer"] == "adamw" and r["config"]["schedule"] == "warmup_cosine"
+    assert (h["optimizer"], h["schedule"], h["batch_size"]) == ("adamw", "warmup_cosine", 24)
+    assert h["weight_decay"] == pytest.approx(DECAY) and h["decoupled"] is True
+    assert h["schedule_parameters"] == pytest.approx(
+        {"peak": LR, "warmup": WARMUP, "decay_steps": STEPS, "init": 0.0, "end": 0.0,
+         "smoothing": 0.0})
+    etas = optax.warmup_cosine_decay_schedule(0.0, LR, WARMUP, STEPS, 0.0)(np.arange(STEPS))
+    assert h["learning_rate_mean"] == pytest.approx(float(np.mean(etas)), rel=1e-5)
+    assert r["predicted"]["hyperparameters"]["optimizer"] == "adamw"
+    words = (f"adamw (β₁ 0.9, β₂ 0.999, ε 1e-08), weight decay {DECAY:g} decoupled, B = "
+             f"24; warmup_cosine: η 0 → {LR:g} over {WARMUP} steps, cosine to 0 at step "
+             f"{STEPS}")
+    assert f"optimiser: {words}" in out.splitlines()
+    assert titles == [f"tiny K=3 n=8 {words.replace('B = ', 'B=').replace('; ', chr(10))}"]
+
+
+@pytest.fixture(scope="module")
+def sgd_runs(task, tmp_path_factory):
+    """Prediction-only runs: the default (constant-η SGD) and the same spelled out."""
+    args = ["-T", "6", "--lr", "0.5", "-m", "0.5", "--nesterov", "-B", "8", "--num-paths",
+            "2", "--figure", ""]
+    return (_cli(task, tmp_path_factory.mktemp("default"), args),
+            _cli(task, tmp_path_factory.mktemp("spelled"),
+                 [*args, "--optimizer", "sgd", "--schedule", "constant"]))
+
+
+def test_constant_sgd_spelled_out_is_the_default_run_and_the_shorthand(task, sgd_runs):
+    """``--optimizer sgd --schedule constant`` is the default run, whose predicted curves are
+    exactly those of ``ntk_tt.predict``'s constant-η keywords (the job before optimizers)."""
+    apply_fn, params, x, y, xt, yt, _, head = task
+    (c1, out1, default, _), (c2, out2, spelled, _) = sgd_runs
+    assert c1 == c2 == 0
+    for side in ("curves", "optimizer"):
+        assert default[side] == spelled[side]
+    for name in ("training_time", "kappa", "hyperparameters", "test_accuracy", "interval_90"):
+        assert default["predicted"][name] == spelled["predicted"][name]
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.5, momentum=0.5,
+                          nesterov=True, batch_size=8, steps=6, num_paths=2, x_test=xt,
+                          y_test=yt, head=head, key=jax.random.fold_in(jax.random.key(0), 2))
+    got = _curves(default["curves"]["predicted"])
+    for name in ("loss", "error"):
+        np.testing.assert_array_equal(got[name], np.asarray(getattr(pred, name), float))
+    h = default["optimizer"]
+    assert (h["optimizer"], h["schedule"], h["nesterov"], h["batch_size"]) == (
+        "sgd", "constant", True, 8)
+    assert "optimiser: sgd (m 0.5, Nesterov), B = 8; constant: η 0.5" in out1.splitlines()
+
+
+def test_adamw_prediction_only_times_a_real_adamw_step(task, adamw_run, tmp_path):
+    """Without --verify the wall clock is T_ε × the measured time of a real AdamW step; the
+    prediction is the --verify run's."""
+    code, _, r, _ = _cli(task, tmp_path, [*ADAMW, "--figure", ""])
+    assert code == 0 and r["real"] is None and r["figure"] is None
+    assert r["curves"]["predicted"] == adamw_run[2]["curves"]["predicted"]
+    sps = r["predicted"]["seconds_per_step"]
+    assert 0 < sps < 10
+    for eps, t in r["predicted"]["training_time"]["loss"].items():
+        wall = r["predicted"]["wall_clock"]["loss"][eps]
+        assert (t is None and wall is None) or wall == pytest.approx(t * sps)
+    assert r["predicted"]["training_time"]["loss"]["0.4"] is not None

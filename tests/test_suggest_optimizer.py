@@ -1,0 +1,290 @@
+"""``ntk_tt.suggest(optimizer=...)`` and ``ntk-tt suggest --optimizer``: the peak learning rate
+× warmup of a warmup-cosine schedule against a brute force of independent
+``ntk_tt.predict(..., optimizer=...)`` calls over the same grid; the refinement; refusals."""
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import ntk_tt
+from ntk_tt.cli import main
+
+N, D, F, C, T = 24, 6, 8, 3, 30
+ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the program run
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.body = nnx.Linear(D, F, rngs=rngs)
+        self.head = nnx.Linear(F, C, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.body(x)))
+
+
+@functools.cache
+def problem():
+    model = Net(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (N, D))
+    y = jax.random.randint(jax.random.key(1), (N,), 0, C)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    return model, apply_fn, params, x, y
+
+
+def first_hit(curve, target):
+    hit = np.asarray(curve) <= target
+    return float(hit.argmax()) if hit.any() else math.nan
+
+
+def brute_force(s, predict_one, adam):
+    """Steps to target, admissibility and loss curve of every predicted grid row through the
+    public predictor."""
+    grid = s.grid[(s.grid.source == "grid") & s.grid.evaluated]
+    steps, ok, curves = [], [], {}
+    for peak, w in zip(grid.learning_rate, grid.warmup, strict=True):
+        p = predict_one(ntk_tt.warmup_cosine(float(peak), float(w), T))
+        t = first_hit(p.loss, s.target)
+        steps.append(t)
+        ok.append(math.isfinite(t) and not bool(p.diverged)
+                  and (adam or not bool(p.beyond_edge)))
+        curves[peak, w] = np.asarray(p.loss)
+    return grid, np.array(steps), np.array(ok), curves
+
+
+def check_choice(s, curves, predict_one, adam):
+    """The suggestion's own Optimizer (its schedule) and its predicted curve and steps through
+    the public predictor (the grid's prediction when the choice is a grid point)."""
+    sched = s.optimizer.learning_rate
+    assert float(sched.peak) == pytest.approx(s.learning_rate, rel=1e-6)
+    assert float(sched.warmup) == pytest.approx(s.warmup, abs=1e-6)
+    assert float(sched.decay_steps) == T
+    if s.refined:
+        p = predict_one(sched)
+        assert not bool(p.diverged) and (adam or not bool(p.beyond_edge))
+        loss = np.asarray(p.loss)
+    else:
+        loss = curves[s.learning_rate, s.warmup]
+    assert first_hit(loss, s.target) == s.steps
+    assert np.allclose(loss, s.loss, rtol=1e-4, atol=1e-6)
+    assert s.steps <= s.grid_best["steps"]  # the refinement is never worse than the grid
+
+
+def test_sgdw_suggestion_is_the_brute_force_argmin_of_predict():
+    """SGD-momentum + decoupled weight decay, B = 8, frozen-kernel predictor: the grid's κ
+    from λ_max of Θ (eigvalsh), every grid row's steps equal to predict(optimizer=...)'s, the
+    grid best the brute-force argmin, the (refined) choice checked through predict."""
+    _, apply_fn, params, x, y = problem()
+    key = jax.random.key(2)
+    opt = ntk_tt.sgd(0.1, 0.9, weight_decay=1e-2, batch_size=8)
+    s = ntk_tt.suggest(apply_fn, params, x, y, target=0.4, target_kind="fraction", steps=T,
+                       optimizer=opt, kappa_range=(0.1, 10.0), num_kappas=3,
+                       warmups=(0.0, 0.2), refine_steps=6, key=key, num_paths=2,
+                       seconds_per_step={8: 0.01})
+    lam = np.linalg.eigvalsh(np.asarray(ntk_tt.empirical_ntk(apply_fn, params, x))).max()
+    assert s.lambda_max == pytest.approx(lam, rel=1e-4)
+    grid = s.grid[s.grid.source == "grid"]
+    peaks = np.geomspace(0.1, 10.0, 3) * N / lam
+    assert np.allclose(np.unique(grid.learning_rate), peaks, rtol=1e-4)
+    assert sorted(set(grid.warmup)) == [0.0, 6.0] and len(grid) == 6
+    # κ_peak = η_peak·λ_max/N beyond the heavy-ball edge 2(1 + m)/h, h = ½ for CE: listed,
+    # never predicted nor suggested
+    beyond = grid.learning_rate * lam / N > 2 * 1.9 / 0.5
+    assert beyond.sum() == 2 and (grid.beyond_edge == beyond).all()
+    assert not (grid.evaluated | grid.admissible)[beyond].any()
+
+    def predict_one(sched):
+        o = ntk_tt.sgd(sched, 0.9, weight_decay=1e-2, batch_size=8)
+        return ntk_tt.predict(apply_fn, params, x, y, optimizer=o, steps=T, key=key,
+                              num_paths=2)
+
+    grid, steps, ok, curves = brute_force(s, predict_one, adam=False)
+    assert np.array_equal(np.nan_to_num(steps, nan=-1), grid.steps.fillna(-1))
+    assert np.array_equal(ok, grid.admissible.to_numpy()) and ok.any() and not ok.all()
+    assert s.found and s.grid_best["steps"] == steps[ok].min()
+    assert s.batch_size == 8 and s.momentum == pytest.approx(0.9)
+    assert float(s.optimizer.weight_decay) == pytest.approx(1e-2) and s.optimizer.decoupled
+    check_choice(s, curves, predict_one, adam=False)
+    assert s.seconds == pytest.approx(s.steps * 0.01)
+
+
+def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
+    """AdamW (head-aware fast Adam predictor, GD), η_peak on a log grid: as above, without
+    the refinement (its compile is the file's dearest; the SGD test checks it); Adam rows are
+    never beyond the (SGD) edge."""
+    model, apply_fn, params, x, y = problem()
+    head = ntk_tt.split_head(model)
+    opt = ntk_tt.adamw(1e-3, 0.9, 0.99, weight_decay=1e-2)
+    s = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=0.4, target_kind="fraction",
+                       steps=T, optimizer=opt, num_kappas=2, learning_rate_range=(0.0173, 0.3),
+                       warmups=(0.0, 0.2), refine_steps=0, seconds_per_step={None: 0.02})
+    assert s.predictor == "head_aware_adam:isotropic"
+    grid = s.grid[s.grid.source == "grid"]
+    assert np.allclose(np.unique(grid.learning_rate), [0.0173, 0.3], rtol=1e-6)
+    assert not s.grid.beyond_edge.any()
+
+    def predict_one(sched):
+        o = ntk_tt.adamw(sched, 0.9, 0.99, weight_decay=1e-2)
+        return ntk_tt.predict(apply_fn, params, x, y, optimizer=o, steps=T, head=head)
+
+    grid, steps, ok, curves = brute_force(s, predict_one, adam=True)
+    assert np.array_equal(np.nan_to_num(steps, nan=-1), grid.steps.fillna(-1))
+    assert np.array_equal(ok, grid.admissible.to_numpy()) and ok.any() and not ok.all()
+    assert s.found and s.grid_best["steps"] == steps[ok].min()
+    assert s.optimizer.rule == "adam" and float(s.optimizer.b2) == pytest.approx(0.99)
+    assert not s.refined
+    check_choice(s, curves, predict_one, adam=True)
+
+
+# --- refusals: one line, before any work ------------------------------------------------
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    def refuse(*_, **__):
+        raise AssertionError("work started before the arguments were checked")
+
+    for target in ("ntk_tt.kernels._ntk.empirical_ntk", "ntk_tt.training._finetune.step_time",
+                   "ntk_tt.training._finetune._time_steps",
+                   "ntk_tt.kernels._head_aware.head_aware_kernel"):
+        monkeypatch.setattr(target, refuse)
+
+
+SGD = ntk_tt.sgd(0.1, 0.9)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(optimizer=SGD, batch_sizes=(None,)), "optimizer= fixes the batch size and momentum"),
+    (dict(optimizer=SGD, momenta=(0.9,)), "drop momenta or put them into the optimizer"),
+    (dict(optimizer="sgd"), "optimizer must be an ntk_tt.Optimizer"),
+    (dict(warmups=(0.1,)), "pass optimizer=ntk_tt.sgd(...)"),
+    (dict(learning_rate_range=(1e-3, 1e-1)), "pass optimizer=ntk_tt.sgd(...)"),
+    (dict(optimizer=ntk_tt.sgd(ntk_tt.exponential(0.1, 0.9))), "searches warmup-cosine"),
+    (dict(optimizer=ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 2, 10, smoothing=1.0))),
+     "searches the exact warmup (smoothing=0)"),
+    (dict(optimizer=ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 2, 10, end=-0.01))),
+     "must have init and end >= 0"),
+    (dict(optimizer=ntk_tt.adamw(1e-3)), "Adam has no frozen-kernel predictor"),
+    (dict(optimizer=ntk_tt.adam(1e-3, weight_decay=0.1), head="head"),
+     "needs decoupled weight decay"),
+    (dict(optimizer=ntk_tt.adamw(1e-3), head="head", kappa_range=(0.1, 1.0)),
+     "kappa_range sizes SGD's grid"),
+    (dict(optimizer=SGD, kappa_range=(0.1, 1.0), learning_rate_range=(1e-3, 1e-1)),
+     "not both"),
+    (dict(optimizer=SGD, warmups=(0.0, 1.0)), "warmups entries must be fractions of steps"),
+    (dict(optimizer=SGD, warmups=()), "warmups must be a non-empty list"),
+    (dict(optimizer=SGD, learning_rate_range=(0.0, 1.0)), "must satisfy 0 < min <= max"),
+    (dict(optimizer=ntk_tt.sgd(0.1, batch_size=8)), "pass key=jax.random.key(seed)"),
+    (dict(optimizer=ntk_tt.sgd(0.1, batch_size=99)), "exceeds N = 24"),
+])
+def test_bad_optimizer_arguments_are_refused_before_any_work(kw, match, no_work):
+    model, apply_fn, params, x, y = problem()
+    if kw.get("head") == "head":
+        kw["head"] = ntk_tt.split_head(model)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.suggest(apply_fn, params, x, y, target=0.5, target_kind="fraction", steps=10,
+                       **kw)
+    assert match in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+# --- the CLI ------------------------------------------------------------------------------
+
+
+def cli_no_work(monkeypatch):
+    def refuse(**_):
+        raise AssertionError("the task was loaded before the options were checked")
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--optimizer", "adamw", "-m", "0.9"], "momenta (-m/--momenta): not an option of "
+                                            "optimizer adamw"),
+    (["--optimizer", "sgd", "--b1", "0.8"], "b1 (--b1): not an option of optimizer sgd"),
+    (["--optimizer", "sgd", "-m", "0,0.9"], "is the template's one momentum"),
+    (["--optimizer", "sgd", "-B", "N,50"], "is the template's one batch size"),
+    (["--b1", "0.8"], "give optimizer (--optimizer sgd|adamw) too"),
+    (["--optimizer", "adamw", "--kappa-min", "0.1"], "size SGD's grid"),
+    (["--optimizer", "sgd", "--lr-min", "0.1"], "give both lr_min (--lr-min) and lr_max"),
+    (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
+     "not both"),
+    (["--optimizer", "adamw", "--warmups", "0,1"], "warmups (--warmups) entries must be"),
+    (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay (--weight-decay) must be"),
+    (["--optimizer", "adam"], "invalid choice: 'adam'"),
+])
+def test_cli_bad_optimizer_options_are_one_line_before_loading(args, match, capsys,
+                                                                monkeypatch):
+    cli_no_work(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["suggest", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and match in err and "Traceback" not in err, err
+    assert err.count("\n") == 1 or "usage:" in err, err
+
+
+def test_cli_optimizer_options_are_checked_before_jax_is_imported(tmp_path):
+    """A fresh interpreter: the optimiser flags' errors end the CLI (one line, status 2)
+    before JAX is imported."""
+    cases = [["suggest", "--optimizer", "adamw", "-m", "0.9"],
+             ["suggest", "--optimizer", "sgd", "--warmups", "0,2"],
+             ["suggest", "--weight-decay", "0.1"]]
+    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
+            f"for args in {cases!r}:\n"
+            "    try:\n        main(args)\n    except SystemExit as e:\n"
+            "        out.append([e.code, 'jax' in sys.modules])\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == [[2, False]] * 3
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 3 and all(x.startswith("ntk-tt: error: ") for x in lines), lines
+    assert "not an option of optimizer adamw" in lines[0] and "[0, 1)" in lines[1]
+    assert "give optimizer (--optimizer sgd|adamw) too" in lines[2]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("args,family", [
+    (["--optimizer", "adamw", "--b1", "0.8", "--weight-decay", "0.01", "-B", "4",
+      "--warmups", "0,0.5", "--lr-min", "1e-3", "--lr-max", "1e-2"], "adamw"),
+    (["--optimizer", "sgd", "-m", "0.8"], "sgd"),
+])
+def test_cli_builds_the_template_the_flags_describe(args, family, monkeypatch):
+    """The Optimizer and grid that ntk-tt suggest --optimizer hands to suggest (the task
+    loader and suggest replaced: nothing is computed)."""
+    seen = {}
+
+    def capture(*_, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task",
+                        lambda **_: (None, None, np.zeros((6, 1)), None, None, None, {}, None))
+    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest", capture)
+    with pytest.raises(_Stop):
+        main(["suggest", "--no-progress", "-K", "2", "-n", "3", *args])
+    o = seen["optimizer"]
+    assert "batch_sizes" not in seen and "momenta" not in seen
+    if family == "adamw":
+        assert o.rule == "adam" and o.decoupled and o.batch_size == 4
+        assert (float(o.momentum), float(o.b2), float(o.weight_decay)) == pytest.approx(
+            (0.8, 0.999, 0.01))
+        assert seen["warmups"] == (0.0, 0.5) and seen["learning_rate_range"] == (1e-3, 1e-2)
+        assert seen["kappa_range"] is None
+    else:
+        assert o.rule == "sgd" and o.batch_size is None and not o.nesterov
+        assert (float(o.momentum), float(o.weight_decay)) == pytest.approx((0.8, 0.0))
+        assert seen["kappa_range"] == (0.05, 50.0) and seen["learning_rate_range"] is None
+        assert seen["warmups"] == (0.0, 0.05, 0.1, 0.2)
