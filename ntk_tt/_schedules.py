@@ -10,7 +10,8 @@ Warmup length as a differentiable number (issue 27): the linear warmup is optax'
 η_t = init + (peak − init)·min(1, t/w) (η_0 = init), written so that η_t is continuous in w
 and differentiable in w everywhere except at t = w: d η_t/d w = −(peak − init)·t/w² during
 the warmup, 0 after. ``smoothing`` > 0 replaces min(1, x) by the softplus relaxation
-1 − s·softplus((1 − x)/s), s = smoothing/w (``smoothing`` in steps), which is smooth in w and
+s·softplus(x/s) − s·softplus((x − 1)/s), s = smoothing/w (``smoothing`` in steps), a smooth
+clip of x to [0, 1] that is smooth in w, stays in [0, 1] (η_t never leaves [init, peak]) and
 tends to the exact schedule as smoothing → 0 (0 = exact, the default).
 """
 
@@ -140,13 +141,16 @@ class FromCallable(Schedule):
 
 
 def _ramp(t, warmup, smoothing) -> Array:
-    """min(1, t/w) (exact; 1 when w = 0), or its softplus relaxation of width ``smoothing``
-    steps."""
+    """min(1, t/w) (exact; 1 when w = 0), or its relaxation of width ``smoothing`` steps:
+    s·softplus(x/s) − s·softplus((x − 1)/s) with x = t/w, s = smoothing/max(w, smoothing), a
+    smooth clip of x to [0, 1] (both corners rounded), so η_t stays within [init, peak]
+    (η_0 = s·ln 2 of the rise, not 0); 1 when w = 0."""
     x = jnp.where(warmup > 0, t / jnp.where(warmup > 0, warmup, 1.0), 1.0)
     if smoothing == 0:
         return jnp.minimum(x, 1.0)
     s = smoothing / jnp.maximum(warmup, smoothing)
-    return 1.0 - s * jax.nn.softplus((1.0 - x) / s)
+    smooth = s * (jax.nn.softplus(x / s) - jax.nn.softplus((x - 1.0) / s))
+    return jnp.where(warmup > 0, smooth, 1.0)
 
 
 def constant(value) -> Constant:

@@ -78,9 +78,14 @@ def test_smoothed_warmup_tends_to_the_exact_one(x64):
     exact = ntk_tt.warmup_cosine(1.0, 6, 20).values(20)
     errs = [float(jnp.max(jnp.abs(ntk_tt.warmup_cosine(1.0, 6, 20, smoothing=s).values(20)
                                   - exact))) for s in (1.0, 0.1, 0.01)]
-    # the largest gap is at t = w, where min(1, x) has its kink: s·softplus(0) = s·ln 2,
-    # s = smoothing / w
-    np.testing.assert_allclose(errs, np.array([1.0, 0.1, 0.01]) / 6 * np.log(2), rtol=1e-6)
+    # the relaxation s·softplus(x/s) − s·softplus((x − 1)/s) departs from clip(x, 0, 1) most
+    # at its two corners t = 0 and t = w: by s·(ln 2 − ln(1 + e^(−1/s))), s = smoothing / w
+    s = np.array([1.0, 0.1, 0.01]) / 6
+    np.testing.assert_allclose(errs, s * (np.log(2) - np.log1p(np.exp(-1 / s))), rtol=1e-6)
+    # and it never leaves [0, 1]: η_0 > 0 (was below 0 before), η_t <= peak
+    smooth = ntk_tt.warmup_stable_decay(1.0, 4, 6, 4, smoothing=0.5).values(14)
+    assert float(smooth[0]) > 0 and float(jnp.max(smooth)) <= 1.0
+    assert float(ntk_tt.warmup_cosine(1.0, 0, 20, smoothing=0.5)(0)) == 1.0  # no warmup
 
 
 # --- the optax transformation --------------------------------------------------------------
