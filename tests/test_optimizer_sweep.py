@@ -74,8 +74,9 @@ def test_summary_against_a_hand_computation():
                        _frame([20.0, 20.0], [20.0, 30.0], "adamw_cosine", "gd", "t0")],
                       ignore_index=True)
     constant = pd.concat([_frame([10.0], [12.0], "constant", "gd", "t0"),
+                          _frame([10.0], [30.0], "constant", "gd", "t0"),  # an edge row
                           _frame([10.0], [50.0], "constant", "gd", "other")],
-                         ignore_index=True)
+                         ignore_index=True).assign(kappa_eff=[4.0, 48.0, 4.0])
     s = summarize_optimizers(frame, constant)
     sgdm = s["families"]["sgdm_cosine"]["t_eps_pooled_0.1_0.4"]["gd"]
     assert sgdm["n"] == 4 and sgdm["p95"] == pytest.approx(np.percentile([.1, .1, .3, .3], 95))
