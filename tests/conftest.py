@@ -7,8 +7,10 @@
   backend's LLVM code generation without optimisation passes. The HLO programs, and so what
   every test computes, are the same; they compile about twice as fast and run slower, which
   halves ``tests/test_sketch.py`` (66 → 28 s) and cuts ``test_e2e.py`` + ``test_patches.py``
-  80 → 62 s here. A level the user set wins. (A persistent compilation cache shared by the
-  workers was tried too: it saved little, and jax 0.10.2 segfaulted writing an entry.)
+  80 → 62 s here. ``--xla_cpu_use_fusion_emitters=false`` (the CPU backend's older loop
+  emitter for fusions, same HLO) compiles faster still. A value the user set wins. (A
+  persistent compilation cache shared by the workers was tried too: it saved little, and
+  jax 0.10.2 segfaulted writing an entry.)
 * The slowest files first. pytest-xdist's ``--dist loadfile`` hands files to the two
   workers in collection order, so a slow file collected last (alphabetically: notebooks,
   sweep) would run alone at the end; ``SLOW_FIRST`` (measured with ``--durations=0``,
@@ -24,10 +26,14 @@ SLOW_FIRST = ("test_notebooks.py", "test_sweep.py", "test_cli.py", "test_ntk.py"
               "test_predict.py", "test_e2e.py", "test_checkpoint.py", "test_sharding.py")
 
 
+FAST_COMPILE = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
+
+
 def pytest_configure(config):
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags += [f"--{name}={value}" for name, value in FAST_COMPILE.items()
+              if not any(f.startswith(f"--{name}=") for f in flags)]
+    os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def pytest_collection_modifyitems(config, items):
