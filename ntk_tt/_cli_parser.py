@@ -92,11 +92,12 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
 def _parser() -> argparse.ArgumentParser:
     from ntk_tt import __version__
 
-    p = argparse.ArgumentParser(prog="ntk-tt", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="ntk-tt", description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command")
     q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       allow_abbrev=False)
     d = DEFAULTS
     _add_task_options(q, d)
     q.add_argument("--test-per-class", type=int, default=d["test_per_class"],
@@ -167,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
                    "is given)")
     _suggest_parser(sub)
     o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       allow_abbrev=False)
     o.add_argument("runs", help="JSON Lines (or JSON, .gz too) file of runs: each a telemetry "
                    "row (ntk_tt.save_telemetry; a run in progress may hold fewer steps than "
                    "its planned 'steps') or a corpus row {\"telemetry\": ..., \"prediction\": "
@@ -198,6 +200,7 @@ def _suggest_parser(sub) -> None:
     q = sub.add_parser(
         "suggest", help="choose (η, m, B) minimising the predicted wall-clock time to a target "
         "loss, without training", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
         description="Predict the loss curve of every configuration of a grid of κ = η·λ_max/N "
         "× momenta × batch sizes from one kernel, refine the best by jax.grad, and print the "
         "(η, m, B) whose predicted curve reaches the target in the least wall-clock time (steps "

@@ -800,3 +800,16 @@ def test_outcome_json_that_cannot_be_written_is_one_line_before_the_runs_are_rea
         err = capsys.readouterr().err
         assert stop.value.code == 2 and err.startswith("ntk-tt: error: json path ") \
             and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv,flag", [(["predict", "--warm", "5"], "--warm"),
+                                       (["suggest", "--optimizer", "adamw", "--warmup", "5"],
+                                        "--warmup"),
+                                       (["predict", "--weight", "0.1"], "--weight")])
+def test_shortened_flags_are_not_guessed(argv, flag, capsys):
+    """A fresh user's probe: argparse took ``--warm`` for ``--warmup`` and ``suggest
+    --warmup 5`` for ``--warmups 5`` (then a confusing message); only whole flags count."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"unrecognized arguments: {flag}" in err, err

@@ -219,7 +219,9 @@ def format_suggestion(r: dict) -> str:
     opt = cfg.get("optimizer")
     what = (f"B = {_b(s['batch_size'])}, m = {s['momentum']:.3g}, η = {s['learning_rate']:.4g}"
             if not opt else
-            f"{opt} (B = {_b(s['batch_size'])}, λ = {cfg['weight_decay']:g}), peak η = "
+            f"{opt} (B = {_b(s['batch_size'])}"
+            + (f", m = {s['momentum']:.3g}" if opt == "sgd" else "")
+            + f", λ = {cfg['weight_decay']:g}), peak η = "
             f"{s['learning_rate']:.4g}, warmup {s['warmup']:.3g} steps, cosine to T_max")
     lines.append(
         f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
