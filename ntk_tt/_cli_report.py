@@ -117,8 +117,22 @@ def _diverged_lines(r: dict) -> list[str]:
         if side and not side["diverged"] and side.get("spiked_at") is not None:
             lines.append(f"{name} spiked above 10·L_0 at step {side['spiked_at']} and "
                          "recovered below L_0 (outcome diverges: every measured real run "
-                         "that did ended untrained; T_ε as usual)")
+                         f"that did ended untrained; {_spiked_training_time(side)})")
     return lines
+
+
+def _spiked_training_time(side: dict) -> str:
+    """What the T_ε rows say of a curve that spiked and recovered: measured as usual (the
+    curve ends below its start), or which are undefined and why (the spike can leave the
+    fall L_0 − L_T within the curve's noise: "curve not falling")."""
+    times = side["training_time"]
+    undefined = [(c, e) for c in times for e in times[c] if times[c][e] is None]
+    if not undefined:
+        return "T_ε measured as usual"
+    why = ", ".join(dict.fromkeys(_why_undefined(side, c, e) for c, e in undefined))
+    if len(undefined) == sum(len(per) for per in times.values()):
+        return f"no T_ε: {why}"
+    return f"T_ε measured as usual where the table gives one; the others: {why}"
 
 
 def _comparison_lines(r: dict) -> list[str]:

@@ -4,7 +4,7 @@ and the words the report and the figure use for an optimiser.
 
 Options (flags): ``optimizer`` (--optimizer: "sgd", "adam", "adamw"), ``schedule``
 (--schedule: "constant", "warmup_cosine", "warmup_stable_decay", "exponential"; the CLI also
-takes the hyphenated names), ``warmup`` (--warmup W steps, from η = 0; default 0),
+takes the hyphenated names), ``warmup`` (--warmup W < T steps, from η = 0; default 0),
 ``decay_start`` (--decay-start S, WSD: η stays at the peak until step S; default the last 20 %
 of the decay horizon, at least W), ``decay_end`` (--decay-end E: the step at which the decay
 reaches ``end_lr``; default T = ``steps``), ``end_lr`` (--end-lr, default 0), ``decay_rate``
@@ -129,8 +129,8 @@ def _check_decay(o: dict[str, Any], name: str) -> None:
 
 
 def _check_order(o: dict[str, Any], kind: str) -> None:
-    """The schedule's steps: warmup <= decay_start <= decay_end, a decay rate for
-    exponential, and not every η_t = 0 (a warmup with T = 1)."""
+    """The schedule's steps: warmup < steps (the run reaches the peak --lr) and warmup <=
+    decay_start <= decay_end, and a decay rate for exponential."""
     if kind == "exponential" and o["decay_rate"] is None:
         raise ValueError("schedule 'exponential' (--schedule exponential) needs decay_rate "
                          "(--decay-rate R in (0, 1]: η_t = --lr·R^t), e.g. --decay-rate 0.99.")
@@ -141,13 +141,14 @@ def _check_order(o: dict[str, Any], kind: str) -> None:
         raise ValueError(f"warmup (--warmup) {warmup} must be <= decay_end (--decay-end; "
                          f"default T, the -T steps) {end_at}: lower --warmup or raise "
                          "--decay-end.")
+    if warmup >= o["steps"]:
+        raise ValueError(f"warmup (--warmup) {warmup} must be < steps (-T) {o['steps']}: the "
+                         "run would end before η reaches --lr (it would train on the ramp "
+                         "only); lower --warmup or raise -T.")
     if kind == "warmup_stable_decay" and not warmup <= decay_start(o) <= end_at:
         raise ValueError(f"decay_start (--decay-start) {o['decay_start']} must be in [warmup, "
                          f"decay_end] = [{warmup}, {end_at}] (--warmup; --decay-end, default "
                          "T, the -T steps).")
-    if warmup > 0 and o["steps"] == 1:
-        raise ValueError("with steps (-T) 1 the only update uses the warmup's η_0 = 0: use "
-                         "-T >= 2 or --warmup 0.")
 
 
 def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
@@ -222,7 +223,7 @@ def describe_optimizer(h: dict[str, Any], short: bool = False) -> str:
     if name == "sgd":
         rule = f"sgd (m {h['momentum']:.3g}{', Nesterov' if h['nesterov'] else ''})"
     else:
-        rule = f"{name} (β₁ {h['momentum']:.3g}, β₂ {h['b2']:.4g}, ε {h['eps']:.3g})"
+        rule = f"{name} (β₁ {h['b1']:.4g}, β₂ {h['b2']:.4g}, ε {h['eps']:.3g})"
     if h["weight_decay"]:
         rule += (f", weight decay {h['weight_decay']:.3g} "
                  f"{'decoupled' if h['decoupled'] else 'L2'}")

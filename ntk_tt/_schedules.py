@@ -165,10 +165,12 @@ def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
     counts the warmup). Every number is a leaf (``jax.grad`` w.r.t. peak and warmup).
 
     Raises:
-      ValueError: a non-number, warmup < 0, decay_steps < warmup, smoothing < 0.
+      ValueError: a non-number, peak <= 0, init or end outside [0, peak], warmup < 0,
+        decay_steps < warmup, smoothing < 0.
     """
     leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_steps, "decay_steps"), _number(init, "init"), _number(end, "end"))
+    _check_below_peak(peak, init=init, end=end)
     _check_order(warmup, decay_steps, "warmup", "decay_steps", smoothing)
     return WarmupCosine(*leaves, float(smoothing))
 
@@ -179,12 +181,13 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
     ``end`` over ``decay_steps`` steps.
 
     Raises:
-      ValueError: a non-number, warmup < 0, decay_start < warmup, decay_steps < 0,
-        smoothing < 0.
+      ValueError: a non-number, peak <= 0, end outside [0, peak], warmup < 0, decay_start <
+        warmup, decay_steps < 0, smoothing < 0.
     """
     leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_start, "decay_start"), _number(decay_steps, "decay_steps"),
               _number(end, "end"))
+    _check_below_peak(peak, end=end)
     _check_order(warmup, decay_start, "warmup", "decay_start", smoothing)
     if (d := _concrete(decay_steps)) is not None and d < 0:
         raise ValueError(f"decay_steps must be >= 0, got {d}.")
@@ -192,13 +195,21 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
 
 
 def exponential(init, rate) -> Exponential:
-    """η_t = init·rate^t (rate per step, e.g. 0.99).
+    """η_t = init·rate^t (rate per step, e.g. 0.99): a decay, rate in (0, 1] (``ntk-tt
+    predict --decay-rate``'s range).
 
     Raises:
-      ValueError: a non-number, init <= 0 or rate <= 0 (a negative rate flips η_t's sign).
+      ValueError: a non-number, init <= 0, rate <= 0 (a negative rate flips η_t's sign) or
+        rate > 1 (η_t would grow without bound; optax clips such a growth only with its
+        ``end_value``, which this schedule has not: pass that optax schedule, or any
+        callable, as the learning rate instead).
     """
-    return Exponential(_number(init, "init", positive=True),
-                       _number(rate, "rate", positive=True))
+    leaves = (_number(init, "init", positive=True), _number(rate, "rate", positive=True))
+    if (r := _concrete(rate)) is not None and r > 1:
+        raise ValueError(f"rate must be in (0, 1] (a decay: η_t = init·rate^t), got {r}: a rate "
+                         "> 1 grows η_t without bound; for a growing η_t pass a callable, e.g. "
+                         "optax.exponential_decay(init, 1, rate, end_value=...).")
+    return Exponential(*leaves)
 
 
 def schedule(value) -> Schedule:
@@ -219,6 +230,20 @@ def schedule(value) -> Schedule:
             f"schedule or a callable step -> η), got an array of shape {np.shape(value)}; "
             "for per-step values use lambda t: values[t].")
     return constant(value)
+
+
+def _check_below_peak(peak, **values) -> None:
+    """The concrete ``values`` (init, end) in [0, peak]: η_t stays in [0, peak] (``ntk-tt
+    predict --end-lr``'s range); a relative 1e-6 above peak passes (a float32 leaf times the
+    peak, as ``suggest`` rebuilds its template)."""
+    top = _concrete(peak)
+    for name, value in values.items():
+        v = _concrete(value)
+        if v is not None and (v < 0 or (top is not None and v > top * (1 + 1e-6))):
+            where = "peak" if top is None else f"peak = {top:g}"
+            fix = f"raise {name} to >= 0" if v < 0 else f"lower {name} or raise peak"
+            raise ValueError(f"{name} must be in [0, {where}] (the learning rate the schedule "
+                             f"{'starts' if name == 'init' else 'ends'} at), got {v:g}: {fix}.")
 
 
 def _check_order(first, second, name1, name2, smoothing) -> None:

@@ -20,10 +20,11 @@ import threading
 import time
 from pathlib import Path
 
-# the commands import JAX and the jobs only after the arguments are parsed and checked
-# (``ntk-tt -h`` is instant, and so is a bad option value)
-from ntk_tt._cli_commands import _outcome, _predict, _suggest
-from ntk_tt._cli_parser import _parser
+# Only the standard library here: the console script imports this module before it calls
+# ``main``, and ``main`` installs the signal handling before it imports the parser and the
+# commands (numpy, then JAX once the arguments are checked), so a Ctrl-C at any moment is
+# one line. The commands import JAX and the jobs only after the arguments are parsed and
+# checked (``ntk-tt -h`` is instant, and so is a bad option value).
 
 _EXITING = threading.Lock()
 GRACE_S = 3.0  # after Ctrl-C, the main thread's own exit path gets this long
@@ -128,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 done, 2 bad input (one ``ntk-tt: error: ...`` line on stderr), 130
     interrupted (Ctrl-C: one ``ntk-tt: interrupted`` line; a --json report that holds the
     prediction is kept and says so), 143 terminated (SIGTERM, as Ctrl-C). As the program
-    (``argv`` None), the signals are handled from the start of ``main`` and end the run
-    within :data:`GRACE_S` seconds even during a compilation (:func:`_guard_interrupts`).
+    (``argv`` None), the signals are handled from the start of ``main``, before any import
+    beyond the standard library, and end the run within :data:`GRACE_S` seconds even during
+    a compilation (:func:`_guard_interrupts`).
     """
     run: dict = {}
     if argv is None:  # the ntk-tt process itself (not a call from Python)
@@ -145,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], run: dict) -> int:
-    parser = _parser()
+    from ntk_tt import _cli_parser  # numpy: after the signal handling is in place
+
+    parser = _cli_parser._parser()
     args = parser.parse_args(argv or ["predict", "--verify"])
+    from ntk_tt._cli_commands import _outcome, _predict, _suggest
+
     if args.command == "outcome":
         return _outcome(args, parser)
     if args.command == "suggest":

@@ -347,6 +347,36 @@ def test_spiked_and_recovered_run_is_said_not_called_diverged():
     assert "diverged: predicted True, real False" in text
 
 
+def test_spiked_and_recovered_prediction_says_which_t_eps_exist():
+    """A predicted catapult that recovered: the spike line says "T_ε measured as usual" only
+    when the table has every T_ε; with none (the spike leaves the fall within the noise:
+    "curve not falling" in every row) it says so instead of "as usual" (issue 25: the two
+    lines contradicted each other); with some, it names the others' reasons."""
+    flat = "curve is flat or rising: L_0 - L_T is not clearly positive"
+
+    def spike_line(times, reasons):
+        r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+        r["predicted"] |= {"spiked_at": 2, "training_time": times, "wall_clock": times,
+                           "training_time_reasons": reasons}
+        text = format_report(r)
+        return [ln for ln in text.splitlines() if ln.startswith("prediction spiked")], text
+
+    none = {c: {e: None for e in ("0.01", "0.1", "0.4")} for c in ("loss", "error")}
+    (line,), text = spike_line(none, {c: {e: flat for e in per} for c, per in none.items()})
+    assert line.endswith("that did ended untrained; no T_ε: curve not falling)"), line
+    assert text.count("(predicted: curve not falling)") == 6 and "as usual" not in text
+    every = {c: {e: 7.0 for e in ("0.01", "0.1", "0.4")} for c in ("loss", "error")}
+    (line,), _ = spike_line(every, {"loss": {}, "error": {}})
+    assert line.endswith("; T_ε measured as usual)"), line
+    some = {c: dict(per) for c, per in every.items()}
+    some["loss"]["0.01"] = some["error"]["0.01"] = None
+    reasons = {"loss": {"0.01": "no step comes within epsilon * (L_0 - L_T) of L_T"},
+               "error": {"0.01": flat}}
+    (line,), _ = spike_line(some, reasons)
+    assert line.endswith("; T_ε measured as usual where the table gives one; the others: "
+                         "never within ε of L_T, curve not falling)"), line
+
+
 def no_checkpoint(monkeypatch):
     def refuse(*_):
         raise AssertionError("the checkpoint was loaded before the cheap checks")
@@ -437,7 +467,7 @@ def test_output_created_meanwhile_is_not_replaced(tmp_path):
 
 
 def test_every_predict_option_has_help_and_its_default_shown(capsys):
-    from ntk_tt.cli import _parser
+    from ntk_tt._cli_parser import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = [a for a in sub.choices["predict"]._actions if a.dest != "help"]
@@ -556,12 +586,12 @@ def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path)
                                         (signal.SIGINT, "imports"),
                                         (signal.SIGTERM, "json claimed")])
 def test_a_signal_before_a_result_is_one_line_and_leaves_no_report(sig, moment, tmp_path):
-    """Ctrl-C or SIGTERM as soon as ``main`` runs (numpy and matplotlib still importing),
-    0.5 s later (JAX importing), or once the --json report is claimed (the job loading and
-    predicting): one line, exit status 130 / 143, no traceback, and no report (it holds no
-    result). The default figure an earlier run left is untouched."""
+    """Ctrl-C or SIGTERM as soon as the parser is built (the commands' modules still to
+    import), 0.5 s later (JAX importing), or once the --json report is claimed (the job
+    loading and predicting): one line, exit status 130 / 143, no traceback, and no report (it
+    holds no result). The default figure an earlier run left is untouched."""
     js = tmp_path / "r.json"
-    before = ("import pathlib, ntk_tt.cli as c\nparser = c._parser\n"
+    before = ("import pathlib, ntk_tt._cli_parser as c\nparser = c._parser\n"
               "def started():\n    pathlib.Path('started').touch()\n    return parser()\n"
               "c._parser = started\n")
     proc = start_program(["predict", "--verify", "--no-progress", "-K", "2", "-n", "4",
@@ -575,6 +605,30 @@ def test_a_signal_before_a_result_is_one_line_and_leaves_no_report(sig, moment, 
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig and (out, err) == ("", f"{STOPPED[sig]}\n"), err
     assert not js.exists() and (tmp_path / DEFAULT_FIGURE).read_bytes() == STALE
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_program_starts_is_one_line(sig, tmp_path):
+    """Ctrl-C or SIGTERM 0.05–0.6 s after the interpreter is up, while ``main`` imports numpy
+    and the parser (before issue 25's fix ``ntk_tt.cli`` imported numpy when the console
+    script imported it, before ``main`` could install the handler: a KeyboardInterrupt
+    traceback): one line and exit status 130 / 143, whenever it lands. The delays count
+    from a file the child writes just before it imports ``ntk_tt.cli``, whose import (the
+    standard library only, about 15 ms) is all that runs before the handler."""
+    code = "import sys, ntk_tt.cli\nprint(sorted({'numpy', 'jax'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env=os.environ | {"PYTHONPATH": ROOT})
+    assert proc.stdout == "[]\n", proc.stderr
+    for delay in (0.05, 0.15, 0.3, 0.6):
+        (tmp_path / "up").unlink(missing_ok=True)
+        proc = start_program(["predict", "--no-progress", "-K", "2", "-n", "4", "--figure", ""],
+                             tmp_path, "import pathlib\npathlib.Path('up').touch()\n")
+        wait_for(proc, (tmp_path / "up").exists)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig and (out, err) == ("", f"{STOPPED[sig]}\n"), \
+            (delay, proc.returncode, err)
 
 
 def test_sigterm_while_the_main_thread_goes_on_marks_the_report_interrupted(tmp_path):

@@ -11,6 +11,7 @@ is tested against central differences in ``tests/test_optimizers.py``
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _dynamics_helpers import linear_apply, linear_problem
 from flax import nnx
@@ -116,7 +117,8 @@ def test_fast_adamw_prediction_is_close_to_the_linearised_reference(batch_size, 
                           num_paths=1, head=ntk_tt.split_head(model), backbone="exact")
     ref = ntk_tt.linearised_reference(apply_fn, params, x, y, opt, steps=60, key=key)
     assert pred.kernel == "head_aware_adam:exact"
-    assert pred.hyperparameters["optimizer"] == "adamw"
+    hp = pred.hyperparameters
+    assert hp["optimizer"] == "adamw" and (hp["b1"], hp["b2"]) == pytest.approx((0.9, 0.999))
     np.testing.assert_array_less(np.abs(pred.loss - ref.loss) / ref.loss, rtol)
     assert ref.loss[0] - ref.loss[-1] > 0.15 * ref.loss[0]  # it trained
     for eps in (0.01, 0.1, 0.4):
@@ -167,10 +169,64 @@ def test_learning_rates_that_do_not_descend_are_refused():
             make()
     for sched, what in ((ntk_tt.schedule(lambda t: jnp.nan * t), "η_0 = nan"),
                         (ntk_tt.schedule(lambda t: 0.1 - 0.1 * t), "η_2 = -0.1"),
-                        (ntk_tt.warmup_cosine(0.1, 2, 4, end=-0.05), "η_4 = -0.05")):
+                        (ntk_tt.schedule(optax.warmup_cosine_decay_schedule(
+                            0.0, 0.1, 2, 4, end_value=-0.05)), "η_4 = -0.05")):
         for fn in (ntk_tt.predict, ntk_tt.finetune):
             with pytest.raises(ValueError, match=f"finite and >= 0 at every step, got {what}"):
                 fn(boom, params, x, y, optimizer=ntk_tt.sgd(sched), steps=T)
+
+
+def test_schedules_refuse_what_the_cli_refuses():
+    """Issue 25: the API took what ``ntk-tt predict`` refuses (--end-lr outside [0, --lr],
+    --decay-rate outside (0, 1]): a warmup_cosine / warmup_stable_decay ending (or starting)
+    below 0 or above its peak, an exponential that grows (η_t = init·rate^t unbounded). Each
+    is one ValueError naming the argument and the fix; the bounds themselves pass and give
+    optax's values."""
+    for make, match in (
+            (lambda: ntk_tt.warmup_cosine(0.1, 2, 10, end=-0.01),
+             r"end must be in \[0, peak = 0.1\] .*got -0.01: raise end to >= 0"),
+            (lambda: ntk_tt.warmup_cosine(0.1, 2, 10, end=0.2),
+             r"end must be in \[0, peak = 0.1\] .*got 0.2: lower end or raise peak"),
+            (lambda: ntk_tt.warmup_cosine(0.1, 2, 10, init=0.5),
+             r"init must be in \[0, peak = 0.1\] \(the learning rate the schedule starts at"),
+            (lambda: ntk_tt.warmup_stable_decay(0.1, 2, 5, 5, end=0.3),
+             r"end must be in \[0, peak = 0.1\]"),
+            (lambda: ntk_tt.exponential(0.1, 1.01),
+             r"rate must be in \(0, 1\] .*got 1.01: a rate > 1 grows η_t without bound; for "
+             r"a growing η_t pass a callable, e.g. optax.exponential_decay")):
+        with pytest.raises(ValueError, match=match):
+            make()
+    for ours, ref in ((ntk_tt.warmup_cosine(0.1, 2, 10, init=0.1, end=0.1),
+                       optax.warmup_cosine_decay_schedule(0.1, 0.1, 2, 10, 0.1)),
+                      (ntk_tt.warmup_stable_decay(0.1, 2, 5, 5, end=0.0),
+                       optax.join_schedules([optax.linear_schedule(0.0, 0.1, 2),
+                                             optax.constant_schedule(0.1),
+                                             optax.linear_schedule(0.1, 0.0, 5)], [2, 5])),
+                      (ntk_tt.exponential(0.1, 1.0), optax.constant_schedule(0.1))):
+        np.testing.assert_allclose(ours.values(12), [ref(t) for t in range(12)], rtol=1e-6,
+                                   atol=1e-9)
+    # suggest rebuilds its template as r·peak in float32: the bound passes within 1e-6
+    assert float(ntk_tt.warmup_cosine(0.1, 0, 10, end=np.float32(0.1)).end) == \
+        pytest.approx(0.1)
+
+
+def test_hyperparameters_name_adam_s_b1_and_the_report_rounds_float32():
+    """Issue 25: Adam's β₁ was recorded only under "momentum" (kept: compare and the
+    intervals read it); it is "b1" too (None for SGD, like "b2"). The CLI's optimiser line
+    prints the float32 leaves rounded (0.85 stored as 0.8500000238418579); JSON keeps them."""
+    from ntk_tt._options_optimizer import describe_optimizer
+    from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+
+    h = optimizer_hyperparameters(ntk_tt.adamw(ntk_tt.exponential(3e-3, 0.97), b1=0.85, b2=0.99,
+                                               eps=1e-7, weight_decay=0.02), 10, 20)
+    assert h["b1"] == float(np.float32(0.85)) != 0.85 and h["momentum"] == h["b1"]
+    assert (h["b2"], h["eps"]) == (float(np.float32(0.99)), float(np.float32(1e-7)))
+    assert describe_optimizer(h) == ("adamw (β₁ 0.85, β₂ 0.99, ε 1e-07), weight decay 0.02 "
+                                     "decoupled, B = 20; exponential: η_t = 0.003·0.97^t")
+    s = optimizer_hyperparameters(ntk_tt.sgd(0.1, 0.9, nesterov=True), 10, 20)
+    assert (s["b1"], s["b2"], s["eps"], s["momentum"]) == (None, None, None,
+                                                          float(np.float32(0.9)))
+    assert describe_optimizer(s) == "sgd (m 0.9, Nesterov), B = 20; constant: η 0.1"
 
 
 def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():

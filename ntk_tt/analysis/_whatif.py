@@ -189,7 +189,7 @@ def _boundary(lrs: np.ndarray, diverged: np.ndarray):
 def divergence_boundary(
     kernel, y, *, momenta, learning_rates, steps, batch_size=None, epsilon=0.1, key=None,
     y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=False,
-    loss="cross_entropy", num_paths=32, window=5,
+    loss="cross_entropy", num_paths=32, window=5, optimizer=None,
 ) -> WhatIfGrid:
     """The predicted divergence boundary, T_ε and L_T over an η × m grid, from one kernel
     (paper Sec. 3–5; METHOD.md §2 "Divergence", §3, §6).
@@ -215,6 +215,8 @@ def divergence_boundary(
       momenta: (G_m,) strictly increasing momenta in [0, 1).
       learning_rates: (G_η,) strictly increasing learning rates > 0 (e.g. ``np.geomspace``).
       epsilon: ε ∈ (0, 1) of the T_ε grid. window: odd smoothing window of T_ε.
+      optimizer: not taken (the grid is constant-η SGD, ``learning_rates`` × ``momenta``);
+        given, it is refused with where to go instead.
 
     Returns:
       :class:`WhatIfGrid` of numpy arrays: ``diverged``, ``training_time`` (optimiser steps),
@@ -225,8 +227,15 @@ def divergence_boundary(
     Raises:
       ValueError (before any work, with how to fix it): ``momenta`` or ``learning_rates`` not
       1-D, empty, unsorted, with an η ≤ 0 or an m ∉ [0, 1); ε ∉ (0, 1); ``window`` not odd
-      in [1, steps + 1]; and the checks of :func:`sensitivities` on the other arguments.
+      in [1, steps + 1]; ``optimizer`` given; and the checks of :func:`sensitivities` on
+      the other arguments.
     """
+    if optimizer is not None:
+        raise ValueError(
+            "divergence_boundary takes constant-η SGD grids only (learning_rates × momenta, "
+            "with nesterov and batch_size), not optimizer=: for another optimiser or a "
+            "schedule, predict each candidate with ntk_tt.predict(..., optimizer=) or take "
+            "derivatives with ntk_tt.sensitivities(..., optimizer=).")
     lrs = _check_grid(learning_rates, "learning_rates", 0.0, None,
                       "pass positive step sizes, e.g. np.geomspace(1e-4, 1e-1, 32).")
     ms = _check_grid(momenta, "momenta", 0.0, 1.0,

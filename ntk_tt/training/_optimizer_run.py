@@ -86,9 +86,9 @@ def optimizer_hyperparameters(optimizer: Optimizer, steps: int, num_train: int) 
     Keys: "optimizer" ("sgd" | "adam" | "adamw"), "learning_rate" (the peak η_t over the T
     steps), "learning_rate_mean" and "learning_rate_last" (mean η_t and η_{T−1}),
     "schedule" (e.g. "warmup_cosine", "constant", "callable") and "schedule_parameters"
-    ({field: value} of a schedule pytree; {} for a callable), "momentum" (SGD's m, Adam's
-    β₁), "nesterov", "b2", "eps" (Adam; None for SGD), "weight_decay" λ, "decoupled",
-    "batch_size" (B; N for full batch).
+    ({field: value} of a schedule pytree; {} for a callable), "momentum" (SGD's m; Adam's
+    β₁ too, as ``compare`` and the intervals read it), "nesterov", "b1", "b2", "eps" (Adam;
+    None for SGD), "weight_decay" λ, "decoupled", "batch_size" (B; N for full batch).
     """
     lrs = np.asarray(optimizer.learning_rates(int(steps)), float)
     sched = optimizer.learning_rate
@@ -100,6 +100,7 @@ def optimizer_hyperparameters(optimizer: Optimizer, steps: int, num_train: int) 
             "learning_rate_mean": float(lrs.mean()), "learning_rate_last": float(lrs[-1]),
             "schedule": _schedule_name(sched), "schedule_parameters": params,
             "momentum": float(optimizer.momentum), "nesterov": bool(optimizer.nesterov),
+            "b1": float(optimizer.momentum) if adam else None,
             "b2": float(optimizer.b2) if adam else None,
             "eps": float(optimizer.eps) if adam else None,
             "weight_decay": float(optimizer.weight_decay),
