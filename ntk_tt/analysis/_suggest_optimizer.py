@@ -306,18 +306,11 @@ def _head_data(head, x, y, unit, batches, loss, backbone, key, head_kernel, deca
 
 
 def _step_seconds(apply_fn, params, x, y, optimizer, loss, key) -> float:
-    """Seconds per real ``optimizer.to_optax()`` step (5 warm steps, compile excluded), as
-    ``finetune(optimizer=...)`` measures them."""
-    from ntk_tt.data._batches import batch_indices
-    from ntk_tt.training import _optimizer_run as run
-    from ntk_tt.training._finetune import TIMING_STEPS, _time_steps
+    """Seconds per real ``optimizer.to_optax()`` step (5 warm steps, compile excluded):
+    :func:`ntk_tt.step_time` with ``optimizer=``, as ``finetune(optimizer=...)`` steps."""
+    from ntk_tt.training._finetune import step_time
 
-    n = x.shape[0]
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
-    opt = run.in_dtype(optimizer, dtype)
-    batches = batch_indices(key, n, optimizer.batch_size or n, TIMING_STEPS)
-    return float(_time_steps(run._train_jit, apply_fn, params, opt.to_optax().init(params),
-                             jnp.asarray(x), y, batches, (opt,), dict(loss=loss))[0])
+    return float(step_time(apply_fn, params, x, y, optimizer=optimizer, loss=loss, key=key))
 
 
 def _refine(best, data, unit, static, lam, n, target, tau, dtype, budget, step_log, warmups,

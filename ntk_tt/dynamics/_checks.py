@@ -280,3 +280,36 @@ def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test) -> None:
         raise ValueError("head_kernel must be the ntk_tt.head_aware_kernel(head, x, x_test) "
                          "of these inputs (N rows, held-out features iff x_test), for the "
                          "head-aware predictor (head=..., segments=1); or None to build it.")
+
+
+def check_warmup(learning_rate, steps: int) -> None:
+    """ValueError when a schedule's warmup ends at or after the run's end: η_t first reaches
+    its peak at step ⌈w⌉ (``warmup_cosine`` rising from init < peak, ``warmup_stable_decay``),
+    and T = ``steps`` updates use η_0 … η_{T−1}, so ⌈w⌉ ≥ T means the run never trains at
+    the peak it names (``ntk-tt predict`` refuses ``--warmup W >= T`` alike). Schedules
+    without a warmup (constant, exponential) and user callables (no notion of one) pass, as
+    do traced leaves."""
+    from ntk_tt._schedules import WarmupCosine, WarmupStableDecay
+
+    if not isinstance(learning_rate, (WarmupCosine, WarmupStableDecay)):
+        return
+    warmup, peak = _concrete(learning_rate.warmup), _concrete(learning_rate.peak)
+    init = _concrete(getattr(learning_rate, "init", 0.0))
+    if warmup is None or peak is None or init is None or not init < peak:
+        return
+    reached = int(np.ceil(float(warmup)))
+    if reached >= steps:
+        raise ValueError(
+            f"the schedule's warmup is {float(warmup):g} steps: η_t reaches its peak "
+            f"{float(peak):g} at step {reached}, but a run of steps = {steps} updates ends "
+            f"before it (η_0 … η_{steps - 1}); shorten the warmup to < {steps} steps or raise "
+            f"steps to > {reached}.")
+
+
+def refuse_optimizer(optimizer, *, where: str, supports: str, instead: str) -> None:
+    """One ValueError, before any work, for ``optimizer=`` given to a predictor that knows only
+    the constant-η keywords: says what it ``supports`` and where to go ``instead``."""
+    if optimizer is None:
+        return
+    raise ValueError(f"{where} predicts {supports} only and takes no optimizer= (got "
+                     f"{getattr(optimizer, 'label', type(optimizer).__name__)}); {instead}.")

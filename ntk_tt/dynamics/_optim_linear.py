@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._optimizer import Optimizer
-from ntk_tt._options import _is_int
+from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._batches import batch_indices
-from ntk_tt.dynamics._checks import check_labels, float_logits
+from ntk_tt.dynamics._checks import check_labels, check_warmup, float_logits
 from ntk_tt.dynamics._fspace import as_operator, theta_cols_dot, theta_dot
 from ntk_tt.dynamics._losses import check_loss, logit_residual
 
@@ -67,6 +67,51 @@ def check_optimizer(optimizer, rules=("sgd",), *, where: str) -> None:
             + ("for Adam use ntk_tt.head_aware_adam_trajectory (fast) or "
                "ntk_tt.linearised_reference (exact)." if optimizer.rule == "adam" else
                "for SGD use ntk_tt.sgd_trajectory or ntk_tt.head_aware_sgd_trajectory."))
+
+
+SHORTHAND = ("learning_rate", "momentum", "nesterov", "batch_size")
+
+
+def check_shorthand(optimizer, *, where: str, **shorthand) -> None:
+    """One ValueError, before any work, for ``optimizer`` given together with any of the
+    constant-SGD keywords (``SHORTHAND``, passed by name; None = not given), for an
+    ``optimizer`` that is not an :class:`ntk_tt.Optimizer`, or for neither."""
+    given = sorted(name for name, value in shorthand.items() if value is not None)
+    if optimizer is None:
+        if shorthand.get("learning_rate") is None:
+            raise ValueError(f"{where} needs the update rule: learning_rate=η (constant-η SGD, "
+                             "with momentum, nesterov, batch_size) or optimizer=ntk_tt.sgd(...)"
+                             " / ntk_tt.adamw(...).")
+        return
+    if given:
+        raise ValueError(
+            f"{where}: optimizer= describes the whole update rule (learning rate and schedule, "
+            f"momentum, Nesterov, batch size); drop {', '.join(given)} or put them into the "
+            "optimizer, e.g. ntk_tt.sgd(ntk_tt.warmup_cosine(...), 0.9, batch_size=32).")
+    check_optimizer(optimizer, ("sgd", "adam"), where=where)
+
+
+def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
+    """The largest η_t over ``steps`` updates, after one ValueError (before any work) when some
+    η_t is not finite or < 0 (a user's callable schedule, or ``init``/``end`` < 0) or none is
+    > 0, or when a warmup ends at or after the run's end (:func:`ntk_tt.dynamics._checks.
+    check_warmup`): :func:`ntk_tt.predict`, :func:`ntk_tt.finetune` and the other callers
+    refuse such a schedule. Returns None, checking nothing, for ``steps`` that is not an int in
+    [1, MAX_STEPS] (the callers' own step check says what is wrong with it)."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not (
+            1 <= steps <= MAX_STEPS):
+        return None
+    check_warmup(optimizer.learning_rate, int(steps))
+    rates = np.asarray(optimizer.learning_rates(int(steps)), np.float64)
+    bad = ~np.isfinite(rates) | (rates < 0)
+    if bad.any():
+        t = int(np.argmax(bad))
+        raise ValueError(f"the optimizer's learning rate must be finite and >= 0 at every step, "
+                         f"got η_{t} = {rates[t]}; fix the schedule.")
+    if not rates.max() > 0:
+        raise ValueError(f"the optimizer's learning rate is 0 at all {steps} steps; give a "
+                         "schedule with a peak > 0.")
+    return float(rates.max())
 
 
 def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:

@@ -30,6 +30,7 @@ from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths, solve_dtype_fields
 from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._losses import check_loss, logit_residual
+from ntk_tt.dynamics._optim_linear import check_shorthand
 from ntk_tt.dynamics._predict_kernel import _summarise
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
@@ -225,9 +226,9 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
     return y, y_test, batch_size
 
 
-def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, steps,
-                       batch_size=None, nesterov=False, loss="cross_entropy", key=None,
-                       num_paths=32, y_test=None):
+def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=None, steps,
+                       batch_size=None, nesterov=None, loss="cross_entropy", key=None,
+                       num_paths=32, y_test=None, optimizer=None, a_h=None, a_h_test=None):
     """Predicted curves and T_ε of the head-aware model (head exact, backbone linearised).
 
     The sibling of :func:`ntk_tt.predict_from_kernel` with the same contract: η and m are
@@ -241,18 +242,39 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate, momentum=0.0, s
       learning_rate, momentum, steps, batch_size, nesterov, loss, key, num_paths: as
         :func:`ntk_tt.predict_from_kernel`. y_test: held-out labels (N_test,) when ``hk``
         has held-out features.
+      optimizer: an :class:`ntk_tt.Optimizer` instead of the four constant-η keywords:
+        rule "sgd" runs :func:`ntk_tt.head_aware_sgd_trajectory` (exact, METHOD.md §11);
+        Adam/AdamW needs ``hk`` = ``ntk_tt.adam_head_aware_kernel(split, x, y, optimizer,
+        x_test)`` (an :class:`ntk_tt.AdamKernel` of the same B) and runs the fast,
+        approximate :func:`ntk_tt.head_aware_adam_trajectory`. The same curves as
+        ``ntk_tt.predict(head=, optimizer=)``; κ uses the schedule's peak η_t.
+      a_h, a_h_test: J_h θ_0 on x (N, F) and x_test (N_test, F) (``ntk_tt.weight_tangent(
+        feature_fn, backbone_params, x)``): ``optimizer`` with weight decay λ ≠ 0 only.
 
     Returns:
       :class:`ntk_tt.KernelPrediction`; ``kappa`` and ``min_eigenvalue`` refer to Θ_0
       (``ntk_tt.kernels._head_aware.initial_kernel``).
 
     Raises:
-      ValueError: as :func:`ntk_tt.predict_from_kernel`, and shapes of ``hk`` not matching,
-        or a complex field of ``hk``.
+      ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
+        ``hk`` not matching, a complex field of ``hk``, an ``hk`` not of the optimiser's
+        kind (Adam: an AdamKernel), Adam with L2 weight decay (use ``ntk_tt.adamw``).
 
     Dtypes: every array of ``hk`` is cast to their common floating dtype, at least float32
     (bfloat16 is promoted), and η, m to it; the result is in it (README, "Dtypes").
     """
+    check_shorthand(optimizer, where="predict_head_aware", learning_rate=learning_rate,
+                    momentum=momentum, nesterov=nesterov, batch_size=batch_size)
+    if optimizer is not None:
+        from ntk_tt.dynamics._optim_predict import head_aware_prediction
+
+        return head_aware_prediction(hk, y, optimizer, steps=steps, loss=loss, key=key,
+                                     num_paths=num_paths, y_test=y_test, a_h=a_h,
+                                     a_h_test=a_h_test)
+    if a_h is not None or a_h_test is not None:
+        raise ValueError("a_h and a_h_test (J_h θ_0) serve the weight decay of optimizer=; "
+                         "drop them with the constant-η keywords.")
+    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
                                      momentum=momentum, steps=steps, batch_size=batch_size,
                                      loss=loss, key=key, num_paths=num_paths)

@@ -52,6 +52,7 @@ from ntk_tt.dynamics._fspace import (
 )
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._ode import ode_trajectory
+from ntk_tt.dynamics._optim_linear import check_shorthand
 from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
@@ -154,9 +155,10 @@ def _edge(m, nesterov, loss):
 
 
 def predict_from_kernel(
-    kernel, f0, y, *, learning_rate, momentum=0.0, steps, batch_size=None, nesterov=False,
-    loss="cross_entropy", method="discrete", key=None, noise_features=None, num_paths=32,
-    kernel_test=None, f0_test=None, y_test=None,
+    kernel, f0, y, *, learning_rate=None, momentum=None, steps, batch_size=None,
+    nesterov=None, loss="cross_entropy", method="discrete", key=None, noise_features=None,
+    num_paths=32, kernel_test=None, f0_test=None, y_test=None, optimizer=None, a=None,
+    a_test=None,
 ) -> KernelPrediction:
     """Predicted fine-tuning curves and T_ε of the linearised model, from Θ (Secs. 3–5).
 
@@ -169,9 +171,17 @@ def predict_from_kernel(
         float32 (bfloat16 / float16 are promoted; integer or bool f0 takes the kernel's;
         float64 needs x64); the other arrays and η, m are cast to it, and the result's
         curves, κ and λ_min are in it (README, "Dtypes").
-      learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable).
-      steps: T optimiser updates. batch_size: B (None = N, full-batch GD).
-      nesterov: optax's Nesterov form. loss: "cross_entropy" or "mse" (mean over samples).
+      learning_rate: η > 0 (array, traceable). momentum: m ∈ [0, 1) (array, traceable;
+        None: 0). steps: T optimiser updates. batch_size: B (None = N, full-batch GD).
+      nesterov: optax's Nesterov form (None: False). These four are the constant-η SGD
+        shorthand; ``optimizer`` replaces them.
+      optimizer: an SGD-family :class:`ntk_tt.Optimizer` (``ntk_tt.sgd(schedule, m,
+        weight_decay=, batch_size=)``), predicted by the exact recursion
+        :func:`ntk_tt.sgd_trajectory` (METHOD.md §11; method "auto" / "discrete" only),
+        the same curves as ``ntk_tt.predict(optimizer=)``; κ uses the schedule's peak η_t.
+      a, a_test: J·θ0 on x (N, C) and x_test (N_test, C) (``ntk_tt.weight_tangent``):
+        ``optimizer`` with weight decay λ ≠ 0 only.
+      loss: "cross_entropy" or "mse" (mean over samples).
       method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
         η/(1 − m)), "sde" (diffrax, SGD noise), or "auto" (see ``resolve_method``).
       key: jax.random key for the minibatch orders (discrete SGD; seed 0 uses
@@ -196,13 +206,30 @@ def predict_from_kernel(
         unknown method or loss, missing key / noise features, a kernel that cannot be
         Θ = J Jᵀ (asymmetric beyond 1e-3 of its largest entry, e.g. a cross kernel, or with a
         negative diagonal entry; ``check_gram``) (value checks only when the arguments are
-        concrete, i.e. not traced).
+        concrete, i.e. not traced); ``optimizer`` with any of the four shorthand keywords (or
+        neither), an Adam optimiser (no frozen-kernel form: use ``predict_head_aware``), a
+        method other than the discrete recursion, a schedule that is never > 0 or whose
+        warmup ends at or after ``steps``, weight decay without ``a`` (``a_test``), ``a``
+        without ``optimizer``.
 
     Warns:
       BeyondEdgeWarning: (a UserWarning) ``method`` "ode" or "sde" with κ beyond the stability
         edge (concrete values): the continuous-time limit converges at any κ, the real run
         does not.
     """
+    check_shorthand(optimizer, where="predict_from_kernel", learning_rate=learning_rate,
+                    momentum=momentum, nesterov=nesterov, batch_size=batch_size)
+    if optimizer is not None:
+        from ntk_tt.dynamics._optim_predict import kernel_prediction
+
+        return kernel_prediction(kernel, f0, y, optimizer, steps=steps, loss=loss, method=method,
+                                 key=key, noise_features=noise_features, num_paths=num_paths,
+                                 kernel_test=kernel_test, f0_test=f0_test, y_test=y_test, a=a,
+                                 a_test=a_test)
+    if a is not None or a_test is not None:
+        raise ValueError("a and a_test (J·θ0) serve the weight decay of optimizer=; drop them "
+                         "with the constant-η keywords.")
+    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     check_loss(loss)
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)

@@ -27,6 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp
 
+from ntk_tt.dynamics._checks import refuse_optimizer
+
+GD_ONLY = "constant-η full-batch GD on the MSE loss (learning_rate=)"
+GO_FULL = ("for an optimiser predict from the full kernel: ntk_tt.predict(..., optimizer=opt) "
+           "or ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt)")
+
 
 class Spectrum(NamedTuple):
     """Normalised eigenvalues and residual projections of an N-sample kernel (mean MSE loss).
@@ -293,7 +299,8 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
                     jnp.asarray(np.append(p, rest), dtype), n)
 
 
-def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate, steps) -> jax.Array:
+def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps,
+                                optimizer=None) -> jax.Array:
     """Mean MSE loss curve of full-batch GD on the linearised model (Prop. 2, discrete time).
 
     L_t = (1 / 2N) Σ_k (1 − η μ_k)^(2t) p_k for t = 0..T, the exact discrete-GD form of
@@ -304,15 +311,19 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate, steps) -> 
       spectrum: :class:`Spectrum` (μ_k = λ_k / N, p_k, N).
       learning_rate: η > 0 (scalar).
       steps: T >= 1 optimiser steps.
+      optimizer: refused (Prop. 2 is constant-η GD; see :func:`predict_from_subset`).
 
     Returns:
       The loss curve, shape (T + 1,), index = steps taken, in mean-loss units.
 
     Raises:
-      ValueError: η not finite and > 0, steps not an integer >= 1, or a spectrum whose two
-        arrays differ in shape.
+      ValueError: ``optimizer`` given, η not finite and > 0, steps not an integer >= 1, or a
+        spectrum whose two arrays differ in shape.
     """
-    if np.ndim(learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
+    refuse_optimizer(optimizer, where="predict_curve_from_spectrum", supports=GD_ONLY,
+                     instead=GO_FULL)
+    if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
+            learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite scalar > 0, got {learning_rate!r}.")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")

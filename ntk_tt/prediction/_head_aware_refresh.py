@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._batches import batch_indices
+from ntk_tt.dynamics._checks import refuse_optimizer
 from ntk_tt.dynamics._predict_head_aware import (
     head_aware_trajectory,
     initial_eigenvalues,
@@ -25,10 +26,10 @@ from ntk_tt.dynamics._predict_kernel import _summarise
 from ntk_tt.kernels._head_aware import head_aware_kernel
 
 
-def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, momentum=0.0,
+def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, momentum=0.0,
                                  steps, batch_size=None, nesterov=False, loss="cross_entropy",
                                  key=None, x_test=None, y_test=None, backbone="isotropic",
-                                 mixing_samples=32):
+                                 mixing_samples=32, optimizer=None):
     """Head-aware prediction with the backbone re-linearised along the PREDICTED path.
 
     The evolving-kernel predictor (issue 9): the horizon is cut into ``segments`` equal
@@ -52,8 +53,16 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate, moment
       :class:`ntk_tt.KernelPrediction` (κ and λ_min of the initial Θ_0).
 
     Raises:
-      ValueError: ``segments`` not an int in [1, steps], and as :func:`predict_head_aware`.
+      ValueError: ``segments`` not an int in [1, steps], and as :func:`predict_head_aware`;
+        any ``optimizer`` (the re-linearisation carries the constant-η SGD state only: use
+        ``predict_head_aware(..., optimizer=)`` or ``predict(head=, optimizer=)``, one
+        linearisation), before any work.
     """
+    refuse_optimizer(optimizer, where="predict_head_aware_refreshed",
+                     supports="constant-η SGD (learning_rate=, momentum=, nesterov=, "
+                     "batch_size=)", instead="for an optimiser use one linearisation: "
+                     "ntk_tt.predict(..., head=split, optimizer=opt) or ntk_tt.predict_head_"
+                     "aware(ntk_tt.head_aware_kernel(split, x), y, optimizer=opt)")
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments:
         raise ValueError(f"segments must be an int >= 1, got {segments!r}.")
     if isinstance(steps, int) and segments > steps:

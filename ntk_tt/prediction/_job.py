@@ -26,7 +26,7 @@ from ntk_tt.data._model import from_nnx, num_params
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
-from ntk_tt.prediction._job_optimizer import job_optimizer, optimizer_step_time
+from ntk_tt.prediction._job_optimizer import job_optimizer
 from ntk_tt.prediction._predict import predict
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -337,8 +337,7 @@ def _work(o, verify, json_file, progress):
             body = compare(pred, run)
         else:
             bar.set_description("timing a few real training steps")
-            sps = (step_time(apply_fn, params, x, y, key=key, **hyper) if constant_sgd(o) else
-                   optimizer_step_time(apply_fn, params, x, y, opt, key=key, loss=o["loss"]))
+            sps = step_time(apply_fn, params, x, y, key=key, **hyper)
             body = {
                 "predicted": predicted_summary(pred, sps) | {"seconds_per_step": sps},
                 "real": None, "relative_error": None, "absolute_error": None,

@@ -170,7 +170,8 @@ def predict(
 
     Raises:
       ValueError: ``optimizer`` with any of learning_rate, momentum, nesterov, batch_size (or
-        neither optimizer nor learning_rate), bad model output or inputs (x, y, x_test,
+        neither optimizer nor learning_rate), an optimizer schedule whose warmup ends at or
+        after ``steps`` (η_t never reaches its peak), bad model output or inputs (x, y, x_test,
         y_test not arrays: nested lists of numbers are converted, anything else refused;
         complex x or x_test), ``apply_fn``
         coupling the samples of a batch, η or m not a real number (a string included), a key

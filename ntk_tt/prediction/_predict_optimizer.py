@@ -29,25 +29,13 @@ stability, and its call comes from the predicted curve (or κ ≥ 68).
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import jax
-import numpy as np
 
-from ntk_tt._options import MAX_STEPS, _is_int, resolve_method
-from ntk_tt.data._batches import path_batch_indices
-from ntk_tt.dynamics._adam_head_aware import (
-    AdamKernel,
-    _maybe_nonzero,
-    adam_head_aware_kernel,
-    head_aware_adam_trajectory,
-)
-from ntk_tt.dynamics._checks import check_head_kernel, check_hyper
-from ntk_tt.dynamics._fspace import clamp_psd
-from ntk_tt.dynamics._optim_head_aware import head_aware_sgd_trajectory
-from ntk_tt.dynamics._optim_linear import sgd_trajectory, weight_tangent
-from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
-from ntk_tt.dynamics._predict_kernel import _summarise
+from ntk_tt.dynamics._adam_head_aware import AdamKernel, _maybe_nonzero, adam_head_aware_kernel
+from ntk_tt.dynamics._checks import check_head_kernel
+from ntk_tt.dynamics._optim_linear import weight_tangent
+from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
 from ntk_tt.kernels._head_aware import head_aware_kernel
 from ntk_tt.prediction._predict import (
     DEFAULT_SKETCH_DIM,
@@ -58,32 +46,20 @@ from ntk_tt.prediction._predict import (
     check_test,
 )
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
-from ntk_tt.training._optimizer_run import check_learning_rates, optimizer_hyperparameters
+from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 from ntk_tt.training._timing import timed_stage
-
-_summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
-                                                "frozen", "continuous"))
 
 
 def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
     """The options that make sense with an optimiser (ValueErrors before any work); returns
     the batch size B (N for full batch)."""
-    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
-        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
-                         f"got {steps!r}.")
     if subset is not None or subset_method != "power_law":
         raise ValueError("predict(subset=...) predicts constant-η full-batch GD only: drop "
                          "subset (and subset_method) with optimizer=, or use learning_rate=.")
     if segments != 1:
         raise ValueError("segments > 1 re-linearises the constant-η SGD recursion only: use "
                          "segments=1 with optimizer=.")
-    if resolve_method(method) != "discrete":
-        raise ValueError(f"optimizer= is predicted by the exact per-step recursion: method must "
-                         f"be 'auto' or 'discrete', got {method!r}.")
-    bs = n if optimizer.batch_size is None else optimizer.batch_size
-    peak = check_learning_rates(optimizer, steps)
-    check_hyper(peak, float(optimizer.momentum), steps, bs, n)
-    return bs
+    return check_run(optimizer, n, steps, method)
 
 
 def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, steps, loss,
@@ -102,7 +78,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, s
 
     Raises:
       ValueError: before any kernel: ``subset``, ``segments`` > 1, a method other than the
-        discrete recursion, a schedule that is never > 0, B > N, Adam without ``head`` (or
+        discrete recursion, a schedule that is never > 0 or whose warmup ends at or after
+        ``steps``, B > N, Adam without ``head`` (or
         with ``predictor="linear"``), Adam with L2 weight decay, and the predictor, kernel,
         key and held-out checks of ``predict``.
     """
@@ -129,52 +106,36 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, s
                          f"pass it only with an Adam optimizer of that batch size (B = {bs} "
                          "here), or pass its .hk.")
     # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
-    keys = [None, None] if key is None else [jax.random.fold_in(key, 1), key]
-    batches = (None if bs == n else path_batch_indices(keys[1], n, bs, steps, num_paths))
+    kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
+    common = dict(steps=steps, loss=loss, key=key, num_paths=num_paths, y_test=y_test)
     if head_aware:
         feature_fn, bparams = head[0], head[1]
 
         def build():
             if isinstance(head_kernel, AdamKernel):
-                return head_kernel.hk, head_kernel
+                return head_kernel
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
-                head, x, x_test, backbone=backbone, key=keys[0])
-            return hk, (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
-                                               loss=loss, hk=hk, key=keys[0]) if adam else hk)
+                head, x, x_test, backbone=backbone, key=kernel_key)
+            return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
+                                           loss=loss, hk=hk, key=kernel_key) if adam else hk)
 
-        hk, kernels = timed_stage(seconds, "kernel", build)
-        tangents = timed_stage(seconds, "logits", _tangents, feature_fn, bparams, x, x_test,
-                               decay)
-        run = partial(head_aware_adam_trajectory if adam else head_aware_sgd_trajectory,
-                      kernels, y, optimizer, steps=steps, a_h=tangents[0],
-                      a_h_test=tangents[1], loss=loss)
-        lams, size, label = initial_eigenvalues(hk), n * c, f"head_aware:{backbone}"
-        label = f"head_aware_adam:{backbone}" if adam else label
+        kernels = timed_stage(seconds, "kernel", build)
+        a_h, a_h_test = timed_stage(seconds, "logits", _tangents, feature_fn, bparams, x,
+                                    x_test, decay)
+        out = timed_stage(seconds, "solve", head_aware_prediction, kernels, y, optimizer,
+                          a_h=a_h, a_h_test=a_h_test, **common)
+        label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
     else:
         d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
         k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,
-                            d_sketch, keys[0])
-        (f0, f0t), tangents = timed_stage(
+                            d_sketch, kernel_key)
+        (f0, f0t), (a, a_test) = timed_stage(
             seconds, "logits", lambda: (_logits(apply_fn, params, x, x_test),
                                         _tangents(apply_fn, params, x, x_test, decay)))
-        k, (lmin, lmax) = clamp_psd(k)  # as predict_from_kernel; Θ/C for the traced (N, N)
-        traced = k.shape[0] == n
-        lams, size, label = ((lmin / c, lmax / c) if traced else (lmin, lmax)), k.shape[0], kernel
-        run = partial(sgd_trajectory, k, f0, y, optimizer, steps=steps, a=tangents[0],
-                      loss=loss, kernel_test=kt, f0_test=f0t, a_test=tangents[1])
-
-    def solve():
-        if batches is None:
-            fs, fts = run()
-            return fs[None], None if fts is None else fts[None]
-        return jax.vmap(lambda bt: run(batches=bt))(batches)
-
-    fs, fts = timed_stage(seconds, "solve", solve)
-    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
-    out = _summary(fs, fts, y, y_test, size=size, lr=peak, m=float(optimizer.momentum),
-                   lams=lams, nesterov=optimizer.nesterov, loss=loss,
-                   stochastic=fs.shape[0] > 1, frozen=not head_aware)
+        out = timed_stage(seconds, "solve", kernel_prediction, k, f0, y, optimizer,
+                          kernel_test=kt, f0_test=f0t, a=a, a_test=a_test, **common)
+        label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "loss": loss}
     seconds["total"] = time.perf_counter() - start - seconds["compile"]

@@ -21,13 +21,15 @@ import numpy as np
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_labels
+from ntk_tt.dynamics._checks import check_labels, refuse_optimizer
 from ntk_tt.dynamics._divergence import divergence
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._training_time import training_time_report
 from ntk_tt.kernels._blocks import sample_blocks
 from ntk_tt.kernels._ntk import empirical_ntk
 from ntk_tt.prediction._extrapolate import (
+    GD_ONLY,
+    GO_FULL,
     Spectrum,
     _check_range,
     extrapolate_spectrum,
@@ -190,10 +192,12 @@ def _check_lr_steps(learning_rate, steps):
 
 
 def predict_from_subset(
-    apply_fn: ApplyFn, params: Any, x, y, *, subset_size: int, learning_rate: float,
-    steps: int, method: str = "power_law", key: jax.Array, k0: int | None = None,
+    apply_fn: ApplyFn, params: Any, x, y, *, subset_size: int,
+    learning_rate: float | None = None, steps: int, method: str = "power_law",
+    key: jax.Array | None = None, k0: int | None = None,
     fit_range=None, slope_correction: float = 0.0, rcond: float = 1e-6, loss: str = "mse",
     batch_size: int | None = None, momentum: float = 0.0, forward_block_size: int = 1000,
+    optimizer=None,
 ) -> SubsetPrediction:
     """Predict the mean MSE loss curve of full-batch GD and T_ε on N samples from N' of them.
 
@@ -226,6 +230,8 @@ def predict_from_subset(
       loss, batch_size, momentum: accepted only at "mse", None (or N) and 0: the spectrum
         formula is for full-batch GD on the MSE loss; anything else is refused.
       forward_block_size: samples per forward pass for δy (≥ 1).
+      optimizer: refused (any :class:`ntk_tt.Optimizer`): the spectrum formula is constant-η
+        GD; ``ntk_tt.predict(optimizer=)`` / ``predict_from_kernel(optimizer=)`` take one.
 
     Returns:
       :class:`SubsetPrediction`: ``loss`` (T + 1,) in mean-loss units, ``training_time``
@@ -233,14 +239,16 @@ def predict_from_subset(
       ``seconds`` per stage (kernel, logits, spectrum, curve, total; compile apart).
 
     Raises:
-      ValueError: before any kernel work: loss not "mse", batch_size not None/N, momentum ≠ 0,
-        a bad or missing key, bad x / y / model output (``check_model``), subset_size not an
-        int in [K, N) and a multiple of K or a class with fewer than N'/K samples, η not
-        finite > 0, steps < 1, an unknown method, power-law options with "nystrom", k0 /
-        fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
+      ValueError: before any kernel work: ``optimizer`` given, loss not "mse", batch_size not
+        None/N, momentum ≠ 0, a bad or missing key, bad x / y / model output (``check_model``),
+        subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
+        samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
+        k0 / fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
         eigendecomposition: no power-law projection tail reaching ‖δy‖² (choose another k0).
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
     """
+    refuse_optimizer(optimizer, where="predict_from_subset", supports=GD_ONLY,
+                     instead=GO_FULL)
     with Stopwatch() as whole:
         out = _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps,
                                  method, key, k0, fit_range, slope_correction, rcond, loss,

@@ -186,11 +186,12 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
 
     Raises:
       ValueError: ``optimizer`` together with learning_rate, momentum, nesterov or
-        batch_size, or neither optimizer nor learning_rate, or telemetry with an optimizer
-        (the telemetry rows describe constant-η SGD runs); bad shapes or labels (training
-        labels of one class included), x or y not
-        arrays (lists of numbers are converted), η or m not a real scalar (a string, or an
-        array such as a per-step schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), steps < 1,
+        batch_size, or neither optimizer nor learning_rate, an optimizer schedule whose
+        warmup ends at or after ``steps`` (η_t never reaches its peak), or telemetry with an
+        optimizer (the telemetry rows describe constant-η SGD runs); bad shapes or labels
+        (training labels of one class included), x or y not arrays (lists of numbers are
+        converted), η or m not a real scalar (a string, or an array such as a per-step
+        schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
         unknown loss, x_test without y_test, record_test_curves without x_test, telemetry
         neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
@@ -323,27 +324,47 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     )
 
 
-def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *, learning_rate: float,
-              batch_size: int | None = None, momentum: float = 0.0, nesterov: bool = False,
-              loss: str = "cross_entropy", key: jax.Array | None = None) -> float:
+def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
+              learning_rate: float | None = None, batch_size: int | None = None,
+              momentum: float | None = None, nesterov: bool | None = None,
+              loss: str = "cross_entropy", key: jax.Array | None = None,
+              optimizer: Optimizer | None = None) -> float:
     """Measured seconds per real training step, without fine-tuning to the end.
 
-    Compiles the optimiser step of :func:`finetune` (same arguments and semantics), runs 5
-    warm steps on the first batches of ``ntk_tt.batch_indices(key, N, B, 5)`` and returns
-    their mean wall time; compile time is excluded. Multiply a predicted T_ε by it for the
-    predicted wall-clock time (METHOD.md §6).
+    Compiles the optimiser step of :func:`finetune` (same arguments and semantics: the
+    constant-η ``optax.sgd`` of the four shorthand keywords, or ``optimizer.to_optax()`` on
+    ``optimizer.batch_size``), runs 5 warm steps from a fresh optimiser state on the first
+    batches of ``ntk_tt.batch_indices(key, N, B, 5)`` and returns their mean wall time in
+    seconds; compile time is excluded. Multiply a predicted T_ε by it for the predicted
+    wall-clock time (METHOD.md §6). ``x`` (N, ...), ``y`` (N,) int labels.
 
     Raises:
-      ValueError: as :func:`finetune`.
+      ValueError: as :func:`finetune`: ``optimizer`` with any of learning_rate, momentum,
+        nesterov, batch_size (or neither), an ``optimizer`` that is not an
+        :class:`ntk_tt.Optimizer`, B ∉ [1, N], SGD (B < N) without a key, bad labels or loss —
+        before anything is compiled.
     """
-    _check_hyper(learning_rate, momentum)
+    optimizer_run.check_shorthand(optimizer, where="step_time", learning_rate=learning_rate,
+                                  momentum=momentum, nesterov=nesterov, batch_size=batch_size)
+    momentum = 0.0 if momentum is None else momentum
+    if optimizer is None:
+        _check_hyper(learning_rate, momentum)
+    else:
+        batch_size = optimizer.batch_size
+    check_key(key)
+    x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
-    check_loss(loss)
-    b = n if batch_size is None else int(batch_size)
+    check_loss(loss, c)
+    batches = batch_indices(key, n, n if batch_size is None else batch_size, TIMING_STEPS)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(params))
-    hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
-    batches = batch_indices(key, n, b, TIMING_STEPS)
-    return _time_steps(_train_jit, apply_fn, params, optax.sgd(1.0, hyper[1]).init(params),
-                       jnp.asarray(x), y, batches, hyper,
-                       dict(nesterov=bool(nesterov), loss=loss))[0]
+    if optimizer is None:
+        hyper = (jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype))
+        train, state = _train_jit, optax.sgd(1.0, hyper[1]).init(params)
+        statics = dict(nesterov=bool(nesterov), loss=loss)
+    else:
+        hyper = (optimizer_run.in_dtype(optimizer, dtype),)
+        train, state = optimizer_run._train_jit, hyper[0].to_optax().init(params)
+        statics = dict(loss=loss)
+    return _time_steps(train, apply_fn, params, state, jnp.asarray(x), y, batches, hyper,
+                       statics)[0]

@@ -1,0 +1,174 @@
+"""``predict_from_kernel(optimizer=)`` and ``predict_head_aware(optimizer=)`` (issue 27).
+
+METHOD.md §10–§11. The same curves and summary as :func:`ntk_tt.predict` with ``optimizer=``
+(which calls these), from a kernel already built:
+
+* frozen kernel Θ, rule "sgd": :func:`ntk_tt.sgd_trajectory` on Θ clamped to PSD (as the
+  constant-η predictor does). Exact for the linearised model.
+* :class:`ntk_tt.HeadAwareKernel`, rule "sgd": :func:`ntk_tt.head_aware_sgd_trajectory`.
+  Exact for a backbone linear in its weights.
+* :class:`ntk_tt.AdamKernel` (``ntk_tt.adam_head_aware_kernel``), rule "adam":
+  :func:`ntk_tt.head_aware_adam_trajectory` (fast, approximate). Adam has no frozen-kernel
+  form: ``predict_from_kernel`` refuses it.
+
+SGD (B < N) runs ``num_paths`` batch orders, path 0 = ``ntk_tt.batch_indices(key, N, B, T)``
+(the order of ``ntk_tt.finetune(optimizer=)`` with the same key); the curves are their mean
+with 5–95 % bands. κ = η_peak·λ_max(Θ_0)/N with the schedule's peak η_t over the T steps and
+the stability edge of momentum m (for Adam the plain-GD number, which does not measure Adam's
+stability: its call comes from the curve, or κ ≥ 68).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntk_tt._options import MAX_STEPS, _is_int, resolve_method
+from ntk_tt.data._batches import path_batch_indices
+from ntk_tt.data._inputs import _check_finite, as_array, check_key
+from ntk_tt.dynamics._adam_head_aware import AdamKernel, head_aware_adam_trajectory
+from ntk_tt.dynamics._checks import (
+    check_f0_shape,
+    check_gram,
+    check_hyper,
+    check_labels,
+    check_num_paths,
+    check_problem,
+    check_test_kernel,
+    float_logits,
+    solve_dtype_fields,
+)
+from ntk_tt.dynamics._fspace import clamp_psd
+from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._optim_head_aware import head_aware_sgd_trajectory
+from ntk_tt.dynamics._optim_linear import (
+    check_learning_rates,
+    check_optimizer,
+    decay_needs_tangent,
+    sgd_trajectory,
+)
+from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.dynamics._predict_kernel import KernelPrediction, _summarise
+from ntk_tt.kernels._head_aware import HeadAwareKernel
+
+_summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
+                                                "frozen", "continuous"))
+
+
+def check_run(optimizer, n: int, steps, method="discrete", noise_features=None) -> int:
+    """The options that make sense with an optimiser, ValueErrors before any work: ``steps``
+    an int in [1, MAX_STEPS], ``method`` the exact per-step recursion ("auto" or
+    "discrete"; no ``noise_features``), the schedule (finite, ≥ 0, some η_t > 0, a warmup
+    that ends before the run does), m and B ∈ [1, N]. Returns B (N for full batch)."""
+    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
+                         f"got {steps!r}.")
+    if resolve_method(method) != "discrete" or noise_features is not None:
+        raise ValueError(f"optimizer= is predicted by the exact per-step recursion: method must "
+                         f"be 'auto' or 'discrete' (no noise_features), got {method!r}; the "
+                         "closed form, ODE and SDE take the constant-η keywords (learning_rate"
+                         "=, momentum=, batch_size=) only.")
+    bs = n if optimizer.batch_size is None else optimizer.batch_size
+    peak = check_learning_rates(optimizer, steps)
+    check_hyper(peak, float(optimizer.momentum), steps, bs, n)
+    return bs
+
+
+def _paths(run, n: int, bs: int, steps: int, num_paths: int, key):
+    """Logits (P, T + 1, N, C) and held-out ones (or None) of ``run(batches=...)`` over the
+    ``num_paths`` batch orders of ``key`` (one full-batch path when B = N)."""
+    if bs == n:
+        fs, fts = run()
+        return fs[None], None if fts is None else fts[None]
+    return jax.vmap(lambda bt: run(batches=bt))(path_batch_indices(key, n, bs, steps,
+                                                                   num_paths))
+
+
+def _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, size, loss, frozen):
+    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
+    return _summary(fs, fts, y, y_test, size=size, lr=peak, m=float(optimizer.momentum),
+                    lams=lams,
+                    nesterov=optimizer.nesterov, loss=loss, stochastic=fs.shape[0] > 1,
+                    frozen=frozen)
+
+
+def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete", key=None,
+                      noise_features=None, num_paths=32, kernel_test=None, f0_test=None,
+                      y_test=None, a=None, a_test=None) -> KernelPrediction:
+    """:func:`ntk_tt.predict_from_kernel` with ``optimizer=`` (module docstring). Arguments as
+    there; ``a``, ``a_test``: J·θ0 (N, C), (N_test, C) (``ntk_tt.weight_tangent``), needed
+    when the optimiser's weight decay λ ≠ 0. Raises ValueError before any work."""
+    if getattr(optimizer, "rule", None) == "adam":
+        raise ValueError(
+            "Adam has no frozen-kernel predictor (its elementwise moments have no "
+            "function-space form): use ntk_tt.predict_head_aware(ntk_tt.adam_head_aware_"
+            "kernel(split, x, y, optimizer), y, optimizer=...) or ntk_tt.predict(..., head="
+            "split, optimizer=...); ntk_tt.linearised_reference is the exact reference.")
+    check_optimizer(optimizer, ("sgd",), where="predict_from_kernel")
+    check_loss(loss)
+    kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
+    check_key(key)
+    check_f0_shape(kernel, f0, y)
+    f0 = float_logits(f0, kernel)
+    n, c, _, y = check_problem(f0, y, loss, 1.0, 0.0, 1, None)  # f0, loss and labels
+    bs = check_run(optimizer, n, steps, method, noise_features)
+    check_num_paths(num_paths)
+    if bs < n and key is None:
+        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
+    _check_finite(kernel, "kernel")
+    check_gram(kernel)
+    if decay_needs_tangent(optimizer, a, "a") and kernel_test is not None and a_test is None:
+        raise ValueError("weight decay with a held-out kernel needs a_test (N_test, C) "
+                         "(ntk_tt.weight_tangent(apply_fn, params, x_test)).")
+    if kernel_test is not None:
+        _, _, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test, n, c, f0.dtype)
+    mat, (lmin, lmax) = jax.jit(clamp_psd)(jnp.asarray(kernel, f0.dtype))
+    traced = mat.shape[0] == n and c > 1  # the logit-summed (N, N) kernel, used as Θ/C
+    lams = (lmin / c, lmax / c) if traced else (lmin, lmax)
+    run = partial(sgd_trajectory, mat, f0, y, optimizer, steps=steps, a=a, loss=loss,
+                  kernel_test=kernel_test, f0_test=f0_test, a_test=a_test)
+    fs, fts = _paths(run, n, bs, steps, num_paths, key)
+    return _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, mat.shape[0], loss,
+                            frozen=True)
+
+
+def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=32,
+                          y_test=None, a_h=None, a_h_test=None) -> KernelPrediction:
+    """:func:`ntk_tt.predict_head_aware` with ``optimizer=`` (module docstring): ``hk`` a
+    :class:`ntk_tt.HeadAwareKernel` for rule "sgd", an :class:`ntk_tt.AdamKernel` of the
+    optimiser's B for rule "adam"; ``a_h``, ``a_h_test``: J_h θ_0 (N, F), (N_test, F)
+    (``ntk_tt.weight_tangent(feature_fn, backbone_params, x)``), needed when λ ≠ 0. Raises
+    ValueError before any work."""
+    check_optimizer(optimizer, ("sgd", "adam"), where="predict_head_aware")
+    adam = optimizer.rule == "adam"
+    kind = AdamKernel if adam else HeadAwareKernel
+    if not isinstance(hk, kind):
+        raise ValueError(
+            f"predict_head_aware with {optimizer.label} needs hk = " + (
+                "ntk_tt.adam_head_aware_kernel(split, x, y, optimizer, x_test) (an AdamKernel)"
+                if adam else "ntk_tt.head_aware_kernel(split, x, x_test) (a HeadAwareKernel; "
+                "of an AdamKernel pass its .hk)") + f", got {type(hk).__name__}.")
+    check_loss(loss)
+    base, _ = solve_dtype_fields(hk.hk if adam else hk)
+    n, c = base.features.shape[0], base.head_kernel.shape[1]
+    y = check_labels(y, n, c)
+    bs = check_run(optimizer, n, steps)
+    check_num_paths(num_paths)
+    if bs < n and key is None:
+        raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
+    if decay_needs_tangent(optimizer, a_h, "a_h") and base.features_test is not None \
+            and a_h_test is None:
+        raise ValueError("weight decay with held-out features needs a_h_test (N_test, F) "
+                         "(ntk_tt.weight_tangent(feature_fn, backbone_params, x_test)).")
+    if base.features_test is not None:
+        if y_test is None:
+            raise ValueError("hk has held-out features: pass y_test (N_test,).")
+        y_test = check_labels(y_test, base.features_test.shape[0], c, name="y_test")
+    run = partial(head_aware_adam_trajectory if adam else head_aware_sgd_trajectory, hk, y,
+                  optimizer, steps=steps, key=key, a_h=a_h, a_h_test=a_h_test, loss=loss)
+    fs, fts = _paths(run, n, bs, steps, num_paths, key)
+    return _summarise_paths(fs, fts, y, y_test, optimizer, steps,
+                            initial_eigenvalues(base), n * c, loss, frozen=False)
