@@ -13,6 +13,12 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
     python experiments/optimizer_sweep.py --out runs/optimizers --report \\
         --constant experiments/results/sweep
     python experiments/optimizer_sweep.py --out /tmp/o --preset smoke           # minutes
+    python experiments/optimizer_sweep.py --out runs/optimizers_v2 --per-class 50 \\
+        --reuse-real runs/optimizers        # new predictions, the earlier real runs
+
+``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
+id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
+only the predictions are recomputed (rows record ``real_source``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from ntk_tt.sweep._optimizers import FAMILIES, OptimSpec, run_task
+from ntk_tt.sweep._optimizers import FAMILIES, OptimSpec, reusable_real, run_task
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers
 from ntk_tt.sweep._table import ResultsTable, read_table
 
@@ -49,6 +55,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--per-class", nargs="+", type=int)
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
+    p.add_argument("--reuse-real", metavar="DIR",
+                   help="take the real runs of the identical rows of an earlier benchmark "
+                        "directory; only the predictions are recomputed")
     args = p.parse_args(argv)
     spec = PRESETS[args.preset]
     if args.datasets:
@@ -60,6 +69,12 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     if args.constant and not (pathlib.Path(args.constant) / "results.parquet").exists():
         p.error(f"--constant {args.constant!r} holds no results.parquet (a sweep directory, "
                 "e.g. experiments/results/sweep)")
+    args.reuse = None
+    if args.reuse_real and not args.report:
+        try:
+            args.reuse = reusable_real(args.reuse_real)
+        except ValueError as err:
+            p.error(f"--reuse-real: {err}")
     return args, spec
 
 
@@ -127,7 +142,8 @@ def main(argv=None) -> None:
         t0, written = time.perf_counter(), 0
         with tqdm(total=total, initial=len(table.done_ids()), unit="row") as bar:
             for task in tasks:
-                written += run_task(task, spec, table, progress=lambda _: bar.update())
+                written += run_task(task, spec, table, progress=lambda _: bar.update(),
+                                    reuse=args.reuse)
         print(json.dumps({"rows_written": written, "seconds": round(time.perf_counter() - t0)}))
     summary = report(out, args.constant)
     for fam, block in summary["families"].items():

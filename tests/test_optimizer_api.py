@@ -96,16 +96,18 @@ class TanhNet(nnx.Module):
 
 
 # measured (N = 32, T = 60, AdamW λ = 0.1, warmup 10 + cosine, exact feature kernel): max
-# relative distance of the predicted loss curve to the linearised-model reference 2.5 %
-# (GD, peak 3e-3) and 0.8 % (B = 8, peak 1e-2), T_ε within 2 steps; tolerances ~1.6× that.
-# (The fast predictor freezes the per-parameter profile of v at θ0; GD's gradient profile
-# drifts more than a minibatch's, whose v̄ is dominated by the sampling variance; at GD,
-# peak 2e-2 the distance is 41 %: README, "Optimisers".)
-ADAM_CASES = [(None, 3e-3, 0.04), (8, 1e-2, 0.015)]
+# relative distance of the predicted loss curve to the linearised-model reference with the
+# drifting second-moment profile (the default) 0.6 % (GD, peak 3e-3), 9.6 % (GD, peak 2e-2)
+# and 0.7 % (B = 8, peak 1e-2); T_ε within 3 steps. The frozen profile (profile="frozen")
+# misses GD by 2.5 % and 41 %: the full-batch gradient turns away from g_0, and parameters
+# whose g_0 nearly cancels get far too large steps (README, "Optimisers"). Tolerances ~1.5×.
+ADAM_CASES = [(None, 3e-3, 0.01, 2), (None, 2e-2, 0.15, 4), (8, 1e-2, 0.011, 2)]
 
 
-@pytest.mark.parametrize("batch_size,peak,rtol", ADAM_CASES, ids=["gd", "b8"])
-def test_fast_adamw_prediction_is_close_to_the_linearised_reference(batch_size, peak, rtol):
+@pytest.mark.parametrize("batch_size,peak,rtol,steps_tol", ADAM_CASES,
+                         ids=["gd", "gd-fast", "b8"])
+def test_fast_adamw_prediction_is_close_to_the_linearised_reference(batch_size, peak, rtol,
+                                                                     steps_tol):
     kx, ky = jax.random.split(jax.random.key(0))
     x, y = jax.random.normal(kx, (32, 6)), jax.random.randint(ky, (32,), 0, C)
     model = TanhNet(rngs=nnx.Rngs(0))
@@ -122,7 +124,8 @@ def test_fast_adamw_prediction_is_close_to_the_linearised_reference(batch_size, 
     np.testing.assert_array_less(np.abs(pred.loss - ref.loss) / ref.loss, rtol)
     assert ref.loss[0] - ref.loss[-1] > 0.15 * ref.loss[0]  # it trained
     for eps in (0.01, 0.1, 0.4):
-        assert abs(pred.training_time["loss"][eps] - ntk_tt.training_time(ref.loss, eps)) <= 2
+        assert abs(pred.training_time["loss"][eps] - ntk_tt.training_time(ref.loss, eps)) \
+            <= steps_tol
 
 
 def test_errors_before_work():

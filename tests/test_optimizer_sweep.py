@@ -10,7 +10,14 @@ import pytest
 import ntk_tt
 from ntk_tt.sweep._grid import SweepSpec, Task
 from ntk_tt.sweep._load import load_task
-from ntk_tt.sweep._optimizers import OptimConfig, OptimSpec, row_id, run_task
+from ntk_tt.sweep._optimizers import (
+    OptimConfig,
+    OptimSpec,
+    _reused,
+    reusable_real,
+    row_id,
+    run_task,
+)
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers
 from ntk_tt.sweep._table import ResultsTable, read_table
 
@@ -41,6 +48,48 @@ def test_row_starts_at_the_real_initial_loss_and_resumes(tmp_path):
         for side in ("pred", "real"):
             assert row[f"{side}_T{eps:g}"] == ntk_tt.training_time(row[f"{side}_loss"], eps)
     assert row["peak_learning_rate"] == pytest.approx(1e-3)
+
+
+def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path, monkeypatch):
+    """--reuse-real: an earlier row of the same id and training supplies the real curves and
+    fine-tune seconds (its stored prediction is ignored: the new one starts at the model's
+    initial loss); ``ntk_tt.finetune`` is never called. A row of another T, peak η or λ is
+    not reused."""
+    task = Task("flowers5", 6, 0)
+    cfg = OptimConfig("adamw_cosine", 1e-3, 0.1, None)
+    real = np.linspace(2.0, 0.2, 9)
+    source = ResultsTable(tmp_path / "old")
+    source.write_row({"row_id": row_id(task, cfg), "steps": 8, "peak_learning_rate": 1e-3,
+                      "weight_decay": 0.1, "real_loss": real, "real_error": real / 4,
+                      "real_diverged": False, "seconds_finetune": 123.0,
+                      "pred_loss": np.full(9, 99.0)})
+    reuse = reusable_real(tmp_path / "old")
+
+    def no_finetune(*args, **kwargs):
+        raise AssertionError("finetune called although the real run is reused")
+
+    monkeypatch.setattr(ntk_tt, "finetune", no_finetune)
+    table = ResultsTable(tmp_path / "new")
+    assert run_task(task, SPEC, table, reuse=reuse) == 1
+    table.consolidate()
+    row = read_table(tmp_path / "new").iloc[0]
+    np.testing.assert_array_equal(row["real_loss"], real)
+    np.testing.assert_array_equal(row["real_error"], real / 4)
+    assert row["seconds_finetune"] == 123.0 and row["real_source"] == "reused"
+    for eps in (0.1, 0.4):
+        assert row[f"real_T{eps:g}"] == ntk_tt.training_time(real, eps)
+    data = load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
+    loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
+        data.apply_fn(data.params, data.x), data.y).mean())
+    assert row["pred_loss"][0] == pytest.approx(loss0, rel=1e-5)
+    assert row["pred_loss"][-1] < loss0
+    opt = SPEC.optimizer(cfg, 1.0, 30)
+    old = reuse[row_id(task, cfg)]
+    assert _reused(old, opt, SPEC) is not None
+    for change in ({"steps": 9}, {"peak_learning_rate": 2e-3}, {"weight_decay": 0.01}):
+        assert _reused(old | change, opt, SPEC) is None
+    with pytest.raises(ValueError, match="no rows/\\*.json and no results.parquet"):
+        reusable_real(tmp_path / "empty")
 
 
 def test_sgd_peak_from_effective_kappa_and_skipped_batch_sizes():
@@ -74,7 +123,8 @@ def test_summary_against_a_hand_computation():
     same task by 20 % (another task's rows are ignored); cost per task = 4 × 30 / (4 + 4)."""
     frame = pd.concat([_frame([10.0, 10.0], [11.0, 13.0], "sgdm_cosine", "gd", "t0"),
                        _frame([20.0, 20.0], [20.0, 30.0], "adamw_cosine", "gd", "t0")],
-                      ignore_index=True)
+                      ignore_index=True).assign(
+        real_source=["reused", "reused", "fine-tuned", None])  # None: a row from before
     constant = pd.concat([_frame([10.0], [12.0], "constant", "gd", "t0"),
                           _frame([10.0], [30.0], "constant", "gd", "t0"),  # an edge row
                           _frame([10.0], [50.0], "constant", "gd", "other")],
@@ -87,6 +137,7 @@ def test_summary_against_a_hand_computation():
     assert s["constant_same_tasks"]["rows"] == 1
     assert s["sgdm_minus_constant_p95_points"]["gd"] == pytest.approx(100 * (sgdm["p95"] - .2))
     assert s["cost"]["per_task_median_ratio"] == pytest.approx(4 * 30 / (4 + 4))
+    assert s["real_source"] == {"reused": 2, "fine-tuned": 2}
     # identical predicted and real curves: every absolute target reached at the same step
     loss = s["families"]["all"]["absolute_targets"]["gd"]["loss"]
     assert loss["reach_agreement"] == 1.0 and loss["p95"] == 0.0

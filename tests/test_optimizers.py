@@ -347,8 +347,8 @@ def test_reference_adam_on_a_model_linear_in_its_weights_equals_real_training(x6
 # --- 4: the fast Adam predictor ---------------------------------------------------------------
 
 # measured on the linear-backbone net below (GD, AdamW, η = 0.03 and 0.1, T = 25): the fast
-# predictor's loss curve is within 2.3 % and 3.2 % of real Adam training; a scalar
-# preconditioner (K_h·tr K_P/tr K_h) misses by 12 % and 8 %, none (K_h) by 17 % and 16 %
+# predictor's loss curve (frozen profile) is within 2.3 % and 3.2 % of real Adam training; a
+# scalar preconditioner (K_h·tr K_P/tr K_h) misses by 12 % and 8 %, none (K_h) by 17 % and 16 %
 ADAM_LOSS_RTOL = 0.05
 
 
@@ -398,6 +398,53 @@ def test_fast_adam_is_exact_at_the_first_step_and_close_after(x64):
             > ADAM_LOSS_RTOL
 
 
+def test_drift_profile_sums_against_brute_force(x64):
+    """The drifting profile's inputs (``ntk_tt.dynamics._adam_drift``): g_0² and σ² against
+    per-sample gradients taken one at a time (σ² from all N and from a keyed subsample of 5),
+    and the table T_0, T_1, λ_ref, κ, v̄ and the step factor against the sums written out."""
+    from ntk_tt.dynamics._adam_drift import drift_factor, drift_table, gradient_profiles
+
+    _, split, x, y, _, _, _ = _head_problem()
+    feature_fn, bparams, w0, b0 = split
+
+    def flat(tree):
+        return jnp.concatenate([leaf.reshape(-1) for leaf in jax.tree.leaves(tree)])
+
+    grads = jnp.stack([flat(jax.grad(lambda p, i=i: mean_loss(
+        feature_fn(p, x[i:i + 1]) @ w0 + b0, y[i:i + 1], "cross_entropy"))(bparams))
+        for i in range(N)])
+    g0 = grads.mean(axis=0)
+    g0sq, sigma2 = gradient_profiles(feature_fn, bparams, w0, b0, x, y, "cross_entropy", N)
+    np.testing.assert_allclose(flat(g0sq), g0**2, rtol=1e-10)
+    np.testing.assert_allclose(flat(sigma2), grads.var(axis=0), rtol=1e-10)
+    key = jax.random.key(5)
+    pick = np.sort(np.asarray(jax.random.choice(key, N, (5,), replace=False)))
+    _, sub = gradient_profiles(feature_fn, bparams, w0, b0, x, y, "cross_entropy", 5, key)
+    np.testing.assert_allclose(flat(sub), jnp.mean((grads[pick] - g0) ** 2, axis=0),
+                               rtol=1e-10)
+    eps, bsz = 1e-3, 4
+    table, vbar = drift_table(g0sq, sigma2, eps, N, bsz, F64)
+    g2, s2 = g0**2, grads.var(axis=0)
+    big_g, c_b = jnp.sum(g2), (N - bsz) / (bsz * (N - 1))
+    np.testing.assert_allclose(flat(vbar), g2 + c_b * s2, rtol=1e-10)
+    np.testing.assert_allclose([table.ref, table.kappa],
+                               [c_b * s2.sum() / (big_g + c_b * s2.sum()),
+                                1 + c_b * s2.sum() / big_g], rtol=1e-10)
+
+    def p_of(lam):
+        return 1 / (jnp.sqrt((1 - lam) * g2 + lam * big_g * s2 / s2.sum()) + eps)
+
+    for k in (0, 40, 256):
+        lam = table.grid[k]
+        np.testing.assert_allclose([table.along[k], table.across[k]],
+                                   [jnp.sum(g2 * p_of(lam)),
+                                    big_g * jnp.sum(s2 / s2.sum() * p_of(lam))], rtol=1e-10)
+        mix = (1 - 0.3) * g2 + 0.3 * big_g * s2 / s2.sum()  # a gradient of profile w(0.3)
+        np.testing.assert_allclose(drift_factor(table, lam, 0.3),  # λ_ref: interpolated
+                                   jnp.sum(mix * p_of(lam)) / jnp.sum(mix * p_of(table.ref)),
+                                   rtol=1e-5)
+
+
 def test_optimizer_errors_before_work(x64):
     params, x, y = linear_problem(n=N)
     kernel, f0 = brute_ntk(linear_apply, params, x), linear_apply(params, x)
@@ -410,6 +457,10 @@ def test_optimizer_errors_before_work(x64):
     with pytest.raises(ValueError, match="must be an ntk_tt.Optimizer"):
         ntk_tt.linearised_reference(linear_apply, params, x, y, 0.1, steps=T)
     model, split, xh, yh, _, a_h, _ = _head_problem()
+    for bad, match in ((dict(profile="moving"), "profile must be one of"),
+                       (dict(variance_samples=1), "variance_samples must be an int >= 2")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.adam_head_aware_kernel(split, xh, yh, ntk_tt.adamw(0.1), **bad)
     ak = ntk_tt.adam_head_aware_kernel(split, xh, yh, ntk_tt.adamw(0.1), backbone="isotropic")
     with pytest.raises(ValueError, match="decoupled weight decay"):
         ntk_tt.head_aware_adam_trajectory(ak, yh, ntk_tt.adam(0.1, weight_decay=0.1), steps=T,

@@ -129,10 +129,10 @@ def _evaluate(data, unit, peak, warmup, target, temperature, *, kind, traced, lo
 
     opt = schedule_at(unit, peak, warmup)
     if kind == "adam":
-        hk, hp, y, batches, a_h = data
+        hk, hp, y, batches, a_h, table = data
 
         def run(b):
-            return _adam_core(hk, hp, y, opt, b, a_h, None, loss=loss)[0]
+            return _adam_core(hk, hp, y, opt, b, a_h, None, loss=loss, table=table)[0]
     elif kind == "head_aware":
         hk, y, batches, a_h = data
 
@@ -298,7 +298,7 @@ def _head_data(head, x, y, unit, batches, loss, backbone, key, head_kernel, deca
                                     key=k1)
         hk, y, a_h, _, _ = validate_head(ak.hk, y, unit, rules=("adam",), where="suggest",
                                          loss=loss, a_h=a_h, a_h_test=None)
-        return (hk, _check_precond(ak.precond, hk), y, batches, a_h), lam, \
+        return (hk, _check_precond(ak.precond, hk), y, batches, a_h, ak.drift), lam, \
             f"head_aware_adam:{given}"
     hk, y, a_h, _, _ = validate_head(hk, y, unit, rules=("sgd",), where="suggest", loss=loss,
                                      a_h=a_h, a_h_test=None)

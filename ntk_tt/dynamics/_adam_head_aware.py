@@ -38,7 +38,12 @@ METHOD.md §11. The model f = (h_0 + φ) W + b, φ = J_h (θ − θ_0) (METHOD.m
 
 Exact for GD at t = 0 and whenever every parameter's gradient stays proportional to its
 value at θ_0; the error comes from the gradient profile changing during training and, for
-SGD, from the realised minibatch's squared gradient against ρ_t·v̄.
+SGD, from the realised minibatch's squared gradient against ρ_t·v̄. That error is large
+(README "Optimiser benchmark"), so the default (``profile="drift"``) lets the profile drift
+from g_0²'s to the per-sample variance's as the gradient turns away from g_0, which rescales
+the step K_P vec(Q̂_t) by a scalar from tabulated weight-space sums
+(:mod:`ntk_tt.dynamics._adam_drift`: the same kernels, plus σ² from 64 per-sample gradients,
+at GD too); ``profile="frozen"`` is the model above.
 :func:`adam_head_aware_kernel` builds K_P like the isotropic head-aware kernel: the wrapped
 backbone θ' ↦ feature_fn(θ_0 + θ'·P^{1/2}) has Jacobian J_h P^{1/2} at θ' = 0, and its
 logit-summed NTK through the head W_0 is k_P·tr(W_0ᵀ S W_0) (no head term), so k_P is read
@@ -56,19 +61,22 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import BACKBONES
+from ntk_tt.dynamics._adam_drift import (
+    DriftTable,
+    drift_scale,
+    drift_table,
+    gradient_profiles,
+    precond_kernel,
+)
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._losses import check_loss, logit_residual
 from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
-from ntk_tt.kernels._head_aware import (
-    HeadAwareKernel,
-    check_head_aware,
-    feature_mixing,
-    head_aware_kernel,
-)
-from ntk_tt.kernels._ntk import empirical_ntk
+from ntk_tt.kernels._head_aware import HeadAwareKernel, check_head_aware, head_aware_kernel
+
+PROFILES = ("drift", "frozen")
 
 
 class AdamKernel(NamedTuple):
@@ -77,17 +85,20 @@ class AdamKernel(NamedTuple):
     hk: the head-aware kernel (features h_0, head W_0, b_0, feature kernel K_h: the gradient
     norms). precond: the same with K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ as its backbone kernel
     (and held-out cross kernel): the Adam step's direction. batch_size: the B that v̄ was
-    estimated for (N for full batch).
+    estimated for (N for full batch). drift: the drifting profile's table
+    (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile).
     """
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
     batch_size: int
+    drift: DriftTable | None = None
 
 
 class AdamHeadState(NamedTuple):
     """Head W, b with Adam moments (m_W, v_W, m_b, v_b); φ (N, F); M = K_P vec(Q̄) (N, F);
-    ρ (scalar); φ_test, M_test (N_test, F) or None."""
+    ρ (scalar; the drift's EMAs (A, E) (2,) with a DriftTable); φ_test, M_test (N_test, F) or
+    None."""
 
     w: jax.Array
     b: jax.Array
@@ -105,15 +116,19 @@ class AdamHeadState(NamedTuple):
 def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
                            backbone: str = "isotropic", loss: str = "cross_entropy",
                            hk: HeadAwareKernel | None = None, mixing_samples: int = 32,
-                           key: jax.Array | None = None) -> AdamKernel:
+                           key: jax.Array | None = None, profile: str = "drift",
+                           variance_samples: int = 64) -> AdamKernel:
     """The kernels of the fast Adam predictor for a network split as ``(feature_fn,
     backbone_params, head_kernel, head_bias)`` (:func:`ntk_tt.split_head`).
 
-    v̄ per backbone parameter from the full-batch gradient at θ_0 (and, for B < N, the
-    per-sample gradient variance: N more backward passes); then K_P = J_h diag(1/(√v̄ + ε))
-    J_hᵀ in the form of ``backbone`` (as :func:`ntk_tt.head_aware_kernel`: "isotropic",
-    "kronecker" with S_P from the preconditioned feature kernel's diagonal blocks, or
-    "exact"), from one more empirical NTK (module docstring).
+    v̄ = g_0² + σ²(N − B)/(B(N − 1)) per backbone parameter (g_0 the full-batch gradient at
+    θ_0, one backward pass; σ² the per-sample gradient variance: from ``variance_samples``
+    per-sample gradients with ``profile="drift"``, all N for B < N with ``"frozen"``, none for
+    frozen GD); then K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ in the form of ``backbone`` (as
+    :func:`ntk_tt.head_aware_kernel`: "isotropic", "kronecker" with S_P from the
+    preconditioned feature kernel's diagonal blocks, or "exact"), from one more empirical NTK
+    (module docstring); with "drift" also the weight-space table of
+    :mod:`ntk_tt.dynamics._adam_drift`.
 
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
@@ -121,19 +136,29 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
       x_test: held-out inputs (N_test, ...) or None.
       backbone: feature-kernel form of both kernels. loss: "cross_entropy" or "mse".
       hk: the plain head-aware kernel if already built (same inputs and ``backbone``).
-      mixing_samples, key: as :func:`ntk_tt.head_aware_kernel` (Kronecker S, S_P).
+      mixing_samples, key: as :func:`ntk_tt.head_aware_kernel` (Kronecker S, S_P); ``key``
+        also draws the σ² subsample (evenly spaced inputs if None).
+      profile: "drift" (second-moment profile drifting along the run) or "frozen".
+      variance_samples: per-sample gradients for σ² with "drift" (all N if fewer).
 
     Returns:
-      :class:`AdamKernel`.
+      :class:`AdamKernel` (``drift`` set with ``profile="drift"``).
 
     Raises:
-      ValueError: not an Adam optimiser, unknown ``backbone``, a ``hk`` of another form or
-        size, and every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
+      ValueError: not an Adam optimiser, unknown ``backbone`` or ``profile``,
+        ``variance_samples`` not an int >= 2, a ``hk`` of another form or size, and every
+        error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
     check_optimizer(optimizer, ("adam",), where="adam_head_aware_kernel")
     check_loss(loss)
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
+    if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
+            or variance_samples < 2:
+        raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
+                         f"σ²), got {variance_samples!r}.")
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
@@ -146,32 +171,16 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     n = x.shape[0]
     y = check_labels(y, n, w0.shape[1])
     bsz = n if optimizer.batch_size is None else optimizer.batch_size
-    root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5,
-                        _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz))
-    zeros = jax.tree.map(jnp.zeros_like, bparams)
-
-    def pre_features(tp, xx):  # θ' ↦ h(θ_0 + θ'·P^{1/2}): Jacobian J_h P^{1/2} at θ' = 0
-        return feature_fn(jax.tree.map(lambda p0, t, r: p0 + t * r, bparams, tp, root), xx)
-
-    if backbone == "exact":
-        kp = empirical_ntk(pre_features, zeros, x)
-        kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
-        return AdamKernel(hk, hk._replace(backbone=kp, backbone_test=kpt), bsz)
-    mixing = jnp.eye(w0.shape[0], dtype=hk.features.dtype)
-    if backbone == "kronecker":
-        m = min(mixing_samples, n)
-        pick = (jnp.arange(m) if key is None
-                else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
-        mixing = feature_mixing(pre_features, zeros, x[pick])
-
-    def pre_logits(tp, xx):
-        return pre_features(tp, xx) @ w0
-
-    trace = jnp.trace(w0.T @ mixing @ w0)
-    kp = empirical_ntk(pre_logits, zeros, x, trace_logits=True) / trace
-    kpt = (None if x_test is None
-           else empirical_ntk(pre_logits, zeros, x_test, x, trace_logits=True) / trace)
-    return AdamKernel(hk, hk._replace(backbone=kp, mixing=mixing, backbone_test=kpt), bsz)
+    table = None
+    if profile == "drift":
+        g0sq, sigma2 = gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss,
+                                         variance_samples, key)
+        table, vbar = drift_table(g0sq, sigma2, optimizer.eps, n, bsz, hk.features.dtype)
+    else:
+        vbar = _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz)
+    root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5, vbar)
+    return AdamKernel(hk, precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples,
+                                         key), bsz, table)
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -192,9 +201,10 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                loss: str = "cross_entropy", batches=None):
     """Logits of the head-aware model trained by Adam/AdamW, predicted in function space.
 
-    Head exact, backbone by the rescaled-diagonal preconditioner (module docstring). Pure and
-    jittable: ``vmap`` over the optimiser's array leaves (η schedule, β₁, β₂, λ) shares
-    ``ak``; ``ak`` itself depends on ε and the batch size (through v̄), so build it for those.
+    Head exact, backbone by the drifting (``ak.drift``) or frozen rescaled-diagonal
+    preconditioner (module docstring). Pure and jittable: ``vmap`` over the optimiser's array
+    leaves (η schedule, β₁, β₂, λ) shares ``ak``; ``ak`` itself depends on ε and the batch
+    size (through v̄), so build it for those.
 
     Args:
       ak: :class:`AdamKernel` (:func:`adam_head_aware_kernel`). y: labels (N,).
@@ -223,13 +233,19 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                             where="head_aware_adam_trajectory", loss=loss,
                                             a_h=a_h, a_h_test=a_h_test)
     hp = _check_precond(ak.precond, hk)
+    table = None
+    if ak.drift is not None:
+        if not isinstance(ak.drift, DriftTable):
+            raise ValueError(f"ak.drift must be a DriftTable or None, got "
+                             f"{type(ak.drift).__name__}: build ak with adam_head_aware_kernel.")
+        table = jax.tree.map(lambda a: jnp.asarray(a, hk.features.dtype), ak.drift)
     bsz = optimizer.batch_size or hk.features.shape[0]
     if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != bsz:
         raise ValueError(f"ak was built for batch size {ak.batch_size} (v̄ depends on B), the "
                          f"optimizer's is {bsz}: rebuild it with adam_head_aware_kernel(..., "
                          "optimizer).")
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
-    return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss)
+    return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
 
 
 def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
@@ -273,13 +289,23 @@ def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Ar
 
 
 @partial(jax.jit, static_argnames="loss")
-def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss):
+def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None):
+    """Logits (T + 1, N, C) and held-out ones or None; ``table``: the drifting profile's
+    (:class:`DriftTable`) or None (frozen: the scalar ρ)."""
     steps, bsz = batches.shape
+    n = hk.features.shape[0]
     dtype = hk.features.dtype
     lrs = optimizer.learning_rates(steps).astype(dtype)
     b1, b2 = (jnp.asarray(v, dtype) for v in (optimizer.momentum, optimizer.b2))
     eps, wd = (jnp.asarray(v, dtype) for v in (optimizer.eps, optimizer.weight_decay))
     norm0 = expected_norm0(hk, y, bsz, loss)
+    if table is not None:  # z = K_h vec(Q_0), ‖g_0‖² = vec(Q_0)ᵀ z (function space)
+        f0 = hk.features @ hk.head_kernel + hk.head_bias
+        g_all = logit_residual(f0, y, loss) / n
+        q_all = g_all @ hk.head_kernel.T
+        z = _backbone_step(hk.backbone, hk.mixing, jnp.arange(n), g_all, hk.head_kernel,
+                           q_all, n)
+        big_g = jnp.sum(q_all * z)
     tiny = jnp.finfo(dtype).tiny
     decay = a_h is not None
 
@@ -307,8 +333,14 @@ def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss):
         q = g @ s.w.T
         w, mw, vw = adam_head(s.w, s.mw, s.vw, hb.T @ g, c1, c2, lr)
         b, mb, vb = adam_head(s.b, s.mb, s.vb, jnp.sum(g, axis=0), c1, c2, lr)
-        rho = b2 * s.rho + (1 - b2) * quadratic_form(hk, idx, q) / norm0
-        scale = 1.0 / (c1 * jnp.sqrt(jnp.maximum(rho / c2, tiny)))  # 1/((1 − β₁ᵗ)√ρ̂)
+        if table is None:
+            rho = b2 * s.rho + (1 - b2) * quadratic_form(hk, idx, q) / norm0
+            scale = 1.0 / (c1 * jnp.sqrt(jnp.maximum(rho / c2, tiny)))  # 1/((1 − β₁ᵗ)√ρ̂)
+        else:  # ρ holds the EMAs (A, E) of the drift
+            along = jnp.sum(q * z[idx]) / big_g
+            rest = jnp.maximum(quadratic_form(hk, idx, q) - along**2 * big_g, 0.0)
+            rho, size = drift_scale(table, s.rho, along, rest, big_g, b2, c2, tiny)
+            scale = size / c1
         phi, big_m = backbone(s.phi, s.big_m, hp.backbone, idx, g, s.w, q, a_h, scale, lr)
         phit, big_mt = s.phit, s.big_mt
         if phit is not None:
@@ -321,7 +353,8 @@ def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss):
     zt = None if hk.features_test is None else jnp.zeros_like(hk.features_test)
     w0, b0 = hk.head_kernel, hk.head_bias
     s0 = AdamHeadState(w0, b0, jnp.zeros_like(w0), jnp.zeros_like(w0), jnp.zeros_like(b0),
-                       jnp.zeros_like(b0), zf, zf, jnp.zeros((), dtype), zt, zt)
+                       jnp.zeros_like(b0), zf, zf,
+                       jnp.zeros((), dtype) if table is None else jnp.zeros(2, dtype), zt, zt)
     ts = jnp.arange(steps, dtype=dtype)
     _, (fs, fts) = jax.lax.scan(step, s0, (batches, lrs, ts))
     f0, ft0 = head_logits(hk, w0, b0, zf, zt)

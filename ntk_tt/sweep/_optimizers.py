@@ -16,13 +16,18 @@ passed as ``head_kernel``; the Adam kernel once per batch size) against
 batch order. The tasks are the constant-η sweep's (:func:`ntk_tt.sweep._load.load_task`: the
 same classes, images and head for the same (dataset, n, seed)), so the two compare on equal
 tasks. Rows are written one at a time (:class:`ntk_tt.sweep.ResultsTable`): an interrupted
-run resumes where it stopped.
+run resumes where it stopped. ``reuse`` (:func:`reusable_real`) takes the real curves and
+fine-tune seconds of an earlier run's identical rows, so that only the predictions are
+recomputed (fine-tunes are deterministic given the task, optimiser and key).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -31,7 +36,7 @@ import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.sweep._grid import SweepSpec, Task
 from ntk_tt.sweep._load import _task_key, load_task
-from ntk_tt.sweep._table import ResultsTable
+from ntk_tt.sweep._table import ResultsTable, read_table
 from ntk_tt.sweep._targets import target_columns
 
 FAMILIES = ("sgdm_cosine", "adamw_cosine")
@@ -120,9 +125,56 @@ def _curve_times(curve, eps_list, diverged: bool) -> dict:
     return out
 
 
-def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None) -> int:
+class RealRun(NamedTuple):
+    """A real run read back from an earlier table: loss and error curves (T + 1,), diverged,
+    ``seconds`` = {"finetune": training seconds} (the fields of ``ntk_tt.finetune`` a row
+    uses)."""
+
+    loss: np.ndarray
+    error: np.ndarray
+    diverged: bool
+    seconds: dict
+
+
+def reusable_real(out) -> dict[str, dict]:
+    """The rows of an earlier optimiser benchmark directory ``out``, by row id: ``out/rows/``
+    (one JSON file per row) where it holds any, else ``out/results.parquet``.
+
+    Raises:
+      ValueError: ``out`` holds neither (give a directory written by optimizer_sweep.py).
+    """
+    rows = pathlib.Path(out) / "rows"
+    paths = sorted(p for p in rows.glob("*.json") if not p.name.startswith("."))
+    if paths:
+        records = [json.loads(p.read_text()) for p in paths]
+    elif (pathlib.Path(out) / "results.parquet").exists():
+        records = read_table(out).to_dict("records")
+    else:
+        raise ValueError(f"{out} holds no rows/*.json and no results.parquet: give a directory "
+                         "written by experiments/optimizer_sweep.py --out.")
+    return {r["row_id"]: r for r in records}
+
+
+def _reused(row: dict | None, opt, spec: OptimSpec) -> RealRun | None:
+    """The earlier row's real run if it is the same training (T, peak η to 1e-5, λ), else
+    None (that row is fine-tuned again)."""
+    if row is None or row.get("steps") != spec.steps \
+            or len(row["real_loss"]) != spec.steps + 1:
+        return None
+    peak = float(np.max(np.asarray(opt.learning_rates(spec.steps))))
+    if not np.isclose(row["peak_learning_rate"], peak, rtol=1e-5, atol=0.0) \
+            or not np.isclose(row["weight_decay"], float(opt.weight_decay), rtol=1e-5):
+        return None
+    return RealRun(np.asarray(row["real_loss"], float), np.asarray(row["real_error"], float),
+                   bool(row["real_diverged"]), {"finetune": float(row["seconds_finetune"])})
+
+
+def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
+             reuse: dict | None = None) -> int:
     """Predict and fine-tune every row of ``task`` not yet in ``table``; returns how many rows
-    were written. ``progress``: a callable given each finished row id (or None)."""
+    were written. ``progress``: a callable given each finished row id (or None). ``reuse``:
+    earlier rows by id (:func:`reusable_real`); a row of the same training supplies the real
+    curves and fine-tune seconds instead of a fine-tune (``real_source`` "reused")."""
     done = table.done_ids()
     left = [c for c in spec.configs(task) if row_id(task, c) not in done]
     if not left:
@@ -146,9 +198,13 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None)
                               steps=spec.steps, head=data.split, key=key,
                               num_paths=spec.num_paths if cfg.batch_size else 1,
                               head_kernel=kernel)
-        run = ntk_tt.finetune(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
-                              steps=spec.steps, key=key)
-        table.write_row(_row(task, spec, cfg, opt, lam, pred, run, kernel_seconds))
+        run = _reused((reuse or {}).get(row_id(task, cfg)), opt, spec)
+        source = "fine-tuned" if run is None else "reused"
+        if run is None:
+            run = ntk_tt.finetune(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
+                                  steps=spec.steps, key=key)
+        table.write_row(_row(task, spec, cfg, opt, lam, pred, run, kernel_seconds)
+                        | {"real_source": source})
         if progress is not None:
             progress(row_id(task, cfg))
     return len(left)

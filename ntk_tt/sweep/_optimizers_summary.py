@@ -65,7 +65,8 @@ def summarize_optimizers(frame: pd.DataFrame, constant: pd.DataFrame | None = No
     ``constant`` whose ``task_id`` is in ``frame``, main grid κ̃ <= 12: the edge rows
     beyond it test divergence calls, which the optimiser grid does not) and
     ``sgdm_minus_constant_p95_points``, the difference of the two p95s in percentage points
-    (issue 27's "within 3 points")."""
+    (issue 27's "within 3 points"); ``real_source``: how many real runs were fine-tuned and
+    how many reused from an earlier table (when the table records it)."""
     out: dict = {"rows": int(len(frame)), "tasks": int(frame["task_id"].nunique()),
                  "families": {}}
     for fam in (*FAMILIES, "all"):
@@ -78,6 +79,9 @@ def summarize_optimizers(frame: pd.DataFrame, constant: pd.DataFrame | None = No
             "cost": _cost(rows),
         }
     out["cost"] = out["families"]["all"]["cost"]
+    if "real_source" in frame:  # --reuse-real: real runs taken from an earlier table
+        out["real_source"] = {str(k): int(v) for k, v in
+                              frame["real_source"].fillna("fine-tuned").value_counts().items()}
     if constant is not None:
         same = constant[constant["task_id"].isin(set(frame["task_id"]))]
         if "kappa_eff" in same:  # the main grid (κ̃ <= 12), not the edge rows
