@@ -65,8 +65,10 @@ class Schedule(eqx.Module):
         raise NotImplementedError
 
     def values(self, steps: int) -> Array:
-        """η_0 … η_{T−1}: the learning rate of each of ``steps`` updates, (T,)."""
-        return jax.vmap(self)(jnp.arange(steps))
+        """η_0 … η_{T−1}: the learning rate of each of ``steps`` updates, (T,). One compiled
+        program per schedule class and T (the leaves are its arguments), not one dispatch per
+        operation: the predictors and checks read η_t several times per call."""
+        return _values(self, int(steps))
 
 
 class Constant(Schedule):
@@ -138,6 +140,18 @@ class FromCallable(Schedule):
 
     def __call__(self, step) -> Array:
         return jnp.asarray(self.fn(step), jnp.result_type(float))
+
+    def values(self, steps: int) -> Array:
+        """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
+        program would be rebuilt for every new callable (an optax schedule made per call)."""
+        return _eager_values(self, int(steps))
+
+
+def _eager_values(sched: Schedule, steps: int) -> Array:
+    return jax.vmap(sched)(jnp.arange(steps))
+
+
+_values = jax.jit(_eager_values, static_argnums=1)
 
 
 def _ramp(t, warmup, smoothing) -> Array:
@@ -217,18 +231,31 @@ def schedule(value) -> Schedule:
     ``step -> η`` (an optax schedule such as ``optax.piecewise_constant_schedule(...)``).
 
     Raises:
-      ValueError: anything else (an array of per-step values: use
-        ``schedule(lambda t: values[t])``), with the accepted forms in the message.
+      ValueError: anything else (a string, None, an array of per-step values: use
+        ``schedule(lambda t: values[t])``), naming ``value`` and the accepted forms.
     """
+    return _schedule(value, "schedule's value")
+
+
+def _schedule(value, name: str) -> Schedule:
+    """:func:`schedule`, its errors naming the argument ``name`` (``sgd``'s learning_rate)."""
     if isinstance(value, Schedule):
         return value
     if callable(value):
         return FromCallable(value)
-    if np.ndim(value) != 0 and not isinstance(value, jax.core.Tracer):
-        raise ValueError(
-            f"learning_rate must be a number, a schedule (ntk_tt.warmup_cosine(...), any optax "
-            f"schedule or a callable step -> η), got an array of shape {np.shape(value)}; "
-            "for per-step values use lambda t: values[t].")
+    forms = (f"{name} must be a number (a constant η), a schedule (ntk_tt.warmup_cosine(...), "
+             "any optax schedule) or a callable step -> η")
+    if isinstance(value, jax.core.Tracer):
+        return constant(value)
+    try:
+        kind = "b" if isinstance(value, bool) else np.asarray(value).dtype.kind
+    except (TypeError, ValueError):  # a ragged list
+        kind = "O"
+    if kind not in "iuf":
+        raise ValueError(f"{forms}, got {value!r}.")
+    if np.ndim(value) != 0:
+        raise ValueError(f"{forms}, got an array of shape {np.shape(value)}; for per-step "
+                         "values use lambda t: values[t].")
     return constant(value)
 
 

@@ -50,7 +50,8 @@ def test_predict_matches_predict_from_kernel_on_brute_force_kernel(model):
     assert set(pred.training_time) == {"loss", "error"}
     assert set(pred.training_time["loss"]) == {0.01, 0.1, 0.4}
     assert 0 < pred.training_time["loss"][0.4] <= pred.training_time["loss"][0.1]
-    assert set(pred.seconds) == {"kernel", "noise", "logits", "solve", "compile", "total"}
+    assert set(pred.seconds) == {"setup", "kernel", "noise", "logits", "solve", "compile",
+                                 "total"}
     assert pred.seconds["compile"] > 0.0  # first call of this configuration compiled
     assert not pred.diverged and pred.diverged_at is None
     np.testing.assert_allclose(pred.kappa, 1.5 * np.linalg.eigvalsh(

@@ -25,6 +25,7 @@ k_b = tr_C Θ_b0 / tr(W_0ᵀ S W_0) (a logit-summed kernel suffices), with S = I
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -176,10 +177,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         kht = None if x_test is None else empirical_ntk(feature_fn, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
 
-    def apply_fn(p, xx):
-        return feature_fn(p[0], xx) @ p[1] + p[2]
-
-    params = (bparams, w0, b0)
+    apply_fn, params = _WithHead(feature_fn), (bparams, w0, b0)
     tk = (empirical_ntk(apply_fn, params, x, trace_logits=True)
           if traced_kernel is None else jnp.asarray(traced_kernel))
     if x_test is not None and traced_kernel_test is None:
@@ -266,3 +264,16 @@ def check_head_aware(hk: HeadAwareKernel, n: int, c: int) -> None:
         raise ValueError(f"mixing must be (F, F) = ({f}, {f}), got {np.shape(hk.mixing)}.")
     if (hk.features_test is None) != (hk.backbone_test is None):
         raise ValueError("features_test and backbone_test go together (or neither).")
+
+
+@dataclass(frozen=True)
+class _WithHead:
+    """``apply_fn((backbone_params, W, b), x) = feature_fn(backbone_params, x) @ W + b``,
+    equal (and of equal hash) for the same ``feature_fn``: the compiled kernel programs, keyed
+    on the function, are reused by every call with the same split (a closure made per call
+    recompiled them each time)."""
+
+    feature_fn: Any
+
+    def __call__(self, p, xx):
+        return self.feature_fn(p[0], xx) @ p[1] + p[2]

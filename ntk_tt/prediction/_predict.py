@@ -6,7 +6,6 @@ SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. E
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -21,7 +20,13 @@ from ntk_tt.dynamics._checks import check_head_kernel, check_hyper, check_labels
 from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
-from ntk_tt.prediction._result import Prediction, _to_prediction, outcome_fields, with_targets
+from ntk_tt.prediction._result import (
+    Prediction,
+    _to_prediction,
+    outcome_fields,
+    timed_prediction,
+    with_targets,
+)
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
 
@@ -76,6 +81,7 @@ def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
     return k, kt
 
 
+@timed_prediction
 def predict(
     apply_fn: ApplyFn, params: Any, x, y, *, learning_rate: float | None = None, steps: int,
     batch_size: int | None = None, momentum: float | None = None, nesterov: bool | None = None,
@@ -191,7 +197,6 @@ def predict(
                     nesterov=nesterov, batch_size=batch_size)
     if optimizer is not None:
         check_learning_rates(optimizer, steps)
-    start = time.perf_counter()
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
@@ -212,7 +217,7 @@ def predict(
         from ntk_tt.prediction._predict_optimizer import predict_with_optimizer
 
         return predict_with_optimizer(
-            apply_fn, params, x, y, optimizer, start, shape=(n, c), steps=steps, loss=loss,
+            apply_fn, params, x, y, optimizer, shape=(n, c), steps=steps, loss=loss,
             method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
             segments=segments, subset=subset, subset_method=subset_method, targets=targets,
@@ -221,7 +226,7 @@ def predict(
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
     if subset is not None:
-        pred = _predict_subset(apply_fn, params, x, y, subset, subset_method, start,
+        pred = _predict_subset(apply_fn, params, x, y, subset, subset_method,
                                learning_rate=learning_rate, steps=steps,
                                batch_size=batch_size, momentum=momentum, nesterov=nesterov,
                                loss=loss, method=method, kernel=kernel,
@@ -261,7 +266,6 @@ def predict(
                      steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
                      key=key, x_test=x_test, y_test=y_test, backbone=backbone)
         seconds["kernel"] = 0.0  # the kernels are rebuilt inside the solve, one per segment
-        seconds["total"] = time.perf_counter() - start - seconds["compile"]
         return with_targets(_to_prediction(
             out, "discrete", f"head_aware:{backbone}:refresh{segments}", hyper, seconds),
             targets)
@@ -274,7 +278,6 @@ def predict(
         out = timed_stage(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
-        seconds["total"] = time.perf_counter() - start - seconds["compile"]
         return with_targets(_to_prediction(out, "discrete", f"head_aware:{backbone}", hyper,
                                            seconds), targets)
     k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,
@@ -291,7 +294,6 @@ def predict(
         momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
-    seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return with_targets(_to_prediction(out, method, kernel, hyper, seconds), targets)
 
 
@@ -299,7 +301,7 @@ ERROR_NOT_PREDICTED = ("not predicted: the subset predictor (subset=N') gives th
                        "loss curve only, from the kernel's spectrum")
 
 
-def _predict_subset(apply_fn, params, x, y, subset, subset_method, start, *, learning_rate,
+def _predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_rate,
                     steps, batch_size, momentum, nesterov, loss, method, kernel, sketch_dim,
                     key, x_test, y_test, predictor, segments) -> Prediction:
     """``predict(..., subset=N')``: validate the options that make sense with a subset, run
@@ -334,8 +336,7 @@ def _predict_subset(apply_fn, params, x, y, subset, subset_method, start, *, lea
     s = sp.seconds
     seconds = {"kernel": s["kernel"], "noise": 0.0, "logits": s["logits"],
                "solve": s["spectrum"] + s["curve"], "spectrum": s["spectrum"],
-               "curve": s["curve"], "compile": s["compile"]}
-    seconds["total"] = time.perf_counter() - start - seconds["compile"]
+               "curve": s["curve"]}
     nan = np.full(int(steps) + 1, np.nan)
     hyper = {"learning_rate": float(learning_rate), "momentum": 0.0, "nesterov": False,
              "batch_size": n, "steps": int(steps), "num_train": n, "loss": "mse",

@@ -28,7 +28,7 @@ stability, and its call comes from the predicted curve (or κ ≥ 68).
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import jax
 
@@ -62,13 +62,14 @@ def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
     return check_run(optimizer, n, steps, method)
 
 
-def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, steps, loss,
+def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, loss,
                            method, kernel, sketch_dim, num_paths, key, x_test, y_test, predictor,
                            head, backbone, segments, subset, subset_method,
                            targets, head_kernel=None) -> Prediction:
     """:func:`ntk_tt.predict` with ``optimizer=`` (module docstring). Arguments as there,
     already checked up to the labels and ``targets`` ({curve: targets}); ``shape``: (N, C) of
-    the model's logits; ``start``: the ``time.perf_counter()`` of the call.
+    the model's logits. ``seconds`` has the stages "kernel", "logits" (f0 and J·θ0) and
+    "solve"; :func:`ntk_tt.predict` adds "setup", "compile" and "total".
 
     Returns:
       :class:`ntk_tt.Prediction` with ``method`` "discrete", ``kernel`` as ``predict``'s
@@ -138,7 +139,6 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, start, *, shape, s
         label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "loss": loss}
-    seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return with_targets(_to_prediction(out, "discrete", label, hyper, seconds), targets)
 
 
@@ -146,5 +146,9 @@ def _tangents(fn, params, x, x_test, decay):
     """(J·θ0 on x, on x_test or None), or (None, None) without weight decay."""
     if not decay:
         return None, None
-    return (weight_tangent(fn, params, x),
-            None if x_test is None else weight_tangent(fn, params, x_test))
+    return _tangent(fn, params, x), None if x_test is None else _tangent(fn, params, x_test)
+
+
+# one compiled jvp per network and input shape (``fn`` is static: the same apply_fn or
+# feature_fn object on every call), not one dispatch (and compile) per operation
+_tangent = partial(jax.jit, static_argnums=0)(weight_tangent)

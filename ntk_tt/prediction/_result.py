@@ -3,6 +3,7 @@ kernel predictor's result (T_ε per ε with the reasons it is undefined)."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -11,6 +12,9 @@ from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._targets import curve_targets
 from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED, REASONS, curve_window
+from ntk_tt.training._timing import Stopwatch
+
+STAGES = ("setup", "kernel", "noise", "logits", "solve")  # Prediction.seconds' stages
 
 
 class Prediction(NamedTuple):
@@ -36,9 +40,10 @@ class Prediction(NamedTuple):
       (None if none). None only for a Prediction built by hand.
     divergence (property): the call as a verdict on the real run, "yes" (outcome
       "diverges"), "unknown" (outcome "unknown") or "no", with ``divergence_reason`` (None
-      unless "unknown", or "yes" from κ alone). ``diverged`` stays the predicted curve's own
-      flag. A frozen-kernel cross-entropy prediction (no ``head``) beyond the edge also has
-      no T_ε (NaN, reason "beyond the stability edge: the linearised model cannot tell").
+      for "no"; for "yes": the step the predicted loss diverged at, or the spike or κ).
+      ``diverged`` stays the predicted curve's own flag. A frozen-kernel cross-entropy
+      prediction (no ``head``) beyond the edge also has no T_ε (NaN, reason "beyond the
+      stability edge: the linearised model cannot tell").
     clamped, min_eigenvalue: whether Θ had significant negative eigenvalues (set to 0).
     method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
       ``subset=N'``).
@@ -46,11 +51,13 @@ class Prediction(NamedTuple):
       "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
       checks them
       against the fine-tuning run.
-    seconds: wall time per stage ("kernel", "noise", "logits", "solve") and "total" (from
-      the call to the result, validation included), all WITHOUT JAX compilation (tracing,
-      lowering, XLA compile), which is summed apart in "compile". With ``subset=N'``:
-      "kernel" is the subset (power law) or cross (Nyström) kernel, "logits" f0 on all N,
-      "solve" = "spectrum" + "curve".
+    seconds: wall time per stage (``STAGES``: "setup" = validation, the schedule and
+      assembling the result, i.e. the call's time outside the other stages; "kernel",
+      "noise", "logits", "solve") and "total" (the whole call = the sum of the stages), all
+      WITHOUT JAX compilation (tracing, lowering, XLA compile), whose seconds during the
+      whole call are summed apart in "compile". With ``subset=N'``: "kernel" is the subset
+      (power law) or cross (Nyström) kernel, "logits" f0 on all N, "solve" = "spectrum" +
+      "curve".
     steps_to_target: {curve: {target: steps}} for the ``targets`` asked of
       :func:`ntk_tt.predict` ({} for none): the first optimiser step at which the smoothed
       predicted curve ("loss", "error", "test_loss", "test_error") is ≤ the target
@@ -90,8 +97,13 @@ class Prediction(NamedTuple):
 
     @property
     def divergence_reason(self) -> str | None:
-        """Why the verdict is "unknown", or "yes" though the predicted curve did not
-        diverge (None otherwise)."""
+        """Why the verdict is "yes" or "unknown" (None for "no")."""
+        if self.divergence == "yes" and self.diverged:
+            at = "" if self.diverged_at is None else f" at step {self.diverged_at}"
+            spike = ("" if self.spiked_at is None else
+                     f", above 10·L_0 from step {self.spiked_at}")
+            return (f"the predicted loss diverged (non-finite, or ending above L_0): its final "
+                    f"rise began{at}{spike} (README, \"Divergence\")")
         if self.divergence == "yes" and not self.diverged:
             why = []
             if self.spiked_at is not None:
@@ -118,8 +130,8 @@ def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
     reasons = {nm: {e: REASONS[int(codes[i, j])] for j, e in enumerate(EPSILONS)
                     if codes[i, j]} for i, nm in enumerate(names)}
 
-    def arr(a):
-        return None if a is None else np.asarray(a)
+    def arr(a):  # + 0.0: a loss or error rate that rounds to 0 is 0, not −0
+        return None if a is None else np.asarray(a) + 0.0
 
     at, spike = int(out.diverged_at), int(out.spiked_at)
     return Prediction(
@@ -158,3 +170,26 @@ def with_targets(pred: Prediction, targets: dict) -> Prediction:
     steps, reasons = curve_targets(curves, targets, window=curve_window(len(pred.loss)),
                                    undefined=blind)
     return pred._replace(steps_to_target=steps, steps_to_target_reasons=reasons)
+
+
+def account_seconds(seconds: dict, whole: Stopwatch) -> dict:
+    """``seconds`` of the named stages completed with the whole call's ``Stopwatch``:
+    "setup" = the call's wall time without compilation minus the other ``STAGES``,
+    "compile" = all compilation during the call, "total" = the sum of ``STAGES``."""
+    named = sum(seconds.get(stage, 0.0) for stage in STAGES[1:])
+    out = {k: v for k, v in seconds.items() if k not in ("compile", "total")}
+    out["setup"] = max(whole.seconds - named, 0.0)
+    return out | {"compile": whole.compile_seconds, "total": out["setup"] + named}
+
+
+def timed_prediction(fn):
+    """Decorator: ``fn`` (:func:`ntk_tt.predict`) run under one ``Stopwatch``; its
+    :class:`Prediction`'s ``seconds`` completed by :func:`account_seconds`."""
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs) -> Prediction:
+        with Stopwatch() as whole:
+            pred = fn(*args, **kwargs)
+        return pred._replace(seconds=account_seconds(pred.seconds, whole))
+
+    return timed

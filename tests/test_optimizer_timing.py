@@ -1,0 +1,158 @@
+"""``predict(optimizer=...)``: seconds that add up, no recompilation of a repeated call, and
+the summary of a diverged prediction (signed zeros, the reason for "yes").
+
+References: JAX's own compilation events (``jax.monitoring``, counted and summed by a listener
+of the test), the wall clock around the call, the frozen-kernel predictor's own curve
+(``predict_from_kernel`` on the same kernel) and the divergence rule applied to the curve by
+hand.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _ntk_models import inputs, mlp
+from flax import nnx
+
+import ntk_tt
+from ntk_tt.prediction._result import STAGES
+
+N, C, T = 24, 3, 40
+COMPILE = "/jax/core/compile/backend_compile_duration"
+EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+          "/jax/core/compile/jaxpr_to_mlir_module_duration", COMPILE)
+
+
+class Net(nnx.Module):
+    """tanh backbone Linear(6, 8) and a linear head (for ``head=split_head``)."""
+
+    def __init__(self, *, rngs):
+        self.body = nnx.Linear(6, 8, rngs=rngs)
+        self.head = nnx.Linear(8, C, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.body(x)))
+
+
+@pytest.fixture(scope="module")
+def data60():
+    """The user's 60 samples (the diverged cases below were reported on them)."""
+    return inputs("mlp", jax.random.key(1), 60), jax.random.randint(jax.random.key(2), (60,),
+                                                                      0, C)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x = inputs("mlp", jax.random.key(1), N + 8)
+    y = jax.random.randint(jax.random.key(2), (N + 8,), 0, C)
+    return x[:N], y[:N], x[N:], y[N:]
+
+
+class Compiles:
+    """Listener: the number of XLA compilations and the seconds of every compile event."""
+
+    def __enter__(self):
+        self.count, self.seconds = 0, 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.start
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+
+    def _listen(self, event, duration, **_):
+        if event in EVENTS:
+            self.seconds += duration
+            self.count += event == COMPILE
+
+
+def _timed_twice(call):
+    """Two identical calls; checks each one's seconds against the listener and the wall
+    clock, and that the second compiled nothing. Returns the second Prediction."""
+    preds = []
+    for _ in range(2):
+        with Compiles() as seen:
+            pred = call()
+        s = pred.seconds
+        assert set(s) >= set(STAGES) | {"compile", "total"}
+        # every compilation of the call, inside a stage or not, is in "compile"
+        assert s["compile"] == pytest.approx(seen.seconds, rel=1e-9, abs=1e-9)
+        # total = the stages' sum = the call's wall time without compilation
+        assert s["total"] == pytest.approx(sum(s[k] for k in STAGES), rel=1e-12, abs=1e-12)
+        assert seen.wall - seen.seconds - 0.05 <= s["total"] <= seen.wall - seen.seconds + 1e-6
+        preds.append((pred, seen.count))
+    (first, n_first), (second, n_second) = preds
+    assert n_first > 0 and n_second == 0  # a compiled recursion per shape, not per call
+    np.testing.assert_array_equal(first.loss, second.loss)
+    return second
+
+
+def test_frozen_kernel_sgd_schedule_decay_twice(data):
+    """The user's case: SGD, warmup-cosine, momentum, weight decay (J·θ0), held-out set."""
+    x, y, xt, yt = data
+    apply_fn, params = mlp(jax.random.key(0), width=16, c=C)
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 10, T), 0.9, weight_decay=1e-3)
+    pred = _timed_twice(lambda: ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T,
+                                               key=jax.random.key(3), x_test=xt, y_test=yt))
+    assert pred.kernel == "exact" and pred.loss[-1] < pred.loss[0]
+
+
+def test_head_aware_minibatch_sgd_and_adam_twice(data):
+    """Head-aware SGD (the kernel built in the call) and Adam (its kernel passed in: the
+    recursion and the checks are what is timed)."""
+    x, y, xt, yt = data
+    model = Net(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    head = ntk_tt.split_head(model)
+    sgd = ntk_tt.sgd(ntk_tt.warmup_cosine(0.05, 5, T), 0.9, weight_decay=1e-3, batch_size=8)
+    adam = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 5, T), weight_decay=1e-3)
+    adam_kernel = ntk_tt.adam_head_aware_kernel(head, x, y, adam, xt)
+    for opt, kernel in ((sgd, None), (adam, adam_kernel)):
+        pred = _timed_twice(lambda opt=opt, kernel=kernel: ntk_tt.predict(
+            apply_fn, params, x, y, optimizer=opt, steps=T, key=jax.random.key(4), head=head,
+            num_paths=4, x_test=xt, y_test=yt, head_kernel=kernel))
+        assert pred.kernel.startswith("head_aware") and pred.loss[-1] < pred.loss[0]
+
+
+def test_shorthand_seconds_add_up_too(data):
+    x, y, _, _ = data
+    apply_fn, params = mlp(jax.random.key(0), width=16, c=C)
+    _timed_twice(lambda: ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.5, steps=T))
+
+
+def test_frozen_kernel_far_beyond_the_edge_has_no_negative_zeros(data60):
+    """At peak η 1e3 the frozen cross-entropy recursion drives the logit margins so far that
+    the loss rounds to 0 (as the kernel predictor's own curve says: −0.0 there, the negated
+    log-softmax of 0), which must read 0.0; the verdict is "yes" with the reason."""
+    x, y = data60
+    apply_fn, params = mlp(jax.random.key(0), width=16, c=C)
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(1e3, 10, 100), 0.9)
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=100)
+    ref = ntk_tt.predict_from_kernel(ntk_tt.empirical_ntk(apply_fn, params, x),
+                                     apply_fn(params, x), y, optimizer=opt, steps=100)
+    assert np.signbit(np.asarray(ref.loss)[-1])  # the case: −0.0 before the fix
+    np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    assert pred.loss[-1] == 0.0 and np.all(pred.loss >= 0)
+    assert not np.signbit(pred.loss).any() and not np.signbit(pred.error).any()
+    assert pred.divergence == "yes" and "≥ 68" in pred.divergence_reason
+
+
+def test_diverged_adam_names_the_step(data60):
+    """Head-aware Adam at lr 1e4 blows up; divergence "yes" says at which step, the step of
+    the divergence rule (the final rise above L_0 begins after the last step ≤ L_0)."""
+    x, y = data60
+    model = Net(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adamw(1e4), steps=50,
+                          head=ntk_tt.split_head(model))
+    assert pred.diverged and pred.divergence == "yes"
+    loss = pred.loss  # one path (full batch), finite here
+    assert np.isfinite(loss).all() and not np.signbit(loss).any()
+    step = 1 + int(np.flatnonzero(loss <= loss[0]).max())
+    assert pred.diverged_at == step
+    assert pred.divergence_reason.startswith(
+        f"the predicted loss diverged (non-finite, or ending above L_0): its final rise began "
+        f"at step {step}")
