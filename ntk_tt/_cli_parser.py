@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
@@ -62,11 +63,11 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="warmup-cosine, warmup-stable-decay: linear warmup from η = 0 over "
                    "this many steps (None: 0)")
     q.add_argument("--decay-start", type=int, default=d["decay_start"], metavar="STEP",
-                   help="warmup-stable-decay: η stays at --lr until this step (None: the last "
-                   "20 %% of the decay horizon decays)")
+                   help="warmup-stable-decay: η stays at --lr until this step (None: 80 "
+                   "%% of --decay-end rounded down, at least --warmup: the last 20 %% decays)")
     q.add_argument("--decay-end", type=int, default=d["decay_end"], metavar="STEP",
                    help="warmup-cosine, warmup-stable-decay: the step at which the decay "
-                   "reaches --end-lr (None: T, -T)")
+                   "reaches --end-lr (None: T = -T, the last step)")
     q.add_argument("--end-lr", type=float, default=d["end_lr"],
                    help="warmup-cosine, warmup-stable-decay: η at --decay-end and after, in "
                    "[0, --lr] (None: 0)")
@@ -166,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--no-progress", action="store_false", dest="progress",
                    help="no progress bars on stderr (progress=%(default)s unless this flag "
                    "is given)")
-    _suggest_parser(sub)
+    s = _suggest_parser(sub)
     o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        allow_abbrev=False)
@@ -185,10 +186,28 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--json", default=None, dest="json_path",
                    help="also write the predictions here as a JSON list")
     o.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    p.commands = {"predict": q, "suggest": s, "outcome": o}
     return p
 
 
-def _suggest_parser(sub) -> None:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    """``(args, parser)`` of ``argv``. An unrecognised argument of a command (abbreviations
+    are refused on purpose: ``--opt``) is that command's error, with its usage line and the
+    option meant when one is close (argparse's own reports the top-level usage)."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        command = parser.commands.get(args.command, parser)
+        flags = [f for a in command._actions for f in a.option_strings if f.startswith("--")]
+        close = [m for r in rest if r.startswith("-")
+                 for m in ([f for f in flags if f.startswith(r.split("=")[0])]
+                           or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
+        hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+    return args, parser
+
+
+def _suggest_parser(sub) -> argparse.ArgumentParser:
     from ntk_tt._defaults import SUGGEST_DEFAULTS as d
     from ntk_tt._options_suggest import (
         ADAM_LEARNING_RATE_RANGE,
@@ -274,3 +293,4 @@ def _suggest_parser(sub) -> None:
     q.add_argument("--no-progress", action="store_false", dest="progress",
                    help="no progress bar on stderr (progress=%(default)s unless this flag is "
                    "given)")
+    return q

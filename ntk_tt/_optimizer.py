@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ntk_tt._schedules import Schedule, _concrete, _number, schedule
+from ntk_tt._schedules import Schedule, _concrete, _number, _schedule
 
 RULES = ("sgd", "adam")
 
@@ -106,13 +106,14 @@ def sgd(learning_rate, momentum=0.0, *, nesterov: bool = False, weight_decay=0.0
     Args:
       learning_rate: a number, a schedule (:func:`ntk_tt.warmup_cosine`, ...), any optax
         schedule or callable ``step -> η``.
-      momentum: m in [0, 1). nesterov: Nesterov momentum (optax form).
+      momentum: m in [0, 1). nesterov: Nesterov momentum (optax form; needs m > 0).
       weight_decay: λ >= 0. decoupled: True: θ ← θ − η_t·λθ beside the step (SGDW); False:
         λ/2·‖θ‖² in the loss.
       batch_size: B (None: full batch, GD).
 
     Raises:
-      ValueError: one line naming a bad argument, before any work.
+      ValueError: one line naming a bad argument (e.g. nesterov=True with momentum 0), before
+        any work.
     """
     return _make("sgd", learning_rate, momentum, 0.999, 1e-8, weight_decay, decoupled,
                  nesterov, batch_size)
@@ -139,10 +140,13 @@ def _make(rule, learning_rate, momentum, b2, eps, weight_decay, decoupled, neste
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}.")
     mom_name = "momentum" if rule == "sgd" else "b1"
-    momentum = _in_range(momentum, mom_name, 0.0, 1.0)
+    momentum_leaf = _in_range(momentum, mom_name, 0.0, 1.0)
+    if nesterov and _concrete(momentum) == 0.0:
+        raise ValueError("Nesterov needs momentum > 0: sgd(..., nesterov=True) with momentum 0 "
+                         "is plain (S)GD; pass e.g. momentum=0.9 or drop nesterov=True.")
     b2 = _in_range(b2, "b2", 0.0, 1.0)
     eps = _in_range(eps, "eps", 0.0, np.inf, closed_low=False)
     weight_decay = _in_range(weight_decay, "weight_decay", 0.0, np.inf)
-    return Optimizer(rule, schedule(learning_rate), jnp.asarray(momentum),
+    return Optimizer(rule, _schedule(learning_rate, "learning_rate"), jnp.asarray(momentum_leaf),
                      jnp.asarray(b2), jnp.asarray(eps), jnp.asarray(weight_decay),
                      bool(decoupled), bool(nesterov), _batch(batch_size))

@@ -54,7 +54,8 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     options' ``momenta`` becomes (m,) (β₁ for AdamW: Optimizer.momentum).
 
     Raises:
-      ValueError: one line naming the option, its flag and the fix.
+      ValueError: one line naming the option, its flag and the fix (e.g. AdamW with
+        ``predictor`` "linear").
     """
     o = {k: options.get(k) for k in OPTIMIZER_OPTIONS}
     rest = {k: v for k, v in options.items() if k not in OPTIMIZER_OPTIONS}
@@ -67,6 +68,10 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
         return {}, rest
     if family not in FAMILIES:
         raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got {family!r}.")
+    if family == "adamw" and rest.get("predictor") == "linear":
+        raise ValueError("predictor (--predictor) linear cannot predict AdamW (Adam has no "
+                         "frozen-kernel form): drop --predictor linear (AdamW needs the "
+                         "head-aware predictor, the default).")
     momenta = rest.get("momenta")
     other = "b1" if family == "sgd" else "momentum"
     wrong = [k for k in (other, "b2" if family == "sgd" else None) if k and o[k] is not None]

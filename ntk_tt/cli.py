@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str], run: dict) -> int:
     from ntk_tt import _cli_parser  # numpy: after the signal handling is in place
 
-    parser = _cli_parser._parser()
-    args = parser.parse_args(argv or ["predict", "--verify"])
+    args, parser = _cli_parser.parse(argv or ["predict", "--verify"])
     from ntk_tt._cli_commands import _outcome, _predict, _suggest
 
     if args.command == "outcome":

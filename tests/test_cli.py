@@ -867,3 +867,23 @@ def test_shortened_flags_are_not_guessed(argv, flag, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"unrecognized arguments: {flag}" in err, err
+
+
+@pytest.mark.parametrize("argv,usage,meant", [
+    (["predict", "--opt", "adamw"], "usage: ntk-tt predict [-h]", "--optimizer"),
+    (["suggest", "--opt", "adamw"], "usage: ntk-tt suggest [-h]", "--optimizer"),
+    (["outcome", "runs.jsonl", "--upd", "3"], "usage: ntk-tt outcome [-h]", "--updates"),
+])
+def test_an_unknown_flag_is_the_command_s_error_with_the_flag_meant(argv, usage, meant,
+                                                                    capsys):
+    """A fresh user's probe: ``ntk-tt predict --opt adamw`` (abbreviations are refused on
+    purpose) printed the top-level usage; it is the command's, as its other argparse
+    errors, and names the flag meant. Nothing is read or loaded (no work)."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    command = argv[0]
+    assert stop.value.code == 2 and err.startswith(usage), err
+    assert "{predict,suggest,outcome}" not in err
+    assert err.splitlines()[-1] == (f"ntk-tt {command}: error: unrecognized arguments: "
+                                    f"{' '.join(argv[-2:])} (did you mean {meant}?)")

@@ -270,3 +270,32 @@ def test_adamw_prediction_only_times_a_real_adamw_step(task, adamw_run, tmp_path
         wall = r["predicted"]["wall_clock"]["loss"][eps]
         assert (t is None and wall is None) or wall == pytest.approx(t * sps)
     assert r["predicted"]["training_time"]["loss"]["0.4"] is not None
+
+
+def test_suggest_adamw_with_the_linear_predictor_speaks_cli(tmp_path):
+    """A fresh user's probe: ``ntk-tt suggest --optimizer adamw --predictor linear`` said
+    "pass head=ntk_tt.split_head(model) ..., not predictor='linear'" (the API's words); it
+    says which flag to drop, in one line, before JAX is imported."""
+    code = ("import sys\nfrom ntk_tt.cli import main\n"
+            "try:\n    main(['suggest', '--optimizer', 'adamw', '--predictor', 'linear'])\n"
+            "except SystemExit as e:\n    print(e.code, 'jax' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
+    assert proc.stdout.split() == ["2", "False"], proc.stderr
+    assert proc.stderr == ("ntk-tt: error: predictor (--predictor) linear cannot predict AdamW "
+                           "(Adam has no frozen-kernel form): drop --predictor linear (AdamW "
+                           "needs the head-aware predictor, the default).\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_decay_flags_help_says_their_defaults_in_words(capsys, monkeypatch):
+    """--decay-end's help read "(None: T, -T)"; it says T is the last step, and
+    --decay-start's says the default decay is the last 20 % of it."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line per flag: no break inside a flag name
+    with pytest.raises(SystemExit):
+        main(["predict", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "reaches --end-lr (None: T = -T, the last step)" in text
+    assert "(None: 80 % of --decay-end rounded down, at least --warmup: the last 20 % decays)" \
+        in text
+    assert "(None: T, -T)" not in text

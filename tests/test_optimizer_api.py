@@ -262,3 +262,85 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
             ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=bad, **kw)
     with pytest.raises(ValueError, match="for the head-aware predictor"):
         ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, steps=20, head_kernel=hk)
+
+
+
+def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch, tmp_path):
+    """A fresh user's probe: sgd(0.1, nesterov=True) (m = 0: plain GD) was accepted while
+    ``ntk-tt predict --nesterov`` without -m is refused; now the same advice, at once. With
+    m > 0 it is optax's Nesterov SGD (one update against optax.sgd)."""
+    def refuse(**_):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", refuse)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^Nesterov needs momentum > 0: nesterov "):
+        ntk_tt.predict_task(nesterov=True)  # the CLI's check
+    for make in (lambda: ntk_tt.sgd(0.1, nesterov=True),
+                 lambda: ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 2, 10), 0.0, nesterov=True)):
+        with pytest.raises(ValueError, match=r"^Nesterov needs momentum > 0: sgd\(\.\.\., "
+                                             r"nesterov=True\) with momentum 0 is plain \(S\)GD; "
+                                             r"pass e\.g\. momentum=0\.9 or drop nesterov=True"):
+            make()
+    grads, params = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.zeros(2)}
+    ours, ref = ntk_tt.sgd(0.1, 0.5, nesterov=True).to_optax(), optax.sgd(0.1, 0.5, nesterov=True)
+    np.testing.assert_allclose(ours.update(grads, ours.init(params), params)[0]["w"],
+                               ref.update(grads, ref.init(params), params)[0]["w"], rtol=1e-7)
+
+
+def test_adam_with_l2_decay_is_refused_by_predict_and_trained_by_finetune(monkeypatch):
+    """One rule for Adam with L2 decay in its moments (``adam(..., weight_decay=)``), as
+    ``ntk-tt predict --optimizer adam --weight-decay`` refuses it: ``predict`` refuses it
+    (pointing to adamw and linearised_reference) before any kernel is built, head or not;
+    ``finetune`` runs it, equal to optax.adam on the loss plus λ/2·‖θ‖² (a hand-written
+    full-batch loop)."""
+    from ntk_tt.prediction import _predict_optimizer
+
+    def no_kernel(*a, **k):
+        raise AssertionError("a kernel was built before the refusal")
+
+    monkeypatch.setattr(_predict_optimizer, "head_aware_kernel", no_kernel)
+    monkeypatch.setattr(_predict_optimizer, "adam_head_aware_kernel", no_kernel)
+    kx, ky = jax.random.split(jax.random.key(0))
+    x, y = jax.random.normal(kx, (N, 6)), jax.random.randint(ky, (N,), 0, C)
+    model = TanhNet(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    lr, lam, steps = 1e-2, 0.1, 5
+    opt = ntk_tt.adam(lr, weight_decay=lam)
+    with pytest.raises(ValueError, match=r"needs decoupled weight decay.*use ntk_tt\.adamw"
+                                         r"\(\.\.\.\), or ntk_tt\.linearised_reference for L2"):
+        ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=steps,
+                       head=ntk_tt.split_head(model))
+    with pytest.raises(ValueError, match=r"linearised_reference"):
+        ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=steps)
+    run = ntk_tt.finetune(apply_fn, params, x, y, optimizer=opt, steps=steps)
+
+    def loss(p):
+        return ntk_tt.mean_loss(apply_fn(p, x), y, "cross_entropy")
+
+    def penalised(p):
+        return loss(p) + 0.5 * lam * sum(jnp.sum(v ** 2) for v in jax.tree.leaves(p))
+
+    ref, p = optax.adam(lr), params
+    state, curve = ref.init(p), [float(loss(p))]
+    for _ in range(steps):
+        updates, state = ref.update(jax.grad(penalised)(p), state, p)
+        p = optax.apply_updates(p, updates)
+        curve.append(float(loss(p)))
+    np.testing.assert_allclose(run.loss, curve, rtol=2e-5)
+    assert curve[0] - curve[-1] > 0.01 * curve[0]  # it trained
+
+
+def test_schedule_names_its_argument_and_the_accepted_forms():
+    """A fresh user's probe: schedule("abc") said "learning_rate must be a real number";
+    schedule's argument is named and the accepted forms listed; sgd's keeps its name."""
+    forms = (r"must be a number \(a constant η\), a schedule \(ntk_tt\.warmup_cosine\(\.\.\.\), "
+             r"any optax schedule\) or a callable step -> η, got ")
+    for bad, shown in (("abc", "'abc'"), (None, "None"), (True, "True")):
+        with pytest.raises(ValueError, match=r"^schedule's value " + forms + shown):
+            ntk_tt.schedule(bad)
+    with pytest.raises(ValueError, match=r"^learning_rate " + forms + "'abc'"):
+        ntk_tt.sgd("abc")
+    with pytest.raises(ValueError, match=r"array of shape \(2,\); for per-step values use"):
+        ntk_tt.schedule([0.1, 0.2])
+    np.testing.assert_allclose(ntk_tt.schedule(0.3).values(3), [0.3] * 3, rtol=1e-7)

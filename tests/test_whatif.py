@@ -12,6 +12,7 @@ from _dynamics_helpers import brute_ntk, linear_apply, train_optax
 
 import ntk_tt
 from ntk_tt.analysis import _whatif
+from ntk_tt.dynamics._divergence import VERDICTS
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 matplotlib.use("Agg")
@@ -137,7 +138,7 @@ def test_plain_kernel_sensitivities_match_central_differences(x64):
 @pytest.mark.parametrize("lr_kappa,m", [(0.3, 0.0), (1.0, 0.5), (2.0, 0.9)])
 def test_smooth_training_time_within_one_step_of_hard(x64, lr_kappa, m):
     """At several (κ, m): the smooth T_ε is within 1 step of training_time on the predicted
-    curve, and the hard one equals it (cross-entropy, no held-out data: accuracies NaN)."""
+    curve, and the hard one equals it (cross-entropy, no held-out data: accuracies None)."""
     p = _plain_problem()
     lr = lr_kappa * N / _lam_max(p["kernel"])
     s = ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lr, momentum=m, steps=STEPS,
@@ -149,7 +150,7 @@ def test_smooth_training_time_within_one_step_of_hard(x64, lr_kappa, m):
     assert abs(float(s.training_time) - hard) <= 1.0
     for field in ("test_accuracy", "soft_test_accuracy", "d_test_accuracy_d_lr",
                   "d_test_accuracy_d_momentum", "test_accuracy_elasticity"):
-        assert np.isnan(float(getattr(s, field))), field
+        assert getattr(s, field) is None, field
 
 
 def test_diverged_prediction_has_nan_derivatives(x64):
@@ -439,3 +440,48 @@ def test_divergence_boundary_prints_plain_numbers_and_keeps_its_types():
     assert all(isinstance(grid[i], np.ndarray) for i in range(11))
     np.testing.assert_array_equal(grid.boundary, [0.5, 0.5])
     assert grid.diverged.tolist() == [[False, True], [False, True]]
+
+
+@pytest.mark.parametrize("optimizer", [None, ntk_tt.sgd(0.1)], ids=["constant", "optimizer"])
+def test_an_empty_kernel_is_named_not_a_batch_size(monkeypatch, optimizer):
+    """A fresh user's probe: N = 0 said "batch_size must satisfy 1 <= batch_size <= N = 0"
+    though no batch_size was given; it names the empty kernel / labels, before any work."""
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_whatif, "_sensitivity_core", no_work)
+    monkeypatch.setattr(_whatif, "optimizer_sensitivities", no_work)
+    p = _tiny()
+    rule = dict(learning_rate=0.1) if optimizer is None else dict(optimizer=optimizer)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.sensitivities(p["kernel"][:0, :0], p["y"][:0], f0=p["f0"][:0], steps=50, **rule)
+    assert str(err.value).startswith("the kernel / labels are empty (N = 0: kernel of shape "
+                                     "(0, 0), y of shape (0,))")
+    assert "batch_size" not in str(err.value)
+
+
+@pytest.mark.parametrize("kappa,verdict", [(10.0, "unknown"), (100.0, "yes")])
+def test_the_divergence_call_is_predict_s(x64, kappa, verdict):
+    """A fresh user's probe: beyond the edge, sensitivities said diverged False with T_ε NaN
+    and no reason, while predict called divergence. Cross-entropy GD on a plain Θ at κ = 10
+    (beyond the edge 4, below KAPPA_MAX = 68: the frozen recursion cannot tell, "unknown")
+    and κ = 100 (≥ 68: "yes"): the outcome, T_ε code and κ are predict_from_kernel's (κ by
+    numpy's eigvalsh); the reasons say why; no held-out data: no accuracy entries."""
+    p = _plain_problem()
+    lr = kappa * N / _lam_max(p["kernel"])
+    s = ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lr, steps=STEPS, f0=p["f0"])
+    pred = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr,
+                                      steps=STEPS)
+    np.testing.assert_allclose(float(s.kappa), kappa, rtol=1e-9)
+    assert int(s.outcome) == int(pred.outcome) and s.divergence == verdict
+    assert VERDICTS[int(pred.divergence)] == verdict
+    if not bool(s.diverged):  # the frozen CE recursion: no T_ε beyond the edge, as predict
+        assert int(s.training_time_code) == int(pred.training_time_code[0, 1]) == 5
+        assert s.training_time_reason.startswith("beyond the stability edge")
+    assert np.isnan(float(s.training_time)) and np.isnan(float(s.d_training_time_d_lr))
+    reason = s.divergence_reason
+    if verdict == "unknown":
+        assert reason.startswith("κ = η·λ_max/N = 10 is beyond the linearised model's")
+    elif not bool(s.diverged):
+        assert reason.startswith("κ = η·λ_max/N = 100 ≥ 68")
+    assert s.test_accuracy is None and s.d_test_accuracy_d_lr is None

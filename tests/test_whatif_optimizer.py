@@ -228,6 +228,30 @@ def test_adamw_on_an_adam_kernel_exact_warmup(x64):
     assert curve[0] - curve[-1] > 0.1 * curve[0]  # it trained
 
 
+def test_adamw_with_a_drifting_profile_is_predict_s(x64):
+    """An AdamKernel with the drifting second-moment profile (its DriftTable, from g_0² and
+    σ² per parameter): the values are head_aware_adam_trajectory's on that kernel (what
+    ``predict`` runs), not the frozen profile's (drift=None), which differ."""
+    from ntk_tt.dynamics._adam_drift import drift_table
+
+    hk, precond, y, yt, a_h, a_ht = _head_problem(seed=2)
+    rng = np.random.default_rng(3)
+    g0sq = {"v": jnp.asarray(rng.uniform(0.0, 1.0, size=(5, 4)))}
+    sigma2 = {"v": jnp.asarray(rng.uniform(0.5, 2.0, size=(5, 4)))}
+    table, _ = drift_table(g0sq, sigma2, 1e-8, N, N, jnp.float64)
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(0.05, 2, 12), weight_decay=0.1)
+    drifting, frozen = (ntk_tt.AdamKernel(hk, precond, N, drift) for drift in (table, None))
+    values = {}
+    for name, ak in (("drift", drifting), ("frozen", frozen)):
+        s = ntk_tt.sensitivities(ak, y, optimizer=opt, steps=T, y_test=yt, a=a_h, a_test=a_ht)
+        ref, _, accuracy = _quantities([ntk_tt.head_aware_adam_trajectory(
+            ak, y, opt, steps=T, a_h=a_h, a_h_test=a_ht)], y, yt)
+        np.testing.assert_allclose([float(s.training_time), float(s.final_loss),
+                                    float(s.soft_test_accuracy)], ref, rtol=1e-9)
+        values[name] = float(s.final_loss)
+    assert abs(values["drift"] - values["frozen"]) > 1e-5 * values["frozen"]  # 3e-4 here
+
+
 def _tiny_head():
     rng = np.random.default_rng(0)
     return HeadAwareKernel(rng.normal(size=(N, 4)), rng.normal(size=(4, 3)), np.zeros(3),
@@ -309,3 +333,32 @@ def test_the_differentiated_hyperparameters_follow_the_optimizer(monkeypatch, op
         ntk_tt.sensitivities(kw.pop("kernel"), np.arange(N) % 3, optimizer=optimizer, steps=9,
                              **kw)
     assert seen["names"] == names and seen["warm"] == warm
+
+
+def test_the_divergence_call_and_no_accuracy_without_held_out_data(x64):
+    """A fresh user's probe: warmup-cosine to η = 1e3 on a plain Θ gave T_ε NaN, every T_ε
+    derivative NaN, diverged False and no reason, while predict said divergence yes
+    (κ ≥ 68); without held-out data gradients["test_accuracy"] was all NaN. Here peak 30
+    (κ = 76: its curve does not diverge, measured): the call, T_ε code and κ are
+    predict_from_kernel(optimizer=)'s (κ by numpy's eigvalsh), the reasons say why, and
+    there is no accuracy entry."""
+    params, x, y, xt, yt, kernel, f0, held = _plain()
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(30.0, 2, 50))
+    s = ntk_tt.sensitivities(kernel, y, f0=f0, optimizer=opt, steps=50)
+    pred = ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=50)
+    kappa = 30.0 * np.linalg.eigvalsh(np.asarray(kernel))[-1] / N
+    np.testing.assert_allclose(float(s.kappa), kappa, rtol=1e-9)
+    assert kappa >= 68 and not bool(s.diverged) and not bool(pred.diverged)
+    assert int(s.outcome) == int(pred.outcome) == 2 and s.divergence == "yes"  # "diverges"
+    assert s.divergence_reason.startswith(f"κ = η·λ_max/N = {kappa:.3g} ≥ 68, where the real "
+                                          "runs measured diverged")
+    assert int(s.training_time_code) == int(pred.training_time_code[0, 1]) == 5
+    assert s.training_time_reason.startswith("beyond the stability edge")
+    assert all(np.isnan(float(v)) for v in s.gradients["training_time"].values())
+    assert list(s.gradients) == list(s.elasticities) == ["training_time", "final_loss"]
+    assert s.test_accuracy is None and s.soft_test_accuracy is None
+    # with held-out data the accuracy gradients are there (and finite below the edge)
+    s = ntk_tt.sensitivities(kernel, y, f0=f0, optimizer=ntk_tt.sgd(0.5), steps=T, **held)
+    assert s.divergence == "no" and s.divergence_reason is None and s.training_time_reason \
+        is None
+    assert np.isfinite(float(s.gradients["test_accuracy"]["peak_learning_rate"]))

@@ -127,11 +127,14 @@ def sensitivities(
       :class:`Sensitivities` (:class:`OptimizerSensitivities` with ``optimizer=``: the
       derivatives as dicts ``gradients[quantity][hyperparameter]``): T_ε in optimiser steps
       (its derivatives in steps per unit η and per unit m), L_T in loss units; accuracy
-      entries NaN without held-out data; T_ε entries NaN where T_ε is undefined; every
-      derivative NaN when the prediction diverged.
+      entries None (no "test_accuracy" gradients) without held-out data; T_ε entries NaN
+      where T_ε is undefined (``training_time_reason`` says why); every derivative NaN when
+      the predicted curve diverged; ``outcome`` / ``divergence`` are ``predict``'s call on
+      the real run (κ ≥ 68 says "diverges" whatever the curve; ``divergence_reason``).
 
     Raises:
-      ValueError (before any work, with how to fix it): η not a real scalar or ≤ 0, m ∉
+      ValueError (before any work, with how to fix it): an empty kernel or y (N = 0), η not
+      a real scalar or ≤ 0, m ∉
       [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1,
       B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, ``f0`` with a
       HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),

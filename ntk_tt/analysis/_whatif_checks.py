@@ -17,7 +17,12 @@ from ntk_tt.analysis._whatif_optimizer import (
 )
 from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.data._inputs import _check_finite, as_array, check_key, check_real
-from ntk_tt.dynamics._adam_head_aware import AdamKernel, _check_precond, _maybe_nonzero
+from ntk_tt.dynamics._adam_head_aware import (
+    AdamKernel,
+    _check_precond,
+    _maybe_nonzero,
+    drift_in_dtype,
+)
 from ntk_tt.dynamics._checks import (
     check_f0_shape,
     check_num_paths,
@@ -103,6 +108,12 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
     check_loss(loss)
     check_key(key)
     check_num_paths(num_paths)
+    rows = kernel.features if isinstance(kernel, HeadAwareKernel) else kernel
+    if (np.ndim(rows) >= 1 and np.shape(rows)[0] == 0) or (np.ndim(y) == 1
+                                                          and np.shape(y)[0] == 0):
+        raise ValueError(f"the kernel / labels are empty (N = 0: kernel of shape "
+                         f"{np.shape(rows)}, y of shape {np.shape(y)}); pass the kernel and "
+                         "labels of at least one training sample.")
     if isinstance(kernel, HeadAwareKernel):
         if f0 is not None or kernel_test is not None or f0_test is not None:
             raise ValueError(
@@ -176,7 +187,7 @@ class _OptimizerProblem(NamedTuple):
     """A validated ``sensitivities(..., optimizer=)`` problem (``_whatif_optimizer``)."""
 
     kind: str  # "plain" | "head_aware" | "adam"
-    data: object  # _Plain, HeadAwareKernel or (HeadAwareKernel, preconditioned one)
+    data: object  # _Plain, HeadAwareKernel or (HeadAwareKernel, preconditioned one, DriftTable)
     y: jax.Array
     y_test: jax.Array | None
     optimizer: object
@@ -245,7 +256,8 @@ def _prepare_optimizer(kernel, y, optimizer, *, steps, key, y_test, f0, kernel_t
             raise ValueError(f"the AdamKernel was built for batch size {kernel.batch_size} (v̄ "
                              f"depends on B), the optimizer's is {bs}: rebuild it with "
                              "adam_head_aware_kernel(..., optimizer).")
-        kind, data = "adam", (data, _check_precond(kernel.precond, data))
+        kind, data = "adam", (data, _check_precond(kernel.precond, data),
+                              drift_in_dtype(kernel.drift, dtype))
     decay_needs_tangent(optimizer, a, "a")
     if a is None and a_test is not None:
         raise ValueError("a_test (J·θ0 on the held-out inputs) needs a on the training ones.")

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
+from ntk_tt.dynamics._divergence import ABSTAINS, DIVERGES, KAPPA_MAX
 from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.dynamics._predict_head_aware import (
@@ -21,7 +22,41 @@ from ntk_tt.dynamics._predict_head_aware import (
     predict_head_aware,
 )
 from ntk_tt.dynamics._predict_kernel import _summarise, predict_from_kernel
-from ntk_tt.dynamics._training_time import DIVERGED, OK, smooth_training_time, training_time_array
+from ntk_tt.dynamics._training_time import (
+    BEYOND_EDGE,
+    DIVERGED,
+    OK,
+    REASONS,
+    smooth_training_time,
+    training_time_array,
+)
+
+
+def divergence_verdict(outcome) -> str:
+    """"yes", "no" or "unknown": the call ``outcome`` (an ``OUTCOMES`` code) as a verdict on
+    the real run, as ``Prediction.divergence``."""
+    return {DIVERGES: "yes", ABSTAINS: "unknown"}.get(int(outcome), "no")
+
+
+def divergence_reason(outcome, diverged, kappa) -> str | None:
+    """Why the verdict is "yes" though the predicted curve did not diverge (a spike above
+    10·L_0 or κ ≥ KAPPA_MAX), or why it is "unknown"; None otherwise."""
+    verdict = divergence_verdict(outcome)
+    if verdict == "yes" and not bool(diverged):
+        why = (f"κ = η·λ_max/N = {float(kappa):.3g} ≥ {KAPPA_MAX:g}, where the real runs "
+               "measured diverged" if float(kappa) >= KAPPA_MAX else
+               "the predicted loss spiked above 10·L_0 (real runs that did were destroyed)")
+        return why + ", though the predicted curve did not end above L_0 (README, \"Divergence\")"
+    if verdict == "unknown":
+        return (f"κ = η·λ_max/N = {float(kappa):.3g} is beyond the linearised model's stability "
+                "edge and the prediction did not diverge: it cannot tell; lower the learning "
+                "rate for a verdict")
+    return None
+
+
+def time_reason(code) -> str | None:
+    """Why T_ε is NaN (``REASONS`` of its ``training_time_code``); None when defined."""
+    return REASONS.get(int(code))
 
 
 class Sensitivities(NamedTuple):
@@ -36,16 +71,24 @@ class Sensitivities(NamedTuple):
       ``ntk_tt.dynamics._training_time.REASONS``.
     final_loss: predicted mean training loss L_T after ``steps`` updates.
     test_accuracy: predicted held-out accuracy after ``steps`` updates (1 − error, the figure
-      ``compare`` reports); NaN without held-out data or when diverged. soft_test_accuracy: the
-      smoothed accuracy mean σ(margin/τ_acc) whose derivatives are given (NaN likewise).
+      ``compare`` reports); NaN when diverged; None without held-out data (as every accuracy
+      field). soft_test_accuracy: the smoothed accuracy mean σ(margin/τ_acc) whose derivatives
+      are given (NaN / None likewise).
     d_training_time_d_lr, d_training_time_d_momentum: dT_ε/dη (steps per unit η), dT_ε/dm.
     d_final_loss_d_lr, d_final_loss_d_momentum: dL_T/dη, dL_T/dm.
     d_test_accuracy_d_lr, d_test_accuracy_d_momentum: d(soft accuracy)/dη, /dm.
     training_time_elasticity, final_loss_elasticity, test_accuracy_elasticity:
       d log Q / d log η = (η/Q)·dQ/dη (dimensionless: +1 means Q grows in proportion to η).
-    diverged: bool, the prediction diverged (every derivative is then NaN).
+    diverged: bool, the predicted curve diverged (every derivative is then NaN).
     kappa: η·λ_max(Θ)/N (Θ_0 for the head-aware kernel). beyond_edge: bool, κ beyond the
-      linear model's stability edge (see :class:`ntk_tt.KernelPrediction`).
+      linear model's stability edge (see :class:`ntk_tt.KernelPrediction`). On a plain Θ with
+      cross-entropy beyond the edge (and not diverged) T_ε is NaN with code ``BEYOND_EDGE``,
+      as in ``predict``: that recursion cannot blow up, so its curve says nothing there.
+    outcome: int32 code of ``predict``'s call on the real run, ``_divergence.OUTCOMES[code]``
+      ("diverges" also when κ ≥ ``KAPPA_MAX`` or the curve spiked above 10·L_0).
+    divergence, divergence_reason, training_time_reason (properties): the call as "yes" /
+      "no" / "unknown" (as ``Prediction.divergence``), why it is "yes" without ``diverged``
+      or "unknown" (None otherwise), and why T_ε is NaN (None when defined).
     """
 
     learning_rate: jax.Array
@@ -68,6 +111,19 @@ class Sensitivities(NamedTuple):
     diverged: jax.Array
     kappa: jax.Array
     beyond_edge: jax.Array
+    outcome: jax.Array
+
+    @property
+    def divergence(self) -> str:
+        return divergence_verdict(self.outcome)
+
+    @property
+    def divergence_reason(self) -> str | None:
+        return divergence_reason(self.outcome, self.diverged, self.kappa)
+
+    @property
+    def training_time_reason(self) -> str | None:
+        return time_reason(self.training_time_code)
 
 
 class WhatIfGrid(NamedTuple):
@@ -171,22 +227,33 @@ def measure(fs, fts, y, y_test, epsilon, temperature, acc_temperature, *, loss, 
     return jnp.stack([t_soft, loss_c[-1], soft])
 
 
-def settle(values, jac, pred, y_test, epsilon, window):
+def settle(values, jac, pred, y_test, epsilon, window, blind):
     """The summary's verdicts on :func:`measure`'s ``values`` (3,) and their derivatives
     ``jac`` (3, k): (smooth T_ε, hard T_ε, its code, held-out accuracy, soft accuracy, jac),
-    NaN where undefined (as :class:`Sensitivities` documents)."""
+    NaN where undefined, T_ε also where ``blind`` (code ``BEYOND_EDGE``: a frozen kernel with
+    cross-entropy beyond the edge, as ``predict``); the accuracies None and ``jac`` without
+    its accuracy row (2, k) without held-out data (as :class:`Sensitivities` documents)."""
     nan = jnp.asarray(jnp.nan, values.dtype)
-    acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
     t_hard, code = training_time_array(pred.loss, epsilon, window)
     diverged = pred.diverged
-    defined = (code == OK) & ~diverged
+    code = jnp.where(diverged, DIVERGED, jnp.where(blind, BEYOND_EDGE, code)).astype(jnp.int32)
+    defined = code == OK
     jac = jnp.where(diverged, nan, jac)
-    if y_test is None:  # no held-out data: the accuracy row is NaN, not a derivative of 0
-        jac = jac.at[2].set(nan)
     jac = jac.at[0].set(jnp.where(defined, jac[0], nan))
-    return (jnp.where(defined, values[0], nan), jnp.where(diverged, nan, t_hard),
-            jnp.where(diverged, DIVERGED, code).astype(jnp.int32),
+    t_hard = jnp.where(diverged | blind, nan, t_hard)
+    if y_test is None:  # no held-out data: no accuracy, no derivative of it
+        return jnp.where(defined, values[0], nan), t_hard, code, None, None, jac[:2]
+    acc = 1.0 - pred.test_error[-1]
+    return (jnp.where(defined, values[0], nan), t_hard, code,
             jnp.where(diverged, nan, acc), jnp.where(diverged, nan, values[2]), jac)
+
+
+def is_blind(kind, loss, pred):
+    """The frozen-kernel cross-entropy recursion beyond the edge, not diverged: no T_ε
+    (``BEYOND_EDGE``, as ``predict_from_kernel``)."""
+    if kind == "plain" and loss == "cross_entropy":
+        return pred.beyond_edge & ~pred.diverged
+    return jnp.zeros((), bool)
 
 
 @partial(jax.jit, static_argnames=("kind", "traced", "test_traced", "steps", "batch_size",
@@ -209,9 +276,11 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
     jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(jnp.stack([lr, m]))
     size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
     pred = _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov, loss=loss,
-                      stochastic=fs.shape[0] > 1)
-    t_soft, t_hard, code, acc, soft, jac = settle(values, jac, pred, y_test, epsilon, window)
+                      stochastic=fs.shape[0] > 1, frozen=kind == "plain")
+    t_soft, t_hard, code, acc, soft, jac = settle(values, jac, pred, y_test, epsilon, window,
+                                                  is_blind(kind, loss, pred))
     d_t = jac[0]
+    held = y_test is not None
 
     def elastic(value, d_lr):
         return lr * d_lr / value
@@ -223,11 +292,13 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
         final_loss=pred.loss[-1], test_accuracy=acc, soft_test_accuracy=soft,
         d_training_time_d_lr=d_t[0], d_training_time_d_momentum=d_t[1],
         d_final_loss_d_lr=jac[1, 0], d_final_loss_d_momentum=jac[1, 1],
-        d_test_accuracy_d_lr=jac[2, 0], d_test_accuracy_d_momentum=jac[2, 1],
+        d_test_accuracy_d_lr=jac[2, 0] if held else None,
+        d_test_accuracy_d_momentum=jac[2, 1] if held else None,
         training_time_elasticity=elastic(t_soft, d_t[0]),
         final_loss_elasticity=elastic(pred.loss[-1], jac[1, 0]),
-        test_accuracy_elasticity=elastic(soft, jac[2, 0]),
-        diverged=pred.diverged, kappa=pred.kappa, beyond_edge=pred.beyond_edge)
+        test_accuracy_elasticity=elastic(soft, jac[2, 0]) if held else None,
+        diverged=pred.diverged, kappa=pred.kappa, beyond_edge=pred.beyond_edge,
+        outcome=pred.outcome)
 
 
 @partial(jax.jit, static_argnames=("kind", "steps", "batch_size", "nesterov", "loss",

@@ -36,7 +36,15 @@ import jax
 import jax.numpy as jnp
 
 from ntk_tt._schedules import Schedule
-from ntk_tt.analysis._whatif_core import _clamped, measure, settle
+from ntk_tt.analysis._whatif_core import (
+    _clamped,
+    divergence_reason,
+    divergence_verdict,
+    is_blind,
+    measure,
+    settle,
+    time_reason,
+)
 from ntk_tt.dynamics._adam_head_aware import _adam_core
 from ntk_tt.dynamics._optim_head_aware import _head_sgd_core
 from ntk_tt.dynamics._optim_linear import _sgd_core
@@ -57,12 +65,14 @@ class OptimizerSensitivities(NamedTuple):
       schedules with a warmup only), "weight_decay" (λ; only when the tangent ``a`` is given:
       d/dλ acts on J·θ0), "momentum" (SGD's m) or "b1" (Adam's β₁).
     training_time, training_time_hard, training_time_code, final_loss, test_accuracy,
-      soft_test_accuracy, diverged: as :class:`ntk_tt.Sensitivities`.
+      soft_test_accuracy, diverged, outcome (and the properties divergence,
+      divergence_reason, training_time_reason): as :class:`ntk_tt.Sensitivities` (the
+      accuracies None without held-out data).
     gradients: {"training_time": {name: dT_ε/d name}, "final_loss": {name: dL_T/d name},
       "test_accuracy": {name: d(soft accuracy)/d name}}, per unit of each hyperparameter
-      (T_ε in steps, so dT_ε/d warmup is steps per step). NaN as :class:`ntk_tt.Sensitivities`;
-      d/d warmup also NaN at warmup 0 (η_0 jumps from the peak to ``init`` as a warmup
-      starts: no derivative).
+      (T_ε in steps, so dT_ε/d warmup is steps per step); no "test_accuracy" key without
+      held-out data. NaN as :class:`ntk_tt.Sensitivities`; d/d warmup also NaN at warmup 0
+      (η_0 jumps from the peak to ``init`` as a warmup starts: no derivative).
     elasticities: the same keys, d log Q / d log name = (name/Q)·dQ/d name.
     warmup_smoothing: the width (steps) of the relaxed ramp whose direction ∂η̃_t/∂w the
       "warmup" derivatives follow (module docstring); None without a warmup.
@@ -84,6 +94,19 @@ class OptimizerSensitivities(NamedTuple):
     diverged: jax.Array
     kappa: jax.Array
     beyond_edge: jax.Array
+    outcome: jax.Array
+
+    @property
+    def divergence(self) -> str:
+        return divergence_verdict(self.outcome)
+
+    @property
+    def divergence_reason(self) -> str | None:
+        return divergence_reason(self.outcome, self.diverged, self.kappa)
+
+    @property
+    def training_time_reason(self) -> str | None:
+        return time_reason(self.training_time_code)
 
 
 def hyperparameter_names(optimizer, with_tangent: bool) -> tuple[str, ...]:
@@ -140,8 +163,8 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
                     acc_temperature, *, kind, names, warm, traced, test_traced, loss, window):
     """Values and derivatives (module docstring). ``batches`` (P, T, B); ``tangents`` (a,
     a_test) or Nones; ``warm``: the smoothing for the warmup derivative (None: no warmup).
-    Returns (settled quantities, L_T, hyperparameter values (k,), diverged, κ, beyond_edge),
-    the derivatives' columns in the order of ``names``."""
+    Returns (settled quantities, L_T, hyperparameter values (k,), diverged, κ, beyond_edge,
+    outcome), the derivatives' columns in the order of ``names``."""
     base = data[0] if kind == "adam" else data  # the Adam kernel's plain head-aware kernel
     psd, lams = _clamped(kind, base)
     dtype = base.f0.dtype if kind == "plain" else base.features.dtype
@@ -156,7 +179,7 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
                              test_traced=test_traced, loss=loss)
         if kind == "head_aware":
             return _head_sgd_core(data, y, opt, bt, a, a_test, loss=loss)
-        return _adam_core(data[0], data[1], y, opt, bt, a, a_test, loss=loss)
+        return _adam_core(data[0], data[1], y, opt, bt, a, a_test, loss=loss, table=data[2])
 
     if warm is not None:
         at = names.index("warmup")
@@ -179,9 +202,10 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
     peak = jnp.max(optimizer.learning_rates(steps)).astype(dtype)
     pred = _summarise(fs, fts, y, y_test, size, peak, jnp.asarray(optimizer.momentum, dtype),
                       lams, nesterov=optimizer.nesterov, loss=loss,
-                      stochastic=fs.shape[0] > 1)
-    settled = settle(values, jac, pred, y_test, epsilon, window)
-    return settled, pred.loss[-1], point, pred.diverged, pred.kappa, pred.beyond_edge
+                      stochastic=fs.shape[0] > 1, frozen=kind == "plain")
+    settled = settle(values, jac, pred, y_test, epsilon, window, is_blind(kind, loss, pred))
+    return (settled, pred.loss[-1], point, pred.diverged, pred.kappa, pred.beyond_edge,
+            pred.outcome)
 
 
 def optimizer_sensitivities(prepared, epsilon, temperature, accuracy_temperature, *, loss,
@@ -189,18 +213,20 @@ def optimizer_sensitivities(prepared, epsilon, temperature, accuracy_temperature
     """Run the core on a problem validated by
     ``ntk_tt.analysis._whatif_checks._prepare_optimizer`` and name its outputs."""
     p = prepared
-    (t_soft, t_hard, code, acc, soft, jac), final, point, div, kappa, edge = _optimizer_core(
-        p.data, p.y, p.y_test, p.optimizer, p.batches, p.tangents,
-        *(jnp.asarray(v, p.dtype) for v in (epsilon, temperature, accuracy_temperature)),
-        kind=p.kind, names=p.names, warm=p.warm, traced=p.traced, test_traced=p.test_traced,
-        loss=loss, window=window)
+    (t_soft, t_hard, code, acc, soft, jac), final, point, div, kappa, edge, said = \
+        _optimizer_core(
+            p.data, p.y, p.y_test, p.optimizer, p.batches, p.tangents,
+            *(jnp.asarray(v, p.dtype) for v in (epsilon, temperature, accuracy_temperature)),
+            kind=p.kind, names=p.names, warm=p.warm, traced=p.traced,
+            test_traced=p.test_traced, loss=loss, window=window)
     values = (t_soft, final, soft)
-    grads = {q: {n: jac[i, j] for j, n in enumerate(p.names)} for i, q in enumerate(QUANTITIES)}
+    quantities = QUANTITIES[:jac.shape[0]]  # no accuracy row without held-out data
+    grads = {q: {n: jac[i, j] for j, n in enumerate(p.names)} for i, q in enumerate(quantities)}
     elastic = {q: {n: point[j] * jac[i, j] / values[i] for j, n in enumerate(p.names)}
-               for i, q in enumerate(QUANTITIES)}
+               for i, q in enumerate(quantities)}
     return OptimizerSensitivities(
         hyperparameters={n: point[j] for j, n in enumerate(p.names)},
         training_time=t_soft, training_time_hard=t_hard, training_time_code=code,
         final_loss=final, test_accuracy=acc, soft_test_accuracy=soft, gradients=grads,
         elasticities=elastic, warmup_smoothing=p.warm, diverged=div, kappa=kappa,
-        beyond_edge=edge)
+        beyond_edge=edge, outcome=said)

@@ -233,12 +233,7 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                             where="head_aware_adam_trajectory", loss=loss,
                                             a_h=a_h, a_h_test=a_h_test)
     hp = _check_precond(ak.precond, hk)
-    table = None
-    if ak.drift is not None:
-        if not isinstance(ak.drift, DriftTable):
-            raise ValueError(f"ak.drift must be a DriftTable or None, got "
-                             f"{type(ak.drift).__name__}: build ak with adam_head_aware_kernel.")
-        table = jax.tree.map(lambda a: jnp.asarray(a, hk.features.dtype), ak.drift)
+    table = drift_in_dtype(ak.drift, hk.features.dtype)
     bsz = optimizer.batch_size or hk.features.shape[0]
     if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != bsz:
         raise ValueError(f"ak was built for batch size {ak.batch_size} (v̄ depends on B), the "
@@ -246,6 +241,17 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                          "optimizer).")
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
     return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
+
+
+def drift_in_dtype(drift, dtype) -> DriftTable | None:
+    """``AdamKernel.drift`` checked (a :class:`DriftTable` or None: the frozen profile) and
+    cast to the predictor's dtype. Raises ValueError for anything else."""
+    if drift is None:
+        return None
+    if not isinstance(drift, DriftTable):
+        raise ValueError(f"ak.drift must be a DriftTable or None, got "
+                         f"{type(drift).__name__}: build ak with adam_head_aware_kernel.")
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), drift)
 
 
 def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
