@@ -59,6 +59,22 @@ def time_reason(code) -> str | None:
     return REASONS.get(int(code))
 
 
+def verdict(result) -> str:
+    """``result.divergence``: "yes" / "no" / "unknown" from its outcome code, as
+    :attr:`ntk_tt.Prediction.divergence`."""
+    return divergence_verdict(result.outcome)
+
+
+def verdict_reason(result) -> str | None:
+    """``result.divergence_reason``: why the call is what it is (None when it converges)."""
+    return divergence_reason(result.outcome, result.diverged, result.kappa)
+
+
+def training_time_reason(result) -> str | None:
+    """``result.training_time_reason``: why T_ε is NaN (None when it is defined)."""
+    return time_reason(result.training_time_code)
+
+
 class Sensitivities(NamedTuple):
     """Result of :func:`ntk_tt.sensitivities` (all float scalars unless stated).
 
@@ -113,17 +129,9 @@ class Sensitivities(NamedTuple):
     beyond_edge: jax.Array
     outcome: jax.Array
 
-    @property
-    def divergence(self) -> str:
-        return divergence_verdict(self.outcome)
-
-    @property
-    def divergence_reason(self) -> str | None:
-        return divergence_reason(self.outcome, self.diverged, self.kappa)
-
-    @property
-    def training_time_reason(self) -> str | None:
-        return time_reason(self.training_time_code)
+    divergence = property(verdict)
+    divergence_reason = property(verdict_reason)
+    training_time_reason = property(training_time_reason)
 
 
 class WhatIfGrid(NamedTuple):

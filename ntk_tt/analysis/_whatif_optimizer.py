@@ -38,12 +38,12 @@ import jax.numpy as jnp
 from ntk_tt._schedules import Schedule
 from ntk_tt.analysis._whatif_core import (
     _clamped,
-    divergence_reason,
-    divergence_verdict,
     is_blind,
     measure,
     settle,
-    time_reason,
+    training_time_reason,
+    verdict,
+    verdict_reason,
 )
 from ntk_tt.dynamics._adam_head_aware import _adam_core
 from ntk_tt.dynamics._optim_head_aware import _head_sgd_core
@@ -96,17 +96,9 @@ class OptimizerSensitivities(NamedTuple):
     beyond_edge: jax.Array
     outcome: jax.Array
 
-    @property
-    def divergence(self) -> str:
-        return divergence_verdict(self.outcome)
-
-    @property
-    def divergence_reason(self) -> str | None:
-        return divergence_reason(self.outcome, self.diverged, self.kappa)
-
-    @property
-    def training_time_reason(self) -> str | None:
-        return time_reason(self.training_time_code)
+    divergence = property(verdict)
+    divergence_reason = property(verdict_reason)
+    training_time_reason = property(training_time_reason)
 
 
 def hyperparameter_names(optimizer, with_tangent: bool) -> tuple[str, ...]:
