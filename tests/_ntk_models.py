@@ -1,6 +1,7 @@
 """Tiny test networks (MLP and CNN with several parameter leaves) and a brute-force Θ.
 
-Shared by test_linearize, test_ntk and test_sketch. Build them inside ``jax.enable_x64(True)``
+Shared by test_linearize, test_ntk, test_sketch, test_optimizer_api and
+test_optimizer_timing. Build them inside ``jax.enable_x64(True)``
 for float64.
 """
 
@@ -11,7 +12,20 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.flatten_util import ravel_pytree
+
+
+class TanhHeadNet(nnx.Module):
+    """A flax MLP, tanh hidden layer ``l1`` (its backbone: Linear(6, width)) and a linear
+    ``head`` (Linear(width, classes)), for ``ntk_tt.split_head``."""
+
+    def __init__(self, width=16, classes=3, *, rngs):
+        self.l1 = nnx.Linear(6, width, rngs=rngs)
+        self.head = nnx.Linear(width, classes, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.l1(x)))
 
 
 def mlp(key, d_in=6, width=8, c=3):

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 from _dynamics_helpers import linear_apply, linear_problem
+from _ntk_models import TanhHeadNet
 from flax import nnx
 
 import ntk_tt
@@ -84,17 +85,6 @@ def test_head_aware_prediction_equals_finetune_of_a_linear_backbone():
     _check_same(pred, run, opt, 0.1)
 
 
-class TanhNet(nnx.Module):
-    """A small MLP with a tanh hidden layer (its backbone) and a linear ``head``."""
-
-    def __init__(self, *, rngs):
-        self.l1 = nnx.Linear(6, 16, rngs=rngs)
-        self.head = nnx.Linear(16, C, rngs=rngs)
-
-    def __call__(self, x):
-        return self.head(jnp.tanh(self.l1(x)))
-
-
 # measured (N = 32, T = 60, AdamW λ = 0.1, warmup 10 + cosine, exact feature kernel): max
 # relative distance of the predicted loss curve to the linearised-model reference with the
 # drifting second-moment profile (the default) 0.6 % (GD, peak 3e-3), 9.6 % (GD, peak 2e-2)
@@ -110,7 +100,7 @@ def test_fast_adamw_prediction_is_close_to_the_linearised_reference(batch_size, 
                                                                      steps_tol):
     kx, ky = jax.random.split(jax.random.key(0))
     x, y = jax.random.normal(kx, (32, 6)), jax.random.randint(ky, (32,), 0, C)
-    model = TanhNet(rngs=nnx.Rngs(0))
+    model = TanhHeadNet(rngs=nnx.Rngs(0))
     apply_fn, params = ntk_tt.from_nnx(model)
     opt = ntk_tt.adamw(ntk_tt.warmup_cosine(peak, 10, 60), weight_decay=0.1,
                        batch_size=batch_size)
@@ -238,7 +228,7 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
     inputs, an Adam kernel of another batch size, or one without ``head`` are refused."""
     kx, ky = jax.random.split(jax.random.key(0))
     x, y = jax.random.normal(kx, (32, 6)), jax.random.randint(ky, (32,), 0, C)
-    model = TanhNet(rngs=nnx.Rngs(0))
+    model = TanhHeadNet(rngs=nnx.Rngs(0))
     apply_fn, params = ntk_tt.from_nnx(model)
     head, key = ntk_tt.split_head(model), jax.random.key(3)
     hk = ntk_tt.head_aware_kernel(head, x)
@@ -303,7 +293,7 @@ def test_adam_with_l2_decay_is_refused_by_predict_and_trained_by_finetune(monkey
     monkeypatch.setattr(_predict_optimizer, "adam_head_aware_kernel", no_kernel)
     kx, ky = jax.random.split(jax.random.key(0))
     x, y = jax.random.normal(kx, (N, 6)), jax.random.randint(ky, (N,), 0, C)
-    model = TanhNet(rngs=nnx.Rngs(0))
+    model = TanhHeadNet(rngs=nnx.Rngs(0))
     apply_fn, params = ntk_tt.from_nnx(model)
     lr, lam, steps = 1e-2, 0.1, 5
     opt = ntk_tt.adam(lr, weight_decay=lam)

@@ -10,10 +10,9 @@ hand.
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from _ntk_models import inputs, mlp
+from _ntk_models import TanhHeadNet, inputs, mlp
 from flax import nnx
 
 import ntk_tt
@@ -23,17 +22,6 @@ N, C, T = 24, 3, 40
 COMPILE = "/jax/core/compile/backend_compile_duration"
 EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
           "/jax/core/compile/jaxpr_to_mlir_module_duration", COMPILE)
-
-
-class Net(nnx.Module):
-    """tanh backbone Linear(6, 8) and a linear head (for ``head=split_head``)."""
-
-    def __init__(self, *, rngs):
-        self.body = nnx.Linear(6, 8, rngs=rngs)
-        self.head = nnx.Linear(8, C, rngs=rngs)
-
-    def __call__(self, x):
-        return self.head(jnp.tanh(self.body(x)))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +92,7 @@ def test_head_aware_minibatch_sgd_and_adam_twice(data):
     """Head-aware SGD (the kernel built in the call) and Adam (its kernel passed in: the
     recursion and the checks are what is timed)."""
     x, y, xt, yt = data
-    model = Net(rngs=nnx.Rngs(0))
+    model = TanhHeadNet(8, C, rngs=nnx.Rngs(0))
     apply_fn, params = ntk_tt.from_nnx(model)
     head = ntk_tt.split_head(model)
     sgd = ntk_tt.sgd(ntk_tt.warmup_cosine(0.05, 5, T), 0.9, weight_decay=1e-3, batch_size=8)
@@ -144,7 +132,7 @@ def test_diverged_adam_names_the_step(data60):
     """Head-aware Adam at lr 1e4 blows up; divergence "yes" says at which step, the step of
     the divergence rule (the final rise above L_0 begins after the last step ≤ L_0)."""
     x, y = data60
-    model = Net(rngs=nnx.Rngs(0))
+    model = TanhHeadNet(8, C, rngs=nnx.Rngs(0))
     apply_fn, params = ntk_tt.from_nnx(model)
     pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adamw(1e4), steps=50,
                           head=ntk_tt.split_head(model))
