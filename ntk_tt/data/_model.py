@@ -8,7 +8,6 @@ through :func:`from_nnx`, the single adapter.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import jax
@@ -139,11 +138,22 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     return n, c
 
 
-@partial(jax.jit, static_argnums=0)
 def _together_and_alone(apply_fn: ApplyFn, params: Any, xs: jax.Array):
     """Logits of ``xs`` as one batch and one sample at a time (one compiled call: eager
-    op-by-op dispatch compiled every primitive apart, ~3 s for a small CNN)."""
+    op-by-op dispatch compiled every primitive apart, ~3 s for a small CNN). A
+    ``jax.tree_util.Partial`` model is passed as a pytree (its bound arrays traced: one
+    program for every value of them), any other callable as a static argument."""
+    if isinstance(apply_fn, jax.tree_util.Partial):
+        return _together_and_alone_traced(apply_fn, params, xs)
+    return _together_and_alone_static(apply_fn, params, xs)
+
+
+def _both(apply_fn, params, xs):
     return apply_fn(params, xs), jax.vmap(lambda xi: apply_fn(params, xi[None])[0])(xs)
+
+
+_together_and_alone_static = jax.jit(_both, static_argnums=0)
+_together_and_alone_traced = jax.jit(_both)
 
 
 def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int) -> None:

@@ -38,13 +38,15 @@ of (g_i − g_0)² over a uniform subsample), not all N.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.tree_util import Partial
 
 from ntk_tt.dynamics._noise import _mean_grad, _sum_sq_dev
-from ntk_tt.kernels._head_aware import HeadAwareKernel, feature_mixing
+from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
 TABLE_SIZE = 257
@@ -74,31 +76,39 @@ def gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss: str, samples: int
     squared and the per-sample gradient variance (divisor N) estimated without bias as the
     mean of (g_i − g_0)² over ``samples`` inputs (all N if fewer; drawn with ``key``, evenly
     spaced over the set if None)."""
-    def apply(p, xx):
-        return feature_fn(p, xx) @ w0 + b0
-
+    # gradients of (backbone, W, b) through one module-level model (the compiled programs are
+    # reused by every call on the same network); the head's entries are dropped
+    apply, params = _WithHead(feature_fn), (bparams, w0, b0)
     n = x.shape[0]
-    g0 = _mean_grad(apply, bparams, x, y, loss)
+    g0 = _mean_grad(apply, params, x, y, loss)
     m = min(samples, n)
     pick = (jnp.floor(jnp.arange(m) * (n / m)).astype(jnp.int32) if key is None
             else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
     total = jax.tree.map(jnp.zeros_like, bparams)
     for start in range(0, m, CHUNK):
         rows = pick[start:start + CHUNK]
-        part = _sum_sq_dev(apply, bparams, x[rows], y[rows], loss, g0)
+        part = _sum_sq_dev(apply, params, x[rows], y[rows], loss, g0)[0]
         total = jax.tree.map(jnp.add, total, part)
-    return jax.tree.map(jnp.square, g0), jax.tree.map(lambda s: s / m, total)
+    return jax.tree.map(jnp.square, g0[0]), jax.tree.map(lambda s: s / m, total)
 
 
 def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype) -> tuple[DriftTable, object]:
     """(:class:`DriftTable`, v̄ pytree) from g_0² and σ² (pytrees): v̄ = g_0² + c_B σ²,
     c_B = (N − B)/(B(N − 1)), the frozen model's expected squared minibatch gradient."""
+    c_b = 0.0 if bsz == n else (n - bsz) / (bsz * (n - 1))
+    table = _table(g0sq, sigma2, eps, c_b)
+    vbar = jax.tree.map(lambda g, s: g + c_b * s, g0sq, sigma2)
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), table), vbar
+
+
+@jax.jit
+def _table(g0sq, sigma2, eps, c_b) -> DriftTable:
+    """The table's sums over parameters (one program per network, any ε and B)."""
     leaves = jax.tree.leaves
     g2 = jnp.concatenate([v.ravel() for v in leaves(g0sq)])
     s2 = jnp.concatenate([v.ravel() for v in leaves(sigma2)])
     big_g, total = jnp.sum(g2), jnp.sum(s2)
     unit = jnp.where(total > 0, s2 / jnp.where(total > 0, total, 1.0), g2 / big_g)
-    c_b = 0.0 if bsz == n else (n - bsz) / (bsz * (n - 1))
     noise = c_b * total
     grid = jnp.linspace(0.0, 1.0, TABLE_SIZE, dtype=g2.dtype) ** 3
 
@@ -107,9 +117,7 @@ def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype) -> tuple[DriftTable,
         return jnp.sum(g2 * p), big_g * jnp.sum(unit * p)
 
     along, across = jax.lax.map(sums, grid)
-    table = DriftTable(grid, along, across, noise / (big_g + noise), 1.0 + noise / big_g)
-    vbar = jax.tree.map(lambda g, s: g + c_b * s, g0sq, sigma2)
-    return jax.tree.map(lambda a: jnp.asarray(a, dtype), table), vbar
+    return DriftTable(grid, along, across, noise / (big_g + noise), 1.0 + noise / big_g)
 
 
 def _on_grid(table: DriftTable, lam):
@@ -143,10 +151,7 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
     (through the head W_0 and divided by tr(W_0ᵀ S W_0) unless "exact")."""
     feature_fn, bparams, w0, _ = split
     zeros = jax.tree.map(jnp.zeros_like, bparams)
-
-    def pre_features(tp, xx):
-        return feature_fn(jax.tree.map(lambda p0, t, r: p0 + t * r, bparams, tp, root), xx)
-
+    pre_features = Partial(_Preconditioned(feature_fn), bparams, root)
     if backbone == "exact":
         kp = empirical_ntk(pre_features, zeros, x)
         kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
@@ -159,11 +164,25 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
                 else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
         mixing = feature_mixing(pre_features, zeros, x[pick])
 
-    def pre_logits(tp, xx):
-        return pre_features(tp, xx) @ w0
-
+    pre_logits = Partial(_Preconditioned(feature_fn, with_head=True), bparams, root, w0)
     trace = jnp.trace(w0.T @ mixing @ w0)
     kp = empirical_ntk(pre_logits, zeros, x, trace_logits=True) / trace
     kpt = (None if x_test is None
            else empirical_ntk(pre_logits, zeros, x_test, x, trace_logits=True) / trace)
     return hk._replace(backbone=kp, mixing=mixing, backbone_test=kpt)
+
+
+@dataclass(frozen=True)
+class _Preconditioned:
+    """``(θ_0, root[, W_0], θ', x) ↦ h(θ_0 + θ'·root, x)`` (``@ W_0`` with ``with_head``), equal
+    for the same ``feature_fn``: bound to its arrays with ``jax.tree_util.Partial``, the
+    kernel's compiled Jacobian program is reused for every root (each optimiser, batch size
+    and call) instead of compiled per call around a fresh closure."""
+
+    feature_fn: Any
+    with_head: bool = False
+
+    def __call__(self, bparams, root, *rest):
+        *head, tp, xx = rest
+        h = self.feature_fn(jax.tree.map(lambda p0, t, r: p0 + t * r, bparams, tp, root), xx)
+        return h @ head[0] if self.with_head else h

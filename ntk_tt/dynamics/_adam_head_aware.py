@@ -74,7 +74,12 @@ from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
-from ntk_tt.kernels._head_aware import HeadAwareKernel, check_head_aware, head_aware_kernel
+from ntk_tt.kernels._head_aware import (
+    HeadAwareKernel,
+    _WithHead,
+    check_head_aware,
+    head_aware_kernel,
+)
 
 PROFILES = ("drift", "frozen")
 
@@ -185,14 +190,12 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
     """v̄ = g_0² + σ²·(N − B)/(B(N − 1)) per backbone parameter (module docstring)."""
-    def backbone_apply(p, xx):
-        return feature_fn(p, xx) @ w0 + b0
-
+    apply, params = _WithHead(feature_fn), (bparams, w0, b0)  # head entries dropped
     n = x.shape[0]
-    vbar = jax.tree.map(jnp.square, _mean_grad(backbone_apply, bparams, x, y, loss))
+    vbar = jax.tree.map(jnp.square, _mean_grad(apply, params, x, y, loss)[0])
     if bsz == n:
         return vbar
-    var = gradient_variance(backbone_apply, bparams, x, y, loss=loss)
+    var = gradient_variance(apply, params, x, y, loss=loss)[0]
     return jax.tree.map(lambda v, s: v + s * (n - bsz) / (bsz * (n - 1)), vbar, var)
 
 

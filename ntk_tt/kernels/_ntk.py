@@ -97,9 +97,7 @@ def _jacobian_fns(apply_fn, params, x, x2, rows, cols, cot, symmetric):
     def spec(inputs, m):
         return jax.ShapeDtypeStruct((m, *np.shape(inputs)[1:]), jnp.result_type(inputs))
 
-    leaves, treedef = jax.tree.flatten(params)
-    avals = (treedef, tuple((np.shape(v), jnp.result_type(v), getattr(v, "weak_type", False))
-                            for v in leaves))
+    avals = _avals(params)
     cot_spec = jax.ShapeDtypeStruct(cot.shape, cot.dtype)
     row_fn, row_bytes = _compiled_block(apply_fn, avals, params, spec(x, rows), cot_spec)
     if symmetric or spec(x2, cols) == spec(x, rows):
@@ -117,16 +115,36 @@ def _compiled_block(apply_fn, avals, params, block, cot):
     XLA's ``(working, output)`` bytes for it. AOT executables are not in jit's cache, so the
     last ``_COMPILED_MAX`` are kept here, keyed on ``apply_fn``, the parameters' shapes and
     dtypes and the shapes: an exact and a traced kernel of one model, or a kernel per call on
-    the same inputs, compile once."""
-    key = (apply_fn, avals, block, cot)
+    the same inputs, compile once. A ``jax.tree_util.Partial(func, *arrays)`` is keyed on
+    ``func`` and the arrays' shapes, its arrays passed as arguments: a model with other values
+    bound (e.g. a preconditioned reparametrisation) reuses the program."""
+    bound = isinstance(apply_fn, jax.tree_util.Partial) and not apply_fn.keywords
+    func, args = (apply_fn.func, apply_fn.args) if bound else (apply_fn, ())
+    key = (func, _avals(args), avals, block, cot)
     if key not in _COMPILED:
-        fn = structured_jacobian.lower(apply_fn, params, block, cot).compile()
+        fn = (_bound_jacobian.lower(func, args, params, block, cot) if bound
+              else structured_jacobian.lower(apply_fn, params, block, cot)).compile()
         ma = fn.memory_analysis()
         while len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
         _COMPILED[key] = fn, (ma.temp_size_in_bytes + ma.argument_size_in_bytes,
                               ma.output_size_in_bytes)
-    return _COMPILED[key]
+    fn, nbytes = _COMPILED[key]
+    return (partial(fn, args) if bound else fn), nbytes
+
+
+def _avals(tree) -> tuple:
+    """Hashable structure, shapes and dtypes of a pytree of arrays (a compilation key)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(v), jnp.result_type(v), getattr(v, "weak_type", False))
+                          for v in leaves)
+
+
+@partial(jax.jit, static_argnums=0)
+def _bound_jacobian(func, args, params, xb, cot):
+    """``structured_jacobian`` of ``jax.tree_util.Partial(func, *args)`` with ``args`` traced:
+    one program for every value of the bound arrays (``func`` hashable)."""
+    return structured_jacobian(jax.tree_util.Partial(func, *args), params, xb, cot)
 
 
 def _jacobian_bytes(apply_fn, params, x, c, dtype) -> tuple[int, int]:
