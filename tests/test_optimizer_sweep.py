@@ -137,6 +137,12 @@ def test_summary_against_a_hand_computation():
     assert s["constant_same_tasks"]["rows"] == 1
     assert s["sgdm_minus_constant_p95_points"]["gd"] == pytest.approx(100 * (sgdm["p95"] - .2))
     assert s["cost"]["per_task_median_ratio"] == pytest.approx(4 * 30 / (4 + 4))
+    assert "per_task_median_ratio_compile_excluded" not in s["cost"]  # no warm kernel times
+    warm = summarize_optimizers(frame.assign(task_seconds_kernel_warm=[1.0, 1.0, 2.0, 2.0]),
+                                constant)
+    assert warm["cost"]["per_task_median_ratio_compile_excluded"] == pytest.approx(
+        4 * 30 / (2 + 4))  # the task's kernels: the largest running total, 2 s
+    assert warm["cost"]["per_task_median_ratio"] == s["cost"]["per_task_median_ratio"]
     assert s["real_source"] == {"reused": 2, "fine-tuned": 2}
     # identical predicted and real curves: every absolute target reached at the same step
     loss = s["families"]["all"]["absolute_targets"]["gd"]["loss"]
