@@ -116,16 +116,17 @@ def test_shorthand_seconds_add_up_too(data):
 
 def test_frozen_kernel_far_beyond_the_edge_has_no_negative_zeros(data60):
     """At peak η 1e3 the frozen cross-entropy recursion drives the logit margins so far that
-    the loss rounds to 0 (as the kernel predictor's own curve says: −0.0 there, the negated
-    log-softmax of 0), which must read 0.0; the verdict is "yes" with the reason."""
+    the loss rounds to 0, which must read +0.0 in predict's and in the kernel predictor's own
+    curve (it was −0.0, the negated log-softmax of 0); the verdict is "yes" with the
+    reason."""
     x, y = data60
     apply_fn, params = mlp(jax.random.key(0), width=16, c=C)
     opt = ntk_tt.sgd(ntk_tt.warmup_cosine(1e3, 10, 100), 0.9)
     pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=100)
     ref = ntk_tt.predict_from_kernel(ntk_tt.empirical_ntk(apply_fn, params, x),
                                      apply_fn(params, x), y, optimizer=opt, steps=100)
-    assert np.signbit(np.asarray(ref.loss)[-1])  # the case: −0.0 before the fix
     np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    assert ref.loss[-1] == 0.0 and not np.signbit(ref.loss).any()  # −0.0 before the fix
     assert pred.loss[-1] == 0.0 and np.all(pred.loss >= 0)
     assert not np.signbit(pred.loss).any() and not np.signbit(pred.error).any()
     assert pred.divergence == "yes" and "≥ 68" in pred.divergence_reason

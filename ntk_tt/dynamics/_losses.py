@@ -21,8 +21,8 @@ from ntk_tt._options import check_loss as check_loss
 def per_sample_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
     """Per-sample loss, shape (N,), from logits (N, C) and integer labels (N,)."""
     c = logits.shape[-1]
-    if loss == "cross_entropy":
-        return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=-1)[:, 0]
+    if loss == "cross_entropy":  # 0 − log p: a loss that rounds to 0 is +0.0, not −0.0
+        return 0.0 - jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=-1)[:, 0]
     if loss == "mse":
         return 0.5 * jnp.sum((logits - jax.nn.one_hot(y, c, dtype=logits.dtype)) ** 2, axis=-1)
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
