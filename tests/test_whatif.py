@@ -369,10 +369,8 @@ BAD_GRID = [
     (dict(momenta=[-0.5]), "momenta has an entry outside"),
     (dict(epsilon=1.0), "epsilon must be in"),
     (dict(window=2), "window must be an odd int"),
-    # issue 25: a plain "unexpected keyword argument" TypeError before
-    (dict(optimizer=ntk_tt.adamw(1e-3)), r"divergence_boundary takes constant-η SGD grids "
-     r"only \(learning_rates × momenta.*ntk_tt.predict\(\.\.\., optimizer=\).*"
-     r"ntk_tt.sensitivities\(\.\.\., optimizer=\)"),
+    # issue 27: optimizer= is taken (tests/test_boundary_optimizer.py); Adam needs an AdamKernel
+    (dict(optimizer=ntk_tt.adamw(1e-3)), r"pass kernel=ntk_tt.adam_head_aware_kernel"),
 ]
 
 

@@ -20,7 +20,9 @@ Two questions a researcher asks before a fine-tune, answered from the empirical 
   loss or L_T > L_0), T_ε and L_T on the grid, and for each m the largest grid η below the
   first diverging one: the predicted stability boundary. For MSE and full-batch GD on a
   frozen kernel it is the linear model's edge η·λ_max/N = 2(1 + m) (heavy ball; METHOD.md §2,
-  ``beyond_edge`` of :func:`ntk_tt.predict_from_kernel`) up to the grid spacing.
+  ``beyond_edge`` of :func:`ntk_tt.predict_from_kernel`) up to the grid spacing. With
+  ``optimizer=``, the grid is the schedule's peak × m or β₁ for that optimiser
+  (``_whatif_boundary``, issue 27).
 
 :func:`ntk_tt.plot_whatif` draws the grid (``_whatif_plot``). Both computations use the exact
 discrete recursion (``method="discrete"``, the default of ``predict``): the plain kernel Θ
@@ -36,6 +38,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt.analysis._whatif_boundary import optimizer_grid
 from ntk_tt.analysis._whatif_checks import (
     _check_epsilon,
     _check_grid,
@@ -156,11 +159,7 @@ def sensitivities(
             num_paths=num_paths, warmup_smoothing=warmup_smoothing)
         return optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
                                        loss=loss, window=window)
-    extra_args = [k for k, v in (("a", a), ("a_test", a_test),
-                                 ("warmup_smoothing", warmup_smoothing)) if v is not None]
-    if extra_args:
-        raise ValueError(f"{', '.join(extra_args)} belong(s) to sensitivities(..., optimizer=): "
-                         "pass optimizer=ntk_tt.sgd(...) (weight decay, schedules) or drop them.")
+    _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
     nesterov = False if nesterov is None else nesterov
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
@@ -179,6 +178,14 @@ def sensitivities(
         num_paths=num_paths, window=window)
 
 
+def _optimizer_only(where: str, **given) -> None:
+    """ValueError for arguments of ``where(..., optimizer=)`` given without an optimiser."""
+    extra_args = [k for k, v in given.items() if v is not None]
+    if extra_args:
+        raise ValueError(f"{', '.join(extra_args)} belong(s) to {where}(..., optimizer=): "
+                         "pass optimizer=ntk_tt.sgd(...) (weight decay, schedules) or drop them.")
+
+
 def _boundary(lrs: np.ndarray, diverged: np.ndarray):
     """(boundary, inside, monotone) per row of ``diverged`` (G_m, G_η)."""
     inside = diverged.any(axis=1)
@@ -191,11 +198,11 @@ def _boundary(lrs: np.ndarray, diverged: np.ndarray):
 
 def divergence_boundary(
     kernel, y, *, momenta, learning_rates, steps, batch_size=None, epsilon=0.1, key=None,
-    y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=False,
-    loss="cross_entropy", num_paths=32, window=5, optimizer=None,
+    y_test=None, f0=None, kernel_test=None, f0_test=None, nesterov=None,
+    loss="cross_entropy", num_paths=32, window=5, optimizer=None, a=None, a_test=None,
 ) -> WhatIfGrid:
     """The predicted divergence boundary, T_ε and L_T over an η × m grid, from one kernel
-    (paper Sec. 3–5; METHOD.md §2 "Divergence", §3, §6).
+    (paper Sec. 3–5; METHOD.md §2 "Divergence", §3, §6; with ``optimizer=``, §11).
 
     Every grid point is :func:`ntk_tt.predict_from_kernel` (``method="discrete"``, the exact
     linearised recursion, which predicts divergence) for a plain kernel, or
@@ -211,15 +218,32 @@ def divergence_boundary(
     G_m·G_η·P·(T + 1)·(N + N_test)·C floats (P = ``num_paths`` for SGD, else 1); for a large
     grid call it once per slice of ``momenta``.
 
+    With ``optimizer=`` (an :class:`ntk_tt.Optimizer` template; ``batch_size`` and
+    ``nesterov`` then come from it) a grid point is ``predict_from_kernel`` /
+    ``predict_head_aware`` with ``optimizer=`` (``ntk_tt.analysis._whatif_boundary``: the
+    frozen-kernel or head-aware SGD recursion, or on an :class:`ntk_tt.AdamKernel` the fast
+    Adam predictor) for the template with ``learning_rates[j]`` as the PEAK of its schedule
+    and ``momenta[i]`` as its momentum (SGD's m, Adam's β₁). The schedule is rescaled by one
+    multiplier, η_t·η_peak/η_max with η_max the template's largest η_t over the ``steps``
+    updates (= its peak field at an integer warmup): a constant becomes η_peak, a
+    warmup_cosine's init and end scale with its peak, and a callable schedule is accepted
+    and scaled the same way. Everything else (rule, Nesterov, b2, eps, weight decay and its
+    coupling, batch size, warmup and decay shape) is the template's. ``kappa`` is
+    η_peak·λ_max/N; ``beyond_edge`` compares it with the heavy-ball (Nesterov) edge of m for
+    SGD; Adam has no linear edge (its call comes from the curve): ``beyond_edge`` is False.
+
     Args:
       kernel, y, steps, batch_size, key, y_test, f0, kernel_test, f0_test, nesterov, loss,
         num_paths: as :func:`sensitivities` (``key`` is shared by every grid point: the same
-        SGD batch orders everywhere).
-      momenta: (G_m,) strictly increasing momenta in [0, 1).
-      learning_rates: (G_η,) strictly increasing learning rates > 0 (e.g. ``np.geomspace``).
+        SGD batch orders everywhere; with ``optimizer=`` an Adam one needs an AdamKernel).
+      momenta: (G_m,) strictly increasing momenta in [0, 1) (Adam: β₁).
+      learning_rates: (G_η,) strictly increasing learning rates > 0 (e.g. ``np.geomspace``);
+        with ``optimizer=`` the schedule's peaks.
       epsilon: ε ∈ (0, 1) of the T_ε grid. window: odd smoothing window of T_ε.
-      optimizer: not taken (the grid is constant-η SGD, ``learning_rates`` × ``momenta``);
-        given, it is refused with where to go instead.
+      optimizer: an :class:`ntk_tt.Optimizer` (``ntk_tt.sgd``, ``adam``, ``adamw``), or None
+        for constant-η SGD.
+      a, a_test: J·θ0 on the training / held-out inputs, with ``optimizer=`` only: as
+        :func:`sensitivities` (needed for weight decay λ > 0).
 
     Returns:
       :class:`WhatIfGrid` of numpy arrays: ``diverged``, ``training_time`` (optimiser steps),
@@ -230,21 +254,28 @@ def divergence_boundary(
     Raises:
       ValueError (before any work, with how to fix it): ``momenta`` or ``learning_rates`` not
       1-D, empty, unsorted, with an η ≤ 0 or an m ∉ [0, 1); ε ∉ (0, 1); ``window`` not odd
-      in [1, steps + 1]; ``optimizer`` given; and the checks of :func:`sensitivities` on
-      the other arguments.
+      in [1, steps + 1]; ``a``/``a_test`` without ``optimizer``; ``batch_size`` or
+      ``nesterov`` with it; and the checks of :func:`sensitivities` on the other arguments
+      (with ``optimizer``: a schedule not finite and ≥ 0, never > 0 or whose warmup does not
+      end before ``steps``; λ > 0 without ``a``; Adam without an AdamKernel, an AdamKernel
+      with SGD or of another batch size, Adam with L2 decay).
     """
     if optimizer is not None:
-        raise ValueError(
-            "divergence_boundary takes constant-η SGD grids only (learning_rates × momenta, "
-            "with nesterov and batch_size), not optimizer=: for another optimiser or a "
-            "schedule, predict each candidate with ntk_tt.predict(..., optimizer=) or take "
-            "derivatives with ntk_tt.sensitivities(..., optimizer=).")
+        check_shorthand(optimizer, where="divergence_boundary", batch_size=batch_size,
+                        nesterov=nesterov)
+    else:
+        _optimizer_only("divergence_boundary", a=a, a_test=a_test)
     lrs = _check_grid(learning_rates, "learning_rates", 0.0, None,
                       "pass positive step sizes, e.g. np.geomspace(1e-4, 1e-1, 32).")
     ms = _check_grid(momenta, "momenta", 0.0, 1.0,
                      "pass momenta in [0, 1), e.g. np.array([0.0, 0.5, 0.9]).")
     _check_epsilon(epsilon)
     _check_window(window, steps)
+    if optimizer is not None:
+        return _as_grid(lrs, ms, optimizer_grid(
+            kernel, y, optimizer, lrs, ms, steps=steps, epsilon=epsilon, key=key,
+            y_test=y_test, f0=f0, kernel_test=kernel_test, f0_test=f0_test, a=a, a_test=a_test,
+            loss=loss, num_paths=num_paths, window=window), epsilon, steps)
     kind, data, y, y_test, batch_size, _ = _prepare(
         kernel, y, f0=f0, kernel_test=kernel_test, f0_test=f0_test, y_test=y_test,
         learning_rate=float(lrs[0]), momentum=float(ms[0]), steps=steps,
@@ -256,14 +287,18 @@ def divergence_boundary(
                          data.f0_test)
     else:
         dtype = data.features.dtype
-    div, t, lt, acc, kappa, edge = _grid_core(
+    return _as_grid(lrs, ms, _grid_core(
         data, y, y_test, jnp.asarray(lrs, dtype), jnp.asarray(ms, dtype), key,
         jnp.asarray(epsilon, dtype), kind=kind, steps=steps, batch_size=batch_size,
-        nesterov=nesterov, loss=loss, num_paths=num_paths, window=window)
-    div = np.asarray(div)
+        nesterov=bool(nesterov), loss=loss, num_paths=num_paths, window=window),
+        epsilon, steps)
+
+
+def _as_grid(lrs, ms, cells, epsilon, steps) -> WhatIfGrid:
+    """The :class:`WhatIfGrid` of a core's (diverged, T_ε, L_T, accuracy, κ, beyond_edge)."""
+    div, t, lt, acc, kappa, edge = (np.asarray(v) for v in cells)
     boundary, inside, monotone = _boundary(lrs, div)
     return WhatIfGrid(
-        learning_rates=lrs, momenta=ms, diverged=div, training_time=np.asarray(t),
-        final_loss=np.asarray(lt), test_accuracy=np.asarray(acc),
-        kappa=np.asarray(kappa)[0], beyond_edge=np.asarray(edge), boundary=boundary,
+        learning_rates=lrs, momenta=ms, diverged=div, training_time=t, final_loss=lt,
+        test_accuracy=acc, kappa=kappa[0], beyond_edge=edge, boundary=boundary,
         boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps))

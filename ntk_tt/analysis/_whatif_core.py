@@ -323,13 +323,19 @@ def _grid_core(data, y, y_test, lrs, ms, key, epsilon, *, kind, steps, batch_siz
                                        **common)
         else:
             pred = predict_head_aware(data, y, **common)
-        t, _ = training_time_array(pred.loss, epsilon, window)
-        nan = jnp.asarray(jnp.nan, pred.loss.dtype)
-        acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
-        return (pred.diverged, jnp.where(pred.diverged, nan, t), pred.loss[-1],
-                jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge)
+        return grid_cell(pred, epsilon, window)
 
     return jax.vmap(lambda m: jax.vmap(lambda lr: one(lr, m))(lrs))(ms)
+
+
+def grid_cell(pred, epsilon, window):
+    """One :class:`WhatIfGrid` cell of a prediction: (diverged, hard T_ε, L_T, held-out
+    accuracy, κ, beyond_edge), T_ε and the accuracy NaN where diverged."""
+    t, _ = training_time_array(pred.loss, epsilon, window)
+    nan = jnp.asarray(jnp.nan, pred.loss.dtype)
+    acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
+    return (pred.diverged, jnp.where(pred.diverged, nan, t), pred.loss[-1],
+            jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge)
 
 
 class _PlainRaw(NamedTuple):

@@ -22,7 +22,9 @@ ones). The relaxation's tails reach several widths: on the frozen-kernel test pr
 (warmup 5 of 30 steps) dL_T/dw was −1.0e-4 (exact), −1.3e-4 (0.25 step), −3.0e-4 (1 step),
 against −1.2e-4 to −1.3e-4 for the exact prediction's secants over w ± 0.25 … ± 1 step. The
 values and every other derivative are those of the schedule as given, as
-``predict(optimizer=)`` predicts it.
+``predict(optimizer=)`` predicts it. :func:`run_paths` and :func:`summarise_run` (that
+recursion and its summary) also serve ``divergence_boundary(optimizer=)``
+(``_whatif_boundary``).
 """
 
 from __future__ import annotations
@@ -149,6 +151,36 @@ def warmup_direction(schedule, smoothing: float, steps: int) -> jax.Array:
         relaxed.warmup)
 
 
+def run_paths(kind, data, psd, y, optimizer, batches, tangents, *, traced, test_traced, loss):
+    """Training and held-out logits (P, T + 1, N, C), (P, T + 1, N_test, C) or None of the
+    recursion ``predict(optimizer=)`` runs for ``kind`` (module docstring; "plain": Θ clamped
+    to PSD as ``psd``), one path per batch order of ``batches`` (P, T, B); ``tangents`` (a,
+    a_test) or Nones."""
+    a, a_test = tangents
+
+    def run(bt):
+        if kind == "plain":
+            test = None if data.test_mat is None else (data.test_mat, data.f0_test, a_test)
+            return _sgd_core(psd, data.f0, y, optimizer, bt, a, test, traced=traced,
+                             test_traced=test_traced, loss=loss)
+        if kind == "head_aware":
+            return _head_sgd_core(data, y, optimizer, bt, a, a_test, loss=loss)
+        return _adam_core(data[0], data[1], y, optimizer, bt, a, a_test, loss=loss,
+                          table=data[2])
+
+    return jax.vmap(run)(batches)
+
+
+def summarise_run(kind, fs, fts, y, y_test, optimizer, peak, psd, lams, *, loss):
+    """``predict(optimizer=)``'s summary (a KernelPrediction) of :func:`run_paths`' logits,
+    κ = ``peak``·λ_max/N and the edge of the optimiser's momentum."""
+    size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
+    return _summarise(fs, fts, y, y_test, size, peak,
+                      jnp.asarray(optimizer.momentum, fs.dtype), lams,
+                      nesterov=optimizer.nesterov, loss=loss, stochastic=fs.shape[0] > 1,
+                      frozen=kind == "plain")
+
+
 @partial(jax.jit, static_argnames=("kind", "names", "warm", "traced", "test_traced", "loss",
                                    "window"))
 def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temperature,
@@ -160,19 +192,8 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
     base = data[0] if kind == "adam" else data  # the Adam kernel's plain head-aware kernel
     psd, lams = _clamped(kind, base)
     dtype = base.f0.dtype if kind == "plain" else base.features.dtype
-    a, a_test = tangents
     steps = batches.shape[1]
     point = _values(optimizer, names, dtype)
-
-    def run(opt, bt):
-        if kind == "plain":
-            test = None if data.test_mat is None else (data.test_mat, data.f0_test, a_test)
-            return _sgd_core(psd, data.f0, y, opt, bt, a, test, traced=traced,
-                             test_traced=test_traced, loss=loss)
-        if kind == "head_aware":
-            return _head_sgd_core(data, y, opt, bt, a, a_test, loss=loss)
-        return _adam_core(data[0], data[1], y, opt, bt, a, a_test, loss=loss, table=data[2])
-
     if warm is not None:
         at = names.index("warmup")
         direction = warmup_direction(optimizer.learning_rate, warm, steps).astype(dtype)
@@ -182,7 +203,8 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
         if warm is not None:  # η_t + (w' − w)·∂η̃_t/∂w: the exact η_t, the relaxed direction
             rates = opt.learning_rates(steps).astype(dtype) + (p[at] - point[at]) * direction
             opt = eqx.tree_at(lambda o: o.learning_rate, opt, replace=_Rates(rates))
-        fs, fts = jax.vmap(partial(run, opt))(batches)
+        fs, fts = run_paths(kind, data, psd, y, opt, batches, tangents, traced=traced,
+                            test_traced=test_traced, loss=loss)
         out = measure(fs, fts, y, y_test, epsilon, temperature, acc_temperature, loss=loss,
                       window=window)
         return out, (out, fs, fts)
@@ -190,11 +212,8 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
     jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(point)
     if warm is not None:
         jac = jac.at[:, at].set(jnp.where(point[at] > 0, jac[:, at], jnp.nan))
-    size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
     peak = jnp.max(optimizer.learning_rates(steps)).astype(dtype)
-    pred = _summarise(fs, fts, y, y_test, size, peak, jnp.asarray(optimizer.momentum, dtype),
-                      lams, nesterov=optimizer.nesterov, loss=loss,
-                      stochastic=fs.shape[0] > 1, frozen=kind == "plain")
+    pred = summarise_run(kind, fs, fts, y, y_test, optimizer, peak, psd, lams, loss=loss)
     settled = settle(values, jac, pred, y_test, epsilon, window, is_blind(kind, loss, pred))
     return (settled, pred.loss[-1], point, pred.diverged, pred.kappa, pred.beyond_edge,
             pred.outcome)
