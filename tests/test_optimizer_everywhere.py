@@ -206,9 +206,8 @@ def test_optimizer_refusals(no_solve):
             (dict(optimizer=sgd, learning_rate=0.1), "drop learning_rate"),
             (dict(optimizer=sgd, momentum=0.9), "drop momentum"),
             (dict(optimizer=adamw), "Adam has no frozen-kernel predictor.*predict_head_aware"),
-            (dict(optimizer=sgd, method="ode"), "method must be 'auto' or 'discrete'.*ODE"),
-            (dict(optimizer=sgd, method="sde", key=key), "method must be 'auto' or 'discrete'"),
-            (dict(optimizer=sgd, method="closed_form", loss="mse"), "'auto' or 'discrete'"),
+            (dict(optimizer=sgd, method="sde", key=key), "needs noise_features"),
+            (dict(optimizer=sgd, method="closed_form"), "closed_form' exists for loss='mse'"),
             (dict(optimizer=ntk_tt.sgd(0.1, batch_size=4)), "pass key="),
             (dict(optimizer=ntk_tt.sgd(0.1, weight_decay=0.1)), "pass a "),
             (dict(learning_rate=0.1, a=f0), "drop them with the constant-η keywords")):

@@ -176,9 +176,12 @@ def predict_from_kernel(
       nesterov: optax's Nesterov form (None: False). These four are the constant-η SGD
         shorthand; ``optimizer`` replaces them.
       optimizer: an SGD-family :class:`ntk_tt.Optimizer` (``ntk_tt.sgd(schedule, m,
-        weight_decay=, batch_size=)``), predicted by the exact recursion
-        :func:`ntk_tt.sgd_trajectory` (METHOD.md §11; method "auto" / "discrete" only),
-        the same curves as ``ntk_tt.predict(optimizer=)``; κ uses the schedule's peak η_t.
+        weight_decay=, batch_size=)``), the same curves as ``ntk_tt.predict(optimizer=)``
+        (METHOD.md §11): "auto" / "discrete" by the exact recursion
+        :func:`ntk_tt.sgd_trajectory`; "closed_form" (exact GD with η_t/(1 − m)), "ode" and
+        "sde" with η(t) the schedule at real t (in steps), momentum via η(t)/(1 − m) and the
+        decay λ_2 + (1 − m)λ_d (``ntk_tt.dynamics._ode``); a ``constant`` schedule without
+        decay gives the shorthand's curves exactly. κ uses the schedule's peak η_t.
       a, a_test: J·θ0 on x (N, C) and x_test (N_test, C) (``ntk_tt.weight_tangent``):
         ``optimizer`` with weight decay λ ≠ 0 only.
       loss: "cross_entropy" or "mse" (mean over samples).
@@ -208,9 +211,9 @@ def predict_from_kernel(
         negative diagonal entry; ``check_gram``) (value checks only when the arguments are
         concrete, i.e. not traced); ``optimizer`` with any of the four shorthand keywords (or
         neither), an Adam optimiser (no frozen-kernel form: use ``predict_head_aware``), a
-        method other than the discrete recursion, a schedule that is never > 0 or whose
-        warmup ends at or after ``steps``, weight decay without ``a`` (``a_test``), ``a``
-        without ``optimizer``.
+        schedule that is never > 0 or whose warmup ends at or after ``steps`` (for the
+        continuous methods a callable that fails at real t), ``noise_features`` without
+        "sde", weight decay without ``a`` (``a_test``), ``a`` without ``optimizer``.
 
     Warns:
       BeyondEdgeWarning: (a UserWarning) ``method`` "ode" or "sde" with κ beyond the stability

@@ -12,6 +12,13 @@
   replacement, so B = N (GD) has no noise.
 * η' = η/(1 − m): momentum through the effective learning rate in both terms (heavy ball
   averages the gradient noise of ~1/(1 − m) steps into each displacement).
+* Schedules and weight decay (``ntk_tt.sgd(schedule, m, weight_decay=λ)``, METHOD.md §11):
+  η'(t) = η(t)/(1 − m) with η(t) the schedule at real t, in the drift and the noise alike
+  (the minibatch noise of a step is proportional to its step size), and the drift gains the
+  decay term of :mod:`ntk_tt.dynamics._ode`, −η'(t) λ' p with p = a + (f − f_0),
+  λ' = λ_2 + (1 − m) λ_d. The noise does not depend on λ (the penalty is deterministic):
+
+      df = −η'(t) [Θ ∇_f L(f) + λ' p] dt + (η'(t)/√B) · ρ · s(f) · G dW'.
 
 Solver choice: Euler–Maruyama (as in the paper) with a constant step dt = 1, so the mean
 path is exactly the discrete GD recursion and every save time is a grid point. The Brownian
@@ -19,8 +26,10 @@ motion is ``UnsafeBrownianPath`` with ``ForwardMode`` adjoint: fixed-step Euler 
 increment once, and the alternative ``VirtualBrownianTree`` was measured ~14× slower here for a
 300-step solve (diffrax issue #517). Consequence: forward-mode differentiation only
 (``jax.jacfwd``), not ``jax.grad``, through the SDE; use the discrete SGD recursion for reverse
-mode. Held-out logits are driven by the noisy training gradient (no noise of their own):
-f_test,t+1 = f_test,t − η' Θ(x_test, x) ∇_f L(f_t).
+mode. With dt = 1 the drift is evaluated at the integer steps, so η'(k) is the schedule's η_k
+of step k and the B = N path is the discrete recursion with η_k/(1 − m). Held-out logits are
+driven by the noisy training gradient (no noise of their own):
+f_test,k+1 = f_test,k − η'(k) [Θ(x_test, x) ∇_f L(f_k) + λ' p_test,k].
 """
 
 from __future__ import annotations
@@ -29,28 +38,33 @@ import diffrax
 import jax
 import jax.numpy as jnp
 
+from ntk_tt._schedules import Schedule
 from ntk_tt.dynamics._fspace import mean_grad, theta_dot
+from ntk_tt.dynamics._ode import effective_rate, rate_at, with_decay
 
 
 def diffusion_scale(learning_rate, momentum, batch_size: int, n: int):
-    """(η'/√B)·ρ: the constant in front of s(f)·G dW'."""
+    """(η'/√B)·ρ: the factor in front of s(f)·G dW' (``learning_rate`` η or η(t))."""
     rho = jnp.sqrt((n - batch_size) / max(n - 1, 1))
     return learning_rate / (1.0 - momentum) / jnp.sqrt(batch_size) * rho
 
 
 def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_size, steps,
-             loss, rescale=True):
-    """One Euler–Maruyama path of the SDE, saved at every step: logits (steps + 1, N, C)."""
+             loss, rescale=True, decay=None):
+    """One Euler–Maruyama path of the SDE, saved at every step: logits (steps + 1, N, C).
+    ``learning_rate``: η or a :class:`ntk_tt.Schedule`; ``decay``: None or (λ', a, a_test)
+    (:func:`ntk_tt.dynamics._ode.ode_trajectory`)."""
     n, c = f0.shape
-    eta = learning_rate / (1.0 - momentum)
-    scale = diffusion_scale(learning_rate, momentum, batch_size, n)
+    lam, a = (None, None) if decay is None else decay[:2]
     g0_norm = jnp.maximum(jnp.linalg.norm(mean_grad(f0, y, loss)), jnp.finfo(f0.dtype).tiny)
     g_mat = noise_features.reshape(n, c, -1)
 
     def drift(t, f, args):
-        return -eta * theta_dot(*op, mean_grad(f, y, loss))
+        eta = effective_rate(learning_rate, momentum, t, f0.dtype)
+        return -eta * with_decay(theta_dot(*op, mean_grad(f, y, loss)), lam, f, f0, a)
 
     def diffusion(t, f, args):
+        scale = diffusion_scale(rate_at(learning_rate, t, f0.dtype), momentum, batch_size, n)
         s = jnp.where(rescale, jnp.linalg.norm(mean_grad(f, y, loss)) / g0_norm, 1.0)
         return (scale * s) * g_mat
 
@@ -74,9 +88,10 @@ def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_s
 
 
 def sde_paths(op, f0, y, noise_features, *, key, num_paths, learning_rate, momentum,
-              batch_size, steps, loss, test_op=None, f0_test=None, rescale=True):
+              batch_size, steps, loss, test_op=None, f0_test=None, rescale=True, decay=None):
     """``num_paths`` independent paths in one vmapped solve; path p uses
-    ``jax.random.split(key, num_paths)[p]``.
+    ``jax.random.split(key, num_paths)[p]``. ``learning_rate``, ``decay``: as
+    :func:`sde_path` (``decay``'s a_test drives the held-out logits).
 
     Returns:
       ``(fs, fs_test)``: (num_paths, steps + 1, N, C) and (num_paths, steps + 1, N_test, C)
@@ -85,16 +100,33 @@ def sde_paths(op, f0, y, noise_features, *, key, num_paths, learning_rate, momen
     def one(k):
         return sde_path(op, f0, y, noise_features, k, learning_rate=learning_rate,
                         momentum=momentum, batch_size=batch_size, steps=steps, loss=loss,
-                        rescale=rescale)
+                        rescale=rescale, decay=decay)
 
     fs = jax.vmap(one)(jax.random.split(key, num_paths))
     if test_op is None:
         return fs, None
-    eta = learning_rate / (1.0 - momentum)
+    if decay is None and not isinstance(learning_rate, Schedule):
+        eta = learning_rate / (1.0 - momentum)
+
+        def test_logits(path):
+            grads = jax.vmap(lambda f: mean_grad(f, y, loss))(path[:-1])
+            moves = jax.vmap(lambda g: theta_dot(*test_op, g))(grads)
+            return jnp.concatenate([f0_test[None], f0_test - eta * jnp.cumsum(moves, axis=0)])
+
+        return fs, jax.vmap(test_logits)(fs)
+    lam, _, a_test = (None, None, None) if decay is None else decay
+    t = jnp.arange(steps, dtype=f0.dtype)
+    etas = effective_rate(learning_rate, momentum, t, f0.dtype) * jnp.ones_like(t)
 
     def test_logits(path):
-        grads = jax.vmap(lambda f: mean_grad(f, y, loss))(path[:-1])
-        moves = jax.vmap(lambda g: theta_dot(*test_op, g))(grads)
-        return jnp.concatenate([f0_test[None], f0_test - eta * jnp.cumsum(moves, axis=0)])
+        def step(ft, inputs):
+            f, eta = inputs
+            move = with_decay(theta_dot(*test_op, mean_grad(f, y, loss)), lam, ft, f0_test,
+                              a_test)
+            ft = ft - eta * move
+            return ft, ft
+
+        _, fts = jax.lax.scan(step, f0_test, (path[:-1], etas))
+        return jnp.concatenate([f0_test[None], fts])
 
     return fs, jax.vmap(test_logits)(fs)

@@ -123,7 +123,9 @@ def predict(
     ``optimizer=ntk_tt.sgd(...)`` / ``ntk_tt.adamw(...)`` (an :class:`ntk_tt.Optimizer`:
     schedule, momentum or Adam, weight decay, batch size) replaces ``learning_rate``,
     ``momentum``, ``nesterov`` and ``batch_size`` (the constant-η SGD shorthand): exact per-step
-    recursions for SGD, the fast head-aware Adam predictor for Adam (it needs ``head``);
+    recursions for SGD (or with ``method`` "closed_form" / "ode" / "sde": the MSE closed form,
+    the ODE and SDE with the schedule η(t)), the fast head-aware Adam predictor for Adam (it
+    needs ``head``);
     :func:`ntk_tt.prediction._predict_optimizer.predict_with_optimizer`, METHOD.md §11.
 
     Example:

@@ -6,7 +6,10 @@ batch size. The predictor is chosen as in :func:`ntk_tt.predict`:
 
 * rule "sgd", no ``head`` (or ``predictor="linear"``): the frozen-kernel recursion
   :func:`ntk_tt.sgd_trajectory` on the empirical NTK ("exact", "traced" or "sketch"; Θ
-  clamped to PSD as ``predict_from_kernel`` does). Exact for the linearised model.
+  clamped to PSD as ``predict_from_kernel`` does). Exact for the linearised model. With
+  ``method`` "closed_form" / "ode" / "sde", those methods with the schedule and decay
+  (:mod:`ntk_tt.dynamics._optim_predict`; the SDE's noise features as the constant-η
+  ``predict``'s).
 * rule "sgd" with ``head``: the head-aware recursion :func:`ntk_tt.head_aware_sgd_trajectory`
   (head exact, backbone linearised). Exact for a backbone linear in its weights.
 * rule "adam" with ``head``: the fast Adam predictor (:func:`ntk_tt.adam_head_aware_kernel`,
@@ -32,8 +35,10 @@ from functools import partial
 
 import jax
 
+from ntk_tt._options import resolve_method
 from ntk_tt.dynamics._adam_head_aware import AdamKernel, _maybe_nonzero, adam_head_aware_kernel
 from ntk_tt.dynamics._checks import check_head_kernel
+from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
 from ntk_tt.kernels._head_aware import head_aware_kernel
@@ -50,7 +55,7 @@ from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 from ntk_tt.training._timing import timed_stage
 
 
-def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
+def _check(optimizer, n, steps, method, subset, subset_method, segments, loss) -> int:
     """The options that make sense with an optimiser (ValueErrors before any work); returns
     the batch size B (N for full batch)."""
     if subset is not None or subset_method != "power_law":
@@ -59,7 +64,7 @@ def _check(optimizer, n, steps, method, subset, subset_method, segments) -> int:
     if segments != 1:
         raise ValueError("segments > 1 re-linearises the constant-η SGD recursion only: use "
                          "segments=1 with optimizer=.")
-    return check_run(optimizer, n, steps, method)
+    return check_run(optimizer, n, steps, method, loss=loss)
 
 
 def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, loss,
@@ -72,22 +77,23 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     "solve"; :func:`ntk_tt.predict` adds "setup", "compile" and "total".
 
     Returns:
-      :class:`ntk_tt.Prediction` with ``method`` "discrete", ``kernel`` as ``predict``'s
-      (``"head_aware_adam:<backbone>"`` for Adam) and ``hyperparameters`` =
-      :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters` plus "steps",
-      "num_train", "loss".
+      :class:`ntk_tt.Prediction` with ``method`` the one used ("auto": "discrete"),
+      ``kernel`` as ``predict``'s (``"head_aware_adam:<backbone>"`` for Adam) and
+      ``hyperparameters`` = :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`
+      plus "steps", "num_train", "loss".
 
     Raises:
-      ValueError: before any kernel: ``subset``, ``segments`` > 1, a method other than the
-        discrete recursion, a schedule that is never > 0 or whose warmup ends at or after
-        ``steps``, B > N, Adam without ``head`` (or
+      ValueError: before any kernel: ``subset``, ``segments`` > 1, Adam with a method other
+        than the discrete recursion, "closed_form" without MSE and B = N, a schedule that is
+        never > 0 or whose warmup ends at or after ``steps``, B > N, Adam without ``head`` (or
         with ``predictor="linear"``), Adam with L2 weight decay, and the predictor, kernel,
         key and held-out checks of ``predict``.
     """
     n, c = shape
-    bs = _check(optimizer, n, steps, method, subset, subset_method, segments)
-    _check_kinds(kernel, sketch_dim, key, "discrete", bs, n)
-    head_aware = _check_predictor(predictor, head, backbone, "discrete", kernel, apply_fn,
+    bs = _check(optimizer, n, steps, method, subset, subset_method, segments, loss)
+    method = resolve_method(method)
+    _check_kinds(kernel, sketch_dim, key, method, bs, n)
+    head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn,
                                   params, x)
     adam = optimizer.rule == "adam"
     if adam and not head_aware:
@@ -131,15 +137,20 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
         k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,
                             d_sketch, kernel_key)
+        feats = None
+        if method == "sde":  # as the constant-η predict: directions from fold_in(key, 2)
+            feats = timed_stage(seconds, "noise", noise_features, apply_fn, params, x, y,
+                                loss=loss, sketch_dim=d_sketch, key=jax.random.fold_in(key, 2))
         (f0, f0t), (a, a_test) = timed_stage(
             seconds, "logits", lambda: (_logits(apply_fn, params, x, x_test),
                                         _tangents(apply_fn, params, x, x_test, decay)))
         out = timed_stage(seconds, "solve", kernel_prediction, k, f0, y, optimizer,
-                          kernel_test=kt, f0_test=f0t, a=a, a_test=a_test, **common)
+                          kernel_test=kt, f0_test=f0t, a=a, a_test=a_test, method=method,
+                          noise_features=feats, **common)
         label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "loss": loss}
-    return with_targets(_to_prediction(out, "discrete", label, hyper, seconds), targets)
+    return with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
 
 
 def _tangents(fn, params, x, x_test, decay):
