@@ -173,7 +173,7 @@ def _adam_kernel():
     rng = np.random.default_rng(0)
     hk = HeadAwareKernel(rng.normal(size=(N, 4)), rng.normal(size=(4, C)), np.zeros(C),
                          np.eye(N), np.eye(4))
-    return ntk_tt.AdamKernel(hk, hk, N)
+    return ntk_tt.AdamKernel(hk, hk, N, None, 1e-8)
 
 
 BAD = [
@@ -193,6 +193,8 @@ BAD = [
     (dict(kernel="adam"), "AdamKernel is for an Adam optimizer"),
     (dict(kernel="adam", optimizer=ntk_tt.adamw(0.1, batch_size=4), key=jax.random.key(0)),
      "built for batch size 16"),
+    (dict(kernel="adam", optimizer=ntk_tt.adamw(0.1, eps=0.1)), "built for Adam's ε = 1e-08"),
+    (dict(kernel=np.eye(N * C) + np.eye(N * C, k=1)), "not symmetric"),  # predict's check
 ]
 
 

@@ -301,3 +301,33 @@ def test_bad_combinations_are_refused_before_work(prob, no_solve):
                                          "use method='discrete'"):
         ntk_tt.predict(linear_apply, params, x, y, optimizer=ntk_tt.adamw(1e-3), method="ode",
                        steps=T, head=(boom, params, jnp.zeros((5, C)), jnp.zeros(C)))
+
+
+def test_closed_form_with_momentum_warns_beyond_its_effective_edge():
+    """A fresh user's finding: sgd(0.1, 0.9) at κ ≈ 0.87 — far below heavy ball's edge 3.8 —
+    "diverged" with method="closed_form" (its η/(1 − m) GD model is unstable from 2(1 − m) =
+    0.2), while the exact recursion converges. The closed form now says so; below 2(1 − m)
+    it stays silent."""
+    import warnings
+
+    kx, ky = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (12, 3))
+    kernel = x @ x.T  # a one-logit (C = 1) kernel, Θ = X Xᵀ
+    f0, y = jnp.zeros((12, 2)), jax.random.randint(ky, (12,), 0, 2)
+    theta = jnp.kron(kernel, jnp.eye(2))
+    lam = float(jnp.linalg.eigvalsh(theta)[-1])
+    eta = 0.87 * 12 / lam  # κ = 0.87
+    common = dict(steps=60, loss="mse")
+    exact = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(eta, 0.9), **common)
+    assert not exact.diverged
+    with pytest.warns(ntk_tt.BeyondEdgeWarning, match=r"2\(1 − m\) = 0.2"):
+        approx = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(eta, 0.9),
+                                            method="closed_form", **common)
+    assert approx.diverged  # the approximation's divergence, now flagged
+    with pytest.warns(ntk_tt.BeyondEdgeWarning):  # the shorthand too
+        ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=eta, momentum=0.9,
+                                   method="closed_form", **common)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(0.1 * 12 / lam, 0.5),
+                                   method="closed_form", **common)  # κ = 0.1 < 2(1 − m) = 1

@@ -223,6 +223,29 @@ def test_optimizer_refusals(no_solve):
             ntk_tt.predict_head_aware(kernel_, hy, steps=T, **kw)
 
 
+def test_an_adam_kernel_of_another_eps_is_refused(no_solve):
+    """P = 1/(√v̄ + ε): a kernel built for ε = 1e-8 gave a silently wrong curve for an
+    optimizer with ε = 0.1 (a fresh user's finding); now refused by every entry point, and an
+    SGD optimizer with an Adam kernel is named as such."""
+    model, apply_fn, params, x, y = _head_problem()
+    head = ntk_tt.split_head(model)
+    ak = ntk_tt.adam_head_aware_kernel(head, x, y, ntk_tt.adamw(1e-2))
+    assert ak.eps == pytest.approx(1e-8)
+    other = ntk_tt.adamw(1e-2, eps=0.1, weight_decay=0.0)
+    msg = "built for Adam's ε = 1e-08.*optimizer's is 0.1"
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.predict_head_aware(ak, y, optimizer=other, steps=T)
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.predict(apply_fn, params, x, y, optimizer=other, steps=T, head=head,
+                       head_kernel=ak)
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.divergence_boundary(ak, y, optimizer=other, momenta=[0.9],
+                                   learning_rates=[1e-3, 1e-2], steps=T)
+    with pytest.raises(ValueError, match="is an Adam kernel.*optimizer is sgd.*pass its .hk"):
+        ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.sgd(0.1), steps=T, head=head,
+                       head_kernel=ak)
+
+
 def test_constant_eta_only_predictors_refuse_an_optimizer():
     """Each names what it predicts and where an optimiser goes, before touching the model."""
     def boom(*_):

@@ -21,10 +21,12 @@ from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _check_precond,
     _maybe_nonzero,
+    check_adam_kernel,
     drift_in_dtype,
 )
 from ntk_tt.dynamics._checks import (
     check_f0_shape,
+    check_gram,
     check_num_paths,
     check_problem,
     check_test_kernel,
@@ -147,6 +149,7 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
     if batch_size < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
     _check_finite(kernel, "kernel")
+    check_gram(kernel)  # as predict_from_kernel: symmetric, diagonal >= 0
     dtype = jnp.asarray(f0).dtype
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
     test_mat = test_traced = None
@@ -252,10 +255,7 @@ def _prepare_optimizer(kernel, y, optimizer, *, steps, key, y_test, f0, kernel_t
     held = data.f0_test if kind == "plain" else data.features_test
     dtype = data.f0.dtype if kind == "plain" else data.features.dtype
     if adam:
-        if kernel.batch_size != bs:
-            raise ValueError(f"the AdamKernel was built for batch size {kernel.batch_size} (v̄ "
-                             f"depends on B), the optimizer's is {bs}: rebuild it with "
-                             "adam_head_aware_kernel(..., optimizer).")
+        check_adam_kernel(kernel, optimizer, bs, "the AdamKernel")
         kind, data = "adam", (data, _check_precond(kernel.precond, data),
                               drift_in_dtype(kernel.drift, dtype))
     decay_needs_tangent(optimizer, a, "a")

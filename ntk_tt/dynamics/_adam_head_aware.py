@@ -61,6 +61,7 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import BACKBONES
+from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
     drift_scale,
@@ -91,13 +92,29 @@ class AdamKernel(NamedTuple):
     norms). precond: the same with K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ as its backbone kernel
     (and held-out cross kernel): the Adam step's direction. batch_size: the B that v̄ was
     estimated for (N for full batch). drift: the drifting profile's table
-    (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile).
+    (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile). eps: the ε
+    that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked).
     """
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
     batch_size: int
     drift: DriftTable | None = None
+    eps: float | None = None
+
+
+def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, name: str) -> None:
+    """ValueError unless ``ak`` was built for this optimiser's batch size and ε (v̄ depends on
+    B and P on ε; traced values are not checked)."""
+    fix = "rebuild it with ntk_tt.adam_head_aware_kernel(..., optimizer) for this optimizer."
+    if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
+        raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
+                         f"the optimizer's is {batch_size}: {fix}")
+    eps = _concrete(optimizer.eps)
+    built = None if ak.eps is None or isinstance(ak.eps, jax.core.Tracer) else float(ak.eps)
+    if eps is not None and built is not None and not np.isclose(eps, built, rtol=1e-6, atol=0):
+        raise ValueError(f"{name} was built for Adam's ε = {built:g} (P = 1/(√v̄ + ε)), the "
+                         f"optimizer's is {eps:g}: {fix}")
 
 
 class AdamHeadState(NamedTuple):
@@ -185,7 +202,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         vbar = _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz)
     root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5, vbar)
     return AdamKernel(hk, precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples,
-                                         key), bsz, table)
+                                         key), bsz, table, _concrete(optimizer.eps))
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -237,11 +254,7 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                             a_h=a_h, a_h_test=a_h_test)
     hp = _check_precond(ak.precond, hk)
     table = drift_in_dtype(ak.drift, hk.features.dtype)
-    bsz = optimizer.batch_size or hk.features.shape[0]
-    if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != bsz:
-        raise ValueError(f"ak was built for batch size {ak.batch_size} (v̄ depends on B), the "
-                         f"optimizer's is {bsz}: rebuild it with adam_head_aware_kernel(..., "
-                         "optimizer).")
+    check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak")
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
     return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
 

@@ -40,6 +40,7 @@ from ntk_tt.data._inputs import _check_finite, as_array, check_key
 from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _maybe_nonzero,
+    check_adam_kernel,
     head_aware_adam_trajectory,
 )
 from ntk_tt.dynamics._checks import (
@@ -71,6 +72,7 @@ from ntk_tt.dynamics._predict_kernel import (
     KernelPrediction,
     _summarise,
     _warn_beyond_edge,
+    _warn_effective_edge,
     predict_from_kernel,
 )
 from ntk_tt.dynamics._sde import sde_paths
@@ -218,6 +220,8 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
                            frozen=True, method=method)
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
+    if method == "closed_form":
+        _warn_effective_edge(out.kappa, optimizer.momentum)
     return out
 
 
@@ -271,6 +275,8 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
     n, c = base.features.shape[0], base.head_kernel.shape[1]
     y = check_labels(y, n, c)
     bs = check_run(optimizer, n, steps)
+    if adam:
+        check_adam_kernel(hk, optimizer, bs, "hk")
     check_num_paths(num_paths)
     if bs < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")

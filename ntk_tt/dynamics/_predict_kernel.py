@@ -259,13 +259,34 @@ def predict_from_kernel(
                 nesterov=nesterov, loss=loss, num_paths=num_paths)
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
+    if method == "closed_form":
+        _warn_effective_edge(out.kappa, momentum)
     return out
 
 
 class BeyondEdgeWarning(UserWarning):
-    """A continuous-time (ODE/SDE) prediction at κ beyond the stability edge: its curve and T_ε
-    are not trustworthy (the result's ``beyond_edge`` is True). ``ntk-tt predict`` prints
-    its own warning line instead."""
+    """A continuous-time (ODE/SDE) prediction at κ beyond the stability edge, or a closed form
+    with momentum beyond its effective-learning-rate model's own edge: its curve and T_ε are
+    not trustworthy. ``ntk-tt predict`` prints its own warning line instead."""
+
+
+def _warn_effective_edge(kappa, momentum) -> None:
+    """UserWarning when ``method="closed_form"`` with m > 0 (concrete values) is at κ ≥ 2(1 −
+    m): its GD model with η/(1 − m) (Sec. 3.1) is unstable there (q = κ/(1 − m) ≥ 2), while
+    heavy ball is stable up to 2(1 + m), so a predicted divergence is the approximation's."""
+    m, kappas = _concrete(momentum), _concrete(kappa)
+    if m is None or kappas is None or np.ndim(m) or not float(m) > 0:
+        return
+    m = float(m)
+    k = float(np.max(kappas))
+    if k >= 2 * (1 - m):
+        warnings.warn(
+            f"method='closed_form' with momentum m = {m:g} uses the effective learning rate "
+            f"η/(1 − m), a GD model that is unstable from κ = 2(1 − m) = {2 * (1 - m):.3g}; "
+            f"here κ = η·λ_max/N = {k:.4g} (heavy ball is stable up to 2(1 + m) = "
+            f"{2 * (1 + m):.3g}), so its curve and any divergence it predicts are the "
+            "approximation's: use method='discrete' (exact heavy ball).",
+            BeyondEdgeWarning, stacklevel=3)
 
 
 def _warn_beyond_edge(beyond_edge, kappa, method) -> None:

@@ -36,7 +36,12 @@ from functools import partial
 import jax
 
 from ntk_tt._options import resolve_method
-from ntk_tt.dynamics._adam_head_aware import AdamKernel, _maybe_nonzero, adam_head_aware_kernel
+from ntk_tt.dynamics._adam_head_aware import (
+    AdamKernel,
+    _maybe_nonzero,
+    adam_head_aware_kernel,
+    check_adam_kernel,
+)
 from ntk_tt.dynamics._checks import check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
@@ -108,10 +113,11 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                          "ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
     check_head_kernel(head_kernel, head_aware, n, x_test)
-    if isinstance(head_kernel, AdamKernel) and (not adam or head_kernel.batch_size != bs):
-        raise ValueError(f"head_kernel is an Adam kernel for B = {head_kernel.batch_size}: "
-                         f"pass it only with an Adam optimizer of that batch size (B = {bs} "
-                         "here), or pass its .hk.")
+    if isinstance(head_kernel, AdamKernel):
+        if not adam:
+            raise ValueError(f"head_kernel is an Adam kernel (adam_head_aware_kernel) and the "
+                             f"optimizer is {optimizer.label}: pass its .hk for SGD.")
+        check_adam_kernel(head_kernel, optimizer, bs, "head_kernel")
     # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
     kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
