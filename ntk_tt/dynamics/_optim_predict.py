@@ -71,9 +71,8 @@ from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.dynamics._predict_kernel import (
     KernelPrediction,
     _summarise,
-    _warn_beyond_edge,
-    _warn_effective_edge,
     predict_from_kernel,
+    warn_method_edges,
 )
 from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.kernels._head_aware import HeadAwareKernel
@@ -218,10 +217,7 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
         steps=steps, batch_size=bs, loss=loss, num_paths=num_paths)
     out = _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, mat.shape[0], loss,
                            frozen=True, method=method)
-    if method in ("ode", "sde"):
-        _warn_beyond_edge(out.beyond_edge, out.kappa, method)
-    if method == "closed_form":
-        _warn_effective_edge(out.kappa, optimizer.momentum)
+    warn_method_edges(out, method, optimizer.momentum)
     return out
 
 

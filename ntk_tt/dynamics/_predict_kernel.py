@@ -257,11 +257,18 @@ def predict_from_kernel(
                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
                 nesterov=nesterov, loss=loss, num_paths=num_paths)
+    warn_method_edges(out, method, momentum)
+    return out
+
+
+def warn_method_edges(out, method: str, momentum) -> None:
+    """The warnings of a prediction ``out`` whose ``method`` cannot show the real run's
+    instability: ODE/SDE beyond the stability edge, the closed form with momentum beyond its
+    effective-learning-rate model's edge."""
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
     if method == "closed_form":
         _warn_effective_edge(out.kappa, momentum)
-    return out
 
 
 class BeyondEdgeWarning(UserWarning):
@@ -286,7 +293,7 @@ def _warn_effective_edge(kappa, momentum) -> None:
             f"here κ = η·λ_max/N = {k:.4g} (heavy ball is stable up to 2(1 + m) = "
             f"{2 * (1 + m):.3g}), so its curve and any divergence it predicts are the "
             "approximation's: use method='discrete' (exact heavy ball).",
-            BeyondEdgeWarning, stacklevel=3)
+            BeyondEdgeWarning, stacklevel=4)
 
 
 def _warn_beyond_edge(beyond_edge, kappa, method) -> None:
@@ -302,7 +309,7 @@ def _warn_beyond_edge(beyond_edge, kappa, method) -> None:
         f"{method!r} integrates the continuous-time limit, which converges at any κ, so its "
         "curve and T_ε are not trustworthy here (the result's beyond_edge is True). Lower the "
         "learning rate, or use method='discrete', which reports the divergence.",
-        BeyondEdgeWarning, stacklevel=3)
+        BeyondEdgeWarning, stacklevel=4)
 
 
 @partial(jax.jit, static_argnames=("traced", "test_traced", "method", "steps", "batch_size",
