@@ -50,12 +50,13 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
     batch size; ``--lr`` is the schedule's peak."""
     q.add_argument("--optimizer", default=d["optimizer"], choices=OPTIMIZERS,
                    help="update rule: sgd (with -m, --nesterov), adam or adamw (--b1, --b2, "
-                   "--adam-eps; predicted by the head-aware predictor only)")
+                   "--adam-eps; predicted by the head-aware predictor and --method "
+                   "auto/discrete only)")
     q.add_argument("--schedule", default=d["schedule"], type=lambda s: s.replace("-", "_"),
                    choices=SCHEDULES, metavar="{constant,warmup-cosine,warmup-stable-decay,"
                    "exponential}",
                    help="learning-rate schedule over the steps; anything but constant-η SGD "
-                   "without decay needs --method auto/discrete, no --subset, --segments 1")
+                   "without decay needs no --subset and --segments 1")
     q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
                    help="η, the schedule's peak learning rate (constant: every step's; "
                    "exponential: η_0)")
@@ -112,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--method", default=d["method"],
                    choices=("auto", "closed_form", "ode", "sde", "discrete"),
                    help="dynamics solver (auto = discrete, exact for the linearised model; "
-                   "closed_form needs --loss mse and no -B)")
+                   "closed_form needs --loss mse and no -B; closed_form, ode and sde take "
+                   "--optimizer sgd with any schedule and weight decay, not adam/adamw)")
     q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"),
                    help="how the empirical NTK is computed")
     q.add_argument("--predictor", default=d["predictor"],

@@ -56,8 +56,9 @@ def check_optimizer_options(o: dict[str, Any]) -> None:
     """The optimiser options (module docstring) of checked ``steps``, ``learning_rate`` and
     ``momentum``: their values, the flags that do not apply to the chosen optimiser or
     schedule, the schedule's step order, and the options the optimiser predictor does not
-    have (anything but constant-η SGD without decay: ``subset``, ``segments`` > 1, a method
-    other than the discrete recursion; Adam: the linear predictor, a sketched kernel).
+    have (anything but constant-η SGD without decay: ``subset``, ``segments`` > 1; Adam: a
+    method other than the discrete recursion, the linear predictor, a sketched kernel). The
+    SGD family takes every method (``predict(optimizer=, method=)``, METHOD.md §11).
 
     Raises:
       ValueError: one line naming the option, its flag and the fix.
@@ -152,7 +153,9 @@ def _check_order(o: dict[str, Any], kind: str) -> None:
 
 
 def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
-    """What the optimiser predictor (``predict(optimizer=)``) does not have."""
+    """What the optimiser predictor (``predict(optimizer=)``) does not have; the methods as
+    ``ntk_tt.dynamics._optim_predict.check_run``: any for the SGD family, the discrete
+    recursion for Adam."""
     why = (f"--optimizer {name}" if name != "sgd" else f"--schedule {kind.replace('_', '-')}"
            if kind != "constant" else "--weight-decay")  # the first thing that is not it
     if o["subset"] is not None:
@@ -161,10 +164,11 @@ def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
     if o["segments"] != 1:
         raise ValueError(f"segments (--segments) re-linearises the constant-η SGD recursion "
                          f"only: drop it with {why}.")
-    if resolve_method(o["method"]) != "discrete":
-        raise ValueError(f"method (--method) {o['method']!r} predicts constant-η SGD only: "
-                         f"with {why} drop --method (auto: the exact discrete recursion) or "
-                         "use --method discrete.")
+    if name != "sgd" and resolve_method(o["method"]) != "discrete":
+        raise ValueError(f"method (--method) {o['method']!r} takes --optimizer sgd only: "
+                         f"--optimizer {name} has no continuous-time predictor (Adam's "
+                         "elementwise moments have no function-space flow); drop --method "
+                         "(auto: the exact discrete recursion) or use --method discrete.")
     if name != "sgd" and (o["predictor"] == "linear" or o["kernel"] == "sketch"):
         raise ValueError(f"--optimizer {name} is predicted by the head-aware predictor only "
                          "(Adam has no frozen-kernel form): drop --predictor linear and "

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
+from _cli_tiny import tiny_task
 
 import ntk_tt
 from ntk_tt.cli import main
@@ -52,7 +51,7 @@ BEFORE_JAX = [
     (["--optimizer", "adam", "--weight-decay", "0.01"], "use --optimizer adamw"),
     (["--weight-decay", "-1"], "weight_decay (--weight-decay) must be a finite number >= 0"),
     (["--optimizer", "adamw", "--method", "ode"],
-     "method (--method) 'ode' predicts constant-η SGD only: with --optimizer adamw"),
+     "method (--method) 'ode' takes --optimizer sgd only: --optimizer adamw has no"),
     (["--schedule", "warmup-cosine", "--loss", "mse", "--subset", "100"],
      "subset (--subset) predicts constant-η full-batch GD only"),
     (["--weight-decay", "0.01", "--segments", "2"], "segments (--segments) re-linearises"),
@@ -126,31 +125,12 @@ def test_job_optimizer_schedules_against_optax_and_numpy():
     assert float(opt.momentum) == pytest.approx(0.8)
 
 
-class _Net(nnx.Module):
-    """A tiny classifier with a linear ``head`` (the head-aware predictor's split)."""
-
-    def __init__(self, rngs):
-        self.body = nnx.Linear(6, 12, rngs=rngs)
-        self.head = nnx.Linear(12, 3, rngs=rngs)
-
-    def __call__(self, x):
-        return self.head(jnp.tanh(self.body(x)))
-
-
 STEPS, LR, WARMUP, DECAY = 12, 0.05, 3, 0.01
 
 
 @pytest.fixture(scope="module")
 def task():
-    model = _Net(nnx.Rngs(0))
-    apply_fn, params = ntk_tt.from_nnx(model)
-    x = jax.random.normal(jax.random.key(1), (30, 6))
-    y = jnp.argmax(x[:, :3], axis=1)  # learnable labels
-    info = {"checkpoint": "tiny", "architecture": "_Net", "num_params": 123,
-            "dataset": "tiny", "classes": ["a", "b", "c"], "n_train": 24, "n_test": 6,
-            "test_per_class": 2, "image_shape": [6], "model_input_shape": [6],
-            "preprocessing": "none"}
-    return apply_fn, params, x[:24], y[:24], x[24:], y[24:], info, ntk_tt.split_head(model)
+    return tiny_task()
 
 
 def _cli(task, folder, args):

@@ -215,11 +215,11 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     (K), per_class (n), test_per_class, steps (T), learning_rate (the schedule's peak),
     batch_size (None = GD), momentum, nesterov, the optimiser (optimizer "sgd" | "adam" |
     "adamw", schedule, warmup, decay_start, decay_end, end_lr, decay_rate, weight_decay, l2,
-    b1, b2, adam_eps: :mod:`ntk_tt._options_optimizer`; predicted with ``predict(optimizer=)``
-    and, with ``verify``, fine-tuned with ``finetune(optimizer=)`` of the same
-    :class:`ntk_tt.Optimizer`, except constant-η SGD without decay, which goes through the
-    constant-η keywords, the same rule), loss, method, kernel, sketch_dim, num_paths, seed,
-    resize, head_scale,
+    b1, b2, adam_eps: :mod:`ntk_tt._options_optimizer`; predicted with ``predict(optimizer=,
+    method=)``, any method for SGD, the discrete recursion for Adam, and, with ``verify``,
+    fine-tuned with ``finetune(optimizer=)`` of the same :class:`ntk_tt.Optimizer`, except
+    constant-η SGD without decay, which goes through the constant-η keywords, the same rule),
+    loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
     predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
     App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom"),
     loss_targets (L*), error_targets (training error e*), accuracy_targets (held-out accuracy
