@@ -16,6 +16,9 @@ into the curve; the spectrum of the N-sample kernel comes from
 * :func:`extrapolate_spectrum`: the paper's App. D recipe from the N'-sample kernel alone;
 * :func:`nystrom_spectrum`: the Nyström approximation from the cross kernel Θ(X, X'), which
   costs N·N' kernel entries instead of N².
+
+A full-batch SGD-family optimiser (schedule η_t, heavy-ball or Nesterov momentum) keeps the
+modes decoupled: :mod:`ntk_tt.prediction._spectrum_sgd` runs each mode's exact recursion.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp
 
-from ntk_tt.dynamics._checks import refuse_optimizer
-
-GD_ONLY = "constant-η full-batch GD on the MSE loss (learning_rate=)"
-GO_FULL = ("for an optimiser predict from the full kernel: ntk_tt.predict(..., optimizer=opt) "
-           "or ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt)")
+from ntk_tt.prediction._spectrum_sgd import (
+    check_spectrum_optimizer,
+    constant_rate,
+    sgd_spectrum_curve,
+)
 
 
 class Spectrum(NamedTuple):
@@ -305,34 +308,48 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
 
     L_t = (1 / 2N) Σ_k (1 − η μ_k)^(2t) p_k for t = 0..T, the exact discrete-GD form of
     ``_closed_form.mse_closed_form`` for the loss convention of ``_losses`` (mean over the N
-    samples of ½‖f − onehot(y)‖²); feed it to :func:`ntk_tt.training_time` for T_ε.
+    samples of ½‖f − onehot(y)‖²); feed it to :func:`ntk_tt.training_time` for T_ε. With
+    ``optimizer=ntk_tt.sgd(schedule, momentum, nesterov=...)`` (full batch, no weight decay)
+    each mode follows the optimiser's exact scalar recursion instead, with the schedule's η_t
+    and heavy-ball or Nesterov momentum (:mod:`ntk_tt.prediction._spectrum_sgd`, METHOD.md §7);
+    ``sgd(η)`` (constant, m = 0) gives the ``learning_rate=η`` curve bit for bit.
 
     Args:
       spectrum: :class:`Spectrum` (μ_k = λ_k / N, p_k, N).
-      learning_rate: η > 0 (scalar).
+      learning_rate: η > 0 (scalar), constant-η GD; or None with ``optimizer``.
       steps: T >= 1 optimiser steps.
-      optimizer: refused (Prop. 2 is constant-η GD; see :func:`predict_from_subset`).
+      optimizer: an SGD-family :class:`ntk_tt.Optimizer` at full batch (``batch_size`` None
+        or N) with ``weight_decay`` 0, instead of ``learning_rate``.
 
     Returns:
-      The loss curve, shape (T + 1,), index = steps taken, in mean-loss units.
+      The loss curve, shape (T + 1,), index = steps taken, in mean-loss units (non-finite
+      past a divergence under ``optimizer``).
 
     Raises:
-      ValueError: ``optimizer`` given, η not finite and > 0, steps not an integer >= 1, or a
-        spectrum whose two arrays differ in shape.
+      ValueError: η not finite and > 0, steps not an integer >= 1, or a spectrum whose two
+        arrays differ in shape; with ``optimizer``: Adam, weight decay ≠ 0, batch_size < N,
+        ``learning_rate`` given too, or a bad schedule (all before any work).
     """
-    refuse_optimizer(optimizer, where="predict_curve_from_spectrum", supports=GD_ONLY,
-                     instead=GO_FULL)
-    if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
-            learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite scalar > 0, got {learning_rate!r}.")
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    if optimizer is None:
+        if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
+                learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
+            raise ValueError(f"learning_rate must be a finite scalar > 0, got "
+                             f"{learning_rate!r}.")
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    else:
+        check_spectrum_optimizer(optimizer, spectrum.num_samples, steps,
+                                 where="predict_curve_from_spectrum",
+                                 learning_rate=learning_rate)
+        learning_rate = constant_rate(optimizer)
     mu, p = jnp.asarray(spectrum.eigenvalues), jnp.asarray(spectrum.projections)
     if mu.ndim != 1 or mu.shape != p.shape:
         raise ValueError(
             f"spectrum eigenvalues and projections must be 1-D of one length, got {mu.shape} "
             f"and {p.shape}."
         )
+    if learning_rate is None:  # a schedule or momentum: the per-mode recursion
+        return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]
     decay = ((1.0 - learning_rate * mu) ** 2) ** t  # base >= 0: no NaN at η·μ > 1
     return decay @ p / (2 * spectrum.num_samples)

@@ -5,8 +5,9 @@ the spectrum tools of ``_extrapolate``: draw a class-balanced subset X' of N' sa
 the logit-summed (traced) empirical NTK on it only (and, for Nyström, the cross kernel
 Θ(X, X') with N·N' entries instead of N²), the residual δy = f0 − onehot(y) on all N samples
 (forward passes only), the N-sample spectrum, and Prop. 2's curve. Everything is stated for
-the mean MSE loss of ``_losses`` and full-batch GD (the spectrum formula
-L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k exists for nothing else).
+the mean MSE loss of ``_losses`` and full-batch training: constant-η GD (the spectrum formula
+L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k) or an SGD-family optimiser without weight decay (each
+mode's exact recursion, :mod:`ntk_tt.prediction._spectrum_sgd`); nothing else decouples.
 """
 
 from __future__ import annotations
@@ -21,40 +22,41 @@ import numpy as np
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_labels, refuse_optimizer
+from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import divergence
-from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._predict_kernel import EPSILONS, _edge
 from ntk_tt.dynamics._training_time import training_time_report
 from ntk_tt.kernels._blocks import sample_blocks
 from ntk_tt.kernels._ntk import empirical_ntk
 from ntk_tt.prediction._extrapolate import (
-    GD_ONLY,
-    GO_FULL,
     Spectrum,
     _check_range,
     extrapolate_spectrum,
     nystrom_spectrum,
     predict_curve_from_spectrum,
 )
+from ntk_tt.prediction._spectrum_sgd import check_spectrum_optimizer
+from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 from ntk_tt.training._timing import Stopwatch, timed_stage
-
-EDGE = 2.0  # full-batch GD on the mean MSE loss is stable iff η·μ_max < 2
 
 
 class SubsetPrediction(NamedTuple):
     """Result of :func:`predict_from_subset` (T = steps; N samples, N' in the subset).
 
-    loss: predicted mean MSE training loss on all N samples, (T + 1,), index = GD steps taken.
+    loss: predicted mean MSE training loss on all N samples, (T + 1,), index = steps taken.
     training_time: {ε: T_ε in steps} for ε ∈ (0.01, 0.1, 0.4), NaN when undefined, with the
       reason in training_time_reasons[ε].
-    kappa: η·μ_max, μ_max = λ_max(Θ_tr / C)/N of the predicted N-sample spectrum
-      (dimensionless; GD on MSE diverges beyond 2). beyond_edge: kappa > 2.
+    kappa: η·μ_max, μ_max = λ_max(Θ_tr / C)/N of the predicted N-sample spectrum, η the
+      peak η_t of an optimizer's schedule (dimensionless). beyond_edge: kappa beyond the
+      MSE stability edge 2(1 + m) (heavy ball; 2(1 + m)/(1 + 2m) Nesterov; 2 for GD).
     diverged, diverged_at, spiked_at: the rule of ``ntk_tt.dynamics._divergence`` on ``loss``.
     spectrum: the predicted :class:`ntk_tt.Spectrum` of the N-sample kernel.
     subset_indices: the N' indices into x of the subset (sorted), int (N',).
     method: "power_law" | "nystrom". num_samples: N. subset_size: N'.
     hyperparameters: {"learning_rate", "steps", "num_train": N, "subset_size": N',
-      "method", "k0", "loss": "mse", "batch_size": N, "momentum": 0.0}.
+      "method", "k0", "loss": "mse", "batch_size": N, "momentum": 0.0}; with ``optimizer``
+      ``ntk_tt.training._optimizer_run.optimizer_hyperparameters`` (learning_rate = peak
+      η_t, schedule, momentum, nesterov, ...) with those from "steps" on.
     seconds: wall time per stage WITHOUT JAX compilation: "kernel" (Θ(X', X') for the power
       law; the cross kernel Θ(X, X'), whose rows at X' are Θ(X', X'), for Nyström),
       "logits" (f0 on all N samples), "spectrum", "curve" (curve and T_ε), "total" (from the
@@ -99,8 +101,10 @@ def check_gd_mse(loss, batch_size, momentum, n, *, who="predict_from_subset") ->
     check_real(momentum, "momentum")
     if float(momentum) != 0.0:
         raise ValueError(
-            f"{who} predicts plain gradient descent only (momentum 0; the spectrum formula "
-            f"has no velocity); got momentum={momentum!r}.")
+            f"{who}'s momentum= keyword is plain gradient descent only (momentum 0; the "
+            f"closed form has no velocity); got momentum={momentum!r}: for heavy-ball or "
+            "Nesterov momentum pass optimizer=ntk_tt.sgd(learning_rate, momentum=m) to "
+            "ntk_tt.predict_from_subset.")
 
 
 def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size") -> int:
@@ -196,10 +200,10 @@ def predict_from_subset(
     learning_rate: float | None = None, steps: int, method: str = "power_law",
     key: jax.Array | None = None, k0: int | None = None,
     fit_range=None, slope_correction: float = 0.0, rcond: float = 1e-6, loss: str = "mse",
-    batch_size: int | None = None, momentum: float = 0.0, forward_block_size: int = 1000,
-    optimizer=None,
+    batch_size: int | None = None, momentum: float | None = None,
+    forward_block_size: int = 1000, optimizer=None,
 ) -> SubsetPrediction:
-    """Predict the mean MSE loss curve of full-batch GD and T_ε on N samples from N' of them.
+    """Predict the mean MSE loss curve of full-batch training and T_ε on N samples from N'.
 
     Paper Sec. 4 / App. D, METHOD.md §7. Steps: (1) draw a class-balanced subset X' of
     N' = ``subset_size`` samples (N'/K per class, from ``key``); (2) the logit-summed empirical
@@ -210,7 +214,8 @@ def predict_from_subset(
     all N samples (forward passes in blocks of ``forward_block_size``); (4) the N-sample
     spectrum by :func:`ntk_tt.extrapolate_spectrum` (power law: top μ'_k kept below k0,
     power-law eigenvalue and projection tails, Σ p_k = ‖δy‖²) or :func:`ntk_tt.nystrom_spectrum`;
-    (5) the curve L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k (:func:`ntk_tt.predict_curve_from_spectrum`)
+    (5) the curve L_t = (1/2N) Σ_k (1 − η μ_k)^(2t) p_k (:func:`ntk_tt.predict_curve_from_spectrum`;
+    with ``optimizer`` each mode's exact recursion with the schedule's η_t and momentum)
     and T_ε by :func:`ntk_tt.training_time` (window 5) for ε ∈ {0.01, 0.1, 0.4}.
     The traced kernel acts as (Θ_tr / C) ⊗ I_C, as ``predict(..., kernel="traced")``.
 
@@ -221,17 +226,19 @@ def predict_from_subset(
         logits (N, C). x: inputs (N, ...). y: integer labels (N,) in [0, C).
       subset_size: N', an integer in [K, N), a multiple of the K classes present in y, with
         N'/K samples in every class.
-      learning_rate: η > 0 of GD on the mean loss. steps: T ≥ 1 GD updates.
+      learning_rate: η > 0 of GD on the mean loss (or None with ``optimizer``). steps: T ≥ 1
+        updates.
       method: "power_law" (App. D) or "nystrom".
       key: ``jax.random.key(seed)`` for the subset draw (required).
       k0, fit_range, slope_correction: power law only (see :func:`ntk_tt.extrapolate_spectrum`;
         k0 ∈ [1, N'], default min(100, N'/4)).
       rcond: Nyström only in effect: relative pseudo-inverse cut-off (> 0).
-      loss, batch_size, momentum: accepted only at "mse", None (or N) and 0: the spectrum
-        formula is for full-batch GD on the MSE loss; anything else is refused.
+      loss, batch_size, momentum: accepted only at "mse", None (or N) and None (or 0): the
+        spectrum formula is for full-batch GD on the MSE loss; anything else is refused.
       forward_block_size: samples per forward pass for δy (≥ 1).
-      optimizer: refused (any :class:`ntk_tt.Optimizer`): the spectrum formula is constant-η
-        GD; ``ntk_tt.predict(optimizer=)`` / ``predict_from_kernel(optimizer=)`` take one.
+      optimizer: instead of learning_rate (and batch_size, momentum): an SGD-family
+        :class:`ntk_tt.Optimizer` at full batch (``batch_size`` None or N) with
+        ``weight_decay`` 0: ``ntk_tt.sgd(schedule, momentum, nesterov=...)``.
 
     Returns:
       :class:`SubsetPrediction`: ``loss`` (T + 1,) in mean-loss units, ``training_time``
@@ -239,20 +246,20 @@ def predict_from_subset(
       ``seconds`` per stage (kernel, logits, spectrum, curve, total; compile apart).
 
     Raises:
-      ValueError: before any kernel work: ``optimizer`` given, loss not "mse", batch_size not
-        None/N, momentum ≠ 0, a bad or missing key, bad x / y / model output (``check_model``),
+      ValueError: before any kernel work (and before calling the model): an ``optimizer``
+        that is Adam, has weight decay ≠ 0, a batch size < N or a bad schedule, or comes with
+        learning_rate / momentum / batch_size; loss not "mse", batch_size not None/N,
+        momentum ≠ 0, a bad or missing key, bad x / y / model output (``check_model``),
         subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
         samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
         k0 / fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
         eigendecomposition: no power-law projection tail reaching ‖δy‖² (choose another k0).
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
     """
-    refuse_optimizer(optimizer, where="predict_from_subset", supports=GD_ONLY,
-                     instead=GO_FULL)
     with Stopwatch() as whole:
         out = _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps,
                                  method, key, k0, fit_range, slope_correction, rcond, loss,
-                                 batch_size, momentum, forward_block_size)
+                                 batch_size, momentum, forward_block_size, optimizer)
     out.seconds["total"] = whole.seconds
     out.seconds["compile"] = whole.compile_seconds
     return out
@@ -260,10 +267,14 @@ def predict_from_subset(
 
 def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps, method, key,
                        k0, fit_range, slope_correction, rcond, loss, batch_size, momentum,
-                       forward_block_size) -> SubsetPrediction:
+                       forward_block_size, optimizer) -> SubsetPrediction:
     x = as_array(x, "x")
     n = int(np.shape(x)[0])
-    check_gd_mse(loss, batch_size, momentum, n)
+    if optimizer is not None:
+        check_spectrum_optimizer(optimizer, n, steps, where="predict_from_subset",
+                                 learning_rate=learning_rate, momentum=momentum,
+                                 batch_size=batch_size)
+    check_gd_mse(loss, batch_size, 0.0 if momentum is None else momentum, n)
     if key is None:
         raise ValueError("predict_from_subset draws the subset at random: pass "
                          "key=jax.random.key(seed).")
@@ -271,21 +282,23 @@ def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps
     n, c = check_model(apply_fn, params, x)
     y = np.asarray(check_labels(y, n, c))
     check_subset_size(subset_size, y)
-    _check_lr_steps(learning_rate, steps)
+    if optimizer is None:
+        _check_lr_steps(learning_rate, steps)
     _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
                    forward_block_size)
     idx = balanced_subset(y, int(subset_size), key)
     return _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=learning_rate,
                                steps=int(steps), method=method, k0=k0, fit_range=fit_range,
                                slope_correction=slope_correction, rcond=rcond,
-                               forward_block_size=forward_block_size)
+                               forward_block_size=forward_block_size, optimizer=optimizer)
 
 
 def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, method, k0=None,
                         fit_range=None, slope_correction=0.0, rcond=1e-6,
-                        forward_block_size=1000) -> SubsetPrediction:
+                        forward_block_size=1000, optimizer=None) -> SubsetPrediction:
     """:func:`predict_from_subset` on given (validated) subset indices ``idx``; idx may be
-    all N samples (then the power law returns the exact spectrum and Nyström is exact)."""
+    all N samples (then the power law returns the exact spectrum and Nyström is exact).
+    ``learning_rate`` None with a (validated) ``optimizer``."""
     start = time.perf_counter()
     seconds: dict = {}
     x_sub = jnp.asarray(x)[jnp.asarray(idx)]
@@ -306,24 +319,29 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
 
     def curve_and_times():
         curve = np.asarray(predict_curve_from_spectrum(spectrum, learning_rate=learning_rate,
-                                                       steps=steps))
+                                                       steps=steps, optimizer=optimizer))
         return curve, {e: training_time_report(curve, e) for e in EPSILONS}
 
     curve, reports = timed_stage(seconds, "curve", curve_and_times)
     div = divergence(jnp.asarray(curve))
-    kappa = float(learning_rate) * float(spectrum.eigenvalues[0])
     at, spike = int(div.diverged_at), int(div.spiked_at)
     n, n_sub = len(y), len(idx)
     k0_used = None if method == "nystrom" else (max(1, min(100, n_sub // 4)) if k0 is None
                                                 else int(k0))
-    hyper = {"learning_rate": float(learning_rate), "steps": int(steps), "num_train": n,
-             "subset_size": n_sub, "method": method, "k0": k0_used, "loss": "mse",
-             "batch_size": n, "momentum": 0.0}
+    run = {"steps": int(steps), "num_train": n, "subset_size": n_sub, "method": method,
+           "k0": k0_used, "loss": "mse"}
+    if optimizer is None:
+        hyper = {"learning_rate": float(learning_rate), **run, "batch_size": n,
+                 "momentum": 0.0}
+    else:
+        hyper = optimizer_hyperparameters(optimizer, steps, n) | run
+    kappa = hyper["learning_rate"] * float(spectrum.eigenvalues[0])  # the peak η_t
+    edge = _edge(hyper["momentum"], bool(hyper.get("nesterov")), "mse")
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return SubsetPrediction(
         loss=curve, training_time={e: t for e, (t, _) in reports.items()},
         training_time_reasons={e: why for e, (_, why) in reports.items() if why},
-        kappa=kappa, beyond_edge=kappa > EDGE, diverged=bool(div.diverged),
+        kappa=kappa, beyond_edge=kappa > edge, diverged=bool(div.diverged),
         diverged_at=None if at < 0 else at, spiked_at=None if spike < 0 else spike,
         spectrum=spectrum, subset_indices=np.asarray(idx), method=method, num_samples=n,
         subset_size=n_sub, hyperparameters=hyper, seconds=seconds)
