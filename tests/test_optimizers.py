@@ -398,6 +398,28 @@ def test_fast_adam_is_exact_at_the_first_step_and_close_after(x64):
             > ADAM_LOSS_RTOL
 
 
+@pytest.mark.parametrize("backbone", ["isotropic", "kronecker"])
+def test_fast_adam_first_step_is_calibrated_to_weight_space(x64, backbone):
+    """The isotropic / Kronecker K_P misstates ‖g_0‖²_P (here by 1.5× / 1.4×); the drift's
+    calibration (γ_0, γ_1) makes the first GD step's loss decrease that of real Adam training
+    (the backbone is linear in its weights: the head-aware model is the network), and is
+    (1, 1) for the exact K_P."""
+    model, split, x, y, _, a_h, _ = _head_problem()
+    opt = ntk_tt.adamw(1e-3, weight_decay=0.1)
+    exact = ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone="exact",
+                                          variance_samples=N)
+    np.testing.assert_allclose(exact.drift.calibration, [1.0, 1.0], rtol=1e-8)
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone=backbone, variance_samples=N)
+    fs, real = _adam_run(opt, ak, model, split, x, y, a_h)
+    loss_p, loss_r = curves(fs, y, "cross_entropy")[0], curves(real, y, "cross_entropy")[0]
+    np.testing.assert_allclose(loss_p[0] - loss_p[1], loss_r[0] - loss_r[1], rtol=0.01)
+    np.testing.assert_array_less(np.abs(loss_p - loss_r) / loss_r, 0.005)
+    plain = ak._replace(drift=ak.drift._replace(calibration=jnp.ones(2)))  # the kernel's forms
+    fu, _ = _adam_run(opt, plain, model, split, x, y, a_h)
+    loss_u = curves(fu, y, "cross_entropy")[0]
+    assert (loss_u[0] - loss_u[1]) / (loss_r[0] - loss_r[1]) > 1.3
+
+
 def test_drift_profile_sums_against_brute_force(x64):
     """The drifting profile's inputs (``ntk_tt.dynamics._adam_drift``): g_0² and σ² against
     per-sample gradients taken one at a time (σ² from all N and from a keyed subsample of 5),

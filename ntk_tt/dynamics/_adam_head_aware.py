@@ -67,7 +67,9 @@ from ntk_tt.dynamics._adam_drift import (
     drift_scale,
     drift_table,
     gradient_profiles,
+    kernel_calibration,
     precond_kernel,
+    quadratic_form,
 )
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._losses import check_loss, logit_residual
@@ -201,8 +203,12 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     else:
         vbar = _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz)
     root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5, vbar)
-    return AdamKernel(hk, precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples,
-                                         key), bsz, table, _concrete(optimizer.eps))
+    hp = precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples, key)
+    if table is not None:  # the step's size from weight-space sums, not K_P's own forms
+        q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
+        table = table._replace(calibration=kernel_calibration(
+            hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
+    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps))
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -284,15 +290,6 @@ def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
 
 def _maybe_nonzero(value) -> bool:
     return isinstance(value, jax.core.Tracer) or np.ndim(value) != 0 or float(value) != 0.0
-
-
-def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
-    """Σ_{i,j∈idx} q_iᵀ K_h(i, j) q_j for q (B, F): ‖J_hᵀ vec(Q)‖², Q = q on the rows idx."""
-    if hk.mixing is not None:
-        return jnp.sum(hk.backbone[idx][:, idx] * (q @ hk.mixing @ q.T))
-    n, f = hk.features.shape
-    block = hk.backbone.reshape(n, f, n, f)[idx][:, :, idx]  # (B, F, B, F)
-    return jnp.einsum("ifjg,if,jg->", block, q, q)
 
 
 def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Array:
