@@ -55,8 +55,8 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
     q.add_argument("--schedule", default=d["schedule"], type=lambda s: s.replace("-", "_"),
                    choices=SCHEDULES, metavar="{constant,warmup-cosine,warmup-stable-decay,"
                    "exponential}",
-                   help="learning-rate schedule over the steps; anything but constant-η SGD "
-                   "without decay needs no --subset and --segments 1")
+                   help="learning-rate schedule over the steps (with --subset: sgd without "
+                   "--weight-decay)")
     q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
                    help="η, the schedule's peak learning rate (constant: every step's; "
                    "exponential: η_0)")
@@ -132,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                    "many times (one kernel each)")
     q.add_argument("--subset", type=int, default=None, metavar="N'",
                    help="predict from the logit-summed kernel of a class-balanced subset of "
-                   "N' images (App. D: no N×N kernel); only with --loss mse and no -B; the "
-                   "loss curve only (None: the full kernel)")
+                   "N' images (App. D: no N×N kernel); only with --loss mse and no -B (sgd, any "
+                   "--schedule and -m, no --weight-decay); the loss curve only (None: the "
+                   "full kernel)")
     q.add_argument("--subset-method", default=d["subset_method"],
                    choices=("power_law", "nystrom"),
                    help="with --subset: power_law (App. D power-law tails from Θ(X', X')) or "

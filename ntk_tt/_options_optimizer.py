@@ -40,7 +40,8 @@ _ADAM_ONLY = {"b1": "--b1", "b2": "--b2", "adam_eps": "--adam-eps"}
 def constant_sgd(o: dict[str, Any]) -> bool:
     """Whether the options describe constant-η SGD without weight decay: the job then predicts
     and fine-tunes with the constant-η keywords (the same rule as ``ntk_tt.sgd(η, m)``), which
-    every method, ``subset`` and ``segments`` know."""
+    every method and ``segments`` know (``subset`` with momentum 0 only: with momentum it
+    goes through ``ntk_tt.sgd(η, m)``)."""
     return (o["optimizer"] == "sgd" and o["schedule"] == "constant"
             and not weight_decay(o))
 
@@ -56,9 +57,10 @@ def check_optimizer_options(o: dict[str, Any]) -> None:
     """The optimiser options (module docstring) of checked ``steps``, ``learning_rate`` and
     ``momentum``: their values, the flags that do not apply to the chosen optimiser or
     schedule, the schedule's step order, and the options the optimiser predictor does not
-    have (anything but constant-η SGD without decay: ``subset``, ``segments`` > 1; Adam: a
-    method other than the discrete recursion, the linear predictor, a sketched kernel). The
-    SGD family takes every method (``predict(optimizer=, method=)``, METHOD.md §11).
+    have (Adam: ``segments`` > 1, a method other than the discrete recursion, the linear
+    predictor, a sketched kernel). The SGD family takes every method
+    (``predict(optimizer=, method=)``, METHOD.md §11) and ``segments``; ``subset`` takes it
+    without weight decay (:func:`_check_subset`).
 
     Raises:
       ValueError: one line naming the option, its flag and the fix.
@@ -85,6 +87,7 @@ def check_optimizer_options(o: dict[str, Any]) -> None:
     _check_values(o)
     _check_decay(o, name)
     _check_order(o, kind)
+    _check_subset(o, name, kind)
     if not constant_sgd(o):
         _check_predictor(o, name, kind)
 
@@ -152,17 +155,38 @@ def _check_order(o: dict[str, Any], kind: str) -> None:
                          "T, the -T steps).")
 
 
+def _check_subset(o: dict[str, Any], name: str, kind: str) -> None:
+    """``subset`` (--subset N'): the spectrum predictor (``ntk_tt.predict_from_subset(
+    optimizer=)``) takes the SGD family (schedule, momentum, Nesterov) without weight decay,
+    by each eigenmode's exact recursion (the closed form: constant η, m = 0 only). Full batch
+    (no -B < N) is checked with the other subset options (``ntk_tt._options_predict``)."""
+    if o["subset"] is None:
+        return
+    if name != "sgd":
+        raise ValueError(f"subset (--subset) predicts --optimizer sgd only: --optimizer "
+                         f"{name}'s elementwise moments mix the kernel's eigenmodes, which a "
+                         "spectrum cannot follow; drop --subset (the head-aware Adam "
+                         "predictor uses the full kernel) or use --optimizer sgd.")
+    if weight_decay(o) > 0:
+        raise ValueError("subset (--subset) predicts training without weight decay: decay acts "
+                         "on J·θ0, whose projections on the kernel's eigenvectors a spectrum "
+                         "does not have; drop --weight-decay (and --l2), or drop --subset.")
+    if o["method"] == "closed_form" and (_real_or_none(o["momentum"]) or kind != "constant"):
+        what = ("momentum (-m)" if kind == "constant" else
+                f"--schedule {kind.replace('_', '-')}")
+        raise ValueError(f"subset (--subset) with {what} runs each eigenmode's exact "
+                         "recursion on the predicted spectrum, not the closed form (constant "
+                         "η, no momentum): drop --method closed_form.")
+
+
 def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
     """What the optimiser predictor (``predict(optimizer=)``) does not have; the methods as
     ``ntk_tt.dynamics._optim_predict.check_run``: any for the SGD family, the discrete
     recursion for Adam."""
     why = (f"--optimizer {name}" if name != "sgd" else f"--schedule {kind.replace('_', '-')}"
            if kind != "constant" else "--weight-decay")  # the first thing that is not it
-    if o["subset"] is not None:
-        raise ValueError(f"subset (--subset) predicts constant-η full-batch GD only: drop it "
-                         f"with {why}.")
-    if o["segments"] != 1:
-        raise ValueError(f"segments (--segments) re-linearises the constant-η SGD recursion "
+    if o["segments"] != 1 and name != "sgd":
+        raise ValueError(f"segments (--segments) re-linearises the SGD-family recursion "
                          f"only: drop it with {why}.")
     if name != "sgd" and resolve_method(o["method"]) != "discrete":
         raise ValueError(f"method (--method) {o['method']!r} takes --optimizer sgd only: "

@@ -86,7 +86,7 @@ def check_options(o: dict[str, Any]) -> None:
     check_loss(o["loss"])
     method = resolve_method(o["method"])
     full_batch = b is None or (_is_int(k) and _is_int(n) and b == k * n)
-    _check_subset_options(o, m, full_batch)
+    _check_subset_options(o, full_batch)
     if method == "closed_form" and (o["loss"] != "mse" or not full_batch):
         raise ValueError(f"method 'closed_form' (--method closed_form) exists for loss 'mse' "
                          f"(--loss mse) with full-batch GD only, got loss {o['loss']!r} and "
@@ -140,9 +140,10 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
     return o
 
 
-def _check_subset_options(o: dict[str, Any], momentum: float, full_batch: bool) -> None:
+def _check_subset_options(o: dict[str, Any], full_batch: bool) -> None:
     """``subset`` (--subset N') and ``subset_method``: the subset predictor exists for the
-    MSE loss of full-batch GD only (Prop. 2 on the predicted spectrum, App. D)."""
+    MSE loss of full-batch training only (the predicted spectrum, App. D; the optimiser's
+    part: ``ntk_tt._options_optimizer``)."""
     sub, how = o["subset"], o["subset_method"]
     if how not in SUBSET_METHODS:
         raise ValueError(f"subset_method (--subset-method) must be one of {SUBSET_METHODS}, "
@@ -168,9 +169,6 @@ def _check_subset_options(o: dict[str, Any], momentum: float, full_batch: bool) 
     if not full_batch:
         raise ValueError(f"subset (--subset) predicts full-batch GD only: drop -B (got "
                          f"batch_size {o['batch_size']!r}).")
-    if momentum != 0.0:
-        raise ValueError(f"subset (--subset) predicts plain GD: drop -m (got momentum "
-                         f"{o['momentum']!r}).")
     if o["method"] not in ("auto", "closed_form"):
         raise ValueError(f"subset (--subset) uses the closed form on the predicted spectrum: "
                          f"drop --method (got {o['method']!r}) or use --method closed_form.")

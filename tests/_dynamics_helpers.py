@@ -7,6 +7,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from ntk_tt.dynamics._losses import mean_loss
 
@@ -64,3 +65,15 @@ def train_tx(apply_fn, params, x, y, tx, batches, x_eval, loss):
 
     _, fs = jax.lax.scan(step, (params, tx.init(params)), batches)
     return jnp.concatenate([apply_fn(params, x_eval)[None], fs])
+
+
+class LinearHeadNet(nnx.Module):
+    """Backbone Linear(d, f) (linear in its weights) and a linear ``head``, in float64: the
+    head-aware model of it is the network itself."""
+
+    def __init__(self, d, f, c, *, rngs):
+        self.body = nnx.Linear(d, f, param_dtype=jnp.float64, rngs=rngs)
+        self.head = nnx.Linear(f, c, param_dtype=jnp.float64, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(self.body(x))

@@ -52,9 +52,9 @@ BEFORE_JAX = [
     (["--weight-decay", "-1"], "weight_decay (--weight-decay) must be a finite number >= 0"),
     (["--optimizer", "adamw", "--method", "ode"],
      "method (--method) 'ode' takes --optimizer sgd only: --optimizer adamw has no"),
-    (["--schedule", "warmup-cosine", "--loss", "mse", "--subset", "100"],
-     "subset (--subset) predicts constant-η full-batch GD only"),
-    (["--weight-decay", "0.01", "--segments", "2"], "segments (--segments) re-linearises"),
+    (["--optimizer", "adamw", "--schedule", "warmup-cosine", "--loss", "mse", "--subset",
+      "100"], "subset (--subset) predicts --optimizer sgd only: --optimizer adamw's"),
+    (["--optimizer", "adamw", "--segments", "2"], "segments (--segments) re-linearises"),
     (["--optimizer", "adamw", "--predictor", "linear"], "by the head-aware predictor only"),
     (["--optimizer", "adam", "--kernel", "sketch"], "by the head-aware predictor only"),
 ]

@@ -12,7 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _dynamics_helpers import brute_ntk, jacobian, linear_apply, linear_problem, train_tx
+from _dynamics_helpers import (
+    LinearHeadNet,
+    brute_ntk,
+    jacobian,
+    linear_apply,
+    linear_problem,
+    train_tx,
+)
 from flax import nnx
 
 import ntk_tt
@@ -212,15 +219,9 @@ def test_frozen_kernel_traced_kernel_and_vmap_over_learning_rate(x64):
 D, FEAT, C = 5, 4, 3
 
 
-class Net(nnx.Module):
+def Net(*, rngs):  # noqa: N802 (used as the model class)
     """Backbone Linear(D, F) (linear in its weights) and a linear ``head``."""
-
-    def __init__(self, *, rngs):
-        self.body = nnx.Linear(D, FEAT, param_dtype=F64, rngs=rngs)
-        self.head = nnx.Linear(FEAT, C, param_dtype=F64, rngs=rngs)
-
-    def __call__(self, x):
-        return self.head(self.body(x))
+    return LinearHeadNet(D, FEAT, C, rngs=rngs)
 
 
 def _head_problem(seed=0):

@@ -228,7 +228,8 @@ def _cli_error(args, capsys, monkeypatch):
 @pytest.mark.parametrize("args,match", [
     (["--subset", "100"], "pass --loss mse, got loss 'cross_entropy'"),
     (["--subset", "100", "--loss", "mse", "-B", "50"], "predicts full-batch GD only: drop -B"),
-    (["--subset", "100", "--loss", "mse", "-m", "0.9"], "predicts plain GD: drop -m"),
+    (["--subset", "100", "--loss", "mse", "-m", "0.9", "--method", "closed_form"],
+     "with momentum (-m) runs each eigenmode's exact recursion"),
     (["--subset", "102", "--loss", "mse"], "must be a multiple of K = 5 classes with K <= N' "
                                            "< N = K·n = 5·150 = 750"),
     (["--subset", "750", "--loss", "mse"], "K <= N' < N = K·n"),

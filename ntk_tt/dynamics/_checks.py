@@ -304,12 +304,3 @@ def check_warmup(learning_rate, steps: int) -> None:
             f"{float(peak):g} at step {reached}, but a run of steps = {steps} updates ends "
             f"before it (η_0 … η_{steps - 1}); shorten the warmup to < {steps} steps or raise "
             f"steps to > {reached}.")
-
-
-def refuse_optimizer(optimizer, *, where: str, supports: str, instead: str) -> None:
-    """One ValueError, before any work, for ``optimizer=`` given to a predictor that knows only
-    the constant-η keywords: says what it ``supports`` and where to go ``instead``."""
-    if optimizer is None:
-        return
-    raise ValueError(f"{where} predicts {supports} only and takes no optimizer= (got "
-                     f"{getattr(optimizer, 'label', type(optimizer).__name__)}); {instead}.")

@@ -18,8 +18,8 @@ equal to optax training of the head-aware model for any backbone (tests). Held-o
 features follow with the cross kernel and a_h on the held-out inputs. Cost per step as
 :func:`ntk_tt.predict_head_aware` plus O(N·F) for the decay.
 
-The backbone's displacement with decay is no longer J_hᵀ·(something), so these recursions
-do not carry the state that :func:`ntk_tt.predict_head_aware_refreshed` re-linearises with.
+With decay the backbone's displacement is c·θ_k − J_hᵀz (a scalar c), which
+:func:`ntk_tt.predict_head_aware_refreshed` carries across its re-linearisations.
 """
 
 from __future__ import annotations

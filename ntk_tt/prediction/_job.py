@@ -220,8 +220,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     fine-tuned with ``finetune(optimizer=)`` of the same :class:`ntk_tt.Optimizer`, except
     constant-η SGD without decay, which goes through the constant-η keywords, the same rule),
     loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
-    predictor, backbone, segments, subset (N': predict the MSE GD loss from a subset's kernel,
-    App. D; held-out curves are then not predicted), subset_method ("power_law" | "nystrom"),
+    predictor, backbone, segments, subset (N': predict the MSE loss of full-batch SGD without
+    weight decay, any schedule and momentum, from a subset's kernel, App. D; held-out curves
+    are then not predicted), subset_method ("power_law" | "nystrom"),
     loss_targets (L*), error_targets (training error e*), accuracy_targets (held-out accuracy
     A: the held-out error ≤ 1 − A): absolute targets, whose steps the report gives as
     ``steps_to_target`` {curve: {target: steps}} ("loss", "error", "test_error").
@@ -301,9 +302,11 @@ def _work(o, verify, json_file, progress):
     opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which
-    # every method, subset and segments know (and the numbers of the job before optimizers)
+    # every method and segments know (and the numbers of the job before optimizers); subset's
+    # keywords are plain GD, so with momentum it takes ``opt`` (each eigenmode's recursion)
+    keywords = constant_sgd(o) and (o["subset"] is None or float(o["momentum"]) == 0)
     hyper = ({k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
-             if constant_sgd(o) else {"optimizer": opt, "loss": o["loss"]})
+             if keywords else {"optimizer": opt, "loss": o["loss"]})
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
     bar = tqdm(total=2, disable=not progress, unit="stage",
                bar_format="{desc}: {n}/{total} stages [{elapsed}]")

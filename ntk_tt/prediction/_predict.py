@@ -17,16 +17,10 @@ from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_head_kernel, check_hyper, check_labels, check_num_paths
-from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._losses import check_loss
-from ntk_tt.dynamics._predict_kernel import EPSILONS, predict_from_kernel, resolve_method
-from ntk_tt.prediction._result import (
-    Prediction,
-    _to_prediction,
-    outcome_fields,
-    timed_prediction,
-    with_targets,
-)
+from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
+from ntk_tt.prediction._predict_subset import predict_subset
+from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
 
@@ -115,10 +109,12 @@ def predict(
     logit-summed kernel of a class-balanced subset of N' of them (App. D, METHOD.md §7; the
     frozen-kernel linear model; ``ntk_tt.predict_from_subset`` with ``subset_method``
     "power_law" or "nystrom", the subset drawn from ``key``): no N × N kernel is built.
-    It needs ``loss="mse"``, GD (``batch_size`` None or N, ``momentum`` 0), ``method`` "auto"
-    or "closed_form", ``kernel`` "exact" or "traced" (the same here: only the logit-summed
-    kernel is used), no sketch, no held-out set and a key. Only the loss curve is predicted:
-    ``error`` is NaN and its T_ε undefined, with the reason.
+    It needs ``loss="mse"``, full batch (``batch_size`` None or N), ``momentum`` 0 and
+    ``method`` "auto" or "closed_form" — or ``optimizer=ntk_tt.sgd(schedule, m, nesterov=)``
+    without weight decay (each eigenmode's exact recursion; ``method`` "auto" or "discrete") —
+    ``kernel`` "exact" or "traced" (the same here: only the logit-summed kernel is used), no
+    sketch, no held-out set and a key. Only the loss curve is predicted: ``error`` is NaN and
+    its T_ε undefined, with the reason.
 
     ``optimizer=ntk_tt.sgd(...)`` / ``ntk_tt.adamw(...)`` (an :class:`ntk_tt.Optimizer`:
     schedule, momentum or Adam, weight decay, batch size) replaces ``learning_rate``,
@@ -189,8 +185,9 @@ def predict(
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a head-aware prediction without ``head`` or with a method other than the discrete
         recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
-        ``subset`` with anything but MSE full-batch GD (or with a sketch, SDE/ODE/discrete
-        method, head-aware predictor, held-out set, no key) or a bad N', bad ``targets``
+        ``subset`` with anything but MSE full-batch GD or a full-batch SGD-family optimizer
+        without weight decay (or with a sketch, an SDE/ODE method, a discrete one with the
+        keywords, head-aware predictor, held-out set, no key) or a bad N', bad ``targets``
         (unknown curve, not finite, a loss target ≤ 0, an error target outside [0, 1], a
         held-out target without ``x_test``, an error target with ``subset``) — all before
         the kernel is built.
@@ -228,12 +225,12 @@ def predict(
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n)
     if subset is not None:
-        pred = _predict_subset(apply_fn, params, x, y, subset, subset_method,
-                               learning_rate=learning_rate, steps=steps,
-                               batch_size=batch_size, momentum=momentum, nesterov=nesterov,
-                               loss=loss, method=method, kernel=kernel,
-                               sketch_dim=sketch_dim, key=key, x_test=x_test,
-                               y_test=y_test, predictor=predictor, segments=segments)
+        pred = predict_subset(apply_fn, params, x, y, subset, subset_method,
+                              learning_rate=learning_rate, steps=steps,
+                              batch_size=batch_size, momentum=momentum, nesterov=nesterov,
+                              loss=loss, method=method, kernel=kernel,
+                              sketch_dim=sketch_dim, key=key, x_test=x_test,
+                              y_test=y_test, predictor=predictor, segments=segments)
         return with_targets(pred, targets)
     if subset_method != "power_law":
         raise ValueError(f"subset_method applies with subset=N' only, got subset_method="
@@ -297,64 +294,6 @@ def predict(
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
     return with_targets(_to_prediction(out, method, kernel, hyper, seconds), targets)
-
-
-ERROR_NOT_PREDICTED = ("not predicted: the subset predictor (subset=N') gives the mean MSE "
-                       "loss curve only, from the kernel's spectrum")
-
-
-def _predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_rate,
-                    steps, batch_size, momentum, nesterov, loss, method, kernel, sketch_dim,
-                    key, x_test, y_test, predictor, segments) -> Prediction:
-    """``predict(..., subset=N')``: validate the options that make sense with a subset, run
-    :func:`ntk_tt.predict_from_subset` and return its loss curve as a :class:`Prediction`."""
-    from ntk_tt.prediction._subset import SUBSET_METHODS, check_gd_mse, predict_from_subset
-
-    n = int(np.shape(x)[0])
-    check_gd_mse(loss, batch_size, momentum, n, who="predict(subset=...)")
-    if subset_method not in SUBSET_METHODS:
-        raise ValueError(f"subset_method must be one of {SUBSET_METHODS}, got "
-                         f"{subset_method!r}.")
-    if nesterov:
-        raise ValueError("predict(subset=...) predicts plain GD: nesterov=True needs "
-                         "momentum, which the subset predictor does not model.")
-    if method not in ("auto", "closed_form"):
-        raise ValueError(f"predict(subset=...) uses the closed form of Prop. 2 on the "
-                         f"predicted spectrum: method must be 'auto' or 'closed_form', got "
-                         f"{method!r}.")
-    if kernel not in ("exact", "traced") or sketch_dim is not None:
-        raise ValueError(f"predict(subset=...) builds the exact logit-summed kernel of the "
-                         f"subset: kernel must be 'exact' or 'traced' (the same here) and "
-                         f"sketch_dim None, got kernel={kernel!r}, sketch_dim={sketch_dim!r}.")
-    if predictor == "head_aware" or segments != 1:
-        raise ValueError("predict(subset=...) is the frozen-kernel linear predictor: use "
-                         "predictor='auto' or 'linear' and segments=1.")
-    if x_test is not None or y_test is not None:
-        raise ValueError("predict(subset=...) predicts the training loss only (no held-out "
-                         "curves from a spectrum): drop x_test and y_test.")
-    sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
-                             learning_rate=learning_rate, steps=steps, method=subset_method,
-                             key=key)
-    s = sp.seconds
-    seconds = {"kernel": s["kernel"], "noise": 0.0, "logits": s["logits"],
-               "solve": s["spectrum"] + s["curve"], "spectrum": s["spectrum"],
-               "curve": s["curve"]}
-    nan = np.full(int(steps) + 1, np.nan)
-    hyper = {"learning_rate": float(learning_rate), "momentum": 0.0, "nesterov": False,
-             "batch_size": n, "steps": int(steps), "num_train": n, "loss": "mse",
-             "subset_size": int(subset), "subset_method": subset_method}
-    return Prediction(
-        loss=sp.loss, error=nan, loss_band=None, error_band=None, test_loss=None,
-        test_error=None,
-        training_time={"loss": dict(sp.training_time), "error": dict.fromkeys(EPSILONS,
-                                                                               np.nan)},
-        training_time_reasons={"loss": dict(sp.training_time_reasons),
-                               "error": dict.fromkeys(EPSILONS, ERROR_NOT_PREDICTED)},
-        diverged=sp.diverged, diverged_at=sp.diverged_at, spiked_at=sp.spiked_at,
-        kappa=sp.kappa, beyond_edge=sp.beyond_edge, clamped=False,
-        min_eigenvalue=float(sp.spectrum.eigenvalues[-1]) * n, method="closed_form",
-        kernel=f"traced:subset{sp.subset_size}:{subset_method}", hyperparameters=hyper,
-        seconds=seconds, **outcome_fields(call(outcome(sp.loss), sp.kappa, False)))
 
 
 def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:

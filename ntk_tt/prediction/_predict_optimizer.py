@@ -16,6 +16,9 @@ batch size. The predictor is chosen as in :func:`ntk_tt.predict`:
   :func:`ntk_tt.head_aware_adam_trajectory`): approximate (frozen per-parameter second-moment
   profile rescaled by the gradient norm). Adam has no frozen-kernel form, so without a head
   it is refused (``ntk_tt.linearised_reference`` is the exact, weight-space reference).
+* ``subset=N'`` (MSE, the SGD family at full batch without weight decay): the loss curve from
+  the subset's predicted spectrum, each eigenmode's exact recursion with η_t and momentum
+  (:func:`ntk_tt.predict_from_subset`, METHOD.md §7).
 
 Weight decay needs J·θ0 (``ntk_tt.weight_tangent``: one jvp on the training and one on the
 held-out inputs), computed only when λ ≠ 0. SGD (B < N) runs ``num_paths`` batch orders,
@@ -35,7 +38,7 @@ from functools import partial
 
 import jax
 
-from ntk_tt._options import resolve_method
+from ntk_tt._options import _is_int, resolve_method
 from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _maybe_nonzero,
@@ -55,20 +58,22 @@ from ntk_tt.prediction._predict import (
     _logits,
     check_test,
 )
+from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 from ntk_tt.training._timing import timed_stage
 
 
-def _check(optimizer, n, steps, method, subset, subset_method, segments, loss) -> int:
-    """The options that make sense with an optimiser (ValueErrors before any work); returns
-    the batch size B (N for full batch)."""
-    if subset is not None or subset_method != "power_law":
-        raise ValueError("predict(subset=...) predicts constant-η full-batch GD only: drop "
-                         "subset (and subset_method) with optimizer=, or use learning_rate=.")
-    if segments != 1:
-        raise ValueError("segments > 1 re-linearises the constant-η SGD recursion only: use "
-                         "segments=1 with optimizer=.")
+def _check(optimizer, n, steps, method, subset_method, segments, loss) -> int:
+    """The options that make sense with an optimiser on the full kernel (ValueErrors before
+    any work); returns the batch size B (N for full batch)."""
+    if subset_method != "power_law":
+        raise ValueError(f"subset_method applies with subset=N' only, got subset_method="
+                         f"{subset_method!r} and subset=None.")
+    if segments != 1 and optimizer.rule != "sgd":
+        raise ValueError(f"segments > 1 re-linearises the SGD-family recursion only, not "
+                         f"{optimizer.label}'s moments: use segments=1 (the fast head-aware "
+                         "Adam predictor, one linearisation).")
     return check_run(optimizer, n, steps, method, loss=loss)
 
 
@@ -87,19 +92,34 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
       ``hyperparameters`` = :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`
       plus "steps", "num_train", "loss".
 
+    With ``subset`` (N'): :func:`ntk_tt.prediction._predict_subset.predict_subset`, the loss
+    curve from the subset's spectrum (the SGD family at full batch without weight decay).
+
     Raises:
-      ValueError: before any kernel: ``subset``, ``segments`` > 1, Adam with a method other
-        than the discrete recursion, "closed_form" without MSE and B = N, a schedule that is
-        never > 0 or whose warmup ends at or after ``steps``, B > N, Adam without ``head`` (or
-        with ``predictor="linear"``), Adam with L2 weight decay, and the predictor, kernel,
-        key and held-out checks of ``predict``.
+      ValueError: before any kernel: ``subset`` with Adam, weight decay, B < N or the other
+        options :func:`~ntk_tt.prediction._predict_subset.predict_subset` refuses (with
+        their messages), ``subset_method`` without ``subset``, ``segments`` > 1 with Adam or
+        without ``head``, Adam with a method other than the discrete recursion,
+        "closed_form" without MSE and B = N, a schedule that is never > 0 or whose warmup
+        ends at or after ``steps``, B > N, Adam without ``head`` (or with
+        ``predictor="linear"``), Adam with L2 weight decay, and the predictor, kernel, key
+        and held-out checks of ``predict``.
     """
     n, c = shape
-    bs = _check(optimizer, n, steps, method, subset, subset_method, segments, loss)
+    if subset is not None:
+        return with_targets(predict_subset(
+            apply_fn, params, x, y, subset, subset_method, learning_rate=None, steps=steps,
+            batch_size=None, momentum=0.0, nesterov=False, loss=loss, method=method,
+            kernel=kernel, sketch_dim=sketch_dim, key=key, x_test=x_test, y_test=y_test,
+            predictor=predictor, segments=segments, optimizer=optimizer), targets)
+    bs = _check(optimizer, n, steps, method, subset_method, segments, loss)
     method = resolve_method(method)
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn,
                                   params, x)
+    if not _is_int(segments) or not 1 <= segments <= steps or (segments > 1 and not head_aware):
+        raise ValueError(f"segments must be an int in [1, steps] and > 1 only with the "
+                         f"head-aware predictor, got {segments!r}.")
     adam = optimizer.rule == "adam"
     if adam and not head_aware:
         raise ValueError(
@@ -112,7 +132,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                          "Adam's elementwise moments, which have no feature-space form; use "
                          "ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
-    check_head_kernel(head_kernel, head_aware, n, x_test)
+    check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test)
     if isinstance(head_kernel, AdamKernel):
         if not adam:
             raise ValueError(f"head_kernel is an Adam kernel (adam_head_aware_kernel) and the "
@@ -122,7 +142,15 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
     common = dict(steps=steps, loss=loss, key=key, num_paths=num_paths, y_test=y_test)
-    if head_aware:
+    if head_aware and segments > 1:
+        from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
+
+        out = timed_stage(seconds, "solve", predict_head_aware_refreshed, head, x, y,
+                          segments=int(segments), optimizer=optimizer, steps=steps, loss=loss,
+                          key=key, x_test=x_test, y_test=y_test, backbone=backbone)
+        seconds["kernel"] = 0.0  # the kernels are rebuilt inside the solve, one per segment
+        label = f"head_aware:{backbone}:refresh{segments}"
+    elif head_aware:
         feature_fn, bparams = head[0], head[1]
 
         def build():
