@@ -53,6 +53,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--datasets", nargs="+")
     p.add_argument("--per-class", nargs="+", type=int)
+    p.add_argument("--families", nargs="+", choices=FAMILIES,
+                   help="optimiser families to run, in this order (default: all)")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
     p.add_argument("--reuse-real", metavar="DIR",
@@ -62,6 +64,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     spec = PRESETS[args.preset]
     if args.datasets:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
+    if args.families:
+        spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
     if args.per_class:
         if any(n < 2 for n in args.per_class):
             p.error(f"--per-class values must be integers >= 2, got {args.per_class}")
@@ -131,6 +135,7 @@ def main(argv=None) -> None:
         tasks_keys = ("datasets", "per_class", "seeds")
         if spec_path.exists():
             old = json.loads(spec_path.read_text())
+            old.setdefault("families", list(FAMILIES))  # written before the option existed
             if {k: v for k, v in old.items() if k not in tasks_keys} != \
                     {k: v for k, v in grid.items() if k not in tasks_keys}:
                 sys.exit(f"optimizer_sweep.py: error: {out} holds another grid ({spec_path}); "

@@ -2,6 +2,8 @@
 independent ``predict``/``finetune`` calls, resumption, the κ̃ → η map, and the summary
 against a hand computation."""
 
+import dataclasses
+
 import numpy as np
 import optax
 import pandas as pd
@@ -101,6 +103,12 @@ def test_sgd_peak_from_effective_kappa_and_skipped_batch_sizes():
     sizes = {t.per_class: {c.batch_size for c in spec.configs(t)} for t in spec.tasks()}
     assert sizes == {10: {None}, 50: {None, 50}}  # B = 50 is N at n = 10 (K = 5): GD only
     assert len(spec.configs(Task("a", 10, 0))) == 12  # 2 families × 3 peaks × 2 λ, GD only
+    adam_first = dataclasses.replace(spec, families=("adamw_cosine", "sgdm_cosine"))
+    rows = adam_first.configs(Task("a", 50, 0))
+    assert [c.family for c in rows] == ["adamw_cosine"] * 12 + ["sgdm_cosine"] * 12
+    assert set(rows) == set(spec.configs(Task("a", 50, 0)))  # the same rows, reordered
+    only = dataclasses.replace(spec, families=("adamw_cosine",)).configs(Task("a", 50, 0))
+    assert only == rows[:12]
 
 
 def _frame(real, pred, family, opt, task):

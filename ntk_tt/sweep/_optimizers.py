@@ -61,8 +61,9 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimSpec:
-    """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families ×
-    peaks × weight decays × batch sizes (B ≥ N skipped), T = ``steps``."""
+    """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
+    (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
+    batch sizes (B ≥ N skipped), T = ``steps``."""
 
     datasets: tuple[str, ...]
     per_class: tuple[int, ...]
@@ -79,6 +80,7 @@ class OptimSpec:
     epsilons: tuple[float, ...] = (0.01, 0.1, 0.4)
     num_paths: int = 8
     checkpoint: str | None = None
+    families: tuple[str, ...] = FAMILIES
 
     def tasks(self) -> list[Task]:
         """Every task of the grid, in order."""
@@ -88,10 +90,10 @@ class OptimSpec:
     def configs(self, task: Task) -> list[OptimConfig]:
         """The task's rows (minibatch sizes B ≥ N are skipped: the same as GD or impossible)."""
         sizes = [b for b in self.batch_sizes if b is None or b < task.num_train]
-        grids = (("sgdm_cosine", self.sgd_kappas, self.sgd_decays),
-                 ("adamw_cosine", self.adam_peaks, self.adam_decays))
-        return [OptimConfig(f, p, wd, b) for f, peaks, decays in grids for b in sizes
-                for p in peaks for wd in decays]
+        grids = {"sgdm_cosine": (self.sgd_kappas, self.sgd_decays),
+                 "adamw_cosine": (self.adam_peaks, self.adam_decays)}
+        return [OptimConfig(f, p, wd, b) for f in self.families for b in sizes
+                for p in grids[f][0] for wd in grids[f][1]]
 
     def optimizer(self, cfg: OptimConfig, lam_max: float, n: int) -> ntk_tt.Optimizer:
         """The :class:`ntk_tt.Optimizer` of ``cfg`` (λ_max of Θ_0, N for the κ̃ → η map)."""
