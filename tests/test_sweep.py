@@ -180,8 +180,34 @@ def test_curve_distance_divergence_by_kappa_and_edge_rows():
     frame["lr_kind"], frame["lr_value"] = "kappa", [1.0, 24.0, 24.0]
     frame["momentum"] = [0.0, 0.0, 0.9]
     grid = {"kappas": [1.0, 4.0], "edge_kappas": [24.0]}
-    assert list(edge_rows(frame, grid)) == [False, True, False]
+    assert list(edge_rows(frame, grid)) == [False, True, True]  # any m at an edge κ̃
+    # a directory resumed with a grown grid: rows of the earlier edge set (here B = 100)
+    # stay edge rows though the grid now runs its edge κ̃ at B ∈ {N, 50} only
+    frame["optimizer"], frame["batch_size"] = ["gd", "sgd", "sgd"], [np.nan, 100.0, 50.0]
+    grid |= {"momenta": [0.0, 0.9], "batch_sizes": [None, 50, 100],
+             "edge_momenta": [0.0, 0.9], "edge_batch_sizes": [None, 50]}
+    assert list(edge_rows(frame, grid)) == [False, True, True]
     assert not edge_rows(frame, None).any()
+
+
+def test_outcomes_filled_for_the_rows_that_lack_them():
+    """A table resumed across the issue-26 columns: rows without outcome columns get them
+    from their curves (the rule of ntk_tt.dynamics._divergence), rows with them keep theirs."""
+    from ntk_tt.sweep._outcomes import with_outcomes
+
+    calm, blown = np.linspace(2.0, 0.5, 20), np.r_[2.0, 5.0, 30.0, np.full(17, 40.0)]
+    frame = pd.DataFrame({
+        "real_loss": [calm, blown, calm], "real_diverged": False,
+        "real_spiked_at": [-1, 2, -1],  # as ntk_tt.finetune flags it: above 10·L_0 at step 2
+        "real_outcome": [None, None, "catapult"], "real_spike_step": [None, None, 7],
+        "pred_loss": [calm, calm, calm], "pred_diverged": False, "pred_spiked_at": -1,
+        "pred_method": "discrete", "pred_kernel": "head_aware:isotropic",
+        "kappa": [1.0, 1.0, 1.0], "momentum": 0.0})
+    out = with_outcomes(frame)
+    # row 0 never rises above L_0; row 1 spiked above 10·L_0: diverges; row 2 kept
+    assert list(out["real_outcome"]) == ["converges", "diverges", "catapult"]
+    assert out["real_spike_step"].iloc[2] == 7
+    assert list(out["pred_outcome"]) == ["converges"] * 3  # derived for every row
 
 
 def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
@@ -201,6 +227,13 @@ def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
     assert out["per_task_median_ratio"] == 15.0
     assert out["total_seconds_finetune"] == 150.0
     assert out["total_seconds_kernel_and_predict"] == 12.0
+    # a resumed invocation adds two rows to task a, paying its kernel and predictions again
+    more = pd.DataFrame({"task_id": "a", "optimizer": "gd", "seconds_finetune": [25.0, 35.0],
+                         "seconds_predict": 1.0, "task_seconds_kernel": 2.0,
+                         "task_seconds_predict": 1.0})
+    out = wall_time(pd.concat([frame, more], ignore_index=True))
+    assert out["per_task_ratio_min_max"] == [10.0, 20.0]  # a: (60 + 60) / (3 + 3)
+    assert out["total_seconds_kernel_and_predict"] == 15.0
 
 
 def test_promote_swaps_a_variant_into_the_headline():

@@ -73,21 +73,29 @@ def _describes(frame: pd.DataFrame, predictor: str) -> pd.Series:
 
 def with_outcomes(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with the outcome columns of the real runs and of every predictor whose curve
-    is stored, derived where the table lacks them (tables written before issue 26); a
-    predictor is head-aware when its description (``ntk_tt.sweep._predictions``) says so."""
+    is stored, derived for the rows that lack them (rows written before issue 26, alone or
+    in a table resumed since); a predictor is head-aware when its description
+    (``ntk_tt.sweep._predictions``) says so."""
     out = frame.copy()
-    if len(out) and "real_outcome" not in out and "real_loss" in out:
-        out = out.assign(**outcome_columns("real", np.stack(out["real_loss"]),
-                                           out["real_diverged"], out["real_spiked_at"]))
-    for p in ["ntk", *variants(out)]:
-        pre = _prefix(p)
-        if not len(out) or f"{pre}_outcome" in out or f"{pre}_loss" not in out:
+    for p in ["real", "ntk", *variants(out)]:
+        pre = "real" if p == "real" else _prefix(p)
+        if not len(out) or f"{pre}_loss" not in out:
             continue
-        text = _describes(out, p).str.lower()
-        out = out.assign(**outcome_columns(
-            pre, np.stack(out[f"{pre}_loss"]), out[f"{pre}_diverged"], out[f"{pre}_spiked_at"],
-            kappa=out["kappa"], momentum=out["momentum"],
-            frozen=~text.str.contains("head_aware|head-aware").to_numpy()))
+        have = out[f"{pre}_loss"].map(lambda c: c is not None and np.ndim(c) == 1)
+        missing = have & (out[f"{pre}_outcome"].isna() if f"{pre}_outcome" in out else True)
+        if not missing.any():
+            continue
+        rows = out[missing]
+        extra = {} if p == "real" else dict(
+            kappa=rows["kappa"], momentum=rows["momentum"],
+            frozen=~_describes(rows, p).str.lower().str.contains(
+                "head_aware|head-aware").to_numpy())
+        cols = outcome_columns(pre, np.stack(rows[f"{pre}_loss"]), rows[f"{pre}_diverged"],
+                               rows[f"{pre}_spiked_at"], **extra)
+        for name, values in cols.items():
+            out[name] = (out[name].astype(object) if name in out
+                         else pd.Series(None, index=out.index, dtype=object))
+            out.loc[missing, name] = pd.Series(values, index=rows.index, dtype=object)
     return out
 
 

@@ -75,8 +75,12 @@ def sketch_agreement(frame: pd.DataFrame) -> dict:
 
 
 def task_times(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per task: kernel, all predictions (one run's), and the sum of its rows' fine-tunes."""
-    tasks = frame.groupby("task_id")[["task_seconds_kernel", "task_seconds_predict"]].first()
+    """Per task: kernel and predictions, summed over the sweep invocations that wrote its rows
+    (each invocation's rows share its ``task_seconds_kernel`` and ``task_seconds_predict``: a
+    resumed run that adds edge rows to a task pays its kernel again), and the sum of its rows'
+    fine-tunes."""
+    cols = ["task_seconds_kernel", "task_seconds_predict"]
+    tasks = frame.drop_duplicates(["task_id", *cols]).groupby("task_id")[cols].sum()
     tasks["task_seconds_finetune"] = frame.groupby("task_id")["seconds_finetune"].sum()
     return tasks
 
@@ -239,11 +243,12 @@ def divergence(frame: pd.DataFrame) -> dict:
 
 
 def edge_rows(frame: pd.DataFrame, grid: dict | None) -> np.ndarray:
-    """Rows of the divergence benchmark's edge configurations (``SweepSpec.edge_configs``:
-    each (B, m, κ̃) of ``edge_batch_sizes`` × ``edge_momenta`` × ``edge_kappas`` that the main
-    grid lacks): kept out of the headline so that runs compare across grids. A ``grid`` that
-    omits a field matches any row on it (``edge_momenta``: 0 only, the grids before issue 26;
-    ``edge_batch_sizes``: ``batch_sizes``)."""
+    """Rows of the divergence benchmark's edge configurations (``SweepSpec.edge_configs``):
+    every row at an ``edge_kappas`` κ̃ that the main grid (``kappas`` × ``momenta`` ×
+    ``batch_sizes``) lacks, whatever its B and m: kept out of the headline so that runs
+    compare across grids. The B and m are not matched against ``edge_batch_sizes`` /
+    ``edge_momenta``: a directory resumed with a grown grid holds edge rows of the earlier
+    grids' edge sets too (the full preset's B = 100 rows of before issue 26)."""
     if not grid or not grid.get("edge_kappas"):
         return np.zeros(len(frame), bool)
     def inside(kappas, momenta, sizes) -> pd.Series:
@@ -257,8 +262,7 @@ def edge_rows(frame: pd.DataFrame, grid: dict | None) -> np.ndarray:
             ok &= b.isin({"N" if s is None else str(int(s)) for s in sizes})
         return ok
 
-    edge = inside(grid["edge_kappas"], grid.get("edge_momenta", [0.0]),
-                  grid.get("edge_batch_sizes") or grid.get("batch_sizes"))
+    edge = inside(grid["edge_kappas"], None, None)
     main = inside(grid.get("kappas", ()), grid.get("momenta"), grid.get("batch_sizes"))
     return (edge & ~main).to_numpy()
 
