@@ -246,6 +246,34 @@ def test_an_adam_kernel_of_another_eps_is_refused(no_solve):
                        head_kernel=ak)
 
 
+def test_an_adam_kernel_of_another_loss_and_impossible_kernels_are_refused(no_solve,
+                                                                           monkeypatch):
+    """v̄ and the calibration hold one loss's gradients: a cross-entropy Adam kernel gave a
+    silently wrong MSE curve (a fresh user's finding: T_0.1 10 against 12 steps); now refused
+    by every entry point. B > N and Adam's L2 decay are refused before any kernel."""
+    model, apply_fn, params, x, y = _head_problem()
+    head = ntk_tt.split_head(model)
+    opt = ntk_tt.adamw(1e-2)
+    ak = ntk_tt.adam_head_aware_kernel(head, x, y, opt)
+    assert ak.loss == "cross_entropy"
+    msg = "built for loss='cross_entropy'.*prediction's is 'mse'.*loss='mse'"
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T, loss="mse")
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=head,
+                       head_kernel=ak, loss="mse")
+    with pytest.raises(ValueError, match=msg):
+        ntk_tt.sensitivities(ak, y, optimizer=opt, steps=T, loss="mse")
+    from ntk_tt.dynamics import _adam_head_aware
+
+    monkeypatch.setattr(_adam_head_aware, "head_aware_kernel", no_solve)  # no kernel built
+    n = x.shape[0]
+    with pytest.raises(ValueError, match=f"1 <= batch_size <= N = {n}, got {n + 1}"):
+        ntk_tt.adam_head_aware_kernel(head, x, y, ntk_tt.adamw(1e-2, batch_size=n + 1))
+    with pytest.raises(ValueError, match="needs decoupled weight decay.*adamw"):
+        ntk_tt.adam_head_aware_kernel(head, x, y, ntk_tt.adam(1e-2, weight_decay=0.1))
+
+
 def test_constant_eta_only_predictors_refuse_an_optimizer():
     """Each names what it predicts and where an optimiser goes, before touching the model."""
     def boom(*_):

@@ -95,7 +95,8 @@ class AdamKernel(NamedTuple):
     (and held-out cross kernel): the Adam step's direction. batch_size: the B that v̄ was
     estimated for (N for full batch). drift: the drifting profile's table
     (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile). eps: the ε
-    that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked).
+    that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked). loss: the loss
+    whose gradients v̄ and the calibration were taken of (None: not recorded, not checked).
     """
 
     hk: HeadAwareKernel
@@ -103,15 +104,22 @@ class AdamKernel(NamedTuple):
     batch_size: int
     drift: DriftTable | None = None
     eps: float | None = None
+    loss: str | None = None
 
 
-def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, name: str) -> None:
-    """ValueError unless ``ak`` was built for this optimiser's batch size and ε (v̄ depends on
-    B and P on ε; traced values are not checked)."""
+def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, name: str,
+                      loss: str | None = None) -> None:
+    """ValueError unless ``ak`` was built for this optimiser's batch size and ε and for
+    ``loss`` (v̄ depends on B and the loss's gradients, P on ε; traced values and a loss of
+    None are not checked)."""
     fix = "rebuild it with ntk_tt.adam_head_aware_kernel(..., optimizer) for this optimizer."
     if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
         raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
                          f"the optimizer's is {batch_size}: {fix}")
+    if loss is not None and ak.loss is not None and ak.loss != loss:
+        raise ValueError(f"{name} was built for loss={ak.loss!r} (v̄ holds that loss's "
+                         f"gradients), the prediction's is {loss!r}: rebuild it with "
+                         f"ntk_tt.adam_head_aware_kernel(..., loss={loss!r}).")
     eps = _concrete(optimizer.eps)
     built = None if ak.eps is None or isinstance(ak.eps, jax.core.Tracer) else float(ak.eps)
     if eps is not None and built is not None and not np.isclose(eps, built, rtol=1e-6, atol=0):
@@ -169,12 +177,18 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
       :class:`AdamKernel` (``drift`` set with ``profile="drift"``).
 
     Raises:
-      ValueError: not an Adam optimiser, unknown ``backbone`` or ``profile``,
-        ``variance_samples`` not an int >= 2, a ``hk`` of another form or size, and every
-        error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
+      ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
+        ``profile``, ``variance_samples`` not an int >= 2, a ``hk`` of another form or size,
+        and every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
     check_optimizer(optimizer, ("adam",), where="adam_head_aware_kernel")
+    check_l2_adam(optimizer)
     check_loss(loss)
+    n = np.shape(x)[0]
+    bsz = n if optimizer.batch_size is None else optimizer.batch_size
+    if not 1 <= bsz <= n:
+        raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
+                         "use a smaller batch size or batch_size=None (full batch).")
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
     if profile not in PROFILES:
@@ -192,9 +206,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
                          "(x and x_test), or None to build it here.")
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)
-    n = x.shape[0]
     y = check_labels(y, n, w0.shape[1])
-    bsz = n if optimizer.batch_size is None else optimizer.batch_size
     table = None
     if profile == "drift":
         g0sq, sigma2 = gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss,
@@ -208,7 +220,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
         table = table._replace(calibration=kernel_calibration(
             hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
-    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps))
+    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), loss)
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -247,11 +259,7 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
       ValueError: not an Adam optimiser, Adam with L2 weight decay (use adamw), kernels that
         do not match, weight decay without ``a_h``, SGD without a key, bad labels.
     """
-    if isinstance(optimizer, Optimizer) and optimizer.rule == "adam" \
-            and not optimizer.decoupled and _maybe_nonzero(optimizer.weight_decay):
-        raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay "
-                         "enters Adam's elementwise moments, which have no feature-space form; "
-                         "use ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
+    check_l2_adam(optimizer)
     if not isinstance(ak, AdamKernel):
         raise ValueError(f"ak must be an AdamKernel (adam_head_aware_kernel(...)), got "
                          f"{type(ak).__name__}.")
@@ -260,9 +268,18 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                             a_h=a_h, a_h_test=a_h_test)
     hp = _check_precond(ak.precond, hk)
     table = drift_in_dtype(ak.drift, hk.features.dtype)
-    check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak")
+    check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak", loss)
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
     return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
+
+
+def check_l2_adam(optimizer) -> None:
+    """ValueError for Adam with L2 weight decay (inside the moments: no feature-space form)."""
+    if isinstance(optimizer, Optimizer) and optimizer.rule == "adam" \
+            and not optimizer.decoupled and _maybe_nonzero(optimizer.weight_decay):
+        raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay "
+                         "enters Adam's elementwise moments, which have no feature-space form; "
+                         "use ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
 
 
 def drift_in_dtype(drift, dtype) -> DriftTable | None:

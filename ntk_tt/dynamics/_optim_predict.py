@@ -272,7 +272,7 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
     y = check_labels(y, n, c)
     bs = check_run(optimizer, n, steps)
     if adam:
-        check_adam_kernel(hk, optimizer, bs, "hk")
+        check_adam_kernel(hk, optimizer, bs, "hk", loss)
     check_num_paths(num_paths)
     if bs < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")

@@ -137,7 +137,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         if not adam:
             raise ValueError(f"head_kernel is an Adam kernel (adam_head_aware_kernel) and the "
                              f"optimizer is {optimizer.label}: pass its .hk for SGD.")
-        check_adam_kernel(head_kernel, optimizer, bs, "head_kernel")
+        check_adam_kernel(head_kernel, optimizer, bs, "head_kernel", loss)
     # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
     kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
