@@ -40,6 +40,19 @@ def test_noisy_curve_is_close_to_the_noiseless_answer():
         assert abs(ntk_tt.training_time(curve, eps) - _exp_answer(eps)) <= 3
 
 
+def test_a_spike_training_recovers_from_leaves_t_eps_defined():
+    """A catapult at step 3 (3× L_0) far from the crossing: T_ε is that of the same curve
+    without the spike (a fresh user's finding: the spike inflated the noise estimate, so the
+    curve counted as flat: NaN, "not clearly positive", though L_T is 1 % of L_0)."""
+    tail = np.geomspace(0.5, 0.01, 26)
+    spiky = np.concatenate([[1.0, 0.8, 0.9, 3.0, 1.0], tail])
+    calm = np.concatenate([[1.0, 0.8, 0.9, 0.95, 1.0], tail])
+    for eps in (0.1, 0.4):
+        value, reason = ntk_tt.training_time_report(spiky, eps)
+        assert reason is None and value == ntk_tt.training_time(calm, eps)
+        assert value == ntk_tt.training_time(spiky, eps, window=1)  # no smoothing, no floor
+
+
 @pytest.mark.parametrize("kind", ["constant", "noisy_flat", "rising"])
 def test_flat_or_rising_curves_are_undefined_never_zero(kind):
     rng = np.random.default_rng(1)

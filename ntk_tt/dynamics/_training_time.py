@@ -9,8 +9,9 @@ METHOD.md §6 (paper Sec. 5, Alg. 1), made precise: on a curve L_0..L_T (T + 1 e
 3. T_ε = the first t with |L̃_t − L_T| ≤ ε · drop.
 
 T_ε is undefined (NaN, never 0) when the curve has non-finite entries, when the drop is not
-clearly positive (≤ max(1e-3·|L_0|, 3·noise), noise = std of L − L̃: a flat or rising curve),
-or when no step comes within ε·drop of L_T.
+clearly positive (≤ max(1e-3·|L_0|, 3·noise), noise = 1.4826 × the median absolute deviation
+of L − L̃, the std for Gaussian noise that a spike training recovers from does not inflate: a
+flat or rising curve), or when no step comes within ε·drop of L_T.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def _distance(curve, epsilon, window):
     sm = smooth(curve, window)
     l_t = jnp.mean(sm[-window:])
     drop = curve[0] - l_t
-    noise = jnp.std(curve - sm)
+    resid = curve - sm  # noise: 1.4826·MAD, a std that one recovered spike does not inflate
+    noise = 1.4826 * jnp.median(jnp.abs(resid - jnp.median(resid)))
     floor = jnp.maximum(1e-3 * jnp.abs(curve[0]), 3.0 * noise)
     return jnp.abs(sm - l_t) - epsilon * drop, drop, floor
 
