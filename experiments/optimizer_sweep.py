@@ -15,6 +15,8 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
     python experiments/optimizer_sweep.py --out /tmp/o --preset smoke           # minutes
     python experiments/optimizer_sweep.py --out runs/optimizers_v2 --per-class 50 \\
         --reuse-real runs/optimizers        # new predictions, the earlier real runs
+    python experiments/optimizer_sweep.py --out runs/o750 --per-class 150 \\
+        --families adamw_cosine             # one family only (or both, in the order given)
 
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
@@ -48,7 +50,7 @@ PRESETS = {
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--out", required=True, help="results directory (created; resumed)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--datasets", nargs="+")
@@ -84,6 +86,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
 
 def report(out: pathlib.Path, constant: str | None) -> dict:
     """Consolidate the rows, write ``summary.json`` and ``fig_optimizers.png``."""
+    if not any((out / "rows").glob("*.json")) and not (out / "results.parquet").exists():
+        sys.exit(f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark "
+                 "there first (the same command without --report).")
     table = ResultsTable(out)
     table.consolidate()
     frame = read_table(out)

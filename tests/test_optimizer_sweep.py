@@ -3,6 +3,9 @@ independent ``predict``/``finetune`` calls, resumption, the κ̃ → η map, and
 against a hand computation."""
 
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import optax
@@ -155,3 +158,17 @@ def test_summary_against_a_hand_computation():
     # identical predicted and real curves: every absolute target reached at the same step
     loss = s["families"]["all"]["absolute_targets"]["gd"]["loss"]
     assert loss["reach_agreement"] == 1.0 and loss["p95"] == 0.0
+
+
+def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path):
+    """``--report`` where no benchmark ran (a fresh user's finding: a pandas KeyError and an
+    empty results.parquet left behind)."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "optimizer_sweep.py"
+    out = tmp_path / "none"
+    run = subprocess.run([sys.executable, str(script), "--out", str(out), "--report"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and not out.exists()
+    assert run.stderr.strip().splitlines() == [
+        f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark there "
+        "first (the same command without --report)."]
+
