@@ -169,7 +169,7 @@ def _predict(args, parser, run: dict) -> int:
 
     run.update(json_path=opts["json_path"], progress=opts["progress"], working=True)
     try:
-        with warnings.catch_warnings():  # the report says it itself ("warning: κ = ...")
+        with warnings.catch_warnings():  # the report prints it (predicted.warnings)
             warnings.simplefilter("ignore", BeyondEdgeWarning)
             report = predict_task(**opts)
     except ValueError as err:

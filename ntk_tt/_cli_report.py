@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from ntk_tt._options_optimizer import describe_optimizer
 
@@ -107,9 +108,12 @@ def _diverged_lines(r: dict) -> list[str]:
     """Plain-language lines for a prediction or real run that diverged, or spiked and
     recovered."""
     pred, real, lines = r["predicted"], r["real"], []
-    if pred["diverged"]:
+    if pred["diverged"]:  # closed_form warns only of its η/(1 − m) model's edge (m > 0)
+        own = (pred["method"] == "closed_form" and pred.get("warnings")
+               and not pred.get("beyond_edge"))
         lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
-                     "(lower --lr)")
+                     + ("(the closed form's GD model with η/(1 − m) diverged, not heavy ball: "
+                        "use --method discrete)" if own else "(lower --lr)"))
     if real and real["diverged"]:
         lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
                      "(lower --lr)")
@@ -193,7 +197,8 @@ def _g(value) -> str:
 def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
-    The optimiser line names the rule, weight decay, batch size and learning-rate schedule.
+    The optimiser line names the rule, weight decay, batch size and learning-rate schedule;
+    each BeyondEdgeWarning of the prediction (``predicted.warnings``) is a "warning:" line.
     An undefined T_ε has its short reason at the end of its row; a diverged prediction or
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers.
@@ -212,7 +217,9 @@ def format_report(r: dict) -> str:
     ]
     if r.get("optimizer"):  # a report written before the optimiser options has none
         lines.append(f"optimiser: {describe_optimizer(r['optimizer'])}")
-    if pred.get("beyond_edge"):
+    noted = pred.get("warnings") or []  # the prediction's BeyondEdgeWarnings, with flags
+    lines += ["warning: " + re.sub(r"method='(\w+)'", r"--method \1", w) for w in noted]
+    if pred.get("beyond_edge") and not noted:  # a warning of the prediction says it better
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
                      "stability edge: the real run will likely diverge or oscillate; the "
                      "predicted curve and T_ε are not trustworthy; lower --lr")

@@ -158,8 +158,9 @@ def _check_order(o: dict[str, Any], kind: str) -> None:
 def _check_subset(o: dict[str, Any], name: str, kind: str) -> None:
     """``subset`` (--subset N'): the spectrum predictor (``ntk_tt.predict_from_subset(
     optimizer=)``) takes the SGD family (schedule, momentum, Nesterov) without weight decay,
-    by each eigenmode's exact recursion (the closed form: constant η, m = 0 only). Full batch
-    (no -B < N) is checked with the other subset options (``ntk_tt._options_predict``)."""
+    by each eigenmode's exact recursion (method auto / discrete; closed_form: constant η, m = 0
+    only, as ``ntk_tt.predict(subset=)``). Full batch (no -B < N) and the other methods are
+    checked with the other subset options (``ntk_tt._options_predict``)."""
     if o["subset"] is None:
         return
     if name != "sgd":
@@ -176,7 +177,8 @@ def _check_subset(o: dict[str, Any], name: str, kind: str) -> None:
                 f"--schedule {kind.replace('_', '-')}")
         raise ValueError(f"subset (--subset) with {what} runs each eigenmode's exact "
                          "recursion on the predicted spectrum, not the closed form (constant "
-                         "η, no momentum): drop --method closed_form.")
+                         "η, no momentum): drop --method closed_form (auto) or use --method "
+                         "discrete.")
 
 
 def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:

@@ -142,8 +142,9 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
 
 def _check_subset_options(o: dict[str, Any], full_batch: bool) -> None:
     """``subset`` (--subset N') and ``subset_method``: the subset predictor exists for the
-    MSE loss of full-batch training only (the predicted spectrum, App. D; the optimiser's
-    part: ``ntk_tt._options_optimizer``)."""
+    MSE loss of full-batch training only (the predicted spectrum, App. D), with ``method``
+    auto, discrete or closed_form as ``ntk_tt.predict(subset=)`` (the optimiser's part, and
+    closed_form's constant η and m = 0: ``ntk_tt._options_optimizer``)."""
     sub, how = o["subset"], o["subset_method"]
     if how not in SUBSET_METHODS:
         raise ValueError(f"subset_method (--subset-method) must be one of {SUBSET_METHODS}, "
@@ -169,9 +170,12 @@ def _check_subset_options(o: dict[str, Any], full_batch: bool) -> None:
     if not full_batch:
         raise ValueError(f"subset (--subset) predicts full-batch GD only: drop -B (got "
                          f"batch_size {o['batch_size']!r}).")
-    if o["method"] not in ("auto", "closed_form"):
-        raise ValueError(f"subset (--subset) uses the closed form on the predicted spectrum: "
-                         f"drop --method (got {o['method']!r}) or use --method closed_form.")
+    if o["method"] not in ("auto", "discrete", "closed_form"):
+        gd = o["schedule"] == "constant" and not _real_or_none(o["momentum"])
+        allowed = "auto, discrete or closed_form" if gd else "auto or discrete"
+        raise ValueError(f"subset (--subset) runs each eigenmode's exact recursion on the "
+                         f"predicted spectrum (constant-η GD: the closed form): --method must "
+                         f"be {allowed} here, got {o['method']!r}; drop --method.")
     if o["kernel"] == "sketch":
         raise ValueError("subset (--subset) builds the exact logit-summed kernel of the "
                          "subset: drop --kernel sketch (exact and traced are the same here).")

@@ -1,4 +1,11 @@
-"""The tiny task the optimiser CLI tests give ``ntk-tt predict`` in place of ``load_task``."""
+"""Helpers of the CLI tests: the tiny task the optimiser tests give ``ntk-tt predict`` in place
+of ``load_task``, and a run of refused options in a fresh interpreter."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,3 +37,22 @@ def tiny_task():
             "test_per_class": 2, "image_shape": [6], "model_input_shape": [6],
             "preprocessing": "none"}
     return apply_fn, params, x[:24], y[:24], x[24:], y[24:], info, ntk_tt.split_head(model)
+
+
+ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
+
+
+def cli_before_jax(cases, cwd, *, then: str = "", result: str = "out"):
+    """Run ``ntk_tt.cli.main`` on each argument list of ``cases`` in one fresh interpreter
+    (in ``cwd``), recording after each its exit status ('no exit' if none) and whether
+    ``jax`` was imported; ``then``: more code run after the cases; ``result``: the expression
+    printed last (as JSON). Returns (that value, stderr's lines, stderr)."""
+    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
+            f"for args in {cases!r}:\n"
+            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
+            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
+            f"    sys.stderr.flush()\n{then}print(json.dumps({result}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr.splitlines(), proc.stderr

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _cli_tiny import cli_before_jax
 
 import ntk_tt
 from ntk_tt._cli_parser import DEFAULT_FIGURE
@@ -788,18 +789,8 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
     output paths) end the CLI with one line and status 2 before JAX is imported: one fresh
     interpreter runs every case and reports, after each, whether ``jax`` was imported."""
     cases = [[a.replace("TMP", str(tmp_path)) for a in args] for args, _ in BEFORE_JAX]
-    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
-            f"for args in {cases!r}:\n"
-            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
-            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
-            "    sys.stderr.flush()\n"
-            "print(json.dumps(out))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.splitlines()[-1])
-    lines = proc.stderr.splitlines()
-    assert len(lines) == len(BEFORE_JAX), proc.stderr  # one line per case, nothing else
+    results, lines, stderr = cli_before_jax(cases, tmp_path)
+    assert len(lines) == len(BEFORE_JAX), stderr  # one line per case, nothing else
     for (args, match), (status, jax_imported), line in zip(BEFORE_JAX, results, lines,
                                                            strict=True):
         assert status == 2, (args, status)

@@ -7,15 +7,12 @@ recursion; Adam with those methods, as the API, is refused in one line before JA
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from _cli_tiny import tiny_task
+from _cli_tiny import cli_before_jax, tiny_task
 
 import ntk_tt
 from ntk_tt.cli import main
@@ -104,23 +101,14 @@ def test_adam_with_a_continuous_method_is_one_line_before_jax_is_imported(tmp_pa
     still not imported after it, nothing written; the SGD flags with --method sde (which the
     old CLI refused) pass the same checks."""
     cases = [["predict", "-K", "3", "-n", "8", *args] for args, _ in REFUSED]
-    code = ("import json, sys\nfrom ntk_tt.cli import main\n"
-            "from ntk_tt._options_predict import check_predict_job\nout = []\n"
-            f"for args in {cases!r}:\n"
-            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
-            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
-            "    sys.stderr.flush()\n"
+    then = ("from ntk_tt._options_predict import check_predict_job\n"
             "o = check_predict_job(dict(num_classes=3, per_class=8, steps=12, learning_rate=0.05,"
             " schedule='warmup_cosine', warmup=3, weight_decay=0.01, momentum=0.5, nesterov=True,"
-            " batch_size=8, method='sde'))\n"
-            "print(json.dumps([out, o['method'], 'jax' in sys.modules]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    results, accepted, jax_imported = json.loads(proc.stdout.splitlines()[-1])
+            " batch_size=8, method='sde'))\n")
+    (results, accepted, jax_imported), lines, stderr = cli_before_jax(
+        cases, tmp_path, then=then, result="[out, o['method'], 'jax' in sys.modules]")
     assert accepted == "sde" and jax_imported is False
-    lines = proc.stderr.splitlines()
-    assert len(lines) == len(REFUSED), proc.stderr  # one line per case, nothing else
+    assert len(lines) == len(REFUSED), stderr  # one line per case, nothing else
     for (args, match), (status, imported), line in zip(REFUSED, results, lines, strict=True):
         assert status == 2 and imported is False, (args, status)
         assert line.startswith("ntk-tt: error: ") and match in line, (args, line)

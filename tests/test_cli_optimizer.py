@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from _cli_tiny import tiny_task
+from _cli_tiny import cli_before_jax, tiny_task
 
 import ntk_tt
 from ntk_tt.cli import main
@@ -64,18 +64,8 @@ def test_bad_optimizer_flags_are_one_line_before_jax_is_imported(tmp_path):
     """One fresh interpreter runs every case: status 2, one ``ntk-tt: error:`` line naming
     the flag, and ``jax`` still not imported after it."""
     cases = [["predict", *args] for args, _ in BEFORE_JAX]
-    code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
-            f"for args in {cases!r}:\n"
-            "    try:\n        main(args)\n        out.append(['no exit', 'jax' in sys.modules])\n"
-            "    except SystemExit as e:\n        out.append([e.code, 'jax' in sys.modules])\n"
-            "    sys.stderr.flush()\n"
-            "print(json.dumps(out))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.splitlines()[-1])
-    lines = proc.stderr.splitlines()
-    assert len(lines) == len(BEFORE_JAX), proc.stderr  # one line per case, nothing else
+    results, lines, stderr = cli_before_jax(cases, tmp_path)
+    assert len(lines) == len(BEFORE_JAX), stderr  # one line per case, nothing else
     for (args, match), (status, jax_imported), line in zip(BEFORE_JAX, results, lines,
                                                            strict=True):
         assert status == 2 and jax_imported is False, (args, status)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ntk_tt._output_paths import replaceable  # no JAX
 from ntk_tt.data._checkpoint import load_checkpoint, read_meta
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
+from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
@@ -249,8 +251,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
       images), ``optimizer`` (the optimiser's description,
       :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`), ``status``,
-      ``figure`` (the path written, None without one), ``predicted``
-      (training_time, wall_clock, test_accuracy, kappa, ...), ``real`` (None without
+      ``figure`` (the path written, None without one), ``predicted`` (training_time,
+      wall_clock, kappa, warnings: the BeyondEdgeWarnings ``predict`` raised, re-raised
+      after it, ...), ``real`` (None without
       ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
       absolute targets, predicted vs real: ``predict``'s ``steps_to_target``; None without
       ``verify``), ``curve_distance``,
@@ -303,8 +306,10 @@ def _work(o, verify, json_file, progress):
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which
     # every method and segments know (and the numbers of the job before optimizers); subset's
-    # keywords are plain GD, so with momentum it takes ``opt`` (each eigenmode's recursion)
-    keywords = constant_sgd(o) and (o["subset"] is None or float(o["momentum"]) == 0)
+    # keywords are GD's closed form, so with momentum or "discrete" it takes ``opt`` (each
+    # eigenmode's recursion; for GD the same curve)
+    keywords = constant_sgd(o) and (o["subset"] is None or (
+        float(o["momentum"]) == 0 and o["method"] != "discrete"))
     hyper = ({k: o[k] for k in ("learning_rate", "batch_size", "momentum", "nesterov", "loss")}
              if keywords else {"optimizer": opt, "loss": o["loss"]})
     key = jax.random.fold_in(jax.random.key(o["seed"]), 2)
@@ -315,17 +320,24 @@ def _work(o, verify, json_file, progress):
         # the subset predictor gives the training loss only: no held-out prediction
         held_out = (None, None) if o["subset"] is not None else (x_test, y_test)
         targets = job_targets(o)
-        pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
-                       kernel=o["kernel"], sketch_dim=o["sketch_dim"],
-                       num_paths=o["num_paths"], key=key, x_test=held_out[0],
-                       y_test=held_out[1], predictor=resolve_predictor(o), head=head,
-                       backbone=o["backbone"], segments=o["segments"], subset=o["subset"],
-                       subset_method=o["subset_method"], targets=targets, **hyper)
+        with warnings.catch_warnings(record=True) as caught:  # the report keeps them too
+            warnings.simplefilter("always", BeyondEdgeWarning)
+            pred = predict(apply_fn, params, x, y, steps=o["steps"], method=o["method"],
+                           kernel=o["kernel"], sketch_dim=o["sketch_dim"],
+                           num_paths=o["num_paths"], key=key, x_test=held_out[0],
+                           y_test=held_out[1], predictor=resolve_predictor(o), head=head,
+                           backbone=o["backbone"], segments=o["segments"],
+                           subset=o["subset"], subset_method=o["subset_method"],
+                           targets=targets, **hyper)
+        for w in caught:  # the caller's filters decide (ntk-tt ignores BeyondEdgeWarning)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        noted = [str(w.message) for w in caught if issubclass(w.category, BeyondEdgeWarning)]
         bar.update()
         run = None
         if verify:
             # wall clock = T_ε × a real step's time, not measured yet: None until the end
-            early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None},
+            early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None,
+                                                                  "warnings": noted},
                      "real": None,
                      "seconds": {"predict": pred.seconds["total"],
                                  "predict_stages": pred.seconds},
@@ -349,6 +361,7 @@ def _work(o, verify, json_file, progress):
                             "finetune": None},
                 "diverged": {"predicted": pred.diverged, "real": None},
             }
+        body["predicted"]["warnings"] = noted  # the prediction's BeyondEdgeWarnings
         bar.update()
     except BaseException:
         bar.leave = False  # clear the bar: the caller's message starts a clean line

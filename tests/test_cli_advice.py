@@ -1,0 +1,179 @@
+"""``ntk-tt predict``'s advice: ``--subset`` takes exactly the methods ``ntk_tt.predict(subset=,
+optimizer=)`` takes (auto / discrete always, closed_form for constant η with m = 0), and a
+refusal never advises a method that is refused in turn; the prediction's BeyondEdgeWarning
+(the closed form with momentum beyond its η/(1 − m) model's edge) is a "warning:" line and
+``predicted.warnings`` in the JSON, and a divergence of that model is told to use --method
+discrete (which converges there), not to lower --lr."""
+
+import contextlib
+import io
+import json
+import re
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from _cli_tiny import cli_before_jax, tiny_task
+
+import ntk_tt
+from ntk_tt._options_predict import check_predict_job
+from ntk_tt.cli import main
+
+ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
+T, LR, SUBSET = 10, 0.1, 18  # the tiny task: K = 3, n = 8, N = 24
+METHODS = ("auto", "discrete", "closed_form", "ode", "sde")
+# update rule → (its ntk-tt flags, its job options, its ntk_tt.Optimizer)
+RULES = {"gd": ([], {}, ntk_tt.sgd(LR)),
+         "momentum": (["-m", "0.5"], {"momentum": 0.5}, ntk_tt.sgd(LR, 0.5)),
+         "schedule": (["--schedule", "warmup-cosine", "--warmup", "2"],
+                      {"schedule": "warmup_cosine", "warmup": 2},
+                      ntk_tt.sgd(ntk_tt.warmup_cosine(LR, 2, T)))}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return tiny_task()
+
+
+def _cli_accepts(rule: str, method: str) -> bool:
+    """Whether ``ntk-tt predict --subset`` takes ``method`` with ``rule`` (its check before
+    JAX, the one the command runs)."""
+    options = dict(num_classes=3, per_class=8, steps=T, learning_rate=LR, loss="mse",
+                   subset=SUBSET, subset_method="nystrom", method=method) | RULES[rule][1]
+    try:
+        check_predict_job(options)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def api_accepts(task):
+    """{(rule, method): whether ``ntk_tt.predict(subset=, optimizer=, method=)`` takes it},
+    from the API itself: its checks run before ``predict_from_subset``, replaced here by a
+    stop."""
+    import ntk_tt.prediction._subset as subset_module
+
+    class Reached(Exception):
+        pass
+
+    def stop(*_, **__):
+        raise Reached
+
+    apply_fn, params, x, y, *_ = task
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subset_module, "predict_from_subset", stop)
+        for rule, (_, _, opt) in RULES.items():
+            for method in METHODS:
+                try:
+                    ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, loss="mse",
+                                   subset=SUBSET, subset_method="nystrom", method=method,
+                                   key=jax.random.key(0))
+                except Reached:
+                    out[rule, method] = True
+                except ValueError:
+                    out[rule, method] = False
+    return out
+
+
+def test_cli_subset_takes_the_methods_predict_takes(api_accepts):
+    """The CLI's accepted (rule, method) pairs are the API's, all 15 (the old CLI refused
+    --method discrete always, and the API's auto/discrete is the rule here)."""
+    cli = {(rule, method): _cli_accepts(rule, method) for rule in RULES for method in METHODS}
+    assert cli == api_accepts
+    assert sorted(k for k, v in cli.items() if v) == sorted(
+        [(r, "auto") for r in RULES] + [(r, "discrete") for r in RULES] + [("gd", "closed_form")])
+
+
+def _advised(line: str) -> set[str]:
+    """The methods a refusal advises: "use --method X", "--method must be A, B or C here"."""
+    named = re.findall(r"use --method (\w+)", line)
+    listed = re.search(r"--method must be (.+?) here", line)
+    return set(named) | (set(re.split(r", | or ", listed.group(1))) if listed else set())
+
+
+def test_cli_subset_refusals_advise_only_accepted_methods(tmp_path):
+    """Every refused --subset method, before JAX is imported: one line whose advised methods
+    are the ones the CLI then accepts, all of them (the old CLI advised --method closed_form
+    with -m, which it refused, and refused the --method discrete it did not advise)."""
+    refused = [(rule, m) for rule in RULES for m in METHODS if not _cli_accepts(rule, m)]
+    cases = [["predict", "--no-progress", "-K", "3", "-n", "8", "-T", str(T), "--lr", str(LR),
+              "--figure", "", "--loss", "mse", "--subset", str(SUBSET), *RULES[rule][0],
+              "--method", m] for rule, m in refused]
+    results, lines, stderr = cli_before_jax(cases, tmp_path)
+    assert len(refused) == 8 and len(lines) == len(refused), stderr
+    for (rule, method), (status, jax_imported), line in zip(refused, results, lines,
+                                                           strict=True):
+        assert status == 2 and jax_imported is False, (rule, method, status)
+        assert line.startswith("ntk-tt: error: subset (--subset)"), line
+        accepted = {m for m in METHODS if _cli_accepts(rule, m)} - {"auto"}
+        assert _advised(line) - {"auto"} == accepted, (rule, method, line)
+        assert f"drop --method{'' if method != 'closed_form' else ' closed_form'}" in line
+    assert not list(tmp_path.iterdir())
+
+
+def _cli(task, folder, args):
+    """``ntk-tt predict`` on the tiny task in ``folder``: (exit status, stdout, JSON)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+        mp.chdir(folder)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = main(["predict", "--no-progress", "-K", "3", "-n", "8", "--test-per-class",
+                         "2", "--figure", "", "--json", "r.json", "--loss", "mse", *args])
+    return code, out.getvalue(), json.loads((folder / "r.json").read_text())
+
+
+@pytest.mark.parametrize("rule", ["momentum", "gd"])
+def test_cli_subset_discrete_predicts_the_api_s_curve(task, tmp_path, rule):
+    """--subset with --method discrete (refused by the old CLI): the report's loss curve and
+    method are ``ntk_tt.predict(subset=, optimizer=, method="discrete")``'s on the same task
+    and key (with m = 0 that is the closed form, the keywords' curve)."""
+    apply_fn, params, x, y, *_ = task
+    code, _, r = _cli(task, tmp_path, ["-T", str(T), "--lr", str(LR), "--subset", str(SUBSET),
+                                       "--subset-method", "nystrom", *RULES[rule][0],
+                                       "--method", "discrete"])
+    assert code == 0 and r["status"] == "complete"
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=RULES[rule][2], steps=T,
+                          loss="mse", subset=SUBSET, subset_method="nystrom", method="discrete",
+                          key=jax.random.fold_in(jax.random.key(0), 2))
+    got = np.array(r["curves"]["predicted"]["loss"], float)
+    np.testing.assert_array_equal(got, np.asarray(pred.loss, float))
+    assert got[-1] < 0.95 * got[0]  # a curve that falls
+    assert r["predicted"]["method"] == pred.method == (
+        "discrete" if rule == "momentum" else "closed_form")
+    assert r["optimizer"]["momentum"] == pytest.approx(RULES[rule][1].get("momentum", 0.0))
+
+
+def test_cli_closed_form_momentum_warns_and_advises_discrete(task, tmp_path):
+    """-m 0.5 --method closed_form at κ ≈ 1.67 (between the η/(1 − m) model's edge 2(1 − m) = 1
+    and heavy ball's 2(1 + m) = 3): the API warns (BeyondEdgeWarning) and its curve diverges;
+    the report prints that warning, keeps it in the JSON, and says to use --method discrete,
+    whose prediction converges (the old report said nothing and advised lowering --lr)."""
+    apply_fn, params, x, y, *_ = task
+    lr, steps = 0.6, 20
+    code, out, r = _cli(task, tmp_path, ["-T", str(steps), "--lr", str(lr), "-m", "0.5",
+                                         "--method", "closed_form"])
+    assert code == 0
+    key = jax.random.fold_in(jax.random.key(0), 2)
+    kw = dict(learning_rate=lr, momentum=0.5, steps=steps, loss="mse", key=key)
+    with pytest.warns(ntk_tt.BeyondEdgeWarning) as caught:
+        closed = ntk_tt.predict(apply_fn, params, x, y, method="closed_form", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ntk_tt.BeyondEdgeWarning)  # none for the recursion
+        exact = ntk_tt.predict(apply_fn, params, x, y, method="discrete", **kw)
+    assert 1.0 <= closed.kappa < 3.0 and closed.diverged and not closed.beyond_edge
+    assert not exact.diverged and exact.loss[-1] < exact.loss[0]  # the advice converges
+    said = [str(w.message) for w in caught]
+    assert r["predicted"]["warnings"] == said and len(said) == 1
+    assert r["predicted"]["diverged"] and r["predicted"]["diverged_at"] == closed.diverged_at
+    lines = out.splitlines()
+    warned = [ln for ln in lines if ln.startswith("warning:")]
+    assert warned == ["warning: " + said[0].replace("method='closed_form'", "--method closed_form")
+                      .replace("method='discrete'", "--method discrete")]
+    assert "use --method discrete (exact heavy ball)" in warned[0]
+    diverged = [ln for ln in lines if ln.startswith("prediction diverged at step")]
+    assert len(diverged) == 1 and diverged[0].endswith("use --method discrete)"), diverged
+    assert "lower --lr" not in out
