@@ -12,6 +12,12 @@ step, and the backbone weights and velocity are tracked as
 only with L2 decay): the re-linearisation point is θ_s = c θ_k − J_hᵀ z (one vjp), the decay's
 image there a_h = J_h(θ_s) θ_s (one jvp), and the velocity, (α/c) θ_s + J_hᵀ(u_q + (α/c) z),
 is carried as the constant-η path carries J_hᵀ u_q: seen through the new kernel.
+
+Once the prediction has diverged by the project's rule (``ntk_tt.dynamics._divergence``: its
+loss curve so far spiked above ``SPIKE_FACTOR``·L_0 or became non-finite, so its outcome is
+"diverges" whatever follows) or a state or the next point θ_s is non-finite, no kernel is
+built there: the remaining segments continue in the last kernel, as one segment would, and the
+curves are held from their first non-finite step on like every predictor's.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import numpy as np
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.dynamics._adam_head_aware import _maybe_nonzero
 from ntk_tt.dynamics._checks import check_labels
+from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.dynamics._fspace import curves
 from ntk_tt.dynamics._losses import check_loss, logit_residual
 from ntk_tt.dynamics._optim_head_aware import (
     SgdHeadState,
@@ -63,7 +71,9 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
     update of the head-aware model exactly), with the head (W, b) carried. No jumps: the
     predicted features stay continuous (the new segment starts from h_0 + φ, not from the
     network's h(θ_{k+1})), velocities are carried (the backbone's through the new kernel), so
-    only the kernel is refreshed. ``segments=1`` is :func:`predict_head_aware`. Each segment
+    only the kernel is refreshed. ``segments=1`` is :func:`predict_head_aware`. A prediction
+    that diverges (its loss above 10·L_0 or non-finite, or a non-finite state or θ_{k+1})
+    stops re-linearising and runs on in its last kernel (module docstring). Each segment
     costs one kernel (``head_aware_kernel``) and one vjp; a sweep pays that per
     configuration, because each configuration has its own path. One path: GD, or SGD with
     the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real run with ``key``.
@@ -130,10 +140,11 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
     kw = dict(learning_rate=jnp.asarray(learning_rate, hk.features.dtype),
               momentum=jnp.asarray(momentum, hk.features.dtype), nesterov=nesterov,
               loss=loss)
-    fs, fts, state = [], [], initial_state(hk)
+    fs, fts, state, frozen = [], [], initial_state(hk), False
     for k in range(segments):
-        if k:
-            theta = _relinearise(feature_fn, theta, x, state.z)
+        if k and not frozen:
+            theta, frozen = _next_point(fs, y, loss, state, feature_fn, theta, x, state.z)
+        if k and not frozen:
             h = hk.features + state.phi
             ht = None if x_test is None else hk.features_test + state.phit
             new = head_aware_kernel((feature_fn, theta, state.w, state.b), x, x_test,
@@ -153,6 +164,22 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
 @partial(jax.jit, static_argnames=("nesterov", "loss"))
 def _segment(hk, y, batches, state, **kw):
     return head_aware_trajectory(hk, y, batches, state0=state, **kw)
+
+
+def _next_point(fs, y, loss, state, feature_fn, theta, x, z, c=None):
+    """(θ_s, False): the next linearisation point (:func:`_relinearise`), or (θ_k, True) when
+    the prediction has diverged (module docstring): the logits so far ``fs`` (list of
+    (t, N, C)) give a loss curve that spiked above ``SPIKE_FACTOR``·L_0 or is non-finite, a
+    leaf of ``state`` is non-finite, or θ_s is; then no kernel is built at θ_s."""
+    spiked = divergence(curves(jnp.concatenate(fs), y, loss)[0]).spiked_at >= 0
+    if bool(spiked) or not _finite(state):
+        return theta, True
+    new = _relinearise(feature_fn, theta, x, z, c)
+    return (theta, True) if not _finite(new) else (new, False)
+
+
+def _finite(tree):
+    return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(tree))
 
 
 def _relinearise(feature_fn, theta, x, z, c=None):
@@ -216,10 +243,12 @@ def _with_optimizer(split, x, y, optimizer, *, segments, steps, loss, key, x_tes
     state = SgdHeadState(w, b, zf, jnp.zeros_like(w), jnp.zeros_like(b), zf, zt, zt)
     one, zero = jnp.ones((), dtype), jnp.zeros((), dtype)
     track = Backbone(one, zf, zero, zf)
-    fs, fts = [], []
+    fs, fts, frozen = [], [], False
     for k in range(segments):
-        if k:
-            theta = _relinearise(feature_fn, theta, x, track.z, track.c)
+        if k and not frozen:
+            theta, frozen = _next_point(fs, y, loss, (state, track), feature_fn, theta, x,
+                                        track.z, track.c)
+        if k and not frozen:
             new = kernel((feature_fn, theta, state.w, state.b))
             a_h, a_h_test = _tangents(feature_fn, theta, x, x_test, decay)
             new, _, a_h, a_h_test, _ = validate_head(
