@@ -42,7 +42,9 @@ SLOW_FIRST = ("test_sweep.py", "test_cli.py", "test_notebooks.py", "test_corpus.
               "test_predict.py", "test_sde.py", "test_telemetry.py", "test_divergence.py",
               "test_outcome.py", "test_cli_optimizer.py", "test_whatif.py", "test_dtypes.py",
               "test_patches.py", "test_sketch.py", "test_whatif_optimizer.py",
-              "test_sharding.py", "test_suggest_optimizer.py")
+              "test_sharding.py", "test_suggest_optimizer.py", "test_segments_optimizer.py",
+              "test_subset_optimizer.py", "test_cli_method_optimizer.py", "test_cli_advice.py",
+              "test_segments_divergence.py", "test_spectrum_optimizer.py")
 
 
 FAST_COMPILE = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false",
