@@ -17,6 +17,7 @@ from _dynamics_helpers import linear_apply, linear_problem
 from flax import nnx
 
 import ntk_tt
+from ntk_tt.dynamics._losses import LOSSES
 from ntk_tt.training import _finetune
 
 N, T, C = 16, 12, 3
@@ -255,7 +256,10 @@ def test_an_adam_kernel_of_another_loss_and_impossible_kernels_are_refused(no_so
     head = ntk_tt.split_head(model)
     opt = ntk_tt.adamw(1e-2)
     ak = ntk_tt.adam_head_aware_kernel(head, x, y, opt)
-    assert ak.loss == "cross_entropy"
+    assert LOSSES[ak.loss] == "cross_entropy"
+    # the kernel stays a pytree of numbers: a jitted function may take it as an argument
+    np.testing.assert_allclose(jax.jit(lambda k: k.precond.backbone.sum())(ak),
+                               ak.precond.backbone.sum(), rtol=1e-6)
     msg = "built for loss='cross_entropy'.*prediction's is 'mse'.*loss='mse'"
     with pytest.raises(ValueError, match=msg):
         ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T, loss="mse")

@@ -72,7 +72,7 @@ from ntk_tt.dynamics._adam_drift import (
     quadratic_form,
 )
 from ntk_tt.dynamics._checks import check_labels
-from ntk_tt.dynamics._losses import check_loss, logit_residual
+from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
 from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
@@ -95,16 +95,15 @@ class AdamKernel(NamedTuple):
     (and held-out cross kernel): the Adam step's direction. batch_size: the B that v̄ was
     estimated for (N for full batch). drift: the drifting profile's table
     (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile). eps: the ε
-    that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked). loss: the loss
-    whose gradients v̄ and the calibration were taken of (None: not recorded, not checked).
-    """
+    that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked). loss: index in
+    ``LOSSES`` of the loss v̄ was taken of (an int: a pytree of numbers; None: not checked)."""
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
     batch_size: int
     drift: DriftTable | None = None
     eps: float | None = None
-    loss: str | None = None
+    loss: int | None = None
 
 
 def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, name: str,
@@ -116,8 +115,9 @@ def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, nam
     if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
         raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
                          f"the optimizer's is {batch_size}: {fix}")
-    if loss is not None and ak.loss is not None and ak.loss != loss:
-        raise ValueError(f"{name} was built for loss={ak.loss!r} (v̄ holds that loss's "
+    built = None if ak.loss is None or isinstance(ak.loss, jax.core.Tracer) else LOSSES[ak.loss]
+    if loss is not None and built is not None and built != loss:
+        raise ValueError(f"{name} was built for loss={built!r} (v̄ holds that loss's "
                          f"gradients), the prediction's is {loss!r}: rebuild it with "
                          f"ntk_tt.adam_head_aware_kernel(..., loss={loss!r}).")
     eps = _concrete(optimizer.eps)
@@ -220,7 +220,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
         table = table._replace(calibration=kernel_calibration(
             hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
-    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), loss)
+    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss))
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
