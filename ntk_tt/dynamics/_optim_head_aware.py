@@ -39,6 +39,8 @@ from ntk_tt.dynamics._optim_linear import (
     check_tangent,
     decay_needs_tangent,
     resolve_batches,
+    sgd_coefficients,
+    sgd_update,
 )
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
 from ntk_tt.kernels._head_aware import HeadAwareKernel, check_head_aware
@@ -121,9 +123,7 @@ def head_sgd_step(state: SgdHeadState, idx, lr, hk: HeadAwareKernel, y, optimize
     """One ``optimizer.to_optax()`` step (rule "sgd", learning rate ``lr``) of the head-aware
     model on the minibatch ``idx`` (B,); ``a_h`` None: no weight decay."""
     dtype = state.w.dtype
-    m = jnp.asarray(optimizer.momentum, dtype)
-    wd = jnp.asarray(optimizer.weight_decay, dtype)
-    lam_2, lam_d = (0.0, wd) if optimizer.decoupled else (wd, 0.0)
+    m, lam_2, lam_d = sgd_coefficients(optimizer, dtype)
     n = hk.features.shape[0]
     hb = (hk.features + state.phi)[idx]
     g = logit_residual(hb @ state.w + state.b, y[idx], loss) / idx.shape[0]  # (B, C)
@@ -132,12 +132,7 @@ def head_sgd_step(state: SgdHeadState, idx, lr, hk: HeadAwareKernel, y, optimize
     def move(x, u, d, p):
         """optax SGD on one parameter block: ``d`` its loss gradient (image), ``p`` the
         decayed quantity (the block, or J_h θ_t for φ), None without decay."""
-        grad = d if p is None else d + lam_2 * p
-        u = m * u + grad
-        direction = grad + m * u if optimizer.nesterov else u
-        if p is not None:
-            direction = direction + lam_d * p
-        return x - lr * direction, u
+        return sgd_update(x, u, d, p, lr, m, lam_2, lam_d, optimizer.nesterov)
 
     decay = a_h is not None
     w, uw = move(state.w, state.uw, hb.T @ g, state.w if decay else None)

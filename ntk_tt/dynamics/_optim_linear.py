@@ -152,6 +152,27 @@ def resolve_batches(optimizer: Optimizer, n: int, steps: int, key, batches) -> j
     return jnp.asarray(batches, jnp.int32)
 
 
+def sgd_coefficients(optimizer: Optimizer, dtype) -> tuple:
+    """(m, λ_2, λ_d): the momentum, the L2 decay in the gradient and the decoupled decay of an
+    SGD-family optimiser, in ``dtype`` (one of the decays is 0)."""
+    m = jnp.asarray(optimizer.momentum, dtype)
+    wd = jnp.asarray(optimizer.weight_decay, dtype)
+    return (m, *((0.0, wd) if optimizer.decoupled else (wd, 0.0)))
+
+
+def sgd_update(x, u, d, p, lr, m, lam_2, lam_d, nesterov: bool):
+    """One ``optax`` SGD step of a block ``x`` with velocity ``u`` (heavy ball, or Nesterov in
+    optax's form): ``d`` its loss gradient (or that gradient's image in function space), ``p``
+    the decayed quantity (λ_2 in the gradient, λ_d decoupled) or None without decay.
+    Returns (x', u')."""
+    grad = d if p is None else d + lam_2 * p
+    u = m * u + grad
+    direction = grad + m * u if nesterov else u
+    if p is not None:
+        direction = direction + lam_d * p
+    return x - lr * direction, u
+
+
 def sgd_trajectory(kernel, f0, y, optimizer: Optimizer, *, steps: int, key=None, a=None,
                    loss: str = "cross_entropy", kernel_test=None, f0_test=None, a_test=None,
                    batches=None):
@@ -215,9 +236,7 @@ def _sgd_core(mat, f0, y, optimizer, batches, a, test, *, traced, test_traced, l
     n = f0.shape[0]
     dtype = f0.dtype
     lrs = optimizer.learning_rates(steps).astype(dtype)
-    m = jnp.asarray(optimizer.momentum, dtype)
-    wd = jnp.asarray(optimizer.weight_decay, dtype)
-    lam_2, lam_d = (0.0, wd) if optimizer.decoupled else (wd, 0.0)
+    m, lam_2, lam_d = sgd_coefficients(optimizer, dtype)
     nesterov = optimizer.nesterov
     with_test = test is not None
     if with_test:
@@ -228,12 +247,7 @@ def _sgd_core(mat, f0, y, optimizer, batches, a, test, *, traced, test_traced, l
         """One function-space SGD update of logits ``f`` with velocity image ``h``, given the
         kernel-gradient product ``d``; ``tangent`` = J·θ0 or None (no decay)."""
         p = None if tangent is None else tangent + (f - f_start)  # J θ_t
-        grad = d if p is None else d + lam_2 * p
-        h = m * h + grad
-        direction = grad + m * h if nesterov else h
-        if p is not None:
-            direction = direction + lam_d * p
-        return f - lr * direction, h
+        return sgd_update(f, h, d, p, lr, m, lam_2, lam_d, nesterov)
 
     def step(carry, inputs):
         f, h, ft, ht = carry

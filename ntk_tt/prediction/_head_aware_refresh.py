@@ -41,7 +41,7 @@ from ntk_tt.dynamics._optim_head_aware import (
     head_sgd_step,
     validate_head,
 )
-from ntk_tt.dynamics._optim_linear import check_shorthand, resolve_batches
+from ntk_tt.dynamics._optim_linear import check_shorthand, resolve_batches, sgd_coefficients
 from ntk_tt.dynamics._optim_predict import _summarise_paths, check_run, head_aware_prediction
 from ntk_tt.dynamics._predict_head_aware import (
     _feature_kernel_dot,
@@ -314,10 +314,7 @@ def _optim_segment(hk, y, optimizer, batches, rates, state, track, a_h, a_h_test
 def _track(track, state, idx, lr, hk, y, optimizer, loss):
     """One ``optimizer.to_optax()`` step of the backbone's weights and velocity in the
     :class:`Backbone` form, from the state before the step (as :func:`head_sgd_step`)."""
-    dtype = track.z.dtype
-    m = jnp.asarray(optimizer.momentum, dtype)
-    wd = jnp.asarray(optimizer.weight_decay, dtype)
-    lam_2, lam_d = (0.0, wd) if optimizer.decoupled else (wd, 0.0)
+    m, lam_2, lam_d = sgd_coefficients(optimizer, track.z.dtype)
     hb = (hk.features + state.phi)[idx]
     g = logit_residual(hb @ state.w + state.b, y[idx], loss) / idx.shape[0]
     q = jnp.zeros_like(track.z).at[idx].add(g @ state.w.T)  # J_h grad_θ = K_h q

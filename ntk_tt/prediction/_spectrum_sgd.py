@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt._schedules import Constant, _concrete
 from ntk_tt.dynamics._adam_head_aware import _maybe_nonzero
-from ntk_tt.dynamics._optim_linear import check_learning_rates, check_shorthand
+from ntk_tt.dynamics._optim_linear import check_learning_rates, check_shorthand, sgd_update
 
 SUPPORTS = ("constant-η full-batch GD (learning_rate=) and the SGD family at full batch without "
             "weight decay (optimizer=ntk_tt.sgd(schedule, momentum, nesterov=...))")
@@ -101,9 +101,7 @@ def _mode_curve(mu, p, rates, m, *, nesterov):
 
     def step(carry, lr):
         r, h = carry
-        d = mu * r
-        h = m * h + d
-        r = r - lr * (d + m * h if nesterov else h)
+        r, h = sgd_update(r, h, mu * r, None, lr, m, 0.0, 0.0, nesterov)  # d_t = μ_k r_t
         return (r, h), (r * r) @ p
 
     _, tail = jax.lax.scan(step, (jnp.ones_like(mu), jnp.zeros_like(mu)), rates)
