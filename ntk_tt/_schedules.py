@@ -180,7 +180,7 @@ def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
 
     Raises:
       ValueError: a non-number, peak <= 0, init or end outside [0, peak], warmup < 0,
-        decay_steps < warmup, smoothing < 0.
+        decay_steps < warmup, smoothing < 0 or not finite.
     """
     leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_steps, "decay_steps"), _number(init, "init"), _number(end, "end"))
@@ -196,7 +196,7 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
 
     Raises:
       ValueError: a non-number, peak <= 0, end outside [0, peak], warmup < 0, decay_start <
-        warmup, decay_steps < 0, smoothing < 0.
+        warmup, decay_steps < 0, smoothing < 0 or not finite.
     """
     leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_start, "decay_start"), _number(decay_steps, "decay_steps"),
@@ -274,8 +274,9 @@ def _check_below_peak(peak, **values) -> None:
 
 
 def _check_order(first, second, name1, name2, smoothing) -> None:
-    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or smoothing < 0:
-        raise ValueError(f"smoothing must be a number >= 0 (steps), got {smoothing!r}.")
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
+            or not 0 <= smoothing < float("inf"):
+        raise ValueError(f"smoothing must be a finite number >= 0 (steps), got {smoothing!r}.")
     first, second = _concrete(first), _concrete(second)
     if first is not None and first < 0:
         raise ValueError(f"{name1} must be >= 0 steps, got {first}.")

@@ -332,3 +332,14 @@ def test_a_warmup_that_ends_on_the_last_step_or_a_callable_is_accepted():
         pred = ntk_tt.predict(linear_apply, params, x, y, optimizer=ntk_tt.sgd(lr), steps=T)
         assert pred.hyperparameters["learning_rate"] == pytest.approx(peak, rel=1e-6)
         assert pred.loss[-1] < pred.loss[0]
+
+
+def test_a_non_finite_warmup_smoothing_is_refused():
+    """The smoothing length (steps) of a warmup's relaxation must be a finite number >= 0:
+    NaN or inf passed the ``< 0`` check and gave NaN learning rates."""
+    for make in (lambda s: ntk_tt.warmup_cosine(0.1, 3, 9, smoothing=s),
+                 lambda s: ntk_tt.warmup_stable_decay(0.1, 3, 5, 4, smoothing=s)):
+        for bad in (float("nan"), float("inf"), -1.0):
+            with pytest.raises(ValueError, match="smoothing must be a finite number >= 0"):
+                make(bad)
+        assert np.isfinite(make(2.0).values(12)).all()

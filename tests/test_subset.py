@@ -189,6 +189,7 @@ def test_predict_with_subset_is_a_loss_only_prediction(task):
     (dict(method="ode"), "method must be 'auto' or 'closed_form'"),
     (dict(kernel="sketch"), "kernel must be 'exact' or 'traced'"),
     (dict(predictor="head_aware"), "frozen-kernel linear predictor"),
+    (dict(head="a split_head tuple"), "frozen-kernel linear predictor"),  # auto + head
     (dict(x_test="XT", y_test="YT"), "drop x_test and y_test"),
     (dict(key=None), "pass key=jax.random.key"),
     (dict(subset_method="svd"), "subset_method must be one of"),

@@ -230,7 +230,8 @@ def predict(
                               batch_size=batch_size, momentum=momentum, nesterov=nesterov,
                               loss=loss, method=method, kernel=kernel,
                               sketch_dim=sketch_dim, key=key, x_test=x_test,
-                              y_test=y_test, predictor=predictor, segments=segments)
+                              y_test=y_test, predictor=predictor, segments=segments,
+                              head=head)
         return with_targets(pred, targets)
     if subset_method != "power_law":
         raise ValueError(f"subset_method applies with subset=N' only, got subset_method="

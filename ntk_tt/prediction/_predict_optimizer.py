@@ -111,7 +111,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
             apply_fn, params, x, y, subset, subset_method, learning_rate=None, steps=steps,
             batch_size=None, momentum=0.0, nesterov=False, loss=loss, method=method,
             kernel=kernel, sketch_dim=sketch_dim, key=key, x_test=x_test, y_test=y_test,
-            predictor=predictor, segments=segments, optimizer=optimizer), targets)
+            predictor=predictor, segments=segments, optimizer=optimizer, head=head), targets)
     bs = _check(optimizer, n, steps, method, subset_method, segments, loss)
     method = resolve_method(method)
     _check_kinds(kernel, sketch_dim, key, method, bs, n)

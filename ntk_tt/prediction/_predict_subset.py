@@ -47,7 +47,7 @@ def _check_rule(optimizer, n, steps, learning_rate, batch_size, momentum, nester
 
 def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_rate, steps,
                    batch_size, momentum, nesterov, loss, method, kernel, sketch_dim, key,
-                   x_test, y_test, predictor, segments, optimizer=None) -> Prediction:
+                   x_test, y_test, predictor, segments, optimizer=None, head=None) -> Prediction:
     """``predict(..., subset=N')``: validate the options that make sense with a subset (all
     before any kernel work), run :func:`ntk_tt.predict_from_subset` and return its loss curve
     (T + 1,) as a :class:`Prediction` (error curves NaN, :data:`ERROR_NOT_PREDICTED`).
@@ -76,9 +76,11 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
         raise ValueError(f"{WHO} builds the exact logit-summed kernel of the subset: kernel "
                          f"must be 'exact' or 'traced' (the same here) and sketch_dim None, got "
                          f"kernel={kernel!r}, sketch_dim={sketch_dim!r}.")
-    if predictor == "head_aware" or segments != 1:
-        raise ValueError(f"{WHO} is the frozen-kernel linear predictor: use predictor='auto' "
-                         "or 'linear' and segments=1.")
+    if predictor == "head_aware" or (predictor == "auto" and head is not None) \
+            or segments != 1:
+        raise ValueError(f"{WHO} is the frozen-kernel linear predictor: use predictor='linear' "
+                         "(or 'auto' without head=) and segments=1, or drop subset for the "
+                         "head-aware prediction.")
     if x_test is not None or y_test is not None:
         raise ValueError(f"{WHO} predicts the training loss only (no held-out curves from a "
                          "spectrum): drop x_test and y_test.")
