@@ -343,3 +343,18 @@ def test_a_non_finite_warmup_smoothing_is_refused():
             with pytest.raises(ValueError, match="smoothing must be a finite number >= 0"):
                 make(bad)
         assert np.isfinite(make(2.0).values(12)).all()
+
+
+def test_a_head_kernel_where_none_is_used_is_refused_as_unused(no_solve):
+    """``head_kernel=`` with segments > 1 (kernels rebuilt along the path) or the linear
+    predictor: the message said the kernel did not match the inputs; it matches, it is
+    unused."""
+    model, apply_fn, params, x, y = _head_problem()
+    head = ntk_tt.split_head(model)
+    hk = ntk_tt.head_aware_kernel(head, x)
+    for kw in (dict(head=head, segments=2), dict(predictor="linear")):
+        for opt in (None, ntk_tt.sgd(0.1)):
+            rule = dict(learning_rate=0.1) if opt is None else dict(optimizer=opt)
+            with pytest.raises(ValueError, match="head_kernel is used only by the head-aware "
+                               "predictor with one segment.*drop head_kernel="):
+                ntk_tt.predict(apply_fn, params, x, y, steps=T, head_kernel=hk, **rule, **kw)

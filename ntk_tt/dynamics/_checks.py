@@ -268,14 +268,20 @@ def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
 def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test) -> None:
     """ValueError unless ``head_kernel`` is None, or a head-aware kernel (or Adam kernel) of
     N training rows with held-out features exactly when ``x_test`` is given, for a
-    head-aware prediction (one segment)."""
+    head-aware prediction of one segment (``head_aware``); otherwise a kernel is refused as
+    unused."""
     if head_kernel is None:
         return
     from ntk_tt.dynamics._adam_head_aware import AdamKernel
     from ntk_tt.kernels._head_aware import HeadAwareKernel
 
+    if not head_aware:
+        raise ValueError("head_kernel is used only by the head-aware predictor with one "
+                         "segment (head=..., segments=1), which reads the kernels at w0; "
+                         "segments > 1 rebuilds them along the path and the linear predictor "
+                         "has none: drop head_kernel=.")
     hk = head_kernel.hk if isinstance(head_kernel, AdamKernel) else head_kernel
-    if not head_aware or not isinstance(hk, HeadAwareKernel) or hk.features.shape[0] != n \
+    if not isinstance(hk, HeadAwareKernel) or hk.features.shape[0] != n \
             or (hk.features_test is None) != (x_test is None):
         raise ValueError("head_kernel must be the ntk_tt.head_aware_kernel(head, x, x_test) "
                          "of these inputs (N rows, held-out features iff x_test), for the "
