@@ -68,7 +68,7 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
                    "%% of --decay-end rounded down, at least --warmup: the last 20 %% decays)")
     q.add_argument("--decay-end", type=int, default=d["decay_end"], metavar="STEP",
                    help="warmup-cosine, warmup-stable-decay: the step at which the decay "
-                   "reaches --end-lr (None: T = -T, the last step)")
+                   "reaches --end-lr (None: the run's last step, -T)")
     q.add_argument("--end-lr", type=float, default=d["end_lr"],
                    help="warmup-cosine, warmup-stable-decay: η at --decay-end and after, in "
                    "[0, --lr] (None: 0)")

@@ -259,13 +259,14 @@ def test_suggest_adamw_with_the_linear_predictor_speaks_cli(tmp_path):
 
 
 def test_decay_flags_help_says_their_defaults_in_words(capsys, monkeypatch):
-    """--decay-end's help read "(None: T, -T)"; it says T is the last step, and
+    """--decay-end's help read "(None: T, -T)", then "(None: T = -T, the last step)"; it says
+    the default is the run's last step (the -T flag), and
     --decay-start's says the default decay is the last 20 % of it."""
     monkeypatch.setenv("COLUMNS", "400")  # one line per flag: no break inside a flag name
     with pytest.raises(SystemExit):
         main(["predict", "-h"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "reaches --end-lr (None: T = -T, the last step)" in text
+    assert "reaches --end-lr (None: the run's last step, -T)" in text
     assert "(None: 80 % of --decay-end rounded down, at least --warmup: the last 20 % decays)" \
         in text
-    assert "(None: T, -T)" not in text
+    assert "(None: T, -T)" not in text and "T = -T" not in text
