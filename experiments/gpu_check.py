@@ -56,7 +56,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NOTMNIST = "notmnist_sample_test.npz"
 FULL = dict(per_class=1000, steps=150, sgd_batch=100, num_paths=32, budget=450.0, repeat=True)
-TINY_N = 50  # --tiny: about 50 images (K × n), seconds on a CPU
+TINY_N = 20  # --tiny: about 20 images (K × n), seconds on a CPU
 TINY = dict(steps=20, sgd_batch=10, num_paths=4, budget=300.0, repeat=False)
 EPS_HEADLINE = (0.1, 0.4)
 TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"

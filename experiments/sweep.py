@@ -6,7 +6,7 @@
 Resumable: rerunning the same command skips every finished row (one crash-safe file per row in
 DIR/rows). At the end the rows are gathered into DIR/results.parquet, and DIR/summary.json,
 Table 1 (table1.csv) and the figures (fig1/2/5/6 PNG) are written from that table alone.
-Presets: ``smoke`` (2 tasks of 50 images, GD and B = 25, m ∈ {0, 0.9} at one κ̃, 10 steps: the
+Presets: ``smoke`` (one task of 20 images, GD and B = 10, m ∈ {0, 0.9} at one κ̃, 10 steps: the
 test's run), ``session`` (the grid run in the first session, sized for ~30 min on 2 shared CPU
 cores: small tasks, B = 25), ``full`` (the grid committed for issue 5: 4 target sets ×
 {10, 50, 150} per class, ~90 min), ``paper`` (the issue's whole protocol with three seeds and
@@ -31,9 +31,10 @@ from ntk_tt.sweep._run import report, run_sweep
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
-    # smoke: the vendored flowers5 set only, so the test suite runs without ../shared
-    "smoke": SweepSpec(datasets=("flowers5",), per_class=(10,), seeds=(0, 1),
-                       batch_sizes=(None, 25), kappas=(4.0,), steps=10, sketch_dims=(32,)),
+    # smoke: the vendored flowers5 set only, so the test suite runs without ../shared; one
+    # task (its two batch sizes are the two groups that a kill between them leaves half done)
+    "smoke": SweepSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,),
+                       batch_sizes=(None, 10), kappas=(4.0,), steps=10, sketch_dims=(32,)),
     "session": SweepSpec(datasets=TARGETS, per_class=(6, 10), seeds=(0,),
                          batch_sizes=(None, 25), kappas=(1.0, 4.0, 12.0), steps=150,
                          sketch_dims=(256,), noise_dim=64),

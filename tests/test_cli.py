@@ -38,9 +38,19 @@ def run_cli(args, capsys):
     return code, capsys.readouterr()
 
 
+def grey_digits(folder):
+    """A 2-class .npz of 5 grey 28×28 images per class (random pixels, class b's brighter, so
+    the predicted loss falls): with -n 3 the model's 32×32×3 input after conversion and 2
+    held-out images per class, so the tests that predict on it share the shapes (N = 6, C = 2,
+    4 held out) of the tiny verify run's compiled programs."""
+    labels = np.arange(10) % 2
+    grey = np.random.default_rng(0).integers(0, 128, (10, 28, 28)) + 128 * labels[:, None, None]
+    return npz(folder / "grey.npz", grey.astype(np.uint8), labels, "ab")
+
+
 def test_tiny_verify_run_writes_json_and_figure(tmp_path, capsys):
     js, png = tmp_path / "r.json", tmp_path / "f.png"
-    code, out = run_cli(["-K", "3", "-n", "4", "--test-per-class", "2", "-T", "6", "--lr",
+    code, out = run_cli(["-K", "2", "-n", "3", "--test-per-class", "2", "-T", "4", "--lr",
                          "0.002", "--verify", "--json", str(js), "--figure", str(png)], capsys)
     assert code == 0
     r = json.loads(js.read_text())
@@ -52,21 +62,29 @@ def test_tiny_verify_run_writes_json_and_figure(tmp_path, capsys):
             node = node[part]
     assert set(r["predicted"]["training_time"]) == {"loss", "error"}
     assert set(r["predicted"]["training_time"]["loss"]) == {"0.01", "0.1", "0.4"}
-    assert len(r["curves"]["real"]["loss"]) == 7 and r["task"]["n_train"] == 12
+    assert len(r["curves"]["real"]["loss"]) == 5 and r["task"]["n_train"] == 6
     assert r["seconds"]["finetune"] > 0 and r["seconds"]["predict"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "predicted T_ε" in out.out and "real T_ε" in out.out
 
 
-def test_prediction_only_reports_wall_clock(tmp_path, capsys):
-    """... and replaces the default figure an earlier run left, without --overwrite."""
+def test_prediction_only_reports_wall_clock_and_image_conversion(tmp_path, capsys):
+    """... replaces the default figure an earlier run left, without --overwrite, and says how
+    the images were converted (grey 28×28 → the model's 32×32 RGB)."""
     js = tmp_path / "r.json"
-    code, out = run_cli(["-K", "2", "-n", "3", "-T", "4", "--json", str(js)], capsys)
+    code, out = run_cli(["--dataset", grey_digits(tmp_path), "-K", "2", "-n", "3", "-T", "4",
+                         "--json", str(js)], capsys)
     r = json.loads(js.read_text())
     assert code == 0 and r["real"] is None and r["seconds"]["finetune"] is None
+    said = ("grey → RGB (channel repeated); resized from 28×28 to 32×32 px (bilinear, "
+            "antialiased)")
+    assert r["task"]["preprocessing"] == said
+    assert r["task"]["image_shape"] == [28, 28, 1] and r["task"]["model_input_shape"] == [32, 32, 3]
+    assert f"images: 28×28×1 → 32×32×3, preprocessing: {said}" in out.out
     assert r["figure"] == DEFAULT_FIGURE and f"figure: {DEFAULT_FIGURE}\n" in out.out
     assert (tmp_path / DEFAULT_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sps = r["predicted"]["seconds_per_step"]
+    assert sum(t is not None for t in r["predicted"]["training_time"]["loss"].values()) >= 2
     for eps, t in r["predicted"]["training_time"]["loss"].items():
         wall = r["predicted"]["wall_clock"]["loss"][eps]
         assert (t is None and wall is None) or wall == pytest.approx(t * sps)
@@ -167,15 +185,16 @@ def test_k_and_n_below_minimum_say_the_minimum(args, match, capsys):
 
 def test_beyond_edge_warning_and_held_out_note(tmp_path, capsys):
     js = tmp_path / "r.json"
-    code, out = run_cli(["-K", "2", "-n", "3", "--test-per-class", "1000", "-T", "4", "--lr",
-                         "1000", "--json", str(js), "--figure", ""], capsys)
+    code, out = run_cli(["--dataset", grey_digits(tmp_path), "-K", "2", "-n", "3",
+                         "--test-per-class", "1000", "-T", "4", "--lr", "1000", "--json",
+                         str(js), "--figure", ""], capsys)
     r = json.loads(js.read_text())
     assert code == 0 and r["predicted"]["beyond_edge"] is True
     warning = [ln for ln in out.out.splitlines() if ln.startswith("warning: κ")]
     assert len(warning) == 1 and "stability edge" in warning[0] and "lower --lr" in warning[0]
     note = [ln for ln in out.out.splitlines() if ln.startswith("note:")]
-    assert len(note) == 1 and "197 held-out images per class" in note[0] and "1000" in note[0]
-    assert r["task"]["test_per_class"] == 197
+    assert len(note) == 1 and "2 held-out images per class" in note[0] and "1000" in note[0]
+    assert r["task"]["test_per_class"] == 2
     assert r["predicted"]["diverged"]  # κ far beyond the edge: the prediction diverges
     assert "prediction diverged at step" in out.out and "diverged: predicted True" in out.out
     assert "(predicted: diverged)" in out.out
@@ -494,20 +513,6 @@ def test_version_and_help_need_no_jax(tmp_path, capsys):
     assert capsys.readouterr().out == f"ntk-tt {ntk_tt.__version__}\n"
 
 
-def test_report_says_how_images_were_converted(tmp_path, capsys):
-    grey = np.random.default_rng(0).integers(0, 256, (8, 28, 28), np.uint8)
-    path = npz(tmp_path / "grey.npz", grey, np.arange(8) % 2, "ab")
-    js = tmp_path / "r.json"
-    code, out = run_cli(["--dataset", path, "-K", "2", "-n", "3", "--test-per-class", "0",
-                         "-T", "3", "--json", str(js), "--figure", ""], capsys)
-    r = json.loads(js.read_text())
-    said = ("grey → RGB (channel repeated); resized from 28×28 to 32×32 px (bilinear, "
-            "antialiased)")
-    assert code == 0 and r["task"]["preprocessing"] == said
-    assert r["task"]["image_shape"] == [28, 28, 1] and r["task"]["model_input_shape"] == [32, 32, 3]
-    assert f"images: 28×28×1 → 32×32×3, preprocessing: {said}" in out.out
-
-
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
@@ -567,10 +572,14 @@ STOPPED = {signal.SIGINT: "ntk-tt: interrupted", signal.SIGTERM: "ntk-tt: termin
 
 
 def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path):
+    """On the tiny task of ``_cli_tiny`` (the shipped checkpoint's compilations cost most of
+    this test's time): 10,000 real steps take seconds, the Ctrl-C comes 0.5 s in."""
     js = tmp_path / "r.json"
-    proc = start_program(["predict", "--verify", "--no-progress", "-K", "2", "-n", "4",
-                          "--test-per-class", "2", "-T", "3000", "--json", str(js),
-                          "--figure", ""], tmp_path)
+    tiny = (f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "import _cli_tiny, ntk_tt.prediction._job as j\n"
+            "j.load_task = lambda **_: _cli_tiny.tiny_task()\n")
+    proc = start_program(["predict", "--verify", "--no-progress", "-T", "10000", "--json",
+                          str(js), "--figure", ""], tmp_path, tiny)
     wait_for(proc, lambda: status(js) == RUNNING)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -580,7 +589,7 @@ def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path)
     r = json.loads(js.read_text())
     assert r["status"] == INTERRUPTED == "interrupted during the real fine-tuning"
     assert r["real"] is None and set(r["predicted"]["training_time"]) == {"loss", "error"}
-    assert len(r["curves"]["predicted"]["loss"]) == 3001
+    assert len(r["curves"]["predicted"]["loss"]) == 10001
 
 
 @pytest.mark.parametrize("sig,moment", [(signal.SIGINT, "start"), (signal.SIGTERM, "start"),
@@ -742,12 +751,17 @@ def test_table_prints_the_90_percent_interval():
 
 def test_interrupt_during_an_import_is_an_interruption_too(tmp_path):
     """Ctrl-C while numpy / JAX import reaches the CLI as an ImportError caused by the
-    KeyboardInterrupt (numpy re-raises it): still one line and exit status 130."""
-    code = ("import ntk_tt.prediction._job as j, ntk_tt.cli as c\n"
-            "def boom(**_):\n"
-            "    try:\n        raise KeyboardInterrupt\n"
-            "    except KeyboardInterrupt as e:\n        raise ImportError('numpy failed') from e\n"
-            "j.predict_task = boom\n"
+    KeyboardInterrupt (numpy re-raises it): still one line and exit status 130. Here the
+    command's first ``import jax`` raises it (an import hook), so JAX is never loaded."""
+    code = ("import sys, ntk_tt.cli as c\n"
+            "class Interrupted:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'jax':\n"
+            "            try:\n                raise KeyboardInterrupt\n"
+            "            except KeyboardInterrupt as e:\n"
+            "                raise ImportError('numpy failed') from e\n"
+            "assert 'jax' not in sys.modules, 'ntk_tt.cli imported jax'\n"
+            "sys.meta_path.insert(0, Interrupted())\n"
             "c.main(['predict', '--figure', ''])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path, env=os.environ | {"PYTHONPATH": ROOT})

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import ntk_tt
+from ntk_tt.dynamics._fspace import top_eigenvalue
+from ntk_tt.kernels._head_aware import initial_kernel
 from ntk_tt.sweep._corpus import (
     CorpusSpec,
     _run_key,
@@ -18,32 +20,45 @@ from ntk_tt.sweep._corpus import (
     run_corpus,
 )
 
-SPEC = CorpusSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=((5,),),
+# N = 50 and B = 10: the shapes of the outcome test's real runs (the smallest task and batch of
+# the shipped predictor's corpus), so the second test reuses this one's compiled programs.
+SPEC = CorpusSpec(datasets=("flowers5",), per_class=(10,), seeds=(0,), batch_sizes=((10,),),
                   sgd_seeds=(1,), task_seeds=None, momenta=(0.0,), kappas=(2.0,), steps=4,
                   test_per_class=2, snapshot_steps=(0, 2, 4), num_paths=2)
 
 
-def test_corpus_rows_resume_and_match_direct_calls(tmp_path):
+@pytest.fixture(scope="module")
+def kernel():
+    """The task's training images and their head-aware kernel (no held-out block), shared:
+    ``sample_task`` trains on the first n images of each class whatever ``test_per_class``."""
+    _, _, x, _, _, _, split, _ = load_corpus_task(SPEC.tasks()[0], SPEC)
+    return x, ntk_tt.head_aware_kernel(split, x)
+
+
+def test_corpus_rows_resume_and_match_direct_calls(tmp_path, kernel):
     assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 1,
                                                                    "already_present": 0}
     assert run_corpus(SPEC, tmp_path, progress=lambda s: None) == {"written": 0,
                                                                    "already_present": 1}
     rows = {r["config_id"]: r for r in read_corpus(tmp_path)}
-    assert sorted(rows) == ["b5-m0-k2-r0"]
-    sgd = rows["b5-m0-k2-r0"]
+    assert sorted(rows) == ["b10-m0-k2-r0"]
+    sgd = rows["b10-m0-k2-r0"]
     task = SPEC.tasks()[0]
-    apply_fn, params, x, y, xt, yt, split, _ = load_corpus_task(task, SPEC)
+    apply_fn, params, x, y, xt, yt, _, _ = load_corpus_task(task, SPEC)
+    np.testing.assert_array_equal(kernel[0], x)
     key = _run_key(task, 0)
     run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=sgd["learning_rate"],
-                          steps=SPEC.steps, batch_size=5, key=key, x_test=xt, y_test=yt)
+                          steps=SPEC.steps, batch_size=10, key=key, x_test=xt, y_test=yt)
     np.testing.assert_allclose(sgd["telemetry"]["loss"], run.loss, rtol=1e-6)
     assert sgd["outcome"]["test_accuracy"] == pytest.approx(run.test_accuracy)
     assert sgd["telemetry"]["test_accuracy"][-1] == pytest.approx(run.test_accuracy)
-    hk = ntk_tt.head_aware_kernel(split, x, xt)
+    hk = kernel[1]  # the training-set loss needs no held-out kernel
     pred = ntk_tt.predict_head_aware(hk, y, learning_rate=sgd["learning_rate"], steps=SPEC.steps,
-                                     batch_size=5, key=key, num_paths=2, y_test=yt)
+                                     batch_size=10, key=key, num_paths=2)
     np.testing.assert_allclose(sgd["prediction"]["loss"], pred.loss, rtol=1e-4)
-    # the κ̃ → η rule: η = κ̃·N/λ_max(Θ_0)
+    # the κ̃ → η rule: η = κ̃·N/λ_max(Θ_0), λ_max of the head-aware model's initial kernel
+    assert sgd["lambda_max"] == pytest.approx(float(top_eigenvalue(initial_kernel(hk))),
+                                              rel=1e-6)
     assert sgd["learning_rate"] == pytest.approx(2.0 * x.shape[0] / sgd["lambda_max"], rel=1e-5)
     assert sgd["outcome"]["failed"] == failed(run.test_accuracy, run.diverged, 5)
     other = dataclasses.replace(SPEC, steps=5)
@@ -68,28 +83,31 @@ def test_failure_label_and_spec_checks():
     assert jax.random.key_data(_run_key(SPEC.tasks()[0], 1)).shape == (2,)
 
 
-def test_shipped_outcome_predictor_reads_real_runs(tmp_path, capsys):
+def test_shipped_outcome_predictor_reads_real_runs(tmp_path, capsys, kernel):
     """The shipped (corpus-fitted) predictor, through ``ntk-tt outcome``, on two real
     fine-tunes of the vendored flowers5 set it never saw: one far past the divergence edge
-    (κ̃ = 300, it diverges for real) and one at κ̃ = 3 (it does not)."""
+    (κ̃ = 300, it diverges for real) and one at κ̃ = 3 (it does not). SGD with B = 10 on
+    N = 50: the smallest batch and task size of the predictor's corpus (GD's recorded run took
+    2.5× the CPU time)."""
     from ntk_tt.cli import main
-    from ntk_tt.dynamics._fspace import top_eigenvalue
-    from ntk_tt.kernels._head_aware import initial_kernel
     from ntk_tt.sweep._grid import Task
 
-    spec = dataclasses.replace(SPEC, per_class=(10,), test_per_class=10, steps=40)
-    apply_fn, params, x, y, xt, yt, split, feats = load_corpus_task(Task("flowers5", 10, 0), spec)
-    lam = float(top_eigenvalue(initial_kernel(ntk_tt.head_aware_kernel(split, x))))
+    spec = dataclasses.replace(SPEC, test_per_class=10, steps=40)
+    apply_fn, params, x, y, xt, yt, _, feats = load_corpus_task(Task("flowers5", 10, 0), spec)
+    np.testing.assert_array_equal(kernel[0], x)
+    lam = float(top_eigenvalue(initial_kernel(kernel[1])))
     tspec = ntk_tt.TelemetrySpec(features=feats, snr_samples=8,
                                  snapshot_steps=(0, 1, 2, 4, 8, 20, 40))
     runs = [ntk_tt.finetune(apply_fn, params, x, y, learning_rate=k * x.shape[0] / lam,
-                            steps=40, x_test=xt, y_test=yt, telemetry=tspec) for k in (300, 3)]
+                            steps=40, batch_size=10, key=jax.random.key(0), x_test=xt,
+                            y_test=yt, telemetry=tspec) for k in (300, 3)]
     assert runs[0].diverged and not runs[1].diverged
     ntk_tt.save_telemetry(tmp_path / "runs.jsonl", [r.telemetry for r in runs])
     assert main(["outcome", str(tmp_path / "runs.jsonl"), "--fraction", "0.1", "--json",
                  str(tmp_path / "out.json")]) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     assert [o["observed_updates"] for o in out] == [4, 4]
+    assert [o["out_of_domain"] for o in out] == [[], []]  # inside the corpus it was fit on
     assert out[0]["p_diverged"] > 0.9 and out[1]["p_diverged"] < 0.1
     assert out[0]["test_accuracy"] < out[1]["test_accuracy"]
     assert "will likely diverge" in capsys.readouterr().out

@@ -1,12 +1,15 @@
 """experiments/gpu_check.py (issue 26 item 5) at its --tiny size on the CPU: the JSON's
 structure, and its numbers against ``ntk_tt.predict`` and the model's initial loss computed
-here, independently, while the script runs."""
+here, independently, after the script's ``main`` has run in this process (the two share
+JAX's imports and the compiled programs they have in common; a subprocess paid both again).
+Bad options are refused in a subprocess, before JAX is imported."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +23,7 @@ from ntk_tt.prediction._job import load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "gpu_check.py"
-LR, K, PER_CLASS, STEPS, SGD_BATCH = 3e-3, 5, 10, 20, 10  # --tiny with 5 classes: N = 50
+LR, K, PER_CLASS, STEPS, SGD_BATCH = 3e-3, 5, 4, 20, 10  # --tiny with 5 classes: N = 20
 
 
 def _run(tmp_path, *args, **kwargs):
@@ -28,27 +31,37 @@ def _run(tmp_path, *args, **kwargs):
                           capture_output=True, text=True, **kwargs)
 
 
-def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path):
+def _main(monkeypatch, *args) -> int:
+    """The script's ``main(args)`` in this process (its exit status), its process-wide
+    changes undone: it prepends experiments/ to sys.path (for ``_rss``) and installs its own
+    SIGTERM handler."""
+    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        return module.main(list(args))
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        sys.modules.pop("_rss", None)
+
+
+def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path, monkeypatch, capsys):
     out = tmp_path / "gpu_check.json"
-    log = tmp_path / "log.txt"
-    cmd = [sys.executable, str(SCRIPT), "--tiny", "--data", "flowers5", "--classes", str(K),
-           "--lr", str(LR), "--out", str(out)]
+    monkeypatch.chdir(tmp_path)
     t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        try:  # meanwhile: the same task through the public API (the default predictor)
-            apply_fn, params, x, y, *_, head = load_task(
-                dataset="flowers5", num_classes=K, per_class=PER_CLASS, test_per_class=0,
-                seed=0)
-            pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=LR, steps=STEPS,
-                                  head=head)
-            loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
-                apply_fn(params, x), y).mean())
-        finally:
-            code = proc.wait(timeout=900)
-    print(f"gpu_check --tiny beside the reference: {time.perf_counter() - t0:.1f} s")
-    assert code == 0, log.read_text()[-3000:]
+    code = _main(monkeypatch, "--tiny", "--data", "flowers5", "--classes", str(K), "--lr",
+                 str(LR), "--out", str(out))
+    log = capsys.readouterr()
+    assert code == 0, (log.out + log.err)[-3000:]
+    # the same task through the public API (the default predictor)
+    apply_fn, params, x, y, *_, head = load_task(
+        dataset="flowers5", num_classes=K, per_class=PER_CLASS, test_per_class=0, seed=0)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=LR, steps=STEPS, head=head)
+    loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
+        apply_fn(params, x), y).mean())
+    print(f"gpu_check --tiny and the reference: {time.perf_counter() - t0:.1f} s")
     rec = json.loads(out.read_text())
 
     assert rec["status"] == "complete"
@@ -95,12 +108,12 @@ def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path):
             row["real_seconds"]["per_step"] * STEPS / cost)
 
 
-def test_bad_input_is_one_line_before_any_work(tmp_path):
+def test_bad_input_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
     out = tmp_path / "x.json"
     for args, said in [
         (["--data", str(tmp_path / "none.npz")], "none.npz: no such file"),
         (["--tiny", "--data", "flowers5", "--classes", "5", "--sgd-batch", "50"],
-         "--sgd-batch must be in [1, N = 50) or 0"),
+         "--sgd-batch must be in [1, N = 20) or 0"),
         (["--tiny", "--data", "flowers5", "--lr", "-1"], "--lr must be > 0"),
     ]:
         t0 = time.perf_counter()
@@ -114,11 +127,14 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
     assert done.returncode == 2 and "exists; pass --overwrite" in done.stderr
     assert out.read_text() == "{}"
     # a task the data cannot give: load_task's one line, also recorded, and nothing after it
-    done = _run(tmp_path, "--tiny", "--data", "flowers5", "--classes", "7", "--out", str(out),
-                "--overwrite")
-    assert done.returncode == 2
-    assert done.stderr.endswith("gpu_check.py: error: num_classes (K) = 7 is more than the 5 "
-                                "classes available; choose a smaller K or another dataset.\n")
+    # (in this process: JAX is imported by then, a subprocess would spend 4 s importing it)
+    monkeypatch.chdir(tmp_path)
+    code = _main(monkeypatch, "--tiny", "--data", "flowers5", "--classes", "7", "--out",
+                 str(out), "--overwrite")
+    assert code == 2
+    assert capsys.readouterr().err.endswith(
+        "gpu_check.py: error: num_classes (K) = 7 is more than the 5 classes available; "
+        "choose a smaller K or another dataset.\n")
     rec = json.loads(out.read_text())
     assert rec["stages"]["load"]["status"].startswith("failed: ValueError: num_classes (K) = 7")
     assert "kernel" not in rec["stages"] and "rows" not in rec

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import pathlib
 
+import jax
 import numpy as np
 import optax
 import pandas as pd
@@ -25,26 +26,31 @@ from ntk_tt.sweep._optimizers import (
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers
 from ntk_tt.sweep._table import ResultsTable, read_table
 
-SPEC = OptimSpec(datasets=("flowers5",), per_class=(6,), batch_sizes=(None,), steps=8,
+SPEC = OptimSpec(datasets=("flowers5",), per_class=(2,), batch_sizes=(None,), steps=8,
                  sgd_kappas=(), adam_peaks=(1e-3,), adam_decays=(0.1,), num_paths=1)
+TASK = Task("flowers5", 2, 0)  # N = 10 (K = 5): the row took 15–19 s of CPU, 24 s at N = 30
 
 
-def test_row_starts_at_the_real_initial_loss_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def loss0():
+    """The task's initial mean cross-entropy, computed here from its model and images."""
+    data = load_task(TASK, SweepSpec(datasets=("flowers5",), per_class=(2,), seeds=(0,)))
+    return float(optax.softmax_cross_entropy_with_integer_labels(
+        jax.jit(data.apply_fn)(data.params, data.x), data.y).mean())
+
+
+def test_row_starts_at_the_real_initial_loss_and_resumes(tmp_path, loss0):
     """One AdamW row of the vendored task: both curves start at the model's initial
     cross-entropy computed here; T_ε columns are ``ntk_tt.training_time`` of the stored
     curves; a second call writes nothing. (That a prediction with ``head_kernel=`` equals
     the one building its own kernels is tested in ``tests/test_optimizer_api.py``; a full
     independent predict + finetune of the ResNet here cost ~50 s of the suite.)"""
-    task = Task("flowers5", 6, 0)
     table = ResultsTable(tmp_path)
-    assert run_task(task, SPEC, table) == 1
-    assert run_task(task, SPEC, table) == 0  # resumed: nothing twice
+    assert run_task(TASK, SPEC, table) == 1
+    assert run_task(TASK, SPEC, table) == 0  # resumed: nothing twice
     table.consolidate()
     row = read_table(tmp_path).iloc[0]
-    data = load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
-    loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
-        data.apply_fn(data.params, data.x), data.y).mean())
-    assert row["row_id"] == row_id(task, OptimConfig("adamw_cosine", 1e-3, 0.1, None))
+    assert row["row_id"] == row_id(TASK, OptimConfig("adamw_cosine", 1e-3, 0.1, None))
     np.testing.assert_allclose([row["pred_loss"][0], row["real_loss"][0]], loss0, rtol=1e-5)
     assert len(row["pred_loss"]) == len(row["real_loss"]) == 9
     assert row["real_loss"][-1] < row["real_loss"][0]  # it trained
@@ -54,16 +60,16 @@ def test_row_starts_at_the_real_initial_loss_and_resumes(tmp_path):
     assert row["peak_learning_rate"] == pytest.approx(1e-3)
 
 
-def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path, monkeypatch):
+def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path, monkeypatch,
+                                                                        loss0):
     """--reuse-real: an earlier row of the same id and training supplies the real curves and
     fine-tune seconds (its stored prediction is ignored: the new one starts at the model's
     initial loss); ``ntk_tt.finetune`` is never called. A row of another T, peak η or λ is
     not reused."""
-    task = Task("flowers5", 6, 0)
     cfg = OptimConfig("adamw_cosine", 1e-3, 0.1, None)
     real = np.linspace(2.0, 0.2, 9)
     source = ResultsTable(tmp_path / "old")
-    source.write_row({"row_id": row_id(task, cfg), "steps": 8, "peak_learning_rate": 1e-3,
+    source.write_row({"row_id": row_id(TASK, cfg), "steps": 8, "peak_learning_rate": 1e-3,
                       "weight_decay": 0.1, "real_loss": real, "real_error": real / 4,
                       "real_diverged": False, "seconds_finetune": 123.0,
                       "pred_loss": np.full(9, 99.0)})
@@ -74,7 +80,7 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
 
     monkeypatch.setattr(ntk_tt, "finetune", no_finetune)
     table = ResultsTable(tmp_path / "new")
-    assert run_task(task, SPEC, table, reuse=reuse) == 1
+    assert run_task(TASK, SPEC, table, reuse=reuse) == 1
     table.consolidate()
     row = read_table(tmp_path / "new").iloc[0]
     np.testing.assert_array_equal(row["real_loss"], real)
@@ -82,13 +88,10 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
     assert row["seconds_finetune"] == 123.0 and row["real_source"] == "reused"
     for eps in (0.1, 0.4):
         assert row[f"real_T{eps:g}"] == ntk_tt.training_time(real, eps)
-    data = load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
-    loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
-        data.apply_fn(data.params, data.x), data.y).mean())
     assert row["pred_loss"][0] == pytest.approx(loss0, rel=1e-5)
     assert row["pred_loss"][-1] < loss0
-    opt = SPEC.optimizer(cfg, 1.0, 30)
-    old = reuse[row_id(task, cfg)]
+    opt = SPEC.optimizer(cfg, 1.0, TASK.num_train)
+    old = reuse[row_id(TASK, cfg)]
     assert _reused(old, opt, SPEC) is not None
     for change in ({"steps": 9}, {"peak_learning_rate": 2e-3}, {"weight_decay": 0.01}):
         assert _reused(old | change, opt, SPEC) is None

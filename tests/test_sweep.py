@@ -288,15 +288,19 @@ def _sweep(out, *extra):
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The smoke preset (one task, its GD and B = 10 groups) killed with SIGKILL once its
+    first group's rows are written, then resumed: the second process finishes the task."""
     out = tmp_path_factory.mktemp("sweep")
     rows = out / "rows"
     # the resumed process reuses the killed one's compiled executables (JAX's persistent
     # compilation cache): the test checks resumption, not compilation, twice
-    # and at XLA's default optimisation level: the smoke sweep's programs run long enough
-    # that conftest's unoptimised code generation costs more than it saves (526 s vs 160 s)
+    # and at XLA's optimisation level 1, not conftest's 0: the kernels' per-sample Jacobians
+    # run so slowly unoptimised that level 0 costs more than it saves (killed + resumed run,
+    # user CPU: level 0 387 s, the default level 86–95 s, level 1 77 s)
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_backend_optimization_level")]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=" ".join(flags),
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               XLA_FLAGS=" ".join(["--xla_backend_optimization_level=1", *flags]),
                JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
@@ -305,15 +309,16 @@ def smoke(tmp_path_factory):
     # JAX_LOG_COMPILES) would block the sweep before its first row and the loop forever
     log = out.parent / f"{out.name}-killed.stderr"
     with log.open("wb") as err:
-        proc = subprocess.Popen(_sweep(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err)
+        proc = subprocess.Popen(_sweep(out), cwd=out.parent, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
         while proc.poll() is None and not _finished_rows(rows):
             time.sleep(0.2)
     assert proc.poll() is None, log.read_text()[-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed_with = len(_finished_rows(rows))
-    done = subprocess.run(_sweep(out), cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(_sweep(out), cwd=out.parent, env=env, capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"smoke sweep, killed and resumed: {time.perf_counter() - t0:.1f} s")
     return out, killed_with, done.stdout
@@ -366,10 +371,10 @@ def test_sequential_and_vmapped_fine_tunes_agree():
     from ntk_tt.sweep import _run
     from ntk_tt.sweep._grid import Task
 
-    task = Task("flowers5", 6, 0)
-    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
+    task = Task("flowers5", 2, 0)
+    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(2,), seeds=(0,)))
     lrs, moms = np.array([1e-3, 5e-3, 50.0], np.float32), np.array([0.0, 0.9, 0.0], np.float32)
-    for b in (10,):  # minibatches: the full batch is the same code with one index set
+    for b in (5,):  # minibatches: the full batch is the same code with one index set
         kw = dict(steps=8, batch_size=b)
         v = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=True, **kw)
         s = _run._finetune_group(data, _run._task_key(task), lrs, moms, vmapped=False, **kw)
@@ -384,9 +389,9 @@ def test_reused_real_runs_keep_their_curves_and_are_timed_on_this_machine():
     from ntk_tt.sweep import _run
     from ntk_tt.sweep._grid import Task
 
-    task = Task("flowers5", 6, 0)
-    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(6,), seeds=(0,)))
-    key, steps, b = _run._task_key(task), 6, 10
+    task = Task("flowers5", 2, 0)
+    data = _run.load_task(task, SweepSpec(datasets=("flowers5",), per_class=(2,), seeds=(0,)))
+    key, steps, b = _run._task_key(task), 6, 5
     cfgs = [Config(b, 0.0, "eta", 1e-3), Config(b, 0.9, "eta", 5e-3)]
     lrs, moms = np.array([1e-3, 5e-3], np.float32), np.array([0.0, 0.9], np.float32)
     fresh = _run._real_runs(data, task, key, cfgs, lrs, moms, b, steps, None)
@@ -432,7 +437,7 @@ def test_npz_paths_of_the_same_name_give_safe_distinct_ids(tmp_path):
     assert [t.dataset for t in tasks] == [first, second]
     ids = [t.id for t in tasks]
     assert len(set(ids)) == 2
-    assert all(i.startswith("my_set-") and i.endswith("-k5-n10-s0") for i in ids)
+    assert all(i.startswith("my_set-") and i.endswith("-k5-n4-s0") for i in ids)
     table = ResultsTable(tmp_path / "out")  # was: "row id ... must not contain '/'"
     for task in tasks:
         table.write_row({"row_id": row_id(task, spec.configs()[0]), "value": 1.0})
@@ -448,7 +453,7 @@ def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monke
         ([good, str(tmp_path / "missing.npz")], "dataset file not found"),
         ([str(tmp_path / "broken.npz")], "broken.npz"),
         ([good, str(tmp_path / "." / "my_set.npz")], "are the same dataset"),
-        ([_tiny_npz(tmp_path / "three.npz", classes=3)], "has 3 classes with at least 10"),
+        ([_tiny_npz(tmp_path / "three.npz", classes=3)], "has 3 classes with at least 4"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             module.main(["--out", str(tmp_path / "out"), "--smoke", "--datasets", *datasets])

@@ -2,6 +2,7 @@
 the run, JSON round trip, truncation to the first k updates."""
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -47,18 +48,22 @@ class Net(nnx.Module):
         return self.head(jax.nn.relu(self.body(x)))
 
 
+@functools.cache
 def _problem():
+    """The model's telemetry features, (apply_fn, params) and data (float64: call it with x64
+    on). Built once, so every run shares one ``apply_fn`` and ``features`` and reuses the
+    compiled programs of earlier runs of the same shapes and settings."""
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (N + 6, D), F64)
     y = jax.random.randint(ky, (N + 6,), 0, C)
     model = Net(rngs=nnx.Rngs(1))
     apply_fn, params = ntk_tt.from_nnx(model)
-    return model, apply_fn, params, x[:N], y[:N], x[N:], y[N:]
+    return ntk_tt.model_features(model), apply_fn, params, x[:N], y[:N], x[N:], y[N:]
 
 
 def _run(telemetry, *, lr=0.5, momentum=0.0, batch_size=8, steps=T, test=True):
-    model, apply_fn, params, x, y, xt, yt = _problem()
-    spec = (TelemetrySpec(features=ntk_tt.model_features(model), **telemetry)
+    features, apply_fn, params, x, y, xt, yt = _problem()
+    spec = (TelemetrySpec(features=features, **telemetry)
             if isinstance(telemetry, dict) else telemetry)
     run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr, momentum=momentum,
                           steps=steps, batch_size=batch_size, key=jax.random.key(2),
@@ -110,7 +115,9 @@ def test_values_match_brute_force(x64, batch_size, snr_samples, momentum):
     s = min(batch_size, snr_samples)
     assert tele.snr_samples == s
 
-    def ce(p, i):
+    @jax.jit  # compiled once per batch shape (op by op it dominated the test's time)
+    @jax.grad
+    def grad_ce(p, i):
         logits = apply_fn(p, x[i])
         return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(i)), y[i]])
 
@@ -136,9 +143,9 @@ def test_values_match_brute_force(x64, batch_size, snr_samples, momentum):
         if t == T:
             break
         idx = batches[t]
-        g = jax.grad(ce)(p, idx)
+        g = grad_ce(p, idx)
         ref["grad_norm"].append(np.linalg.norm(ravel_pytree(g)[0]))
-        per = np.stack([ravel_pytree(jax.grad(ce)(p, idx[j:j + 1]))[0] for j in range(s)])
+        per = np.stack([ravel_pytree(grad_ce(p, idx[j:j + 1]))[0] for j in range(s)])
         mean = per.mean(0)
         ref["grad_snr"].append(mean @ mean / np.mean(np.sum((per - mean) ** 2, 1)))
         if batch_size <= snr_samples:  # the SNR's mean gradient is the minibatch gradient
@@ -256,7 +263,7 @@ def test_truncate_keeps_nothing_past_k(default_run):
 
 
 def test_validation(x64):
-    model, apply_fn, params, x, y, _, _ = _problem()
+    _, apply_fn, params, x, y, _, _ = _problem()
     with pytest.raises(ValueError, match="telemetry must be"):
         ntk_tt.finetune(apply_fn, params, x, y, learning_rate=0.1, steps=2, telemetry="yes")
     with pytest.raises(ValueError, match="snr_samples"):
