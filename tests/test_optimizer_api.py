@@ -250,7 +250,7 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
                             (ak, _sgdw(0.3), "is an Adam kernel.*pass its .hk for SGD")):
         with pytest.raises(ValueError, match=match):
             ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=bad, **kw)
-    with pytest.raises(ValueError, match="for the head-aware predictor"):
+    with pytest.raises(ValueError, match="used only by the head-aware predictor.*drop head_kernel"):
         ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, steps=20, head_kernel=hk)
 
 
