@@ -126,8 +126,10 @@ def test_frozen_kernel_far_beyond_the_edge_has_no_negative_zeros(data60):
     ref = ntk_tt.predict_from_kernel(ntk_tt.empirical_ntk(apply_fn, params, x),
                                      apply_fn(params, x), y, optimizer=opt, steps=100)
     np.testing.assert_allclose(pred.loss, ref.loss, rtol=1e-5, atol=1e-6)
-    assert ref.loss[-1] == 0.0 and not np.signbit(ref.loss).any()  # −0.0 before the fix
-    assert pred.loss[-1] == 0.0 and np.all(pred.loss >= 0)
+    # the margins do grow so far that the loss rounds to 0 (at which step depends on the
+    # kernel's last bits, e.g. the BLAS thread count)
+    assert (ref.loss == 0.0).any() and not np.signbit(ref.loss).any()  # −0.0 before the fix
+    assert (pred.loss == 0.0).any() and np.all(pred.loss >= 0)
     assert not np.signbit(pred.loss).any() and not np.signbit(pred.error).any()
     assert pred.divergence == "yes" and "≥ 68" in pred.divergence_reason
 
