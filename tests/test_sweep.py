@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +81,29 @@ def test_table_writes_rows_atomically_and_refuses_duplicates(tmp_path):
     assert list(frame["row_id"]) == ["a", "b"]
     assert np.isnan(frame["value"].iloc[1])
     assert list(frame["curve"].iloc[0]) == [0.0, 1.0, 2.0]
+
+
+def test_a_table_of_only_results_parquet_resumes_without_losing_its_rows(tmp_path):
+    """A committed results directory keeps ``results.parquet`` but not ``rows/``: resuming
+    there skips its rows and consolidating new rows keeps them (they were dropped: a resumed
+    copy of a 12-row table ended with only its 12 new rows)."""
+    first = ResultsTable(tmp_path / "run")
+    first.write_row({"row_id": "a", "value": 1.0, "curve": np.arange(3.0)})
+    first.write_row({"row_id": "b", "value": float("nan"), "curve": [1.0, 2.0]})
+    first.consolidate()
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    shutil.copy(tmp_path / "run" / "results.parquet", committed)
+    table = ResultsTable(committed)
+    assert table.done_ids() == {"a", "b"}
+    table.write_row({"row_id": "c", "value": 3.0, "curve": [4.0]})
+    table.consolidate()
+    frame = read_table(committed)
+    assert list(frame["row_id"]) == ["a", "b", "c"]
+    assert frame["value"].iloc[0] == 1.0 and np.isnan(frame["value"].iloc[1])
+    assert [list(c) for c in frame["curve"]] == [[0.0, 1.0, 2.0], [1.0, 2.0], [4.0]]
+    table.consolidate()  # again: the same table, no row twice
+    pd.testing.assert_frame_equal(read_table(committed), frame)
 
 
 # --- summary rules ----------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Each finished row is one small JSON file ``rows/<row id>.json``, written to a te
 fsync-ed and renamed atomically, so a sweep killed at any instant (SIGKILL included) leaves only
 whole rows; a resumed sweep skips the ids already present and can never duplicate one.
 :meth:`ResultsTable.consolidate` gathers the rows into ``results.parquet``, the single table
-that the figures and the summary read.
+that the figures and the summary read. A directory that holds only ``results.parquet`` (a
+committed table, whose ``rows/`` were not kept) resumes too: its rows count as done and
+stay in the table when new rows are consolidated beside them.
 """
 
 from __future__ import annotations
@@ -68,9 +70,16 @@ class ResultsTable:
             raise ValueError(f"row id {rid!r} must not contain '/' or start with '.'.")
         return self.rows_dir / f"{rid}.json"
 
+    def _consolidated(self, columns=None) -> pd.DataFrame | None:
+        path = self.out / TABLE_NAME
+        return pd.read_parquet(path, columns=columns) if path.exists() else None
+
     def done_ids(self) -> set[str]:
-        """Ids of the rows already written (temporary files of a killed write are ignored)."""
-        return {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
+        """Ids of the rows already written to ``rows/`` or in ``results.parquet``
+        (temporary files of a killed write are ignored)."""
+        ids = {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
+        table = self._consolidated(columns=["row_id"])
+        return ids if table is None else ids | set(table["row_id"])
 
     def write_row(self, row: dict) -> None:
         """Write one finished row atomically; ``row["row_id"]`` is its key.
@@ -94,8 +103,13 @@ class ResultsTable:
         return frame.sort_values("row_id").reset_index(drop=True) if len(frame) else frame
 
     def consolidate(self) -> pathlib.Path:
-        """Gather the rows into ``results.parquet`` (atomic) and return its path."""
-        frame = self.load_rows()
+        """Gather the rows into ``results.parquet`` (atomic) and return its path. Rows already
+        there and absent from ``rows/`` are kept (a row in both: the ``rows/`` one)."""
+        frame, old = self.load_rows(), self._consolidated()
+        if old is not None and len(old):
+            kept = old if not len(frame) else old[~old["row_id"].isin(frame["row_id"])]
+            frame = pd.concat([kept, frame], ignore_index=True) if len(frame) else kept
+            frame = frame.sort_values("row_id").reset_index(drop=True)
         path = self.out / TABLE_NAME
         tmp = self.out / f".tmp-{TABLE_NAME}"
         frame.to_parquet(tmp, index=False)
