@@ -18,7 +18,7 @@ import ntk_tt
 from ntk_tt._cli_parser import DEFAULT_FIGURE
 from ntk_tt._cli_report import format_report
 from ntk_tt.cli import main
-from ntk_tt.prediction._job import INTERRUPTED, RUNNING
+from ntk_tt.prediction._report_file import INTERRUPTED, RUNNING
 
 ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs run
 STALE = b"an earlier run's default figure"
@@ -477,13 +477,46 @@ def test_overwrite_names_the_outputs_it_may_replace(tmp_path):
 
 
 def test_output_created_meanwhile_is_not_replaced(tmp_path):
-    from ntk_tt.prediction._job import _output, _write_json
+    from ntk_tt.prediction._report_file import _output, _write_json
 
     path = tmp_path / "r.json"
     path.write_text("the other run")
     with pytest.raises(ValueError, match="was created by another run while this one worked"):
         _output(_write_json, path, {"a": 1}, create=True)
     assert path.read_text() == "the other run"
+
+
+@pytest.mark.parametrize("when", ["before the link", "after the link"])
+def test_an_interrupt_inside_the_json_claim_leaves_no_file(when, tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM (a KeyboardInterrupt) while ``predict_task`` claims its --json report:
+    no report and no temporary file are left (a fresh user's SIGTERM under load left an
+    empty report, which the rerun then refused as an earlier run's output); a report another
+    run holds is never removed."""
+    from ntk_tt.prediction import _job, _report_file
+
+    real_link = os.link
+
+    def link(src, dst):
+        if when == "after the link":
+            real_link(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_report_file.os, "link", link)
+    monkeypatch.setattr(_job, "_work", lambda *a: pytest.fail("work started"))
+    js = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        _job.predict_task(json_path=js, progress=False)
+    assert not js.exists() and not list(tmp_path.glob(".r.json.*"))
+    other = {"status": _report_file.STARTED, "config": "the other run's"}
+
+    def another_run_first(src, dst):  # another run claims the path after the up-front check
+        Path(dst).write_text(json.dumps(other))
+        real_link(src, dst)
+
+    monkeypatch.setattr(_report_file.os, "link", another_run_first)
+    with pytest.raises(ValueError, match="was created by another run"):
+        _job.predict_task(json_path=js, progress=False)
+    assert json.loads(js.read_text()) == other and not list(tmp_path.glob(".r.json.*"))
 
 
 def test_every_predict_option_has_help_and_its_default_shown(capsys):
@@ -615,6 +648,7 @@ def test_a_signal_before_a_result_is_one_line_and_leaves_no_report(sig, moment, 
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig and (out, err) == ("", f"{STOPPED[sig]}\n"), err
     assert not js.exists() and (tmp_path / DEFAULT_FIGURE).read_bytes() == STALE
+    assert not list(tmp_path.glob(".r.json.*"))  # nor its temporary file
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -324,7 +324,8 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
         checkpoint's weights are read (:func:`ntk_tt._options.check_suggest_job`).
     """
     from ntk_tt._options_suggest import split_optimizer_options
-    from ntk_tt.prediction._job import _output, _plain, _write_json, load_task
+    from ntk_tt.prediction._job import _plain, load_task
+    from ntk_tt.prediction._report_file import _output, _write_json
     from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
     opt_o, options = split_optimizer_options(options)

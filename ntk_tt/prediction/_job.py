@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -30,6 +29,16 @@ from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
 from ntk_tt.prediction._job_optimizer import job_optimizer
 from ntk_tt.prediction._predict import predict
+from ntk_tt.prediction._report_file import (
+    COMPLETE,
+    INTERRUPTED,
+    RUNNING,
+    STARTED,
+    _claimed,
+    _output,
+    _write_json,
+    settle,
+)
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
@@ -164,42 +173,6 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
     return path
 
 
-# the ``status`` of a --json report: STARTED from the start of the work (the file claimed, no
-# result yet), RUNNING once a --verify prediction exists, then COMPLETE, INTERRUPTED or
-# "failed after the prediction (...)"
-STARTED = "started: loading the task and predicting"
-RUNNING = "prediction done; real fine-tuning running"
-INTERRUPTED = "interrupted during the real fine-tuning"
-COMPLETE = "complete"
-
-
-def settle(path: Path, status: str = INTERRUPTED) -> bool:
-    """When a job ends early (Ctrl-C, SIGTERM, an error): remove a --json report at ``path``
-    that holds no result yet (:data:`STARTED`), and give one that says the fine-tuning is
-    running (:data:`RUNNING`) ``status`` instead, so no report says "running" for a dead
-    process. Returns whether ``path`` then holds a prediction with that ``status``."""
-    try:
-        report = json.loads(path.read_text())
-        if report["status"] == STARTED:
-            path.unlink()
-        elif report["status"] == RUNNING:
-            report["status"] = status
-            _write_json(path, report, create=False)
-        return report["status"] == status
-    except (OSError, ValueError, TypeError, KeyError):  # no report, or not a job's
-        return False
-
-
-def _write_json(path: Path, report: dict, *, create: bool) -> None:
-    """Write the report atomically (a reader or an interrupt never sees half a file);
-    ``create``: the file must not exist yet (``FileExistsError``: another run's output)."""
-    if create:
-        open(path, "x").close()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, path)
-
-
 def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
     report = _plain({"config": o | {"verify": verify}, "task": info, "status": status,
                      **body})
@@ -275,10 +248,12 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     replace = replaceable(overwrite)
     json_file = Path(json_path).expanduser() if json_path else None
     claimed = json_file if json_file and "json" not in replace else None
-    if claimed:
-        _output(_write_json, claimed, {"config": o | {"verify": verify}, "status": STARTED},
-                create=True)
+    claim: dict = {}
     try:
+        if claimed:  # inside the try: an interrupt right after the claim still settles it
+            _output(_write_json, claimed, {"config": o | {"verify": verify},
+                                           "status": STARTED}, create=True, claim=claim)
+            claim["done"] = True
         report, pred, run, info = _work(o, verify, json_file, progress)
         report["figure"] = str(_output(
             _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
@@ -288,7 +263,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         if json_file:
             _output(_write_json, json_file, report, create=False)
     except BaseException as err:
-        if json_file:
+        # never another run's file: a claim that failed (it exists) is not this run's
+        if json_file and (not claimed or claim.get("done") or _claimed(claimed, claim)):
             settle(json_file, INTERRUPTED if isinstance(err, KeyboardInterrupt) else
                    f"failed after the prediction ({type(err).__name__}: {err})")
         raise
@@ -382,18 +358,3 @@ def _keep_figure(path: Path, replace: bool, pred, run, title: str) -> Path:
         except FileExistsError:
             k += 1
             target = path.with_name(f"{path.stem}.{k}{path.suffix}")
-
-
-def _output(write, path: Path, *args, **kwargs):
-    """Run ``write(path, ...)`` and return its result; an output that appeared meanwhile or
-    cannot be written is a one-line ``ValueError`` (checked up front; this catches another
-    run writing the same file during the work, and a folder removed or filled)."""
-    try:
-        return write(path, *args, **kwargs)
-    except FileExistsError:
-        raise ValueError(f"{path} was created by another run while this one worked; it is not "
-                         "replaced: rerun with another path, or with --overwrite "
-                         "(overwrite=True).") from None
-    except OSError as err:
-        raise ValueError(f"could not write {err.filename or path!s}: "
-                         f"{err.strerror or type(err).__name__}.") from None

@@ -1,0 +1,83 @@
+"""The ``--json`` report file of the main job and ``suggest``: claimed whole and exclusively,
+replaced atomically, settled when a job ends early (never another run's file)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# the ``status`` of a --json report: STARTED from the start of the work (the file claimed, no
+# result yet), RUNNING once a --verify prediction exists, then COMPLETE, INTERRUPTED or
+# "failed after the prediction (...)"
+STARTED = "started: loading the task and predicting"
+RUNNING = "prediction done; real fine-tuning running"
+INTERRUPTED = "interrupted during the real fine-tuning"
+COMPLETE = "complete"
+
+
+def settle(path: Path, status: str = INTERRUPTED) -> bool:
+    """When a job ends early (Ctrl-C, SIGTERM, an error): remove a --json report at ``path``
+    that holds no result yet (:data:`STARTED`), and give one that says the fine-tuning is
+    running (:data:`RUNNING`) ``status`` instead, so no report says "running" for a dead
+    process; this process's temporary file of ``path`` is removed too (a watcher thread's
+    exit skips the writer's own clean-up). Returns whether ``path`` then holds a prediction
+    with that ``status``."""
+    _tmp(path).unlink(missing_ok=True)
+    try:
+        report = json.loads(path.read_text())
+        if report["status"] == STARTED:
+            path.unlink()
+        elif report["status"] == RUNNING:
+            report["status"] = status
+            _write_json(path, report, create=False)
+        return report["status"] == status
+    except (OSError, ValueError, TypeError, KeyError):  # no report, or not a job's
+        return False
+
+
+def _write_json(path: Path, report: dict, *, create: bool, claim: dict | None = None) -> None:
+    """Write the report atomically (a reader or an interrupt never sees half a file, and an
+    interrupt leaves no temporary file); ``create``: the file must not exist yet
+    (``FileExistsError``: another run's output), and it appears whole, by a hard link of the
+    written temporary file (exclusive and atomic), whose inode ``claim["inode"]`` records
+    first so that :func:`_claimed` can tell this run's file from another's."""
+    tmp = _tmp(path)
+    try:
+        tmp.write_text(json.dumps(report, indent=1))
+        if create:
+            if claim is not None:
+                claim["inode"] = tmp.stat().st_ino
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _claimed(path: Path, claim: dict) -> bool:
+    """Whether ``path`` is the file this run's ``_write_json(create=True, claim=claim)``
+    created (also when an interrupt came between the link and the return)."""
+    try:
+        return "inode" in claim and path.stat().st_ino == claim["inode"]
+    except OSError:
+        return False
+
+
+def _output(write, path: Path, *args, **kwargs):
+    """Run ``write(path, ...)`` and return its result; an output that appeared meanwhile or
+    cannot be written is a one-line ``ValueError`` (checked up front; this catches another
+    run writing the same file during the work, and a folder removed or filled)."""
+    try:
+        return write(path, *args, **kwargs)
+    except FileExistsError:
+        raise ValueError(f"{path} was created by another run while this one worked; it is not "
+                         "replaced: rerun with another path, or with --overwrite "
+                         "(overwrite=True).") from None
+    except OSError as err:
+        raise ValueError(f"could not write {err.filename or path!s}: "
+                         f"{err.strerror or type(err).__name__}.") from None
