@@ -486,6 +486,24 @@ def test_output_created_meanwhile_is_not_replaced(tmp_path):
     assert path.read_text() == "the other run"
 
 
+def test_json_claim_without_hard_links_still_writes_the_whole_report(tmp_path, monkeypatch):
+    """A file system without hard links (os.link: PermissionError): the claim falls back to
+    an empty exclusive file replaced by the whole report; another run's file still wins."""
+    from ntk_tt.prediction import _report_file
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr(_report_file.os, "link", no_links)
+    path, claim = tmp_path / "r.json", {}
+    _report_file._write_json(path, {"a": 1}, create=True, claim=claim)
+    assert json.loads(path.read_text()) == {"a": 1} and claim == {}
+    assert not list(tmp_path.glob(".r.json.*"))
+    with pytest.raises(ValueError, match="was created by another run"):
+        _report_file._output(_report_file._write_json, path, {"b": 2}, create=True)
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
 @pytest.mark.parametrize("when", ["before the link", "after the link"])
 def test_an_interrupt_inside_the_json_claim_leaves_no_file(when, tmp_path, monkeypatch):
     """Ctrl-C / SIGTERM (a KeyboardInterrupt) while ``predict_task`` claims its --json report:

@@ -41,14 +41,23 @@ def _write_json(path: Path, report: dict, *, create: bool, claim: dict | None = 
     interrupt leaves no temporary file); ``create``: the file must not exist yet
     (``FileExistsError``: another run's output), and it appears whole, by a hard link of the
     written temporary file (exclusive and atomic), whose inode ``claim["inode"]`` records
-    first so that :func:`_claimed` can tell this run's file from another's."""
+    first so that :func:`_claimed` can tell this run's file from another's (where the file
+    system has no hard links: created empty, then replaced, as before)."""
     tmp = _tmp(path)
     try:
         tmp.write_text(json.dumps(report, indent=1))
         if create:
             if claim is not None:
                 claim["inode"] = tmp.stat().st_ino
-            os.link(tmp, path)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:  # a file system without hard links: empty first, then whole
+                if claim is not None:
+                    claim.pop("inode", None)
+                open(path, "x").close()
+                os.replace(tmp, path)
         else:
             os.replace(tmp, path)
     finally:
