@@ -86,6 +86,19 @@ def test_check_model_rejects_outputs_not_n_by_c(out_fn, match):
     assert check_model(apply_fn, params, x) == (5, 3)
 
 
+def test_a_non_callable_apply_fn_is_named_as_such():
+    """predict(3, params, ...) blamed x's shape and params (JAX's "Expected a callable");
+    now the message says apply_fn is not a function, before anything is traced."""
+    model, x = _bn_model()
+    _, params = ntk_tt.from_nnx(model)
+    for bad in (3, params, "apply"):
+        with pytest.raises(ValueError, match=r"apply_fn must be a function .* got "
+                                             f"{type(bad).__name__};"):
+            check_model(bad, params, x)
+    with pytest.raises(ValueError, match="apply_fn must be a function"):
+        ntk_tt.predict(3, params, x, jnp.zeros(5, int), learning_rate=0.1, steps=5)
+
+
 def test_check_model_rejects_bad_x():
     model, x = _bn_model()
     apply_fn, params = ntk_tt.from_nnx(model)

@@ -80,13 +80,18 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
       ``(N, C)``.
 
     Raises:
-      ValueError: ``x`` not an array of numbers (nested lists of numbers are accepted), of
-        rank < 2 or empty; non-finite entries in ``x`` or ``params``; a ``params`` leaf that
-        is not a float array (integer, boolean or complex); ``params`` with no parameters;
+      ValueError: ``apply_fn`` not callable; ``x`` not an array of numbers (nested lists
+        of numbers are accepted), of rank < 2 or empty; non-finite entries in ``x`` or
+        ``params``; a ``params`` leaf that is not a float array (integer, boolean or
+        complex); ``params`` with no parameters;
         ``apply_fn`` failing on inputs of ``x``'s shape (e.g. a wrong feature size) or on
         ``params`` (a pytree not the one ``apply_fn`` was built with: the message names
         both), its output not of shape (N, C), or samples of one batch not independent.
     """
+    if not callable(apply_fn):
+        raise ValueError(f"apply_fn must be a function apply_fn(params, x) -> logits, got "
+                         f"{type(apply_fn).__name__}; ntk_tt.from_nnx(model) returns "
+                         "(apply_fn, params).")
     x = as_array(x, name)
     if np.ndim(x) < 2:
         raise ValueError(
