@@ -353,3 +353,40 @@ def test_outcomes_of_real_runs_and_the_calls_of_their_predictions(ce_mlp):
         report = ntk_tt.compare(ha, run)
         assert report["real"]["outcome"] == report["predicted"]["outcome"] == real_name
     assert not frozen.diverged and frozen.divergence == "yes"
+
+
+def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
+    """Under jit(vmap) η and m are traced, so the eager refusal cannot run: a fresh user's
+    sweep over η ∈ {…, −1, NaN} read "diverged" for both. Those entries are now NaN with
+    code INVALID and outcome "unknown"; the valid ones equal their eager calls (frozen kernel
+    and head-aware), and the eager calls still refuse the invalid values."""
+    from ntk_tt.dynamics._training_time import INVALID, REASONS
+
+    model, apply_fn, params, x, y, _ = ce_mlp
+    kernel, f0 = ntk_tt.empirical_ntk(apply_fn, params, x), apply_fn(params, x)
+    hk = ntk_tt.head_aware_kernel(ntk_tt.split_head(model), x)
+    lrs = jnp.array([0.5, 1e3, -1.0, jnp.nan, jnp.inf, 0.0])
+    ms = jnp.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.5])
+    bad = np.array([False, False, True, True, True, True])
+    runs = {"frozen": lambda lr, m: ntk_tt.predict_from_kernel(
+                kernel, f0, y, learning_rate=lr, momentum=m, steps=30),
+            "head-aware": lambda lr, m: ntk_tt.predict_head_aware(
+                hk, y, learning_rate=lr, momentum=m, steps=30)}
+    for name, run in runs.items():
+        swept = jax.jit(jax.vmap(run))(lrs, ms)
+        assert not np.asarray(swept.diverged)[bad].any(), name
+        assert np.isnan(np.asarray(swept.loss)[bad]).all(), name
+        assert (np.asarray(swept.training_time_code)[bad] == INVALID).all(), name
+        assert (np.asarray(swept.outcome)[bad] == 3).all(), name  # "unknown"
+        for i in np.flatnonzero(~bad):  # η = 1e3 is chaotic: its curve's last bits differ
+            eager = run(float(lrs[i]), float(ms[i]))
+            if i == 0:
+                np.testing.assert_allclose(swept.loss[i], eager.loss, rtol=1e-5, atol=1e-6)
+            assert bool(swept.diverged[i]) == bool(eager.diverged)
+            assert int(swept.outcome[i]) == int(eager.outcome)
+        with pytest.raises(ValueError, match="learning_rate must be finite and > 0"):
+            run(-1.0, 0.0)
+    assert "jit / vmap" in REASONS[INVALID]
+    ms_bad = jnp.array([0.0, 1.0])  # m = 1 is outside [0, 1) too
+    swept = jax.jit(jax.vmap(runs["frozen"]))(jnp.array([0.5, 0.5]), ms_bad)
+    assert np.isnan(np.asarray(swept.loss)[1]).all() and np.isfinite(swept.loss[0]).all()

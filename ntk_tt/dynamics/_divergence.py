@@ -197,3 +197,10 @@ def paths_outcome(paths: jax.Array, mean: jax.Array) -> Outcome:
     own = outcome(mean, jnp.zeros((), bool), jnp.asarray(-1))
     return Outcome(jnp.where(jnp.any(bad), DIVERGES, own.outcome).astype(jnp.int32),
                    jnp.where(jnp.any(bad), first, own.spike_step).astype(jnp.int32))
+
+
+def earliest(steps: jax.Array) -> jax.Array:
+    """Smallest non-negative entry of ``steps`` (P,), −1 if all are −1 (int32)."""
+    big = jnp.iinfo(jnp.int32).max
+    low = jnp.min(jnp.where(steps >= 0, steps, big))
+    return jnp.where(low == big, -1, low).astype(jnp.int32)

@@ -39,6 +39,7 @@ from ntk_tt.dynamics._divergence import (
     call,
     cannot_diverge,
     divergence,
+    earliest,
     first_nonfinite,
     hold_from,
     paths_outcome,
@@ -57,6 +58,7 @@ from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
     DIVERGED,
+    INVALID,
     curve_window,
     training_time_array,
 )
@@ -94,6 +96,8 @@ class KernelPrediction(NamedTuple):
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``.
+    Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, or m ∉ [0, 1) cannot be refused: that
+    prediction's curves, κ and T_ε are NaN, code ``INVALID``, not diverged, outcome "unknown".
     """
 
     loss: jax.Array
@@ -337,13 +341,6 @@ def _mean_band(paths, stochastic):
     return jnp.mean(paths, axis=0), band
 
 
-def _earliest(steps: jax.Array) -> jax.Array:
-    """Smallest non-negative entry of ``steps`` (P,), −1 if all are −1 (int32)."""
-    big = jnp.iinfo(jnp.int32).max
-    low = jnp.min(jnp.where(steps >= 0, steps, big))
-    return jnp.where(low == big, -1, low).astype(jnp.int32)
-
-
 def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
                frozen=False, continuous=False):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
@@ -381,13 +378,22 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
         blind = beyond & ~diverged
         t_eps = jnp.where(blind, jnp.nan, t_eps)
         codes = jnp.where(blind, BEYOND_EDGE, codes).astype(jnp.int32)
+    # traced η or m (jit / vmap) escape the eager checks: an invalid one is no divergence
+    # but a NaN prediction, code INVALID, outcome "unknown" (code 3)
+    bad = ~(jnp.isfinite(lr) & (lr > 0) & (m >= 0) & (m < 1))
+    nan, none = partial(_unless, bad, jnp.nan), partial(_unless, bad, -1)
     return KernelPrediction(
-        loss=loss_c, error=err_c, loss_band=loss_band, error_band=err_band,
-        loss_paths=loss_p, error_paths=err_p, test_loss=test_loss, test_error=test_err,
-        diverged=diverged, diverged_at=_earliest(div.diverged_at),
-        spiked_at=_earliest(div.spiked_at),
-        kappa=kappa, beyond_edge=beyond,
+        loss=nan(loss_c), error=nan(err_c), loss_band=nan(loss_band),
+        error_band=nan(err_band), loss_paths=nan(loss_p), error_paths=nan(err_p),
+        test_loss=nan(test_loss), test_error=nan(test_err),
+        diverged=diverged & ~bad, diverged_at=none(earliest(div.diverged_at)),
+        spiked_at=none(earliest(div.spiked_at)), kappa=nan(kappa), beyond_edge=beyond & ~bad,
         min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, size),
-        training_time=t_eps, training_time_code=codes, outcome=said.outcome,
-        spike_step=said.spike_step,
+        training_time=nan(t_eps), training_time_code=_unless(bad, INVALID, codes),
+        outcome=_unless(bad, 3, said.outcome), spike_step=none(said.spike_step),
     )
+
+
+def _unless(bad, value, a):
+    """``a`` (None, or an array whose dtype is kept) with ``value`` wherever ``bad``."""
+    return None if a is None else jnp.where(bad, value, a).astype(a.dtype)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ntk_tt._options import _describe, check_real
 
-OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE = 0, 1, 2, 3, 4, 5
+OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID = range(7)
 REASONS = {
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
@@ -34,6 +34,9 @@ REASONS = {
     BEYOND_EDGE: "beyond the stability edge: the linearised model cannot tell (cross-entropy on "
                  "a frozen kernel cannot blow up, so its curve says nothing of whether the real "
                  "run converges; use head=split_head(model) or a smaller learning rate)",
+    INVALID: "invalid hyperparameters under jit / vmap (learning rate not finite and > 0, or "
+             "momentum not in [0, 1)): traced values cannot be refused, so this prediction "
+             "is NaN; pass valid values",
 }
 
 
