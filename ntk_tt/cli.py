@@ -35,7 +35,7 @@ def _interrupted(run: dict) -> None:
     """Ctrl-C or SIGTERM: one line, exit status 128 + the signal number (130, 143), at once.
 
     A --json report the job left saying the fine-tuning is running is marked interrupted,
-    one that holds no result yet is removed (:func:`ntk_tt.prediction._job.settle`); the
+    one that holds no result yet is removed (:func:`ntk_tt.prediction._report_file.settle`); the
     line names a report that keeps the prediction. ``os._exit`` skips the interpreter's
     teardown, where JAX / orbax threads interrupted mid-work can crash (segmentation fault)
     or print tracebacks. Called by the main thread (``KeyboardInterrupt``, or the signal
