@@ -944,3 +944,18 @@ def test_an_unknown_flag_is_the_command_s_error_with_the_flag_meant(argv, usage,
     assert "{predict,suggest,outcome}" not in err
     assert err.splitlines()[-1] == (f"ntk-tt {command}: error: unrecognized arguments: "
                                     f"{' '.join(argv[-2:])} (did you mean {meant}?)")
+
+
+def test_settle_on_a_read_only_folder_is_no_second_error(tmp_path, monkeypatch):
+    """settle() removed this process's temporary file outside its try: on a folder turned
+    read-only mid-run the unlink's OSError came on top of the write's one-line error."""
+    from ntk_tt.prediction import _report_file
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"status": _report_file.STARTED}))
+
+    def read_only(self, missing_ok=False):
+        raise OSError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    assert _report_file.settle(path) is False

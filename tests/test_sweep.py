@@ -484,3 +484,18 @@ def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monke
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and len(err) == 1, err  # one line, no usage block
         assert message in err[0] and ": error: " in err[0]
+
+
+def test_a_table_consolidated_before_any_row_resumes_and_a_damaged_one_is_one_line(tmp_path):
+    """consolidate() with no rows writes a parquet without columns: resuming there read its
+    row_id column and raised pyarrow's ArrowInvalid; a damaged parquet is one ValueError."""
+    ResultsTable(tmp_path / "empty").consolidate()
+    table = ResultsTable(tmp_path / "empty")
+    assert table.done_ids() == set()
+    table.write_row({"row_id": "a", "value": 1.0})
+    table.consolidate()
+    assert list(read_table(tmp_path / "empty")["row_id"]) == ["a"]
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a readable results table"):
+        ResultsTable(tmp_path / "broken").done_ids()

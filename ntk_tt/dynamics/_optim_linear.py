@@ -96,11 +96,19 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
     η_t is not finite or < 0 (a user's callable schedule, or ``init``/``end`` < 0) or none is
     > 0, or when a warmup ends at or after the run's end (:func:`ntk_tt.dynamics._checks.
     check_warmup`): :func:`ntk_tt.predict`, :func:`ntk_tt.finetune` and the other callers
-    refuse such a schedule. Returns None, checking nothing, for ``steps`` that is not an int in
-    [1, MAX_STEPS] (the callers' own step check says what is wrong with it)."""
+    refuse such a schedule; a ValueError too for an optimizer with traced leaves (this check,
+    and the callers' peak, need concrete values). Returns None, checking nothing, for
+    ``steps`` that is not an int in [1, MAX_STEPS] (the callers' own step check says what is
+    wrong with it)."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not (
             1 <= steps <= MAX_STEPS):
         return None
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(optimizer)):
+        raise ValueError("an optimizer= with traced hyperparameters (inside jit / vmap / grad) "
+                         "cannot be checked or predicted by this function: sweep the "
+                         "constant-η keywords (learning_rate=, momentum=) under jit(vmap), or "
+                         "an optimizer's peak, momentum or warmup with "
+                         "ntk_tt.divergence_boundary(optimizer=...) / ntk_tt.sensitivities.")
     check_warmup(optimizer.learning_rate, int(steps))
     rates = np.asarray(optimizer.learning_rates(int(steps)), np.float64)
     bad = ~np.isfinite(rates) | (rates < 0)

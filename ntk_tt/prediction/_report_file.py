@@ -23,8 +23,8 @@ def settle(path: Path, status: str = INTERRUPTED) -> bool:
     process; this process's temporary file of ``path`` is removed too (a watcher thread's
     exit skips the writer's own clean-up). Returns whether ``path`` then holds a prediction
     with that ``status``."""
-    _tmp(path).unlink(missing_ok=True)
     try:
+        _tmp(path).unlink(missing_ok=True)
         report = json.loads(path.read_text())
         if report["status"] == STARTED:
             path.unlink()

@@ -70,22 +70,32 @@ class ResultsTable:
             raise ValueError(f"row id {rid!r} must not contain '/' or start with '.'.")
         return self.rows_dir / f"{rid}.json"
 
-    def _consolidated(self, columns=None) -> pd.DataFrame | None:
+    def _consolidated(self) -> pd.DataFrame | None:
+        """``results.parquet`` (None if absent; one written with no rows has no columns)."""
         path = self.out / TABLE_NAME
-        return pd.read_parquet(path, columns=columns) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"{path} is not a readable results table ({err}); restore it or "
+                             "remove it (rows/ is consolidated again).") from None
+        return frame if "row_id" in frame.columns else None
 
     def done_ids(self) -> set[str]:
         """Ids of the rows already written to ``rows/`` or in ``results.parquet``
         (temporary files of a killed write are ignored)."""
         ids = {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
-        table = self._consolidated(columns=["row_id"])
+        table = self._consolidated()
         return ids if table is None else ids | set(table["row_id"])
 
     def write_row(self, row: dict) -> None:
         """Write one finished row atomically; ``row["row_id"]`` is its key.
 
         Raises:
-          ValueError: if the row has no ``row_id`` or that id is already in the table.
+          ValueError: if the row has no ``row_id`` or that id is already in ``rows/`` (an id
+            only in ``results.parquet`` is accepted: the ``rows/`` copy wins at
+            :meth:`consolidate`; callers skip :meth:`done_ids`).
         """
         rid = row.get("row_id")
         if not rid:
