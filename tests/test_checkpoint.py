@@ -204,3 +204,34 @@ def test_save_checkpoint_names_the_architecture_problem(model_kind, meta, expect
         ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
     assert str(err.value) == expected
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_checkpoint_saved_on_other_devices_loads_on_this_one(tmp_path):
+    """The stored sharding names the saving machine's devices; a GPU loading a checkpoint
+    written on a CPU failed with orbax's 'Topology mismatch' (seen on an H200). Here the
+    checkpoint is written by a process with two CPU devices, its arrays on the second one
+    (absent in this one-device process), and must load with the same weights."""
+    code = (
+        "import sys, jax, ntk_tt\n"
+        "from flax import nnx\n"
+        "from ntk_tt.models import SmallResNet\n"
+        "m = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))\n"
+        "graphdef, state = nnx.split(m)\n"
+        "state = jax.device_put(state, jax.devices()[1])\n"
+        "m = nnx.merge(graphdef, state)\n"
+        "assert all(a.devices() == {jax.devices()[1]} for a in jax.tree.leaves(nnx.state(m)))\n"
+        f"ntk_tt.save_checkpoint(sys.argv[1], m, {META!r})\n"
+        "import numpy as np\n"
+        "np.savez(sys.argv[2], *map(np.asarray, jax.tree.leaves(nnx.state(m))))\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", code, tmp_path / "ck", tmp_path / "w.npz"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(jax.devices()) == 1
+    back, _ = ntk_tt.load_checkpoint(tmp_path / "ck")
+    saved = np.load(tmp_path / "w.npz")
+    saved = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    for a, b in zip(saved, leaves(back), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+        assert b.devices() == {jax.devices()[0]}

@@ -245,7 +245,12 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
                          f"cannot be built from kwargs {meta.get('kwargs', {})} "
                          f"({_reason(err)}); {_FIX}.") from None
     graphdef, state = nnx.split(abstract)
-    target = nnx.to_pure_dict(state)
+    # Each array on the default device: the stored sharding names the saving machine's devices
+    # (a CPU's), which orbax cannot map onto another platform's ("Topology mismatch").
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                            sharding=device),
+                          nnx.to_pure_dict(state))
     try:
         with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
             stored = ckptr.metadata(path / "state").item_metadata
