@@ -147,6 +147,7 @@ def _make(rule, learning_rate, momentum, b2, eps, weight_decay, decoupled, neste
     b2 = _in_range(b2, "b2", 0.0, 1.0)
     eps = _in_range(eps, "eps", 0.0, np.inf, closed_low=False)
     weight_decay = _in_range(weight_decay, "weight_decay", 0.0, np.inf)
-    return Optimizer(rule, _schedule(learning_rate, "learning_rate"), jnp.asarray(momentum_leaf),
-                     jnp.asarray(b2), jnp.asarray(eps), jnp.asarray(weight_decay),
+    with jax.ensure_compile_time_eval():  # constants stay concrete inside jit (tracers pass)
+        leaves = [jnp.asarray(v) for v in (momentum_leaf, b2, eps, weight_decay)]
+    return Optimizer(rule, _schedule(learning_rate, "learning_rate"), *leaves,
                      bool(decoupled), bool(nesterov), _batch(batch_size))

@@ -29,9 +29,10 @@ Array = jax.Array
 
 def _number(value, name: str, positive: bool = False) -> Array:
     """``value`` as a float array leaf; one-line ValueError for non-numbers (bools, strings,
-    None) before any work. Tracers pass unchecked. The checks run on the concrete input (a
-    Python or NumPy number stays checkable inside ``jit``, where ``jnp.asarray`` gives a
-    tracer)."""
+    None) before any work. Tracers pass unchecked. The checks run on the concrete input,
+    and the leaf of a Python or NumPy number stays a concrete array inside ``jit`` (where a
+    plain ``jnp.asarray`` gives a tracer), so a schedule or optimiser built there keeps its
+    constants checkable."""
     if isinstance(value, jax.core.Tracer):
         return value
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -47,7 +48,8 @@ def _number(value, name: str, positive: bool = False) -> Array:
     if positive and arr.ndim == 0 and not float(arr) > 0:
         raise ValueError(f"{name} must be > 0, got {float(arr)} (a learning rate <= 0 does not "
                          "train, and a negative one ascends the loss).")
-    return jnp.asarray(arr, jnp.result_type(float))
+    with jax.ensure_compile_time_eval():  # a constant stays concrete inside jit
+        return jnp.asarray(arr, jnp.result_type(float))
 
 
 def _concrete(value) -> float | None:

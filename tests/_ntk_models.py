@@ -15,6 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.flatten_util import ravel_pytree
 
+import ntk_tt
+
 
 class TanhHeadNet(nnx.Module):
     """A flax MLP, tanh hidden layer ``l1`` (its backbone: Linear(6, width)) and a linear
@@ -96,3 +98,34 @@ def setup(kind, n=5):
     the test files so that compiled functions (keyed on apply_fn) are reused."""
     apply_fn, params = _cached_model(kind, jax.config.jax_enable_x64)
     return apply_fn, params, inputs(kind, jax.random.key(1), n)
+
+
+def labelled_mlp(n, n_test, c):
+    """The tiny tanh MLP on n + n_test inputs with learnable labels (argmax of c input
+    coordinates), as (apply_fn, params, x, y, x_test, y_test); and its split into (feature_fn
+    = the tanh layer, backbone weights, head w2, zero bias) for the head-aware predictors."""
+    apply_fn, params, x = setup("mlp", n=n + n_test)
+    y = jnp.argmax(x[:, :c], axis=1)
+    split = (lambda p, z: jnp.tanh(z @ p["w1"] + p["b1"]),
+             {"w1": params["w1"], "b1": params["b1"]}, params["w2"], jnp.zeros(c))
+    return (apply_fn, params, x[:n], y[:n], x[n:], y[n:]), split
+
+
+def mlp_problem(n, n_test, c):
+    """:func:`labelled_mlp` as a frozen-kernel problem: Θ (brute-force Jacobians), f0, y, the
+    held-out arguments (kernel_test, f0_test, y_test) and the tangents J·θ0 (a, a_test)."""
+    (apply_fn, params, x, y, xt, yt), _ = labelled_mlp(n, n_test, c)
+    held = dict(kernel_test=brute_ntk(apply_fn, params, xt, x), f0_test=apply_fn(params, xt),
+                y_test=yt)
+    tangents = dict(a=ntk_tt.weight_tangent(apply_fn, params, x),
+                    a_test=ntk_tt.weight_tangent(apply_fn, params, xt))
+    return brute_ntk(apply_fn, params, x), apply_fn(params, x), y, held, tangents
+
+
+def mlp_split_problem(n, n_test, c):
+    """:func:`labelled_mlp` as a head-aware problem: (split, x, y, x_test, y_test, the feature
+    tangents J_h θ_0 (a_h, a_h_test))."""
+    (_, _, x, y, xt, yt), split = labelled_mlp(n, n_test, c)
+    tangents = dict(a_h=ntk_tt.weight_tangent(split[0], split[1], x),
+                    a_h_test=ntk_tt.weight_tangent(split[0], split[1], xt))
+    return split, x, y, xt, yt, tangents

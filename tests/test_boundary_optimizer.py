@@ -5,10 +5,9 @@ L2 decay; AdamW on an AdamKernel; a callable schedule), the constant-schedule MS
 against the closed-form heavy-ball edge and the constant-η grid, and the refusals."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from _ntk_models import brute_ntk, setup
+from _ntk_models import mlp_problem, mlp_split_problem
 
 import ntk_tt
 from ntk_tt.analysis import _whatif, _whatif_boundary
@@ -23,32 +22,12 @@ def x64():
         yield
 
 
-def _mlp():
-    """The tiny tanh MLP of _ntk_models on N + NT inputs, learnable labels (argmax of three
-    input coordinates), split into train and held-out."""
-    apply_fn, params, x = setup("mlp", n=N + NT)
-    y = jnp.argmax(x[:, :C], axis=1)
-    return apply_fn, params, x[:N], y[:N], x[N:], y[N:]
-
-
 def _plain():
-    """Θ (brute-force Jacobians), f0, held-out data and the tangents J·θ0."""
-    apply_fn, params, x, y, xt, yt = _mlp()
-    held = dict(kernel_test=brute_ntk(apply_fn, params, xt, x), f0_test=apply_fn(params, xt),
-                y_test=yt)
-    tangents = dict(a=ntk_tt.weight_tangent(apply_fn, params, x),
-                    a_test=ntk_tt.weight_tangent(apply_fn, params, xt))
-    return brute_ntk(apply_fn, params, x), apply_fn(params, x), y, held, tangents
+    return mlp_problem(N, NT, C)
 
 
 def _split():
-    """The MLP as (feature_fn = its tanh layer, backbone weights, head w2, zero bias)."""
-    apply_fn, params, x, y, xt, yt = _mlp()
-    split = (lambda p, z: jnp.tanh(z @ p["w1"] + p["b1"]),
-             {"w1": params["w1"], "b1": params["b1"]}, params["w2"], jnp.zeros(C))
-    tangents = dict(a_h=ntk_tt.weight_tangent(split[0], split[1], x),
-                    a_h_test=ntk_tt.weight_tangent(split[0], split[1], xt))
-    return split, x, y, xt, yt, tangents
+    return mlp_split_problem(N, NT, C)
 
 
 def _check_cells(grid, reference, adam=False):

@@ -390,13 +390,3 @@ def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
     ms_bad = jnp.array([0.0, 1.0])  # m = 1 is outside [0, 1) too
     swept = jax.jit(jax.vmap(runs["frozen"]))(jnp.array([0.5, 0.5]), ms_bad)
     assert np.isnan(np.asarray(swept.loss)[1]).all() and np.isfinite(swept.loss[0]).all()
-
-
-def test_a_traced_optimizer_is_one_clear_error(ce_mlp):
-    """predict_from_kernel(optimizer=sgd(traced η)) under jit raised JAX's
-    TracerArrayConversionError from the schedule check; the refusal now says what to use."""
-    _, apply_fn, params, x, y, _ = ce_mlp
-    kernel, f0 = ntk_tt.empirical_ntk(apply_fn, params, x), apply_fn(params, x)
-    with pytest.raises(ValueError, match="traced hyperparameters .*ntk_tt.divergence_boundary"):
-        jax.jit(jax.vmap(lambda lr: ntk_tt.predict_from_kernel(
-            kernel, f0, y, optimizer=ntk_tt.sgd(lr), steps=10).loss))(jnp.array([0.1, 0.2]))

@@ -103,11 +103,11 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not (
             1 <= steps <= MAX_STEPS):
         return None
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(optimizer)):
+    if is_traced(optimizer):
         raise ValueError("an optimizer= with traced hyperparameters (inside jit / vmap / grad) "
-                         "cannot be checked or predicted by this function: sweep the "
-                         "constant-η keywords (learning_rate=, momentum=) under jit(vmap), or "
-                         "an optimizer's peak, momentum or warmup with "
+                         "cannot be checked or predicted by this function: sweep it with "
+                         "ntk_tt.predict_from_kernel / ntk_tt.predict_head_aware(optimizer=...)"
+                         " on one kernel under jit(vmap), or with "
                          "ntk_tt.divergence_boundary(optimizer=...) / ntk_tt.sensitivities.")
     check_warmup(optimizer.learning_rate, int(steps))
     rates = np.asarray(optimizer.learning_rates(int(steps)), np.float64)
@@ -120,6 +120,26 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
         raise ValueError(f"the optimizer's learning rate is 0 at all {steps} steps; give a "
                          "schedule with a peak > 0.")
     return float(rates.max())
+
+
+def is_traced(tree) -> bool:
+    """Whether any leaf of ``tree`` (an :class:`ntk_tt.Optimizer`) is a tracer (inside
+    ``jit`` / ``vmap`` / ``grad``), so that its values cannot be checked eagerly."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def valid_hyperparameters(optimizer: Optimizer, steps: int) -> tuple[jax.Array, jax.Array]:
+    """``(peak, ok)``: the largest η_t over ``steps`` updates and whether every value the eager
+    checks would refuse is fine: η_t finite and ≥ 0 at every step, β₂ ∈ [0, 1), ε > 0 and
+    λ ≥ 0 finite (m ∈ [0, 1) and peak > 0 are checked by the summary). Traceable: a traced
+    optimizer escapes :func:`check_learning_rates`, and its predictions are NaN with code
+    INVALID where ``ok`` is False."""
+    rates = jnp.asarray(optimizer.learning_rates(int(steps)))
+    wd = optimizer.weight_decay
+    ok = (jnp.all(jnp.isfinite(rates) & (rates >= 0)) & (optimizer.b2 >= 0)
+          & (optimizer.b2 < 1) & (optimizer.eps > 0) & jnp.isfinite(optimizer.eps)
+          & (wd >= 0) & jnp.isfinite(wd))
+    return jnp.max(rates), ok
 
 
 def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:

@@ -65,7 +65,9 @@ from ntk_tt.dynamics._optim_linear import (
     check_optimizer,
     check_tangent,
     decay_needs_tangent,
+    is_traced,
     sgd_trajectory,
+    valid_hyperparameters,
 )
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.dynamics._predict_kernel import (
@@ -106,10 +108,18 @@ def check_run(optimizer, n: int, steps, method="discrete", noise_features=None,
         raise ValueError("method='closed_form' exists for loss='mse' with full-batch GD only "
                          "(optimizer batch_size=None); use method='ode' (cross-entropy) or "
                          "'discrete' / 'sde' (SGD).")
+    if is_traced(optimizer):  # values checked in the result (_summarise_paths: INVALID)
+        if method != "discrete":
+            raise ValueError(f"an optimizer= with traced hyperparameters (jit / vmap / grad) "
+                             f"is predicted by method='discrete' (or 'auto'), got "
+                             f"method={method!r}; sweep the constant-η keywords "
+                             "(learning_rate=, momentum=) for the continuous methods.")
+        check_hyper(1.0, optimizer.momentum, steps, bs, n)
+        return bs
     peak = check_learning_rates(optimizer, steps)
     if method != "discrete":
         _check_real_time(optimizer.learning_rate, steps)
-    check_hyper(peak, float(optimizer.momentum), steps, bs, n)
+    check_hyper(peak, optimizer.momentum, steps, bs, n)
     return bs
 
 
@@ -142,8 +152,9 @@ def _paths(run, n: int, bs: int, steps: int, num_paths: int, key):
 
 def _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, size, loss, frozen,
                      method="discrete"):
-    peak = float(np.max(np.asarray(optimizer.learning_rates(int(steps)))))
-    return _summary(fs, fts, y, y_test, size=size, lr=peak, m=float(optimizer.momentum),
+    peak, ok = valid_hyperparameters(optimizer, steps)
+    return _summary(fs, fts, y, y_test, size=size, lr=jnp.where(ok, peak, jnp.nan),
+                    m=optimizer.momentum,
                     lams=lams, nesterov=optimizer.nesterov, loss=loss,
                     stochastic=fs.shape[0] > 1 or method == "sde", frozen=frozen,
                     continuous=method in ("ode", "sde"))
@@ -273,6 +284,11 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
     bs = check_run(optimizer, n, steps)
     if adam:
         check_adam_kernel(hk, optimizer, bs, "hk", loss)
+        if isinstance(optimizer.eps, jax.core.Tracer):
+            raise ValueError("Adam's ε is built into the AdamKernel (P = 1/(√v̄ + ε)) and "
+                             "cannot be traced: build one kernel per ε (ntk_tt.adam_head_aware"
+                             "_kernel(split, x, y, optimizer)) and sweep the learning rate, "
+                             "b1, b2 or weight decay under jit / vmap.")
     check_num_paths(num_paths)
     if bs < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")

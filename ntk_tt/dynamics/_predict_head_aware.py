@@ -247,7 +247,10 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
         Adam/AdamW needs ``hk`` = ``ntk_tt.adam_head_aware_kernel(split, x, y, optimizer,
         x_test)`` (an :class:`ntk_tt.AdamKernel` of the same B) and runs the fast,
         approximate :func:`ntk_tt.head_aware_adam_trajectory`. The same curves as
-        ``ntk_tt.predict(head=, optimizer=)``; κ uses the schedule's peak η_t.
+        ``ntk_tt.predict(head=, optimizer=)``; κ uses the schedule's peak η_t. Its
+        leaves may be traced (``jit`` / ``vmap`` / ``grad``) but Adam's ε, which the
+        AdamKernel is built for; an entry the eager checks would refuse comes back NaN with
+        code ``INVALID`` (as :func:`ntk_tt.predict_from_kernel`).
       a_h, a_h_test: J_h θ_0 on x (N, F) and x_test (N_test, F) (``ntk_tt.weight_tangent(
         feature_fn, backbone_params, x)``): ``optimizer`` with weight decay λ ≠ 0 only.
 
@@ -258,7 +261,8 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
     Raises:
       ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
         ``hk`` not matching, a complex field of ``hk``, an ``hk`` not of the optimiser's
-        kind (Adam: an AdamKernel), Adam with L2 weight decay (use ``ntk_tt.adamw``).
+        kind (Adam: an AdamKernel), Adam with L2 weight decay (use ``ntk_tt.adamw``), a
+        traced Adam ε.
 
     Dtypes: every array of ``hk`` is cast to their common floating dtype, at least float32
     (bfloat16 is promoted), and η, m to it; the result is in it (README, "Dtypes").

@@ -185,7 +185,8 @@ def predict_from_kernel(
         :func:`ntk_tt.sgd_trajectory`; "closed_form" (exact GD with η_t/(1 − m)), "ode" and
         "sde" with η(t) the schedule at real t (in steps), momentum via η(t)/(1 − m) and the
         decay λ_2 + (1 − m)λ_d (``ntk_tt.dynamics._ode``); a ``constant`` schedule without
-        decay gives the shorthand's curves exactly. κ uses the schedule's peak η_t.
+        decay gives the shorthand's curves exactly. κ uses the schedule's peak η_t. Leaves
+        may be traced (method "discrete"; refused entries: NaN, code ``INVALID``).
       a, a_test: J·θ0 on x (N, C) and x_test (N_test, C) (``ntk_tt.weight_tangent``):
         ``optimizer`` with weight decay λ ≠ 0 only.
       loss: "cross_entropy" or "mse" (mean over samples).
