@@ -99,6 +99,28 @@ def test_a_non_callable_apply_fn_is_named_as_such():
         ntk_tt.predict(3, params, x, jnp.zeros(5, int), learning_rate=0.1, steps=5)
 
 
+def test_a_flax_module_or_none_where_a_function_goes_is_one_clear_error():
+    """A flax module passed as apply_fn (empirical_ntk, linearize), None as the function or
+    params0, and a string x for weight_tangent gave raw TypeErrors or were accepted; each is
+    now one ValueError naming the argument and from_nnx. A plain function still works: its
+    tangent along its own weights equals J·θ0 by hand (x·w for a linear map)."""
+    model, x = _bn_model()
+    _, params = ntk_tt.from_nnx(model)
+    calls = [(ntk_tt.empirical_ntk, (model, params, x), "apply_fn must be a function"),
+             (ntk_tt.linearize, (model, params), "apply_fn must be a function"),
+             (ntk_tt.linearize, (None, params), "apply_fn must be a function"),
+             (ntk_tt.linearize, (lambda p, z: z, None), "params0 must be the pre-trained"),
+             (ntk_tt.weight_tangent, (None, params, x), "fn must be a function"),
+             (ntk_tt.weight_tangent, (lambda p, z: z @ p, jnp.ones(3), "abc"),
+              "x must be an array")]
+    for fn, args, match in calls:
+        with pytest.raises(ValueError, match=match + ".*"
+                           + ("from_nnx" if "function" in match else "")):
+            fn(*args)
+    w, z = jnp.array([1.0, -2.0, 0.5]), jnp.array([[1.0, 2.0, 3.0], [0.0, 1.0, 4.0]])
+    np.testing.assert_allclose(ntk_tt.weight_tangent(lambda p, v: v @ p, w, z), z @ w)
+
+
 def test_check_model_rejects_bad_x():
     model, x = _bn_model()
     apply_fn, params = ntk_tt.from_nnx(model)

@@ -20,6 +20,14 @@ from ntk_tt.data._inputs import as_array
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 
 
+def check_function(fn, name: str = "apply_fn", form: str = "apply_fn(params, x) -> logits"):
+    """ValueError unless ``fn`` is a function ``form`` (a flax module is not: its weights live
+    inside it, and :func:`from_nnx` splits them out)."""
+    if isinstance(fn, nnx.Module) or not callable(fn):
+        raise ValueError(f"{name} must be a function {form}, got {type(fn).__name__}; "
+                         "ntk_tt.from_nnx(model) returns (apply_fn, params) of a flax model.")
+
+
 def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
     """Split a flax NNX module into a pure ``(apply_fn, params)`` pair.
 
@@ -88,10 +96,7 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
         ``params`` (a pytree not the one ``apply_fn`` was built with: the message names
         both), its output not of shape (N, C), or samples of one batch not independent.
     """
-    if not callable(apply_fn):
-        raise ValueError(f"apply_fn must be a function apply_fn(params, x) -> logits, got "
-                         f"{type(apply_fn).__name__}; ntk_tt.from_nnx(model) returns "
-                         "(apply_fn, params).")
+    check_function(apply_fn)
     x = as_array(x, name)
     if np.ndim(x) < 2:
         raise ValueError(

@@ -35,6 +35,8 @@ import numpy as np
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._batches import batch_indices
+from ntk_tt.data._inputs import as_array
+from ntk_tt.data._model import check_function
 from ntk_tt.dynamics._checks import check_labels, check_warmup, float_logits
 from ntk_tt.dynamics._fspace import as_operator, theta_cols_dot, theta_dot
 from ntk_tt.dynamics._losses import check_loss, logit_residual
@@ -52,7 +54,13 @@ def weight_tangent(fn, params, x) -> jax.Array:
       ``∂fn(θ, x)/∂θ|θ0 · θ0``, the shape of ``fn(params, x)``: (N, C) for logits (the ``a``
       of :func:`sgd_trajectory`), (N, F) for features (the ``a_h`` of the head-aware
       recursions).
+
+    Raises:
+      ValueError: ``fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), ``x`` not
+        an array of numbers.
     """
+    check_function(fn, "fn", "fn(params, x) -> logits or features")
+    x = as_array(x, "x")
     return jax.jvp(lambda p: fn(p, x), (params,), (params,))[1]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ntk_tt.data._model import ApplyFn
+from ntk_tt.data._model import ApplyFn, check_function
 
 
 def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
@@ -27,8 +27,14 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
       ``params`` must have the tree structure of ``params0``.
 
     Raises:
-      ValueError: (from ``f_lin``) if ``params`` and ``params0`` have different tree structures.
+      ValueError: ``apply_fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), or
+        ``params0`` None; (from ``f_lin``) if ``params`` and ``params0`` have different tree
+        structures.
     """
+    check_function(apply_fn)
+    if params0 is None:
+        raise ValueError("params0 must be the pre-trained weights (a pytree of arrays), got "
+                         "None; ntk_tt.from_nnx(model) returns (apply_fn, params).")
     treedef0 = jax.tree_util.tree_structure(params0)
 
     def f_lin(params: Any, x: jax.Array) -> jax.Array:
