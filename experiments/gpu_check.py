@@ -55,9 +55,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NOTMNIST = "notmnist_sample_test.npz"
-FULL = dict(per_class=1000, steps=150, sgd_batch=100, num_paths=32, budget=450.0, repeat=True)
+FULL = dict(per_class=1000, steps=150, sgd_batch=100, num_paths=32, budget=450.0, repeat=True,
+            sweep=32)
 TINY_N = 20  # --tiny: about 20 images (K × n), seconds on a CPU
-TINY = dict(steps=20, sgd_batch=10, num_paths=4, budget=300.0, repeat=False)
+TINY = dict(steps=20, sgd_batch=10, num_paths=4, budget=300.0, repeat=False, sweep=4)
+SWEEP_SPAN = (0.25, 2.0)  # the sweep's η: the row's η times geomspace over this span
 EPS_HEADLINE = (0.1, 0.4)
 TINY_XLA_FLAGS = "--xla_backend_optimization_level=0"
 EVAL_FACTOR = 1.5  # a recorded fine-tune step (training step + full-set evaluation) vs a bare one
@@ -90,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"SGD row's B (default {FULL['sgd_batch']}); 0: no SGD row")
     p.add_argument("--num-paths", type=int, default=None,
                    help=f"SGD batch orders predicted (default {FULL['num_paths']})")
+    p.add_argument("--sweep", type=int, default=None,
+                   help=f"GD learning rates predicted in one jit(vmap) on the kernel, for a "
+                        f"sweep's cost (default {FULL['sweep']}, --tiny {TINY['sweep']}); 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=float, default=None,
                    help=f"seconds for the whole run (default {FULL['budget']:.0f})")
@@ -131,6 +136,7 @@ def parse(argv=None) -> argparse.Namespace:
               (0 <= a.sgd_batch < n, f"--sgd-batch must be in [1, N = {n}) or 0 (no SGD row), "
                                      f"got {a.sgd_batch}"),
               (a.num_paths >= 1, f"--num-paths must be >= 1, got {a.num_paths}"),
+              (a.sweep >= 0, f"--sweep must be >= 0, got {a.sweep}"),
               (a.budget > 0, f"--budget must be > 0 seconds, got {a.budget}")]
     for ok, msg in checks:
         if not ok:
@@ -298,6 +304,12 @@ def summary(rec: dict) -> str:
         lines.append(f"{name} (B = {row['batch_size']}, T = {row['steps']}): predicted/real "
                      f"{t}; loss curve max |Δ|/fall {_g(h['loss_curve_max_rel_to_fall'])}; "
                      f"fine-tune/predict {_g(h['cost_ratio_finetune_over_predict'])}")
+    sw = rec.get("sweep")
+    if sw:
+        lines.append(f"sweep of {sw['configs']} GD learning rates: kernel + λ_max "
+                     f"{_g(sw['kernel_and_lambda_seconds'])} s + solves {_g(sw['solve_seconds'])}"
+                     f" s against {sw['configs']} × {_g(sw['finetune_seconds_each'])} s of "
+                     f"fine-tuning: {_g(sw['ratio'])}× cheaper")
     return "\n".join(lines)
 
 
@@ -335,6 +347,34 @@ def _row(r: Recorder, name: str, hk, y, apply_fn, params, x, key, *, lr, steps, 
         report = ntk_tt.compare(pred, run)
         row["compare"] = {k: v for k, v in report.items() if k != "linearisation_gap"}
         row["headline"] = headline(report)
+    r.write()
+
+
+def _sweep(r: Recorder, hk, y, *, lr, steps, k, pre_seconds: float) -> None:
+    """A sweep's cost: ``k`` GD learning rates (the row's η × geomspace(SWEEP_SPAN)) predicted
+    in one ``jit(vmap)`` on the shared kernel, against ``k`` fine-tunes at the GD row's
+    measured cost (compilation excluded on both sides, as the CPU sweep's ``wall_time``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ntk_tt.dynamics._predict_head_aware import predict_head_aware
+
+    lrs = lr * jnp.geomspace(*SWEEP_SPAN, k)  # (k,); T_ε (k, 2, 3): loss/error × ε
+    fn = jax.jit(jax.vmap(lambda e: predict_head_aware(hk, y, learning_rate=e,
+                                                       steps=steps).training_time))
+    out = r.stage("gd_sweep", lambda: fn(lrs), needs=("gd_predict",))
+    if out is None:
+        return
+    st, tune = r.rec["stages"]["gd_sweep"], r.rec["stages"].get("gd_finetune", {})
+    real = r.rec["rows"]["gd"].get("real_seconds", {}).get("finetune")
+    r.rec["sweep"] = {
+        "configs": k, "learning_rates": [float(e) for e in lrs], "steps": steps,
+        "solve_seconds": st["seconds"],
+        "compile_seconds": st["compile_seconds"], "kernel_and_lambda_seconds": pre_seconds,
+        "predict_seconds": pre_seconds + st["seconds"],
+        "finetune_seconds_each": real, "finetune_stage_ok": tune.get("status") == "ok",
+        "ratio": None if real is None else k * real / (pre_seconds + st["seconds"]),
+        "training_time": [[[float(v) for v in c] for c in cfg] for cfg in out]}
     r.write()
 
 
@@ -393,6 +433,8 @@ def work(a: argparse.Namespace, r: Recorder) -> None:
     rec["steps_used"] = steps
     _row(r, "gd", hk, y, apply_fn, params, x, key, lr=lr, steps=steps, batch=None,
          num_paths=1, pre_seconds=pre)
+    if a.sweep:
+        _sweep(r, hk, y, lr=lr, steps=steps, k=a.sweep, pre_seconds=pre)
     if not a.sgd_batch:
         return
     # an SGD step = a B-sample training step + the full-set evaluation (~1/3 of a GD step),

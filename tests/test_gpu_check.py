@@ -66,7 +66,7 @@ def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path, monkeypatch, ca
 
     assert rec["status"] == "complete"
     stages = ("environment", "load", "kernel", "lambda", "gd_step_time", "gd_predict",
-              "gd_finetune", "sgd_predict", "sgd_finetune")
+              "gd_finetune", "gd_sweep", "sgd_predict", "sgd_finetune")
     assert {s: rec["stages"][s]["status"] for s in stages} == dict.fromkeys(stages, "ok")
     assert "kernel_repeat" not in rec["stages"]  # --tiny does not time the kernel twice
     assert rec["config"]["n"] == K * PER_CLASS and rec["environment"]["platform"] == "cpu"
@@ -106,6 +106,15 @@ def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path, monkeypatch, ca
         assert cmp["seconds"]["predict"] == pytest.approx(cost)
         assert h["cost_ratio_finetune_over_predict"] == pytest.approx(
             row["real_seconds"]["per_step"] * STEPS / cost)
+    # the sweep (4 GD rates, η × 0.25 … 2 on the same kernel in one jit(vmap)): its entry at
+    # η is the GD row's eager prediction; its cost ratio is 4 fine-tunes over kernel + solves
+    sw = rec["sweep"]
+    assert sw["configs"] == 4 and sw["learning_rates"][2] == pytest.approx(LR, rel=1e-6)
+    for c, curve in enumerate(("loss", "error")):
+        for e, eps in enumerate(("0.01", "0.1", "0.4")):
+            assert sw["training_time"][2][c][e] == gd["predicted_training_time"][curve][eps]
+    assert sw["ratio"] == pytest.approx(4 * gd["real_seconds"]["finetune"] / (
+        st["kernel"]["seconds"] + st["lambda"]["seconds"] + st["gd_sweep"]["seconds"]))
 
 
 def test_bad_input_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
