@@ -27,6 +27,9 @@ traceback tail) and the stages that need it are skipped:
   fine-tune reuses), ``gd_predict`` (``ntk_tt.predict_head_aware`` on that kernel: what
   ``ntk_tt.predict(..., head=split)`` computes, without building the kernel twice),
   ``gd_finetune`` (``ntk_tt.finetune``), compared by ``ntk_tt.compare``.
+* ``gd_sweep``: ``--sweep`` K GD learning rates (η × geomspace(0.25, 2, K)) in one
+  ``jit(vmap(predict_head_aware))`` on the kernel; ``sweep.ratio`` = K × the GD fine-tune's
+  seconds / (kernel + λ_max + the sweep's solves), compilation excluded on both sides.
 * SGD row (B = ``--sgd-batch``, same η and key for the batch order): ``sgd_predict``
   (``--num-paths`` orders), ``sgd_finetune``.
 
