@@ -132,7 +132,7 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
         raise ValueError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}.")
     o = DEFAULTS | options
     if not (_is_int(o["num_paths"]) and o["num_paths"] >= 1):
-        raise ValueError(f"num_paths must be an integer >= 1 (SGD noise paths), got "
+        raise ValueError(f"num_paths (--num-paths) must be an integer >= 1 (SGD noise paths), got "
                          f"{o['num_paths']!r}.")
     check_options(o)
     check_job_targets(o)
@@ -164,9 +164,9 @@ def _check_subset_options(o: dict[str, Any], full_batch: bool) -> None:
                          f"with K <= N' < N = K·n = {k}·{n} = {k * n} (N'/K images per "
                          f"class); e.g. --subset {max(k, (k * n // 4) // k * k)}.")
     if o["loss"] != "mse":
-        raise ValueError(f"subset (--subset) predicts the MSE loss of full-batch GD only "
-                         f"(Prop. 2 on the predicted spectrum, App. D): pass --loss mse, got "
-                         f"loss {o['loss']!r}.")
+        raise ValueError(f"subset (--subset) predicts the MSE loss only (Prop. 2 on the "
+                         f"predicted spectrum, App. D): pass --loss mse, got loss "
+                         f"{o['loss']!r}.")
     if not full_batch:
         raise ValueError(f"subset (--subset) predicts full-batch GD only: drop -B (got "
                          f"batch_size {o['batch_size']!r}).")

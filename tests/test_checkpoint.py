@@ -206,6 +206,27 @@ def test_save_checkpoint_names_the_architecture_problem(model_kind, meta, expect
     assert not (tmp_path / "ck").exists()
 
 
+def test_save_checkpoint_refuses_a_meta_that_does_not_rebuild_the_model(tmp_path):
+    """A fresh user's probe: README's sequence load_checkpoint → replace_head(model, 3) →
+    save_checkpoint(path, model, meta) wrote a checkpoint that load_checkpoint then refused
+    (meta still said 10 classes). Now save refuses it before writing and names the fix; the
+    fixed meta round-trips exactly; a meta with other widths or a bad kwarg is refused too."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    five = ntk_tt.replace_head(model, 5, key=jax.random.key(1))
+    for bad_model, meta, said in [
+            (five, META, r"head/bias of shape \(3,\), the model \(5,\).*num_classes'\] = 5"),
+            (model, META | {"kwargs": {"widths": [4, 16]}}, "set meta's kwargs"),
+            (model, META | {"kwargs": {"depth": 3}}, "cannot be built from .*depth")]:
+        with pytest.raises(ValueError, match=said):
+            ntk_tt.save_checkpoint(tmp_path / "ck", bad_model, meta)
+        assert not (tmp_path / "ck").exists()
+    ntk_tt.save_checkpoint(tmp_path / "ck", five, META | {"num_classes": 5})
+    back, meta = ntk_tt.load_checkpoint(tmp_path / "ck")
+    assert meta["num_classes"] == 5
+    for a, b in zip(leaves(five), leaves(back), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_a_checkpoint_saved_on_other_devices_loads_on_this_one(tmp_path):
     """The stored sharding names the saving machine's devices; a GPU loading a checkpoint
     written on a CPU failed with orbax's 'Topology mismatch' (seen on an H200). Here the

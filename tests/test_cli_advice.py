@@ -177,3 +177,22 @@ def test_cli_closed_form_momentum_warns_and_advises_discrete(task, tmp_path):
     diverged = [ln for ln in lines if ln.startswith("prediction diverged at step")]
     assert len(diverged) == 1 and diverged[0].endswith("use --method discrete)"), diverged
     assert "lower --lr" not in out
+
+
+def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
+    """A fresh user's probe: --num-paths 0 was not named as the flag, --subset with
+    cross-entropy said 'full-batch GD only' (it takes SGD schedules and momentum), and labels
+    of the wrong length were told 'not one-hot vectors'. Each message now fits; one-hot
+    labels still get the one-hot advice."""
+    base = ["predict", "--no-progress", "-K", "3", "-n", "8", "-T", "10", "--figure", ""]
+    cases = [base + ["--num-paths", "0"], base + ["--subset", "6"]]
+    results, lines, stderr = cli_before_jax(cases, tmp_path)
+    assert [status for status, _ in results] == [2, 2], stderr
+    assert lines[0].startswith("ntk-tt: error: num_paths (--num-paths) must be an integer")
+    assert "predicts the MSE loss only" in lines[1] and "full-batch" not in lines[1]
+    from ntk_tt.dynamics._checks import check_labels
+
+    with pytest.raises(ValueError, match=r"shape \(6,\).*give one label per input \(8 "):
+        check_labels(np.zeros(6, int), 8, 3)
+    with pytest.raises(ValueError, match="not one-hot vectors"):
+        check_labels(np.eye(3, dtype=int)[np.arange(8) % 3], 8, 3)

@@ -254,6 +254,37 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
         ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, steps=20, head_kernel=hk)
 
 
+def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
+    """A fresh user's probe: the kernel of x reused for other inputs x2 of the same shape gave
+    a curve starting at the wrong loss (1.188 against the real 0.925), silently. Now the
+    features of spread rows and the head weights are compared, in predict (both paths),
+    with held-out inputs too, and in suggest; the kernel of these very inputs still passes."""
+    kx, k2, ky = jax.random.split(jax.random.key(0), 3)
+    x, x2 = jax.random.normal(kx, (32, 6)), jax.random.normal(k2, (32, 6))
+    y = jax.random.randint(ky, (32,), 0, C)
+    model = TanhHeadNet(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    head = ntk_tt.split_head(model)
+    other = ntk_tt.split_head(ntk_tt.replace_head(model, C, key=jax.random.key(9)))
+    kw = dict(steps=10, head=head, key=jax.random.key(3), num_paths=2)
+    cases = [(ntk_tt.head_aware_kernel(head, x), x2, None, "features of x differ"),
+             (ntk_tt.head_aware_kernel(other, x2), x2, None, "head weights differ"),
+             (ntk_tt.head_aware_kernel(head, x2, x), x2, x2, "features of x_test differ")]
+    for hk, inputs, x_test, match in cases:
+        test = {} if x_test is None else dict(x_test=x_test, y_test=y)
+        for how in (dict(learning_rate=0.3), dict(optimizer=_sgdw(0.3))):
+            with pytest.raises(ValueError, match="built for other inputs or another head.*"
+                               + match):
+                ntk_tt.predict(apply_fn, params, inputs, y, head_kernel=hk, **how, **kw, **test)
+    with pytest.raises(ValueError, match="features of x differ"):
+        ntk_tt.suggest(apply_fn, params, x2, y, head=head, steps=10, target=0.5,
+                       head_kernel=ntk_tt.head_aware_kernel(head, x))
+    loss0 = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, x2), y).mean()
+    reused = ntk_tt.predict(apply_fn, params, x2, y, head_kernel=ntk_tt.head_aware_kernel(
+        head, x2), learning_rate=0.3, **kw)
+    assert reused.loss[0] == pytest.approx(float(loss0), rel=1e-5)
+
+
 
 def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch, tmp_path):
     """A fresh user's probe: sgd(0.1, nesterov=True) (m = 0: plain GD) was accepted while

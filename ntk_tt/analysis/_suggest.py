@@ -48,6 +48,7 @@ from ntk_tt._options import _real_scalar as _real
 from ntk_tt.analysis._suggest_report import Suggestion, _result
 from ntk_tt.analysis._suggest_search import _search
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
+from ntk_tt.dynamics._checks import check_kernel_inputs
 from ntk_tt.dynamics._losses import check_loss, mean_loss
 
 MOMENTA = (0.0, 0.5, 0.9, 0.95)
@@ -245,6 +246,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
                              f"(features of shape {np.shape(head_kernel.features)}): build it "
                              "with ntk_tt.head_aware_kernel(head, x) on the same x, or drop "
                              "head_kernel.")
+        check_kernel_inputs(head_kernel, head, x)
 
     f0 = apply_fn(params, jnp.asarray(x))
     l0 = float(mean_loss(f0, y, loss))

@@ -173,6 +173,34 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
                          f"arrays differ); {_FIX}.")
 
 
+def _check_meta_builds(meta: dict[str, Any], state) -> None:
+    """ValueError unless meta's model (what load_checkpoint rebuilds) has the arrays of
+    ``state`` with their shapes: a model saved after ``replace_head`` with the old meta wrote a
+    checkpoint that load_checkpoint then refused."""
+    try:
+        abstract = nnx.eval_shape(lambda: _build(meta, rngs=nnx.Rngs(0)))
+    except Exception as err:  # bad constructor arguments in meta["kwargs"], num_classes, ...
+        raise ValueError(f"meta's architecture {meta['architecture']} cannot be built from "
+                         f"num_classes {meta['num_classes']!r}, input_shape "
+                         f"{meta['input_shape']!r} and kwargs {meta.get('kwargs', {})} "
+                         f"({_reason(err)}); fix meta.") from None
+    want, have = _shapes(nnx.to_pure_dict(nnx.state(abstract))), _shapes(state)
+    odd = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if odd:
+        k = odd[0]
+        head = have.get("head/bias")
+        fix = (f"set meta['num_classes'] = {head[0]}, the model's head (meta = dict(meta, "
+               "num_classes=K) after ntk_tt.replace_head(model, K))"
+               if head and want.get("head/bias") != head else
+               "set meta's kwargs (and input_shape's channels) to those the model was built "
+               "with")
+        raise ValueError(
+            f"meta does not describe the model: its {meta['architecture']} (num_classes "
+            f"{meta['num_classes']}, kwargs {meta.get('kwargs', {})}) has {k} of shape "
+            f"{want.get(k, 'none')}, the model {have.get(k, 'none')} ({len(odd)} arrays "
+            f"differ), so load_checkpoint could not rebuild it; {fix}.")
+
+
 def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any]) -> Path:
     """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path`` (overwrites).
 
@@ -189,7 +217,9 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     Raises:
       ValueError: ``meta`` is not a dict or lacks a required key; ``meta["architecture"]``
         is not one of the known architectures (the message names it, the model's class, the
-        known ones and the way out), or is not the model's class.
+        known ones and the way out), or is not the model's class; meta's model (its
+        num_classes, input channels, kwargs) does not have the model's arrays and shapes
+        (e.g. the old meta after ``replace_head``), checked before anything is written.
     """
     known = ", ".join(sorted(ARCHITECTURES))
     if not isinstance(meta, dict):
@@ -212,8 +242,9 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
             f"meta names architecture {arch!r} but the model is a {kind}: load_checkpoint "
             f"would rebuild a {arch}, not this model. Set meta['architecture'] to the "
             f"model's class (one of {known}), or see ntk_tt.from_nnx for other models.")
-    path = Path(path).absolute()
     state = nnx.to_pure_dict(nnx.state(model))
+    _check_meta_builds(meta, state)
+    path = Path(path).absolute()
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(path, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)

@@ -60,11 +60,12 @@ def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
     held-out ones may hold one. Returns them as a jax array."""
     y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
+        hint = ("pass class indices, not one-hot vectors" if np.ndim(y) == 2 or not
+                jnp.issubdtype(jnp.result_type(y), jnp.integer) else
+                f"give one label per input ({n} inputs)")
         raise ValueError(
             f"{name} must be integer class labels of shape ({n},) matching the logits, got "
-            f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; pass class indices, not "
-            "one-hot vectors."
-        )
+            f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; {hint}.")
     yc = _concrete(y)
     if yc is not None and n and (yc.min() < 0 or yc.max() >= c):
         raise ValueError(
@@ -265,11 +266,13 @@ def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
     return test_mat, test_traced, jnp.asarray(f0_test, dtype), y_test
 
 
-def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test) -> None:
+def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test, head=None,
+                      x=None) -> None:
     """ValueError unless ``head_kernel`` is None, or a head-aware kernel (or Adam kernel) of
     N training rows with held-out features exactly when ``x_test`` is given, for a
     head-aware prediction of one segment (``head_aware``); otherwise a kernel is refused as
-    unused."""
+    unused. With ``head`` and ``x`` also unless it is the kernel of this head on these
+    inputs (:func:`check_kernel_inputs`)."""
     if head_kernel is None:
         return
     from ntk_tt.dynamics._adam_head_aware import AdamKernel
@@ -286,6 +289,38 @@ def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test) -> None:
         raise ValueError("head_kernel must be the ntk_tt.head_aware_kernel(head, x, x_test) "
                          "of these inputs (N rows, held-out features iff x_test), for the "
                          "head-aware predictor (head=..., segments=1); or None to build it.")
+    if head is not None and x is not None:
+        check_kernel_inputs(hk, head, x, x_test)
+
+
+CHECK_ROWS = 32
+"""Rows of x (and x_test), spread evenly, whose features :func:`check_kernel_inputs`
+recomputes: one small forward pass, against a kernel's O(N²) cost."""
+
+
+def check_kernel_inputs(hk, head, x, x_test=None, name: str = "head_kernel") -> None:
+    """ValueError unless ``hk`` (a :class:`ntk_tt.HeadAwareKernel`) was built from this
+    ``head`` = (feature_fn, backbone_params, W, b) on these inputs: its head W_0, b_0 equal
+    ``head``'s, and the features h_0 of ``CHECK_ROWS`` rows of ``x`` (and of ``x_test``)
+    spread over the set match ``feature_fn(backbone_params, rows)`` to 1e-3 of their largest
+    entry. A kernel of other inputs of the same shape (another data set, a reshuffled x)
+    gave silently wrong curves, from step 0 on."""
+    feature_fn, params, w, b = head
+    fix = (f"{name} was built for other inputs or another head: rebuild it with "
+           "ntk_tt.head_aware_kernel(head, x, x_test) for these, or pass None to build it")
+    if np.shape(w) != np.shape(hk.head_kernel) or np.shape(b) != np.shape(hk.head_bias) or \
+            not (np.allclose(w, hk.head_kernel) and np.allclose(b, hk.head_bias)):
+        raise ValueError(f"{fix} (its head weights differ from head's).")
+    for inputs, feats, what in ((x, hk.features, "x"), (x_test, hk.features_test, "x_test")):
+        if inputs is None or feats is None:
+            continue
+        rows = np.unique(np.linspace(0, len(inputs) - 1, min(CHECK_ROWS, len(inputs))
+                                     ).round().astype(int))
+        got = np.asarray(feature_fn(params, jnp.asarray(inputs)[rows]), np.float64)
+        want = np.asarray(feats, np.float64)[rows]
+        if got.shape != want.shape or not np.all(
+                np.abs(got - want) <= 1e-3 * max(1.0, float(np.max(np.abs(want))))):
+            raise ValueError(f"{fix} (its features of {what} differ from the backbone's).")
 
 
 def check_warmup(learning_rate, steps: int) -> None:

@@ -248,7 +248,7 @@ def predict(
             f"segments must be an int in [1, steps] and > 1 only with the head-aware "
             f"predictor, got {segments!r}.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
-    check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test)
+    check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test, head, x)
     d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
     # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
     # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
