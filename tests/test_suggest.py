@@ -18,6 +18,7 @@ from ntk_tt.analysis._suggest_curves import (
 )
 from ntk_tt.analysis._suggest_search import _batches
 from ntk_tt.cli import main
+from ntk_tt.dynamics._divergence import OUTCOMES
 
 # --- a plain linear model whose kernel is diagonal: time to target in closed form ------------
 
@@ -226,6 +227,15 @@ def test_head_aware_suggestion_matches_brute_force_grids(b):
     assert float(p.kappa) == pytest.approx(s.kappa, rel=1e-5)
     assert len(s.runners_up) <= 5 and s.runners_up.admissible.all()
     assert (s.runners_up.seconds >= s.seconds).all()
+    # every predicted grid row's outcome and spike step are the public predictor's (a
+    # fresh user's probe: suggest chose a catapult without saying so); the choice's too
+    codes = np.asarray(out.outcome).reshape(len(kappas), 2)
+    spikes = np.asarray(out.spike_step).reshape(len(kappas), 2)
+    rows = s.grid[(s.grid.source == "grid") & s.grid.evaluated]
+    for _, row in rows.iterrows():
+        i, j = int(np.argmin(np.abs(np.log(coarse / row.kappa)))), [0.0, 0.9].index(row.momentum)
+        assert (row.outcome, row.spike_step) == (OUTCOMES[codes[i, j]], spikes[i, j]), row
+    assert (s.outcome, s.spike_step) == (OUTCOMES[int(p.outcome)], int(p.spike_step))
 
 
 @pytest.mark.parametrize("b", [None, 4])
@@ -399,6 +409,29 @@ def test_cli_tiny_run_writes_json(tmp_path, capsys):
         assert s["seconds"] == pytest.approx(s["steps"] * r["seconds_per_step"]["N"])
         assert len(r["curve"]["loss"]) == 6 and "suggestion: B = N (GD)" in out
     assert "seconds per real step" in out and f"json: {js}" in out
+
+
+def test_cli_says_when_its_choice_catapults(tmp_path, capsys):
+    """A fresh user's probe: on the vendored flowers5 (K = 2, n = 10), B = 5, m = 0.95, the
+    fastest configuration's predicted loss rises above L_0 before it falls (a catapult, where
+    predictions are least reliable) and nothing said so. The choice's outcome and spike step
+    are now in the JSON and the text warns; checked against the choice's own curve."""
+    js = tmp_path / "s.json"
+    code = main(["suggest", "--no-progress", "-K", "2", "-n", "10", "-T", "30", "-B", "5",
+                 "-m", "0.95", "--num-kappas", "4", "--refine-steps", "0", "--json", str(js)])
+    out, r = capsys.readouterr().out, json.loads(js.read_text())
+    assert code == 0 and r["found"]
+    s, curve = r["suggestion"], np.asarray(r["curve"]["loss"])
+    assert s["outcome"] == "catapult" and s["spike_step"] >= 1
+    first_above = int(np.argmax(curve > curve[0]))
+    assert curve.max() > curve[0] and first_above == s["spike_step"]
+    assert curve[s["steps"]] <= r["target"]["loss"] < curve[s["steps"] - 1]
+    warned = [ln for ln in out.splitlines() if "warning: its predicted loss catapults" in ln]
+    assert len(warned) == 1 and f"at step {s['spike_step']}" in warned[0]
+    rows = [g for g in r["grid"] if g["evaluated"]]
+    assert {g["outcome"] for g in rows} <= {"converges", "catapult", "diverges"}
+    assert all(g["outcome"] is None and g["spike_step"] == -1 for g in r["grid"]
+               if not g["evaluated"])
 
 
 def test_a_head_kernel_of_other_inputs_is_refused(no_work):

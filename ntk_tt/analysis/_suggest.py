@@ -365,6 +365,7 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
             "learning_rate": s.learning_rate, "momentum": s.momentum,
             "batch_size": s.batch_size, "kappa": s.kappa, "steps": s.steps,
             "seconds": s.seconds, "refined": s.refined, "warmup": s.warmup,
+            "outcome": s.outcome, "spike_step": s.spike_step,
             "optimizer": optimizer_hyperparameters(s.optimizer, o["steps"], n)},
         "grid_best": s.grid_best, "predictor": s.predictor, "lambda_max": s.lambda_max,
         "seconds_per_step": {("N" if b is None else str(b)): v

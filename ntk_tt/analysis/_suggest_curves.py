@@ -9,7 +9,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from
+from ntk_tt.dynamics._divergence import divergence, first_nonfinite, hold_from, paths_outcome
 from ntk_tt.dynamics._losses import logit_residual, mean_loss
 
 
@@ -38,6 +38,8 @@ class _Eval(NamedTuple):
     diverged: jax.Array  # bool
     steps: jax.Array  # first t with loss_t ≤ target, NaN if none
     soft: jax.Array  # soft_time_to_target
+    outcome: jax.Array  # int32 code of OUTCOMES (paths_outcome): converges, catapult, diverges
+    spike: jax.Array  # int32 step of the spike (catapult / divergence), −1 if none
 
 
 def _head_losses(hk, y, batches, lr, m, loss):
@@ -91,14 +93,17 @@ def _evaluate(data, lr, m, target, temperature, *, kind, traced, loss) -> _Eval:
 
 def _summary(paths, target, temperature) -> _Eval:
     """Loss curves per path (P, T + 1) → divergence (on the raw curves), curves held past a
-    non-finite loss, their mean, the hard and the soft time to the target."""
+    non-finite loss, their mean, the hard and the soft time to the target, and the predicted
+    outcome (:func:`ntk_tt.dynamics._divergence.paths_outcome`: a catapult rises above L_0)."""
     diverged = jnp.any(divergence(paths).diverged)
     held = jax.vmap(hold_from)(paths, first_nonfinite(paths))
     curve = jnp.mean(held, axis=0)
     hit = curve <= target
     steps = jnp.where(jnp.any(hit), jnp.argmax(hit).astype(curve.dtype), jnp.nan)
+    said = paths_outcome(paths, curve)
     return _Eval(curve, diverged, steps, soft_time_to_target(curve, target,
-                                                             temperature=temperature))
+                                                             temperature=temperature),
+                 said.outcome, said.spike_step)
 
 
 _STATIC = ("kind", "traced", "loss")

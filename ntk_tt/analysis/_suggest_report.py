@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt.analysis._suggest_curves import _edge
+from ntk_tt.dynamics._divergence import OUTCOMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Suggestion:
       for the constant-η search; the template with the chosen warmup-cosine with
       ``optimizer=``), to pass to ``predict``/``finetune``; None when not found.
     warmup: the chosen warmup in steps (``optimizer=`` only; else None).
+    outcome: the choice's predicted outcome, "converges" or "catapult" (its mean curve rises
+      above L_0, at ``spike_step``, then falls: the predictor is least reliable there); None
+      when not found. ``grid`` has both columns per configuration (None / −1 if not predicted).
     """
 
     found: bool
@@ -82,6 +86,8 @@ class Suggestion:
     timings: dict
     optimizer: Any = None
     warmup: float | None = None
+    outcome: str | None = None
+    spike_step: int | None = None
 
 
 def _order(rows):
@@ -97,7 +103,8 @@ def _skipped(b, n, lr, m, lam, sps) -> dict:
             "learning_rate": lr, "kappa": kappa, "kappa_eff": kappa / (1 - m),
             "steps": math.nan, "seconds": math.nan, "sps": sps, "soft_steps": math.nan,
             "final_loss": math.nan, "diverged": False, "beyond_edge": True,
-            "admissible": False, "source": "grid", "evaluated": False}
+            "admissible": False, "source": "grid", "evaluated": False, "outcome": None,
+            "spike_step": -1}
 
 
 def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
@@ -113,12 +120,13 @@ def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
             "soft_steps": float(out.soft[i]), "final_loss": float(out.loss[i][-1]),
             "diverged": diverged, "beyond_edge": bool(beyond),
             "admissible": reached and not diverged and not beyond, "source": source,
-            "evaluated": True}
+            "evaluated": True, "outcome": OUTCOMES[int(out.outcome[i])],
+            "spike_step": int(out.spike[i])}
 
 
 _COLUMNS = ("batch_size", "gd", "momentum", "learning_rate", "kappa", "kappa_eff", "steps",
             "seconds", "soft_steps", "final_loss", "diverged", "beyond_edge", "admissible",
-            "source", "evaluated")
+            "source", "evaluated", "outcome", "spike_step")
 
 
 def _columns(rows) -> tuple:
@@ -172,7 +180,8 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         batch_size=choice["b"], kappa=choice["kappa"], steps=int(choice["steps"]),
         seconds=choice["seconds"], loss=curves[id(choice)], refined=choice is not best,
         grid_best={k: best[k] for k in cols}, runners_up=_frame(others[:top], cols),
-        reason=None, optimizer=optimizer_of(choice), warmup=choice.get("warmup"), **common)
+        reason=None, optimizer=optimizer_of(choice), warmup=choice.get("warmup"),
+        outcome=choice["outcome"], spike_step=choice["spike_step"], **common)
 
 
 def _b(b, n=None) -> str:
@@ -227,6 +236,10 @@ def format_suggestion(r: dict) -> str:
         f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
+    if s.get("outcome") == "catapult":
+        lines.append(f"  warning: its predicted loss catapults (above L_0 at step "
+                     f"{s['spike_step']}, then falls): predictions are least reliable there; "
+                     "check it with a real run (ntk-tt predict --verify) or take a runner-up")
     if s["refined"]:
         was = (f"m = {g['momentum']:g}, η = {g['learning_rate']:.4g}" if not opt else
                f"peak η = {g['learning_rate']:.4g}, warmup {g['warmup']:g}")
