@@ -145,8 +145,8 @@ def one_error_line(args, capsys):
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
     (["--figure", "/nonexistent/dir/f.png"], "does not exist"),
     (["--figure", "out.xyz"], "must end in a format matplotlib writes"),
-    (["--num-paths", "0"], "num_paths must be an integer >= 1"),
-    (["--num-paths", "-3"], "num_paths must be an integer >= 1"),
+    (["--num-paths", "0"], "num_paths (--num-paths) must be an integer >= 1"),
+    (["--num-paths", "-3"], "num_paths (--num-paths) must be an integer >= 1"),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
