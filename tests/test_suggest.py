@@ -558,3 +558,42 @@ def test_a_head_kernel_of_other_inputs_names_both_n(no_work):
     with pytest.raises(ValueError, match="must be the HeadAwareKernel of head on these N = "
                                          f"{N} inputs .*got ndarray"):
         ntk_tt.suggest(apply_fn, params, x, y, head=head, head_kernel=np.eye(N), **GOOD)
+
+
+def test_a_predicted_spike_above_ten_l0_is_never_admissible():
+    """A fresh user's probe: an AdamW grid row whose predicted loss spiked to 17,147 (L_0 =
+    1) had outcome 'diverges' but diverged False (finite, and back below L_0 at T), and was
+    suggested. A row is now diverged, and not admissible, when either says so."""
+    from types import SimpleNamespace
+
+    from ntk_tt.analysis._suggest_report import _row
+
+    def row(code, flag):
+        out = SimpleNamespace(steps=[5.0], diverged=[flag], soft=[5.2], loss=[np.ones(3)],
+                              outcome=[code], spike=[2 if code else -1])
+        return _row(None, 10, 0.1, 0.0, 1.0, out, 0, 0.01, "cross_entropy", "grid")
+
+    assert OUTCOMES[2] == "diverges" and OUTCOMES[1] == "catapult"
+    assert row(0, False)["admissible"] and row(1, False)["admissible"]
+    for code, flag in ((2, False), (0, True), (2, True)):
+        r = row(code, flag)
+        assert r["diverged"] and not r["admissible"], (code, flag)
+
+
+def test_head_aware_suggest_with_float64_inputs_and_float32_weights():
+    """A fresh user's probe: under x64, float64 x with a float32 model made the head-aware
+    grid's scan carry change dtype (a raw TypeError). The kernel's fields now share one dtype,
+    as predict_head_aware's do, and the choice's curve is predict_head_aware's."""
+    model, apply_fn, params, x, y = head_problem()
+    head, key = ntk_tt.split_head(model), jax.random.key(2)
+    with jax.enable_x64(True):
+        x64 = jnp.asarray(x, jnp.float64)
+        s = ntk_tt.suggest(apply_fn, params, x64, y, head=head, target=0.5,
+                           target_kind="fraction", steps=20, batch_sizes=(None,),
+                           momenta=(0.0, 0.9), num_kappas=4, refine_steps=1, key=key,
+                           num_paths=1, seconds_per_step={None: 0.01})
+        assert s.found and s.loss.dtype == np.float64
+        p = ntk_tt.predict_head_aware(ntk_tt.head_aware_kernel(head, x64), y,
+                                      learning_rate=s.learning_rate, momentum=s.momentum,
+                                      steps=20)
+        np.testing.assert_allclose(np.asarray(p.loss), s.loss, rtol=1e-9)

@@ -39,7 +39,8 @@ class Suggestion:
     grid: pandas DataFrame, one row per grid configuration and per refinement candidate
       (``source`` "grid" or "refine"): batch_size (N for GD), gd, momentum,
       learning_rate, kappa, kappa_eff = κ/(1 − m), steps (NaN: target not reached), seconds,
-      soft_steps, final_loss, diverged, beyond_edge, admissible, source, evaluated (False: a
+      soft_steps, final_loss, diverged (non-finite, ending above L_0 or spiking above 10·L_0),
+      beyond_edge, admissible, source, evaluated (False: a
       grid point beyond the stability edge, not predicted; its steps etc. are NaN); with
       ``optimizer=`` also warmup (steps), learning_rate and kappa are the peak's, and Adam
       rows are never beyond_edge (κ does not measure Adam's stability).
@@ -111,7 +112,9 @@ def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
     kappa = lr * lam / n
     steps = float(out.steps[i])
     beyond = kappa > _edge(m, loss)
-    diverged = bool(out.diverged[i])
+    # the flag (non-finite, or L_T > L_0) or the outcome (a spike above 10·L_0) diverges
+    outcome = OUTCOMES[int(out.outcome[i])]
+    diverged = bool(out.diverged[i]) or outcome == "diverges"
     reached = math.isfinite(steps)
     return {"batch_size": n if b is None else b, "gd": b is None, "b": b, "momentum": m,
             "learning_rate": lr, "kappa": kappa, "kappa_eff": kappa / (1 - m),
@@ -120,7 +123,7 @@ def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
             "soft_steps": float(out.soft[i]), "final_loss": float(out.loss[i][-1]),
             "diverged": diverged, "beyond_edge": bool(beyond),
             "admissible": reached and not diverged and not beyond, "source": source,
-            "evaluated": True, "outcome": OUTCOMES[int(out.outcome[i])],
+            "evaluated": True, "outcome": outcome,
             "spike_step": int(out.spike[i])}
 
 

@@ -29,14 +29,16 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
     bar.set_description("suggest: kernel")
     with Stopwatch() as sw:
         if head is not None:
+            from ntk_tt.dynamics._checks import solve_dtype_fields
             from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
             from ntk_tt.kernels._head_aware import head_aware_kernel
 
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
                 head, x, backbone=backbone,
                 key=None if key is None else jax.random.fold_in(key, 1))
+            # one dtype for every field (float64 x with float32 weights: the scan's carry)
+            hk, dtype = solve_dtype_fields(hk)
             lam = float(initial_eigenvalues(hk)[1])  # λ_max of Θ_0
-            dtype = hk.features.dtype
             static = dict(kind="head_aware", traced=False, loss=loss)
             name = "head_aware:given" if head_kernel is not None else f"head_aware:{backbone}"
         else:
