@@ -227,6 +227,27 @@ def test_save_checkpoint_refuses_a_meta_that_does_not_rebuild_the_model(tmp_path
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_save_checkpoint_checks_meta_as_load_does_and_takes_numpy(tmp_path):
+    """A fresh user's probe: a mean of the wrong length and num_classes '5' were saved and then
+    refused or misread by load_checkpoint, and a NumPy mean (README's own idiom) raised an
+    orbax traceback and left a temporary folder. Now save refuses what load would, before
+    writing anything, and stores NumPy / JAX values as JSON numbers."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    for meta, said in [(META | {"mean": [0.5, 0.5]}, "mean .*expected 3 numbers"),
+                       (META | {"num_classes": "3"}, "num_classes '3'; expected a positive"),
+                       (META | {"note": object()}, "JSON values .*type object")]:
+        with pytest.raises(ValueError, match=said + ".*fix meta before saving"):
+            ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
+        assert not list(tmp_path.iterdir())
+    meta = META | {"mean": np.full(3, 0.5, np.float32), "num_classes": np.int64(3),
+                   "std": jax.numpy.full(3, 0.25)}
+    ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
+    back, stored = ntk_tt.load_checkpoint(tmp_path / "ck")
+    assert stored == META and type(stored["num_classes"]) is int
+    for a, b in zip(leaves(model), leaves(back), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_a_checkpoint_saved_on_other_devices_loads_on_this_one(tmp_path):
     """The stored sharding names the saving machine's devices; a GPU loading a checkpoint
     written on a CPU failed with orbax's 'Topology mismatch' (seen on an H200). Here the

@@ -168,6 +168,35 @@ def test_invalid_traced_entries_are_nan_and_invalid_not_diverged():
     assert np.isnan(np.asarray(swept.loss[1])).all() and int(swept.outcome[1]) == 3
 
 
+def test_invalid_traced_schedule_shapes_are_invalid_too():
+    """A fresh user's probe: traced warmups of −1, T or more, a decay_steps below the warmup
+    and an init above the peak gave finite curves with code 0, though each is refused
+    eagerly; they are now INVALID (NaN), for both predictors, the valid entry unchanged."""
+    kernel, f0, y, _ = _plain()
+    split, x, _, _, _ = _split()
+    hk = ntk_tt.head_aware_kernel(split, x)
+
+    def sched(warmup, decay, init):
+        return ntk_tt.sgd(ntk_tt.warmup_cosine(0.5, warmup, decay, init=init))
+
+    cases = jnp.array([[5.0, T, 0.0], [-1.0, T, 0.0], [T, T, 0.0], [35.0, 40.0, 0.0],
+                       [5.0, 3.0, 0.0], [5.0, T, 0.6]])
+    for eager in ((5.0, T, 0.6), (5.0, 3.0, 0.0), (-1.0, T, 0.0)):
+        with pytest.raises(ValueError):
+            sched(*eager)
+    for run in (lambda w, d, i: ntk_tt.predict_from_kernel(kernel, f0, y, steps=T,
+                                                          optimizer=sched(w, d, i)),
+                lambda w, d, i: ntk_tt.predict_head_aware(hk, y, steps=T,
+                                                          optimizer=sched(w, d, i))):
+        swept = jax.jit(jax.vmap(run))(*cases.T)
+        _same(swept, 0, run(5.0, T, 0.0))
+        for i in range(1, len(cases)):
+            assert (np.asarray(swept.training_time_code[i]) == INVALID).all(), i
+            assert np.isnan(np.asarray(swept.loss[i])).all(), i
+    with pytest.raises(ValueError, match="warmup is 30 steps"):
+        run(float(T), float(T), 0.0)
+
+
 def test_what_cannot_be_traced_is_one_clear_error():
     """A traced optimizer with a schedule and a continuous method (a constant one takes the
     constant-η keywords' path, which traces), a traced Adam ε (built into the
@@ -188,3 +217,21 @@ def test_what_cannot_be_traced_is_one_clear_error():
     with pytest.raises(ValueError, match="traced hyperparameters .*predict_from_kernel"):
         jax.vmap(lambda p: ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.sgd(p),
                                           steps=T).loss)(jnp.array([0.1, 0.2]))
+
+
+def test_an_optimizer_passed_into_jit_says_why_it_needs_the_tangent():
+    """A fresh user's probe: jit(lambda o: predict_from_kernel(..., optimizer=o))(sgd(...))
+    traces weight_decay = 0 too, and was told 'or use weight_decay=0'; the message now says
+    the λ is traced and how to keep it concrete, which works."""
+    kernel, f0, y, extra = _plain()
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(0.5, 5, T))
+    with pytest.raises(ValueError, match="weight_decay is traced .*build the optimizer inside"):
+        jax.jit(lambda o: ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=o,
+                                                     steps=T).loss)(opt)
+    inside = jax.jit(lambda p: ntk_tt.predict_from_kernel(
+        kernel, f0, y, optimizer=ntk_tt.sgd(ntk_tt.warmup_cosine(p, 5, T)), steps=T).loss)
+    with_a = jax.jit(lambda o: ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=o, steps=T,
+                                                          a=extra["a"]).loss)
+    eager = ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T).loss
+    np.testing.assert_allclose(inside(0.5), eager, rtol=1e-9)
+    np.testing.assert_allclose(with_a(opt), eager, rtol=1e-9)

@@ -11,6 +11,7 @@ arrays' shapes, and restores the weights into that abstract model.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -84,33 +86,39 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {sentence}" if sentence else type(err).__name__
 
 
-def _check_meta(path: Path, meta: Any) -> dict[str, Any]:
-    where = f"checkpoint at {path}: meta"
+def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]:
+    """``meta`` as :func:`load_checkpoint` needs it, else one ValueError ending in ``fix``
+    (``path`` None: a meta about to be saved)."""
+    where = "meta" if path is None else f"checkpoint at {path}: meta"
     if not isinstance(meta, dict):
-        raise ValueError(f"{where} is not a JSON object; {_FIX}.")
+        raise ValueError(f"{where} is not a JSON object; {fix}.")
     missing = sorted({"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta))
     if missing:
-        raise ValueError(f"{where} lacks the keys {missing}; {_FIX}.")
+        raise ValueError(f"{where} lacks the keys {missing}; {fix}.")
     arch = meta["architecture"]
     if arch not in ARCHITECTURES:
         raise ValueError(f"{where} names architecture {arch!r}, which ntk_tt does not know; "
                          f"known architectures: {', '.join(sorted(ARCHITECTURES))}.")
+    k = meta["num_classes"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{where} has num_classes {k!r}; expected a positive integer; "
+                         f"{fix}.")
     shape = meta["input_shape"]
     if not (isinstance(shape, list) and len(shape) == 3
             and all(isinstance(s, int) and s >= 1 for s in shape)):
         raise ValueError(f"{where} has input_shape {shape!r}; expected [H, W, C] (positive "
-                         f"integers); {_FIX}.")
+                         f"integers); {fix}.")
     for key in ("mean", "std"):
         v = meta[key]
         if not (isinstance(v, list) and len(v) == shape[2]
                 and all(isinstance(s, (int, float)) for s in v)):
             raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} numbers (one per "
-                             f"input channel); {_FIX}.")
+                             f"input channel); {fix}.")
     if not all(s > 0 for s in meta["std"]):
-        raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {_FIX}.")
+        raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {fix}.")
     if not isinstance(meta.get("kwargs", {}), dict):
         raise ValueError(f"{where} has kwargs {meta['kwargs']!r}; expected a JSON object of "
-                         f"constructor arguments; {_FIX}.")
+                         f"constructor arguments; {fix}.")
     return meta
 
 
@@ -171,6 +179,14 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
         raise ValueError(f"checkpoint at {path}: {said} does not match the stored weights: "
                          f"{k} should have shape {want[k]} but has {have[k]} ({len(bad)} "
                          f"arrays differ); {_FIX}.")
+
+
+def _json_number(value):
+    """NumPy / JAX numbers and arrays in a meta as JSON numbers and lists; TypeError for
+    anything else."""
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        return np.asarray(value).tolist()
+    raise TypeError(type(value).__name__)
 
 
 def _check_meta_builds(meta: dict[str, Any], state) -> None:
@@ -242,6 +258,13 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
             f"meta names architecture {arch!r} but the model is a {kind}: load_checkpoint "
             f"would rebuild a {arch}, not this model. Set meta['architecture'] to the "
             f"model's class (one of {known}), or see ntk_tt.from_nnx for other models.")
+    try:  # what load_checkpoint will read back
+        meta = json.loads(json.dumps(meta, default=_json_number))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"meta must hold JSON values (numbers, strings, lists, dicts; NumPy "
+                         f"arrays are converted), got a value of type {err}; fix meta before "
+                         "saving.") from None
+    _check_meta(None, meta, "fix meta before saving")
     state = nnx.to_pure_dict(nnx.state(model))
     _check_meta_builds(meta, state)
     path = Path(path).absolute()

@@ -147,7 +147,29 @@ def valid_hyperparameters(optimizer: Optimizer, steps: int) -> tuple[jax.Array, 
     ok = (jnp.all(jnp.isfinite(rates) & (rates >= 0)) & (optimizer.b2 >= 0)
           & (optimizer.b2 < 1) & (optimizer.eps > 0) & jnp.isfinite(optimizer.eps)
           & (wd >= 0) & jnp.isfinite(wd))
-    return jnp.max(rates), ok
+    return jnp.max(rates), ok & _valid_schedule(optimizer.learning_rate, int(steps))
+
+
+def _valid_schedule(sched, steps: int) -> jax.Array:
+    """What the schedule constructors and :func:`check_warmup` refuse eagerly, as a traceable
+    bool: every number finite; init, end in [0, peak]; warmup ≥ 0 and reached before the run
+    ends (when η rises to it); decay_steps (warmup-cosine) / decay_start (WSD) ≥ warmup,
+    WSD's decay_steps ≥ 0; an exponential's init > 0 and rate in (0, 1]."""
+    get = partial(getattr, sched)
+    names = ("peak", "warmup", "decay_steps", "decay_start", "init", "end", "value", "rate")
+    leaves = [get(k) for k in names if isinstance(get(k, None), jax.Array)]
+    ok = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in leaves])) if leaves else True
+    peak, warmup, init = get("peak", None), get("warmup", None), get("init", 0.0)
+    if peak is not None:
+        for v in (init, get("end")):
+            ok &= (v >= 0) & (v <= peak * (1 + 1e-6))
+        rises = jnp.asarray(init) < peak
+        ok &= (warmup >= 0) & (~rises | (jnp.ceil(warmup) < steps))
+        ok &= get("decay_steps") >= warmup if get("decay_start", None) is None else (
+            (get("decay_start") >= warmup) & (get("decay_steps") >= 0))
+    elif get("rate", None) is not None:
+        ok &= (init > 0) & (get("rate") > 0) & (get("rate") <= 1)
+    return ok
 
 
 def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:
@@ -156,7 +178,13 @@ def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:
     if tangent is not None:
         return True
     wd = optimizer.weight_decay
-    if isinstance(wd, jax.core.Tracer) or np.ndim(wd) != 0 or float(wd) != 0.0:
+    if isinstance(wd, jax.core.Tracer):
+        raise ValueError(
+            f"weight decay acts on J·θ0, and this optimizer's weight_decay is traced (an "
+            f"optimizer passed into jit / vmap as an argument), so it cannot be known to be "
+            f"0: pass {name} (ntk_tt.weight_tangent(fn, params, x), one jvp), or build the "
+            "optimizer inside the traced function with weight_decay=0.")
+    if np.ndim(wd) != 0 or float(wd) != 0.0:
         raise ValueError(
             f"weight decay acts on J·θ0: pass {name} (ntk_tt.weight_tangent(fn, params, x), "
             "one jvp), or use weight_decay=0.")
