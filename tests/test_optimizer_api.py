@@ -286,6 +286,27 @@ def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
 
 
 
+def test_a_reused_kernel_is_labelled_by_its_own_backbone():
+    """A fresh user's probe: a Kronecker (or exact) head_kernel was used but the prediction was
+    labelled head_aware:isotropic (predict's default backbone). The label now names the kernel
+    used, and the curve is the one predict builds with that backbone."""
+    kx, ky = jax.random.split(jax.random.key(0))
+    x, y = jax.random.normal(kx, (32, 6)), jax.random.randint(ky, (32,), 0, C)
+    model = TanhHeadNet(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    head = ntk_tt.split_head(model)
+    for kind in ("kronecker", "exact", "isotropic"):
+        hk = ntk_tt.head_aware_kernel(head, x, backbone=kind)
+        for how in (dict(learning_rate=0.3), dict(optimizer=ntk_tt.sgd(
+                ntk_tt.warmup_cosine(0.3, 3, 10), 0.9, weight_decay=0.05))):
+            reused = ntk_tt.predict(apply_fn, params, x, y, head=head, head_kernel=hk, steps=10,
+                                    **how)
+            own = ntk_tt.predict(apply_fn, params, x, y, head=head, backbone=kind, steps=10,
+                                 **how)
+            assert reused.kernel == own.kernel == f"head_aware:{kind}"
+            np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)
+
+
 def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch, tmp_path):
     """A fresh user's probe: sgd(0.1, nesterov=True) (m = 0: plain GD) was accepted while
     ``ntk-tt predict --nesterov`` without -m is refused; now the same advice, at once. With

@@ -202,6 +202,15 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     return HeadAwareKernel(h0, w0, b0, kb, mixing, h0t, kbt)
 
 
+def backbone_kind(hk: HeadAwareKernel) -> str:
+    """Which ``backbone`` built ``hk``: "exact" (no mixing), "isotropic" (S = I_F) or
+    "kronecker" (a measured S)."""
+    if hk.mixing is None:
+        return "exact"
+    eye = np.eye(np.shape(hk.mixing)[0])
+    return "isotropic" if np.array_equal(np.asarray(hk.mixing), eye) else "kronecker"
+
+
 def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
     """ValueError when k_b cannot be read off the logit-summed Θ (concrete values only).
 

@@ -271,13 +271,15 @@ def predict(
             targets)
     if head_aware:
         from ntk_tt.dynamics._predict_head_aware import predict_head_aware
-        from ntk_tt.kernels._head_aware import head_aware_kernel
+        from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 
         hk = head_kernel if head_kernel is not None else timed_stage(
             seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone, key=keys[0])
         out = timed_stage(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
+        if head_kernel is not None:  # the label names the kernel actually used
+            backbone = backbone_kind(head_kernel)
         return with_targets(_to_prediction(out, "discrete", f"head_aware:{backbone}", hyper,
                                            seconds), targets)
     k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,

@@ -49,7 +49,7 @@ from ntk_tt.dynamics._checks import check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
-from ntk_tt.kernels._head_aware import head_aware_kernel
+from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 from ntk_tt.prediction._predict import (
     DEFAULT_SKETCH_DIM,
     _check_kinds,
@@ -166,6 +166,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                                     x_test, decay)
         out = timed_stage(seconds, "solve", head_aware_prediction, kernels, y, optimizer,
                           a_h=a_h, a_h_test=a_h_test, **common)
+        if head_kernel is not None:  # the label names the kernel actually used
+            backbone = backbone_kind(getattr(head_kernel, "hk", head_kernel))
         label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
     else:
         d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
