@@ -12,7 +12,6 @@ import pytest
 from _ntk_models import labelled_mlp, mlp_problem, mlp_split_problem
 
 import ntk_tt
-from ntk_tt.dynamics._training_time import INVALID
 
 N, NT, C, T = 16, 6, 3, 30
 
@@ -156,8 +155,10 @@ def test_invalid_traced_entries_are_nan_and_invalid_not_diverged():
     _same(swept, 0, run(0.5, 0.5, 0.05))
     for i in range(1, 5):
         assert np.isnan(np.asarray(swept.loss[i])).all() and np.isnan(float(swept.kappa[i]))
-        assert (np.asarray(swept.training_time_code[i]) == INVALID).all()
+        assert (np.asarray(swept.training_time_code[i]) == ntk_tt.INVALID).all()
         assert int(swept.outcome[i]) == 3 and not bool(swept.diverged[i])
+        assert ntk_tt.OUTCOMES[int(swept.outcome[i])] == "unknown"  # the public names
+        assert "jit / vmap" in ntk_tt.REASONS[int(swept.training_time_code[i, 0, 0])]
     split, x, y, _, _ = _split()
     template = ntk_tt.adamw(1e-2, weight_decay=0.0)
     ak = ntk_tt.adam_head_aware_kernel(split, x, y, template)
@@ -191,7 +192,7 @@ def test_invalid_traced_schedule_shapes_are_invalid_too():
         swept = jax.jit(jax.vmap(run))(*cases.T)
         _same(swept, 0, run(5.0, T, 0.0))
         for i in range(1, len(cases)):
-            assert (np.asarray(swept.training_time_code[i]) == INVALID).all(), i
+            assert (np.asarray(swept.training_time_code[i]) == ntk_tt.INVALID).all(), i
             assert np.isnan(np.asarray(swept.loss[i])).all(), i
     with pytest.raises(ValueError, match="warmup is 30 steps"):
         run(float(T), float(T), 0.0)

@@ -34,9 +34,9 @@ REASONS = {
     BEYOND_EDGE: "beyond the stability edge: the linearised model cannot tell (cross-entropy on "
                  "a frozen kernel cannot blow up, so its curve says nothing of whether the real "
                  "run converges; use head=split_head(model) or a smaller learning rate)",
-    INVALID: "invalid hyperparameters under jit / vmap (learning rate not finite and > 0, or "
-             "momentum not in [0, 1)): traced values cannot be refused, so this prediction "
-             "is NaN; pass valid values",
+    INVALID: "invalid hyperparameters under jit / vmap (a learning rate or schedule, "
+             "momentum, Adam's b2 or eps, or weight decay that the eager checks refuse): traced "
+             "values cannot be refused, so this prediction is NaN; pass valid values",
 }
 
 
