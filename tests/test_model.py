@@ -109,16 +109,26 @@ def test_a_flax_module_or_none_where_a_function_goes_is_one_clear_error():
     calls = [(ntk_tt.empirical_ntk, (model, params, x), "apply_fn must be a function"),
              (ntk_tt.linearize, (model, params), "apply_fn must be a function"),
              (ntk_tt.linearize, (None, params), "apply_fn must be a function"),
-             (ntk_tt.linearize, (lambda p, z: z, None), "params0 must be the pre-trained"),
+             (ntk_tt.linearize, (lambda p, z: z, None), "params0 must be the weights"),
+             (ntk_tt.linearize, (lambda p, z: z, "p"), "params0 must be the weights"),
+             (ntk_tt.linearize, (lambda p, z: z, model), "params0 must be the weights"),
+             (ntk_tt.weight_tangent, (lambda p, z: z, None, x), "params must be the weights"),
+             (ntk_tt.weight_tangent, (lambda p, z: z, model, x), "params must be the weights"),
+             (ntk_tt.linearize(lambda p, z: z @ p, jnp.ones(3)), (jnp.ones(3), None),
+              "x must be an array"),
              (ntk_tt.weight_tangent, (None, params, x), "fn must be a function"),
              (ntk_tt.weight_tangent, (lambda p, z: z @ p, jnp.ones(3), "abc"),
               "x must be an array")]
     for fn, args, match in calls:
         with pytest.raises(ValueError, match=match + ".*"
-                           + ("from_nnx" if "function" in match else "")):
+                           + ("from_nnx" if "must be the" in match else "")):
             fn(*args)
     w, z = jnp.array([1.0, -2.0, 0.5]), jnp.array([[1.0, 2.0, 3.0], [0.0, 1.0, 4.0]])
     np.testing.assert_allclose(ntk_tt.weight_tangent(lambda p, v: v @ p, w, z), z @ w)
+    with pytest.raises(ValueError, match="predict is eager .*predict_from_kernel"):
+        jax.vmap(lambda lr: ntk_tt.predict(lambda p, v: v @ p, jnp.ones((3, 2)), z,
+                                           jnp.array([0, 1]), learning_rate=lr,
+                                           steps=5).loss)(jnp.array([0.1, 0.2]))
 
 
 def test_check_model_rejects_bad_x():

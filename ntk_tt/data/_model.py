@@ -28,6 +28,15 @@ def check_function(fn, name: str = "apply_fn", form: str = "apply_fn(params, x) 
                          "ntk_tt.from_nnx(model) returns (apply_fn, params) of a flax model.")
 
 
+def check_weights(params, name: str = "params") -> None:
+    """ValueError unless ``params`` can be weights (a pytree of arrays): None, a string or a
+    flax module (whose weights live inside it) cannot."""
+    if params is None or isinstance(params, (str, bytes, nnx.Module)):
+        raise ValueError(f"{name} must be the weights (a pytree of arrays), got "
+                         f"{type(params).__name__}; ntk_tt.from_nnx(model) returns "
+                         "(apply_fn, params) of a flax model.")
+
+
 def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
     """Split a flax NNX module into a pure ``(apply_fn, params)`` pair.
 

@@ -36,7 +36,7 @@ from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.data._inputs import as_array
-from ntk_tt.data._model import check_function
+from ntk_tt.data._model import check_function, check_weights
 from ntk_tt.dynamics._checks import check_labels, check_warmup, float_logits
 from ntk_tt.dynamics._fspace import as_operator, theta_cols_dot, theta_dot
 from ntk_tt.dynamics._losses import check_loss, logit_residual
@@ -56,10 +56,11 @@ def weight_tangent(fn, params, x) -> jax.Array:
       recursions).
 
     Raises:
-      ValueError: ``fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), ``x`` not
-        an array of numbers.
+      ValueError: ``fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), ``params``
+        not weights (None, a string, a module), ``x`` not an array of numbers.
     """
     check_function(fn, "fn", "fn(params, x) -> logits or features")
+    check_weights(params)
     x = as_array(x, "x")
     return jax.jvp(lambda p: fn(p, x), (params,), (params,))[1]
 

@@ -7,7 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ntk_tt.data._model import ApplyFn, check_function
+from ntk_tt.data._inputs import as_array
+from ntk_tt.data._model import ApplyFn, check_function, check_weights
 
 
 def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
@@ -28,13 +29,11 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
 
     Raises:
       ValueError: ``apply_fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), or
-        ``params0`` None; (from ``f_lin``) if ``params`` and ``params0`` have different tree
-        structures.
+        ``params0`` not weights (None, a string, a module); (from ``f_lin``) if ``params``
+        and ``params0`` have different tree structures or ``x`` is not an array.
     """
     check_function(apply_fn)
-    if params0 is None:
-        raise ValueError("params0 must be the pre-trained weights (a pytree of arrays), got "
-                         "None; ntk_tt.from_nnx(model) returns (apply_fn, params).")
+    check_weights(params0, "params0")
     treedef0 = jax.tree_util.tree_structure(params0)
 
     def f_lin(params: Any, x: jax.Array) -> jax.Array:
@@ -43,6 +42,7 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
                 "params must have the same tree structure as the params0 given to linearize; "
                 f"got {jax.tree_util.tree_structure(params)} vs {treedef0}."
             )
+        x = as_array(x, "x")
         delta = jax.tree.map(jnp.subtract, params, params0)
         f0, jvp = jax.jvp(lambda p: apply_fn(p, x), (params0,), (delta,))
         return f0 + jvp

@@ -194,6 +194,11 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
+    if any(isinstance(v, jax.core.Tracer) for v in (learning_rate, momentum)):
+        raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
+                         "the values), so learning_rate and momentum cannot be traced (jit / "
+                         "vmap / grad): build the kernel once and sweep ntk_tt."
+                         "predict_from_kernel or ntk_tt.predict_head_aware under jit(vmap).")
     if optimizer is not None:
         check_learning_rates(optimizer, steps)
     check_loss(loss)
