@@ -276,6 +276,18 @@ def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
             with pytest.raises(ValueError, match="built for other inputs or another head.*"
                                + match):
                 ntk_tt.predict(apply_fn, params, inputs, y, head_kernel=hk, **how, **kw, **test)
+    # an Adam kernel holds its labels' loss gradients (v̄): other labels were used silently
+    adamw = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 3, 10), weight_decay=0.1)
+    ak = ntk_tt.adam_head_aware_kernel(head, x2, y, adamw)
+    y2 = (y + 1) % C
+    for call in (lambda: ntk_tt.predict(apply_fn, params, x2, y2, head=head, head_kernel=ak,
+                                        optimizer=adamw, steps=10),
+                 lambda: ntk_tt.predict_head_aware(ak, y2, optimizer=adamw, steps=10)):
+        with pytest.raises(ValueError, match="built for other labels y .*for these labels"):
+            call()
+    with pytest.raises(ValueError, match="AdamKernel serves optimizer=.*pass its .hk"):
+        ntk_tt.predict(apply_fn, params, x2, y, head=head, head_kernel=ak, learning_rate=0.3,
+                       steps=10)
     with pytest.raises(ValueError, match="features of x differ"):
         ntk_tt.suggest(apply_fn, params, x2, y, head=head, steps=10, target=0.5,
                        head_kernel=ntk_tt.head_aware_kernel(head, x))

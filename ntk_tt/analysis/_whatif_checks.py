@@ -21,10 +21,10 @@ from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _check_precond,
     _maybe_nonzero,
-    check_adam_kernel,
     drift_in_dtype,
 )
 from ntk_tt.dynamics._checks import (
+    check_adam_kernel,
     check_f0_shape,
     check_gram,
     check_num_paths,
@@ -255,7 +255,7 @@ def _prepare_optimizer(kernel, y, optimizer, *, steps, key, y_test, f0, kernel_t
     held = data.f0_test if kind == "plain" else data.features_test
     dtype = data.f0.dtype if kind == "plain" else data.features.dtype
     if adam:
-        check_adam_kernel(kernel, optimizer, bs, "the AdamKernel", loss)
+        check_adam_kernel(kernel, optimizer, bs, "the AdamKernel", loss, y)
         kind, data = "adam", (data, _check_precond(kernel.precond, data),
                               drift_in_dtype(kernel.drift, dtype))
     decay_needs_tangent(optimizer, a, "a")

@@ -71,7 +71,7 @@ from ntk_tt.dynamics._adam_drift import (
     precond_kernel,
     quadratic_form,
 )
-from ntk_tt.dynamics._checks import check_labels
+from ntk_tt.dynamics._checks import check_adam_kernel, check_labels
 from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
 from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
@@ -96,7 +96,8 @@ class AdamKernel(NamedTuple):
     estimated for (N for full batch). drift: the drifting profile's table
     (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile). eps: the ε
     that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked). loss: index in
-    ``LOSSES`` of the loss v̄ was taken of (an int: a pytree of numbers; None: not checked)."""
+    ``LOSSES`` of the loss v̄ was taken of (an int: a pytree of numbers; None: not checked).
+    labels: the y (N,) whose loss gradients v̄ holds (None: not checked)."""
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
@@ -104,27 +105,7 @@ class AdamKernel(NamedTuple):
     drift: DriftTable | None = None
     eps: float | None = None
     loss: int | None = None
-
-
-def check_adam_kernel(ak: AdamKernel, optimizer: Optimizer, batch_size: int, name: str,
-                      loss: str | None = None) -> None:
-    """ValueError unless ``ak`` was built for this optimiser's batch size and ε and for
-    ``loss`` (v̄ depends on B and the loss's gradients, P on ε; traced values and a loss of
-    None are not checked)."""
-    fix = "rebuild it with ntk_tt.adam_head_aware_kernel(..., optimizer) for this optimizer."
-    if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
-        raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
-                         f"the optimizer's is {batch_size}: {fix}")
-    built = None if ak.loss is None or isinstance(ak.loss, jax.core.Tracer) else LOSSES[ak.loss]
-    if loss is not None and built is not None and built != loss:
-        raise ValueError(f"{name} was built for loss={built!r} (v̄ holds that loss's "
-                         f"gradients), the prediction's is {loss!r}: rebuild it with "
-                         f"ntk_tt.adam_head_aware_kernel(..., loss={loss!r}).")
-    eps = _concrete(optimizer.eps)
-    built = None if ak.eps is None or isinstance(ak.eps, jax.core.Tracer) else float(ak.eps)
-    if eps is not None and built is not None and not np.isclose(eps, built, rtol=1e-6, atol=0):
-        raise ValueError(f"{name} was built for Adam's ε = {built:g} (P = 1/(√v̄ + ε)), the "
-                         f"optimizer's is {eps:g}: {fix}")
+    labels: jax.Array | None = None
 
 
 class AdamHeadState(NamedTuple):
@@ -220,7 +201,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
         table = table._replace(calibration=kernel_calibration(
             hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
-    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss))
+    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y)
 
 
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -268,7 +249,8 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
                                             a_h=a_h, a_h_test=a_h_test)
     hp = _check_precond(ak.precond, hk)
     table = drift_in_dtype(ak.drift, hk.features.dtype)
-    check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak", loss)
+    check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak", loss,
+                      y)
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
     return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
 

@@ -13,7 +13,7 @@ import numpy as np
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
 from ntk_tt.dynamics._fspace import as_operator
-from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._losses import LOSSES, check_loss
 
 
 def check_num_paths(num_paths) -> None:
@@ -345,3 +345,31 @@ def check_warmup(learning_rate, steps: int) -> None:
             f"{float(peak):g} at step {reached}, but a run of steps = {steps} updates ends "
             f"before it (η_0 … η_{steps - 1}); shorten the warmup to < {steps} steps or raise "
             f"steps to > {reached}.")
+
+
+def check_adam_kernel(ak, optimizer, batch_size: int, name: str, loss: str | None = None,
+                      y=None) -> None:
+    """ValueError unless the :class:`ntk_tt.AdamKernel` ``ak`` was built for this optimiser's
+    batch size and ε, for ``loss`` and for the labels ``y`` (v̄ holds the loss's gradients at
+    y and depends on B, P on ε; traced values, a loss or y of None are not checked)."""
+    fix = "rebuild it with ntk_tt.adam_head_aware_kernel(..., optimizer) for this optimizer."
+    if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
+        raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
+                         f"the optimizer's is {batch_size}: {fix}")
+    built = None if ak.loss is None or isinstance(ak.loss, jax.core.Tracer) else LOSSES[ak.loss]
+    if loss is not None and built is not None and built != loss:
+        raise ValueError(f"{name} was built for loss={built!r} (v̄ holds that loss's "
+                         f"gradients), the prediction's is {loss!r}: rebuild it with "
+                         f"ntk_tt.adam_head_aware_kernel(..., loss={loss!r}).")
+    eps = _concrete(optimizer.eps)
+    eps = None if eps is None or np.ndim(eps) else float(eps)
+    built = None if ak.eps is None or isinstance(ak.eps, jax.core.Tracer) else float(ak.eps)
+    if eps is not None and built is not None and not np.isclose(eps, built, rtol=1e-6, atol=0):
+        raise ValueError(f"{name} was built for Adam's ε = {built:g} (P = 1/(√v̄ + ε)), the "
+                         f"optimizer's is {eps:g}: {fix}")
+    labels = None if ak.labels is None else _concrete(ak.labels)
+    given = None if y is None else _concrete(y)
+    if labels is not None and given is not None and not np.array_equal(labels, given):
+        raise ValueError(f"{name} was built for other labels y (v̄ holds the loss gradients at "
+                         "its labels): rebuild it with ntk_tt.adam_head_aware_kernel(split, x, "
+                         "y, optimizer) for these labels.")

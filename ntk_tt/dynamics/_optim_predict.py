@@ -40,11 +40,11 @@ from ntk_tt.data._inputs import _check_finite, as_array, check_key
 from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _maybe_nonzero,
-    check_adam_kernel,
     head_aware_adam_trajectory,
 )
 from ntk_tt.dynamics._checks import (
     _check_method_inputs,
+    check_adam_kernel,
     check_f0_shape,
     check_gram,
     check_hyper,
@@ -283,7 +283,7 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
     y = check_labels(y, n, c)
     bs = check_run(optimizer, n, steps)
     if adam:
-        check_adam_kernel(hk, optimizer, bs, "hk", loss)
+        check_adam_kernel(hk, optimizer, bs, "hk", loss, y)
         if isinstance(optimizer.eps, jax.core.Tracer):
             raise ValueError("Adam's ε is built into the AdamKernel (P = 1/(√v̄ + ε)) and "
                              "cannot be traced: build one kernel per ε (ntk_tt.adam_head_aware"

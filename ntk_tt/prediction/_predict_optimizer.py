@@ -43,9 +43,8 @@ from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _maybe_nonzero,
     adam_head_aware_kernel,
-    check_adam_kernel,
 )
-from ntk_tt.dynamics._checks import check_head_kernel
+from ntk_tt.dynamics._checks import check_adam_kernel, check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
@@ -137,7 +136,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         if not adam:
             raise ValueError(f"head_kernel is an Adam kernel (adam_head_aware_kernel) and the "
                              f"optimizer is {optimizer.label}: pass its .hk for SGD.")
-        check_adam_kernel(head_kernel, optimizer, bs, "head_kernel", loss)
+        check_adam_kernel(head_kernel, optimizer, bs, "head_kernel", loss, y)
     # kernels and the sketch from keys folded from ``key``; the batches from ``key`` itself
     kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
