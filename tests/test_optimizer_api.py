@@ -282,7 +282,9 @@ def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
     y2 = (y + 1) % C
     for call in (lambda: ntk_tt.predict(apply_fn, params, x2, y2, head=head, head_kernel=ak,
                                         optimizer=adamw, steps=10),
-                 lambda: ntk_tt.predict_head_aware(ak, y2, optimizer=adamw, steps=10)):
+                 lambda: ntk_tt.predict_head_aware(ak, y2, optimizer=adamw, steps=10),
+                 lambda: ntk_tt.divergence_boundary(ak, y2, optimizer=adamw, momenta=[0.9],
+                                                    learning_rates=[1e-3, 1e-2], steps=10)):
         with pytest.raises(ValueError, match="built for other labels y .*for these labels"):
             call()
     with pytest.raises(ValueError, match="AdamKernel serves optimizer=.*pass its .hk"):
