@@ -72,6 +72,13 @@ class Schedule(eqx.Module):
         operation: the predictors and checks read η_t several times per call."""
         return _values(self, int(steps))
 
+    def valid(self, steps: int) -> Array:
+        """Whether the constructor's and :func:`ntk_tt.dynamics._checks.check_warmup`'s
+        value checks pass, as a traceable bool (the predictors flag a traced schedule that
+        fails them as INVALID): here every number leaf finite; subclasses add their own."""
+        leaves = [v for v in jax.tree_util.tree_leaves(self) if isinstance(v, jax.Array)]
+        return jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in leaves] or [True]))
+
 
 class Constant(Schedule):
     """η_t = ``value`` at every step."""
@@ -104,6 +111,13 @@ class WarmupCosine(Schedule):
         ramp = (self.peak - self.init) * _ramp(t, self.warmup, self.smoothing)
         return self.init + ramp + (cos - self.peak)
 
+    def valid(self, steps: int) -> Array:
+        """init, end in [0, peak]; a warmup ≥ 0 that ends before ``steps`` (when η rises);
+        decay_steps ≥ warmup."""
+        return (super().valid(steps) & _within_peak(self.peak, self.init, self.end)
+                & _warmup_ends(self.warmup, self.init < self.peak, steps)
+                & (self.decay_steps >= self.warmup))
+
 
 class WarmupStableDecay(Schedule):
     """Warmup–stable–decay (WSD): linear warmup from 0 (η_0) to ``peak`` (step ``warmup``),
@@ -123,6 +137,13 @@ class WarmupStableDecay(Schedule):
         # warmup ramp + the decay (0 until decay_start >= warmup)
         return self.peak * _ramp(t, self.warmup, self.smoothing) + (self.end - self.peak) * frac
 
+    def valid(self, steps: int) -> Array:
+        """end in [0, peak]; a warmup ≥ 0 that ends before ``steps``; decay_start ≥ warmup;
+        decay_steps ≥ 0."""
+        return (super().valid(steps) & _within_peak(self.peak, self.end)
+                & _warmup_ends(self.warmup, True, steps) & (self.decay_start >= self.warmup)
+                & (self.decay_steps >= 0))
+
 
 class Exponential(Schedule):
     """η_t = ``init``·``rate``^t (optax ``exponential_decay(init, 1, rate)``)."""
@@ -132,6 +153,10 @@ class Exponential(Schedule):
 
     def __call__(self, step) -> Array:
         return self.init * self.rate ** jnp.asarray(step, self.init.dtype)
+
+    def valid(self, steps: int) -> Array:
+        """init > 0, rate in (0, 1]."""
+        return super().valid(steps) & (self.init > 0) & (self.rate > 0) & (self.rate <= 1)
 
 
 class FromCallable(Schedule):
@@ -147,6 +172,16 @@ class FromCallable(Schedule):
         """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
         program would be rebuilt for every new callable (an optax schedule made per call)."""
         return _eager_values(self, int(steps))
+
+
+def _within_peak(peak, *values) -> Array:
+    """Every value in [0, peak] (a relative 1e-6 above passes, as :func:`_check_below_peak`)."""
+    return jnp.all(jnp.array([(v >= 0) & (v <= peak * (1 + 1e-6)) for v in values]))
+
+
+def _warmup_ends(warmup, rises, steps: int) -> Array:
+    """warmup ≥ 0, and ⌈warmup⌉ < ``steps`` where η rises to its peak (``check_warmup``)."""
+    return (warmup >= 0) & (~jnp.asarray(rises) | (jnp.ceil(warmup) < steps))
 
 
 def _eager_values(sched: Schedule, steps: int) -> Array:

@@ -139,8 +139,9 @@ def is_traced(tree) -> bool:
 
 def valid_hyperparameters(optimizer: Optimizer, steps: int) -> tuple[jax.Array, jax.Array]:
     """``(peak, ok)``: the largest η_t over ``steps`` updates and whether every value the eager
-    checks would refuse is fine: η_t finite and ≥ 0 at every step, β₂ ∈ [0, 1), ε > 0 and
-    λ ≥ 0 finite (m ∈ [0, 1) and peak > 0 are checked by the summary). Traceable: a traced
+    checks would refuse is fine: η_t finite and ≥ 0 at every step, the schedule's own values
+    (:meth:`ntk_tt._schedules.Schedule.valid`), β₂ ∈ [0, 1), ε > 0 and λ ≥ 0 finite
+    (m ∈ [0, 1) and peak > 0 are checked by the summary). Traceable: a traced
     optimizer escapes :func:`check_learning_rates`, and its predictions are NaN with code
     INVALID where ``ok`` is False."""
     rates = jnp.asarray(optimizer.learning_rates(int(steps)))
@@ -148,29 +149,7 @@ def valid_hyperparameters(optimizer: Optimizer, steps: int) -> tuple[jax.Array, 
     ok = (jnp.all(jnp.isfinite(rates) & (rates >= 0)) & (optimizer.b2 >= 0)
           & (optimizer.b2 < 1) & (optimizer.eps > 0) & jnp.isfinite(optimizer.eps)
           & (wd >= 0) & jnp.isfinite(wd))
-    return jnp.max(rates), ok & _valid_schedule(optimizer.learning_rate, int(steps))
-
-
-def _valid_schedule(sched, steps: int) -> jax.Array:
-    """What the schedule constructors and :func:`check_warmup` refuse eagerly, as a traceable
-    bool: every number finite; init, end in [0, peak]; warmup ≥ 0 and reached before the run
-    ends (when η rises to it); decay_steps (warmup-cosine) / decay_start (WSD) ≥ warmup,
-    WSD's decay_steps ≥ 0; an exponential's init > 0 and rate in (0, 1]."""
-    get = partial(getattr, sched)
-    names = ("peak", "warmup", "decay_steps", "decay_start", "init", "end", "value", "rate")
-    leaves = [get(k) for k in names if isinstance(get(k, None), jax.Array)]
-    ok = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in leaves])) if leaves else True
-    peak, warmup, init = get("peak", None), get("warmup", None), get("init", 0.0)
-    if peak is not None:
-        for v in (init, get("end")):
-            ok &= (v >= 0) & (v <= peak * (1 + 1e-6))
-        rises = jnp.asarray(init) < peak
-        ok &= (warmup >= 0) & (~rises | (jnp.ceil(warmup) < steps))
-        ok &= get("decay_steps") >= warmup if get("decay_start", None) is None else (
-            (get("decay_start") >= warmup) & (get("decay_steps") >= 0))
-    elif get("rate", None) is not None:
-        ok &= (init > 0) & (get("rate") > 0) & (get("rate") <= 1)
-    return ok
+    return jnp.max(rates), ok & optimizer.learning_rate.valid(int(steps))
 
 
 def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:

@@ -206,8 +206,10 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
     """The checks of :func:`predict_head_aware` (ValueErrors before any work); returns the
     labels, held-out labels and batch size (N for GD)."""
     if not isinstance(hk, HeadAwareKernel):
+        from ntk_tt.dynamics._adam_head_aware import AdamKernel
+
         hint = ("an AdamKernel serves optimizer=ntk_tt.adamw(...); for constant-η SGD pass "
-                "its .hk" if hasattr(hk, "precond") else
+                "its .hk" if isinstance(hk, AdamKernel) else
                 "for a plain Θ use ntk_tt.predict_from_kernel")
         raise ValueError(f"hk must be a HeadAwareKernel (ntk_tt.head_aware_kernel(split, x)), "
                          f"got {type(hk).__name__}; {hint}.")

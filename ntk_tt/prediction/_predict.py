@@ -18,6 +18,7 @@ from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_head_kernel, check_hyper, check_labels, check_num_paths
 from ntk_tt.dynamics._losses import check_loss
+from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
@@ -194,7 +195,7 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
-    if any(isinstance(v, jax.core.Tracer) for v in (learning_rate, momentum)):
+    if is_traced((learning_rate, momentum)):
         raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
                          "the values), so learning_rate and momentum cannot be traced (jit / "
                          "vmap / grad): build the kernel once and sweep ntk_tt."
