@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from ntk_tt.dynamics._noise import _mean_grad, _sum_sq_dev
+from ntk_tt.dynamics._noise import _add_sq_dev, _mean_grad, _scaled, _zeros
 from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
@@ -96,12 +96,18 @@ def gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss: str, samples: int
     m = min(samples, n)
     pick = (jnp.floor(jnp.arange(m) * (n / m)).astype(jnp.int32) if key is None
             else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
-    total = jax.tree.map(jnp.zeros_like, bparams)
+    total = _scaled(g0, 0.0)  # zeros placed like the gradients (no second compilation)
     for start in range(0, m, CHUNK):
         rows = pick[start:start + CHUNK]
-        part = _sum_sq_dev(apply, params, x[rows], y[rows], loss, g0)[0]
-        total = jax.tree.map(jnp.add, total, part)
-    return jax.tree.map(jnp.square, g0[0]), jax.tree.map(lambda s: s / m, total)
+        total = _add_sq_dev(apply, params, x[rows], y[rows], loss, g0, total)
+    return _profiles(g0[0], total[0], 1.0 / m)
+
+
+@jax.jit
+def _profiles(g0, total, scale):
+    """(g_0², σ² = total·scale), one compiled program per network (eager per-leaf ops would
+    compile each operation once per leaf shape: ~100 small compilations a network)."""
+    return jax.tree.map(jnp.square, g0), jax.tree.map(lambda s: s * scale, total)
 
 
 def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype) -> tuple[DriftTable, object]:
@@ -109,8 +115,13 @@ def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype) -> tuple[DriftTable,
     c_B = (N − B)/(B(N − 1)), the frozen model's expected squared minibatch gradient."""
     c_b = 0.0 if bsz == n else (n - bsz) / (bsz * (n - 1))
     table = _table(g0sq, sigma2, eps, c_b)
-    vbar = jax.tree.map(lambda g, s: g + c_b * s, g0sq, sigma2)
-    return jax.tree.map(lambda a: jnp.asarray(a, dtype), table), vbar
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), table), _vbar(g0sq, sigma2, c_b)
+
+
+@jax.jit
+def _vbar(g0sq, sigma2, c_b):
+    """v̄ = g_0² + c_B σ² per parameter (one program per network, any B)."""
+    return jax.tree.map(lambda g, s: g + c_b * s, g0sq, sigma2)
 
 
 @jax.jit
@@ -175,10 +186,7 @@ def kernel_calibration(hp: HeadAwareKernel, q, g0sq, sigma2, vbar, eps) -> jax.A
       g0sq, sigma2, vbar: pytrees over the backbone parameters. eps: Adam's ε.
     """
     n = q.shape[0]
-    sums = [(jnp.sum(g / (jnp.sqrt(v) + eps)), jnp.sum(s / (jnp.sqrt(v) + eps)))
-            for g, s, v in zip(jax.tree.leaves(g0sq), jax.tree.leaves(sigma2),
-                               jax.tree.leaves(vbar), strict=True)]
-    along_w, across_w = (sum(part) for part in zip(*sums, strict=True))
+    along_w, across_w = _weight_sums(g0sq, sigma2, vbar, eps)
     along_k = quadratic_form(hp, jnp.arange(n), q / n)
     if hp.mixing is not None:
         per_sample = jnp.diagonal(hp.backbone) * jnp.einsum("if,fg,ig->i", q, hp.mixing, q)
@@ -192,6 +200,15 @@ def kernel_calibration(hp: HeadAwareKernel, q, g0sq, sigma2, vbar, eps) -> jax.A
     gamma1 = jnp.where((across_k > tiny) & (across_w > 0),
                        across_w / jnp.maximum(across_k, tiny), 1.0)
     return jnp.stack([gamma0, gamma1]).astype(along_k.dtype)
+
+
+@jax.jit
+def _weight_sums(g0sq, sigma2, vbar, eps):
+    """(Σ g_0² P, Σ σ² P) over the parameters, P = 1/(√v̄ + ε): one compiled program."""
+    sums = [(jnp.sum(g / (jnp.sqrt(v) + eps)), jnp.sum(s / (jnp.sqrt(v) + eps)))
+            for g, s, v in zip(jax.tree.leaves(g0sq), jax.tree.leaves(sigma2),
+                               jax.tree.leaves(vbar), strict=True)]
+    return tuple(sum(part) for part in zip(*sums, strict=True))
 
 
 def drift_scale(table: DriftTable, moments, along, rest, big_g, b2, c2, tiny):
@@ -211,7 +228,7 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
     kernel), in the form of ``backbone``: the NTK of θ' ↦ h(θ_0 + θ'·root) at θ' = 0
     (through the head W_0 and divided by tr(W_0ᵀ S W_0) unless "exact")."""
     feature_fn, bparams, w0, _ = split
-    zeros = jax.tree.map(jnp.zeros_like, bparams)
+    zeros = _zeros(bparams)
     pre_features = Partial(_Preconditioned(feature_fn), bparams, root)
     if backbone == "exact":
         kp = empirical_ntk(pre_features, zeros, x)

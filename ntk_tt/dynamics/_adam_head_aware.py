@@ -64,6 +64,7 @@ from ntk_tt._options import BACKBONES
 from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
+    _vbar,
     drift_scale,
     drift_table,
     gradient_profiles,
@@ -73,7 +74,7 @@ from ntk_tt.dynamics._adam_drift import (
 )
 from ntk_tt.dynamics._checks import check_adam_kernel, check_labels
 from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
-from ntk_tt.dynamics._noise import _mean_grad, gradient_variance
+from ntk_tt.dynamics._noise import _mean_grad, _squared, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
@@ -195,7 +196,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         table, vbar = drift_table(g0sq, sigma2, optimizer.eps, n, bsz, hk.features.dtype)
     else:
         vbar = _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz)
-    root = jax.tree.map(lambda v: (jnp.sqrt(v) + optimizer.eps) ** -0.5, vbar)
+    root = _root(vbar, optimizer.eps)
     hp = precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples, key)
     if table is not None:  # the step's size from weight-space sums, not K_P's own forms
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
@@ -204,15 +205,21 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y)
 
 
+@jax.jit
+def _root(vbar, eps):
+    """(√v̄ + ε)^(−1/2) per parameter: P^(1/2), one compiled program per network."""
+    return jax.tree.map(lambda v: (jnp.sqrt(v) + eps) ** -0.5, vbar)
+
+
 def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
     """v̄ = g_0² + σ²·(N − B)/(B(N − 1)) per backbone parameter (module docstring)."""
     apply, params = _WithHead(feature_fn), (bparams, w0, b0)  # head entries dropped
     n = x.shape[0]
-    vbar = jax.tree.map(jnp.square, _mean_grad(apply, params, x, y, loss)[0])
+    g0sq = _squared(_mean_grad(apply, params, x, y, loss)[0])
     if bsz == n:
-        return vbar
+        return g0sq
     var = gradient_variance(apply, params, x, y, loss=loss)[0]
-    return jax.tree.map(lambda v, s: v + s * (n - bsz) / (bsz * (n - 1)), vbar, var)
+    return _vbar(g0sq, var, (n - bsz) / (bsz * (n - 1)))
 
 
 def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps: int,

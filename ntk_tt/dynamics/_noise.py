@@ -19,14 +19,34 @@ from ntk_tt.dynamics._losses import check_loss, mean_loss
 
 
 @partial(jax.jit, static_argnums=(0, 4))
-def _sum_sq_dev(apply_fn, params, xb, yb, loss, mean):
-    """Σ_i (∇_w ℓ_i − mean)² over a block of samples, per parameter."""
+def _add_sq_dev(apply_fn, params, xb, yb, loss, mean, total):
+    """``total`` + Σ_i (∇_w ℓ_i − mean)² over a block of samples, per parameter (the running
+    sum is added inside the program: no eager op per parameter leaf, each of which XLA would
+    compile once per leaf shape)."""
 
     def one(xi, yi):
         return jax.grad(lambda p: mean_loss(apply_fn(p, xi[None]), yi[None], loss))(params)
 
     grads = jax.vmap(one)(xb, yb)
-    return jax.tree.map(lambda g, m: jnp.sum((g - m) ** 2, axis=0), grads, mean)
+    return jax.tree.map(lambda t, g, m: t + jnp.sum((g - m) ** 2, axis=0), total, grads, mean)
+
+
+@jax.jit
+def _zeros(tree):
+    """Zeros like ``tree``, one compiled program per tree structure (not per leaf shape)."""
+    return jax.tree.map(jnp.zeros_like, tree)
+
+
+@jax.jit
+def _squared(tree):
+    """``tree`` squared elementwise, one program per tree structure."""
+    return jax.tree.map(jnp.square, tree)
+
+
+@jax.jit
+def _scaled(tree, scale):
+    """``tree`` · ``scale``, one program per tree structure."""
+    return jax.tree.map(lambda v: v * scale, tree)
 
 
 @partial(jax.jit, static_argnums=(0, 4))
@@ -59,12 +79,11 @@ def gradient_variance(
         raise ValueError(f"y must be integer labels of shape ({n},), got {y.shape}.")
     x = jnp.asarray(x)
     mean = _mean_grad(apply_fn, params, x, y, loss)
-    total = jax.tree.map(jnp.zeros_like, params)
+    total = _scaled(mean, 0.0)  # zeros placed like the gradients (no second compilation)
     for start in range(0, n, block_size):
-        part = _sum_sq_dev(apply_fn, params, x[start:start + block_size],
-                           y[start:start + block_size], loss, mean)
-        total = jax.tree.map(jnp.add, total, part)
-    return jax.tree.map(lambda s: s / n, total)
+        total = _add_sq_dev(apply_fn, params, x[start:start + block_size],
+                            y[start:start + block_size], loss, mean, total)
+    return _scaled(total, 1.0 / n)
 
 
 def noise_features(
