@@ -284,7 +284,8 @@ def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
                                         optimizer=adamw, steps=10),
                  lambda: ntk_tt.predict_head_aware(ak, y2, optimizer=adamw, steps=10),
                  lambda: ntk_tt.divergence_boundary(ak, y2, optimizer=adamw, momenta=[0.9],
-                                                    learning_rates=[1e-3, 1e-2], steps=10)):
+                                                    learning_rates=[1e-3, 1e-2], steps=10),
+                 lambda: ntk_tt.sensitivities(ak, y2, optimizer=adamw, steps=10)):
         with pytest.raises(ValueError, match="built for other labels y .*for these labels"):
             call()
     with pytest.raises(ValueError, match="AdamKernel serves optimizer=.*pass its .hk"):
