@@ -20,12 +20,13 @@ from flax import nnx
 from tqdm import tqdm
 
 from ntk_tt import load_checkpoint, load_dataset, prepare_images, save_checkpoint
-from ntk_tt.data._checkpoint import ARCHITECTURES
+from ntk_tt.data._checkpoint import ARCHITECTURES, check_save_path
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint at --out")
     p.add_argument("--dataset", default="cifar10_source")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--test-dataset", default="cifar10_test")
@@ -36,6 +37,10 @@ def main() -> None:
     p.add_argument("--widths", default="16,32,64", help="SmallResNet stage widths")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
+    try:  # before training: a folder that cannot take the checkpoint fails now, not at the end
+        check_save_path(a.out, a.overwrite)
+    except ValueError as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")
     t0 = time.time()
     train = load_dataset(a.dataset, split="train", data_dir=a.data_dir)
     test = load_dataset(a.test_dataset, split="test", data_dir=a.data_dir)
@@ -92,7 +97,7 @@ def main() -> None:
                      "optimizer": "adam + cosine decay, random horizontal flips",
                      "source_test_accuracy": acc, "wall_seconds": round(seconds, 1)},
     }
-    path = save_checkpoint(a.out, model, meta)
+    path = save_checkpoint(a.out, model, meta, overwrite=a.overwrite)
     reloaded, _ = load_checkpoint(path)
     assert accuracy(reloaded, x_test, jnp.asarray(test.labels)) == acc
     print(json.dumps(meta["pretrain"]))

@@ -277,3 +277,32 @@ def test_a_checkpoint_saved_on_other_devices_loads_on_this_one(tmp_path):
     for a, b in zip(saved, leaves(back), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
         assert b.devices() == {jax.devices()[0]}
+
+
+def test_save_checkpoint_never_deletes_other_files_and_replaces_only_when_asked(tmp_path):
+    """A fresh user's probe: save_checkpoint into an existing folder deleted everything in it
+    (orbax's force=True), the user's notes and working directory included. Now a folder
+    holding other files is refused, an earlier checkpoint is replaced only with
+    overwrite=True, and an empty folder or a new path is written."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    notes = tmp_path / "mine"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="holding other files \\(notes.txt\\).*delete them"):
+        ntk_tt.save_checkpoint(notes, model, META)
+    assert (notes / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ValueError, match="is a file"):
+        ntk_tt.save_checkpoint(notes / "notes.txt", model, META)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ntk_tt.save_checkpoint(empty, model, META)
+    other = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(8))
+    with pytest.raises(ValueError, match="already holds a checkpoint: pass overwrite=True"):
+        ntk_tt.save_checkpoint(empty, other, META)
+    back, _ = ntk_tt.load_checkpoint(empty)
+    for a, b in zip(leaves(model), leaves(back), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ntk_tt.save_checkpoint(empty, other, META, overwrite=True)
+    back, _ = ntk_tt.load_checkpoint(empty)
+    for a, b in zip(leaves(other), leaves(back), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

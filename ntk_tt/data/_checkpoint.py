@@ -217,11 +217,45 @@ def _check_meta_builds(meta: dict[str, Any], state) -> None:
             f"differ), so load_checkpoint could not rebuild it; {fix}.")
 
 
-def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any]) -> Path:
-    """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path`` (overwrites).
+_CHECKPOINT_ENTRIES = frozenset({"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt",
+                                 "meta", "state"})
+
+
+def check_save_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The absolute checkpoint directory ``path`` if :func:`save_checkpoint` may write it: new,
+    an empty folder, or (``overwrite=True``) an earlier checkpoint, which is replaced whole.
+
+    Raises:
+      ValueError: ``path`` is a file; a folder holding anything but a checkpoint (saving would
+        delete it); a checkpoint and ``overwrite`` is False.
+    """
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"checkpoint path {path} is a file; give a new or empty folder.")
+    entries = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
+    if not entries:
+        return path
+    others = [e for e in entries if e not in _CHECKPOINT_ENTRIES]
+    if others or not {"meta", "state"} <= set(entries):
+        shown = ", ".join((others or entries)[:3]) + (", ..." if len(others or entries) > 3
+                                                      else "")
+        raise ValueError(f"checkpoint path {path} is a folder holding other files ({shown}): "
+                         "a checkpoint replaces its whole folder, so saving would delete them; "
+                         "give a new or empty folder.")
+    if not overwrite:
+        raise ValueError(f"checkpoint path {path} already holds a checkpoint: pass "
+                         "overwrite=True to replace it, or give a new folder.")
+    return path
+
+
+def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any], *,
+                    overwrite: bool = False) -> Path:
+    """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path``.
 
     Args:
-      path: checkpoint directory.
+      path: checkpoint directory: new, an empty folder, or an earlier checkpoint with
+        ``overwrite=True`` (a folder holding anything else is refused: the checkpoint replaces
+        the whole folder).
       model: a :mod:`ntk_tt.models` module.
       meta: JSON-able dict with at least ``architecture`` (a key of :data:`ARCHITECTURES`),
         ``num_classes``, ``input_shape`` (H, W, C), ``mean`` and ``std`` (C,), and optional
@@ -235,7 +269,9 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
         is not one of the known architectures (the message names it, the model's class, the
         known ones and the way out), or is not the model's class; meta's model (its
         num_classes, input channels, kwargs) does not have the model's arrays and shapes
-        (e.g. the old meta after ``replace_head``), checked before anything is written.
+        (e.g. the old meta after ``replace_head``); ``path`` a file, a folder holding other
+        files, or a checkpoint without ``overwrite=True`` (:func:`check_save_path`); all
+        checked before anything is written.
     """
     known = ", ".join(sorted(ARCHITECTURES))
     if not isinstance(meta, dict):
@@ -267,10 +303,11 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     _check_meta(None, meta, "fix meta before saving")
     state = nnx.to_pure_dict(nnx.state(model))
     _check_meta_builds(meta, state)
-    path = Path(path).absolute()
+    path = check_save_path(path, overwrite)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(path, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            force=path.exists())  # an empty folder, or a checkpoint to replace
     return path
 
 
