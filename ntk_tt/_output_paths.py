@@ -29,6 +29,19 @@ def replaceable(overwrite) -> frozenset[str]:
     return names
 
 
+def require_folder(path, what: str) -> None:
+    """Refuse a file ``path`` whose folder does not exist (as :func:`check_outputs` does): the
+    package's save functions write into existing folders and create none.
+
+    Raises:
+      ValueError: one line naming the path, the missing folder and the fix.
+    """
+    folder = Path(path).expanduser().absolute().parent
+    if not folder.is_dir():
+        raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not exist; "
+                         "create it first or choose another path.")
+
+
 def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
     """Fail fast on output paths, before any work: each must name a file (not a directory) in
     an existing folder where a file can be created, and the figure's extension must be one

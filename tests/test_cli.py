@@ -415,6 +415,8 @@ def npz(path, images, labels, names="abc"):
     ("corrupt_npz", "not a numpy .npz archive"),
     ("labels_out_of_range", "must be integers in [0, K) with K = len(class_names) = 3"),
     ("too_many_classes", "num_classes (K) = 4 is more than the 3 classes available"),
+    ("classes_without_images", "num_classes (K) = 5 is more than the 4 classes available: "
+                               "only 4 of the 8 class_names have images; choose K <= 4"),
     ("too_many_per_class", "per_class (n) = 5 images is more than 2 classes have"),
     ("closed_form_cross_entropy", "method 'closed_form' (--method closed_form) exists for "
                                   "loss 'mse'"),
@@ -430,6 +432,9 @@ def test_cheap_errors_come_before_the_checkpoint_as_one_line(case, match, progre
                                                  np.arange(12) % 4)],
         "too_many_classes": ["--dataset", npz(tmp_path / "k.npz", images, np.arange(12) % 3),
                              "-K", "4", "-n", "1"],
+        "classes_without_images": ["--dataset", npz(tmp_path / "g.npz", images,
+                                                    np.tile([0, 2, 5, 7], 3), "abcdefgh"),
+                                   "-K", "5", "-n", "3"],
         "too_many_per_class": ["--dataset", npz(tmp_path / "n.npz", images,
                                                 np.arange(12) % 3), "-K", "2", "-n", "5"],
         "closed_form_cross_entropy": ["--method", "closed_form"],

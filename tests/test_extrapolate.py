@@ -136,3 +136,22 @@ def test_bad_input_raises_value_error():
         ntk_tt.predict_curve_from_spectrum(sp, learning_rate=0.0, steps=10)
     with pytest.raises(ValueError, match="steps"):
         ntk_tt.predict_curve_from_spectrum(sp, learning_rate=0.1, steps=0)
+
+
+def test_an_asymmetric_kernel_is_refused_as_predict_from_kernel_does():
+    """extrapolate_spectrum (and kernel_spectrum) symmetrised any square kernel, so a cross
+    kernel or a corrupted Θ gave eigenvalues of another matrix, silently; now check_gram's
+    ValueError, as predict_from_kernel."""
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    bad = kern + 10 * np.triu(np.ones_like(kern))
+    r = np.ones((20, 2))
+    with pytest.raises(ValueError, match="kernel_subset is not symmetric.*Θ\\(x, x\\)"):
+        ntk_tt.extrapolate_spectrum(bad, r, np.ones((40, 2)))
+    with pytest.raises(ValueError, match="kernel_subset is not symmetric"):
+        ntk_tt.extrapolate_spectrum(bad, r, r)  # N = N': the subset's own spectrum
+    with pytest.raises(ValueError, match="kernel is not symmetric"):
+        ntk_tt.kernel_spectrum(bad, r)
+    with pytest.raises(ValueError, match="kernel is not symmetric"):
+        ntk_tt.predict_from_kernel(bad, np.zeros((20, 2)), np.arange(20) % 2,
+                                   learning_rate=0.1, steps=5)
+    assert ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2))).eigenvalues.shape == (40,)

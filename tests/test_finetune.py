@@ -163,6 +163,20 @@ def test_compare_refuses_a_run_with_other_hyperparameters():
         ntk_tt.compare(run, pred)
 
 
+def test_compare_refuses_a_run_on_other_data_or_weights():
+    """Same hyperparameters, other inputs / labels / weights: the initial losses differ."""
+    params, x, y = problem()
+    kw = dict(learning_rate=0.1, steps=4)
+    pred = ntk_tt.predict(mlp, params, x, y, **kw)
+    other = jax.tree.map(lambda a: 2 * a, params)
+    for run in (ntk_tt.finetune(mlp, params, 3 * x, y[::-1], **kw),
+                ntk_tt.finetune(mlp, other, x, y, **kw)):
+        with pytest.raises(ValueError, match=rf"start from different losses \(L_0 = loss at step "
+                                             rf"0: predicted {pred.loss[0]:.6g}, fine-tuned "
+                                             rf"{run.loss[0]:.6g}\).*same model, weights and"):
+            ntk_tt.compare(pred, run)
+
+
 def test_core_vmaps_over_learning_rate_and_momentum():
     params, x, y = problem()
     batches = ntk_tt.batch_indices(jax.random.key(0), N, 8, 9)

@@ -140,11 +140,24 @@ def test_save_load_round_trip(tmp_path):
     (tmp_path / "x.json").write_text('{"format": "something else"}')
     with pytest.raises(ValueError, match="not an interval calibrator"):
         ntk_tt.IntervalCalibrator.load(tmp_path / "x.json")
+    for broken in ('{"format": "ntk_tt.intervals/1", "level": 0.9', '{"format": '
+                   '"ntk_tt.intervals/1"}'):  # broken JSON, fields missing
+        (tmp_path / "x.json").write_text(broken)
+        with pytest.raises(ValueError, match=r"x.json is not an interval calibrator \(a JSON "
+                                             r"file of format 'ntk_tt.intervals/1'"):
+            ntk_tt.IntervalCalibrator.load(tmp_path / "x.json")
+    with pytest.raises(ValueError, match=r"calibrator path .*: folder .*nowhere' does not "
+                                         r"exist; create it first"):
+        cal.save(tmp_path / "nowhere" / "c.json")
 
 
 @pytest.mark.parametrize("kw,match", [({"level": 1.0}, "level"), ({"level": "0.9"}, "level"),
                                       ({"by": ("kappa", "seed")}, "by must"),
-                                      ({"min_count": 0}, "min_count")])
+                                      ({"min_count": 0}, "min_count"),
+                                      *[({"kappa_edges": e}, r"kappa_edges must be finite "
+                                         r"positive .* increasing order")
+                                        for e in [(8.0, 2.0), (2.0, 2.0), (2.0, math.inf),
+                                                  (0.0, 8.0), (), "2, 8"]]])
 def test_bad_arguments_raise(kw, match):
     with pytest.raises(ValueError, match=match):
         ntk_tt.fit_intervals(synthetic(np.random.default_rng(6), 2), **kw)
@@ -156,6 +169,9 @@ def test_bad_table_and_prediction_raise():
     cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(7), 10))
     with pytest.raises(ValueError, match="positive"):
         cal.interval(0.0, 1.0, 0.1, "gd")
+    with pytest.raises(ValueError, match="takes a Prediction from ntk_tt.predict, got "
+                                         "NoneType"):
+        ntk_tt.intervals(None, cal)
     assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
 
 

@@ -123,12 +123,31 @@ def test_a_flax_module_or_none_where_a_function_goes_is_one_clear_error():
         with pytest.raises(ValueError, match=match + ".*"
                            + ("from_nnx" if "must be the" in match else "")):
             fn(*args)
-    w, z = jnp.array([1.0, -2.0, 0.5]), jnp.array([[1.0, 2.0, 3.0], [0.0, 1.0, 4.0]])
+    w, z = jnp.array([[1.0], [-2.0], [0.5]]), jnp.array([[1.0, 2.0, 3.0], [0.0, 1.0, 4.0]])
     np.testing.assert_allclose(ntk_tt.weight_tangent(lambda p, v: v @ p, w, z), z @ w)
     with pytest.raises(ValueError, match="predict is eager .*predict_from_kernel"):
         jax.vmap(lambda lr: ntk_tt.predict(lambda p, v: v @ p, jnp.ones((3, 2)), z,
                                            jnp.array([0, 1]), learning_rate=lr,
                                            steps=5).loss)(jnp.array([0.1, 0.2]))
+
+
+def test_weight_tangent_checks_x_as_empirical_ntk():
+    """weight_tangent returned a (C,) row for a 1-D x, NaN rows for a NaN x and raw
+    TypeErrors for a scalar x or a wrong feature size; each is now check_model's ValueError
+    (as empirical_ntk), and a traced x (under jit) or a backbone's features still work."""
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    for bad, match in ((x[0], "at least 2 dimensions.*x\\[None\\]"),
+                       (jnp.float32(1.0), "at least 2 dimensions"),
+                       (jnp.ones((4, 5)), "fails on x of shape \\(4, 5\\).*input shape"),
+                       (x.at[0, 0].set(jnp.nan), "x contains NaN or inf")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.weight_tangent(apply_fn, params, bad)
+    a = ntk_tt.weight_tangent(apply_fn, params, x)
+    np.testing.assert_allclose(jax.jit(lambda v: ntk_tt.weight_tangent(apply_fn, params, v))(x),
+                               a, rtol=1e-6)
+    feature_fn = lambda p, v: jax.nn.relu(v @ p["w"])  # noqa: E731 (a backbone: (N, F))
+    assert ntk_tt.weight_tangent(feature_fn, {"w": jnp.ones((4, 7))}, x).shape == (5, 7)
 
 
 def test_check_model_rejects_bad_x():

@@ -54,12 +54,17 @@ def check_whatif(ns):
     theta = np.asarray(ns["theta"], np.float64)
     n, c = theta.shape[0], 5
     lam = np.linalg.eigvalsh(theta)[-1] / c
+    # (the linear model's own rule, ``diverged``); the predicted boundary, which also stops
+    # at a transient spike above 10·L_0, is never above it
     mse = ns["mse"]
     edge = 2 * (1 + mse.momenta) * n / lam
     ratio = mse.learning_rates[1] / mse.learning_rates[0]
-    assert mse.boundary_inside.all()
-    assert np.all(mse.boundary <= edge * 1.001), (mse.boundary, edge)
-    assert np.all(mse.boundary >= edge / ratio / 1.001), (mse.boundary, edge)
+    assert mse.diverged.any(axis=1).all() and mse.boundary_inside.all()
+    stable = mse.learning_rates[mse.diverged.argmax(axis=1) - 1]
+    np.testing.assert_array_equal(stable, ns["stable"])
+    assert np.all(stable <= edge * 1.001), (stable, edge)
+    assert np.all(stable >= edge / ratio / 1.001), (stable, edge)
+    assert np.all(mse.boundary <= stable), (mse.boundary, stable)
     # one heat map per B, of the requested grid, with a boundary inside it for GD
     for b, grid in ns["grids"].items():
         assert grid.training_time.shape == (len(ns["MOMENTA"]), ns["NUM_LR"]), b

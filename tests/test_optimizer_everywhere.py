@@ -224,6 +224,35 @@ def test_optimizer_refusals(no_solve):
             ntk_tt.predict_head_aware(kernel_, hy, steps=T, **kw)
 
 
+def test_non_finite_tangents_are_refused_before_work(no_solve):
+    """A NaN / inf in a, a_test (predict_from_kernel) or a_h (predict_head_aware) gave NaN
+    curves silently, while a NaN f0 was refused; now one ValueError before any work (a
+    traced tangent, under vmap, is not checked and still runs)."""
+    params, x, y, xt, _ = _tiny()
+    kernel = ntk_tt.empirical_ntk(linear_apply, params, x)
+    f0, opt = linear_apply(params, x), ntk_tt.sgd(0.1, weight_decay=0.1)
+    a = ntk_tt.weight_tangent(linear_apply, params, x)
+    held = dict(kernel_test=ntk_tt.empirical_ntk(linear_apply, params, xt, x),
+                f0_test=linear_apply(params, xt), y_test=jnp.zeros(len(xt), int))
+    a_test = ntk_tt.weight_tangent(linear_apply, params, xt)
+    for method in ("discrete", "ode"):
+        with pytest.raises(ValueError, match="a contains NaN or inf.*weight_tangent"):
+            ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T, method=method,
+                                       a=a.at[0, 0].set(jnp.nan))
+        with pytest.raises(ValueError, match="a_test contains NaN or inf"):
+            ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T, method=method,
+                                       a=a, a_test=a_test.at[1].set(jnp.inf), **held)
+    model, _, _, hx, hy = _head_problem()
+    split = ntk_tt.split_head(model)
+    hk = ntk_tt.head_aware_kernel(split, hx)
+    a_h = ntk_tt.weight_tangent(split[0], split[1], hx)
+    with pytest.raises(ValueError, match="a_h contains NaN or inf"):
+        ntk_tt.predict_head_aware(hk, hy, steps=T, optimizer=opt, a_h=a_h.at[0].set(jnp.nan))
+    with pytest.raises(AssertionError, match="work started"):  # traced: no eager check
+        jax.vmap(lambda t: ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T,
+                                                      a=t).loss)(jnp.stack([a, a]))
+
+
 def test_an_adam_kernel_of_another_eps_is_refused(no_solve):
     """P = 1/(√v̄ + ε): a kernel built for ε = 1e-8 gave a silently wrong curve for an
     optimizer with ε = 0.1 (a fresh user's finding); now refused by every entry point, and an

@@ -193,6 +193,8 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     (["RUNS", "--updates", "99", "--predictor", "P"], "fewer than the 99 asked for"),
     (["RUNS", "--predictor", "ntk"], "has no 'prediction'"),
     (["BAD"], "line 1: not JSON"),
+    (["LIST"], r"expected a JSON object per line \(or a JSON list of objects\), got a list "
+               "whose item 1 is int"),
 ])
 def test_outcome_cli_bad_input_is_one_line(args, match, tmp_path, capsys):
     from ntk_tt.cli import main
@@ -201,8 +203,10 @@ def test_outcome_cli_bad_input_is_one_line(args, match, tmp_path, capsys):
     runs = tmp_path / "runs.jsonl"
     runs.write_text(json.dumps(rows[0]["telemetry"]) + "\n")
     (tmp_path / "bad.jsonl").write_text("{oops\n")
+    (tmp_path / "list.jsonl").write_text("[1,2]\n")
     fit_outcome(rows, ntk=False, ks=(0.1,), folds=2).save(tmp_path / "p.json")
-    subs = {"RUNS": str(runs), "BAD": str(tmp_path / "bad.jsonl"), "P": str(tmp_path / "p.json")}
+    subs = {"RUNS": str(runs), "BAD": str(tmp_path / "bad.jsonl"), "P": str(tmp_path / "p.json"),
+            "LIST": str(tmp_path / "list.jsonl")}
     with pytest.raises(SystemExit) as exc:
         main(["outcome", *[subs.get(a, a) for a in args]])
     err = capsys.readouterr().err.strip().splitlines()

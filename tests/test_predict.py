@@ -143,6 +143,18 @@ def test_predict_rejects_bad_arguments_before_any_work(model, kwargs, match):
         ntk_tt.predict(apply_fn, params, x, y, **args)
 
 
+def test_sketch_dim_without_a_sketch_or_sde_is_refused_not_ignored(model):
+    """sketch_dim with the default kernel="exact" (and no SDE) was silently ignored; now one
+    ValueError naming the option it applies to, with the constant-η keywords and optimizer=
+    (the CLI refuses --sketch-dim the same way, tests/test_cli.py)."""
+    apply_fn, params, x, y, _, _ = model
+    for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1)),
+               dict(learning_rate=0.1, kernel="traced", method="ode")):
+        with pytest.raises(ValueError, match="sketch_dim only applies to kernel='sketch'.*"
+                                             "got sketch_dim=8 with kernel="):
+            ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, sketch_dim=8, **kw)
+
+
 def test_predict_rejects_labels_not_matching_n_or_c(model):
     apply_fn, params, x, y, _, _ = model
     with pytest.raises(ValueError, match="shape"):

@@ -230,6 +230,9 @@ def test_json_round_trip(default_run, tmp_path):
     _equal(back[1], odd)
     ntk_tt.save_telemetry(path, tele)
     _equal(ntk_tt.load_telemetry(path)[0], tele)
+    with pytest.raises(ValueError, match=r"telemetry path .*: folder .*nowhere' does not "
+                                         r"exist; create it first"):
+        ntk_tt.save_telemetry(tmp_path / "nowhere" / "runs.jsonl", tele)
     row = tele.to_dict()
     with pytest.raises(ValueError, match="schema_version"):
         Telemetry.from_dict(row | {"schema_version": 0})

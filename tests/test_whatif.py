@@ -12,7 +12,7 @@ from _dynamics_helpers import brute_ntk, linear_apply, train_optax
 
 import ntk_tt
 from ntk_tt.analysis import _whatif
-from ntk_tt.dynamics._divergence import VERDICTS
+from ntk_tt.dynamics._divergence import DIVERGES, VERDICTS
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 matplotlib.use("Agg")
@@ -241,17 +241,32 @@ def mse_grid():
 def test_divergence_boundary_is_the_closed_form_edge(mse_grid):
     """MSE, full-batch heavy ball on a plain kernel: the linear model diverges iff
     η·λ_max/N > 2(1 + m) (λ_max by numpy's eigvalsh, mean loss, h = 1). On a grid ~1 % apart
-    with no point within 0.3 % of an edge, the predicted boundary is the grid point just
-    below the closed form for every m, and the diverged flags are exactly those above it."""
+    with no point within 0.3 % of an edge, the diverged flags are exactly those above the
+    closed form for every m, and the boundary is the grid point just below it, except where
+    heavy ball's transient growth just below the edge spikes above 10·L_0 (the call
+    "diverges": real networks did not survive that): there the boundary stops below the first
+    such η, whose curve (predict_from_kernel's, checked) does rise above 10·L_0."""
     grid, p, lam = mse_grid
     lrs = grid.learning_rates
     assert grid.diverged.shape == grid.training_time.shape == grid.final_loss.shape == (4, 162)
+    spiking = 0
     for i, m in enumerate(MOMENTA):
         edge = 2 * (1 + m) * N / lam
         assert np.min(np.abs(lrs / edge - 1)) > 3e-3  # the grid does not straddle the edge
-        below = lrs[lrs < edge].max()
-        assert grid.boundary[i] == below, (m, grid.boundary[i] * lam / N, 2 * (1 + m))
         np.testing.assert_array_equal(grid.diverged[i], lrs > edge)
+        said = grid.outcome[i] == DIVERGES
+        assert said[lrs > edge].all()
+        early = lrs[said & (lrs < edge)]
+        stop = early.min() if early.size else edge
+        assert grid.boundary[i] == lrs[lrs < stop].max(), (m, grid.boundary[i] * lam / N)
+        for lr in early[:1]:
+            with jax.enable_x64(True):
+                loss = np.asarray(ntk_tt.predict_from_kernel(
+                    p["kernel"], p["f0"], p["y"], learning_rate=lr, momentum=m, steps=300,
+                    loss="mse").loss)
+            assert loss.max() > 10 * loss[0] and loss[-1] < loss[0], (m, lr * lam / N)
+            spiking += 1
+    assert spiking <= 1  # only heavy ball's m = 0.9 spikes before its edge here
     assert grid.boundary_inside.all() and grid.monotone.all()
     assert np.all(np.isnan(grid.training_time[grid.diverged]))
     assert np.all(np.isfinite(grid.training_time[~grid.diverged]))
@@ -327,6 +342,9 @@ BAD_POINT = [
     (dict(epsilon=1.5), "epsilon must be in"),
     (dict(temperature=0.0), "temperature must be in"),
     (dict(window=4), "window must be an odd int"),
+    # steps 1..3 and the default window=5 the user never passed: say what to do
+    (dict(steps=2), "steps = 2 is too short for the T_ε smoothing window \\(window = 5.*"
+                    "use steps >= 4, or pass an odd window <= 3"),
     (dict(steps=0), "steps must be an int >= 1"),
     (dict(f0=None), "needs f0.*apply_fn"),
     (dict(kernel=np.eye(5)), "kernel must have shape"),
@@ -483,3 +501,30 @@ def test_the_divergence_call_is_predict_s(x64, kappa, verdict):
     elif not bool(s.diverged):
         assert reason.startswith("κ = η·λ_max/N = 100 ≥ 68")
     assert s.test_accuracy is None and s.d_test_accuracy_d_lr is None
+
+
+def test_cross_entropy_grid_far_beyond_the_edge_says_what_predict_says(x64):
+    """A fresh user's probe: cross-entropy on a frozen Θ at κ ≈ 10⁴, far beyond the edge,
+    where the linearised curve spikes to thousands of L_0 and comes back: predict's T_ε is NaN
+    (BEYOND_EDGE) and its call "diverges", but the grid gave a finite T_ε and put the
+    boundary at that η. Now every cell's T_ε, flag and call are predict_from_kernel's and the
+    boundary stops below it."""
+    p = _plain_problem()
+    lam = _lam_max(p["kernel"])
+    lrs = np.array([0.5, 1e4]) * N / lam
+    grid = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"], momenta=[0.0],
+                                      learning_rates=lrs, steps=60)
+    for j, lr in enumerate(lrs):
+        pred = ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], learning_rate=lr,
+                                          steps=60)
+        assert grid.diverged[0, j] == bool(pred.diverged)
+        assert grid.outcome[0, j] == int(pred.outcome)
+        defined = np.isfinite(float(pred.training_time[0, 1]))  # loss T_0.1 of predict
+        t = ntk_tt.training_time(np.asarray(pred.loss), EPS) if defined else np.nan
+        np.testing.assert_equal(grid.training_time[0, j], t)
+    loss = np.asarray(ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"],
+                                                 learning_rate=lrs[1], steps=60).loss)
+    assert loss.max() > 10 * loss[0] and not grid.diverged[0, 1]  # spiked, came back
+    assert ntk_tt.OUTCOMES[grid.outcome[0, 1]] == "diverges"
+    assert np.isnan(grid.training_time[0, 1]) and np.isfinite(grid.training_time[0, 0])
+    assert grid.boundary[0] == lrs[0] and grid.boundary_inside[0]

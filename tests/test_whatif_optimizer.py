@@ -267,6 +267,12 @@ BAD = [
     (dict(optimizer=ntk_tt.sgd(0.1, weight_decay=0.1)), "weight decay acts on J·θ0: pass a"),
     (dict(a=np.zeros((N, 2))), "a must have shape \\(16, 3\\)"),
     (dict(a_test=np.zeros((NT, 3))), "a_test .* needs a on the training"),
+    # a NaN tangent gave NaN T_ε silently (a NaN f0 was refused)
+    (dict(optimizer=ntk_tt.sgd(0.1, weight_decay=1e-3), a=np.full((N, 3), np.nan)),
+     "a contains NaN or inf; recompute it with ntk_tt.weight_tangent"),
+    (dict(a=np.zeros((N, 3)), a_test=np.full((NT, 3), np.inf), y_test=np.zeros(NT, int),
+          kernel_test=np.zeros((NT * 3, N * 3)), f0_test=np.zeros((NT, 3))),
+     "a_test contains NaN or inf"),
     (dict(a=np.zeros((N, 3)), y_test=np.zeros(NT, int), kernel_test=np.zeros((NT * 3, N * 3)),
           f0_test=np.zeros((NT, 3))), "a_test goes with held-out data"),
     (dict(optimizer=ntk_tt.adamw(0.1)), "pass kernel=ntk_tt.adam_head_aware_kernel"),

@@ -56,6 +56,7 @@ from ntk_tt.analysis._whatif_core import (
     _sensitivity_core,
 )
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
+from ntk_tt.dynamics._divergence import DIVERGES
 from ntk_tt.training._optimizer_run import check_shorthand
 
 
@@ -138,14 +139,16 @@ def sensitivities(
     Raises:
       ValueError (before any work, with how to fix it): an empty kernel or y (N = 0), η not
       a real scalar or ≤ 0, m ∉
-      [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1,
+      [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1
+      (or steps + 1 < the default ``window`` 5: the message says what to pass),
       B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, ``f0`` with a
       HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),
       held-out arrays given in part, and every shape, label, loss and
       finiteness check of :func:`ntk_tt.predict_from_kernel` / :func:`ntk_tt.predict_head_aware`.
       With ``optimizer``: any of learning_rate, momentum, nesterov, batch_size given too (or
       ``a``, ``a_test``, ``warmup_smoothing`` without it); a callable schedule; a schedule
-      never > 0; λ > 0 without ``a``; ``a``/``a_test`` of the wrong shape or given in part;
+      never > 0; λ > 0 without ``a``; ``a``/``a_test`` of the wrong shape, given in part or
+      (concrete) with NaN or inf;
       Adam without an AdamKernel (or one built for another B), an AdamKernel with SGD, Adam
       with L2 decay (use adamw).
     """
@@ -208,15 +211,20 @@ def divergence_boundary(
     linearised recursion, which predicts divergence) for a plain kernel, or
     :func:`ntk_tt.predict_head_aware` for a :class:`ntk_tt.HeadAwareKernel`, evaluated in one
     ``jit(vmap(vmap(...)))`` (m outer, η inner) that shares the kernel and compiles once.
-    ``diverged`` follows the package's one rule
-    (``ntk_tt.dynamics._divergence``: a non-finite loss or
-    L_T > L_0 within ``steps``), so a run just beyond the stability edge whose loss has not
-    yet risen above L_0 within ``steps`` counts as not diverged: take ``steps`` long enough
-    for the instability to show. For MSE, full-batch GD and heavy ball on a plain kernel the
-    boundary is the linear model's edge η·λ_max/N = 2(1 + m) (``beyond_edge``) up to the grid
-    spacing. Memory: the vmapped sweep holds every grid point's logits at once, about
-    G_m·G_η·P·(T + 1)·(N + N_test)·C floats (P = ``num_paths`` for SGD, else 1); for a large
-    grid call it once per slice of ``momenta``.
+    ``diverged`` follows the package's one rule (``ntk_tt.dynamics._divergence``: a
+    non-finite loss or L_T > L_0 within ``steps``) and ``outcome`` holds each point's call
+    ("diverges" also for a spike above 10·L_0 or κ ≥ 68), as in a ``Prediction``; the
+    ``boundary`` stops at the first η whose prediction says "diverges" by either (its
+    ``divergence == "yes"``), so a run just beyond the stability edge whose loss has not yet
+    risen within ``steps`` counts as not diverging: take ``steps`` long enough for the
+    instability to show. T_ε is NaN wherever ``predict``'s is (diverged, and the
+    frozen-kernel cross-entropy recursion beyond the edge). For MSE, full-batch GD and heavy
+    ball on a plain kernel ``diverged`` is the linear model's edge η·λ_max/N = 2(1 + m)
+    (``beyond_edge``) up to the grid spacing; the boundary may stop lower where heavy ball's
+    transient growth just below the edge spikes above 10·L_0. Memory: the vmapped sweep
+    holds every grid point's logits at once, about G_m·G_η·P·(T + 1)·(N + N_test)·C floats
+    (P = ``num_paths`` for SGD, else 1); for a large grid call it once per slice of
+    ``momenta``.
 
     With ``optimizer=`` (an :class:`ntk_tt.Optimizer` template; ``batch_size`` and
     ``nesterov`` then come from it) a grid point is ``predict_from_kernel`` /
@@ -247,8 +255,8 @@ def divergence_boundary(
 
     Returns:
       :class:`WhatIfGrid` of numpy arrays: ``diverged``, ``training_time`` (optimiser steps),
-      ``final_loss``, ``test_accuracy``, ``beyond_edge`` of shape (G_m, G_η), ``kappa``
-      (G_η,), ``boundary`` (G_m,) (the largest grid η below the first diverged one),
+      ``final_loss``, ``test_accuracy``, ``beyond_edge``, ``outcome`` of shape (G_m, G_η),
+      ``kappa`` (G_η,), ``boundary`` (G_m,) (the largest grid η below the first diverged one),
       ``boundary_inside`` and ``monotone`` (G_m,).
 
     Raises:
@@ -295,10 +303,11 @@ def divergence_boundary(
 
 
 def _as_grid(lrs, ms, cells, epsilon, steps) -> WhatIfGrid:
-    """The :class:`WhatIfGrid` of a core's (diverged, T_ε, L_T, accuracy, κ, beyond_edge)."""
-    div, t, lt, acc, kappa, edge = (np.asarray(v) for v in cells)
-    boundary, inside, monotone = _boundary(lrs, div)
+    """The :class:`WhatIfGrid` of a core's (diverged, T_ε, L_T, accuracy, κ, beyond_edge,
+    outcome)."""
+    div, t, lt, acc, kappa, edge, said = (np.asarray(v) for v in cells)
+    boundary, inside, monotone = _boundary(lrs, div | (said == DIVERGES))
     return WhatIfGrid(
         learning_rates=lrs, momenta=ms, diverged=div, training_time=t, final_loss=lt,
-        test_accuracy=acc, kappa=kappa[0], beyond_edge=edge, boundary=boundary,
+        test_accuracy=acc, kappa=kappa[0], beyond_edge=edge, outcome=said, boundary=boundary,
         boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps))

@@ -26,14 +26,14 @@ import numpy as np
 
 from ntk_tt._schedules import constant
 from ntk_tt.analysis._whatif_checks import _prepare_optimizer
-from ntk_tt.analysis._whatif_core import _clamped, grid_cell
+from ntk_tt.analysis._whatif_core import _clamped, grid_cell, is_blind
 from ntk_tt.analysis._whatif_optimizer import _Rates, run_paths, summarise_run
 from ntk_tt.dynamics._optim_linear import check_learning_rates
 
 
 def optimizer_grid(kernel, y, optimizer, peaks, momenta, *, steps, epsilon, key, y_test, f0,
                    kernel_test, f0_test, a, a_test, loss, num_paths, window):
-    """(diverged, T_ε, L_T, held-out accuracy, κ, beyond_edge), each (G_m, G_η), over
+    """(diverged, T_ε, L_T, held-out accuracy, κ, beyond_edge, outcome), each (G_m, G_η), over
     ``momenta`` × ``peaks`` (checked 1-D grids). Every ValueError before any work: the
     template's schedule (``check_learning_rates``), then the problem as
     ``sensitivities(optimizer=)`` checks it (``_prepare_optimizer``; the schedule passed as a
@@ -63,7 +63,8 @@ def _optimizer_grid_core(data, y, y_test, template, peaks, momenta, batches, tan
         fs, fts = run_paths(kind, data, psd, y, opt, batches, tangents, traced=traced,
                             test_traced=test_traced, loss=loss)
         pred = summarise_run(kind, fs, fts, y, y_test, opt, peak, psd, lams, loss=loss)
-        div, t, final, acc, kappa, edge = grid_cell(pred, epsilon, window)
-        return div, t, final, acc, kappa, edge & (kind != "adam")  # Adam: no linear edge
+        div, t, final, acc, kappa, edge, said = grid_cell(pred, epsilon, window,
+                                                          is_blind(kind, loss, pred))
+        return div, t, final, acc, kappa, edge & (kind != "adam"), said  # Adam: no edge
 
     return jax.vmap(lambda m: jax.vmap(lambda peak: one(peak, m))(peaks))(momenta)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import MAX_STEPS
+from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.analysis._whatif_optimizer import (
     DEFAULT_WARMUP_SMOOTHING,
     PEAK_FIELDS,
@@ -86,6 +86,12 @@ def _check_epsilon(epsilon) -> None:
 def _check_window(window, steps) -> None:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
+    if _is_int(window) and window % 2 == 1 and window > steps + 1:  # e.g. the default 5
+        raise ValueError(
+            f"steps = {steps} is too short for the T_ε smoothing window (window = {window} "
+            f"steps, default 5): the predicted curve has steps + 1 = {steps + 1} entries; use "
+            f"steps >= {window - 1}, or pass an odd window <= {steps + 1} (window=1: no "
+            "smoothing).")
     if (isinstance(window, bool) or not isinstance(window, (int, np.integer))
             or not 1 <= window <= steps + 1 or window % 2 == 0):
         raise ValueError(

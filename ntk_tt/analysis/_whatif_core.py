@@ -139,20 +139,27 @@ class WhatIfGrid(NamedTuple):
     G_η = len(learning_rates)).
 
     learning_rates (G_η,), momenta (G_m,): the grid, ascending η.
-    diverged: bool (G_m, G_η), the predicted run diverged (non-finite loss or L_T > L_0).
+    diverged: bool (G_m, G_η), the predicted run diverged (non-finite loss or L_T > L_0), as
+      ``Prediction.diverged``.
     training_time: (G_m, G_η) hard T_ε of the predicted mean loss curve at ``epsilon``, in
-      optimiser steps; NaN where undefined (diverged included).
+      optimiser steps; NaN where ``predict``'s is: undefined, diverged, or the frozen-kernel
+      cross-entropy recursion beyond the edge (code ``BEYOND_EDGE``).
     final_loss: (G_m, G_η) predicted mean training loss L_T (a diverged run's is held at its
       last finite value, as in :class:`ntk_tt.KernelPrediction`).
     test_accuracy: (G_m, G_η) predicted held-out accuracy at T; NaN without held-out data
       or where diverged.
     kappa: (G_η,) η·λ_max/N. beyond_edge: bool (G_m, G_η), κ beyond the linear model's
       stability edge 2(1 + m)/h (a formula, not the prediction).
-    boundary: (G_m,) for each m the largest grid η below the first diverged one: the
-      predicted divergence boundary; NaN when the smallest η already diverges, the largest
-      grid η when none does (then ``boundary_inside`` is False).
-    boundary_inside: bool (G_m,), some grid η diverged at that m (the boundary lies inside
-      the grid). monotone: bool (G_m,), no grid η above the first diverged one recovers
+    outcome: int32 (G_m, G_η), each point's call on the real run, ``ntk_tt.OUTCOMES[code]``
+      ("converges", "catapult", "diverges", "unknown"), as ``Prediction.outcome``.
+    boundary: (G_m,) for each m the largest grid η below the first one that the prediction
+      says diverges (``predict``'s ``divergence == "yes"``: ``diverged``, or the call
+      "diverges": a spike above 10·L_0, which real networks did not survive even where the
+      linearised model does, or κ ≥ 68; ``ntk_tt.dynamics._divergence``): the predicted
+      divergence boundary; NaN when the smallest η already diverges, the largest grid η when
+      none does (then ``boundary_inside`` is False).
+    boundary_inside: bool (G_m,), some grid η diverges at that m (the boundary lies inside
+      the grid). monotone: bool (G_m,), no grid η above the first diverging one recovers
       (False flags e.g. SGD noise or a cross-entropy catapult at that m).
     epsilon: the ε of ``training_time`` (a Python float). steps: T (a Python int).
 
@@ -168,6 +175,7 @@ class WhatIfGrid(NamedTuple):
     test_accuracy: np.ndarray
     kappa: np.ndarray
     beyond_edge: np.ndarray
+    outcome: np.ndarray
     boundary: np.ndarray
     boundary_inside: np.ndarray
     monotone: np.ndarray
@@ -323,19 +331,20 @@ def _grid_core(data, y, y_test, lrs, ms, key, epsilon, *, kind, steps, batch_siz
                                        **common)
         else:
             pred = predict_head_aware(data, y, **common)
-        return grid_cell(pred, epsilon, window)
+        return grid_cell(pred, epsilon, window, is_blind(kind, loss, pred))
 
     return jax.vmap(lambda m: jax.vmap(lambda lr: one(lr, m))(lrs))(ms)
 
 
-def grid_cell(pred, epsilon, window):
+def grid_cell(pred, epsilon, window, blind):
     """One :class:`WhatIfGrid` cell of a prediction: (diverged, hard T_ε, L_T, held-out
-    accuracy, κ, beyond_edge), T_ε and the accuracy NaN where diverged."""
+    accuracy, κ, beyond_edge, outcome), T_ε NaN where diverged or ``blind``
+    (:func:`is_blind`), as ``predict``'s, the accuracy NaN where diverged."""
     t, _ = training_time_array(pred.loss, epsilon, window)
     nan = jnp.asarray(jnp.nan, pred.loss.dtype)
     acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
-    return (pred.diverged, jnp.where(pred.diverged, nan, t), pred.loss[-1],
-            jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge)
+    return (pred.diverged, jnp.where(pred.diverged | blind, nan, t), pred.loss[-1],
+            jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge, pred.outcome)
 
 
 class _PlainRaw(NamedTuple):

@@ -7,16 +7,19 @@ from typing import Any
 import numpy as np
 
 from ntk_tt.analysis._whatif_core import WhatIfGrid
+from ntk_tt.dynamics._divergence import DIVERGES
 
 
 def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     """Heat map of the predicted T_ε over η × m with the predicted divergence boundary.
 
     x axis: learning rate η (log scale); y axis: momentum m; colour: T_ε in optimiser steps
-    (``grid_result.training_time``), diverged cells grey, cells where T_ε is otherwise
-    undefined (flat or not settled) left white; the boundary (per m, the largest grid η below
-    the first diverged one) is drawn as a line with markers. Uses matplotlib's object API
-    (no pyplot state, no backend change); a new figure has a colour bar. What it shows is
+    (``grid_result.training_time``), cells predicted to diverge grey (``diverged`` or the
+    call "diverges", as the boundary), cells where T_ε is otherwise undefined (flat, not
+    settled, beyond a frozen cross-entropy Θ's edge) left white; the boundary (per m, the
+    largest grid η below the first diverging one) is drawn as a line with markers. Uses
+    matplotlib's object API (no pyplot state, no backend change); a new figure has a colour
+    bar. What it shows is
     defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; paper
     Sec. 5, Alg. 1).
 
@@ -37,11 +40,14 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     lrs, ms = np.asarray(grid_result.learning_rates), np.asarray(grid_result.momenta)
     shape = (ms.shape[0], lrs.shape[0])
     t = np.asarray(grid_result.training_time, float)
+    said = np.asarray(grid_result.outcome)
     div = np.asarray(grid_result.diverged, bool)
     if (lrs.ndim != 1 or ms.ndim != 1 or t.shape != shape or div.shape != shape
+            or said.shape != shape
             or np.shape(grid_result.boundary) != (shape[0],)):
         raise ValueError(f"grid_result arrays do not match its grid {shape} (momenta × "
                          "learning rates); pass the result of divergence_boundary unchanged.")
+    div = div | (said == DIVERGES)  # predict's divergence "yes", as the boundary
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
 
@@ -65,7 +71,7 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     ax.set_xlabel("learning rate η (log scale)")
     ax.set_ylabel("momentum m")
     ax.set_title(f"predicted T_{grid_result.epsilon:g} (loss, steps of {grid_result.steps}); "
-                 "grey: diverged", fontsize=9)
+                 "grey: predicted to diverge", fontsize=9)
     ax.legend(loc="lower left", fontsize=8)
     if new:
         fig.colorbar(mesh, ax=ax, label="predicted T_ε (optimiser steps)")

@@ -286,8 +286,8 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
 
     Raises:
       ValueError: ``data`` has images and labels of different lengths or labels outside
-        [0, len(class_names)); K < 2 or above the classes available; fewer than 2 classes in
-        ``data``; n < 1 or above the images per class.
+        [0, len(class_names)); K < 2 or above the classes with images; fewer than 2 classes
+        in ``data``; n < 1 or above the images per class.
     """
     labels, k_all = np.asarray(data.labels), len(data.class_names)
     if len(data.images) != len(labels):
@@ -308,10 +308,12 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
     if present < 2:
         raise ValueError(f"the dataset has only {present} class with images; at least 2 are "
                          "needed: use another dataset.")
-    if num_classes > len(counts):
+    if num_classes > present:
         raise ValueError(
-            f"num_classes (K) = {num_classes} is more than the {len(counts)} classes available; "
-            "choose a smaller K or another dataset."
+            f"num_classes (K) = {num_classes} is more than the {present} classes available"
+            + ("; choose a smaller K or another dataset." if present == len(counts) else
+               f": only {present} of the {len(counts)} class_names have images; choose K <= "
+               f"{present} or another dataset.")
         )
     if per_class < 1:
         raise ValueError(f"per_class (n) must be >= 1 training image per class, got {per_class}.")

@@ -35,8 +35,8 @@ import numpy as np
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._batches import batch_indices
-from ntk_tt.data._inputs import as_array
-from ntk_tt.data._model import check_function, check_weights
+from ntk_tt.data._inputs import _concrete, as_array
+from ntk_tt.data._model import check_function, check_model, check_weights
 from ntk_tt.dynamics._checks import check_labels, check_warmup, float_logits
 from ntk_tt.dynamics._fspace import as_operator, theta_cols_dot, theta_dot
 from ntk_tt.dynamics._losses import check_loss, logit_residual
@@ -57,11 +57,16 @@ def weight_tangent(fn, params, x) -> jax.Array:
 
     Raises:
       ValueError: ``fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), ``params``
-        not weights (None, a string, a module), ``x`` not an array of numbers.
+        not weights (None, a string, a module), ``x`` not an array of numbers; for concrete
+        ``x`` and ``params``, :func:`ntk_tt.data._model.check_model`'s refusals (``x`` not a
+        batch (N, ...) with N >= 1, non-finite ``x`` or ``params``, ``fn`` failing on ``x``
+        or not returning (N, C) / (N, F)), as :func:`ntk_tt.empirical_ntk`.
     """
     check_function(fn, "fn", "fn(params, x) -> logits or features")
     check_weights(params)
     x = as_array(x, "x")
+    if not is_traced((params, x)):  # under jit / vmap only the jvp's own shape errors
+        check_model(fn, params, x)
     return jax.jvp(lambda p: fn(p, x), (params,), (params,))[1]
 
 
@@ -173,12 +178,18 @@ def decay_needs_tangent(optimizer: Optimizer, tangent, name: str) -> bool:
 
 def check_tangent(tangent, rows: int, cols: int, name: str, dtype=None):
     """``tangent`` as an array of shape (rows, cols) (in ``dtype``); ValueError naming it
-    otherwise."""
+    otherwise, or when a concrete ``tangent`` holds NaN or inf (a traced one is not checked)."""
     if tangent is None:
         return None
     if np.shape(tangent) != (rows, cols):
         raise ValueError(f"{name} must have shape ({rows}, {cols}) (J·θ0 on the same inputs), "
                          f"got {np.shape(tangent)}.")
+    tc = _concrete(tangent)
+    if tc is not None and not np.isfinite(tc.astype(np.float64)).all():
+        raise ValueError(
+            f"{name} contains NaN or inf; recompute it with ntk_tt.weight_tangent(fn, params, "
+            "x) from finite weights and inputs (a NaN there makes the weight-decay terms, and "
+            "every predicted curve, NaN).")
     return jnp.asarray(tangent, dtype)
 
 
@@ -245,7 +256,8 @@ def sgd_trajectory(kernel, f0, y, optimizer: Optimizer, *, steps: int, key=None,
 
     Raises:
       ValueError: an optimiser that is not SGD-family, shapes that do not match, weight decay
-        without ``a`` (or ``a_test`` with a test kernel), SGD without a key, bad labels.
+        without ``a`` (or ``a_test`` with a test kernel), a concrete ``a`` / ``a_test`` with
+        NaN or inf, SGD without a key, bad labels.
     """
     check_optimizer(optimizer, where="sgd_trajectory")
     check_loss(loss)

@@ -204,6 +204,11 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
     if kernel_test is not None:
         test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test,
                                                                    y_test, n, c, f0.dtype)
+    decay = None  # (λ', a, a_test), checked before the kernel's eigenvalues
+    if with_decay:
+        nt = None if kernel_test is None else f0_test.shape[0]
+        decay = (_effective_decay(optimizer, f0.dtype), check_tangent(a, n, c, "a", f0.dtype),
+                 None if nt is None else check_tangent(a_test, nt, c, "a_test", f0.dtype))
     mat, (lmin, lmax) = jax.jit(clamp_psd)(jnp.asarray(kernel, f0.dtype))
     traced = mat.shape[0] == n and c > 1  # the logit-summed (N, N) kernel, used as Θ/C
     lams = (lmin / c, lmax / c) if traced else (lmin, lmax)
@@ -213,11 +218,6 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
         fs, fts = _paths(run, n, bs, steps, num_paths, key)
         return _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, mat.shape[0], loss,
                                 frozen=True)
-    decay = None
-    if with_decay:
-        nt = None if kernel_test is None else f0_test.shape[0]
-        decay = (_effective_decay(optimizer, f0.dtype), check_tangent(a, n, c, "a", f0.dtype),
-                 None if nt is None else check_tangent(a_test, nt, c, "a_test", f0.dtype))
     test = None if kernel_test is None else (test_mat, f0_test)
     if noise_features is not None:
         noise_features = jnp.asarray(noise_features, f0.dtype)
@@ -292,10 +292,13 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
     check_num_paths(num_paths)
     if bs < n and key is None:
         raise ValueError("SGD (batch_size < N) is random: pass key=jax.random.key(seed).")
-    if decay_needs_tangent(optimizer, a_h, "a_h") and base.features_test is not None \
-            and a_h_test is None:
-        raise ValueError("weight decay with held-out features needs a_h_test (N_test, F) "
-                         "(ntk_tt.weight_tangent(feature_fn, backbone_params, x_test)).")
+    if decay_needs_tangent(optimizer, a_h, "a_h"):
+        if base.features_test is not None and a_h_test is None:
+            raise ValueError("weight decay with held-out features needs a_h_test (N_test, F) "
+                             "(ntk_tt.weight_tangent(feature_fn, backbone_params, x_test)).")
+        check_tangent(a_h, n, base.features.shape[1], "a_h")  # shapes and NaN: before work
+        if base.features_test is not None:
+            check_tangent(a_h_test, *base.features_test.shape, "a_h_test")
     if base.features_test is not None:
         if y_test is None:
             raise ValueError("hk has held-out features: pass y_test (N_test,).")

@@ -267,7 +267,7 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
       ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
         ``hk`` not matching, a complex field of ``hk``, an ``hk`` not of the optimiser's
         kind (Adam: an AdamKernel), Adam with L2 weight decay (use ``ntk_tt.adamw``), a
-        traced Adam ε.
+        traced Adam ε, a concrete ``a_h`` or ``a_h_test`` with NaN or inf.
 
     Dtypes: every array of ``hk`` is cast to their common floating dtype, at least float32
     (bfloat16 is promoted), and η, m to it; the result is in it (README, "Dtypes").

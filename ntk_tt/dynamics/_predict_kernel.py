@@ -210,7 +210,7 @@ def predict_from_kernel(
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
         η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N], steps < 1, num_paths < 1, non-finite
-        Θ, f0 or f0_test with NaN or inf entries (the message gives how many),
+        Θ, f0, f0_test (the message gives how many), ``a`` or ``a_test`` with NaN or inf,
         unknown method or loss, missing key / noise features, a kernel that cannot be
         Θ = J Jᵀ (asymmetric beyond 1e-3 of its largest entry, e.g. a cross kernel, or with a
         negative diagonal entry; ``check_gram``) (value checks only when the arguments are

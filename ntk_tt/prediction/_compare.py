@@ -181,6 +181,19 @@ def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
         raise ValueError("the prediction and the fine-tuning run describe different training ("
                          + "; ".join(wrong) + "); predict and fine-tune on the same data with "
                          "the same hyperparameters.")
+    a, b = float(prediction.loss[0]), float(run.loss[0])
+    if not np.isclose(a, b, rtol=L0_RTOL, atol=0, equal_nan=True):
+        raise ValueError(
+            f"the prediction and the fine-tuning run start from different losses (L_0 = loss at "
+            f"step 0: predicted {a:.6g}, fine-tuned {b:.6g}), so they were made on different "
+            "data or weights; predict and fine-tune with the same model, weights and training "
+            "data (x, y).")
+
+
+# the prediction's step-0 loss is the model's loss at θ0, so with the same model, weights and
+# data both L_0 agree to float32 rounding (measured: <= 4e-7 relative for the exact, head-aware,
+# ODE, closed-form and subset predictors); other data or weights differ by O(1)
+L0_RTOL = 1e-3
 
 
 # what an optimiser adds to (η_peak, m, Nesterov, B); "decoupled" matters only with decay
@@ -243,8 +256,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
         loss, steps, learning rate, momentum, Nesterov or batch size (the message names each
         mismatch), or in the rest of the optimiser (``optimizer=``: the rule, its schedule,
         mean and last η_t, weight decay, Adam's b2 and eps; the constant-η keywords are
-        ``ntk_tt.sgd(η, m)`` without decay) — they would not describe the same training.
-        Whether both used the same inputs is not checked (only N).
+        ``ntk_tt.sgd(η, m)`` without decay) — they would not describe the same training;
+        or (the rest alike) their initial losses L_0 (``loss[0]``) differ by more than
+        ``L0_RTOL`` = 1e-3 relative: made on other data or weights (the same ones agree to
+        float32 rounding).
     """
     _check_same_training(prediction, run)
     real_t, real_why = real_training_time(run)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp
 
+from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_sgd import (
     check_spectrum_optimizer,
     constant_rate,
@@ -95,10 +96,12 @@ def kernel_spectrum(kernel, residual) -> Spectrum:
       (float rounding of Θ = J Jᵀ) are clamped to zero.
 
     Raises:
-      ValueError: shapes that do not match, or non-finite entries.
+      ValueError: shapes that do not match, non-finite entries, or a kernel that is not
+        symmetric (or has a negative diagonal entry): not an empirical NTK Θ = J Jᵀ.
     """
     mat, traced = _operator(kernel, residual, "kernel")
     _check_finite("kernel", mat)
+    check_gram(kernel)
     _check_finite("residual", residual)
     n = np.shape(residual)[0]
     lam, p = _eig(mat, np.asarray(residual, np.float64), traced)
@@ -202,8 +205,10 @@ def extrapolate_spectrum(
       :class:`Spectrum` of K entries for N samples.
 
     Raises:
-      ValueError: mismatched shapes, N < N', non-finite inputs, bad k0 / fit_range / α, or
-        no tail exponent reaching ‖δy‖² (raised after the eigendecomposition).
+      ValueError: mismatched shapes, N < N', non-finite inputs, a ``kernel_subset`` that
+        is not symmetric (or has a negative diagonal entry: not Θ = J Jᵀ), bad k0 /
+        fit_range / α, or no tail exponent reaching ‖δy‖² (raised after the
+        eigendecomposition).
     """
     mat, traced = _operator(kernel_subset, residual_subset, "kernel_subset")
     n_sub, c = np.shape(residual_subset)
@@ -224,6 +229,7 @@ def extrapolate_spectrum(
     for name, value in (("kernel_subset", mat), ("residual_subset", residual_subset),
                         ("residual_full", residual_full)):
         _check_finite(name, value)
+    check_gram(kernel_subset, "kernel_subset")
     n = np.shape(residual_full)[0]
     if n == n_sub:
         return kernel_spectrum(kernel_subset, residual_subset)

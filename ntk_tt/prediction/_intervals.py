@@ -39,6 +39,9 @@ import pathlib
 
 import numpy as np
 
+from ntk_tt._output_paths import require_folder
+from ntk_tt.prediction._result import Prediction
+
 FORMAT = "ntk_tt.intervals/1"
 KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
@@ -50,6 +53,19 @@ def _check_level(level) -> float:
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
         raise ValueError(f"level must be a number in (0, 1) (e.g. 0.9), got {level!r}.")
     return float(level)
+
+
+def _check_edges(edges) -> tuple:
+    """``edges`` as a tuple of floats if they are finite, > 0 (κ̃ > 0) and strictly increasing."""
+    try:
+        e = np.asarray(edges, float)
+    except (TypeError, ValueError):
+        e = None
+    if e is None or e.ndim != 1 or not len(e) or not np.all(np.isfinite(e)) or np.any(
+            e <= 0) or np.any(np.diff(e) <= 0):
+        raise ValueError(f"kappa_edges must be finite positive κ̃ bin edges in increasing "
+                         f"order, at least one (e.g. {KAPPA_EDGES}), got {edges!r}.")
+    return tuple(float(x) for x in e)
 
 
 def conformal_quantile(scores, q: float) -> float:
@@ -151,10 +167,15 @@ class IntervalCalibrator:
                            for (k, e, o), r in sorted(self.groups.items())]}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group)."""
+        """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group).
+
+        Raises:
+          ValueError: ``path``'s folder does not exist.
+        """
         data = self.to_json()
         groups = ",\n  ".join(json.dumps(g) for g in data.pop("groups"))
         head = json.dumps(data, indent=1)[:-2]
+        require_folder(path, "calibrator")
         pathlib.Path(path).write_text(f'{head},\n "groups": [\n  {groups}\n ]\n}}\n')
 
     @classmethod
@@ -162,16 +183,25 @@ class IntervalCalibrator:
         """Read a file written by :meth:`save`.
 
         Raises:
-          ValueError: the file is not an ``ntk_tt.intervals/1`` calibrator.
+          ValueError: the file is not an ``ntk_tt.intervals/1`` calibrator (not JSON, another
+            format, or fields missing).
         """
-        data = json.loads(pathlib.Path(path).read_text())
+        wrong = ValueError(f"{path} is not an interval calibrator (a JSON file of format "
+                           f"{FORMAT!r}, as IntervalCalibrator.save writes).")
+        try:
+            data = json.loads(pathlib.Path(path).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise wrong from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not an interval calibrator (format {FORMAT!r}).")
-        groups = {(g["kappa_eff"], g["eps"], g["optimizer"]): tuple(g["residuals"])
-                  for g in data["groups"]}
-        return cls(level=data["level"], by=tuple(data["by"]), min_count=data["min_count"],
-                   kappa_edges=tuple(data["kappa_edges"]), groups=groups,
-                   source=data["source"])
+            raise wrong
+        try:
+            groups = {(g["kappa_eff"], g["eps"], g["optimizer"]): tuple(g["residuals"])
+                      for g in data["groups"]}
+            return cls(level=data["level"], by=tuple(data["by"]), min_count=data["min_count"],
+                       kappa_edges=tuple(data["kappa_edges"]), groups=groups,
+                       source=data["source"])
+        except (KeyError, TypeError):
+            raise wrong from None
 
 
 def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -198,16 +228,18 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
         ``dataset``, ``pred_method``, ``pred_kernel`` (recorded in ``source``).
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
         "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
-      kappa_edges: increasing κ̃ bin edges.
+      kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
 
     Returns:
       :class:`IntervalCalibrator` holding every defined residual, grouped.
 
     Raises:
       ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
-        "optimizer", min_count < 1, columns missing, or no defined residual.
+        "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
+        columns missing, or no defined residual.
     """
     level = _check_level(level)
+    edges = _check_edges(kappa_edges)
     by = tuple(by)
     if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
         raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
@@ -219,7 +251,7 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     missing = sorted(need - set(frame.columns)) + ([] if eps_all else ["real_T<eps>"])
     if missing:
         raise ValueError(f"the table lacks columns {missing}: pass a sweep results table.")
-    bins = [kappa_bin(k, kappa_edges) for k in frame["kappa_eff"].to_numpy(float)]
+    bins = [kappa_bin(k, edges) for k in frame["kappa_eff"].to_numpy(float)]
     opts = frame["optimizer"].astype(str).to_numpy()
     groups: dict = {}
     for e in eps_all:
@@ -232,7 +264,7 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
               **{c: sorted(map(str, frame[c].unique())) for c in
                  ("dataset", "pred_method", "pred_kernel") if c in frame.columns}}
     return IntervalCalibrator(level=level, by=by, min_count=min_count,
-                              kappa_edges=tuple(float(x) for x in kappa_edges),
+                              kappa_edges=edges,
                               groups={k: tuple(sorted(v)) for k, v in groups.items()},
                               source=source)
 
@@ -290,8 +322,11 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       recursion, cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'.
 
     Raises:
-      ValueError: level not in (0, 1).
+      ValueError: ``prediction`` not a :class:`ntk_tt.Prediction`; level not in (0, 1).
     """
+    if not isinstance(prediction, Prediction):
+        raise ValueError(f"intervals(prediction) takes a Prediction from ntk_tt.predict, got "
+                         f"{type(prediction).__name__}.")
     cal = default_calibrator() if calibrator is None else calibrator
     if not calibrated_for(prediction, cal):
         return {c: dict.fromkeys(prediction.training_time[c]) for c in ("loss", "error")}

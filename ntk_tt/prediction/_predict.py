@@ -34,6 +34,11 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
     if sketch_dim is not None and (not isinstance(sketch_dim, (int, np.integer))
                                    or sketch_dim < 1):
         raise ValueError(f"sketch_dim must be a positive int (D'), got {sketch_dim!r}.")
+    if sketch_dim is not None and kernel != "sketch" and method != "sde":
+        raise ValueError(
+            f"sketch_dim only applies to kernel='sketch' (and the SGD noise of method='sde'), "
+            f"got sketch_dim={sketch_dim!r} with kernel={kernel!r}, method={method!r}: drop "
+            "sketch_dim, or pass kernel='sketch' for a sketched kernel.")
     random = kernel == "sketch" or method == "sde" or batch_size < n
     if random and key is None:
         raise ValueError(
@@ -183,6 +188,7 @@ def predict(
         that is not ``jax.random.key(seed)``, labels not matching N or C or (training
         labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
         m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
+        ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a head-aware prediction without ``head`` or with a method other than the discrete
         recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,

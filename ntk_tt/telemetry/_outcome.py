@@ -310,6 +310,11 @@ def load_runs(path: str | pathlib.Path) -> Iterable[tuple[Telemetry, dict | None
         doc = json.loads(text)
         items = doc if isinstance(doc, list) else [doc]
         numbered = list(enumerate(items, 1))
+        bad = [i for i, item in numbered if not isinstance(item, dict)]
+        if isinstance(doc, list) and bad:
+            raise ValueError(f"{path}: expected a JSON object per line (or a JSON list of "
+                             f"objects), got a list whose item {bad[0]} is "
+                             f"{type(items[bad[0] - 1]).__name__}.")
     except json.JSONDecodeError:
         numbered = []
         for i, line in enumerate(text.splitlines(), 1):

@@ -61,6 +61,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ntk_tt._output_paths import require_folder
+
 SCHEMA_VERSION = 1
 DEFAULT_SNAPSHOTS = (0, 1, 2, 5, 10, 20, 50)
 
@@ -247,8 +249,13 @@ def _decode(a: float | str | None) -> float:
 
 def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> None:
     """Write one or several runs to ``path`` as JSON Lines (one :meth:`Telemetry.to_dict`
-    row a line, standard JSON: no NaN literals). Overwrites ``path``."""
+    row a line, standard JSON: no NaN literals). Overwrites ``path``.
+
+    Raises:
+      ValueError: ``path``'s folder does not exist.
+    """
     runs = [runs] if isinstance(runs, Telemetry) else list(runs)
+    require_folder(path, "telemetry")
     with open(path, "w", encoding="utf-8") as fh:
         for r in runs:
             fh.write(json.dumps(r.to_dict(), allow_nan=False) + "\n")
