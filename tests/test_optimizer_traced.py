@@ -236,3 +236,21 @@ def test_an_optimizer_passed_into_jit_says_why_it_needs_the_tangent():
     eager = ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T).loss
     np.testing.assert_allclose(inside(0.5), eager, rtol=1e-9)
     np.testing.assert_allclose(with_a(opt), eager, rtol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["discrete", "ode"])
+def test_a_concrete_schedule_inside_jit_over_the_kernel_is_the_eager_call(method):
+    """A helper's probe: jit over the kernel (or anything else) with a concrete scheduled
+    optimizer raised JAX's TracerArrayConversionError: the schedule's values, computed by a
+    nested jit, came back traced to the eager checks. A schedule of concrete numbers (and a
+    callable one) now stays concrete; the jitted prediction equals the eager one."""
+    kernel, f0, y, _ = _plain()
+    for sched in (ntk_tt.warmup_cosine(0.05, 3, T, end=0.005),
+                  ntk_tt.schedule(lambda t: 0.05 * 0.97 ** t)):
+        opt = ntk_tt.sgd(sched, 0.5)
+        eager = ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T,
+                                           method=method)
+        jitted = jax.jit(lambda k, o=opt: ntk_tt.predict_from_kernel(
+            k, f0, y, optimizer=o, steps=T, method=method).loss)(kernel)
+        np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager.loss), rtol=1e-9)
+        assert eager.loss[-1] < 0.9 * eager.loss[0]  # it trained
