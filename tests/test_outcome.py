@@ -155,6 +155,7 @@ def test_save_load_round_trip(tmp_path):
         for t in TARGETS:
             np.testing.assert_allclose(a[t], b[t], rtol=1e-12, atol=1e-12)
         assert back.columns == model.columns and back.intervals == model.intervals
+    assert "not exist" in str(pytest.raises(ValueError, model.save, tmp_path / "no/p").value)
     tele = Telemetry.from_dict(rows[0]["telemetry"])
     one = back.predict(tele, rows[0]["prediction"], k=4)
     assert one["observed_updates"] == 4 and 0 <= one["p_diverged"] <= 1

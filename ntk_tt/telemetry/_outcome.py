@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ntk_tt._output_paths import require_folder
 from ntk_tt.telemetry._outcome_domain import _domain, feature_domain, out_of_domain
 from ntk_tt.telemetry._outcome_features import (
     DEFAULT_KS,
@@ -126,7 +127,9 @@ class OutcomePredictor:
 
     def save(self, path: str | pathlib.Path) -> None:
         """Write the predictor as JSON (LightGBM models as their text form); ``.gz``:
-        gzip-compressed."""
+        gzip-compressed. Raises ValueError (before writing) when ``path``'s folder does not
+        exist."""
+        require_folder(path, "outcome predictor")
         doc = {"format_version": FORMAT_VERSION, "columns": self.columns, "ntk": self.ntk,
                "ks": list(self.ks), "constants": self.constants, "intervals": self.intervals,
                "info": self.info, "domain": self.domain,
