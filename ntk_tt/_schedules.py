@@ -69,13 +69,8 @@ class Schedule(eqx.Module):
     def values(self, steps: int) -> Array:
         """η_0 … η_{T−1}: the learning rate of each of ``steps`` updates, (T,). One compiled
         program per schedule class and T (the leaves are its arguments), not one dispatch per
-        operation: the predictors and checks read η_t several times per call. A schedule
-        of concrete numbers gives concrete values inside ``jit`` too (traced over something
-        else, e.g. the kernel), which the eager checks read."""
-        if _traced(self):
-            return _values(self, int(steps))
-        with jax.ensure_compile_time_eval():
-            return _values(self, int(steps))
+        operation: the predictors and checks read η_t several times per call."""
+        return _values(self, int(steps))
 
     def valid(self, steps: int) -> Array:
         """Whether the constructor's and :func:`ntk_tt.dynamics._checks.check_warmup`'s
@@ -176,8 +171,7 @@ class FromCallable(Schedule):
     def values(self, steps: int) -> Array:
         """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
         program would be rebuilt for every new callable (an optax schedule made per call)."""
-        with jax.ensure_compile_time_eval():  # concrete inside an outer jit (fn's constants)
-            return _eager_values(self, int(steps))
+        return _eager_values(self, int(steps))
 
 
 def _within_peak(peak, *values) -> Array:
@@ -188,10 +182,6 @@ def _within_peak(peak, *values) -> Array:
 def _warmup_ends(warmup, rises, steps: int) -> Array:
     """warmup ≥ 0, and ⌈warmup⌉ < ``steps`` where η rises to its peak (``check_warmup``)."""
     return (warmup >= 0) & (~jnp.asarray(rises) | (jnp.ceil(warmup) < steps))
-
-
-def _traced(sched: Schedule) -> bool:
-    return any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(sched))
 
 
 def _eager_values(sched: Schedule, steps: int) -> Array:

@@ -123,8 +123,14 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
                          "ntk_tt.predict_from_kernel / ntk_tt.predict_head_aware(optimizer=...)"
                          " on one kernel under jit(vmap), or with "
                          "ntk_tt.divergence_boundary(optimizer=...) / ntk_tt.sensitivities.")
-    check_warmup(optimizer.learning_rate, int(steps))
-    rates = np.asarray(optimizer.learning_rates(int(steps)), np.float64)
+    rates = optimizer.learning_rates(int(steps))
+    if isinstance(rates, jax.core.Tracer):  # concrete leaves inside an outer jit (e.g. over
+        with jax.ensure_compile_time_eval():  # the kernel): read η_t as numbers
+            check_warmup(optimizer.learning_rate, int(steps))
+            rates = optimizer.learning_rates(int(steps))
+    else:
+        check_warmup(optimizer.learning_rate, int(steps))
+    rates = np.asarray(rates, np.float64)
     bad = ~np.isfinite(rates) | (rates < 0)
     if bad.any():
         t = int(np.argmax(bad))

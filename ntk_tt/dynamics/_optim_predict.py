@@ -133,8 +133,11 @@ def _check_real_time(schedule, steps: int) -> None:
            "optimiser steps): pass a callable that accepts a float step, or use "
            "method='discrete'")
     try:
-        with jax.ensure_compile_time_eval():  # concrete inside an outer jit
-            rates = np.asarray(jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0), np.float64)
+        rates = jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0)
+        if isinstance(rates, jax.core.Tracer):  # inside an outer jit: read them as numbers
+            with jax.ensure_compile_time_eval():
+                rates = jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0)
+        rates = np.asarray(rates, np.float64)
     except (TypeError, IndexError, ValueError) as err:
         raise ValueError(f"{fix} (calling it with t = 0.5 failed: {err}).") from err
     if not np.all(np.isfinite(rates) & (rates >= 0)):
