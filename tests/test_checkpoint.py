@@ -306,3 +306,35 @@ def test_save_checkpoint_never_deletes_other_files_and_replaces_only_when_asked(
     back, _ = ntk_tt.load_checkpoint(empty)
     for a, b in zip(leaves(other), leaves(back), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_save_checkpoint_path_edge_cases(tmp_path, monkeypatch):
+    """A second probe: folders named meta/ and state/ holding a user's file passed for a
+    checkpoint (deleted with overwrite=True); "." deleted the working directory; a link to an
+    empty folder gave orbax's raw rmtree error; None, overwrite="no" and "~" were not
+    checked or expanded. Each is now refused or handled."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    fake = tmp_path / "fake"
+    (fake / "meta").mkdir(parents=True)
+    (fake / "state").mkdir()
+    (fake / "state" / "data.csv").write_text("1")
+    with pytest.raises(ValueError, match="not a checkpoint that save_checkpoint wrote"):
+        ntk_tt.save_checkpoint(fake, model, META, overwrite=True)
+    assert (fake / "state" / "data.csv").read_text() == "1"
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for where in (".", tmp_path):
+        with pytest.raises(ValueError, match="is the current folder or holds it"):
+            ntk_tt.save_checkpoint(where, model, META)
+    assert here.is_dir()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    ntk_tt.save_checkpoint(tmp_path / "link", model, META)
+    assert ntk_tt.load_checkpoint(tmp_path / "target")[1] == META
+    for bad, said in [(dict(path=None), "path must be a folder path"),
+                      (dict(path=tmp_path / "target", overwrite="no"), "overwrite must be")]:
+        with pytest.raises(ValueError, match=said):
+            ntk_tt.save_checkpoint(model=model, meta=META, **bad)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ntk_tt.save_checkpoint("~/home_ck", model, META) == (tmp_path / "home_ck").resolve()

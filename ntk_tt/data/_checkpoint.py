@@ -222,29 +222,45 @@ _CHECKPOINT_ENTRIES = frozenset({"_CHECKPOINT_METADATA", "_METADATA", "commit_su
 
 
 def check_save_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """The absolute checkpoint directory ``path`` if :func:`save_checkpoint` may write it: new,
-    an empty folder, or (``overwrite=True``) an earlier checkpoint, which is replaced whole.
+    """The checkpoint directory ``path`` (``~`` expanded, symbolic links resolved) if
+    :func:`save_checkpoint` may write it: new, an empty folder, or (``overwrite=True``) a
+    checkpoint that ``save_checkpoint`` wrote, which is replaced whole (files added inside it
+    included).
 
     Raises:
-      ValueError: ``path`` is a file; a folder holding anything but a checkpoint (saving would
-        delete it); a checkpoint and ``overwrite`` is False.
+      ValueError: ``path`` not a str or os.PathLike, or a file; ``overwrite`` not a bool; the
+        current folder or one above it (orbax removes and recreates the folder); a folder
+        holding anything but a checkpoint (saving would delete it); a checkpoint and
+        ``overwrite`` False.
     """
-    path = Path(path).absolute()
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a folder path (str or os.PathLike), got "
+                         f"{type(path).__name__}.")
+    if not isinstance(overwrite, bool):
+        raise ValueError(f"overwrite must be True or False, got {overwrite!r}.")
+    path = Path(path).expanduser().resolve()
     if path.exists() and not path.is_dir():
         raise ValueError(f"checkpoint path {path} is a file; give a new or empty folder.")
+    here = Path.cwd().resolve()
+    if path == here or path in here.parents:
+        raise ValueError(f"checkpoint path {path} is the current folder or holds it: saving "
+                         "removes and recreates the folder; give a new folder inside it.")
     entries = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
     if not entries:
         return path
     others = [e for e in entries if e not in _CHECKPOINT_ENTRIES]
-    if others or not {"meta", "state"} <= set(entries):
+    ours = (not others and "_CHECKPOINT_METADATA" in entries
+            and all((path / d).is_dir() for d in ("meta", "state")))
+    if not ours:
         shown = ", ".join((others or entries)[:3]) + (", ..." if len(others or entries) > 3
                                                       else "")
-        raise ValueError(f"checkpoint path {path} is a folder holding other files ({shown}): "
-                         "a checkpoint replaces its whole folder, so saving would delete them; "
-                         "give a new or empty folder.")
+        raise ValueError(f"checkpoint path {path} is a folder holding other files ({shown}), "
+                         "not a checkpoint that save_checkpoint wrote: a checkpoint replaces "
+                         "its whole folder, so saving would delete them; give a new or empty "
+                         "folder.")
     if not overwrite:
         raise ValueError(f"checkpoint path {path} already holds a checkpoint: pass "
-                         "overwrite=True to replace it, or give a new folder.")
+                         "overwrite=True to replace it (the whole folder), or give a new one.")
     return path
 
 
@@ -253,9 +269,10 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path``.
 
     Args:
-      path: checkpoint directory: new, an empty folder, or an earlier checkpoint with
-        ``overwrite=True`` (a folder holding anything else is refused: the checkpoint replaces
-        the whole folder).
+      path: checkpoint directory (``~`` expanded, symbolic links resolved): new, an empty
+        folder, or an earlier checkpoint with ``overwrite=True`` (a folder holding anything
+        else, or the current folder, is refused: the checkpoint replaces the whole folder).
+      overwrite: replace a checkpoint that ``save_checkpoint`` wrote at ``path`` (a bool).
       model: a :mod:`ntk_tt.models` module.
       meta: JSON-able dict with at least ``architecture`` (a key of :data:`ARCHITECTURES`),
         ``num_classes``, ``input_shape`` (H, W, C), ``mean`` and ``std`` (C,), and optional
