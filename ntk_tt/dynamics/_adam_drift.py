@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from ntk_tt.dynamics._noise import _add_sq_dev, _mean_grad, _scaled, _zeros
+from ntk_tt.dynamics._noise import _add_sq_dev, _mean_grad, _scaled, _squared, _zeros
 from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
@@ -100,14 +100,7 @@ def gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss: str, samples: int
     for start in range(0, m, CHUNK):
         rows = pick[start:start + CHUNK]
         total = _add_sq_dev(apply, params, x[rows], y[rows], loss, g0, total)
-    return _profiles(g0[0], total[0], 1.0 / m)
-
-
-@jax.jit
-def _profiles(g0, total, scale):
-    """(g_0², σ² = total·scale), one compiled program per network (eager per-leaf ops would
-    compile each operation once per leaf shape: ~100 small compilations a network)."""
-    return jax.tree.map(jnp.square, g0), jax.tree.map(lambda s: s * scale, total)
+    return _squared(g0[0]), _scaled(total[0], 1.0 / m)
 
 
 def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype) -> tuple[DriftTable, object]:

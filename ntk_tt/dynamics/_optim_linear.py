@@ -123,14 +123,8 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
                          "ntk_tt.predict_from_kernel / ntk_tt.predict_head_aware(optimizer=...)"
                          " on one kernel under jit(vmap), or with "
                          "ntk_tt.divergence_boundary(optimizer=...) / ntk_tt.sensitivities.")
-    rates = optimizer.learning_rates(int(steps))
-    if isinstance(rates, jax.core.Tracer):  # concrete leaves inside an outer jit (e.g. over
-        with jax.ensure_compile_time_eval():  # the kernel): read η_t as numbers
-            check_warmup(optimizer.learning_rate, int(steps))
-            rates = optimizer.learning_rates(int(steps))
-    else:
-        check_warmup(optimizer.learning_rate, int(steps))
-    rates = np.asarray(rates, np.float64)
+    check_warmup(optimizer.learning_rate, int(steps))
+    rates = concrete_values(lambda: optimizer.learning_rates(int(steps)))
     bad = ~np.isfinite(rates) | (rates < 0)
     if bad.any():
         t = int(np.argmax(bad))
@@ -140,6 +134,18 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
         raise ValueError(f"the optimizer's learning rate is 0 at all {steps} steps; give a "
                          "schedule with a peak > 0.")
     return float(rates.max())
+
+
+def concrete_values(compute) -> np.ndarray:
+    """``compute()`` (a concrete schedule's η_t) as float64 NumPy values for the eager checks.
+    Inside an outer ``jit`` (over the kernel, say) the schedule's own nested jit returns
+    tracers: only then is it recomputed under ``jax.ensure_compile_time_eval`` (elsewhere that
+    would evaluate nested programs eagerly inside the predictors' traces)."""
+    out = compute()
+    if isinstance(out, jax.core.Tracer):
+        with jax.ensure_compile_time_eval():
+            out = compute()
+    return np.asarray(out, np.float64)
 
 
 def is_traced(tree) -> bool:

@@ -64,6 +64,7 @@ from ntk_tt.dynamics._optim_linear import (
     check_learning_rates,
     check_optimizer,
     check_tangent,
+    concrete_values,
     decay_needs_tangent,
     is_traced,
     sgd_trajectory,
@@ -133,11 +134,7 @@ def _check_real_time(schedule, steps: int) -> None:
            "optimiser steps): pass a callable that accepts a float step, or use "
            "method='discrete'")
     try:
-        rates = jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0)
-        if isinstance(rates, jax.core.Tracer):  # inside an outer jit: read them as numbers
-            with jax.ensure_compile_time_eval():
-                rates = jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0)
-        rates = np.asarray(rates, np.float64)
+        rates = concrete_values(lambda: jax.vmap(schedule)(jnp.arange(2 * steps + 1) / 2.0))
     except (TypeError, IndexError, ValueError) as err:
         raise ValueError(f"{fix} (calling it with t = 0.5 failed: {err}).") from err
     if not np.all(np.isfinite(rates) & (rates >= 0)):
