@@ -14,7 +14,8 @@ def _fmt(v, unit=""):
 
 # short forms of the reasons a T_ε is undefined (ntk_tt.dynamics._training_time.REASONS, and
 # "diverged at step k" for a real run), matched by a phrase each contains
-_SHORT_REASONS = (("diverged", "diverged"), ("NaN or inf", "curve not finite"),
+_SHORT_REASONS = (("predicted to diverge", "predicted to diverge"), ("diverged", "diverged"),
+                  ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
                   ("no step comes within", "never within ε of L_T"),
                   ("not predicted: the subset", "not predicted (--subset: loss curve only)"),
@@ -114,15 +115,24 @@ def _diverged_lines(r: dict) -> list[str]:
         lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
                      + ("(the closed form's GD model with η/(1 − m) diverged, not heavy ball: "
                         "use --method discrete)" if own else "(lower --lr)"))
+    elif _called_divergent(pred):
+        lines.append("prediction: the real run is predicted to diverge "
+                     f"({pred['divergence_reason']}): no predicted T_ε, steps to target or "
+                     "comparison (lower --lr)")
     if real and real["diverged"]:
         lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
                      "(lower --lr)")
-    for name, side in (("prediction", pred), ("real run", real)):
-        if side and not side["diverged"] and side.get("spiked_at") is not None:
-            lines.append(f"{name} spiked above 10·L_0 at step {side['spiked_at']} and "
-                         "recovered below L_0 (outcome diverges: every measured real run "
-                         f"that did ended untrained; {_spiked_training_time(side)})")
+    if real and not real["diverged"] and real.get("spiked_at") is not None:
+        lines.append(f"real run spiked above 10·L_0 at step {real['spiked_at']} and "
+                     "recovered below L_0 (outcome diverges: every measured real run "
+                     f"that did ended untrained; {_spiked_training_time(real)})")
     return lines
+
+
+def _called_divergent(pred: dict) -> bool:
+    """A prediction whose curve did not diverge but whose call on the real run is
+    "diverges" (a spike above 10·L_0, or κ ≥ 68): it predicts no run to compare."""
+    return not pred["diverged"] and pred.get("outcome") == "diverges"
 
 
 def _spiked_training_time(side: dict) -> str:
@@ -147,6 +157,9 @@ def _comparison_lines(r: dict) -> list[str]:
     if who:
         lines = [f"loss curves: not compared ({' and '.join(who)} diverged: the distance "
                  "is not meaningful)"]
+    elif _called_divergent(pred):
+        lines = ["loss curves: not compared (the prediction calls the real run divergent: "
+                 "its linearised curve is no prediction of it)"]
     else:
         dist = r["curve_distance"]["loss"]
         rel = dist["max_rel_to_fall"]
@@ -158,6 +171,8 @@ def _comparison_lines(r: dict) -> list[str]:
         lines.append("held-out accuracy at T: no held-out images (--test-per-class 0)")
     else:
         acc = [f"{name} " + ("not meaningful (diverged)" if side["diverged"]
+                             else "not meaningful (predicted to diverge)"
+                             if side is pred and _called_divergent(pred)
                              else "n/a (--subset: not predicted)"
                              if side["test_accuracy"] is None
                              else _fmt(side["test_accuracy"]))
@@ -174,6 +189,8 @@ def _ratio(r: dict) -> str:
                 "stopped there)")
     if pred["diverged"]:
         return "not meaningful (the prediction diverged: it predicts no T_ε to compare)"
+    if _called_divergent(pred):
+        return "not meaningful (the prediction calls divergence: it predicts no T_ε to compare)"
     return _fmt(r["seconds"]["ratio"])
 
 

@@ -3,6 +3,7 @@ which ones a job may replace, and whether each can be written."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -70,7 +71,7 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
             raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not "
                              "exist; create it first or choose another path.")
         if target.exists() and what not in replace:
-            raise ValueError(f"{what} path {str(path)!r} exists (an earlier run's output?) and "
+            raise ValueError(f"{what} path {str(path)!r} exists ({_whose(target)}) and "
                              "is not replaced; choose another path, or pass --overwrite "
                              "(overwrite=True) to replace it.")
         if target.exists() and not (target.is_file() and os.access(target, os.W_OK)):
@@ -93,3 +94,20 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
         if ext not in formats:
             raise ValueError(f"figure path {str(figure_path)!r} must end in a format matplotlib "
                              f"writes: {', '.join('.' + f for f in sorted(formats))}.")
+
+
+def _whose(target: Path) -> str:
+    """What an existing output file is, for the refusal: a --json report of a run that never
+    finished (its ``status`` still "started" or "running": that run is still writing it, or it
+    was killed, e.g. by kill -9 or out of memory), else "an earlier run's output?"."""
+    from ntk_tt.prediction._report_file import RUNNING, STARTED
+
+    try:
+        status = json.loads(target.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    if status in (STARTED, RUNNING):
+        return (f"the report of a run that has not finished, status {status!r}: that run is "
+                "still writing it, or it was killed (kill -9, out of memory); if none is "
+                "running, remove the file")
+    return "an earlier run's output?"

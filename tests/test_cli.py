@@ -367,34 +367,41 @@ def test_spiked_and_recovered_run_is_said_not_called_diverged():
     assert "diverged: predicted True, real False" in text
 
 
-def test_spiked_and_recovered_prediction_says_which_t_eps_exist():
-    """A predicted catapult that recovered: the spike line says "T_ε measured as usual" only
-    when the table has every T_ε; with none (the spike leaves the fall within the noise:
-    "curve not falling" in every row) it says so instead of "as usual" (issue 25: the two
-    lines contradicted each other); with some, it names the others' reasons."""
-    flat = "curve is flat or rising: L_0 - L_T is not clearly positive"
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(verify):
+    """A fresh user's finding: κ ≥ 68 (or a spike above 10·L_0) calls the real run divergent
+    while the linearised curve falls; the report said "diverged: predicted True" yet printed
+    T_ε, intervals and a comparison. Now (as predict writes it: every T_ε None with the
+    reason CALLED_DIVERGES) the rows say "predicted to diverge", one line says why, and the
+    curves, accuracies and wall-time ratio are not compared; the real side is kept."""
+    from ntk_tt.dynamics._training_time import CALLED_DIVERGES, REASONS
 
-    def spike_line(times, reasons):
-        r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
-        r["predicted"] |= {"spiked_at": 2, "training_time": times, "wall_clock": times,
-                           "training_time_reasons": reasons}
-        text = format_report(r)
-        return [ln for ln in text.splitlines() if ln.startswith("prediction spiked")], text
-
+    r = fake_report(verify=verify, pred_diverged=False, real_diverged=False)
     none = {c: {e: None for e in ("0.01", "0.1", "0.4")} for c in ("loss", "error")}
-    (line,), text = spike_line(none, {c: {e: flat for e in per} for c, per in none.items()})
-    assert line.endswith("that did ended untrained; no T_ε: curve not falling)"), line
-    assert text.count("(predicted: curve not falling)") == 6 and "as usual" not in text
-    every = {c: {e: 7.0 for e in ("0.01", "0.1", "0.4")} for c in ("loss", "error")}
-    (line,), _ = spike_line(every, {"loss": {}, "error": {}})
-    assert line.endswith("; T_ε measured as usual)"), line
-    some = {c: dict(per) for c, per in every.items()}
-    some["loss"]["0.01"] = some["error"]["0.01"] = None
-    reasons = {"loss": {"0.01": "no step comes within epsilon * (L_0 - L_T) of L_T"},
-               "error": {"0.01": flat}}
-    (line,), _ = spike_line(some, reasons)
-    assert line.endswith("; T_ε measured as usual where the table gives one; the others: "
-                         "never within ε of L_T, curve not falling)"), line
+    why = "κ = η·λ_max/N = 70.2 ≥ 68, where the real runs measured diverged"
+    r["predicted"] |= {"training_time": none, "wall_clock": none,
+                       "training_time_reasons": {c: dict.fromkeys(per, REASONS[CALLED_DIVERGES])
+                                                 for c, per in none.items()},
+                       "outcome": "diverges", "divergence": "yes", "divergence_reason": why,
+                       "kappa": 70.2}
+    text = format_report(r)
+    rows = [ln for ln in text.splitlines() if ln.split()[:2] in (
+        [c, e] for c in ("loss", "error") for e in ("0.01", "0.1", "0.4"))]
+    assert len(rows) == 6 and all("(predicted: predicted to diverge" in row for row in rows)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("prediction: the real")]
+    assert line == (f"prediction: the real run is predicted to diverge ({why}): no predicted "
+                    "T_ε, steps to target or comparison (lower --lr)")
+    assert text.splitlines()[-1].startswith(f"diverged: predicted True ({why}")
+    assert "prediction diverged at step" not in text and "prediction spiked" not in text
+    if verify:
+        assert "max |predicted − real|" not in text
+        assert "loss curves: not compared (the prediction calls the real run divergent" in text
+        (acc,) = [ln for ln in text.splitlines() if ln.startswith("held-out accuracy")]
+        assert acc == ("held-out accuracy at T: predicted not meaningful (predicted to "
+                       "diverge), real 0.5")
+        (ratio,) = [ln for ln in text.splitlines() if ln.startswith("real fine-tuning:")]
+        assert ratio.endswith("wall time = not meaningful (the prediction calls divergence: "
+                              "it predicts no T_ε to compare)")
 
 
 def no_checkpoint(monkeypatch):
@@ -479,6 +486,27 @@ def test_overwrite_names_the_outputs_it_may_replace(tmp_path):
                                          "outputs it may replace, \\['figure', 'json'\\], "
                                          "got 'figure'"):
         check_outputs(fig, js, "figure")
+
+
+def test_a_report_left_by_a_killed_run_is_said_to_be_one(tmp_path):
+    """A fresh user's finding: after kill -9 the rerun was refused as "an earlier run's
+    output?"; a --json report whose status still says started or running is now named as a
+    run that has not finished (still writing, or killed), and told what to do."""
+    from ntk_tt._output_paths import check_outputs
+    from ntk_tt.prediction._report_file import RUNNING, STARTED
+
+    js = tmp_path / "r.json"
+    for status in (STARTED, RUNNING):
+        js.write_text(json.dumps({"status": status}))
+        with pytest.raises(ValueError) as err:
+            check_outputs(None, js, False)
+        assert (f"exists (the report of a run that has not finished, status {status!r}: that "
+                "run is still writing it, or it was killed (kill -9, out of memory); if none is "
+                "running, remove the file) and is not replaced") in str(err.value)
+    for earlier in (json.dumps({"status": "complete"}), "not json", json.dumps([1])):
+        js.write_text(earlier)
+        with pytest.raises(ValueError, match=r"exists \(an earlier run's output\?\) and"):
+            check_outputs(None, js, False)
 
 
 def test_output_created_meanwhile_is_not_replaced(tmp_path):

@@ -227,19 +227,23 @@ def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
     mid = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(20.0), steps=40)
     assert mid.beyond_edge and mid.divergence == "unknown" and mid.outcome == "unknown"
     assert "beyond the linearised model's stability edge" in mid.divergence_reason
-    for p in (pred, mid):
-        for curve in ("loss", "error"):
+    for p, why in ((pred, "predicted to diverge (the call on the real run is \"diverges\""),
+                   (mid, "beyond the stability edge: the linearised model cannot tell")):
+        for curve in ("loss", "error"):  # called divergent (a fresh user: T_ε was given) or blind
             assert all(np.isnan(t) for t in p.training_time[curve].values())
-            assert all(r.startswith("beyond the stability edge: the linearised model cannot "
-                                    "tell") for r in p.training_time_reasons[curve].values())
+            assert all(r.startswith(why) for r in p.training_time_reasons[curve].values())
+    to = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr_at(1e4), steps=40,
+                        targets={"loss": 0.5 * float(pred.loss[0])})
+    assert np.isnan(to.steps_to_target["loss"][0.5 * float(pred.loss[0])])
     report = _report(pred, far)
+    assert report["predicted"]["interval_90"]["loss"] == dict.fromkeys(("0.01", "0.1", "0.4"))
     assert report["predicted"]["divergence"] == "yes"
     assert report["predicted"]["diverged"] is False
     text = format_report(report)
     assert "diverged: predicted True (the predicted loss spiked above 10·L_0 at step 1" in text
     assert "; κ = η·λ_max/N = 1e+04 ≥ 68, where the real " in text
     assert text.endswith("though the predicted curve did not end above L_0), real True")
-    assert "predicted: beyond the stability edge: cannot tell" in text
+    assert "predicted: predicted to diverge" in text and "beyond the stability" not in text
     mid_run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(20.0), steps=40)
     report = _report(mid, mid_run)
     assert report["predicted"]["divergence"] == "unknown"
@@ -252,6 +256,8 @@ def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
     assert not small.beyond_edge and small.divergence == "no" and small.divergence_reason is None
     assert all(np.isfinite(t) for c in ("loss", "error") for t in small.training_time[c].values())
     assert "diverged: predicted False, real False" in format_report(_report(small, near))
+    called = ntk_tt.compare(small._replace(outcome="diverges"), near)  # no run to compare
+    assert called["curve_distance"] is None and called["predicted"]["test_accuracy"] is None
 
 
 def test_head_aware_beyond_the_edge_calls_its_own_outcome(ce_mlp):

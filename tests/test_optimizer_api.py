@@ -339,6 +339,23 @@ def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch,
                                              r"nesterov=True\) with momentum 0 is plain \(S\)GD; "
                                              r"pass e\.g\. momentum=0\.9 or drop nesterov=True"):
             make()
+    # the keyword forms too (a second fresh user: predict, finetune and predict_from_kernel
+    # ran it silently as plain GD); a traced m (a sweep over momenta) is not checked
+    p, x, y = linear_problem(n=8)
+    theta, f0 = ntk_tt.empirical_ntk(linear_apply, p, x), linear_apply(p, x)
+    for call in (lambda: ntk_tt.predict(linear_apply, p, x, y, learning_rate=0.1, steps=5,
+                                        nesterov=True),
+                 lambda: ntk_tt.finetune(linear_apply, p, x, y, learning_rate=0.1, steps=5,
+                                         momentum=0.0, nesterov=True),
+                 lambda: ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=0.1, steps=5,
+                                                    momentum=0.0, nesterov=True)):
+        with pytest.raises(ValueError, match=r"^Nesterov needs momentum > 0: nesterov=True "
+                                             r"with momentum 0 is plain gradient descent"):
+            call()
+    swept = jax.vmap(lambda m: ntk_tt.predict_from_kernel(
+        theta, f0, y, learning_rate=0.1, steps=5, momentum=m, nesterov=True).loss)(
+        jnp.array([0.0, 0.5]))
+    assert np.isfinite(np.asarray(swept)).all()
     grads, params = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.zeros(2)}
     ours, ref = ntk_tt.sgd(0.1, 0.5, nesterov=True).to_optax(), optax.sgd(0.1, 0.5, nesterov=True)
     np.testing.assert_allclose(ours.update(grads, ours.init(params), params)[0]["w"],

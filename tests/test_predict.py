@@ -354,11 +354,12 @@ def test_verdict_and_beyond_edge_training_time_under_jit_vmap(model):
     """Issue 25: one compiled sweep over η gives each prediction's verdict code
     (``_divergence.VERDICTS``). Cross-entropy on the frozen kernel: "no" with T_ε within the
     edge κ ≤ 4, "unknown" with T_ε NaN (code BEYOND_EDGE) beyond it, where its recursion does
-    not blow up, and "yes" from κ ≥ ``KAPPA_MAX`` on (issue 26); MSE: the linear recursion
+    not blow up, and "yes" from κ ≥ ``KAPPA_MAX`` on (issue 26; T_ε NaN, code
+    CALLED_DIVERGES); MSE: the linear recursion
     itself diverges beyond its edge κ = 2 ("yes"). κ
     from an independent float64 eigendecomposition."""
     from ntk_tt.dynamics._divergence import VERDICTS
-    from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED
+    from ntk_tt.dynamics._training_time import BEYOND_EDGE, CALLED_DIVERGES, DIVERGED
 
     apply_fn, params, x, y, _, _ = model
     kernel, f0 = brute_ntk(apply_fn, params, x), apply_fn(params, x)
@@ -377,7 +378,8 @@ def test_verdict_and_beyond_edge_training_time_under_jit_vmap(model):
                                                          "yes"]  # κ ≥ KAPPA_MAX = 68: "yes"
     t, codes = np.asarray(ce.training_time), np.asarray(ce.training_time_code)
     assert np.all(np.isfinite(t[:2, 0])) and np.all(codes[:2, 0] == 0)  # loss curve's T_ε
-    assert np.all(np.isnan(t[2:])) and np.all(codes[2:] == BEYOND_EDGE)
+    assert np.all(np.isnan(t[2:])) and np.all(codes[2:4] == BEYOND_EDGE)
+    assert np.all(codes[4] == CALLED_DIVERGES)  # "yes": predicted to diverge, no T_ε either
     mse = sweep("mse")  # its edge is κ = 2
     assert [VERDICTS[int(v)] for v in mse.divergence] == ["no", "yes", "yes", "yes", "yes"]
     assert np.all(np.asarray(mse.training_time_code)[1:] == DIVERGED)

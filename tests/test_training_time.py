@@ -249,3 +249,24 @@ def test_smooth_training_time_checks_its_arguments_like_training_time():
     eager = float(ntk_tt.smooth_training_time(curve, 0.1))
     assert float(jax.jit(ntk_tt.smooth_training_time)(curve, 0.1)) == pytest.approx(eager)
     assert np.isfinite(jax.grad(ntk_tt.smooth_training_time, argnums=1)(curve, 0.1))
+
+
+def test_training_time_array_out_of_range_epsilon_is_invalid_and_a_vector_is_refused():
+    """A fresh user's probe: ε = 2 gave a valid-looking 0 (code OK), ε ≤ 0 the wrong reason,
+    and an ε vector a raw broadcasting error. ε ∉ (0, 1) or NaN is NaN with code INVALID (as
+    an invalid traced hyperparameter), also under jit; a vector ε is refused; vmap over ε is
+    the loop of scalar calls."""
+    from ntk_tt.dynamics._training_time import INVALID, OK, training_time_array
+
+    curve = jnp.linspace(1.0, 0.1, 20) ** 2
+    for eps in (2.0, 1.0, 0.0, -1.0, float("nan")):
+        for fn in (training_time_array, jax.jit(training_time_array)):
+            t, code = fn(curve, eps)
+            assert np.isnan(float(t)) and int(code) == INVALID, eps
+    t, code = training_time_array(curve, 0.1)
+    assert int(code) == OK and float(t) == ntk_tt.training_time(np.asarray(curve), 0.1)
+    with pytest.raises(ValueError, match="a 1-D curve and a scalar epsilon, got shapes"):
+        training_time_array(curve, jnp.array([0.1, 0.4]))
+    swept = jax.vmap(training_time_array, in_axes=(None, 0))(curve, jnp.array([0.1, 0.4]))
+    assert [float(v) for v in swept[0]] == [float(training_time_array(curve, e)[0])
+                                            for e in (0.1, 0.4)]

@@ -358,8 +358,8 @@ def test_the_divergence_call_and_no_accuracy_without_held_out_data(x64):
     assert int(s.outcome) == int(pred.outcome) == 2 and s.divergence == "yes"  # "diverges"
     assert s.divergence_reason.startswith(f"κ = η·λ_max/N = {kappa:.3g} ≥ 68, where the real "
                                           "runs measured diverged")
-    assert int(s.training_time_code) == int(pred.training_time_code[0, 1]) == 5
-    assert s.training_time_reason.startswith("beyond the stability edge")
+    assert int(s.training_time_code) == int(pred.training_time_code[0, 1]) == 7
+    assert s.training_time_reason.startswith("predicted to diverge")  # called, not just blind
     assert all(np.isnan(float(v)) for v in s.gradients["training_time"].values())
     assert list(s.gradients) == list(s.elasticities) == ["training_time", "final_loss"]
     assert s.test_accuracy is None and s.soft_test_accuracy is None

@@ -24,6 +24,7 @@ from ntk_tt.dynamics._predict_head_aware import (
 from ntk_tt.dynamics._predict_kernel import _summarise, predict_from_kernel
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
+    CALLED_DIVERGES,
     DIVERGED,
     OK,
     REASONS,
@@ -247,21 +248,29 @@ def settle(values, jac, pred, y_test, epsilon, window, blind):
     """The summary's verdicts on :func:`measure`'s ``values`` (3,) and their derivatives
     ``jac`` (3, k): (smooth T_ε, hard T_ε, its code, held-out accuracy, soft accuracy, jac),
     NaN where undefined, T_ε also where ``blind`` (code ``BEYOND_EDGE``: a frozen kernel with
-    cross-entropy beyond the edge, as ``predict``); the accuracies None and ``jac`` without
+    cross-entropy beyond the edge, as ``predict``) or called divergent (code
+    ``CALLED_DIVERGES``, :func:`called_divergent`); the accuracies None and ``jac`` without
     its accuracy row (2, k) without held-out data (as :class:`Sensitivities` documents)."""
     nan = jnp.asarray(jnp.nan, values.dtype)
     t_hard, code = training_time_array(pred.loss, epsilon, window)
-    diverged = pred.diverged
-    code = jnp.where(diverged, DIVERGED, jnp.where(blind, BEYOND_EDGE, code)).astype(jnp.int32)
+    diverged, called = pred.diverged, called_divergent(pred)
+    code = jnp.where(diverged, DIVERGED, jnp.where(
+        called, CALLED_DIVERGES, jnp.where(blind, BEYOND_EDGE, code))).astype(jnp.int32)
     defined = code == OK
     jac = jnp.where(diverged, nan, jac)
     jac = jac.at[0].set(jnp.where(defined, jac[0], nan))
-    t_hard = jnp.where(diverged | blind, nan, t_hard)
+    t_hard = jnp.where(diverged | blind | called, nan, t_hard)
     if y_test is None:  # no held-out data: no accuracy, no derivative of it
         return jnp.where(defined, values[0], nan), t_hard, code, None, None, jac[:2]
     acc = 1.0 - pred.test_error[-1]
     return (jnp.where(defined, values[0], nan), t_hard, code,
             jnp.where(diverged, nan, acc), jnp.where(diverged, nan, values[2]), jac)
+
+
+def called_divergent(pred):
+    """The call on the real run is "diverges" though the predicted curve did not diverge (a
+    spike above 10·L_0, or κ ≥ 68): no T_ε (``CALLED_DIVERGES``, as ``predict``)."""
+    return (pred.outcome == DIVERGES) & ~pred.diverged
 
 
 def is_blind(kind, loss, pred):
@@ -338,12 +347,14 @@ def _grid_core(data, y, y_test, lrs, ms, key, epsilon, *, kind, steps, batch_siz
 
 def grid_cell(pred, epsilon, window, blind):
     """One :class:`WhatIfGrid` cell of a prediction: (diverged, hard T_ε, L_T, held-out
-    accuracy, κ, beyond_edge, outcome), T_ε NaN where diverged or ``blind``
-    (:func:`is_blind`), as ``predict``'s, the accuracy NaN where diverged."""
+    accuracy, κ, beyond_edge, outcome), T_ε NaN where diverged, called divergent
+    (:func:`called_divergent`) or ``blind`` (:func:`is_blind`), as ``predict``'s, the
+    accuracy NaN where diverged."""
     t, _ = training_time_array(pred.loss, epsilon, window)
     nan = jnp.asarray(jnp.nan, pred.loss.dtype)
     acc = nan if pred.test_error is None else 1.0 - pred.test_error[-1]
-    return (pred.diverged, jnp.where(pred.diverged | blind, nan, t), pred.loss[-1],
+    return (pred.diverged, jnp.where(pred.diverged | blind | called_divergent(pred), nan, t),
+            pred.loss[-1],
             jnp.where(pred.diverged, nan, acc), pred.kappa, pred.beyond_edge, pred.outcome)
 
 

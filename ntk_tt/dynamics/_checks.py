@@ -25,9 +25,10 @@ def check_num_paths(num_paths) -> None:
         )
 
 
-def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
+def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
-    steps not an int in [1, MAX_STEPS], B not an int in [1, N] (values checked when concrete)."""
+    Nesterov with m = 0 (as ``ntk_tt.sgd``), steps not an int in [1, MAX_STEPS], B not an int
+    in [1, N] (values checked when concrete)."""
     for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
         check_real(value, name)
         if np.ndim(value) != 0:
@@ -42,6 +43,7 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n) -> None:
         raise ValueError(
             f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
         )
+    check_nesterov(nesterov, m)
     if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1
             or steps > MAX_STEPS):
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
@@ -193,7 +195,15 @@ def solve_dtype_fields(hk):
     return type(hk)(*(None if a is None else jnp.asarray(a, dtype) for a in fields)), dtype
 
 
-def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
+def check_nesterov(nesterov, momentum) -> None:
+    """ValueError for Nesterov with a concrete momentum of 0 (plain GD: a mistake, refused as
+    ``ntk_tt.sgd`` and the CLI refuse it); a traced momentum (a sweep) is not checked."""
+    if nesterov and momentum is not None and np.ndim(momentum) == 0 and float(momentum) == 0:
+        raise ValueError("Nesterov needs momentum > 0: nesterov=True with momentum 0 is plain "
+                         "gradient descent; pass momentum > 0 or nesterov=False.")
+
+
+def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size, nesterov=False):
     """Shared checks of a plain-kernel problem: ``f0`` the (N, C) initial logits (finite when
     concrete), the loss for C outputs, the hyperparameters, the labels. Returns
     ``(n, c, batch_size, y)`` with ``batch_size`` None read as N (GD) and ``y`` as checked
@@ -204,7 +214,7 @@ def check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size):
     n, c = np.shape(f0)
     check_loss(loss, c)
     batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov)
     return n, c, batch_size, check_labels(y, n, c)
 
 

@@ -202,7 +202,7 @@ def initial_eigenvalues(hk: HeadAwareKernel) -> tuple[jax.Array, jax.Array]:
 
 
 def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, batch_size,
-             loss, key, num_paths):
+             loss, key, num_paths, nesterov=False):
     """The checks of :func:`predict_head_aware` (ValueErrors before any work); returns the
     labels, held-out labels and batch size (N for GD)."""
     if not isinstance(hk, HeadAwareKernel):
@@ -219,7 +219,7 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
     check_loss(loss, c)
     check_head_aware(hk, n, c)
     batch_size = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, batch_size, n)
+    check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov)
     check_num_paths(num_paths)
     y = check_labels(y, n, c)
     if batch_size < n and key is None:
@@ -286,7 +286,7 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
                                      momentum=momentum, steps=steps, batch_size=batch_size,
-                                     loss=loss, key=key, num_paths=num_paths)
+                                     loss=loss, key=key, num_paths=num_paths, nesterov=nesterov)
     hk, dtype = solve_dtype_fields(hk)  # one dtype for all of hk, η and m (README, "Dtypes")
     return _head_core(hk, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
                       key, y_test, steps=steps, batch_size=batch_size, nesterov=nesterov,

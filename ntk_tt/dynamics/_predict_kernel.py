@@ -4,8 +4,7 @@ Hyperparameters η and m are (traceable) arrays, so ``jit(vmap(...))`` over a sw
 kernel; steps, batch size, loss, method, num_paths and nesterov are static (``STATIC``, the
 ``static_argnames`` to use when wrapping it in ``jax.jit``). Called eagerly it validates its
 arguments, then runs one compiled core (cached per static configuration and shapes). Value
-problems (divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, never
-raised.
+problems (divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, not raised.
 """
 
 from __future__ import annotations
@@ -45,18 +44,14 @@ from ntk_tt.dynamics._divergence import (
     paths_outcome,
     verdict,
 )
-from ntk_tt.dynamics._fspace import (
-    as_operator,
-    clamp_psd,
-    curves,
-    negative_significant,
-)
+from ntk_tt.dynamics._fspace import as_operator, clamp_psd, curves, negative_significant
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._ode import ode_trajectory
 from ntk_tt.dynamics._optim_linear import check_shorthand
 from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
+    CALLED_DIVERGES,
     DIVERGED,
     INVALID,
     curve_window,
@@ -78,7 +73,7 @@ class KernelPrediction(NamedTuple):
     diverged: bool, some path diverged (``ntk_tt.dynamics._divergence``: a non-finite loss, or
       L_T > L_0); diverged_at: int32, the earliest ``diverged_at`` of the diverged paths, −1
       if none. spiked_at: int32, the first step any path's loss exceeded 10·L_0, −1 if none
-      (spiked and not diverged: spiked and recovered, T_ε as usual).
+      (spiked and not diverged: spiked and recovered, yet called divergent, no T_ε).
       Each path's curves hold their last finite value from its first non-finite loss on.
     kappa: η·λ_max(Θ)/N. beyond_edge: κ beyond the linear model's stability edge
       2(1 + m)/h (heavy ball; 2(1 + m)/((1 + 2m)h) Nesterov), h = 1 for MSE, ½ for CE.
@@ -95,7 +90,8 @@ class KernelPrediction(NamedTuple):
       there says nothing of whether the real run converges.
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
-    training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``.
+    training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``
+      (``CALLED_DIVERGES`` wherever ``outcome`` is "diverges" but the curve did not diverge).
     Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, or m ∉ [0, 1) cannot be refused: that
     prediction's curves, κ and T_ε are NaN, code ``INVALID``, not diverged, outcome "unknown".
     """
@@ -209,8 +205,8 @@ def predict_from_kernel(
         not a real number (a string included), a key that is not ``jax.random.key(seed)``,
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
-        η ≤ 0 or not a scalar, m ∉ [0, 1), B ∉ [1, N], steps < 1, num_paths < 1, non-finite
-        Θ, f0, f0_test (the message gives how many), ``a`` or ``a_test`` with NaN or inf,
+        η ≤ 0 or not a scalar, m ∉ [0, 1) or 0 with Nesterov, B ∉ [1, N], steps or num_paths
+        < 1, non-finite Θ, f0, f0_test (the count given), ``a`` / ``a_test`` with NaN or inf,
         unknown method or loss, missing key / noise features, a kernel that cannot be
         Θ = J Jᵀ (asymmetric beyond 1e-3 of its largest entry, e.g. a cross kernel, or with a
         negative diagonal entry; ``check_gram``) (value checks only when the arguments are
@@ -243,7 +239,8 @@ def predict_from_kernel(
     check_key(key)
     check_f0_shape(kernel, f0, y)
     f0 = float_logits(f0, kernel)  # in the dtype of the solve (README, "Dtypes")
-    n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size)
+    n, c, batch_size, y = check_problem(f0, y, loss, learning_rate, momentum, steps, batch_size,
+                                        nesterov)
     check_num_paths(num_paths)
     full_batch = batch_size == n
     method = resolve_method(method)
@@ -379,6 +376,9 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
         blind = beyond & ~diverged
         t_eps = jnp.where(blind, jnp.nan, t_eps)
         codes = jnp.where(blind, BEYOND_EDGE, codes).astype(jnp.int32)
+    called = (said.outcome == DIVERGES) & ~diverged  # a run called divergent: no T_ε
+    t_eps = jnp.where(called, jnp.nan, t_eps)
+    codes = jnp.where(called, CALLED_DIVERGES, codes).astype(jnp.int32)
     # traced η or m (jit / vmap) escape the eager checks: an invalid one is no divergence
     # but a NaN prediction, code INVALID, outcome "unknown" (code 3)
     bad = ~(jnp.isfinite(lr) & (lr > 0) & (m >= 0) & (m < 1))

@@ -25,7 +25,8 @@ import numpy as np
 
 from ntk_tt._options import _describe, check_real
 
-OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID = range(7)
+OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID, CALLED_DIVERGES = \
+    range(8)
 REASONS = {
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
@@ -35,8 +36,13 @@ REASONS = {
                  "a frozen kernel cannot blow up, so its curve says nothing of whether the real "
                  "run converges; use head=split_head(model) or a smaller learning rate)",
     INVALID: "invalid hyperparameters under jit / vmap (a learning rate or schedule, "
-             "momentum, Adam's b2 or eps, or weight decay that the eager checks refuse): traced "
-             "values cannot be refused, so this prediction is NaN; pass valid values",
+             "momentum, Adam's b2 or eps, or weight decay that the eager checks refuse, or an "
+             "epsilon outside (0, 1)): traced values cannot be refused, so this prediction is "
+             "NaN; pass valid values",
+    CALLED_DIVERGES: "predicted to diverge (the call on the real run is \"diverges\": the "
+                     "predicted loss spiked above 10·L_0, or κ = η·λ_max/N ≥ 68, where the real "
+                     "runs measured diverged; see divergence_reason): no training time, though "
+                     "the linearised curve, kept in the result, did not end above L_0",
 }
 
 
@@ -148,14 +154,25 @@ def _distance(curve, epsilon, window):
 @partial(jax.jit, static_argnames="window")
 def training_time_array(curve: jax.Array, epsilon, window: int = 5):
     """Jittable T_ε: ``(steps, code)``, steps a float (NaN when undefined), code an int32
-    (0 = defined; otherwise a key of :data:`REASONS`). ``epsilon`` may be traced; ``window``
-    is static. No argument checks (see :func:`training_time`)."""
+    (0 = defined; otherwise a key of :data:`REASONS`). ``epsilon`` (a scalar) may be traced;
+    ``window`` is static. No value checks (see :func:`training_time`): an ε outside (0, 1)
+    or NaN gives NaN with code ``INVALID``, as an invalid traced hyperparameter does.
+
+    Raises:
+      ValueError: ``curve`` not 1-D or ``epsilon`` not a scalar (shapes are static: one ε per
+        call; ``jax.vmap`` over ε for several).
+    """
+    if jnp.ndim(curve) != 1 or jnp.ndim(epsilon) != 0:
+        raise ValueError(f"training_time_array takes a 1-D curve and a scalar epsilon, got "
+                         f"shapes {jnp.shape(curve)} and {jnp.shape(epsilon)}: for several ε "
+                         "use jax.vmap(training_time_array, in_axes=(None, 0)) or a loop.")
     gap, drop, floor = _distance(curve, epsilon, window)
     hit = gap <= 0
     finite = jnp.all(jnp.isfinite(curve))
     code = jnp.where(
-        ~finite, NON_FINITE,
-        jnp.where(drop <= floor, NOT_DECREASING, jnp.where(jnp.any(hit), OK, NOT_SETTLED)),
+        ~((epsilon > 0) & (epsilon < 1)), INVALID, jnp.where(
+            ~finite, NON_FINITE, jnp.where(drop <= floor, NOT_DECREASING,
+                                           jnp.where(jnp.any(hit), OK, NOT_SETTLED))),
     ).astype(jnp.int32)
     t = jnp.argmax(hit).astype(curve.dtype)
     return jnp.where(code == OK, t, jnp.nan), code

@@ -108,6 +108,12 @@ def _clock(times: dict, seconds_per_step: float) -> dict:
                 for e, t in per.items()} for c, per in times.items()}
 
 
+def _no_run(prediction: Prediction) -> bool:
+    """The prediction diverged, or calls the real run divergent (``outcome`` "diverges"): its
+    curve predicts no run to compare (no T_ε, accuracy or curve distance)."""
+    return bool(prediction.diverged) or prediction.outcome == "diverges"
+
+
 def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[str, Any]:
     """The prediction's half of a report, JSON-ready.
 
@@ -116,7 +122,8 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     shipped calibrator; None for error-curve T_ε and undefined predictions), ``wall_clock``
     {curve: {ε: seconds}} (T_ε × ``seconds_per_step``, a measured real step),
     ``training_time_reasons``,
-    ``test_accuracy`` at T (None without a held-out set), ``diverged``, ``diverged_at``,
+    ``test_accuracy`` at T (None without a held-out set, or when the prediction diverged or
+    calls the real run divergent), ``diverged``, ``diverged_at``,
     ``spiked_at`` (first step with loss above 10·L_0, None if none), ``steps_to_target``
     {curve: {target: steps or None}} with ``steps_to_target_reasons`` and
     ``target_wall_clock`` {curve: {target: seconds}} (the prediction's absolute targets,
@@ -138,7 +145,7 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
             "steps_to_target": to_target,
             "steps_to_target_reasons": prediction.steps_to_target_reasons,
             "target_wall_clock": _clock(to_target, seconds_per_step),
-            "test_accuracy": None if prediction.test_error is None or prediction.diverged
+            "test_accuracy": None if prediction.test_error is None or _no_run(prediction)
             else 1.0 - float(prediction.test_error[-1]),
             "diverged": prediction.diverged, "diverged_at": prediction.diverged_at,
             "spiked_at": prediction.spiked_at,
@@ -230,8 +237,9 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``wall_clock`` {curve: {ε: seconds}} (T_ε × the run's ``seconds_per_step``),
       ``test_accuracy`` at T, ``diverged``, ``diverged_at``, ``spiked_at`` (both sides use
       the rule of
-      ``ntk_tt.dynamics._divergence``: diverged = a non-finite loss or L_T > L_0; a spike
-      above 10·L_0 that recovers is not divergence and keeps its T_ε; both sides also have
+      ``ntk_tt.dynamics._divergence``: diverged = a non-finite loss or L_T > L_0; a real
+      run's spike above 10·L_0 that recovers is not divergence and keeps its T_ε, while a
+      prediction whose call is "diverges" (such a spike, or κ ≥ 68) has none; both sides also have
       ``outcome`` and ``spike_step`` (the real run's own, the prediction's call); ``predicted``
       also
       ``kappa`` and ``beyond_edge``: κ beyond the linearised model's stability edge, where the
@@ -244,9 +252,10 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
       ``record_test_curves=True``), with ``steps_to_target_reasons`` and
       ``target_wall_clock``, and ``target_error`` {curve: {target: |ŝ − s| / s}} (None when
       either is undefined or s = 0); ``curve_distance``
-      {curve: {max_abs, rms, real_fall, max_rel_to_fall}} (None when either side diverged:
-      not meaningful), ``linearisation_gap`` (None without recorded logits or when the run
-      diverged), a diverged side's ``test_accuracy`` is None,
+      {curve: {max_abs, rms, real_fall, max_rel_to_fall}} (None when either side diverged,
+      or the prediction calls divergence: not meaningful), ``linearisation_gap`` (None
+      without recorded logits or when the run diverged), a diverged side's (or a prediction
+      called divergent) ``test_accuracy`` is None,
       ``seconds`` {predict, finetune, compile_predict, compile_finetune,
       ratio = finetune / predict}, and
       ``diverged`` {predicted, real}. Undefined numbers are None.
@@ -300,7 +309,7 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
         "absolute_error": abs_err,
         "relative_error": rel_err,
         "target_error": target_err,
-        "curve_distance": None if prediction.diverged or run.diverged else {
+        "curve_distance": None if _no_run(prediction) or run.diverged else {
             c: _curve_distance(getattr(prediction, c), getattr(run, c)) for c in CURVES},
         "linearisation_gap": None if run.diverged else linearisation_gap(run),
         "seconds": {"predict": t_pred, "predict_stages": dict(prediction.seconds),

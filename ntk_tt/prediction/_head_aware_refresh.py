@@ -132,7 +132,7 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
                                   loss=loss, key=key, num_paths=1, y_test=y_test)
     y, y_test, bs = validate(hk, y, y_test, learning_rate=learning_rate, momentum=momentum,
                              steps=steps, batch_size=batch_size, loss=loss, key=key,
-                             num_paths=1)
+                             num_paths=1, nesterov=nesterov)
     n = hk.features.shape[0]
     lams = initial_eigenvalues(hk)  # κ and λ_min refer to Θ_0, as in predict_head_aware
     batches = batch_indices(key, n, bs, steps)

@@ -187,7 +187,8 @@ def predict(
         coupling the samples of a batch, η or m not a real number (a string included), a key
         that is not ``jax.random.key(seed)``, labels not matching N or C or (training
         labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
-        m ∉ [0, 1), B ∉ [1, N], steps < 1, unknown method / loss / kernel, missing key,
+        m ∉ [0, 1) (or 0 with Nesterov), B ∉ [1, N], steps < 1, unknown method / loss /
+        kernel, missing key,
         ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a head-aware prediction without ``head`` or with a method other than the discrete
@@ -235,7 +236,7 @@ def predict(
             head_kernel=head_kernel)
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     bs = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, bs, n)
+    check_hyper(learning_rate, momentum, steps, bs, n, nesterov)
     if subset is not None:
         pred = predict_subset(apply_fn, params, x, y, subset, subset_method,
                               learning_rate=learning_rate, steps=steps,

@@ -11,7 +11,15 @@ import numpy as np
 from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._targets import curve_targets
-from ntk_tt.dynamics._training_time import BEYOND_EDGE, DIVERGED, REASONS, curve_window
+from ntk_tt.dynamics._training_time import (
+    BEYOND_EDGE,
+    CALLED_DIVERGES,
+    DIVERGED,
+    NOT_DECREASING,
+    NOT_SETTLED,
+    REASONS,
+    curve_window,
+)
 from ntk_tt.training._timing import Stopwatch
 
 STAGES = ("setup", "kernel", "noise", "logits", "solve")  # Prediction.seconds' stages
@@ -25,12 +33,14 @@ class Prediction(NamedTuple):
     loss_band, error_band: 5–95 % band over paths/seeds (2, T + 1), None if deterministic.
     test_loss, test_error: held-out curves (T + 1,) when ``x_test`` was given, else None.
     training_time: {"loss": {ε: T_ε}, "error": {ε: T_ε}} in steps, ε ∈ (0.01, 0.1, 0.4);
-      NaN when undefined, with the reason in training_time_reasons[curve][ε].
+      NaN when undefined, with the reason in training_time_reasons[curve][ε]; NaN also
+      whenever ``outcome`` is "diverges" (reason "predicted to diverge ...": a run called
+      divergent has no training time, though ``loss`` keeps the linearised curve).
     diverged, diverged_at: whether the predicted loss diverged (non-finite, or L_T > L_0; the
       rule of ``ntk_tt.dynamics._divergence``, shared with :func:`ntk_tt.finetune`) and the step its
       final rise above L_0 began (None if not diverged).
     spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
-      the curve spiked and recovered, and T_ε is defined as usual.
+      the curve spiked and recovered, and its call is still "diverges" (below): no T_ε.
     kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
     outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
       "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
@@ -63,7 +73,8 @@ class Prediction(NamedTuple):
       predicted curve ("loss", "error", "test_loss", "test_error") is ≤ the target
       (:func:`ntk_tt.steps_to_target`, window ``curve_window``); NaN when undefined, with the
       reason in steps_to_target_reasons[curve][target] (never reached within T, or, as for
-      T_ε, the prediction diverged or cannot tell beyond the stability edge).
+      T_ε, the prediction diverged, is called divergent, or cannot tell beyond the stability
+      edge).
     """
 
     loss: np.ndarray
@@ -155,21 +166,43 @@ def outcome_fields(said: Outcome) -> dict:
 
 
 def with_targets(pred: Prediction, targets: dict) -> Prediction:
-    """``pred`` with ``steps_to_target`` / ``steps_to_target_reasons`` for ``targets``
-    ({curve: (target, ...)}, checked by ``ntk_tt._options_targets.check_targets``) on its own
-    curves. Undefined wherever its T_ε is for the whole prediction: a diverged prediction
-    (reason "training diverged") or a frozen-kernel cross-entropy one beyond the stability
-    edge (it cannot tell)."""
+    """``pred`` as ``predict`` returns it: with no T_ε where the call on the real run is
+    "diverges" though its curve did not diverge (:func:`withhold_called_divergent`), and with
+    ``steps_to_target`` / ``steps_to_target_reasons`` for ``targets`` ({curve: (target,
+    ...)}, checked by ``ntk_tt._options_targets.check_targets``) on its own curves. Undefined
+    wherever its T_ε is for the whole prediction: a diverged prediction (reason "training
+    diverged"), one called divergent, or a frozen-kernel cross-entropy one beyond the
+    stability edge (it cannot tell)."""
+    pred = withhold_called_divergent(pred)
     if not targets:
         return pred
     blind = REASONS[DIVERGED] if pred.diverged else next(
         (why for why in pred.training_time_reasons["loss"].values()
-         if why == REASONS[BEYOND_EDGE]), None)
+         if why in (REASONS[BEYOND_EDGE], REASONS[CALLED_DIVERGES])), None)
     curves = {name: getattr(pred, name) for name in ("loss", "error", "test_loss",
                                                       "test_error")}
     steps, reasons = curve_targets(curves, targets, window=curve_window(len(pred.loss)),
                                    undefined=blind)
     return pred._replace(steps_to_target=steps, steps_to_target_reasons=reasons)
+
+
+def withhold_called_divergent(pred: Prediction) -> Prediction:
+    """``pred`` without T_ε (NaN, reason ``CALLED_DIVERGES``) where its call on the real run
+    is "diverges" (a spike above 10·L_0, or κ ≥ 68) though its own curve did not diverge: a
+    run predicted to diverge has no training time, whatever the linearised curve, which stays
+    in ``loss`` / ``error`` for inspection. A diverged curve already has none."""
+    if pred.outcome != "diverges" or pred.diverged:
+        return pred
+    shape = (None, REASONS[NOT_DECREASING], REASONS[NOT_SETTLED])  # the curve's own reasons
+    reasons = pred.training_time_reasons
+    hit = {c: [e for e in per if reasons.get(c, {}).get(e) in shape]
+           for c, per in pred.training_time.items()}
+    return pred._replace(
+        training_time={c: per | dict.fromkeys(hit[c], float("nan"))
+                       for c, per in pred.training_time.items()},
+        training_time_reasons={c: reasons.get(c, {}) | dict.fromkeys(hit[c],
+                                                                     REASONS[CALLED_DIVERGES])
+                               for c in pred.training_time})
 
 
 def account_seconds(seconds: dict, whole: Stopwatch) -> dict:

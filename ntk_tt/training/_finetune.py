@@ -29,9 +29,9 @@ from tqdm import tqdm
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
 from ntk_tt.data._batches import batch_indices
-from ntk_tt.data._inputs import as_array, check_key, check_real
+from ntk_tt.data._inputs import _concrete, as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_two_classes
+from ntk_tt.dynamics._checks import check_nesterov, check_two_classes
 from ntk_tt.dynamics._losses import check_loss, error_rate
 from ntk_tt.telemetry._recorder import Recorder
 from ntk_tt.telemetry._telemetry import Telemetry, TelemetrySpec
@@ -191,7 +191,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         optimizer (the telemetry rows describe constant-η SGD runs); bad shapes or labels
         (training labels of one class included), x or y not arrays (lists of numbers are
         converted), η or m not a real scalar (a string, or an array such as a per-step
-        schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), steps < 1,
+        schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), Nesterov with m = 0, steps < 1,
         B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
         unknown loss, x_test without y_test, record_test_curves without x_test, telemetry
         neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
@@ -208,6 +208,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     if optimizer is None:
         _check_hyper(learning_rate, momentum)
+        check_nesterov(nesterov, _concrete(momentum))
     else:
         optimizer_run.check_learning_rates(optimizer, steps)
     check_key(key)
