@@ -21,6 +21,10 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
 only the predictions are recomputed (rows record ``real_source``).
+
+Every option is checked before anything is written (the datasets loaded, ``--out`` a
+directory or missing, its ``spec.json`` the same grid): an error is one
+``optimizer_sweep.py: error:`` line, exit status 2.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from ntk_tt.sweep._load import check_datasets
 from ntk_tt.sweep._optimizers import FAMILIES, OptimSpec, reusable_real, run_task
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers
-from ntk_tt.sweep._table import ResultsTable, read_table
+from ntk_tt.sweep._table import ResultsTable, check_out, read_table
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -63,6 +68,32 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
                    help="take the real runs of the identical rows of an earlier benchmark "
                         "directory; only the predictions are recomputed")
     args = p.parse_args(argv)
+    args.reuse, args.grid = None, None
+    try:  # every check before anything is written
+        spec = _spec(args)  # OptimSpec checks its grid
+        if args.constant and not (pathlib.Path(args.constant) / "results.parquet").exists():
+            raise ValueError(f"--constant {args.constant!r} holds no results.parquet (a sweep "
+                             "directory, e.g. experiments/results/sweep)")
+        check_out(args.out)
+        if not args.report:
+            check_datasets(spec.datasets, spec.per_class, spec.classes)
+            args.grid = _grid(spec, pathlib.Path(args.out))
+            if args.reuse_real:
+                try:
+                    args.reuse = reusable_real(args.reuse_real)
+                except ValueError as err:
+                    raise ValueError(f"--reuse-real: {err}") from None
+    except ValueError as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")  # one line, no usage block
+    return args, spec
+
+
+def _spec(args: argparse.Namespace) -> OptimSpec:
+    """The preset with the command line's datasets, families and sizes.
+
+    Raises:
+      ValueError: a --per-class value < 2 (or another grid that OptimSpec refuses).
+    """
     spec = PRESETS[args.preset]
     if args.datasets:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
@@ -70,18 +101,33 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
         spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
     if args.per_class:
         if any(n < 2 for n in args.per_class):
-            p.error(f"--per-class values must be integers >= 2, got {args.per_class}")
+            raise ValueError(f"--per-class values must be integers >= 2, got {args.per_class}")
         spec = dataclasses.replace(spec, per_class=tuple(args.per_class))
-    if args.constant and not (pathlib.Path(args.constant) / "results.parquet").exists():
-        p.error(f"--constant {args.constant!r} holds no results.parquet (a sweep directory, "
-                "e.g. experiments/results/sweep)")
-    args.reuse = None
-    if args.reuse_real and not args.report:
-        try:
-            args.reuse = reusable_real(args.reuse_real)
-        except ValueError as err:
-            p.error(f"--reuse-real: {err}")
-    return args, spec
+    return spec
+
+
+def _grid(spec: OptimSpec, out: pathlib.Path) -> dict:
+    """The grid to record in ``out/spec.json``: one directory may gather tasks run at
+    different times (--datasets, --per-class), whose rows' keys name their task, so the task
+    fields are the union with the recorded ones; every other setting must be the same.
+
+    Raises:
+      ValueError: ``out/spec.json`` records another grid (or is not readable JSON).
+    """
+    grid, spec_path = json.loads(json.dumps(dataclasses.asdict(spec))), out / "spec.json"
+    tasks_keys = ("datasets", "per_class", "seeds")
+    if not spec_path.exists():
+        return grid
+    try:
+        old = json.loads(spec_path.read_text())
+        old.setdefault("families", list(FAMILIES))  # written before the option existed
+        if {k: v for k, v in old.items() if k not in tasks_keys} == \
+                {k: v for k, v in grid.items() if k not in tasks_keys}:
+            return grid | {k: sorted(set(old[k]) | set(grid[k])) for k in tasks_keys}
+    except (ValueError, AttributeError, KeyError, TypeError):  # not a grid's JSON object
+        pass
+    raise ValueError(f"{out} holds another grid ({spec_path}); resume it with the same "
+                     "options or choose a new --out.")
 
 
 def report(out: pathlib.Path, constant: str | None) -> dict:
@@ -134,19 +180,7 @@ def main(argv=None) -> None:
     out = pathlib.Path(args.out)
     if not args.report:
         table = ResultsTable(out)
-        # one directory may gather tasks run at different times (--datasets, --per-class):
-        # the rows' keys name their task; every other grid setting must be the same
-        grid, spec_path = json.loads(json.dumps(dataclasses.asdict(spec))), out / "spec.json"
-        tasks_keys = ("datasets", "per_class", "seeds")
-        if spec_path.exists():
-            old = json.loads(spec_path.read_text())
-            old.setdefault("families", list(FAMILIES))  # written before the option existed
-            if {k: v for k, v in old.items() if k not in tasks_keys} != \
-                    {k: v for k, v in grid.items() if k not in tasks_keys}:
-                sys.exit(f"optimizer_sweep.py: error: {out} holds another grid ({spec_path}); "
-                         "resume it with the same options or choose a new --out.")
-            grid |= {k: sorted(set(old[k]) | set(grid[k])) for k in tasks_keys}
-        spec_path.write_text(json.dumps(grid, indent=1) + "\n")
+        (out / "spec.json").write_text(json.dumps(args.grid, indent=1) + "\n")
         tasks = spec.tasks()
         total = sum(len(spec.configs(t)) for t in tasks)
         t0, written = time.perf_counter(), 0

@@ -13,7 +13,10 @@ cores: small tasks, B = 25), ``full`` (the grid committed for issue 5: 4 target 
 125 per class: many hours on 2 cores).
 Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see ntk_tt.sweep).
 ``--datasets`` takes short names or .npz paths; every one is loaded and checked before any
-work (an error is one ``sweep.py: error:`` line, exit status 2).
+work. Every option is checked before anything is written: learning rates finite and > 0,
+batch sizes N or integers >= 1, momenta in [0, 1), steps >= 1, ``--out`` a directory (or
+missing) whose ``spec.json``, if any, records the same grid. An error is one ``sweep.py:
+error:`` line, exit status 2.
 """
 
 from __future__ import annotations
@@ -21,13 +24,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pathlib
 
-import numpy as np
-
-from ntk_tt.data._data import load_dataset
 from ntk_tt.sweep import SweepSpec
-from ntk_tt.sweep._grid import dataset_tag
-from ntk_tt.sweep._run import report, run_sweep
+from ntk_tt.sweep._load import check_datasets
+from ntk_tt.sweep._run import check_resume, report, run_sweep
+from ntk_tt.sweep._table import TABLE_NAME, check_out
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -92,38 +94,22 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
                  if getattr(args, f.name, None) is not None}
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
-    spec = dataclasses.replace(spec, **overrides)
-    if not args.report:
-        _check_datasets(p, spec)
+    try:  # every check before anything is written
+        spec = dataclasses.replace(spec, **overrides)  # SweepSpec checks its grid
+        check_out(args.out)
+        if not args.report:
+            check_datasets(spec.datasets, spec.per_class, spec.classes)
+            check_resume(spec, args.out)
+            if args.reuse_real and not (pathlib.Path(args.reuse_real) / TABLE_NAME).exists():
+                raise ValueError(f"--reuse-real {args.reuse_real!r} holds no {TABLE_NAME} (a "
+                                 "sweep directory, e.g. experiments/results/sweep).")
+    except ValueError as err:
+        _error(p, str(err))
     return args, spec
 
 
 def _error(parser: argparse.ArgumentParser, message: str) -> None:
     parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage block
-
-
-def _check_datasets(parser: argparse.ArgumentParser, spec: SweepSpec) -> None:
-    """Load every dataset once (missing, corrupt or malformed sets fail here, before any
-    work), check it has the task's K classes with enough images each, and refuse two names
-    for one file (they would share task ids)."""
-    seen = {}
-    need = max(spec.per_class)
-    for name in spec.datasets:
-        try:
-            data = load_dataset(name)
-        except ValueError as err:
-            _error(parser, str(err))
-        counts = np.bincount(np.asarray(data.labels))
-        enough = int(np.sum(counts >= need))
-        if enough < spec.classes:
-            _error(parser, f"dataset {name!r} has {enough} classes with at least {need} images "
-                           f"(the largest --per-class), a task needs {spec.classes}; use a "
-                           "smaller --per-class or another dataset.")
-        tag = dataset_tag(name)
-        if tag in seen:
-            _error(parser, f"--datasets {seen[tag]!r} and {name!r} are the same dataset; give "
-                           "it once.")
-        seen[tag] = name
 
 
 def _pct(value) -> str:

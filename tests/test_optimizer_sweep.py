@@ -4,6 +4,7 @@ against a hand computation."""
 
 import dataclasses
 import importlib.util
+import json
 import pathlib
 
 import jax
@@ -177,3 +178,82 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path):
         f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark there "
         "first (the same command without --report).")
 
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sgd_kappas": (-1.0,)}, "OptimSpec.sgd_kappas must be finite numbers > 0"),
+    ({"adam_peaks": (1e-3, float("inf"))}, "OptimSpec.adam_peaks must be finite numbers > 0"),
+    ({"adam_peaks": (0.0,)}, "OptimSpec.adam_peaks must be finite numbers > 0"),
+    ({"sgd_decays": (-5e-4,)}, "OptimSpec.sgd_decays must be finite weight decays >= 0"),
+    ({"adam_decays": (float("nan"),)}, "OptimSpec.adam_decays must be finite weight decays"),
+    ({"batch_sizes": (None, 0)}, "OptimSpec.batch_sizes must be integers >= 1 or None"),
+    ({"per_class": (1,)}, "OptimSpec.per_class must be integers >= 2"),
+    ({"steps": 0}, "OptimSpec.steps must be >= 1"),
+    ({"sgd_momentum": 1.0}, "OptimSpec.sgd_momentum must lie in"),
+    ({"warmup_fraction": 1.5}, "OptimSpec.warmup_fraction must lie in"),
+    ({"families": ("adam",)}, "OptimSpec.families must be among"),
+    ({"families": ()}, "OptimSpec.families is empty"),
+])
+def test_spec_rejects_bad_grids(kwargs, message):
+    """OptimSpec checked nothing: negative peaks or decays ran as given."""
+    with pytest.raises(ValueError, match=message):
+        OptimSpec(**{"datasets": ("a",), "per_class": (10,)} | kwargs)
+
+
+def _script():
+    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "optimizer_sweep.py"
+    spec = importlib.util.spec_from_file_location("optimizer_sweep_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refused(module, argv, capsys) -> str:
+    """The one ``optimizer_sweep.py: error:`` line of a refused command (exit status 2)."""
+    with pytest.raises(SystemExit) as ended:
+        module.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1, err  # one line, no traceback or usage
+    assert ": error: " in err[0]
+    return err[0]
+
+
+def test_bad_datasets_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """--datasets nonexist wrote spec.json and rows/ and then died with a traceback; the
+    corrected command in the same --out was then refused as another grid."""
+    module = _script()
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
+    rng = np.random.default_rng(0)
+    three = tmp_path / "three.npz"  # 3 classes: a task needs 5
+    np.savez(three, images=rng.integers(0, 256, (30, 8, 8, 3), dtype=np.uint8),
+             labels=np.arange(30) % 3, class_names=np.array(list("abc")))
+    out = tmp_path / "out"
+    for datasets, message in [(["nonexist"], "unknown dataset 'nonexist'"),
+                              ([str(three)], "has 3 classes with at least 6 images"),
+                              (["flowers5", "flowers5"], "are the same dataset")]:
+        line = _refused(module, ["--out", str(out), "--preset", "smoke", "--datasets",
+                                 *datasets], capsys)
+        assert message in line
+        assert not out.exists()
+
+
+def test_an_out_that_is_a_file_or_another_grid_is_one_line(tmp_path, capsys, monkeypatch):
+    """--out an existing file was a NotADirectoryError traceback; another grid's directory
+    exited with status 1 after creating rows/ there."""
+    module = _script()
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for mode in ([], ["--report"]):
+        line = _refused(module, ["--out", str(afile), "--preset", "smoke", *mode], capsys)
+        assert f"'{afile}' is not a directory" in line
+    assert afile.read_text() == "keep me"
+    other = tmp_path / "other"
+    other.mkdir()
+    _, smoke = module.parse(["--out", str(other), "--preset", "smoke"])
+    recorded = json.dumps(dataclasses.asdict(dataclasses.replace(smoke, steps=5)))
+    (other / "spec.json").write_text(recorded)
+    line = _refused(module, ["--out", str(other), "--preset", "smoke"], capsys)
+    assert f"{other} holds another grid" in line and "choose a new --out" in line
+    assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
+    assert (other / "spec.json").read_text() == recorded

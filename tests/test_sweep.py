@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -17,6 +18,7 @@ import pytest
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
 from ntk_tt.sweep._errors import row_errors
+from ntk_tt.sweep._grid import spec_to_dict
 from ntk_tt.sweep._summary import breakdown, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -499,3 +501,101 @@ def test_a_table_consolidated_before_any_row_resumes_and_a_damaged_one_is_one_li
     (tmp_path / "broken" / "results.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="is not a readable results table"):
         ResultsTable(tmp_path / "broken").done_ids()
+
+
+# --- bad options: one error line, exit status 2, nothing written ------------------------------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kappas": (-1.0,)}, "SweepSpec.kappas must be finite numbers > 0"),
+    ({"kappas": (4.0, 0.0)}, "SweepSpec.kappas must be finite numbers > 0"),
+    ({"etas": (float("nan"),)}, "SweepSpec.etas must be finite numbers > 0"),
+    ({"edge_kappas": (float("inf"),)}, "SweepSpec.edge_kappas must be finite numbers > 0"),
+    ({"batch_sizes": (None, 0)}, "SweepSpec.batch_sizes must be integers >= 1 or None"),
+    ({"batch_sizes": (2.5,)}, "SweepSpec.batch_sizes must be integers >= 1 or None"),
+    ({"edge_batch_sizes": (-3,)}, "SweepSpec.edge_batch_sizes must be integers >= 1 or None"),
+    ({"per_class": (0,)}, "SweepSpec.per_class must be integers >= 1"),
+])
+def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, message):
+    """Negative κ̃ ran the whole sweep at negative learning rates (a fresh user's finding)."""
+    with pytest.raises(ValueError, match=message):
+        SweepSpec(**{"datasets": ("a",), "per_class": (10,), "seeds": (0,)} | kwargs)
+    SweepSpec(datasets=("a",), per_class=(10,), seeds=(0,), batch_sizes=(None, 1),
+              etas=(1e-3,), edge_kappas=(48.0,))  # the edges of what is allowed
+
+
+def _refused(module, argv, capsys) -> str:
+    """The one ``sweep.py: error:`` line of a refused command (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err  # one line, no traceback or usage
+    assert ": error: " in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--kappas", "-1"], "SweepSpec.kappas must be finite numbers > 0"),
+    (["--etas", "0"], "SweepSpec.etas must be finite numbers > 0"),
+    (["--batch-sizes", "N", "0"], "SweepSpec.batch_sizes must be integers >= 1 or None"),
+    (["--momenta", "1.5"], "momenta must lie in [0, 1)"),
+    (["--steps", "0"], "SweepSpec.steps must be >= 1"),
+    (["--reuse-real", "nowhere"], "--reuse-real 'nowhere' holds no results.parquet"),
+])
+def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
+                                                                    monkeypatch, extra,
+                                                                    message):
+    """Were tracebacks (exit 1), or (--kappas -1) a whole sweep at negative η, exit 0."""
+    module = _sweep_module()
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.chdir(tmp_path)  # a relative --reuse-real stays inside tmp_path
+    out = tmp_path / "out"
+    assert message in _refused(module, ["--out", str(out), "--smoke", *extra], capsys)
+    assert not out.exists()
+
+
+def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, capsys,
+                                                                     monkeypatch):
+    """--out an existing file was a NotADirectoryError traceback (run and --report); resuming
+    into a directory of another grid was run_sweep's ValueError as a traceback, after rows/
+    was created."""
+    module = _sweep_module()
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(module, "report", lambda *a, **k: pytest.fail("report started"))
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for out, mode in [(afile, []), (afile, ["--report"]), (afile / "sub", [])]:
+        line = _refused(module, ["--out", str(out), "--smoke", *mode], capsys)
+        assert f"'{out}' " in line and "not a directory" in line
+    assert afile.read_text() == "keep me"
+    other = tmp_path / "other"
+    other.mkdir()
+    _, smoke = module.parse(["--out", str(other), "--smoke"])
+    recorded = json.dumps(spec_to_dict(dataclasses.replace(smoke, steps=5)))
+    (other / "spec.json").write_text(recorded)
+    line = _refused(module, ["--out", str(other), "--smoke"], capsys)
+    assert "holds a sweep with a different grid" in line and "choose a new --out" in line
+    assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
+    assert (other / "spec.json").read_text() == recorded
+    from ntk_tt.sweep._run import run_sweep
+
+    with pytest.raises(ValueError, match="different grid"):  # the API refuses it too
+        run_sweep(smoke, other)
+    assert sorted(p.name for p in other.iterdir()) == ["spec.json"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_row_files_get_the_permissions_of_a_plain_open(tmp_path, umask):
+    """Rows were written through tempfile.mkstemp, mode 0600 whatever the umask (other outputs
+    are 0644 under the usual umask 022)."""
+    old = os.umask(umask)
+    try:
+        table = ResultsTable(tmp_path)
+        table.write_row({"row_id": "a", "value": 1.0})
+        plain = tmp_path / "plain.json"
+        plain.write_text("{}")
+    finally:
+        os.umask(old)
+    mode = (table.rows_dir / "a.json").stat().st_mode & 0o777
+    assert mode == plain.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in table.rows_dir.iterdir()] == ["a.json"]  # no temporary left

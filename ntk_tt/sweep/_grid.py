@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
+import numbers
 import os
 import re
 from collections import Counter
@@ -36,6 +38,33 @@ def dataset_tag(name: str) -> str:
     path = Path(name).resolve()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem).lstrip(".") or "dataset"
     return f"{stem}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_positive(name: str, values) -> None:
+    """Refuse learning rates (κ̃ or η) that are not finite numbers > 0.
+
+    Raises:
+      ValueError: naming ``name`` and the values.
+    """
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
+           or v <= 0 for v in values):
+        raise ValueError(f"{name} must be finite numbers > 0 (learning rates), got "
+                         f"{tuple(values)}; give positive values.")
+
+
+def check_batch_sizes(name: str, values) -> None:
+    """Refuse batch sizes that are neither None (full batch, GD) nor integers >= 1.
+
+    Raises:
+      ValueError: naming ``name`` and the values.
+    """
+    if any(b is not None and (not _is_int(b) or b < 1) for b in values):
+        raise ValueError(f"{name} must be integers >= 1 or None (N: full batch), got "
+                         f"{tuple(values)}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +125,12 @@ class SweepSpec:
     Edge rows (the divergence benchmark, README "Divergence"): every (B, m, κ̃) in
     ``edge_batch_sizes`` (None: ``batch_sizes``) × ``edge_momenta`` × ``edge_kappas`` that the
     main grid lacks, on the tasks of N ≤ ``edge_max_train`` (None: every task).
+
+    Raises:
+      ValueError: an empty required tuple or no learning rate at all; a κ̃ or η (``kappas``,
+        ``etas``, ``edge_kappas``) not a finite number > 0; a batch size not None or an
+        integer >= 1; ``per_class`` not integers >= 1; ``steps`` < 1; a momentum outside
+        [0, 1); an ε outside (0, 1).
     """
 
     datasets: tuple[str, ...]
@@ -125,6 +160,13 @@ class SweepSpec:
             raise ValueError("SweepSpec needs learning rates: give kappas and/or etas.")
         if self.steps < 1:
             raise ValueError(f"SweepSpec.steps must be >= 1, got {self.steps}.")
+        for name in ("kappas", "etas", "edge_kappas"):
+            check_positive(f"SweepSpec.{name}", getattr(self, name))
+        check_batch_sizes("SweepSpec.batch_sizes", self.batch_sizes)
+        check_batch_sizes("SweepSpec.edge_batch_sizes", self.edge_batch_sizes or ())
+        if any(not _is_int(n) or n < 1 for n in self.per_class):
+            raise ValueError(f"SweepSpec.per_class must be integers >= 1 (images per class), "
+                             f"got {self.per_class}.")
         for name in ("momenta", "edge_momenta"):
             if any(not 0.0 <= m < 1.0 for m in getattr(self, name)):
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}.")

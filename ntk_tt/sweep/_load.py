@@ -1,5 +1,6 @@
 """A sweep task's data: the pre-trained model with a fresh seeded head, its sampled training
-images and its run key; checkpoints, data sets and ``apply_fn`` shared across tasks."""
+images and its run key; checkpoints, data sets and ``apply_fn`` shared across tasks.
+:func:`check_datasets` loads and checks the data sets of a grid before any work."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._finetune import TaskData
-from ntk_tt.sweep._grid import SweepSpec, Task
+from ntk_tt.sweep._grid import SweepSpec, Task, dataset_tag
 
 
 def _task_key(task: Task) -> jax.Array:
@@ -32,6 +33,30 @@ def _checkpoint(path: str | None):
 @functools.lru_cache(maxsize=8)
 def _dataset(name: str):
     return load_dataset(name)
+
+
+def check_datasets(datasets, per_class, classes: int) -> None:
+    """Load every dataset once (missing, corrupt or malformed sets fail here, before any
+    work), check it has ``classes`` classes with at least ``max(per_class)`` images each, and
+    refuse two names for one file (they would share task ids).
+
+    Raises:
+      ValueError: the first problem, as one line that says how to fix it.
+    """
+    seen = {}
+    need = max(per_class)
+    for name in datasets:
+        counts = np.bincount(np.asarray(_dataset(name).labels))
+        enough = int(np.sum(counts >= need))
+        if enough < classes:
+            raise ValueError(f"dataset {name!r} has {enough} classes with at least {need} "
+                             f"images (the largest --per-class), a task needs {classes}; use "
+                             "a smaller --per-class or another dataset.")
+        tag = dataset_tag(name)
+        if tag in seen:
+            raise ValueError(f"--datasets {seen[tag]!r} and {name!r} are the same dataset; "
+                             "give it once.")
+        seen[tag] = name
 
 
 def load_task(task: Task, spec: SweepSpec) -> TaskData:

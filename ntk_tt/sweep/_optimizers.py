@@ -34,7 +34,7 @@ import numpy as np
 
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
-from ntk_tt.sweep._grid import SweepSpec, Task
+from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_positive
 from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._table import ResultsTable, read_table
 from ntk_tt.sweep._targets import target_columns
@@ -63,7 +63,15 @@ class OptimConfig:
 class OptimSpec:
     """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
     (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
-    batch sizes (B ≥ N skipped), T = ``steps``."""
+    batch sizes (B ≥ N skipped), T = ``steps``.
+
+    Raises:
+      ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
+        not in :data:`FAMILIES`; a peak (``sgd_kappas``, ``adam_peaks``) not a finite number
+        > 0; a weight decay not finite and >= 0; a batch size not None or an integer >= 1;
+        ``per_class`` < 2; ``steps`` < 1; ``sgd_momentum`` outside [0, 1);
+        ``warmup_fraction`` outside [0, 1]; an ε outside (0, 1).
+    """
 
     datasets: tuple[str, ...]
     per_class: tuple[int, ...]
@@ -81,6 +89,33 @@ class OptimSpec:
     num_paths: int = 8
     checkpoint: str | None = None
     families: tuple[str, ...] = FAMILIES
+
+    def __post_init__(self):
+        for name in ("datasets", "per_class", "seeds", "families"):
+            if len(getattr(self, name)) == 0:
+                raise ValueError(f"OptimSpec.{name} is empty; give at least one value.")
+        if any(f not in FAMILIES for f in self.families):
+            raise ValueError(f"OptimSpec.families must be among {FAMILIES}, got "
+                             f"{self.families}.")
+        if any(n < 2 for n in self.per_class):
+            raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
+        if self.steps < 1:
+            raise ValueError(f"OptimSpec.steps must be >= 1, got {self.steps}.")
+        for name in ("sgd_kappas", "adam_peaks"):
+            check_positive(f"OptimSpec.{name}", getattr(self, name))
+        for name in ("sgd_decays", "adam_decays"):
+            if any(not np.isfinite(wd) or wd < 0 for wd in getattr(self, name)):
+                raise ValueError(f"OptimSpec.{name} must be finite weight decays >= 0, got "
+                                 f"{getattr(self, name)}.")
+        check_batch_sizes("OptimSpec.batch_sizes", self.batch_sizes)
+        if not 0.0 <= self.sgd_momentum < 1.0:
+            raise ValueError(f"OptimSpec.sgd_momentum must lie in [0, 1), got "
+                             f"{self.sgd_momentum}.")
+        if not 0.0 <= self.warmup_fraction <= 1.0:
+            raise ValueError(f"OptimSpec.warmup_fraction must lie in [0, 1], got "
+                             f"{self.warmup_fraction}.")
+        if any(not 0.0 < e < 1.0 for e in self.epsilons):
+            raise ValueError(f"OptimSpec.epsilons must lie in (0, 1), got {self.epsilons}.")
 
     def tasks(self) -> list[Task]:
         """Every task of the grid, in order."""

@@ -214,6 +214,24 @@ def _write_json(path: pathlib.Path, data) -> None:
     os.replace(tmp, path)
 
 
+def check_resume(spec: SweepSpec, out) -> None:
+    """Refuse to resume into ``out`` if its ``spec.json`` records another grid (nothing is
+    read but that file, nothing written).
+
+    Raises:
+      ValueError: ``out`` holds a sweep of a different grid.
+    """
+    spec_path = pathlib.Path(out) / "spec.json"
+    try:
+        old = _read_json(spec_path, None)
+        same = old is None or spec_from_dict(old) == spec
+    except (TypeError, ValueError):  # unreadable JSON, or a grid this version refuses
+        same = False
+    if not same:
+        raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}); resume it "
+                         "with the same options or choose a new --out.")
+
+
 def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,
               progress: Callable[[str], None] = print, reuse_from=None) -> dict:
     """Run (or resume) the grid into ``out``; finished rows are skipped, never recomputed.
@@ -228,16 +246,13 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
       counts of rows written now, already present, and skipped (by reason).
 
     Raises:
-      ValueError: ``out`` holds a sweep of a different grid.
+      ValueError: ``out`` holds a sweep of a different grid (:func:`check_resume`) or is not
+        a directory; both before anything is written.
     """
     t0 = time.perf_counter()
+    check_resume(spec, out)
     table = ResultsTable(out)
-    spec_path = table.out / "spec.json"
-    old = _read_json(spec_path, None)
-    if old is not None and spec_from_dict(old) != spec:
-        raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}); resume it "
-                         "with the same options or choose a new --out.")
-    _write_json(spec_path, spec_to_dict(spec))
+    _write_json(table.out / "spec.json", spec_to_dict(spec))
     done = table.done_ids()
     reuse = None if reuse_from is None else reusable_runs(reuse_from)
     todo, skipped = plan(spec)

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import pathlib
-import tempfile
+import secrets
 
 import numpy as np
 import pandas as pd
@@ -35,8 +35,39 @@ def _jsonable(value):
     return value
 
 
+def _new_temp(directory: pathlib.Path, suffix: str) -> tuple[int, pathlib.Path]:
+    """A new hidden ``.tmp-*`` file in ``directory``, open for writing: (fd, path). It is
+    created with mode 0o666 less the process umask, as a plain ``open(..., "w")`` creates
+    files (``tempfile.mkstemp`` makes them 0o600, unreadable to the group and others)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = directory / f".tmp-{secrets.token_hex(8)}{suffix}"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name in {directory}.")
+
+
+def check_out(out: str | os.PathLike) -> None:
+    """Refuse a results directory that cannot be one: ``out`` or its nearest existing
+    ancestor is not a directory (a file, say).
+
+    Raises:
+      ValueError: naming the path; give a directory (created if missing).
+    """
+    path = pathlib.Path(out)
+    for parent in (path, *path.parents):
+        if parent.exists() or parent.is_symlink():  # a dangling link: not a directory
+            if not parent.is_dir():
+                what = "is" if parent == path else f"is inside {parent}, which is"
+                raise ValueError(f"{str(out)!r} {what} not a directory; give --out a "
+                                 "directory path (created if missing).")
+            return
+
+
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    fd, tmp = _new_temp(path.parent, path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -58,9 +89,13 @@ class ResultsTable:
 
     Args:
       out: the sweep's output directory (created if missing).
+
+    Raises:
+      ValueError: ``out`` is not a directory (:func:`check_out`).
     """
 
     def __init__(self, out: str | os.PathLike):
+        check_out(out)
         self.out = pathlib.Path(out)
         self.rows_dir = self.out / "rows"
         self.rows_dir.mkdir(parents=True, exist_ok=True)
