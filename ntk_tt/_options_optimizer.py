@@ -67,7 +67,8 @@ def check_optimizer_options(o: dict[str, Any]) -> None:
     """
     name, kind = o["optimizer"], o["schedule"]
     if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer (--optimizer) must be one of {OPTIMIZERS}, got {name!r}.")
+        raise ValueError(f"optimizer (--optimizer) must be one of {OPTIMIZERS}, got "
+                         f"{_named_value(name)}.")
     if kind not in SCHEDULES:
         raise ValueError(f"schedule (--schedule) must be one of {SCHEDULES} (the CLI also takes "
                          f"warmup-cosine, warmup-stable-decay), got {kind!r}.")
@@ -273,3 +274,14 @@ def describe_optimizer(h: dict[str, Any], short: bool = False) -> str:
         "exponential": lambda: f"η_t = {p['init']:.4g}·{p['rate']:.4g}^t",
     }[kind]()
     return f"{rule}, B={b}\n{kind}: {sched}" if short else f"{rule}, B = {b}; {kind}: {sched}"
+
+
+def _named_value(value) -> str:
+    """``value`` for an error message: an ntk_tt.Optimizer object (passed to the CLI's
+    ``predict_task`` / ``suggest_task``, which take its name and flags) is named with where
+    it belongs instead of its repr."""
+    if type(value).__name__ == "Optimizer" and hasattr(value, "to_optax"):
+        return (f"an ntk_tt.Optimizer ({value.rule}): predict_task and suggest_task take the "
+                "CLI's values (optimizer='adamw', learning_rate=..., schedule=...); pass the "
+                "object to ntk_tt.predict / finetune / suggest(optimizer=...) instead")
+    return repr(value)

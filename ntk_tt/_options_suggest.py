@@ -10,7 +10,7 @@ from typing import Any
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
 from ntk_tt._options import _is_int, check_real
-from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY
+from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, _named_value
 
 WARMUPS = (0.0, 0.05, 0.1, 0.2)  # fractions of the step budget T_max
 ADAM_LEARNING_RATE_RANGE = (1e-4, 1e-1)  # η_peak of Adam's default log grid
@@ -67,7 +67,8 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
                              f"(--optimizer sgd|adamw) too, or drop them.")
         return {}, rest
     if family not in FAMILIES:
-        raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got {family!r}.")
+        raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got "
+                         f"{_named_value(family)}.")
     if family == "adamw" and rest.get("predictor") == "linear":
         raise ValueError("predictor (--predictor) linear cannot predict AdamW (Adam has no "
                          "frozen-kernel form): drop --predictor linear (AdamW needs the "

@@ -298,6 +298,16 @@ def test_a_head_kernel_of_other_inputs_or_another_head_is_refused():
     reused = ntk_tt.predict(apply_fn, params, x2, y, head_kernel=ntk_tt.head_aware_kernel(
         head, x2), learning_rate=0.3, **kw)
     assert reused.loss[0] == pytest.approx(float(loss0), rel=1e-5)
+    # a kernel of the wrong form says which condition failed (a fresh user's probe)
+    for hk, test, why in ((ntk_tt.head_aware_kernel(head, x2, x), {}, "it has held-out "
+                           "features but no x_test was given"),
+                          (ntk_tt.head_aware_kernel(head, x2), dict(x_test=x, y_test=y),
+                           "x_test was given but it has no held-out features"),
+                          (ntk_tt.head_aware_kernel(head, x2[:16]), {},
+                           "it has 16 training rows, x has 32")):
+        with pytest.raises(ValueError, match=f"or None to build it: {why}\\.$"):
+            ntk_tt.predict(apply_fn, params, x2, y, head_kernel=hk, learning_rate=0.3, **kw,
+                           **test)
 
 
 
@@ -418,3 +428,17 @@ def test_schedule_names_its_argument_and_the_accepted_forms():
     with pytest.raises(ValueError, match=r"array of shape \(2,\); for per-step values use"):
         ntk_tt.schedule([0.1, 0.2])
     np.testing.assert_allclose(ntk_tt.schedule(0.3).values(3), [0.3] * 3, rtol=1e-7)
+
+
+def test_an_optimizer_object_given_to_the_cli_jobs_says_where_it_belongs(monkeypatch, tmp_path):
+    """A fresh user's probe: predict_task(optimizer=ntk_tt.sgd(0.1)) dumped the object's repr
+    as the "got" of "must be one of ('sgd', 'adam', 'adamw')"; the CLI jobs take its name
+    and flags, and the message now says so and where the object goes — before any work."""
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task",
+                        lambda **_: pytest.fail("work started before the options were checked"))
+    monkeypatch.chdir(tmp_path)
+    for job in (ntk_tt.predict_task, ntk_tt.suggest_task):
+        with pytest.raises(ValueError) as err:
+            job(optimizer=ntk_tt.adamw(1e-3))
+        assert "got an ntk_tt.Optimizer (adam): predict_task and suggest_task take the CLI's " \
+               "values" in str(err.value) and "Optimizer(" not in str(err.value), job

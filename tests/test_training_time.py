@@ -270,3 +270,19 @@ def test_training_time_array_out_of_range_epsilon_is_invalid_and_a_vector_is_ref
     swept = jax.vmap(training_time_array, in_axes=(None, 0))(curve, jnp.array([0.1, 0.4]))
     assert [float(v) for v in swept[0]] == [float(training_time_array(curve, e)[0])
                                             for e in (0.1, 0.4)]
+
+
+def test_the_default_window_is_predict_s_for_short_curves_too():
+    """A fresh user's probe: predict(..., steps=3) gave T_ε, but training_time on its own
+    4-entry curve raised "window must be an odd int in [1, len(curve)] ... got 5". The default
+    window is now curve_window (5, or 1 below 5 entries), so both agree; an explicit window is
+    still checked."""
+    params, x, y = linear_problem(n=8)
+    pred = ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.5, steps=3)
+    assert len(pred.loss) == 4
+    for eps, value in pred.training_time["loss"].items():
+        np.testing.assert_equal(ntk_tt.training_time(pred.loss, eps), value)
+    long = np.linspace(1.0, 0.1, 30) ** 2
+    assert ntk_tt.training_time(long, 0.1) == ntk_tt.training_time(long, 0.1, window=5)
+    with pytest.raises(ValueError, match="window"):
+        ntk_tt.training_time(pred.loss, 0.1, window=5)

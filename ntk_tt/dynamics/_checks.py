@@ -294,11 +294,18 @@ def check_head_kernel(head_kernel, head_aware: bool, n: int, x_test, head=None,
                          "segments > 1 rebuilds them along the path and the linear predictor "
                          "has none: drop head_kernel=.")
     hk = head_kernel.hk if isinstance(head_kernel, AdamKernel) else head_kernel
-    if not isinstance(hk, HeadAwareKernel) or hk.features.shape[0] != n \
-            or (hk.features_test is None) != (x_test is None):
+    why = (f"got a {type(head_kernel).__name__}" if not isinstance(hk, HeadAwareKernel) else
+           f"it has {hk.features.shape[0]} training rows, x has {n}"
+           if hk.features.shape[0] != n else
+           "it has held-out features but no x_test was given" if x_test is None
+           and hk.features_test is not None else
+           "x_test was given but it has no held-out features" if x_test is not None
+           and hk.features_test is None else None)
+    if why is not None:
         raise ValueError("head_kernel must be the ntk_tt.head_aware_kernel(head, x, x_test) "
                          "of these inputs (N rows, held-out features iff x_test), for the "
-                         "head-aware predictor (head=..., segments=1); or None to build it.")
+                         f"head-aware predictor (head=..., segments=1); or None to build it: "
+                         f"{why}.")
     if head is not None and x is not None:
         check_kernel_inputs(hk, head, x, x_test)
 

@@ -178,7 +178,8 @@ def training_time_array(curve: jax.Array, epsilon, window: int = 5):
     return jnp.where(code == OK, t, jnp.nan), code
 
 
-def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str | None]:
+def training_time_report(curve, epsilon, *, window: int | None = None
+                         ) -> tuple[float, str | None]:
     """T_ε in steps and the reason it is undefined (None when defined): ``(NaN, reason)`` for
     a curve with NaN or inf entries, a flat or rising curve, or one that never comes within
     ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
@@ -189,18 +190,21 @@ def training_time_report(curve, epsilon, *, window: int = 5) -> tuple[float, str
         the string "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
         jit / vmap / grad: use :func:`training_time_array`).
     """
-    curve = _check(curve, epsilon, window)
+    curve = _check(curve, epsilon, 1 if window is None else window)
+    window = curve_window(curve.shape[0]) if window is None else window
     t, code = training_time_array(curve, epsilon, window)
     return float(t), REASONS.get(int(code))
 
 
-def training_time(curve, epsilon, *, window: int = 5) -> float:
+def training_time(curve, epsilon, *, window: int | None = None) -> float:
     """T_ε = first step t with |L̃_t − L_T| ≤ ε·(L_0 − L_T) (module docstring), in steps.
 
     Args:
       curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = steps.
       epsilon: threshold in (0, 1), relative to the curve's drop L_0 − L_T.
-      window: centred moving-average width w (1 = no smoothing); L_T averages the last w.
+      window: centred moving-average width w (odd; 1 = no smoothing); L_T averages the last
+        w. None (default): ``curve_window``, the width ``predict`` uses, 5 steps, or 1 for a
+        curve of fewer than 5 entries (a prediction of T < 4 steps).
 
     Returns:
       T_ε as a Python float number of optimiser steps, or NaN ("not defined") when
