@@ -10,6 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+# the ``status`` of a --json report (ntk_tt.prediction._report_file): STARTED from the start
+# of the work (the file claimed, no result yet), RUNNING once a --verify prediction exists
+STARTED = "started: loading the task and predicting"
+RUNNING = "prediction done; real fine-tuning running"
+
 OUTPUTS = frozenset({"figure", "json"})
 
 
@@ -100,8 +105,6 @@ def _whose(target: Path) -> str:
     """What an existing output file is, for the refusal: a --json report of a run that never
     finished (its ``status`` still "started" or "running": that run is still writing it, or it
     was killed, e.g. by kill -9 or out of memory), else "an earlier run's output?"."""
-    from ntk_tt.prediction._report_file import RUNNING, STARTED
-
     try:
         status = json.loads(target.read_text()).get("status")
     except (OSError, ValueError, AttributeError):

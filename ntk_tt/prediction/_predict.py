@@ -236,7 +236,8 @@ def predict(
             head_kernel=head_kernel)
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
     bs = n if batch_size is None else batch_size
-    check_hyper(learning_rate, momentum, steps, bs, n, nesterov)
+    check_hyper(learning_rate, momentum, steps, bs, n,  # subset=: its own Nesterov advice
+                nesterov and subset is None)
     if subset is not None:
         pred = predict_subset(apply_fn, params, x, y, subset, subset_method,
                               learning_rate=learning_rate, steps=steps,

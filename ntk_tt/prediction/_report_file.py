@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 
 # the ``status`` of a --json report: STARTED from the start of the work (the file claimed, no
-# result yet), RUNNING once a --verify prediction exists, then COMPLETE, INTERRUPTED or
-# "failed after the prediction (...)"
-STARTED = "started: loading the task and predicting"
-RUNNING = "prediction done; real fine-tuning running"
+# result yet), RUNNING once a --verify prediction exists (both in ntk_tt._output_paths, which
+# names a report left by a killed run), then COMPLETE, INTERRUPTED or "failed after the
+# prediction (...)"
+from ntk_tt._output_paths import RUNNING as RUNNING
+from ntk_tt._output_paths import STARTED as STARTED
+
 INTERRUPTED = "interrupted during the real fine-tuning"
 COMPLETE = "complete"
 
