@@ -17,6 +17,7 @@ tends to the exact schedule as smoothing → 0 (0 = exact, the default).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import equinox as eqx
@@ -161,17 +162,69 @@ class Exponential(Schedule):
 
 class FromCallable(Schedule):
     """Any ``fn(step) -> η``: an optax schedule or a user's function (static: its numbers are
-    not leaves, so no ``jax.grad`` with respect to them through the schedule object)."""
+    not leaves, so no ``jax.grad`` with respect to them through the schedule object). A call
+    raises ValueError when ``fn`` fails on a traced step or returns no real η per step
+    (:func:`_callable_rate`)."""
 
     fn: Callable = eqx.field(static=True)
 
     def __call__(self, step) -> Array:
-        return jnp.asarray(self.fn(step), jnp.result_type(float))
+        try:
+            out = self.fn(step)
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                jax.errors.TracerArrayConversionError) as err:
+            raise ValueError(
+                f"the learning-rate schedule {_fn_name(self.fn)} failed on a traced step: η_t "
+                "is computed under jax.vmap / jit, so write it with jax.numpy operations, e.g. "
+                "lambda t: jnp.asarray(values)[t] (not values[t] of a list or NumPy array) or "
+                f"0.1 * 0.99 ** t (not float(t)). JAX said: {str(err).splitlines()[0]}"
+            ) from err
+        return _callable_rate(out, step, self.fn)
 
     def values(self, steps: int) -> Array:
         """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
         program would be rebuilt for every new callable (an optax schedule made per call)."""
         return _eager_values(self, int(steps))
+
+
+def _fn_name(fn) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _callable_rate(out, step, fn) -> Array:
+    """``fn(step)``'s value ``out`` as a float array, after a ValueError when it is not real
+    numbers (a string, None, a bool, complex) or not one η per step (its shape must broadcast
+    to ``step``'s). Type, dtype and shape only (static: also under jit / vmap)."""
+    what = (f"the learning-rate schedule {_fn_name(fn)} must return a real number η for each "
+            "step (step -> η)")
+    try:
+        arr = jnp.asarray(out)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}, got {out!r:.80} ({type(out).__name__}).") from err
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise ValueError(f"{what}, got dtype {arr.dtype}.")
+    shape = jnp.shape(step)
+    tail = shape[len(shape) - arr.ndim:] if arr.ndim <= len(shape) else None
+    if tail is None or any(a not in (1, b) for a, b in zip(arr.shape, tail, strict=True)):
+        raise ValueError(f"{what}, got shape {arr.shape} for a step of shape {shape}: give "
+                         "one η per step, e.g. lambda t: 0.1 * 0.99 ** t.")
+    return arr.astype(jnp.result_type(float))
+
+
+def _check_arity(fn, name: str) -> None:
+    """ValueError when the callable ``fn`` cannot be called with one positional argument (the
+    step); a callable without a readable signature (a NumPy ufunc) is left to its first call."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(0)
+    except TypeError as err:
+        raise ValueError(
+            f"{name} must be a callable of one argument, the step count (step -> η); "
+            f"{_fn_name(fn)}{sig} cannot be called with one ({err}): e.g. lambda t: 0.1 * "
+            "0.99 ** t, or a number for a constant η.") from None
 
 
 def _within_peak(peak, *values) -> Array:
@@ -205,7 +258,22 @@ def _ramp(t, warmup, smoothing) -> Array:
 
 
 def constant(value) -> Constant:
-    """η_t = ``value``."""
+    """A constant learning rate: η_t = ``value`` at every optimiser step t = 0, 1, ...
+    (optax ``constant_schedule(value)``; a plain number as a learning rate means the same).
+
+    Args:
+      value: η > 0, a real scalar (Python, NumPy or JAX number; a tracer under ``jit`` /
+        ``vmap`` / ``grad``), per step: w ← w − η·g, g the gradient of the mean minibatch
+        loss (:mod:`ntk_tt.dynamics._losses`).
+
+    Returns:
+      :class:`Constant`, ``value`` its float array leaf (``jax.grad`` w.r.t. η through it);
+      called with a step array it gives η of that array's shape.
+
+    Raises:
+      ValueError: ``value`` not a real number (a string, None, a bool, complex), not
+        finite, or <= 0 (a concrete scalar; a traced one is not checked).
+    """
     return Constant(_number(value, "learning_rate", positive=True))
 
 
@@ -267,9 +335,18 @@ def schedule(value) -> Schedule:
     """A :class:`Schedule` from a number (constant), a Schedule (unchanged) or any callable
     ``step -> η`` (an optax schedule such as ``optax.piecewise_constant_schedule(...)``).
 
+    A callable is called with the step as an int array (traced: η_0 … η_{T−1} are computed
+    under ``jax.vmap``), so it must use ``jax.numpy`` operations, and return one real η per
+    step.
+
     Raises:
       ValueError: anything else (a string, None, an array of per-step values: use
-        ``schedule(lambda t: values[t])``), naming ``value`` and the accepted forms.
+        ``schedule(lambda t: jnp.asarray(values)[t])``), naming ``value`` and the accepted
+        forms; a callable that cannot be called with one argument (here, from its
+        signature). When η is first computed (``Schedule.values``, e.g. in
+        :func:`ntk_tt.predict`): a callable that returns no real number per step (a string,
+        None, a bool, complex, another shape) or fails on a traced step (Python indexing of a
+        list, ``float(t)``).
     """
     return _schedule(value, "schedule's value")
 
@@ -279,6 +356,7 @@ def _schedule(value, name: str) -> Schedule:
     if isinstance(value, Schedule):
         return value
     if callable(value):
+        _check_arity(value, name)
         return FromCallable(value)
     forms = (f"{name} must be a number (a constant η), a schedule (ntk_tt.warmup_cosine(...), "
              "any optax schedule) or a callable step -> η")
@@ -292,7 +370,7 @@ def _schedule(value, name: str) -> Schedule:
         raise ValueError(f"{forms}, got {value!r}.")
     if np.ndim(value) != 0:
         raise ValueError(f"{forms}, got an array of shape {np.shape(value)}; for per-step "
-                         "values use lambda t: values[t].")
+                         "values use lambda t: jnp.asarray(values)[t].")
     return constant(value)
 
 

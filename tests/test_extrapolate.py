@@ -155,3 +155,32 @@ def test_an_asymmetric_kernel_is_refused_as_predict_from_kernel_does():
         ntk_tt.predict_from_kernel(bad, np.zeros((20, 2)), np.arange(20) % 2,
                                    learning_rate=0.1, steps=5)
     assert ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2))).eigenvalues.shape == (40,)
+
+
+def test_zero_residual_is_refused_before_the_eigendecomposition(monkeypatch):
+    """All-zero residuals gave 'no power-law tail ... residual mass nan ... choose another
+    k0' after the eigendecomposition; now a ValueError saying there is nothing to
+    extrapolate, before it."""
+    import ntk_tt.prediction._extrapolate as ex
+
+    kern, _ = _power_law_kernel(30, 1.0, 1.0, jax.random.key(0))
+    r = np.ones((30, 3))
+
+    def no_eig(*args):
+        raise AssertionError("eigendecomposition reached")
+
+    monkeypatch.setattr(ex, "_eig", no_eig)
+    with pytest.raises(ValueError, match="residual_full is zero everywhere.*no residual to "
+                                         "extrapolate"):
+        ntk_tt.extrapolate_spectrum(kern, np.zeros((30, 3)), np.zeros((60, 3)))
+    with pytest.raises(ValueError, match="residual_full is zero everywhere"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.zeros((60, 3)))
+    with pytest.raises(ValueError, match="residual_subset is zero everywhere.*nothing to "
+                                         "extrapolate"):
+        ntk_tt.extrapolate_spectrum(kern, np.zeros((30, 3)), np.ones((60, 3)))
+    with pytest.raises(ValueError, match="residual_full contains NaN"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.full((60, 3), np.nan))
+    monkeypatch.undo()
+    # N = N': the exact (all-zero) spectrum of a zero residual, as kernel_spectrum gives
+    sp = ntk_tt.extrapolate_spectrum(kern, np.zeros((30, 3)), np.zeros((30, 3)))
+    assert float(jnp.sum(sp.projections)) == 0.0

@@ -43,3 +43,43 @@ def test_single_logit_cross_entropy_is_refused_before_any_work():
         with pytest.raises(ValueError, match="C >= 2 logits, the model returns C = 1"):
             fn(apply_fn, params, x, y, learning_rate=0.1, steps=3)
     ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.1, steps=3, loss="mse")  # fine
+
+
+def test_losses_check_shapes_and_labels_eagerly_and_stay_traceable():
+    """Mismatched shapes gave a raw broadcast error, labels outside [0, C) a NaN loss or a
+    silently wrong error rate; now ValueErrors saying what to pass. Shapes and dtypes are
+    static, so they are checked under jit too; label values only when concrete."""
+    f = jnp.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    ok = jnp.array([0, 1, 2, 0])
+    for fn in (lambda f, y: _losses.mean_loss(f, y, "cross_entropy"),
+               lambda f, y: _losses.mean_loss(f, y, "mse"), _losses.error_rate):
+        for y, match in ((jnp.array([0, 1, 2]), r"shape \(4,\) matching the logits \(4, 3\), "
+                                                r"got shape \(3,\).*one label per row"),
+                         (jax.nn.one_hot(ok, 3), "not one-hot vectors"),
+                         (ok.astype(jnp.float32), r"integer class indices, e.g. y.astype"),
+                         (jnp.array([0, 1, 2, 5]), r"labels outside \[0, C\) = \[0, 3\) "
+                                                   r"\(min 0, max 5\)"),
+                         (jnp.array([-1, 1, 2, 0]), r"outside \[0, C\).*min -1")):
+            with pytest.raises(ValueError, match=match):
+                fn(f, y)
+        with pytest.raises(ValueError, match=r"logits must be a float array of shape \(N, C\)"):
+            fn(f[0], ok[:1])
+        with pytest.raises(ValueError, match="matching the logits"):  # static: under jit too
+            jax.jit(fn)(f, ok[:3])
+        with pytest.raises(ValueError, match="labels outside"):  # concrete labels inside jit
+            jax.jit(lambda f, fn=fn: fn(f, np.array([0, 1, 2, 3])))(f)
+        # traced labels: no value check, the computation as before
+        np.testing.assert_allclose(jax.jit(fn)(f, ok), fn(f, ok), rtol=1e-6)
+        assert jax.vmap(fn, (0, None))(jnp.stack([f, f]), ok).shape == (2,)
+    assert float(_losses.error_rate(f, ok)) == 0.0
+    assert float(_losses.error_rate(f, [0, 1, 2, 1])) == 0.25  # a list of labels is fine
+    with pytest.raises(ValueError, match="loss must be one of"):
+        _losses.mean_loss(f, ok, "hinge")
+
+
+def test_loss_docstrings_give_shapes_normalisation_and_errors():
+    for fn in (_losses.mean_loss, _losses.error_rate, _losses.per_sample_loss):
+        doc = fn.__doc__
+        for part in ("(N, C)", "(N,)", "Raises:", "ValueError", "[0, C)"):
+            assert part in doc, (fn.__name__, part)
+    assert "(1/N) Σ_i" in _losses.mean_loss.__doc__ and "nats" in _losses.mean_loss.__doc__

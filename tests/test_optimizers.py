@@ -95,6 +95,47 @@ def test_smoothed_warmup_tends_to_the_exact_one(x64):
     assert float(ntk_tt.warmup_cosine(1.0, 0, 20, smoothing=0.5)(0)) == 1.0  # no warmup
 
 
+def test_callable_schedule_errors_are_clear_and_early():
+    """A user's callable step -> η that takes no step, returns a string (or None, a bool, an
+    array per step) or indexes a Python list with the traced step gave numpy's "could not
+    convert string to float", a raw TypeError or JAX's tracer error; now one ValueError
+    naming the schedule and the fix: the arity when the schedule is made, the value when η_t
+    is first computed (predict's checks), the checks static so jit / vmap still work."""
+    with pytest.raises(ValueError, match=r"^schedule's value must be a callable of one "
+                                         r"argument, the step count.*<lambda>\(\)"):
+        ntk_tt.schedule(lambda: 0.1)
+    with pytest.raises(ValueError, match=r"^learning_rate must be a callable of one argument"):
+        ntk_tt.sgd(lambda step, scale: scale * step)
+    steps = [0.1, 0.2, 0.3]
+    returns = "the learning-rate schedule <lambda> must return a real number η for each step"
+    for fn, match in ((lambda t: "a", returns + ".*got 'a'"), (lambda t: None, "got None"),
+                      (lambda t: t < 2, "got dtype bool"),
+                      (lambda t: jnp.array([0.1, 0.2]), r"got shape \(2,\) for a step of "
+                                                        r"shape \(\): give one η per step"),
+                      (lambda t: steps[t], r"failed on a traced step.*jnp.asarray\(values\)"
+                                           r"\[t\]")):
+        sched = ntk_tt.schedule(fn)  # a one-argument callable: accepted when made
+        with pytest.raises(ValueError, match=match):
+            sched.values(3)
+    params, x, y = linear_problem(n=N, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=returns):
+        ntk_tt.predict(linear_apply, params, x, y, steps=3,
+                       optimizer=ntk_tt.sgd(ntk_tt.schedule(lambda t: "a")))
+    # valid callables are unchanged, eagerly, under jit and under vmap
+    good = ntk_tt.schedule(lambda t: jnp.asarray(steps)[t])
+    np.testing.assert_allclose(good.values(3), steps, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda: good.values(3))(), steps, rtol=1e-6)
+    np.testing.assert_allclose(ntk_tt.schedule(lambda t: 0.1).values(2), [0.1, 0.1])
+    np.testing.assert_allclose(jax.vmap(ntk_tt.schedule(jnp.exp))(jnp.arange(2.0)),
+                               np.exp([0.0, 1.0]), rtol=1e-6)
+
+
+def test_constant_schedule_docstring_is_complete():
+    doc = ntk_tt.constant.__doc__
+    for part in ("Args:", "Returns:", "Raises:", "ValueError", "> 0", "optax"):
+        assert part in doc, part
+
+
 # --- the optax transformation --------------------------------------------------------------
 
 def _toy_updates(tx, steps=6):

@@ -46,7 +46,8 @@ def smoothed(curve, window):
 def test_steps_to_target_matches_a_numpy_loop_on_random_curves():
     """Noisy falling curves, targets below the end (never reached), above the start (step 0),
     and in between; windows 1, 3, 5; NaN and inf curves. Targets are kept 1e-4 away from every
-    smoothed value, so float32 rounding cannot decide a comparison."""
+    smoothed value, so float32 rounding cannot decide a comparison; negative ones (the noisy
+    curves dip below 0) are refused."""
     rng = np.random.default_rng(0)
     reached = never = 0
     for trial in range(30):
@@ -60,6 +61,10 @@ def test_steps_to_target_matches_a_numpy_loop_on_random_curves():
             sm = smoothed(clean, window)
             for target in (*rng.uniform(sm.min() - 0.2, sm[0] + 0.2, 3), sm.min() - 0.1):
                 if np.all(np.isfinite(curve)) and np.min(np.abs(sm - target)) < 1e-4:
+                    continue
+                if target < 0:  # no loss or error target: refused, as predict refuses it
+                    with pytest.raises(ValueError, match="never reaches a negative target"):
+                        ntk_tt.steps_to_target_report(curve, target, window=window)
                     continue
                 want = brute_steps(curve, target, window)
                 got, why = ntk_tt.steps_to_target_report(curve.astype(np.float32), target,
@@ -107,6 +112,26 @@ def test_smoothing_ties_vmap_and_errors():
             ntk_tt.steps_to_target(curve, **bad)
     with pytest.raises(ValueError, match="steps_to_target_array"):
         jax.jit(lambda t: ntk_tt.steps_to_target(curve, t))(0.5)
+
+
+def test_steps_to_target_refuses_the_targets_predict_refuses():
+    """steps_to_target(curve, -1) returned NaN silently where predict(targets={"loss": -1})
+    refuses -1; now the same rule: a target predict takes on a loss curve (L* > 0) or an
+    error curve (e* in [0, 1]) passes, anything else is refused."""
+    from ntk_tt._options_targets import check_targets
+
+    curve = np.linspace(1.0, 0.0, 11)
+    for bad in (-1, -1e-3, np.float32(-0.5)):
+        for curve_name in ("loss", "error"):
+            with pytest.raises(ValueError):
+                check_targets({curve_name: bad})
+        for fn in (ntk_tt.steps_to_target, ntk_tt.steps_to_target_report):
+            with pytest.raises(ValueError, match=r"target must be a mean loss L\* > 0 or an "
+                                                 r"error rate e\* in \[0, 1\].*negative"):
+                fn(curve, bad)
+    # an error target of 0 (every sample right) and a loss target above 1 stay allowed
+    assert ntk_tt.steps_to_target(curve, 0.0, window=1) == 10.0
+    assert ntk_tt.steps_to_target(curve, 2.0) == 0.0
 
 
 class _Net(nnx.Module):

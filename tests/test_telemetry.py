@@ -276,3 +276,49 @@ def test_validation(x64):
     with pytest.raises(ValueError, match=r"\(N, F\)"):
         ntk_tt.finetune(apply_fn, params, x, y, learning_rate=0.1, steps=2,
                         telemetry=TelemetrySpec(features=lambda p, x: x[0]))
+
+
+def test_telemetry_files_and_records_are_checked_with_file_and_line(default_run, tmp_path):
+    """A file that is not JSON Lines gave a bare JSONDecodeError (no file, no line), a list of
+    other records an AttributeError after the file was already truncated; now ValueErrors
+    naming the file and line, or the record, and nothing written."""
+    path = tmp_path / "garbage.jsonl"
+    good = json.dumps(default_run.telemetry.to_dict())
+    path.write_text(good + "\n\n{not json\n")
+    with pytest.raises(ValueError, match=r"garbage.jsonl, line 3: not JSON \(Expecting"):
+        ntk_tt.load_telemetry(path)
+    path.write_text(good + "\n" + json.dumps({"schema_version": 0}) + "\n")
+    with pytest.raises(ValueError, match=r"garbage.jsonl, line 2: telemetry schema_version 0"):
+        ntk_tt.load_telemetry(path)
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match=r"garbage.jsonl: not a UTF-8 text JSON Lines file"):
+        ntk_tt.load_telemetry(path)
+    path.write_text("")
+    assert ntk_tt.load_telemetry(path) == []
+    out = tmp_path / "runs.jsonl"
+    for runs, where in (([1, 2], r"item 0 of runs is 1 \(int\)"),
+                        ([default_run.telemetry, "x"], r"item 1 of runs is 'x' \(str\)"),
+                        (default_run.telemetry.to_dict(), r"runs is \{'schema_version'.*\(dict\)"),
+                        (None, r"runs is None \(NoneType\)")):
+        with pytest.raises(ValueError, match=r"save_telemetry writes Telemetry records .*"
+                                             + where + r".*Nothing was written"):
+            ntk_tt.save_telemetry(out, runs)
+        assert not out.exists()
+    ntk_tt.save_telemetry(out, (t for t in [default_run.telemetry]))  # any iterable
+    assert len(ntk_tt.load_telemetry(out)) == 1
+
+
+def test_model_features_without_a_head_names_the_telemetry_feature():
+    """The message named 'the head-aware predictor' (split_head's) when telemetry asked."""
+
+    class NoHead(nnx.Module):
+        def __init__(self):
+            self.out = nnx.Linear(D, C, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.out(x)
+
+    for model in (NoHead(), object()):
+        with pytest.raises(ValueError, match=r"^model_features needs an NNX model .*"
+                                             r"dead_relu_fraction.*TelemetrySpec\(features="):
+            ntk_tt.model_features(model)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import check_real
+from ntk_tt._options_targets import check_targets
 from ntk_tt.dynamics._training_time import NON_FINITE, OK, REASONS, _check_curve
 
 TOLERANCE = 32  # float rounding units (eps of the curve's dtype) of the test c̃_t ≤ target
@@ -81,7 +82,24 @@ def _checked(curve, target, window):
         raise ValueError(f"target must be one finite number (a loss L* or an error rate e*), "
                          f"got {target!r}; for several, call once per target or vmap "
                          "steps_to_target_array.")
+    if not _valid_target(float(target)):
+        raise ValueError(f"target must be a mean loss L* > 0 or an error rate e* in [0, 1], "
+                         f"as predict(targets=...) takes, got {float(target)!r}: a loss or "
+                         "error curve (>= 0) never reaches a negative target.")
     return curve
+
+
+def _valid_target(value: float) -> bool:
+    """Whether ``predict(targets=...)`` takes ``value`` on a loss curve or an error curve
+    (:func:`ntk_tt._options_targets.check_targets`' rule: L* > 0, e* in [0, 1]); the curve's
+    kind is unknown here, so either passes."""
+    for curve in ("loss", "error"):
+        try:
+            check_targets({curve: value})
+            return True
+        except ValueError:
+            pass
+    return False
 
 
 def steps_to_target_report(curve, target, *, window: int = 5) -> tuple[float, str | None]:
@@ -115,9 +133,10 @@ def steps_to_target(curve, target, *, window: int = 5) -> float:
 
     Raises:
       ValueError: curve not numbers (a string, a ragged list, booleans) or not 1-D with ≥ 2
-        entries; target not one finite real number (a string such as "0.5" included);
-        window not odd in [1, len(curve)]; a traced curve or target (under ``jit`` /
-        ``vmap``: use :func:`steps_to_target_array`).
+        entries; target not one finite real number (a string such as "0.5" included) or
+        one that ``predict(targets=...)`` refuses on both a loss and an error curve (L* > 0,
+        e* in [0, 1]: a negative target); window not odd in [1, len(curve)]; a traced curve
+        or target (under ``jit`` / ``vmap``: use :func:`steps_to_target_array`).
     """
     t, why = steps_to_target_report(curve, target, window=window)
     if why == TARGET_REASONS[NON_FINITE]:

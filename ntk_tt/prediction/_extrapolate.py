@@ -207,7 +207,8 @@ def extrapolate_spectrum(
     Raises:
       ValueError: mismatched shapes, N < N', non-finite inputs, a ``kernel_subset`` that
         is not symmetric (or has a negative diagonal entry: not Θ = J Jᵀ), bad k0 /
-        fit_range / α, or no tail exponent reaching ‖δy‖² (raised after the
+        fit_range / α, an all-zero ``residual_subset`` or ``residual_full`` when N > N'
+        (no residual to extrapolate), or no tail exponent reaching ‖δy‖² (raised after the
         eigendecomposition).
     """
     mat, traced = _operator(kernel_subset, residual_subset, "kernel_subset")
@@ -233,6 +234,17 @@ def extrapolate_spectrum(
     n = np.shape(residual_full)[0]
     if n == n_sub:
         return kernel_spectrum(kernel_subset, residual_subset)
+    if not np.any(np.asarray(residual_full)):
+        raise ValueError(
+            "residual_full is zero everywhere: f0 = onehot(y) on all N samples, so the MSE "
+            "loss is 0 at every step and there is no residual to extrapolate; pass δy = f0 − "
+            "onehot(y) of the model's initial logits.")
+    if not np.any(np.asarray(residual_subset)):
+        raise ValueError(
+            "residual_subset is zero everywhere: the subset's projections p'_k = (v'_k · δy')², "
+            "which shape the extrapolated ones, are all 0, so there is nothing to extrapolate "
+            "from; pass δy' = f0 − onehot(y) on the subset's samples (their rows of "
+            "residual_full).")
     lam, p_sub = _eig(mat, np.asarray(residual_subset, np.float64), traced)
     mu_sub = lam / n_sub
     c_fit, s = fit_power_law(mu_sub, fit_range)

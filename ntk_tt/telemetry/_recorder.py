@@ -24,12 +24,24 @@ def model_features(model) -> Callable[[Any, jax.Array], jax.Array]:
     (``ntk_tt.from_nnx(model)[1]``), the head's entry is dropped.
 
     Raises:
-      ValueError: as :func:`ntk_tt.split_head`.
+      ValueError: ``model`` is not an NNX module with an ``nnx.Linear`` attribute ``head``
+        with a bias (the split :func:`ntk_tt.split_head` makes), naming the telemetry
+        feature that needs it (the dead-ReLU fraction) and the fixes.
     """
     from flax import nnx
 
     from ntk_tt.kernels._head_aware import split_head
 
+    head = getattr(model, "head", None)
+    if not isinstance(model, nnx.Module) or not isinstance(head, nnx.Linear) \
+            or head.bias is None:
+        raise ValueError(
+            "model_features needs an NNX model whose classifier is an nnx.Linear attribute "
+            "`head` with a bias (the head's input is the backbone features h(x) that the "
+            f"telemetry's dead_relu_fraction reads), got {type(model).__name__}; name the "
+            "classifier layer `head` (ntk_tt.replace_head makes one), or pass your own "
+            "TelemetrySpec(features=lambda params, x: h) or none (dead_relu_fraction is then "
+            "NaN).")
     feature_fn = split_head(model)[0]
 
     def features(params, x):

@@ -54,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,25 +251,64 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
     """Write one or several runs to ``path`` as JSON Lines (one :meth:`Telemetry.to_dict`
     row a line, standard JSON: no NaN literals). Overwrites ``path``.
 
+    Args:
+      path: the ``.jsonl`` file to write.
+      runs: a :class:`Telemetry` (``ntk_tt.finetune(..., telemetry=True).telemetry``) or a
+        sequence (any iterable) of them.
+
     Raises:
-      ValueError: ``path``'s folder does not exist.
+      ValueError: ``runs`` is not a Telemetry or a sequence of them (the first other item
+        named; nothing is written), or ``path``'s folder does not exist.
     """
-    runs = [runs] if isinstance(runs, Telemetry) else list(runs)
+    many = isinstance(runs, Iterable) and not isinstance(runs, (Telemetry, str, bytes, dict))
+    runs = list(runs) if many else [runs]
+    for i, r in enumerate(runs):
+        if not isinstance(r, Telemetry):
+            where = f"item {i} of runs" if many else "runs"
+            raise ValueError(f"save_telemetry writes Telemetry records (the .telemetry of "
+                             f"ntk_tt.finetune(..., telemetry=True)), one or a list of them; "
+                             f"{where} is {r!r:.60} ({type(r).__name__}). Nothing was written.")
     require_folder(path, "telemetry")
     with open(path, "w", encoding="utf-8") as fh:
         for r in runs:
             fh.write(json.dumps(r.to_dict(), allow_nan=False) + "\n")
 
 
+def json_line(path: str | Path, number: int, line: str) -> Any:
+    """One JSON Lines row, decoded; a JSON error as a ValueError naming ``path`` and the line
+    ``number`` (1-based), as :func:`load_telemetry` and ``ntk-tt outcome`` report it."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}, line {number}: not JSON ({err.msg}, column {err.colno}); a "
+                         "telemetry file holds one JSON object a line, as save_telemetry "
+                         "writes.") from None
+
+
 def load_telemetry(path: str | Path) -> list[Telemetry]:
-    """Read the runs written by :func:`save_telemetry`, in order.
+    """Read the runs written by :func:`save_telemetry`, in order (a list, empty for an empty
+    file).
 
     Raises:
-      ValueError: a row of another schema version or with other fields (see
-        :meth:`Telemetry.from_dict`). OSError: unreadable path.
+      ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
+        schema version or with other fields (see :meth:`Telemetry.from_dict`); a file that is
+        not UTF-8 text. OSError: unreadable path.
     """
-    with open(path, encoding="utf-8") as fh:
-        return [Telemetry.from_dict(json.loads(line)) for line in fh if line.strip()]
+    out = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                row = json_line(path, i, line)
+                try:
+                    out.append(Telemetry.from_dict(row))
+                except (ValueError, TypeError, KeyError) as err:
+                    raise ValueError(f"{path}, line {i}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text JSON Lines file ({err.reason}); a "
+                         "telemetry file is written by save_telemetry.") from None
+    return out
 
 
 def truncate(telemetry: Telemetry, k: int) -> Telemetry:
