@@ -112,8 +112,9 @@ def sgd(learning_rate, momentum=0.0, *, nesterov: bool = False, weight_decay=0.0
       batch_size: B (None: full batch, GD).
 
     Raises:
-      ValueError: one line naming a bad argument (e.g. nesterov=True with momentum 0), before
-        any work.
+      ValueError: one line naming a bad argument (e.g. nesterov=True with momentum 0, a
+        callable learning rate that cannot take one step argument), before any work; when
+        η_t is first computed, a callable that returns no real η per step.
     """
     return _make("sgd", learning_rate, momentum, 0.999, 1e-8, weight_decay, decoupled,
                  nesterov, batch_size)
@@ -122,15 +123,41 @@ def sgd(learning_rate, momentum=0.0, *, nesterov: bool = False, weight_decay=0.0
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, *, weight_decay=0.0,
          batch_size: int | None = None) -> Optimizer:
     """Adam (optax ``adam``), with L2 weight decay in the loss when ``weight_decay`` > 0
-    (use :func:`adamw` for decoupled decay). Arguments as :func:`sgd`; b1, b2 in [0, 1),
-    eps > 0."""
+    (use :func:`adamw` for decoupled decay; the predictors refuse Adam with L2 decay, which
+    enters the elementwise moments).
+
+    Args:
+      learning_rate: η_t, as :func:`sgd` (a number, a schedule, or a callable step -> η).
+      b1, b2: the moments' decay rates β₁, β₂ in [0, 1). eps: ε > 0 of √v̂ + ε.
+      weight_decay: λ >= 0 (λ/2·‖θ‖² in the loss). batch_size: B (None: full batch).
+
+    Returns:
+      An :class:`Optimizer` with rule "adam" (``to_optax()`` builds the optax transformation).
+
+    Raises:
+      ValueError: one line naming a bad argument, before any work: a learning rate that is
+        not a number, schedule or callable of one step argument, or is not finite and > 0;
+        b1 or b2 outside [0, 1); eps <= 0; weight_decay < 0; batch_size not None or an
+        int >= 1.
+    """
     return _make("adam", learning_rate, b1, b2, eps, weight_decay, False, False, batch_size)
 
 
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, *, weight_decay=1e-4,
           batch_size: int | None = None) -> Optimizer:
-    """AdamW (optax ``adamw``: decoupled weight decay, Loshchilov & Hutter 2019). Arguments
-    as :func:`adam`."""
+    """AdamW (optax ``adamw``: decoupled weight decay θ ← θ − η_t·λθ beside the Adam step,
+    Loshchilov & Hutter 2019).
+
+    Args:
+      learning_rate, b1, b2, eps, batch_size: as :func:`adam`. weight_decay: λ >= 0,
+        decoupled (default 1e-4).
+
+    Returns:
+      An :class:`Optimizer` with rule "adam" and decoupled decay.
+
+    Raises:
+      ValueError: as :func:`adam`.
+    """
     return _make("adam", learning_rate, b1, b2, eps, weight_decay, True, False, batch_size)
 
 

@@ -79,9 +79,9 @@ def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
     head = getattr(model, "head", None)
     if not isinstance(head, nnx.Linear) or head.bias is None:
         raise ValueError(
-            f"the head-aware predictor needs a model whose classifier is an nnx.Linear "
-            f"attribute `head` with a bias, got {type(model).__name__}; name the classifier "
-            "layer `head` (ntk_tt.replace_head makes one)."
+            f"split_head (the head-aware predictor) needs a model whose classifier is an "
+            f"nnx.Linear attribute `head` with a bias, got {type(model).__name__}; name the "
+            "classifier layer `head` (ntk_tt.replace_head makes one)."
         )
     body = nnx.clone(model)
     body.head = _Identity()
