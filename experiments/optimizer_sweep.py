@@ -133,8 +133,9 @@ def _grid(spec: OptimSpec, out: pathlib.Path) -> dict:
 def report(out: pathlib.Path, constant: str | None) -> dict:
     """Consolidate the rows, write ``summary.json`` and ``fig_optimizers.png``."""
     if not any((out / "rows").glob("*.json")) and not (out / "results.parquet").exists():
-        sys.exit(f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark "
-                 "there first (the same command without --report).")
+        print(f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark "
+              "there first (the same command without --report).", file=sys.stderr)
+        sys.exit(2)
     table = ResultsTable(out)
     table.consolidate()
     frame = read_table(out)

@@ -25,9 +25,11 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import sys
 
 from ntk_tt.sweep import SweepSpec
 from ntk_tt.sweep._load import check_datasets
+from ntk_tt.sweep._predictions import variant_names
 from ntk_tt.sweep._run import check_resume, report, run_sweep
 from ntk_tt.sweep._table import TABLE_NAME, check_out
 
@@ -97,6 +99,16 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     try:  # every check before anything is written
         spec = dataclasses.replace(spec, **overrides)  # SweepSpec checks its grid
         check_out(args.out)
+        out = pathlib.Path(args.out)
+        if args.report and not ((out / TABLE_NAME).exists() or any(out.glob("rows/*.json"))):
+            raise ValueError(f"--report rebuilds an existing sweep's summary: {args.out!r} "
+                             f"holds no {TABLE_NAME} and no rows/ (run the sweep first).")
+        if spec.checkpoint and not pathlib.Path(spec.checkpoint).expanduser().is_dir():
+            raise ValueError(f"checkpoint not found: {spec.checkpoint!r} (pass the directory "
+                             "written by experiments/pretrain.py or ntk_tt.save_checkpoint).")
+        if args.primary and not args.report and args.primary[0] not in variant_names(spec):
+            raise ValueError(f"--primary {args.primary[0]!r} is not a variant this sweep "
+                             f"records; it records {list(variant_names(spec))}.")
         if not args.report:
             check_datasets(spec.datasets, spec.per_class, spec.classes)
             check_resume(spec, args.out)
@@ -163,8 +175,12 @@ def main(argv=None) -> None:
     args, spec = parse(argv)
     if not args.report:
         print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real)))
-    print(_headline(report(args.out, primary=None if args.primary is None
-                           else tuple(args.primary))))
+    try:  # --report with --primary: the table's variants are known only now
+        summary = report(args.out, primary=None if args.primary is None else tuple(args.primary))
+    except ValueError as err:
+        print(f"sweep.py: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(_headline(summary))
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def test_summary_against_a_hand_computation():
     assert loss["reach_agreement"] == 1.0 and loss["p95"] == 0.0
 
 
-def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path):
+def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
     """``--report`` where no benchmark ran (a fresh user's finding: a pandas KeyError and an
     empty results.parquet left behind)."""
     script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "optimizer_sweep.py"
@@ -174,9 +174,10 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path):
     with pytest.raises(SystemExit) as ended:
         module.main(["--out", str(out), "--report"])
     assert not out.exists()
-    assert str(ended.value) == (  # sys.exit(message): status 1, the message on stderr
+    assert ended.value.code == 2  # bad input: exit 2 (a second fresh user: it was 1)
+    assert capsys.readouterr().err == (
         f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark there "
-        "first (the same command without --report).")
+        "first (the same command without --report).\n")
 
 
 

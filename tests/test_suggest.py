@@ -597,3 +597,38 @@ def test_head_aware_suggest_with_float64_inputs_and_float32_weights():
                                       learning_rate=s.learning_rate, momentum=s.momentum,
                                       steps=20)
         np.testing.assert_allclose(np.asarray(p.loss), s.loss, rtol=1e-9)
+
+
+def test_suggest_json_is_claimed_before_the_work_and_settled(tmp_path, monkeypatch):
+    """A fresh user's finding: two ``ntk-tt suggest --json P`` started together both did
+    the whole search; the first to finish wrote P and the other then threw its result away.
+    Now P is claimed first (status "started", as ``ntk-tt predict`` does): a second run is
+    refused at once, saying the report is of a run that has not finished; an interrupted
+    run removes its own claim; a finished one writes the report with status "complete"."""
+    from ntk_tt.analysis import _suggest
+    from ntk_tt.prediction._report_file import STARTED
+
+    js = tmp_path / "s.json"
+    seen = {}
+
+    def work(o, opt_o, progress):
+        seen["claim"] = json.loads(js.read_text())
+        with pytest.raises(ValueError, match="the report of a run that has not finished"):
+            ntk_tt.suggest_task(json_path=js, progress=False)
+        return {"found": False}
+
+    monkeypatch.setattr(_suggest, "_suggest_report", work)
+    report = ntk_tt.suggest_task(json_path=js, progress=False)
+    assert seen["claim"]["status"] == STARTED and "config" in seen["claim"]
+    assert report == {"found": False}
+    assert json.loads(js.read_text()) == {"found": False, "status": "complete"}
+
+    def interrupted(o, opt_o, progress):
+        assert json.loads(js2.read_text())["status"] == STARTED
+        raise KeyboardInterrupt
+
+    js2 = tmp_path / "t.json"
+    monkeypatch.setattr(_suggest, "_suggest_report", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ntk_tt.suggest_task(json_path=js2, progress=False)
+    assert not js2.exists() and not list(tmp_path.glob(".t.json*"))

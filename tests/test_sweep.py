@@ -541,6 +541,12 @@ def _refused(module, argv, capsys) -> str:
     (["--momenta", "1.5"], "momenta must lie in [0, 1)"),
     (["--steps", "0"], "SweepSpec.steps must be >= 1"),
     (["--reuse-real", "nowhere"], "--reuse-real 'nowhere' holds no results.parquet"),
+    # a second fresh user: each was a traceback after spec.json and rows/ were written, or
+    # (--primary) after the whole sweep had run
+    (["--sketch-dims", "0"], "SweepSpec.sketch_dims must be integers >= 1"),
+    (["--checkpoint", "nowhere"], "checkpoint not found: 'nowhere'"),
+    (["--primary", "foo", "bar"], "--primary 'foo' is not a variant this sweep records"),
+    (["--report"], "--report rebuilds an existing sweep's summary"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,

@@ -10,9 +10,8 @@ with L̂ the predicted mean training-loss curve (head-aware predictor with ``hea
 §10; the frozen-kernel linear predictor without, §2) and s(B) the measured seconds per real
 optimiser step at batch size B (:func:`ntk_tt.step_time`, once per B, compile excluded;
 METHOD.md §6, paper Sec. 5: wall-clock time = steps × time per step). A configuration is
-admissible when its prediction does not diverge
-(``ntk_tt.dynamics._divergence``) and κ = η·λ_max/N is
-within the linearised model's stability edge (``beyond_edge`` false).
+admissible when its prediction does not diverge (``ntk_tt.dynamics._divergence``) and κ =
+η·λ_max/N is within the linearised model's stability edge (``beyond_edge`` false).
 
 Search: a log grid of κ × a set of momenta for every B, all through ONE kernel, one compiled
 ``jit(vmap)`` per B; then the best admissible grid point is refined in (log η, m) by a few
@@ -21,9 +20,8 @@ before the hit, built like :func:`ntk_tt.smooth_training_time`), kept only if th
 predicted time improves and the configuration stays admissible. With ``optimizer=`` (an SGD
 or Adam/AdamW template) the search is over the peak learning rate × warmup of a warmup-cosine
 schedule instead (``_suggest_optimizer``). This module checks the arguments and runs the job;
-the curves and their surrogate are ``_suggest_curves``, the search ``_suggest_search``, the
-refinement ``_suggest_refine``, the result and its text ``_suggest_report`` (all in
-``ntk_tt.analysis``).
+in ``ntk_tt.analysis``, the curves and their surrogate are ``_suggest_curves``, the search
+``_suggest_search``, the refinement ``_suggest_refine``, the result ``_suggest_report``.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -168,8 +167,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         ``optimizer`` not an Optimizer, or given with batch_sizes or momenta, or its schedule
         not a constant / unsmoothed warmup_cosine, Adam without ``head`` or with L2 decay,
         Adam with kappa_range; warmups or learning_rate_range without ``optimizer`` or out of
-        range;
-        unknown loss, predictor, kernel or backbone; a head_kernel that is not a
+        range; unknown loss, predictor, kernel or backbone; a head_kernel that is not a
         HeadAwareKernel, given without head, or built on another N than x (both N named).
         After one forward pass (before the kernel): an absolute target not below L_0. After
         the kernel: λ_max ≤ 0 (outputs that do not depend on the parameters).
@@ -304,7 +302,8 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
                  **options) -> dict:
     """``ntk-tt suggest`` as a call: load the task like ``ntk-tt predict`` (shipped checkpoint
     and vendored flowers5 by default, fresh seeded head), run :func:`suggest`, return a
-    JSON-ready report (and write it to ``json_path``).
+    JSON-ready report; ``json_path`` is claimed first (status "started", removed if the job
+    fails or is interrupted) and then holds the report (status "complete").
 
     Options (defaults in ``ntk_tt._defaults.SUGGEST_DEFAULTS``): checkpoint, dataset,
     data_dir, split, num_classes (K), per_class (n), seed, resize, head_scale, target,
@@ -322,16 +321,36 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
     Raises:
       ValueError: one line for any bad option (values, the dataset path, data_dir and
         checkpoint that must exist, a split other than "train" for a short name or .npz file)
-        or output path, before JAX work and before the
-        checkpoint's weights are read (:func:`ntk_tt._options.check_suggest_job`).
+        or output path, before JAX work and before the checkpoint's weights are read
+        (:func:`ntk_tt._options.check_suggest_job`).
     """
     from ntk_tt._options_suggest import split_optimizer_options
-    from ntk_tt.prediction._job import _plain, load_task
-    from ntk_tt.prediction._report_file import _output, _write_json
-    from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+    from ntk_tt.prediction._report_file import STARTED, _claimed, _output, _write_json, settle
 
     opt_o, options = split_optimizer_options(options)
     o = check_suggest_job(options, json_path, overwrite)
+    json_file = None if not json_path else Path(json_path).expanduser()
+    claimed, claim = (json_file if not overwrite else None), {}
+    try:  # the --json path is claimed first (status "started"), as ntk-tt predict does
+        if claimed:
+            _output(_write_json, claimed, {"config": o | opt_o, "status": STARTED}, create=True,
+                    claim=claim)
+            claim["done"] = True
+        report = _suggest_report(o, opt_o, progress)
+        if json_file:
+            _output(_write_json, json_file, report | {"status": "complete"}, create=False)
+    except BaseException:
+        if json_file and (not claimed or claim.get("done") or _claimed(claimed, claim)):
+            settle(json_file)  # removes this run's "started" claim, never another run's file
+        raise
+    return report
+
+
+def _suggest_report(o, opt_o, progress) -> dict:
+    """The work of :func:`suggest_task` on checked options: the JSON-ready report."""
+    from ntk_tt.prediction._job import _plain, load_task
+    from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+
     apply_fn, params, x, y, _, _, info, head = load_task(
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "seed", "resize", "head_scale")}, test_per_class=0)
@@ -378,8 +397,4 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
                       "warmups": (len(set(s.grid[s.grid.source == "grid"].warmup))
                                   if opt_o else 1)},
     })
-    if json_path:
-        from pathlib import Path
-
-        _output(_write_json, Path(json_path).expanduser(), report, create=not overwrite)
     return report

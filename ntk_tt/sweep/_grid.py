@@ -127,7 +127,8 @@ class SweepSpec:
     main grid lacks, on the tasks of N ≤ ``edge_max_train`` (None: every task).
 
     Raises:
-      ValueError: an empty required tuple or no learning rate at all; a κ̃ or η (``kappas``,
+      ValueError: an empty required tuple or no learning rate at all; a sketch dimension < 1;
+        a κ̃ or η (``kappas``,
         ``etas``, ``edge_kappas``) not a finite number > 0; a batch size not None or an
         integer >= 1; ``per_class`` not integers >= 1; ``steps`` < 1; a momentum outside
         [0, 1); an ε outside (0, 1).
@@ -164,6 +165,11 @@ class SweepSpec:
             check_positive(f"SweepSpec.{name}", getattr(self, name))
         check_batch_sizes("SweepSpec.batch_sizes", self.batch_sizes)
         check_batch_sizes("SweepSpec.edge_batch_sizes", self.edge_batch_sizes or ())
+        if any(not _is_int(d) or d < 1 for d in self.sketch_dims) or not _is_int(
+                self.noise_dim) or self.noise_dim < 0:
+            raise ValueError(f"SweepSpec.sketch_dims must be integers >= 1 and noise_dim an "
+                             f"integer >= 0 (sketch dimensions D'), got {self.sketch_dims} and "
+                             f"{self.noise_dim}.")
         if any(not _is_int(n) or n < 1 for n in self.per_class):
             raise ValueError(f"SweepSpec.per_class must be integers >= 1 (images per class), "
                              f"got {self.per_class}.")

@@ -125,6 +125,13 @@ def _kronecker(data: TaskData, theta, key):
         traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3))
 
 
+def variant_names(spec: SweepSpec) -> tuple[str, ...]:
+    """The names of the variants :func:`_variants` records for ``spec`` (for a model with a
+    ``head``), checked before a sweep's work (``--primary``)."""
+    return ("linear", "traced", "head_aware_kronecker",
+            *(f"sketch{d}" for d in spec.sketch_dims), *(("continuous",) * bool(spec.noise_dim)))
+
+
 def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
     """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
     Θ), the Kronecker head-aware model, one sketch per D', and the ODE/SDE on the exact Θ."""
