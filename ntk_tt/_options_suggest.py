@@ -108,6 +108,11 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
                              f"budget in [0, 1), got {f!r}.")
     out["warmups"] = tuple(float(f) for f in warm)
     out["learning_rate_range"] = _lr_range(o, rest, family)
+    if out["learning_rate_range"] is not None:  # the η_peak grid: the κ range is not used, so
+        # check_suggest_job's num_kappas / κ-range rule must not refuse one peak (min == max)
+        rest = {k: v for k, v in rest.items() if k not in ("kappa_min", "kappa_max")}
+        if rest.get("num_kappas") == 1:
+            rest["kappa_min"] = rest["kappa_max"] = SUGGEST_DEFAULTS["kappa_min"]
     return out, rest
 
 
@@ -123,9 +128,10 @@ def _lr_range(o, rest, family):
                          "grid), not both.")
     if len(given) == 1:
         raise ValueError("give both lr_min (--lr-min) and lr_max (--lr-max), or neither.")
-    if not given:
-        return ADAM_LEARNING_RATE_RANGE if family == "adamw" else None
-    lo, hi = (_number(o, k, 0.0, math.inf) for k in ("lr_min", "lr_max"))
+    if not given and family != "adamw":
+        return None
+    lo, hi = (ADAM_LEARNING_RATE_RANGE if not given else
+              (_number(o, k, 0.0, math.inf) for k in ("lr_min", "lr_max")))
     num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
     if not 0 < lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):
         raise ValueError(f"lr_min, lr_max (--lr-min, --lr-max) must satisfy 0 < min <= max "

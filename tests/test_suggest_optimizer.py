@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 import ntk_tt
+from ntk_tt.analysis._suggest import TargetNotReachedWarning
 from ntk_tt.cli import main
 
 N, D, F, C, T = 24, 6, 8, 3, 30
@@ -143,6 +144,15 @@ def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
     assert s.optimizer.rule == "adam" and float(s.optimizer.b2) == pytest.approx(0.99)
     assert not s.refined
     check_choice(s, curves, predict_one, adam=True)
+    # nothing reaches an unreachable target: the reason speaks of peak η and warmup, not of
+    # κ, m and an edge that Adam does not have (a second fresh user); the same compiled grid
+    with pytest.warns(TargetNotReachedWarning):
+        none = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=1e-6,
+                              target_kind="fraction", steps=T, optimizer=opt, num_kappas=2,
+                              learning_rate_range=(0.0173, 0.3), warmups=(0.0, 0.2),
+                              refine_steps=0, seconds_per_step={None: 0.02})
+    assert not none.found and "without predicted divergence (lowest final loss" in none.reason
+    assert "peak η = " in none.reason and "κ" not in none.reason and "edge" not in none.reason
 
 
 # --- refusals: one line, before any work ------------------------------------------------
@@ -286,3 +296,25 @@ def test_cli_builds_the_template_the_flags_describe(args, family, monkeypatch):
         assert (float(o.momentum), float(o.weight_decay)) == pytest.approx((0.8, 0.0))
         assert seen["kappa_range"] == (0.05, 50.0) and seen["learning_rate_range"] is None
         assert seen["warmups"] == (0.0, 0.05, 0.1, 0.2)
+
+
+def test_one_peak_learning_rate_is_accepted_for_the_eta_grid():
+    """A second fresh user: ``suggest --optimizer adamw --num-kappas 1 --lr-min X --lr-max X``
+    was refused by the check of SGD's κ range (0.05, 50), which the η_peak grid does not use.
+    Now one peak passes the job's checks (sgd with --lr-min/--lr-max too); one peak with
+    AdamW's default range is refused naming the flags, before any work; SGD's κ grid keeps
+    its own rule."""
+    from ntk_tt._options import check_suggest_job
+    from ntk_tt._options_suggest import split_optimizer_options
+
+    for family in ("adamw", "sgd"):
+        opt_o, rest = split_optimizer_options(
+            {"optimizer": family, "num_kappas": 1, "lr_min": 1e-3, "lr_max": 1e-3})
+        assert opt_o["learning_rate_range"] == (1e-3, 1e-3)
+        check_suggest_job(rest)
+    with pytest.raises(ValueError, match=r"lr_min, lr_max \(--lr-min, --lr-max\) must satisfy "
+                                         r".*got 0\.0001, 0\.1 with num_kappas 1"):
+        split_optimizer_options({"optimizer": "adamw", "num_kappas": 1})
+    _, rest = split_optimizer_options({"optimizer": "sgd", "num_kappas": 1})
+    with pytest.raises(ValueError, match=r"num_kappas .*\(1 exactly when min == max"):
+        check_suggest_job(rest)

@@ -161,10 +161,14 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
     if choice is None:
         grid = [r for r in rows if not r["diverged"] and not r["beyond_edge"]]
         closest = min(grid, key=lambda r: r["final_loss"]) if grid else None
+        adam = bool(rows) and optimizer_of(rows[0]).rule == "adam"  # no κ edge for Adam
         why = (f"no configuration of the grid reaches the target loss {target_abs:.4g} within "
-               f"T_max = {steps_max} steps without predicted divergence or κ beyond the "
-               f"stability edge")
-        if closest is not None:
+               f"T_max = {steps_max} steps without predicted divergence"
+               + ("" if adam else " or κ beyond the stability edge"))
+        if closest is not None and adam:
+            why += (f" (lowest final loss {closest['final_loss']:.4g} at peak η = "
+                    f"{closest['learning_rate']:.3g}, warmup {closest['warmup']:g} steps)")
+        elif closest is not None:
             why += (f" (lowest final loss within the edge {closest['final_loss']:.4g} at "
                     f"κ = {closest['kappa']:.3g}, m = {closest['momentum']:g})")
         why += f"; raise the step budget (steps, -T), raise the target, or widen {widen}"
