@@ -236,7 +236,8 @@ def format_report(r: dict) -> str:
         lines.append(f"optimiser: {describe_optimizer(r['optimizer'])}")
     noted = pred.get("warnings") or []  # the prediction's BeyondEdgeWarnings, with flags
     lines += ["warning: " + re.sub(r"method='(\w+)'", r"--method \1", w) for w in noted]
-    if pred.get("beyond_edge") and not noted:  # a warning of the prediction says it better
+    if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
+        # (a warning of the prediction says it better; a call of divergence has its own line)
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
                      "stability edge: the real run will likely diverge or oscillate; the "
                      "predicted curve and T_ε are not trustworthy; lower --lr")

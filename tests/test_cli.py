@@ -383,7 +383,7 @@ def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(veri
                        "training_time_reasons": {c: dict.fromkeys(per, REASONS[CALLED_DIVERGES])
                                                  for c, per in none.items()},
                        "outcome": "diverges", "divergence": "yes", "divergence_reason": why,
-                       "kappa": 70.2}
+                       "kappa": 70.2, "beyond_edge": True}
     text = format_report(r)
     rows = [ln for ln in text.splitlines() if ln.split()[:2] in (
         [c, e] for c in ("loss", "error") for e in ("0.01", "0.1", "0.4"))]
@@ -393,6 +393,7 @@ def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(veri
                     "T_ε, steps to target or comparison (lower --lr)")
     assert text.splitlines()[-1].startswith(f"diverged: predicted True ({why}")
     assert "prediction diverged at step" not in text and "prediction spiked" not in text
+    assert "T_ε are not trustworthy" not in text  # no T_ε to distrust (a second fresh user)
     if verify:
         assert "max |predicted − real|" not in text
         assert "loss curves: not compared (the prediction calls the real run divergent" in text
