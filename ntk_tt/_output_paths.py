@@ -36,12 +36,16 @@ def replaceable(overwrite) -> frozenset[str]:
 
 
 def require_folder(path, what: str) -> None:
-    """Refuse a file ``path`` whose folder does not exist (as :func:`check_outputs` does): the
-    package's save functions write into existing folders and create none.
+    """Refuse a file ``path`` that is a directory, or whose folder does not exist (as
+    :func:`check_outputs` does): the package's save functions write into existing folders and
+    create none.
 
     Raises:
       ValueError: one line naming the path, the missing folder and the fix.
     """
+    if Path(path).expanduser().is_dir():
+        raise ValueError(f"{what} path {str(path)!r} is a directory; give a file name inside "
+                         "it.")
     folder = Path(path).expanduser().absolute().parent
     if not folder.is_dir():
         raise ValueError(f"{what} path {str(path)!r}: folder {str(folder)!r} does not exist; "

@@ -306,6 +306,8 @@ def test_telemetry_files_and_records_are_checked_with_file_and_line(default_run,
         assert not out.exists()
     ntk_tt.save_telemetry(out, (t for t in [default_run.telemetry]))  # any iterable
     assert len(ntk_tt.load_telemetry(out)) == 1
+    with pytest.raises(ValueError, match=r"telemetry path .* is a directory; give a file name"):
+        ntk_tt.save_telemetry(tmp_path, [default_run.telemetry])  # was a raw IsADirectoryError
 
 
 def test_model_features_without_a_head_names_the_telemetry_feature():
