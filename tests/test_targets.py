@@ -358,3 +358,16 @@ def test_sweep_summary_block_against_a_hand_computation():
     old = absolute_targets(frame.drop(columns=["real_error", "pred_error"]))
     assert "headline_error" not in old and "no error curves" in old["error_targets_missing"]
     assert old["headline"] == out["headline"]
+
+
+def test_steps_to_target_array_refuses_a_target_vector_or_an_empty_curve():
+    """A second fresh user: an array of targets or an empty curve gave raw JAX / NumPy
+    errors; now one ValueError pointing to vmap; vmap over targets is the loop of calls."""
+    curve = jnp.linspace(1.0, 0.1, 12)
+    for bad_curve, target in ((curve, jnp.array([0.5, 0.2])), (jnp.zeros((0,)), 0.5),
+                              (curve[None], 0.5)):
+        with pytest.raises(ValueError, match="a 1-D curve with >= 1 entry and a scalar target"):
+            ntk_tt.steps_to_target_array(bad_curve, target)
+    swept = jax.vmap(ntk_tt.steps_to_target_array, in_axes=(None, 0))(curve, jnp.array([.5, .2]))
+    assert [float(s) for s in swept[0]] == [float(ntk_tt.steps_to_target_array(curve, t)[0])
+                                            for t in (0.5, 0.2)]

@@ -58,8 +58,17 @@ def steps_to_target_array(curve: jax.Array, target, window: int = 5):
     """Jittable steps to target: ``(steps, code)``, steps a float (NaN when undefined), code
     an int32 (0 = reached; otherwise a key of :data:`TARGET_REASONS`). ``target`` may be
     traced (``jax.vmap(steps_to_target_array, (None, 0))(curve, targets)`` for several);
-    ``window`` is static. No argument checks (see :func:`steps_to_target`)."""
+    ``window`` is static. No value checks (see :func:`steps_to_target`).
+
+    Raises:
+      ValueError: ``curve`` not 1-D with >= 1 entry or ``target`` not a scalar (static
+        shapes; vmap over targets for several).
+    """
     curve = jnp.asarray(curve)
+    if curve.ndim != 1 or curve.shape[0] < 1 or jnp.ndim(target) != 0:
+        raise ValueError(f"steps_to_target_array takes a 1-D curve with >= 1 entry and a scalar "
+                         f"target, got shapes {curve.shape} and {jnp.shape(target)}: for several "
+                         "targets use jax.vmap(steps_to_target_array, in_axes=(None, 0)).")
     curve = curve.astype(jnp.promote_types(curve.dtype, jnp.float32))
     tol = TOLERANCE * jnp.finfo(curve.dtype).eps * jnp.maximum(1.0, jnp.abs(target))
     hit = window_mean(curve, window) <= target + tol
