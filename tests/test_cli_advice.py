@@ -196,3 +196,5 @@ def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
         check_labels(np.zeros(6, int), 8, 3)
     with pytest.raises(ValueError, match="not one-hot vectors"):
         check_labels(np.eye(3, dtype=int)[np.arange(8) % 3], 8, 3)
+    with pytest.raises(ValueError, match=r"cast float class indices to int, e\.g\. "):
+        check_labels(np.arange(8.0) % 3, 8, 3)  # a second fresh user: was told "not one-hot"

@@ -62,9 +62,9 @@ def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
     held-out ones may hold one. Returns them as a jax array."""
     y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
-        hint = ("pass class indices, not one-hot vectors" if np.ndim(y) == 2 or not
-                jnp.issubdtype(jnp.result_type(y), jnp.integer) else
-                f"give one label per input ({n} inputs)")
+        hint = ("pass class indices, not one-hot vectors" if np.ndim(y) == 2 else
+                "cast float class indices to int, e.g. y.astype(int)" if np.shape(y) == (n,)
+                else f"give one label per input ({n} inputs)")
         raise ValueError(
             f"{name} must be integer class labels of shape ({n},) matching the logits, got "
             f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; {hint}.")
