@@ -105,12 +105,18 @@ def test_prepare_same_size_is_exact_normalisation():
 
 
 @pytest.mark.parametrize("shape,kwargs,match", [
-    ((2, 32, 32, 4), {}, "channels"), ((2, 28, 28, 3), dict(resize=False), "resiz"),
+    ((2, 32, 32, 4), {}, "only grey"), ((2, 28, 28, 3), dict(resize=False), "resiz"),
+    # a second fresh user: channels-first images got no hint, and a mean / std of the wrong
+    # length a raw broadcasting error
+    ((2, 3, 32, 32), {}, r"look channels-first \(N, C, H, W\): transpose them"),
+    ((2, 32, 32, 3), dict(mean=np.zeros(2)), r"mean must hold one value per channel.*\(2,\)"),
+    ((2, 32, 32, 3), dict(std=np.ones((3, 1))), r"std must hold one value per channel"),
 ])
 def test_prepare_rejects_mismatching_images(shape, kwargs, match):
     imgs = np.zeros(shape, np.uint8)
     with pytest.raises(ValueError, match=match):
-        ntk_tt.prepare_images(imgs, (32, 32, 3), mean=np.zeros(3), std=np.ones(3), **kwargs)
+        ntk_tt.prepare_images(imgs, (32, 32, 3), **(dict(mean=np.zeros(3), std=np.ones(3))
+                                                    | kwargs))
 
 
 def test_npz_loader_adds_channel_axis_to_grey(tmp_path, monkeypatch):

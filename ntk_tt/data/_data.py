@@ -355,7 +355,8 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
       float32 (N, H', W', C') array ``(images / 255 − mean) / std``.
 
     Raises:
-      ValueError: channels neither C' nor 1 (grey, repeated to C'); H×W ≠ H'×W' with
+      ValueError: channels neither C' nor 1 (grey, repeated to C'; channels-first images
+        are said to be); mean or std not of shape (C',); H×W ≠ H'×W' with
         ``resize=False``; float images whose largest value is ≤ 1 ([0, 1] units: they would be
         divided by 255 twice).
     """
@@ -363,11 +364,17 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
     x = x[..., None] if x.ndim == 3 else x
     h, w, c = input_shape
     if x.ndim != 4 or x.shape[-1] not in (1, c):
+        first = x.ndim == 4 and x.shape[1] in (1, c)  # (N, C, H, W): channels first
         raise ValueError(
             f"images have shape {x.shape[1:]} but the model expects (H, W, C) = {input_shape}; "
-            f"only grey (1-channel) images are converted, to {c} channels: use {c}-channel data "
-            "or a checkpoint made for these images."
-        )
+            + ("they look channels-first (N, C, H, W): transpose them to (N, H, W, C), e.g. "
+               "images.transpose(0, 2, 3, 1)." if first else
+               f"only grey (1-channel) images are converted, to {c} channels: use {c}-channel "
+               "data or a checkpoint made for these images."))
+    for name, stat in (("mean", mean), ("std", std)):
+        if np.shape(stat) not in ((), (1,), (c,)):
+            raise ValueError(f"{name} must hold one value per channel of the model's input, "
+                             f"shape ({c},), got shape {np.shape(stat)}.")
     if x.shape[1:3] != (h, w) and not resize:
         raise ValueError(
             f"images are {x.shape[1]}×{x.shape[2]} px but the model expects {h}×{w}; allow "
