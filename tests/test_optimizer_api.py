@@ -351,7 +351,7 @@ def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch,
             make()
     # the keyword forms too (a second fresh user: predict, finetune and predict_from_kernel
     # ran it silently as plain GD); a traced m (a sweep over momenta) is not checked
-    p, x, y = linear_problem(n=8)
+    p, x, y = linear_problem(n=8, dtype=jnp.float32)
     theta, f0 = ntk_tt.empirical_ntk(linear_apply, p, x), linear_apply(p, x)
     for call in (lambda: ntk_tt.predict(linear_apply, p, x, y, learning_rate=0.1, steps=5,
                                         nesterov=True),

@@ -277,7 +277,7 @@ def test_the_default_window_is_predict_s_for_short_curves_too():
     4-entry curve raised "window must be an odd int in [1, len(curve)] ... got 5". The default
     window is now curve_window (5, or 1 below 5 entries), so both agree; an explicit window is
     still checked."""
-    params, x, y = linear_problem(n=8)
+    params, x, y = linear_problem(n=8, dtype=jnp.float32)
     pred = ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.5, steps=3)
     assert len(pred.loss) == 4
     for eps, value in pred.training_time["loss"].items():
