@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _dynamics_helpers import brute_ntk
+from _dynamics_helpers import brute_ntk, linear_apply, linear_problem
 from flax import nnx
 
 import ntk_tt
@@ -436,3 +436,17 @@ def test_labels_of_one_class_are_refused_before_any_work(entry, monkeypatch):
         pred = ntk_tt.predict(apply_fn, params, x[:9], two[:9], x_test=x[9:], y_test=one[9:],
                               **kw)
         assert pred.test_error.shape == (STEPS + 1,)
+
+
+def test_raw_uint8_pixels_are_warned_about():
+    """A second fresh user passed raw uint8 images to predict and got only "diverges at
+    κ = 17,398"; now a UserWarning names the likely cause and the fix (prepare_images).
+    Float inputs give no warning."""
+    params, x, y = linear_problem(n=8, dtype=jnp.float32)
+    raw = jnp.asarray(np.clip(np.abs(np.asarray(x)) * 100, 0, 255).astype(np.uint8))
+    with pytest.warns(UserWarning, match=r"x is uint8, raw image pixels most likely: "
+                                         r"normalise them .*ntk_tt\.prepare_images"):
+        ntk_tt.predict(linear_apply, params, raw, y, learning_rate=1e-4, steps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.1, steps=3)

@@ -6,6 +6,7 @@ SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. E
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -178,6 +179,11 @@ def predict(
       :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
       predictor.
 
+    Warns:
+      UserWarning: ``x`` is uint8, raw image pixels most likely: a pre-trained model expects
+        its pre-training normalisation (``ntk_tt.prepare_images``); unnormalised, κ is huge
+        and the run is called divergent.
+
     Raises:
       ValueError: ``optimizer`` with any of learning_rate, momentum, nesterov, batch_size (or
         neither optimizer nor learning_rate), an optimizer schedule whose warmup ends at or
@@ -212,6 +218,10 @@ def predict(
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
+    if x.dtype == np.uint8:  # a second fresh user: raw pixels were "diverges at κ = 17,398"
+        warnings.warn("x is uint8, raw image pixels most likely: normalise them as in "
+                      "pre-training first (ntk_tt.prepare_images(images, input_shape, mean=, "
+                      "std=)); unnormalised inputs make κ huge.", UserWarning, stacklevel=3)
     # bfloat16 / float16 params and inputs: Θ and f0 in float32 (README, "Dtypes")
     params, x, head = at_least_float32((params, x, head))
     n, c = check_model(apply_fn, params, x)
