@@ -1,10 +1,10 @@
 """Learning-rate schedules as pytrees: η_t for optimiser step t = 0, 1, ..., T − 1.
 
 A schedule's numbers (peak, warmup length, ...) are array leaves, so ``jit``, ``vmap`` and
-``jax.grad`` act on them; a schedule is called with a step count (int array) and gives η at
-that step, the same value optax's ``scale_by_learning_rate`` uses for the update of that step
-(optax counts from 0). Any optax schedule or callable ``step -> η`` is accepted through
-:func:`schedule` (its parameters are then closed over, not leaves).
+``jax.grad`` act on them; a schedule is called with a step count (int array) and gives η at that
+step, the same value optax's ``scale_by_learning_rate`` uses for the update of that step (optax
+counts from 0). Any optax schedule or callable ``step -> η`` is accepted through :func:`schedule`
+(its numbers closed over, not leaves).
 
 Warmup length as a differentiable number (issue 27): the linear warmup is optax's,
 η_t = init + (peak − init)·min(1, t/w) (η_0 = init), written so that η_t is continuous in w
@@ -38,12 +38,7 @@ def _number(value, name: str, positive: bool = False) -> Array:
         return value
     if isinstance(value, bool) or value is None or isinstance(value, str):
         raise ValueError(f"{name} must be a real number, got {value!r}.")
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a real number, got {type(value).__name__}.") from err
-    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
-        raise ValueError(f"{name} must be a real number, got dtype {arr.dtype}.")
+    arr = _real_array(value, f"{name} must be a real number", type(value).__name__)
     if arr.ndim == 0 and not np.isfinite(float(arr)):
         raise ValueError(f"{name} must be finite, got {float(arr)}.")
     if positive and arr.ndim == 0 and not float(arr) > 0:
@@ -187,8 +182,19 @@ class FromCallable(Schedule):
         return _eager_values(self, int(steps))
 
 
-def _fn_name(fn) -> str:
+def _fn_name(fn) -> str:  # for messages: a function's name, or a callable's type
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _real_array(value, what: str, got: str, asarray=np.asarray):
+    """``value`` as a real (float or integer) array, else one ValueError "{what}, got ..."."""
+    try:
+        arr = asarray(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}, got {got}.") from err
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise ValueError(f"{what}, got dtype {arr.dtype}.")
+    return arr
 
 
 def _callable_rate(out, step, fn) -> Array:
@@ -197,12 +203,7 @@ def _callable_rate(out, step, fn) -> Array:
     to ``step``'s). Type, dtype and shape only (static: also under jit / vmap)."""
     what = (f"the learning-rate schedule {_fn_name(fn)} must return a real number η for each "
             "step (step -> η)")
-    try:
-        arr = jnp.asarray(out)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{what}, got {out!r:.80} ({type(out).__name__}).") from err
-    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
-        raise ValueError(f"{what}, got dtype {arr.dtype}.")
+    arr = _real_array(out, what, f"{out!r:.80} ({type(out).__name__})", jnp.asarray)
     shape = jnp.shape(step)
     tail = shape[len(shape) - arr.ndim:] if arr.ndim <= len(shape) else None
     if tail is None or any(a not in (1, b) for a, b in zip(arr.shape, tail, strict=True)):

@@ -46,10 +46,11 @@ def _interrupted(run: dict) -> None:
         threading.Event().wait()  # the other caller is exiting the process
     signum = run.get("signal", signal.SIGINT)
     try:
-        job = sys.modules.get("ntk_tt.prediction._job")  # imported if a report was written
-        kept = run.get("json_path") if job and run.get("json_path") else None
+        # imported if a report was written
+        report_file = sys.modules.get("ntk_tt.prediction._report_file")
+        kept = run.get("json_path") if report_file and run.get("json_path") else None
         note = (f" (the prediction is kept in {kept})"
-                if kept and job.settle(Path(kept).expanduser()) else "")
+                if kept and report_file.settle(Path(kept).expanduser()) else "")
         clear = "\r\033[K" if run.get("progress") and sys.stderr.isatty() else ""
         sys.stdout.flush()
         sys.stderr.write(f"{clear}ntk-tt: {_STOPPED[signum]}{note}\n")

@@ -768,7 +768,7 @@ def test_a_second_run_with_the_same_json_refuses_before_its_work(tmp_path, capsy
     """While a run works, its --json report exists (claimed when the work starts): a second
     run given the same path ends with one line and status 2 before any work, instead of
     refusing after all of it. A run that ends before a result removes its claim."""
-    from ntk_tt.prediction._job import STARTED
+    from ntk_tt.prediction._report_file import STARTED
 
     js, seen = tmp_path / "r.json", []
 

@@ -3,15 +3,14 @@ independent ``predict``/``finetune`` calls, resumption, the κ̃ → η map, and
 against a hand computation."""
 
 import dataclasses
-import importlib.util
 import json
-import pathlib
 
 import jax
 import numpy as np
 import optax
 import pandas as pd
 import pytest
+from _scripts import experiment_script, refused
 
 import ntk_tt
 from ntk_tt.sweep._grid import SweepSpec, Task
@@ -166,10 +165,7 @@ def test_summary_against_a_hand_computation():
 def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
     """``--report`` where no benchmark ran (a fresh user's finding: a pandas KeyError and an
     empty results.parquet left behind)."""
-    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "optimizer_sweep.py"
-    spec = importlib.util.spec_from_file_location("optimizer_sweep_script", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = experiment_script("optimizer_sweep")
     out = tmp_path / "none"
     with pytest.raises(SystemExit) as ended:
         module.main(["--out", str(out), "--report"])
@@ -201,28 +197,10 @@ def test_spec_rejects_bad_grids(kwargs, message):
         OptimSpec(**{"datasets": ("a",), "per_class": (10,)} | kwargs)
 
 
-def _script():
-    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "optimizer_sweep.py"
-    spec = importlib.util.spec_from_file_location("optimizer_sweep_script", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _refused(module, argv, capsys) -> str:
-    """The one ``optimizer_sweep.py: error:`` line of a refused command (exit status 2)."""
-    with pytest.raises(SystemExit) as ended:
-        module.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert ended.value.code == 2 and len(err) == 1, err  # one line, no traceback or usage
-    assert ": error: " in err[0]
-    return err[0]
-
-
 def test_bad_datasets_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     """--datasets nonexist wrote spec.json and rows/ and then died with a traceback; the
     corrected command in the same --out was then refused as another grid."""
-    module = _script()
+    module = experiment_script("optimizer_sweep")
     monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
     rng = np.random.default_rng(0)
     three = tmp_path / "three.npz"  # 3 classes: a task needs 5
@@ -232,7 +210,7 @@ def test_bad_datasets_are_refused_before_anything_is_written(tmp_path, capsys, m
     for datasets, message in [(["nonexist"], "unknown dataset 'nonexist'"),
                               ([str(three)], "has 3 classes with at least 6 images"),
                               (["flowers5", "flowers5"], "are the same dataset")]:
-        line = _refused(module, ["--out", str(out), "--preset", "smoke", "--datasets",
+        line = refused(module, ["--out", str(out), "--preset", "smoke", "--datasets",
                                  *datasets], capsys)
         assert message in line
         assert not out.exists()
@@ -241,12 +219,12 @@ def test_bad_datasets_are_refused_before_anything_is_written(tmp_path, capsys, m
 def test_an_out_that_is_a_file_or_another_grid_is_one_line(tmp_path, capsys, monkeypatch):
     """--out an existing file was a NotADirectoryError traceback; another grid's directory
     exited with status 1 after creating rows/ there."""
-    module = _script()
+    module = experiment_script("optimizer_sweep")
     monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     for mode in ([], ["--report"]):
-        line = _refused(module, ["--out", str(afile), "--preset", "smoke", *mode], capsys)
+        line = refused(module, ["--out", str(afile), "--preset", "smoke", *mode], capsys)
         assert f"'{afile}' is not a directory" in line
     assert afile.read_text() == "keep me"
     other = tmp_path / "other"
@@ -254,7 +232,7 @@ def test_an_out_that_is_a_file_or_another_grid_is_one_line(tmp_path, capsys, mon
     _, smoke = module.parse(["--out", str(other), "--preset", "smoke"])
     recorded = json.dumps(dataclasses.asdict(dataclasses.replace(smoke, steps=5)))
     (other / "spec.json").write_text(recorded)
-    line = _refused(module, ["--out", str(other), "--preset", "smoke"], capsys)
+    line = refused(module, ["--out", str(other), "--preset", "smoke"], capsys)
     assert f"{other} holds another grid" in line and "choose a new --out" in line
     assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
     assert (other / "spec.json").read_text() == recorded

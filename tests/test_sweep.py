@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from _scripts import experiment_script, refused
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
 from ntk_tt.sweep._errors import row_errors
@@ -445,20 +446,11 @@ def _tiny_npz(path: pathlib.Path, classes: int = 5) -> str:
     return str(path)
 
 
-def _sweep_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sweep_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_npz_paths_of_the_same_name_give_safe_distinct_ids(tmp_path):
     first = _tiny_npz(tmp_path / "a" / "my set.npz")
     second = _tiny_npz(tmp_path / "b" / "my set.npz")
-    _, spec = _sweep_module().parse(["--out", str(tmp_path / "out"), "--smoke", "--seeds", "0",
-                                     "--datasets", first, second])
+    _, spec = experiment_script("sweep").parse(["--out", str(tmp_path / "out"), "--smoke",
+                                                "--seeds", "0", "--datasets", first, second])
     tasks = spec.tasks()
     assert [t.dataset for t in tasks] == [first, second]
     ids = [t.id for t in tasks]
@@ -471,7 +463,7 @@ def test_npz_paths_of_the_same_name_give_safe_distinct_ids(tmp_path):
 
 
 def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monkeypatch):
-    module = _sweep_module()
+    module = experiment_script("sweep")
     monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
     good = _tiny_npz(tmp_path / "my_set.npz")
     (tmp_path / "broken.npz").write_bytes(b"not a zip archive")
@@ -524,16 +516,6 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
               etas=(1e-3,), edge_kappas=(48.0,))  # the edges of what is allowed
 
 
-def _refused(module, argv, capsys) -> str:
-    """The one ``sweep.py: error:`` line of a refused command (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_:
-        module.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and len(err) == 1, err  # one line, no traceback or usage
-    assert ": error: " in err[0]
-    return err[0]
-
-
 @pytest.mark.parametrize("extra, message", [
     (["--kappas", "-1"], "SweepSpec.kappas must be finite numbers > 0"),
     (["--etas", "0"], "SweepSpec.etas must be finite numbers > 0"),
@@ -552,11 +534,11 @@ def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, ca
                                                                     monkeypatch, extra,
                                                                     message):
     """Were tracebacks (exit 1), or (--kappas -1) a whole sweep at negative η, exit 0."""
-    module = _sweep_module()
+    module = experiment_script("sweep")
     monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.chdir(tmp_path)  # a relative --reuse-real stays inside tmp_path
     out = tmp_path / "out"
-    assert message in _refused(module, ["--out", str(out), "--smoke", *extra], capsys)
+    assert message in refused(module, ["--out", str(out), "--smoke", *extra], capsys)
     assert not out.exists()
 
 
@@ -565,13 +547,13 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
     """--out an existing file was a NotADirectoryError traceback (run and --report); resuming
     into a directory of another grid was run_sweep's ValueError as a traceback, after rows/
     was created."""
-    module = _sweep_module()
+    module = experiment_script("sweep")
     monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
     monkeypatch.setattr(module, "report", lambda *a, **k: pytest.fail("report started"))
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     for out, mode in [(afile, []), (afile, ["--report"]), (afile / "sub", [])]:
-        line = _refused(module, ["--out", str(out), "--smoke", *mode], capsys)
+        line = refused(module, ["--out", str(out), "--smoke", *mode], capsys)
         assert f"'{out}' " in line and "not a directory" in line
     assert afile.read_text() == "keep me"
     other = tmp_path / "other"
@@ -579,7 +561,7 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
     _, smoke = module.parse(["--out", str(other), "--smoke"])
     recorded = json.dumps(spec_to_dict(dataclasses.replace(smoke, steps=5)))
     (other / "spec.json").write_text(recorded)
-    line = _refused(module, ["--out", str(other), "--smoke"], capsys)
+    line = refused(module, ["--out", str(other), "--smoke"], capsys)
     assert "holds a sweep with a different grid" in line and "choose a new --out" in line
     assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
     assert (other / "spec.json").read_text() == recorded

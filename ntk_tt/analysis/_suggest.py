@@ -325,24 +325,15 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
         (:func:`ntk_tt._options.check_suggest_job`).
     """
     from ntk_tt._options_suggest import split_optimizer_options
-    from ntk_tt.prediction._report_file import STARTED, _claimed, _output, _write_json, settle
+    from ntk_tt.prediction._report_file import COMPLETE, _output, _write_json, claimed_report
 
     opt_o, options = split_optimizer_options(options)
     o = check_suggest_job(options, json_path, overwrite)
     json_file = None if not json_path else Path(json_path).expanduser()
-    claimed, claim = (json_file if not overwrite else None), {}
-    try:  # the --json path is claimed first (status "started"), as ntk-tt predict does
-        if claimed:
-            _output(_write_json, claimed, {"config": o | opt_o, "status": STARTED}, create=True,
-                    claim=claim)
-            claim["done"] = True
+    with claimed_report(json_file, not overwrite, o | opt_o):  # as ntk-tt predict's --json
         report = _suggest_report(o, opt_o, progress)
         if json_file:
-            _output(_write_json, json_file, report | {"status": "complete"}, create=False)
-    except BaseException:
-        if json_file and (not claimed or claim.get("done") or _claimed(claimed, claim)):
-            settle(json_file)  # removes this run's "started" claim, never another run's file
-        raise
+            _output(_write_json, json_file, report | {"status": COMPLETE}, create=False)
     return report
 
 

@@ -31,13 +31,10 @@ from ntk_tt.prediction._job_optimizer import job_optimizer
 from ntk_tt.prediction._predict import predict
 from ntk_tt.prediction._report_file import (
     COMPLETE,
-    INTERRUPTED,
     RUNNING,
-    STARTED,
-    _claimed,
     _output,
     _write_json,
-    settle,
+    claimed_report,
 )
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -247,13 +244,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     o = check_predict_job(options, figure_path, json_path, overwrite)
     replace = replaceable(overwrite)
     json_file = Path(json_path).expanduser() if json_path else None
-    claimed = json_file if json_file and "json" not in replace else None
-    claim: dict = {}
-    try:
-        if claimed:  # inside the try: an interrupt right after the claim still settles it
-            _output(_write_json, claimed, {"config": o | {"verify": verify},
-                                           "status": STARTED}, create=True, claim=claim)
-            claim["done"] = True
+    with claimed_report(json_file, "json" not in replace, o | {"verify": verify}):
         report, pred, run, info = _work(o, verify, json_file, progress)
         report["figure"] = str(_output(
             _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
@@ -262,12 +253,6 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
         ) if figure_path else None
         if json_file:
             _output(_write_json, json_file, report, create=False)
-    except BaseException as err:
-        # never another run's file: a claim that failed (it exists) is not this run's
-        if json_file and (not claimed or claim.get("done") or _claimed(claimed, claim)):
-            settle(json_file, INTERRUPTED if isinstance(err, KeyboardInterrupt) else
-                   f"failed after the prediction ({type(err).__name__}: {err})")
-        raise
     return report
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ntk_tt.dynamics._divergence import call, outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
-from ntk_tt.prediction._result import Prediction, outcome_fields
+from ntk_tt.prediction._result import Prediction, outcome_fields, withhold_called_divergent
 from ntk_tt.prediction._spectrum_sgd import check_spectrum_optimizer, constant_rate
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
@@ -97,7 +97,7 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
     hyper = ({"learning_rate": float(learning_rate), "momentum": 0.0, "nesterov": False,
               "batch_size": n} if optimizer is None
              else optimizer_hyperparameters(optimizer, steps, n)) | run
-    return Prediction(
+    return withhold_called_divergent(Prediction(
         loss=sp.loss, error=nan, loss_band=None, error_band=None, test_loss=None,
         test_error=None,
         training_time={"loss": dict(sp.training_time), "error": dict.fromkeys(EPSILONS,
@@ -108,4 +108,4 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
         kappa=sp.kappa, beyond_edge=sp.beyond_edge, clamped=False,
         min_eigenvalue=float(sp.spectrum.eigenvalues[-1]) * n, method=done,
         kernel=f"traced:subset{sp.subset_size}:{subset_method}", hyperparameters=hyper,
-        seconds=seconds, **outcome_fields(call(outcome(sp.loss), sp.kappa, False)))
+        seconds=seconds, **outcome_fields(call(outcome(sp.loss), sp.kappa, False))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 # the ``status`` of a --json report: STARTED from the start of the work (the file claimed, no
@@ -92,3 +93,25 @@ def _output(write, path: Path, *args, **kwargs):
     except OSError as err:
         raise ValueError(f"could not write {err.filename or path!s}: "
                          f"{err.strerror or type(err).__name__}.") from None
+
+
+@contextmanager
+def claimed_report(json_file: Path | None, claim_it: bool, config: dict):
+    """Around a job that writes its --json report ``json_file`` (None: no report): claim the
+    path first when ``claim_it`` (written with status :data:`STARTED`, so a second run is
+    refused at once), and, when the job ends early, :func:`settle` it (status
+    :data:`INTERRUPTED`, or "failed after the prediction (...)") — never another run's file:
+    a claim that failed (the path exists) is not this run's. ``predict_task`` and
+    ``suggest_task`` (which writes no :data:`RUNNING` report, so its claim is only removed)."""
+    claimed, claim = (json_file if json_file and claim_it else None), {}
+    try:
+        if claimed:  # inside the try: an interrupt right after the claim still settles it
+            _output(_write_json, claimed, {"config": config, "status": STARTED}, create=True,
+                    claim=claim)
+            claim["done"] = True
+        yield
+    except BaseException as err:
+        if json_file and (not claimed or claim.get("done") or _claimed(claimed, claim)):
+            settle(json_file, INTERRUPTED if isinstance(err, KeyboardInterrupt) else
+                   f"failed after the prediction ({type(err).__name__}: {err})")
+        raise

@@ -166,14 +166,12 @@ def outcome_fields(said: Outcome) -> dict:
 
 
 def with_targets(pred: Prediction, targets: dict) -> Prediction:
-    """``pred`` as ``predict`` returns it: with no T_ε where the call on the real run is
-    "diverges" though its curve did not diverge (:func:`withhold_called_divergent`), and with
-    ``steps_to_target`` / ``steps_to_target_reasons`` for ``targets`` ({curve: (target,
-    ...)}, checked by ``ntk_tt._options_targets.check_targets``) on its own curves. Undefined
-    wherever its T_ε is for the whole prediction: a diverged prediction (reason "training
-    diverged"), one called divergent, or a frozen-kernel cross-entropy one beyond the
-    stability edge (it cannot tell)."""
-    pred = withhold_called_divergent(pred)
+    """``pred`` with ``steps_to_target`` / ``steps_to_target_reasons`` for ``targets``
+    ({curve: (target, ...)}, checked by ``ntk_tt._options_targets.check_targets``) on its own
+    curves. Undefined wherever its T_ε is for the whole prediction: a diverged prediction
+    (reason "training diverged"), one called divergent (the kernel predictors' T_ε code
+    ``CALLED_DIVERGES``; :func:`withhold_called_divergent` for the subset's), or a
+    frozen-kernel cross-entropy one beyond the stability edge (it cannot tell)."""
     if not targets:
         return pred
     blind = REASONS[DIVERGED] if pred.diverged else next(
@@ -190,7 +188,9 @@ def withhold_called_divergent(pred: Prediction) -> Prediction:
     """``pred`` without T_ε (NaN, reason ``CALLED_DIVERGES``) where its call on the real run
     is "diverges" (a spike above 10·L_0, or κ ≥ 68) though its own curve did not diverge: a
     run predicted to diverge has no training time, whatever the linearised curve, which stays
-    in ``loss`` / ``error`` for inspection. A diverged curve already has none."""
+    in ``loss`` / ``error`` for inspection. A diverged curve already has none. For the
+    subset predictor, whose T_ε come from a spectrum; the kernel predictors' do so in
+    ``ntk_tt.dynamics._predict_kernel._summarise``."""
     if pred.outcome != "diverges" or pred.diverged:
         return pred
     shape = (None, REASONS[NOT_DECREASING], REASONS[NOT_SETTLED])  # the curve's own reasons
