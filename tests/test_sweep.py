@@ -252,6 +252,7 @@ def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
     out = wall_time(frame)
     assert out["per_task_ratio_min_max"] == [10.0, 20.0]  # b: 90 / 9, a: 60 / 3
     assert out["per_task_median_ratio"] == 15.0
+    assert out["per_task_median_ratio_kernel_once"] == 15.0  # one invocation: the same
     assert out["total_seconds_finetune"] == 150.0
     assert out["total_seconds_kernel_and_predict"] == 12.0
     # a resumed invocation adds two rows to task a, paying its kernel and predictions again
@@ -260,6 +261,8 @@ def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
                          "task_seconds_predict": 1.0})
     out = wall_time(pd.concat([frame, more], ignore_index=True))
     assert out["per_task_ratio_min_max"] == [10.0, 20.0]  # a: (60 + 60) / (3 + 3)
+    # counted once (the mean of its invocations' 1 s and 2 s of kernel): a 120 / 4.5, b 90 / 9
+    assert out["per_task_median_ratio_kernel_once"] == pytest.approx((120 / 4.5 + 10.0) / 2)
     assert out["total_seconds_kernel_and_predict"] == 15.0
 
 
