@@ -17,6 +17,8 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
         --reuse-real runs/optimizers        # new predictions, the earlier real runs
     python experiments/optimizer_sweep.py --out runs/o750 --per-class 150 \\
         --families adamw_cosine             # one family only (or both, in the order given)
+    python experiments/optimizer_sweep.py --out runs/peaks --per-class 50 \\
+        --families adamw_cosine --adam-peaks 1.5e-4 2e-4 5e-4 --adam-decays 0.01
 
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
@@ -62,6 +64,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--per-class", nargs="+", type=int)
     p.add_argument("--families", nargs="+", choices=FAMILIES,
                    help="optimiser families to run, in this order (default: all)")
+    p.add_argument("--adam-peaks", nargs="+", type=float, metavar="ETA",
+                   help="AdamW peak learning rates (default 1e-4 3e-4 1e-3)")
+    p.add_argument("--adam-decays", nargs="+", type=float, metavar="LAMBDA",
+                   help="AdamW weight decays (default 0.01 0.1)")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
     p.add_argument("--reuse-real", metavar="DIR",
@@ -99,6 +105,9 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
     if args.families:
         spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
+    for name in ("adam_peaks", "adam_decays"):
+        if getattr(args, name):
+            spec = dataclasses.replace(spec, **{name: tuple(getattr(args, name))})
     if args.per_class:
         if any(n < 2 for n in args.per_class):
             raise ValueError(f"--per-class values must be integers >= 2, got {args.per_class}")

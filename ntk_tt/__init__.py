@@ -79,6 +79,8 @@ _EXPORTS = {
     "fit_intervals": "ntk_tt.prediction._intervals",
     "intervals": "ntk_tt.prediction._intervals",
     "BeyondEdgeWarning": "ntk_tt.dynamics._predict_kernel",
+    "LinearRegimeWarning": "ntk_tt.dynamics._regime",
+    "weight_travel": "ntk_tt.dynamics._regime",
     "calibrated_for": "ntk_tt.prediction._intervals",
     "OutcomePredictor": "ntk_tt.telemetry._outcome",
     "default_outcome_predictor": "ntk_tt.telemetry._outcome",

@@ -196,6 +196,45 @@ def test_adamw_run_records_and_names_its_optimizer(adamw_run):
     assert titles == [f"tiny K=3 n=8 {words.replace('B = ', 'B=').replace('; ', chr(10))}"]
 
 
+def test_adamw_run_reports_its_weight_travel_and_warns_beyond_the_linear_regime(task,
+                                                                              adamw_run):
+    """ρ = Σ η_t / rms(θ_0) of the backbone in the report; beyond ``LINEAR_TRAVEL`` the
+    prediction's LinearRegimeWarning is a "warning:" line and in ``predicted.warnings``."""
+    from ntk_tt.dynamics._regime import LINEAR_TRAVEL
+
+    code, out, r, _ = adamw_run
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(LR, WARMUP, STEPS), weight_decay=DECAY)
+    rho = ntk_tt.weight_travel(opt.learning_rates(STEPS), task[-1][1])
+    assert r["predicted"]["hyperparameters"]["weight_travel"] == pytest.approx(rho, rel=1e-6)
+    assert rho > LINEAR_TRAVEL  # this run is beyond the regime
+    said = [w for w in r["predicted"]["warnings"] if w.startswith("Adam's schedule")]
+    assert len(said) == 1 and f"ρ = Σ η_t / rms(θ_0) = {rho:.2g}" in said[0]
+    assert f"warning: {said[0]}" in out.splitlines()
+
+
+def test_suggest_adamw_reports_the_choices_weight_travel(task, tmp_path):
+    """``ntk-tt suggest --optimizer adamw``: the suggestion's ρ (its schedule over T_max, the
+    backbone's θ_0) in the JSON report, and a warning line beyond ``LINEAR_TRAVEL``."""
+    from ntk_tt.dynamics._regime import LINEAR_TRAVEL
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+        mp.chdir(tmp_path)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            main(["suggest", "--no-progress", "-K", "3", "-n", "8", "-T", "10",
+                  "--optimizer", "adamw", "--num-kappas", "2", "--lr-min", "0.05",
+                  "--lr-max", "0.1", "--warmups", "0", "--refine-steps", "0", "--target",
+                  "0.9", "--json", "s.json"])
+    r = json.loads((tmp_path / "s.json").read_text())
+    s = r["suggestion"]
+    peak = s["learning_rate"]
+    etas = optax.cosine_decay_schedule(peak, 10)(np.arange(10))
+    rho = ntk_tt.weight_travel(etas, task[-1][1])
+    assert s["weight_travel"] == pytest.approx(rho, rel=1e-5) and rho > LINEAR_TRAVEL
+    assert any(line.startswith("  warning: Adam's schedule lets the backbone's weights move "
+                               f"by up to ρ = {rho:.2g}") for line in out.getvalue().splitlines())
+
+
 @pytest.fixture(scope="module")
 def sgd_runs(task, tmp_path_factory):
     """Prediction-only runs: the default (constant-η SGD) and the same spelled out."""

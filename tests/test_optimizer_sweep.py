@@ -137,7 +137,8 @@ def test_summary_against_a_hand_computation():
     frame = pd.concat([_frame([10.0, 10.0], [11.0, 13.0], "sgdm_cosine", "gd", "t0"),
                        _frame([20.0, 20.0], [20.0, 30.0], "adamw_cosine", "gd", "t0")],
                       ignore_index=True).assign(
-        real_source=["reused", "reused", "fine-tuned", None])  # None: a row from before
+        real_source=["reused", "reused", "fine-tuned", None],  # None: a row from before
+        peak_setting=[4.0, 4.0, 1e-4, 1e-3])
     constant = pd.concat([_frame([10.0], [12.0], "constant", "gd", "t0"),
                           _frame([10.0], [30.0], "constant", "gd", "t0"),  # an edge row
                           _frame([10.0], [50.0], "constant", "gd", "other")],
@@ -147,6 +148,12 @@ def test_summary_against_a_hand_computation():
     assert sgdm["n"] == 4 and sgdm["p95"] == pytest.approx(np.percentile([.1, .1, .3, .3], 95))
     adam = s["families"]["adamw_cosine"]["t_eps_pooled_0.1_0.4"]["gd"]
     assert adam["p95"] == pytest.approx(np.percentile([0, 0, .5, .5], 95))
+    # per peak: AdamW's 1e-4 row is exact, its 1e-3 row 50 % late; no "all" (κ̃ and η mixed)
+    by_peak = s["families"]["adamw_cosine"]["t_eps_pooled_by_peak"]
+    assert (by_peak["0.0001"]["gd"]["p95"], by_peak["0.001"]["gd"]["p95"]) == (0.0, 0.5)
+    assert s["families"]["sgdm_cosine"]["t_eps_pooled_by_peak"]["4"]["gd"]["p95"] == \
+        pytest.approx(sgdm["p95"])
+    assert "t_eps_pooled_by_peak" not in s["families"]["all"]
     assert s["constant_same_tasks"]["rows"] == 1
     assert s["sgdm_minus_constant_p95_points"]["gd"] == pytest.approx(100 * (sgdm["p95"] - .2))
     assert s["cost"]["per_task_median_ratio"] == pytest.approx(4 * 30 / (4 + 4))
@@ -236,3 +243,21 @@ def test_an_out_that_is_a_file_or_another_grid_is_one_line(tmp_path, capsys, mon
     assert f"{other} holds another grid" in line and "choose a new --out" in line
     assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
     assert (other / "spec.json").read_text() == recorded
+
+
+def test_adam_grid_flags_set_the_grid_and_bad_values_are_one_line(tmp_path, capsys,
+                                                                    monkeypatch):
+    """--adam-peaks / --adam-decays replace the preset's AdamW grid (the intermediate-peak
+    table of README); values OptimSpec refuses are one error line before anything is
+    written."""
+    module = experiment_script("optimizer_sweep")
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
+    out = tmp_path / "out"
+    _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--adam-peaks", "1.5e-4",
+                            "2e-4", "--adam-decays", "0.01"])
+    assert spec.adam_peaks == (1.5e-4, 2e-4) and spec.adam_decays == (0.01,)
+    for flag, value, message in [("--adam-peaks", "0", "adam_peaks must be finite"),
+                                 ("--adam-decays", "nan", "adam_decays must be finite")]:
+        line = refused(module, ["--out", str(out), "--preset", "smoke", flag, value], capsys)
+        assert message in line
+    assert not out.exists()

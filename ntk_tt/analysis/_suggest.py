@@ -49,6 +49,7 @@ from ntk_tt.analysis._suggest_search import _search
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.dynamics._checks import check_kernel_inputs
 from ntk_tt.dynamics._losses import check_loss, mean_loss
+from ntk_tt.dynamics._regime import weight_travel
 
 MOMENTA = (0.0, 0.5, 0.9, 0.95)
 KAPPA_RANGE = (0.05, 50.0)
@@ -376,7 +377,9 @@ def _suggest_report(o, opt_o, progress) -> dict:
             "batch_size": s.batch_size, "kappa": s.kappa, "steps": s.steps,
             "seconds": s.seconds, "refined": s.refined, "warmup": s.warmup,
             "outcome": s.outcome, "spike_step": s.spike_step,
-            "optimizer": optimizer_hyperparameters(s.optimizer, o["steps"], n)},
+            "optimizer": optimizer_hyperparameters(s.optimizer, o["steps"], n),
+            "weight_travel": (weight_travel(s.optimizer.learning_rates(o["steps"]), head[1])
+                              if s.optimizer.rule == "adam" else None)},
         "grid_best": s.grid_best, "predictor": s.predictor, "lambda_max": s.lambda_max,
         "seconds_per_step": {("N" if b is None else str(b)): v
                              for b, v in s.seconds_per_step.items()},

@@ -11,6 +11,7 @@ import numpy as np
 
 from ntk_tt.analysis._suggest_curves import _edge
 from ntk_tt.dynamics._divergence import OUTCOMES
+from ntk_tt.dynamics._regime import LINEAR_TRAVEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +248,11 @@ def format_suggestion(r: dict) -> str:
         lines.append(f"  warning: its predicted loss catapults (above L_0 at step "
                      f"{s['spike_step']}, then falls): predictions are least reliable there; "
                      "check it with a real run (ntk-tt predict --verify) or take a runner-up")
+    if (s.get("weight_travel") or 0.0) > LINEAR_TRAVEL:
+        lines.append(f"  warning: Adam's schedule lets the backbone's weights move by up to "
+                     f"ρ = {s['weight_travel']:.2g} of their RMS (> {LINEAR_TRAVEL:g}), beyond "
+                     "the linearised regime, where the real loss falls later and then far "
+                     "lower than predicted: check it with a real run (ntk-tt predict --verify)")
     if s["refined"]:
         was = (f"m = {g['momentum']:g}, η = {g['learning_rate']:.4g}" if not opt else
                f"peak η = {g['learning_rate']:.4g}, warmup {g['warmup']:g}")

@@ -183,6 +183,10 @@ def predict(
       UserWarning: ``x`` is uint8, raw image pixels most likely: a pre-trained model expects
         its pre-training normalisation (``ntk_tt.prepare_images``); unnormalised, κ is huge
         and the run is called divergent.
+      LinearRegimeWarning: (a :class:`BeyondEdgeWarning`) an Adam-family ``optimizer`` whose
+        schedule lets the backbone's weights move by more than 0.07 of their RMS (ρ = Σ η_t /
+        rms(θ_0), in ``hyperparameters["weight_travel"]``): the real run can leave the
+        linearised regime (``ntk_tt.dynamics._regime``).
 
     Raises:
       ValueError: ``optimizer`` with any of learning_rate, momentum, nesterov, batch_size (or

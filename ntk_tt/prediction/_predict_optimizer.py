@@ -48,6 +48,7 @@ from ntk_tt.dynamics._checks import check_adam_kernel, check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
+from ntk_tt.dynamics._regime import warn_travel, weight_travel
 from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 from ntk_tt.prediction._predict import (
     DEFAULT_SKETCH_DIM,
@@ -89,7 +90,11 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
       :class:`ntk_tt.Prediction` with ``method`` the one used ("auto": "discrete"),
       ``kernel`` as ``predict``'s (``"head_aware_adam:<backbone>"`` for Adam) and
       ``hyperparameters`` = :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`
-      plus "steps", "num_train", "loss".
+      plus "steps", "num_train", "loss" and, for Adam, "weight_travel" (ρ = Σ η_t /
+      rms(θ_0) of the backbone, :func:`ntk_tt.dynamics._regime.weight_travel`).
+
+    Warns:
+      LinearRegimeWarning: Adam with ρ > ``LINEAR_TRAVEL`` (``ntk_tt.dynamics._regime``).
 
     With ``subset`` (N'): :func:`ntk_tt.prediction._predict_subset.predict_subset`, the loss
     curve from the subset's spectrum (the SGD family at full batch without weight decay).
@@ -185,6 +190,9 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "loss": loss}
+    if adam:
+        hyper["weight_travel"] = weight_travel(optimizer.learning_rates(int(steps)), head[1])
+        warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call
     return with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import pathlib
 import time
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ import numpy as np
 
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.dynamics._regime import LinearRegimeWarning
 from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_positive
 from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._table import ResultsTable, read_table
@@ -251,10 +253,12 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
                     ("adam", *shape))
                 kernel_seconds, warm_seconds = kernel_seconds + s, warm_seconds + w
             kernel = adam_kernels[cfg.batch_size]
-        pred = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
-                              steps=spec.steps, head=data.split, key=key,
-                              num_paths=spec.num_paths if cfg.batch_size else 1,
-                              head_kernel=kernel)
+        with warnings.catch_warnings():  # the row records ρ (weight_travel) instead
+            warnings.simplefilter("ignore", LinearRegimeWarning)
+            pred = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
+                                  steps=spec.steps, head=data.split, key=key,
+                                  num_paths=spec.num_paths if cfg.batch_size else 1,
+                                  head_kernel=kernel)
         run = _reused((reuse or {}).get(row_id(task, cfg)), opt, spec)
         source = "fine-tuned" if run is None else "reused"
         if run is None:
@@ -291,6 +295,8 @@ def _row(task, spec, cfg, opt, lam, pred, run, kernel_seconds) -> dict:
         "seconds_predict": float(pred.seconds["total"]),
         "seconds_finetune": float(run.seconds["finetune"]),
         "task_seconds_kernel": float(kernel_seconds),
+        # Adam's weight-travel bound ρ = Σ η_t / rms(θ_0) (NaN for SGD)
+        "weight_travel": float(pred.hyperparameters.get("weight_travel", np.nan)),
     }
     for eps in spec.epsilons:
         row[f"real_T{eps:g}"], row[f"pred_T{eps:g}"] = real_t[eps], pred_t[eps]

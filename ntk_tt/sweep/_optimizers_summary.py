@@ -88,6 +88,11 @@ def summarize_optimizers(frame: pd.DataFrame, constant: pd.DataFrame | None = No
             "divergence": _by_batch(rows, _divergence),
             "cost": _cost(rows),
         }
+        if fam != "all":  # per peak: SGD-momentum's κ̃_peak, AdamW's η_peak (whose weight
+            # travel ρ grows with it, README "Optimiser benchmark")
+            out["families"][fam]["t_eps_pooled_by_peak"] = {
+                f"{peak:g}": _by_batch(part, _t_stats)
+                for peak, part in rows.groupby("peak_setting")}
     out["cost"] = out["families"]["all"]["cost"]
     if "real_source" in frame:  # --reuse-real: real runs taken from an earlier table
         out["real_source"] = {str(k): int(v) for k, v in
