@@ -25,6 +25,9 @@ def test_weight_travel_is_the_summed_schedule_over_the_rms_weight():
     assert ntk_tt.weight_travel([0.1], {"w": jnp.zeros(2)}) == float("inf")
     with pytest.raises(ValueError, match="backbone's weights"):
         ntk_tt.weight_travel([0.1], {})
+    for bad in (0.1, [[0.1]], [0.1, float("nan")], ["a"]):
+        with pytest.raises(ValueError, match="1-D array of finite numbers"):
+            ntk_tt.weight_travel(bad, params)
 
 
 class MLP(nnx.Module):

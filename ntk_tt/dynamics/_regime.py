@@ -52,16 +52,23 @@ def weight_travel(learning_rates, params) -> float:
       ρ as a float (dimensionless; ``inf`` when every weight is 0).
 
     Raises:
-      ValueError: ``params`` has no array leaves.
+      ValueError: ``learning_rates`` not a 1-D array of finite numbers, or ``params`` with no
+        array leaves.
     """
+    try:
+        lrs = np.asarray(learning_rates, np.float64)
+    except (TypeError, ValueError):
+        lrs = None
+    if lrs is None or lrs.ndim != 1 or not np.all(np.isfinite(lrs)):
+        raise ValueError(f"weight_travel needs learning_rates as a 1-D array of finite numbers "
+                         f"(η_t per step: Optimizer.learning_rates(T)), got {learning_rates!r}.")
     leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(params)]
     size = sum(leaf.size for leaf in leaves)
     if size == 0:
         raise ValueError("weight_travel needs the backbone's weights (a pytree of arrays, "
                          "split_head(model)[1]); got no array leaves.")
     rms = np.sqrt(sum(float(np.sum(leaf ** 2)) for leaf in leaves) / size)
-    total = float(np.sum(np.asarray(learning_rates, np.float64)))
-    return total / rms if rms > 0 else float("inf")
+    return float(np.sum(lrs)) / rms if rms > 0 else float("inf")
 
 
 def warn_travel(travel: float, stacklevel: int) -> None:
