@@ -235,6 +235,33 @@ def test_suggest_adamw_reports_the_choices_weight_travel(task, tmp_path):
                                f"by up to ρ = {rho:.2g}") for line in out.getvalue().splitlines())
 
 
+@pytest.mark.parametrize("momentum, noted", [("0.95", True), ("0", False)])
+def test_suggest_notes_an_effective_kappa_beyond_the_benchmark_grid(task, tmp_path, momentum,
+                                                                    noted):
+    """The issue's complaint: suggest picks configurations near the stability edge, where the
+    predictor is least tested. A suggestion with κ̃ = κ/(1 − m) > 12 (here κ ∈ [1, 1.9] with
+    m = 0.95: κ̃ = 20-38) says so; with m = 0 (κ̃ <= 1.9) it does not."""
+    from ntk_tt.analysis._suggest_report import TESTED_KAPPA
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+        mp.chdir(tmp_path)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            main(["suggest", "--no-progress", "-K", "3", "-n", "8", "-T", "20", "-m",
+                  momentum, "-B", "N", "--kappa-min", "1", "--kappa-max", "1.9",
+                  "--num-kappas", "2", "--refine-steps", "0", "--target", "0.9", "--json",
+                  "s.json"])
+    s = json.loads((tmp_path / "s.json").read_text())["suggestion"]
+    keff = s["kappa"] / (1 - s["momentum"])
+    assert (keff > TESTED_KAPPA) == noted
+    said = [line for line in out.getvalue().splitlines() if line.startswith("  note: its "
+                                                                            "effective κ̃")]
+    assert said == ([f"  note: its effective κ̃ = κ/(1 − m) = {keff:.3g} is beyond the "
+                     "benchmark sweep's main grid (κ̃ <= 12; T_ε p95 30-37 % at κ̃ = 12, larger "
+                     "κ̃ checked for divergence only): check it with a real run (ntk-tt predict "
+                     "--verify)"] if noted else [])
+
+
 @pytest.fixture(scope="module")
 def sgd_runs(task, tmp_path_factory):
     """Prediction-only runs: the default (constant-η SGD) and the same spelled out."""

@@ -13,6 +13,11 @@ from ntk_tt.analysis._suggest_curves import _edge
 from ntk_tt.dynamics._divergence import OUTCOMES
 from ntk_tt.dynamics._regime import LINEAR_TRAVEL
 
+TESTED_KAPPA = 12.0
+"""The largest effective κ̃ = κ/(1 − m) of the benchmark sweep's main grid (README "Benchmark
+sweep": T_ε p95 30.5 / 36.5 % there, GD / SGD); beyond it only divergence calls were
+checked against real runs."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Suggestion:
@@ -248,6 +253,13 @@ def format_suggestion(r: dict) -> str:
         lines.append(f"  warning: its predicted loss catapults (above L_0 at step "
                      f"{s['spike_step']}, then falls): predictions are least reliable there; "
                      "check it with a real run (ntk-tt predict --verify) or take a runner-up")
+    keff = (s["kappa"] / (1.0 - s["momentum"])
+            if opt not in ("adam", "adamw") and s["momentum"] < 1.0 else None)
+    if keff is not None and keff > TESTED_KAPPA:
+        lines.append(f"  note: its effective κ̃ = κ/(1 − m) = {keff:.3g} is beyond the "
+                     f"benchmark sweep's main grid (κ̃ <= {TESTED_KAPPA:g}; T_ε p95 30-37 % "
+                     "at κ̃ = 12, larger κ̃ checked for divergence only): check it with a real "
+                     "run (ntk-tt predict --verify)")
     if (s.get("weight_travel") or 0.0) > LINEAR_TRAVEL:
         lines.append(f"  warning: Adam's schedule lets the backbone's weights move by up to "
                      f"ρ = {s['weight_travel']:.2g} of their RMS (> {LINEAR_TRAVEL:g}), beyond "
