@@ -4,9 +4,12 @@
         [--segments 4] [--backbone kronecker] [--table experiments/results/sweep]
 
 For the sweep task (DATASET, PER_CLASS, seed 0) and each configuration id (e.g.
-``bN-m0-kappa12``, GD only), predicts with ``ntk_tt.predict_head_aware_refreshed`` at 1 and
-``--segments`` segments and prints T_0.1, T_0.4, L_T and the curve distance against the real
-curve stored in the results table (its η is reused). One kernel per segment and configuration.
+``bN-m0-kappa12``, or ``b50-m0-kappa12`` for SGD), predicts with
+``ntk_tt.predict_head_aware_refreshed`` at 1 and ``--segments`` segments and prints T_0.1,
+T_0.4, L_T and the curve distance against the real curve stored in the results table (its η,
+m and B are reused). One kernel per segment and configuration. SGD rows are predicted on one
+path, the real run's batch order (the sweep's task key), so their one-segment prediction is
+path 0, not the sweep's mean over paths.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             out = predict_head_aware_refreshed(
                 data.split, data.x, data.y, segments=seg, learning_rate=row.learning_rate,
-                momentum=row.momentum, steps=len(real) - 1, key=key, backbone=a.backbone)
+                momentum=row.momentum, steps=len(real) - 1, key=key, backbone=a.backbone,
+                batch_size=None if row.optimizer == "gd" else int(row.batch_size))
             q = np.asarray(out.loss)
             dist = np.max(np.abs(q - real)) / (real[0] - real[-1])
             line += (f" | {seg} seg: T0.1 {t(q, .1):.0f} T0.4 {t(q, .4):.0f} L_T {q[-1]:.3f}"
