@@ -65,9 +65,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--families", nargs="+", choices=FAMILIES,
                    help="optimiser families to run, in this order (default: all)")
     p.add_argument("--adam-peaks", nargs="+", type=float, metavar="ETA",
-                   help="AdamW peak learning rates (default 1e-4 3e-4 1e-3)")
+                   help="AdamW peak learning rates (default: the preset's; full: 1e-4 3e-4 "
+                        "1e-3)")
     p.add_argument("--adam-decays", nargs="+", type=float, metavar="LAMBDA",
-                   help="AdamW weight decays (default 0.01 0.1)")
+                   help="AdamW weight decays (default: the preset's; full: 0.01 0.1)")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
     p.add_argument("--reuse-real", metavar="DIR",
@@ -105,6 +106,14 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
     if args.families:
         spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
+    flags = [f"--{n.replace('_', '-')}" for n in ("adam_peaks", "adam_decays")
+             if getattr(args, n)]
+    if flags and args.report:
+        raise ValueError(f"{' and '.join(flags)} set the grid to run; --report only reports "
+                         "the rows already there: drop them")
+    if flags and args.families and "adamw_cosine" not in args.families:
+        raise ValueError(f"{' and '.join(flags)} set the AdamW grid, which --families "
+                         f"{' '.join(args.families)} does not run: add adamw_cosine or drop them")
     for name in ("adam_peaks", "adam_decays"):
         if getattr(args, name):
             spec = dataclasses.replace(spec, **{name: tuple(getattr(args, name))})

@@ -43,11 +43,13 @@ def _suggest(args, parser, run: dict) -> int:
     opts["batch_sizes"] = checked["batch_sizes"]
     from ntk_tt.analysis._suggest import TargetNotReachedWarning, suggest_task
     from ntk_tt.analysis._suggest_report import format_suggestion
+    from ntk_tt.dynamics._regime import LinearRegimeWarning
 
     run.update(progress=opts["progress"], working=True)
     try:
-        with warnings.catch_warnings():  # the CLI says it itself ("no suggestion: ...", exit 1)
-            warnings.simplefilter("ignore", TargetNotReachedWarning)
+        with warnings.catch_warnings():  # the CLI says them itself ("no suggestion: ...",
+            warnings.simplefilter("ignore", TargetNotReachedWarning)  # exit 1; a ρ warning)
+            warnings.simplefilter("ignore", LinearRegimeWarning)
             report = suggest_task(**opts)
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")

@@ -235,6 +235,20 @@ def test_suggest_adamw_reports_the_choices_weight_travel(task, tmp_path):
                                f"by up to ρ = {rho:.2g}") for line in out.getvalue().splitlines())
 
 
+def test_python_suggest_adamw_records_the_travel_and_warns(task):
+    """A second fresh user: ``ntk_tt.suggest(optimizer=adamw(...))`` chose peak 0.1 (ρ ≈ 5)
+    and said nothing; it now records ``Suggestion.weight_travel`` and warns beyond 0.07."""
+    apply_fn, params, x, y, _, _, _, head = task
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-3, 0, 10), weight_decay=0.01)
+    with pytest.warns(ntk_tt.LinearRegimeWarning, match="beyond the linearised regime") as got:
+        s = ntk_tt.suggest(apply_fn, params, x, y, head=head, optimizer=opt, target=0.9,
+                           target_kind="fraction", steps=10, num_kappas=2, warmups=(0.0,),
+                           learning_rate_range=(0.05, 0.1), refine_steps=0)
+    assert got[0].filename == __file__
+    etas = optax.cosine_decay_schedule(s.learning_rate, 10)(np.arange(10))
+    assert s.weight_travel == pytest.approx(ntk_tt.weight_travel(etas, head[1]), rel=1e-5)
+
+
 @pytest.mark.parametrize("momentum, noted", [("0.95", True), ("0", False)])
 def test_suggest_notes_an_effective_kappa_beyond_the_benchmark_grid(task, tmp_path, momentum,
                                                                     noted):

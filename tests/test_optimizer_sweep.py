@@ -197,6 +197,7 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
     ({"warmup_fraction": 1.5}, "OptimSpec.warmup_fraction must lie in"),
     ({"families": ("adam",)}, "OptimSpec.families must be among"),
     ({"families": ()}, "OptimSpec.families is empty"),
+    ({"sgd_kappas": (4.0, 4.0)}, "OptimSpec.sgd_kappas must be distinct"),
 ])
 def test_spec_rejects_bad_grids(kwargs, message):
     """OptimSpec checked nothing: negative peaks or decays ran as given."""
@@ -256,8 +257,13 @@ def test_adam_grid_flags_set_the_grid_and_bad_values_are_one_line(tmp_path, caps
     _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--adam-peaks", "1.5e-4",
                             "2e-4", "--adam-decays", "0.01"])
     assert spec.adam_peaks == (1.5e-4, 2e-4) and spec.adam_decays == (0.01,)
-    for flag, value, message in [("--adam-peaks", "0", "adam_peaks must be finite"),
-                                 ("--adam-decays", "nan", "adam_decays must be finite")]:
-        line = refused(module, ["--out", str(out), "--preset", "smoke", flag, value], capsys)
+    for args, message in [
+            (["--adam-peaks", "0"], "adam_peaks must be finite"),
+            (["--adam-decays", "nan"], "adam_decays must be finite"),
+            # a fresh user: 1e-3 and 1.0000001e-3 name the same rows: a traceback after the work
+            (["--adam-peaks", "1e-3", "1.0000001e-3"], "adam_peaks must be distinct"),
+            (["--adam-peaks", "1e-3", "--report"], "--report only reports"),
+            (["--adam-decays", "0.1", "--families", "sgdm_cosine"], "does not run")]:
+        line = refused(module, ["--out", str(out), "--preset", "smoke", *args], capsys)
         assert message in line
     assert not out.exists()

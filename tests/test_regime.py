@@ -25,9 +25,16 @@ def test_weight_travel_is_the_summed_schedule_over_the_rms_weight():
     assert ntk_tt.weight_travel([0.1], {"w": jnp.zeros(2)}) == float("inf")
     with pytest.raises(ValueError, match="backbone's weights"):
         ntk_tt.weight_travel([0.1], {})
-    for bad in (0.1, [[0.1]], [0.1, float("nan")], ["a"]):
-        with pytest.raises(ValueError, match="1-D array of finite numbers"):
+    for bad in (0.1, [[0.1]], [0.1, float("nan")], ["a"], [0.1, -0.1], [1e-3 + 1j]):
+        with pytest.raises(ValueError, match="1-D array of finite real numbers >= 0"):
             ntk_tt.weight_travel(bad, params)
+    # only floating-point leaves are weights: a step counter, a PRNG key, None are skipped
+    extra = params | {"step": jnp.asarray(10 ** 6), "rng": jax.random.key(0), "none": None}
+    assert ntk_tt.weight_travel([0.6], extra) == ntk_tt.weight_travel([0.6], params)
+    for broken in ({"w": jnp.asarray([jnp.nan, 1.0])}, {"w": jnp.asarray([jnp.inf, 1.0])}):
+        with pytest.raises(ValueError, match="hold NaN or inf"):
+            ntk_tt.weight_travel([0.1], broken)
+    assert ntk_tt.weight_travel([], params) == 0.0
 
 
 class MLP(nnx.Module):

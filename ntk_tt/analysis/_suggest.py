@@ -26,6 +26,7 @@ in ``ntk_tt.analysis``, the curves and their surrogate are ``_suggest_curves``, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -49,7 +50,7 @@ from ntk_tt.analysis._suggest_search import _search
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.dynamics._checks import check_kernel_inputs
 from ntk_tt.dynamics._losses import check_loss, mean_loss
-from ntk_tt.dynamics._regime import weight_travel
+from ntk_tt.dynamics._regime import warn_travel, weight_travel
 
 MOMENTA = (0.0, 0.5, 0.9, 0.95)
 KAPPA_RANGE = (0.05, 50.0)
@@ -157,7 +158,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
       TargetNotReachedWarning: (a ``UserWarning``) when no admissible configuration reaches
         the target within ``steps``: the Suggestion then has ``found`` False and None choice
         fields; the message (= ``reason``) says what to try (a larger ``steps``, a looser
-        target, a wider ``kappa_range``).
+        target, a wider ``kappa_range``). LinearRegimeWarning: an Adam choice whose weight
+        travel ρ (``Suggestion.weight_travel``) exceeds 0.07 (``ntk_tt.dynamics._regime``).
 
     Raises:
       ValueError: before any work, for every bad argument (the message says how to fix it):
@@ -293,6 +295,10 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         warnings.warn(f"suggest: target not reached: {s.reason} (Suggestion.found is False and "
                       "its choice fields are None; Suggestion.grid lists every configuration "
                       "tried).", TargetNotReachedWarning, stacklevel=2)
+    elif s.optimizer.rule == "adam":  # README "Where the Adam predictor holds"
+        s = dataclasses.replace(s, weight_travel=weight_travel(
+            s.optimizer.learning_rates(steps), head[1]))
+        warn_travel(s.weight_travel, stacklevel=3)
     return s
 
 
@@ -378,8 +384,7 @@ def _suggest_report(o, opt_o, progress) -> dict:
             "seconds": s.seconds, "refined": s.refined, "warmup": s.warmup,
             "outcome": s.outcome, "spike_step": s.spike_step,
             "optimizer": optimizer_hyperparameters(s.optimizer, o["steps"], n),
-            "weight_travel": (weight_travel(s.optimizer.learning_rates(o["steps"]), head[1])
-                              if s.optimizer.rule == "adam" else None)},
+            "weight_travel": s.weight_travel},
         "grid_best": s.grid_best, "predictor": s.predictor, "lambda_max": s.lambda_max,
         "seconds_per_step": {("N" if b is None else str(b)): v
                              for b, v in s.seconds_per_step.items()},

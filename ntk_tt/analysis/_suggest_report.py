@@ -62,6 +62,9 @@ class Suggestion:
       for the constant-η search; the template with the chosen warmup-cosine with
       ``optimizer=``), to pass to ``predict``/``finetune``; None when not found.
     warmup: the chosen warmup in steps (``optimizer=`` only; else None).
+    weight_travel: Adam's ρ = Σ η_t / rms(θ_0) of the choice over ``steps_max`` (the
+      backbone of ``head``; ``ntk_tt.weight_travel``), None for SGD or when nothing is found;
+      beyond ``LINEAR_TRAVEL`` = 0.07 ``suggest`` warns ``LinearRegimeWarning``.
     outcome: the choice's predicted outcome, "converges" or "catapult" (its mean curve rises
       above L_0, at ``spike_step``, then falls: the predictor is least reliable there); None
       when not found. ``grid`` has both columns per configuration (None / −1 if not predicted).
@@ -95,6 +98,7 @@ class Suggestion:
     warmup: float | None = None
     outcome: str | None = None
     spike_step: int | None = None
+    weight_travel: float | None = None
 
 
 def _order(rows):

@@ -45,30 +45,49 @@ def weight_travel(learning_rates, params) -> float:
     """ρ = Σ_t η_t / rms(θ_0): Adam's bound on the backbone's relative weight change.
 
     Args:
-      learning_rates: η_t for the T steps (T,) (``Optimizer.learning_rates(T)``), per step.
-      params: the backbone's weights θ_0 (a pytree of arrays; ``split_head(model)[1]``).
+      learning_rates: η_t ≥ 0 for the T steps (T,) (``Optimizer.learning_rates(T)``), per
+        step.
+      params: the backbone's weights θ_0 (a pytree; ``split_head(model)[1]``). Only its
+        floating-point array leaves are weights: integer, boolean and PRNG-key leaves (a step
+        counter, an RNG state) and None are skipped.
 
     Returns:
-      ρ as a float (dimensionless; ``inf`` when every weight is 0).
+      ρ as a float (dimensionless; ``inf`` when every weight is 0 and Σ η_t > 0, 0 when
+      Σ η_t = 0).
 
     Raises:
-      ValueError: ``learning_rates`` not a 1-D array of finite numbers, or ``params`` with no
-        array leaves.
+      ValueError: ``learning_rates`` not a 1-D array of finite real numbers ≥ 0; ``params``
+        with no floating-point leaves or with NaN or inf weights.
     """
     try:
-        lrs = np.asarray(learning_rates, np.float64)
+        lrs = np.asarray(learning_rates)
+        ok = lrs.ndim == 1 and lrs.dtype.kind in "biuf"
+        lrs = lrs.astype(np.float64) if ok else None
     except (TypeError, ValueError):
         lrs = None
-    if lrs is None or lrs.ndim != 1 or not np.all(np.isfinite(lrs)):
-        raise ValueError(f"weight_travel needs learning_rates as a 1-D array of finite numbers "
-                         f"(η_t per step: Optimizer.learning_rates(T)), got {learning_rates!r}.")
-    leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(params)]
+    if lrs is None or not np.all(np.isfinite(lrs)) or np.any(lrs < 0):
+        raise ValueError(f"weight_travel needs learning_rates as a 1-D array of finite real "
+                         f"numbers >= 0 (η_t per step: Optimizer.learning_rates(T)), got "
+                         f"{learning_rates!r}.")
+    leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(params)
+              if _is_weight(leaf)]
     size = sum(leaf.size for leaf in leaves)
     if size == 0:
-        raise ValueError("weight_travel needs the backbone's weights (a pytree of arrays, "
-                         "split_head(model)[1]); got no array leaves.")
-    rms = np.sqrt(sum(float(np.sum(leaf ** 2)) for leaf in leaves) / size)
-    return float(np.sum(lrs)) / rms if rms > 0 else float("inf")
+        raise ValueError("weight_travel needs the backbone's weights (a pytree of floating-point "
+                         "arrays, split_head(model)[1]); got no floating-point leaves.")
+    if not all(np.all(np.isfinite(leaf)) for leaf in leaves):
+        raise ValueError("weight_travel: the backbone's weights hold NaN or inf; pass the "
+                         "pre-trained weights θ_0 (split_head(model)[1]).")
+    total, rms = float(np.sum(lrs)), np.sqrt(sum(float(np.sum(v ** 2)) for v in leaves) / size)
+    return total / rms if rms > 0 else (float("inf") if total > 0 else 0.0)
+
+
+def _is_weight(leaf) -> bool:
+    """A floating-point array leaf (not an integer counter, a bool, a PRNG key or a string)."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+        return isinstance(leaf, float)
+    return jax.dtypes.issubdtype(dtype, np.floating)
 
 
 def warn_travel(travel: float, stacklevel: int) -> None:

@@ -109,6 +109,11 @@ class OptimSpec:
             if any(not np.isfinite(wd) or wd < 0 for wd in getattr(self, name)):
                 raise ValueError(f"OptimSpec.{name} must be finite weight decays >= 0, got "
                                  f"{getattr(self, name)}.")
+        for name in ("sgd_kappas", "adam_peaks", "sgd_decays", "adam_decays"):
+            values = getattr(self, name)  # a row id names each value with :g (OptimConfig.id)
+            if len({f"{v:g}" for v in values}) < len(values):
+                raise ValueError(f"OptimSpec.{name} must be distinct to 6 significant digits "
+                                 f"(they name the rows), got {values}.")
         check_batch_sizes("OptimSpec.batch_sizes", self.batch_sizes)
         if not 0.0 <= self.sgd_momentum < 1.0:
             raise ValueError(f"OptimSpec.sgd_momentum must lie in [0, 1), got "
