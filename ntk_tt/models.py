@@ -15,10 +15,12 @@ backbone plus a new linear head for the target task).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 _he = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
@@ -149,7 +151,9 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
       A new module; ``model`` itself is not modified.
 
     Raises:
-      ValueError: ``model`` has no linear ``head``, ``num_classes`` < 2, or ``scale`` ≤ 0.
+      ValueError: ``model`` has no linear ``head``, ``num_classes`` not an integer ≥ 2,
+        ``scale`` not a finite number > 0, or ``key`` not ``jax.random.key(seed)`` (or a
+        legacy ``jax.random.PRNGKey``).
     """
     head = getattr(model, "head", None)
     if not isinstance(head, nnx.Linear):
@@ -157,10 +161,17 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
             f"replace_head needs a model with an nnx.Linear attribute `head`, got "
             f"{type(model).__name__}; name the classifier layer `head`."
         )
-    if int(num_classes) < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}; 1 is flax's LeCun-normal init.")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
+            or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
+    if not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}; 1 is flax's "
+                         "LeCun-normal init.")
+    typed = isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    legacy = isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape == (2,)
+    if not (typed or legacy):
+        raise ValueError(f"key must be a jax.random key for the head's initialisation, e.g. "
+                         f"jax.random.key(0), got {key!r}.")
     init = nnx.initializers.variance_scaling(float(scale) ** 2, "fan_in", "truncated_normal")
     new = nnx.clone(model)
     new.head = nnx.Linear(head.in_features, int(num_classes), kernel_init=init,

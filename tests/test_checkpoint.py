@@ -233,7 +233,9 @@ def test_save_checkpoint_checks_meta_as_load_does_and_takes_numpy(tmp_path):
     orbax traceback and left a temporary folder. Now save refuses what load would, before
     writing anything, and stores NumPy / JAX values as JSON numbers."""
     model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
-    for meta, said in [(META | {"mean": [0.5, 0.5]}, "mean .*expected 3 numbers"),
+    for meta, said in [(META | {"mean": [0.5, 0.5]}, "mean .*expected 3 finite numbers"),
+                       # a fresh user: a NaN mean was saved, loaded, and blamed on the images
+                       (META | {"mean": [float("nan")] * 3}, "mean .*expected 3 finite"),
                        (META | {"num_classes": "3"}, "num_classes '3'; expected a positive"),
                        (META | {"note": object()}, "JSON values .*type object")]:
         with pytest.raises(ValueError, match=said + ".*fix meta before saving"):
@@ -338,3 +340,21 @@ def test_save_checkpoint_path_edge_cases(tmp_path, monkeypatch):
             ntk_tt.save_checkpoint(model=model, meta=META, **bad)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert ntk_tt.save_checkpoint("~/home_ck", model, META) == (tmp_path / "home_ck").resolve()
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    # a third fresh user: key=3 was accepted, None / "abc" gave a raw flax error, 5.7 classes
+    # built a 5-output head and scale=inf NaN weights
+    (dict(key=3), "key must be a jax.random key"),
+    (dict(key=None), "key must be a jax.random key"),
+    (dict(key="abc"), "key must be a jax.random key"),
+    (dict(num_classes=5.7), "num_classes must be an integer >= 2, got 5.7"),
+    (dict(num_classes=1), "num_classes must be an integer >= 2"),
+    (dict(scale=float("inf")), "scale must be a finite number > 0, got inf"),
+    (dict(scale=0.0), "scale must be a finite number > 0"),
+])
+def test_replace_head_refuses_bad_arguments(kwargs, said):
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    args = dict(num_classes=4, key=jax.random.key(0)) | kwargs
+    with pytest.raises(ValueError, match=said):
+        ntk_tt.replace_head(model, args.pop("num_classes"), **args)

@@ -111,9 +111,24 @@ def test_prepare_same_size_is_exact_normalisation():
     ((2, 3, 32, 32), {}, r"look channels-first \(N, C, H, W\): transpose them"),
     ((2, 32, 32, 3), dict(mean=np.zeros(2)), r"mean must hold one value per channel.*\(2,\)"),
     ((2, 32, 32, 3), dict(std=np.ones((3, 1))), r"std must hold one value per channel"),
+    # a third fresh user: these gave inf / NaN / near-constant inputs silently, or a raw error
+    ((2, 32, 32, 3), dict(std=[0.0, 1.0, 1.0]), r"std must be finite and > 0"),
+    ((2, 32, 32, 3), dict(std=[np.nan, 1.0, 1.0]), r"std must be finite and > 0"),
+    ((2, 32, 32, 3), dict(std=[-0.2, 0.2, 0.2]), r"std must be finite and > 0"),
+    ((2, 32, 32, 3), dict(mean=[125.3, 123.0, 113.9], std=[63.0, 62.1, 66.7]),
+     r"mean .* looks like 0\.\.255 units.*mean / 255"),
+    ((2, 32, 32, 3), dict(pixels=-100.0), r"finite pixel values in \[0, 255\]"),
+    ((2, 32, 32, 3), dict(pixels=np.nan), r"finite pixel values in \[0, 255\]"),
+    ((2, 32, 32, 3), dict(input_shape=(32, 32)), r"input_shape must be the model's \(H, W, C\)"),
 ])
 def test_prepare_rejects_mismatching_images(shape, kwargs, match):
-    imgs = np.zeros(shape, np.uint8)
+    kwargs = dict(kwargs)
+    dtype = float if "pixels" in kwargs else np.uint8
+    imgs = np.full(shape, kwargs.pop("pixels", 0), dtype)
+    if "input_shape" in kwargs:
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.prepare_images(imgs, kwargs["input_shape"], mean=np.zeros(3), std=np.ones(3))
+        return
     with pytest.raises(ValueError, match=match):
         ntk_tt.prepare_images(imgs, (32, 32, 3), **(dict(mean=np.zeros(3), std=np.ones(3))
                                                     | kwargs))
@@ -258,3 +273,20 @@ def test_readme_lists_every_short_dataset_name():
     listed = listed.split("holds them;", 1)[0]
     names = [n for n in re.findall(r"`([^`]+)`", listed) if not n.startswith(("..", "$"))]
     assert names == sorted(VENDORED) + list(SHARED)
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    # a third fresh user: raw slice / JAX TypeErrors, and -1 or 2.5 held-out images silently
+    (dict(per_class=5.5), r"per_class must be an integer >= 1, got 5.5"),
+    (dict(num_classes=2.0), r"num_classes must be an integer >= 2, got 2.0"),
+    (dict(test_per_class=-1), r"test_per_class must be an integer >= 0, got -1"),
+    (dict(test_per_class=2.5), r"test_per_class must be an integer >= 0"),
+    (dict(key=0), r"key must be a jax random key"),
+    (dict(key=None), r"key must be a jax random key"),
+    (dict(data={"images": 1}), r"data must be an ntk_tt.Dataset"),
+])
+def test_sample_task_refuses_bad_arguments(kwargs, said):
+    args = dict(data=ntk_tt.load_dataset("flowers5"), num_classes=3, per_class=5,
+                test_per_class=2, key=jax.random.key(0)) | kwargs
+    with pytest.raises(ValueError, match=said):
+        ntk_tt.sample_task(args.pop("data"), **args)

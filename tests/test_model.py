@@ -203,6 +203,15 @@ def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
     assert check_model(apply_fn, params, x) == (5, 3)  # the same model, per sample: accepted
 
 
+def test_nan_logits_are_named_as_such_not_as_coupled_samples():
+    """A third fresh user: NaN logits were reported as "apply_fn couples the samples", which
+    sent them to debug batch-norm."""
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+    with pytest.raises(ValueError, match=r"returns NaN or inf logits: check the weights"):
+        ntk_tt.empirical_ntk(lambda p, x: apply_fn(p, x) * jnp.nan, params, x)
+
+
 def test_a_single_sample_is_checked_by_shapes_only(monkeypatch):
     # one sample is its own batch: the together-vs-alone passes would compare a pass with
     # itself, so check_model traces shapes only (a 1-sample kernel costs less than the passes)

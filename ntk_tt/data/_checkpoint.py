@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -111,9 +112,9 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
     for key in ("mean", "std"):
         v = meta[key]
         if not (isinstance(v, list) and len(v) == shape[2]
-                and all(isinstance(s, (int, float)) for s in v)):
-            raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} numbers (one per "
-                             f"input channel); {fix}.")
+                and all(isinstance(s, (int, float)) and math.isfinite(s) for s in v)):
+            raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} finite numbers "
+                             f"(one per input channel); {fix}.")
     if not all(s > 0 for s in meta["std"]):
         raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {fix}.")
     if not isinstance(meta.get("kwargs", {}), dict):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import SHARED_FILES, VENDORED_FILES
+from ntk_tt.data._inputs import check_normalisation, check_task_args
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 VENDORED = {name: ASSETS / "data" / file for name, file in VENDORED_FILES.items()}
@@ -285,10 +286,12 @@ def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
       :class:`Task` with uint8 images; x_train has K·n rows grouped by class.
 
     Raises:
-      ValueError: ``data`` has images and labels of different lengths or labels outside
+      ValueError: ``data`` not a Dataset, counts not integers, ``key`` not a jax random key;
+        ``data`` has images and labels of different lengths or labels outside
         [0, len(class_names)); K < 2 or above the classes with images; fewer than 2 classes
         in ``data``; n < 1 or above the images per class.
     """
+    check_task_args(data, num_classes, per_class, test_per_class, key)
     labels, k_all = np.asarray(data.labels), len(data.class_names)
     if len(data.images) != len(labels):
         raise ValueError(f"the dataset's images ({len(data.images)}) and labels ({len(labels)}) "
@@ -358,8 +361,10 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
       ValueError: channels neither C' nor 1 (grey, repeated to C'; channels-first images
         are said to be); mean or std not of shape (C',); H×W ≠ H'×W' with
         ``resize=False``; float images whose largest value is ≤ 1 ([0, 1] units: they would be
-        divided by 255 twice).
+        divided by 255 twice); pixels outside [0, 255] or not finite; ``input_shape`` not
+        three numbers; mean or std not finite, std ≤ 0, or either above 1 (0..255 units).
     """
+    check_normalisation(images, input_shape, mean, std)
     x = np.asarray(images)
     x = x[..., None] if x.ndim == 3 else x
     h, w, c = input_shape

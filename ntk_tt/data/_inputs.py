@@ -110,3 +110,53 @@ def _check_finite(kernel, name):
             f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
             "block_size) before predicting."
         )
+
+
+def check_normalisation(images, input_shape, mean, std) -> None:
+    """The checks :func:`ntk_tt.prepare_images` adds to its own: ``input_shape`` (H', W', C'),
+    pixels finite in [0, 255], ``mean`` finite and ``std`` finite > 0 in [0, 1] units (mean
+    above 1 or std above 1: 0..255 units, which would leave near-constant inputs).
+
+    Raises:
+      ValueError: naming the argument and what to pass instead.
+    """
+    if len(tuple(input_shape)) != 3:
+        raise ValueError(f"input_shape must be the model's (H, W, C), three numbers, got "
+                         f"{tuple(input_shape)}; e.g. (32, 32, 3) (the checkpoint's meta).")
+    x = np.asarray(images)
+    if x.dtype.kind not in "uif" or (x.size and not (np.all(np.isfinite(x)) and x.min() >= 0
+                                                     and x.max() <= 255)):
+        raise ValueError("images must be finite pixel values in [0, 255] (uint8, or float in "
+                         "the same units); got values outside it (or NaN / inf, or not "
+                         "numbers).")
+    for name, stat in (("mean", mean), ("std", std)):
+        s = np.asarray(stat, np.float64)
+        if not np.all(np.isfinite(s)) or (name == "std" and np.any(s <= 0)):
+            raise ValueError(f"{name} must be finite{' and > 0' if name == 'std' else ''} per "
+                             f"channel, got {np.ravel(s).tolist()}.")
+        if np.any(np.abs(s) > 1):
+            raise ValueError(f"{name} {np.ravel(s).tolist()} looks like 0..255 units; "
+                             "prepare_images divides the pixels by 255 first, so pass the "
+                             f"statistics in [0, 1] units ({name} / 255).")
+
+
+def check_task_args(data, num_classes, per_class, test_per_class, key) -> None:
+    """The argument types :func:`ntk_tt.sample_task` needs before its own checks: ``data`` a
+    :class:`ntk_tt.Dataset` (images, labels, class_names), the counts integers (K, n ≥ 1,
+    test_per_class ≥ 0) and ``key`` a jax random key (not None).
+
+    Raises:
+      ValueError: naming the argument.
+    """
+    if not all(hasattr(data, a) for a in ("images", "labels", "class_names")):
+        raise ValueError(f"data must be an ntk_tt.Dataset (ntk_tt.load_dataset(...)), got "
+                         f"{_describe(data)}.")
+    for name, value, low in (("num_classes", num_classes, 2), ("per_class", per_class, 1),
+                             ("test_per_class", test_per_class, 0)):
+        # (K < 2 and n < 1 have sample_task's own messages)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
+                name == "test_per_class" and value < low):
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+    if key is None:
+        raise ValueError("key must be a jax random key; pass key=jax.random.key(seed).")
+    check_key(key)

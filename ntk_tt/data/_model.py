@@ -192,6 +192,10 @@ def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int)
     if np.shape(x)[0] == 1:  # one sample alone is the batch itself: nothing to compare (and
         return  # the two eager passes cost more than a 1-sample kernel, e.g. feature_mixing's)
     together, alone = map(np.asarray, _together_and_alone(apply_fn, params, jnp.asarray(x[:4])))
+    if not (np.all(np.isfinite(together)) and np.all(np.isfinite(alone))):
+        raise ValueError(f"apply_fn(params, {name}[:{len(together)}]) returns NaN or inf logits: "
+                         "check the weights (a diverged or corrupt checkpoint) and the inputs' "
+                         "normalisation.")
     diff = float(np.max(np.abs(together - alone)))
     scale = float(np.max(np.abs(together)) + np.max(np.abs(alone)))
     if not diff <= np.sqrt(np.finfo(together.dtype).eps) * scale:
