@@ -163,6 +163,14 @@ def test_save_load_round_trip(tmp_path):
     assert lo <= one["test_accuracy"] <= hi
     with pytest.raises(ValueError, match="NTK prediction"):
         back.predict(tele, None)
+    # a third fresh user: p_diverged 0.997 came with a T_0.1 and its interval, while
+    # ntk-tt outcome said "none expected"; the API now says None too
+    sure = {t: np.array([0.9 if t == "diverged" else 0.5]) for t in TARGETS}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(back, "predict_features", lambda x: sure)
+        out = back.predict(tele, rows[0]["prediction"], k=4)
+    assert out["p_diverged"] == 0.9
+    assert out["t_eps_0.1"] is None and out["t_eps_0.1_interval"] == [None, None]
     (tmp_path / "bad.json").write_text("{\"format_version\": 99}")
     with pytest.raises(ValueError, match="format version"):
         OutcomePredictor.load(tmp_path / "bad.json")

@@ -85,7 +85,9 @@ class OutcomePredictor:
 
         Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (90 %),
         ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 %
-        interval, ``observed_updates`` k and ``steps`` T, and ``out_of_domain``: the inputs
+        interval (None and [None, None] when ``p_diverged`` ≥ 0.5: a run expected to diverge
+        has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps``
+        T, and ``out_of_domain``: the inputs
         outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
         [] when none, None when the predictor keeps no domain). A flagged run's numbers are
         extrapolations: the trees answer as for the nearest corpus runs.
@@ -113,6 +115,9 @@ class OutcomePredictor:
         ha, ht = half("test_accuracy"), half("log_t_eps")
         acc = p["test_accuracy"]
         t_eps = steps * math.exp(p["log_t_eps"])
+        band = [t_eps * math.exp(-ht), t_eps * math.exp(ht)]
+        if p["diverged"] >= 0.5:  # expected to diverge: no training time
+            t_eps, band = None, [None, None]
         return {
             "observed_updates": int(feats["k"]), "steps": steps,
             "test_accuracy": acc,
@@ -120,7 +125,7 @@ class OutcomePredictor:
             "p_diverged": p["diverged"], "p_failed": p["failed"],
             "p_above_median": p["above_median"],
             f"t_eps_{T_EPS}": t_eps,
-            f"t_eps_{T_EPS}_interval": [t_eps * math.exp(-ht), t_eps * math.exp(ht)],
+            f"t_eps_{T_EPS}_interval": band,
             "out_of_domain": None if self.domain is None else out_of_domain(feats,
                                                                              self.domain),
         }
