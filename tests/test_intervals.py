@@ -173,6 +173,12 @@ def test_bad_table_and_prediction_raise():
                                          "NoneType"):
         ntk_tt.intervals(None, cal)
     assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
+    # a third fresh user: a NaN or negative κ̃, ε = 0.77 outside (0, 1)... were silently
+    # binned or pooled, an unknown optimiser silently fell back
+    for args in [(float("nan"), 0.1, "gd"), (-1.0, 0.1, "gd"), (1.0, 1.5, "gd"),
+                 (1.0, 0.1, "adam")]:
+        with pytest.raises(ValueError, match="kappa_eff must be a finite number >= 0"):
+            cal.interval(10.0, *args)
 
 
 def fake_prediction(kappa, momentum, batch_size, times, *, method="discrete",

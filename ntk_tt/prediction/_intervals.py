@@ -111,6 +111,11 @@ class IntervalCalibrator:
     source: dict
 
     def _pick(self, kappa_eff, eps, optimizer, level):
+        k, e = float(kappa_eff), float(eps)
+        if not (math.isfinite(k) and k >= 0) or not 0 < e < 1 or optimizer not in ("gd", "sgd"):
+            raise ValueError(f"kappa_eff must be a finite number >= 0, eps in (0, 1) and "
+                             f"optimizer 'gd' (B = N) or 'sgd' (B < N); got {kappa_eff!r}, "
+                             f"{eps!r}, {optimizer!r}.")
         key = {"kappa": kappa_bin(kappa_eff, self.kappa_edges), "eps": f"{float(eps):g}",
                "optimizer": str(optimizer)}
         alpha = 1.0 - _check_level(self.level if level is None else level)
@@ -147,7 +152,8 @@ class IntervalCalibrator:
           (undefined or diverged prediction).
 
         Raises:
-          ValueError: level not in (0, 1), or ``t_pred`` ≤ 0 or infinite.
+          ValueError: level not in (0, 1), ``t_pred`` ≤ 0 or infinite, ``kappa_eff`` not
+            finite and ≥ 0, ``eps`` outside (0, 1), ``optimizer`` not "gd" or "sgd".
         """
         t = float(t_pred)
         if math.isnan(t):
