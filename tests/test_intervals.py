@@ -173,6 +173,14 @@ def test_bad_table_and_prediction_raise():
                                          "NoneType"):
         ntk_tt.intervals(None, cal)
     assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
+    # a third fresh user: wrong types were AttributeErrors
+    with pytest.raises(ValueError, match="calibrated_for takes a Prediction .* got NoneType "
+                                         "and IntervalCalibrator"):
+        ntk_tt.calibrated_for(None, cal)
+    pred = fake_prediction(1.0, 0.0, 100, {0.1: 10.0})
+    for bad in (None, "x"):
+        with pytest.raises(ValueError, match="and an IntervalCalibrator"):
+            ntk_tt.calibrated_for(pred, bad)
     # a third fresh user: a NaN or negative κ̃, ε = 0.77 outside (0, 1)... were silently
     # binned or pooled, an unknown optimiser silently fell back
     for args in [(float("nan"), 0.1, "gd"), (-1.0, 0.1, "gd"), (1.0, 1.5, "gd"),

@@ -263,6 +263,10 @@ def test_truncate_keeps_nothing_past_k(default_run):
     for bad in (-1, T + 1, 2.0, True):
         with pytest.raises(ValueError, match="k must be"):
             truncate(tele, bad)
+    # a third fresh user: a FineTuneRun or a dict gave an AttributeError
+    for wrong in (tele.to_dict(), None):
+        with pytest.raises(ValueError, match="truncate takes a Telemetry"):
+            truncate(wrong, 2)
 
 
 def test_validation(x64):

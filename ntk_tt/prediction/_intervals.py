@@ -296,8 +296,16 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
         ``hyperparameters["loss"]`` are read). calibrator: e.g. :func:`default_calibrator`.
 
     Returns:
-      True when :func:`intervals` gives intervals for ``prediction``; raises nothing itself.
+      True when :func:`intervals` gives intervals for ``prediction``.
+
+    Raises:
+      ValueError: ``prediction`` not a Prediction or ``calibrator`` not an
+        :class:`IntervalCalibrator`.
     """
+    if not isinstance(prediction, Prediction) or not isinstance(calibrator, IntervalCalibrator):
+        raise ValueError(f"calibrated_for takes a Prediction (ntk_tt.predict) and an "
+                         f"IntervalCalibrator (ntk_tt.default_calibrator()), got "
+                         f"{type(prediction).__name__} and {type(calibrator).__name__}.")
     hp = prediction.hyperparameters
     if prediction.method != "discrete" or hp.get("loss", "cross_entropy") != "cross_entropy":
         return False

@@ -319,8 +319,12 @@ def truncate(telemetry: Telemetry, k: int) -> Telemetry:
     at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
 
     Raises:
-      ValueError: k not an int in [0, number of recorded updates].
+      ValueError: ``telemetry`` not a :class:`Telemetry` (a run's ``.telemetry``, or
+        ``Telemetry.from_dict``); k not an int in [0, number of recorded updates].
     """
+    if not isinstance(telemetry, Telemetry):
+        raise ValueError(f"truncate takes a Telemetry (finetune(..., telemetry=True).telemetry, "
+                         f"or Telemetry.from_dict(row)), got {type(telemetry).__name__}.")
     observed = len(telemetry.loss) - 1
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= observed:
         raise ValueError(f"k must be an int in [0, {observed}], got {k!r}.")
