@@ -184,3 +184,14 @@ def test_zero_residual_is_refused_before_the_eigendecomposition(monkeypatch):
     # N = N': the exact (all-zero) spectrum of a zero residual, as kernel_spectrum gives
     sp = ntk_tt.extrapolate_spectrum(kern, np.zeros((30, 3)), np.zeros((30, 3)))
     assert float(jnp.sum(sp.projections)) == 0.0
+
+
+def test_curve_from_spectrum_refuses_a_tuple_and_says_optimizer_for_a_missing_rate():
+    """A third fresh user: a (eigenvalues, projections) tuple gave an AttributeError, and
+    learning_rate=None did not mention optimizer=."""
+    with pytest.raises(ValueError, match="spectrum must be an ntk_tt.Spectrum .* got tuple"):
+        ntk_tt.predict_curve_from_spectrum((np.ones(3), np.ones(3)), learning_rate=0.1,
+                                           steps=10)
+    spec = ntk_tt.Spectrum(eigenvalues=np.ones(2), projections=np.ones(2), num_samples=2)
+    with pytest.raises(ValueError, match=r"or pass optimizer=ntk_tt.sgd"):
+        ntk_tt.predict_curve_from_spectrum(spec, learning_rate=None, steps=10)

@@ -173,7 +173,14 @@ def test_bad_table_and_prediction_raise():
                                          "NoneType"):
         ntk_tt.intervals(None, cal)
     assert all(math.isnan(v) for v in cal.interval(float("nan"), 1.0, 0.1, "gd"))
-    # a third fresh user: wrong types were AttributeErrors
+    # a third fresh user: wrong types were AttributeErrors, a missing file a pathlib error
+    with pytest.raises(ValueError, match="fit_intervals takes the sweep's results table"):
+        ntk_tt.fit_intervals([1, 2, 3])
+    for missing in ("/nonexistent/c.json", "/tmp"):
+        with pytest.raises(ValueError, match="is not a file"):
+            ntk_tt.IntervalCalibrator.load(missing)
+    with pytest.raises(ValueError, match="is not a file"):
+        ntk_tt.OutcomePredictor.load("/nonexistent/p.json")
     with pytest.raises(ValueError, match="calibrated_for takes a Prediction .* got NoneType "
                                          "and IntervalCalibrator"):
         ntk_tt.calibrated_for(None, cal)

@@ -346,13 +346,17 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     Raises:
       ValueError: η not finite and > 0, steps not an integer >= 1, or a spectrum whose two
         arrays differ in shape; with ``optimizer``: Adam, weight decay ≠ 0, batch_size < N,
-        ``learning_rate`` given too, or a bad schedule (all before any work).
+        ``learning_rate`` given too, or a bad schedule (all before any work); ``spectrum``
+        not a :class:`Spectrum`.
     """
+    if not isinstance(spectrum, Spectrum):
+        raise ValueError(f"spectrum must be an ntk_tt.Spectrum (kernel_spectrum, "
+                         f"extrapolate_spectrum), got {type(spectrum).__name__}.")
     if optimizer is None:
         if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
                 learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
-            raise ValueError(f"learning_rate must be a finite scalar > 0, got "
-                             f"{learning_rate!r}.")
+            raise ValueError(f"learning_rate must be a finite scalar > 0 (or pass "
+                             f"optimizer=ntk_tt.sgd(...)), got {learning_rate!r}.")
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
     else:

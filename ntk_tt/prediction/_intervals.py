@@ -189,11 +189,14 @@ class IntervalCalibrator:
         """Read a file written by :meth:`save`.
 
         Raises:
-          ValueError: the file is not an ``ntk_tt.intervals/1`` calibrator (not JSON, another
-            format, or fields missing).
+          ValueError: ``path`` is not a file, or not an ``ntk_tt.intervals/1`` calibrator (not
+            JSON, another format, or fields missing).
         """
         wrong = ValueError(f"{path} is not an interval calibrator (a JSON file of format "
                            f"{FORMAT!r}, as IntervalCalibrator.save writes).")
+        if not pathlib.Path(path).is_file():
+            raise ValueError(f"{path} is not a file: give the path of a calibrator that "
+                             "IntervalCalibrator.save wrote.")
         try:
             data = json.loads(pathlib.Path(path).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -242,8 +245,14 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     Raises:
       ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
         "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
-        columns missing, or no defined residual.
+        columns missing, or no defined residual; ``frame`` not a pandas DataFrame.
     """
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"fit_intervals takes the sweep's results table as a pandas DataFrame "
+                         f"(pd.read_parquet('.../results.parquet')), got "
+                         f"{type(frame).__name__}.")
     level = _check_level(level)
     edges = _check_edges(kappa_edges)
     by = tuple(by)

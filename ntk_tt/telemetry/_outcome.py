@@ -153,12 +153,16 @@ class OutcomePredictor:
         """Read a predictor written by :meth:`save`.
 
         Raises:
-          ValueError: not an outcome predictor file, or another format version.
+          ValueError: ``path`` not a file, not an outcome predictor file, or another format
+            version.
           OSError: unreadable path.
         """
         import lightgbm as lgb
 
         path = pathlib.Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file: give the path of an outcome predictor "
+                             "that OutcomePredictor.save wrote.")
         try:
             if path.suffix == ".gz":
                 with gzip.open(path, "rt", encoding="utf-8") as fh:
