@@ -116,7 +116,7 @@ class IntervalCalibrator:
             raise ValueError(f"kappa_eff must be a finite number >= 0, eps in (0, 1) and "
                              f"optimizer 'gd' (B = N) or 'sgd' (B < N); got {kappa_eff!r}, "
                              f"{eps!r}, {optimizer!r}.")
-        key = {"kappa": kappa_bin(kappa_eff, self.kappa_edges), "eps": f"{float(eps):g}",
+        key = {"kappa": kappa_bin(k, self.kappa_edges), "eps": f"{e:g}",
                "optimizer": str(optimizer)}
         alpha = 1.0 - _check_level(self.level if level is None else level)
         for fields in (self.by[:i] for i in range(len(self.by), -1, -1)):
@@ -192,11 +192,11 @@ class IntervalCalibrator:
           ValueError: ``path`` is not a file, or not an ``ntk_tt.intervals/1`` calibrator (not
             JSON, another format, or fields missing).
         """
-        wrong = ValueError(f"{path} is not an interval calibrator (a JSON file of format "
-                           f"{FORMAT!r}, as IntervalCalibrator.save writes).")
         if not pathlib.Path(path).is_file():
             raise ValueError(f"{path} is not a file: give the path of a calibrator that "
                              "IntervalCalibrator.save wrote.")
+        wrong = ValueError(f"{path} is not an interval calibrator (a JSON file of format "
+                           f"{FORMAT!r}, as IntervalCalibrator.save writes).")
         try:
             data = json.loads(pathlib.Path(path).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
