@@ -273,7 +273,11 @@ def describe_optimizer(h: dict[str, Any], short: bool = False) -> str:
                                         f"{p['decay_start'] + p['decay_steps']:g}"),
         "exponential": lambda: f"η_t = {p['init']:.4g}·{p['rate']:.4g}^t",
     }[kind]()
-    return f"{rule}, B={b}\n{kind}: {sched}" if short else f"{rule}, B = {b}; {kind}: {sched}"
+    if short:
+        return f"{rule}, B={b}\n{kind}: {sched}"
+    travel = h.get("weight_travel")  # Adam's ρ, in a prediction's report only
+    return f"{rule}, B = {b}; {kind}: {sched}" + (
+        f"; weight travel ρ = {travel:.2g}" if travel is not None else "")
 
 
 def _named_value(value) -> str:

@@ -192,7 +192,7 @@ def test_adamw_run_records_and_names_its_optimizer(adamw_run):
     words = (f"adamw (β₁ 0.9, β₂ 0.999, ε 1e-08), weight decay {DECAY:g} decoupled, B = "
              f"24; warmup_cosine: η 0 → {LR:g} over {WARMUP} steps, cosine to 0 at step "
              f"{STEPS}")
-    assert f"optimiser: {words}" in out.splitlines()
+    assert f"optimiser: {words}; weight travel ρ = {h['weight_travel']:.2g}" in out.splitlines()
     assert titles == [f"tiny K=3 n=8 {words.replace('B = ', 'B=').replace('; ', chr(10))}"]
 
 
@@ -206,6 +206,7 @@ def test_adamw_run_reports_its_weight_travel_and_warns_beyond_the_linear_regime(
     opt = ntk_tt.adamw(ntk_tt.warmup_cosine(LR, WARMUP, STEPS), weight_decay=DECAY)
     rho = ntk_tt.weight_travel(opt.learning_rates(STEPS), task[-1][1])
     assert r["predicted"]["hyperparameters"]["weight_travel"] == pytest.approx(rho, rel=1e-6)
+    assert r["optimizer"]["weight_travel"] == pytest.approx(rho, rel=1e-6)  # beside its rule
     assert rho > LINEAR_TRAVEL  # this run is beyond the regime
     said = [w for w in r["predicted"]["warnings"] if w.startswith("Adam's schedule")]
     assert len(said) == 1 and f"ρ = Σ η_t / rms(θ_0) = {rho:.2g}" in said[0]

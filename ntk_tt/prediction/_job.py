@@ -220,7 +220,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     Returns:
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
       images), ``optimizer`` (the optimiser's description,
-      :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`), ``status``,
+      :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`; with Adam also
+      ``weight_travel``, ρ = Σ η_t / rms(θ_0) of the backbone), ``status``,
       ``figure`` (the path written, None without one), ``predicted`` (training_time,
       wall_clock, kappa, warnings: the BeyondEdgeWarnings ``predict`` raised, re-raised
       after it, ...), ``real`` (None without
@@ -293,6 +294,8 @@ def _work(o, verify, json_file, progress):
         for w in caught:  # the caller's filters decide (ntk-tt ignores BeyondEdgeWarning)
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         noted = [str(w.message) for w in caught if issubclass(w.category, BeyondEdgeWarning)]
+        if "weight_travel" in pred.hyperparameters:  # Adam's ρ beside the rule it belongs to
+            described["optimizer"]["weight_travel"] = float(pred.hyperparameters["weight_travel"])
         bar.update()
         run = None
         if verify:
