@@ -215,7 +215,10 @@ def format_report(r: dict) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
     The optimiser line names the rule, weight decay, batch size and learning-rate schedule;
-    each BeyondEdgeWarning of the prediction (``predicted.warnings``) is a "warning:" line.
+    each BeyondEdgeWarning of the prediction (``predicted.warnings``) is a "warning:" line, and
+    so is an N or T outside the range the 90 % intervals were calibrated on
+    (``ntk_tt.intervals``'s CalibrationRangeWarning, e.g. "warning: N = 2000 training samples
+    is outside the calibration table's N = 50–750 (...)").
     An undefined T_ε has its short reason at the end of its row; a diverged prediction or
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers.
@@ -236,6 +239,7 @@ def format_report(r: dict) -> str:
         lines.append(f"optimiser: {describe_optimizer(r['optimizer'])}")
     noted = pred.get("warnings") or []  # the prediction's BeyondEdgeWarnings, with flags
     lines += ["warning: " + re.sub(r"method='(\w+)'", r"--method \1", w) for w in noted]
+    lines += ["warning: " + w for w in pred.get("interval_warnings") or []]
     if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
         # (a warning of the prediction says it better; a call of divergence has its own line)
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "

@@ -4,6 +4,7 @@ import json
 import math
 import pathlib
 import sys
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 import ntk_tt
-from ntk_tt.prediction._intervals import conformal_quantile, kappa_bin
+from ntk_tt.prediction._intervals import CalibrationRangeWarning, conformal_quantile, kappa_bin
 from ntk_tt.prediction._result import Prediction
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -197,15 +198,16 @@ def test_bad_table_and_prediction_raise():
 
 
 def fake_prediction(kappa, momentum, batch_size, times, *, method="discrete",
-                    kernel="head_aware:isotropic", loss="cross_entropy"):
+                    kernel="head_aware:isotropic", loss="cross_entropy", num_train=100,
+                    steps=150):
     return Prediction(
         loss=None, error=None, loss_band=None, error_band=None, test_loss=None,
         test_error=None, training_time={"loss": times, "error": dict(times)},
         training_time_reasons={}, diverged=False, diverged_at=None, spiked_at=None,
         kappa=kappa, beyond_edge=False, clamped=False, min_eigenvalue=0.0,
         method=method, kernel=kernel,
-        hyperparameters={"momentum": momentum, "batch_size": batch_size, "num_train": 100,
-                         "loss": loss},
+        hyperparameters={"momentum": momentum, "batch_size": batch_size,
+                         "num_train": num_train, "steps": steps, "loss": loss},
         seconds={})
 
 
@@ -232,6 +234,7 @@ def test_shipped_calibrator_is_the_fit_on_the_committed_table():
         table = promote(table, primary["promoted_variant"], primary["demoted_primary_as"])
     fitted = ntk_tt.fit_intervals(table, 0.9)
     shipped = ntk_tt.default_calibrator()
+    assert fitted.source["num_train"] == [50, 750] and fitted.source["steps"] == [150, 150]
     assert shipped.to_json() == fitted.to_json()
     pred = fake_prediction(0.4, 0.9, 100, {0.01: 140.0, 0.1: 60.0, 0.4: 20.0})
     out = ntk_tt.intervals(pred)
@@ -251,7 +254,8 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
                   dict(kernel="head_aware:isotropic:refresh4"), dict(method="ode"),
                   dict(loss="mse")):
         out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
-        assert out == {"loss": dict.fromkeys(times), "error": dict.fromkeys(times)}, other
+        assert out == {"loss": dict.fromkeys(times), "error": dict.fromkeys(times),
+                       "warnings": []}, other
     unnamed = ntk_tt.fit_intervals(synthetic(np.random.default_rng(10), 20))
     assert "pred_method" not in unnamed.source
     pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, kernel="exact")
@@ -279,3 +283,93 @@ def test_leave_one_set_out_script(tmp_path):
     assert 0.75 <= kappa["coverage"] <= 1.0 and kappa["median_rel_width"] > 0
     back = ntk_tt.IntervalCalibrator.load(tmp_path / "out" / "calibrator.json")
     assert back.source["dataset"] == ["a", "b", "c"] and back.by == ("kappa",)
+
+
+def ranged_calibrator(seed=11):
+    """A calibrator fitted on a table of N ∈ {50, 250} and T = 150 (the committed sweep's kind),
+    plus rows with no residual (diverged) at N = 5000, T = 900: they calibrate nothing."""
+    rng = np.random.default_rng(seed)
+    frame = synthetic(rng, 20)
+    frame["num_train"] = rng.choice([50, 250], len(frame))
+    frame["steps"] = 150
+    dead = frame.iloc[:3].copy()
+    dead["real_diverged"], dead["num_train"], dead["steps"] = True, 5000, 900
+    return ntk_tt.fit_intervals(pd.concat([frame, dead]), 0.9)
+
+
+def test_calibrator_records_the_n_and_t_it_was_fitted_on(tmp_path):
+    cal = ranged_calibrator()
+    assert cal.source["num_train"] == [50, 250] and cal.source["steps"] == [150, 150]
+    cal.save(tmp_path / "c.json")
+    back = ntk_tt.IntervalCalibrator.load(tmp_path / "c.json")
+    assert back.source["num_train"] == [50, 250] and back.to_json() == cal.to_json()
+    # a calibrator written before the ranges were recorded (the shipped one) loads, flags nothing
+    data = json.loads((tmp_path / "c.json").read_text())
+    del data["source"]["num_train"], data["source"]["steps"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = ntk_tt.IntervalCalibrator.load(tmp_path / "old.json")
+    assert old.range_warnings(10**6, 10**6) == [] and old.groups == back.groups
+
+
+def test_intervals_flag_n_outside_the_calibration_table():
+    """N = 2000 when the calibration table had N = 50–250: the interval is still given, and
+    the result and a CalibrationRangeWarning (a BeyondEdgeWarning: ntk-tt predict prints it)
+    say it is an extrapolation; T = 150 is inside, so only N is named."""
+    cal = ranged_calibrator()
+    pred = fake_prediction(1.0, 0.0, 2000, {0.1: 40.0, 0.4: 10.0}, num_train=2000)
+    with pytest.warns(CalibrationRangeWarning, match="N = 2000 training samples") as said:
+        out = ntk_tt.intervals(pred, cal)
+    assert out["loss"][0.1] == cal.interval(40.0, 1.0, 0.1, "gd")
+    assert out["warnings"] == [
+        "N = 2000 training samples is outside the calibration table's N = 50–250 (the T_ε "
+        "intervals are an extrapolation there: their coverage is not measured)"]
+    assert len(said) == 1 and issubclass(said[0].category, ntk_tt.BeyondEdgeWarning)
+    # T outside too (and N below the range): one message each, N first
+    both = fake_prediction(1.0, 0.0, 20, {0.1: 40.0}, num_train=20, steps=300)
+    with pytest.warns(CalibrationRangeWarning):
+        out = ntk_tt.intervals(both, cal)
+    assert [w.split(" is outside")[0] for w in out["warnings"]] == [
+        "N = 20 training samples", "T = 300 steps"]
+    assert "calibration table's T = 150 (" in out["warnings"][1]
+
+
+def test_intervals_inside_the_calibration_table_are_not_flagged():
+    cal = ranged_calibrator()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationRangeWarning)
+        for n in (50, 120, 250):  # the range's ends included
+            out = ntk_tt.intervals(fake_prediction(1.0, 0.0, n, {0.1: 40.0}, num_train=n), cal)
+            assert out["warnings"] == [] and out["loss"][0.1] is not None
+        # no interval given (a predictor the residuals are not of, an undefined T_ε): no flag
+        for pred in (fake_prediction(1.0, 0.0, 9000, {0.1: 40.0}, num_train=9000, loss="mse"),
+                     fake_prediction(1.0, 0.0, 9000, {0.1: math.nan}, num_train=9000)):
+            assert ntk_tt.intervals(pred, cal)["warnings"] == []
+
+
+def test_report_records_and_the_cli_prints_the_range_warning():
+    """``predict_task``'s report keeps ``intervals``'s warnings (``interval_warnings``) and
+    ``ntk-tt predict``'s table prints each as a "warning:" line (the CLI ignores the Python
+    warning and prints the report's). The shipped calibrator covers N = 50–750, T = 150."""
+    from test_cli import fake_report
+
+    from ntk_tt._cli_report import format_report
+    from ntk_tt.prediction._compare import predicted_summary
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationRangeWarning)  # recorded, not warned
+        times = {0.01: 90.0, 0.1: 40.0, 0.4: 10.0}
+        inside = predicted_summary(fake_prediction(1.0, 0.0, 250, times, num_train=250), 1.0)
+        outside = predicted_summary(fake_prediction(1.0, 0.0, 10, times, num_train=10,
+                                                    steps=300), 1.0)
+    assert inside["interval_warnings"] == []
+    said = ["N = 10 training samples is outside the calibration table's N = 50–750 (the T_ε "
+            "intervals are an extrapolation there: their coverage is not measured)",
+            "T = 300 steps is outside the calibration table's T = 150 (the T_ε intervals are "
+            "an extrapolation there: their coverage is not measured)"]
+    assert outside["interval_warnings"] == said
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    r["predicted"]["interval_warnings"] = said
+    lines = format_report(r).splitlines()
+    assert all(f"warning: {w}" in lines for w in said)
+    r["predicted"]["interval_warnings"] = []
+    assert not any("calibration table" in ln for ln in format_report(r).splitlines())

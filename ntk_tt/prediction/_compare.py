@@ -10,6 +10,7 @@ steps only (the per-step full-set evaluation is measurement, and compile time is
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ntk_tt.dynamics._training_time import (
     training_time_report,
     wall_clock_time,
 )
-from ntk_tt.prediction._intervals import intervals
+from ntk_tt.prediction._intervals import CalibrationRangeWarning, intervals
 from ntk_tt.prediction._result import Prediction, outcome_fields
 from ntk_tt.training._finetune import FineTuneRun
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -119,7 +120,9 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
 
     ``training_time`` {curve: {ε: steps or None}}, ``interval_90`` {curve: {ε: [lo, hi] steps
     or None}} (90 % conformal interval for the real T_ε, :func:`ntk_tt.intervals` with the
-    shipped calibrator; None for error-curve T_ε and undefined predictions), ``wall_clock``
+    shipped calibrator; None for error-curve T_ε and undefined predictions),
+    ``interval_warnings`` (its N or T outside the calibration table's, [] if none),
+    ``wall_clock``
     {curve: {ε: seconds}} (T_ε × ``seconds_per_step``, a measured real step),
     ``training_time_reasons``,
     ``test_accuracy`` at T (None without a held-out set, or when the prediction diverged or
@@ -134,12 +137,15 @@ def predicted_summary(prediction: Prediction, seconds_per_step: float) -> dict[s
     ``kernel``, ``hyperparameters`` (η, m, Nesterov, B, T, loss: what was predicted).
     """
     pred_t = {c: {e: _num(prediction.training_time[c][e]) for e in EPSILONS} for c in CURVES}
-    iv = intervals(prediction, level=0.9)
+    with warnings.catch_warnings():  # recorded in "interval_warnings" instead
+        warnings.simplefilter("ignore", CalibrationRangeWarning)
+        iv = intervals(prediction, level=0.9)
     to_target = {c: {t: _num(v) for t, v in per.items()}
                  for c, per in prediction.steps_to_target.items()}
     return {"training_time": pred_t,
             "interval_90": {c: {e: None if iv[c][e] is None else [_num(v) for v in iv[c][e]]
                                 for e in EPSILONS} for c in CURVES},
+            "interval_warnings": iv["warnings"],
             "wall_clock": _clock(pred_t, seconds_per_step),
             "training_time_reasons": prediction.training_time_reasons,
             "steps_to_target": to_target,

@@ -36,10 +36,12 @@ import json
 import math
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
 from ntk_tt._output_paths import require_folder
+from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 from ntk_tt.prediction._result import Prediction
 
 FORMAT = "ntk_tt.intervals/1"
@@ -47,6 +49,10 @@ KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSET = pathlib.Path(__file__).resolve().parents[1] / "assets" / "intervals.json"
+
+
+class CalibrationRangeWarning(BeyondEdgeWarning):
+    """A T_ε interval for an N or T outside the calibration table's (:func:`intervals`)."""
 
 
 def _check_level(level) -> float:
@@ -100,7 +106,8 @@ class IntervalCalibrator:
     min_count: fewest residuals a group needs before it is used instead of a coarser one.
     kappa_edges: κ̃ bin edges (right-closed bins).
     groups: {(κ̃ bin label, ε as ``f"{ε:g}"``, "gd" | "sgd"): sorted residuals (tuple of
-    float, natural-log units)}. source: where it was fitted (rows, target sets, predictor).
+    float, natural-log units)}. source: where it was fitted (rows, target sets, predictor;
+    "num_train", "steps": [min, max] N and T, absent from older fits, the shipped one's).
     """
 
     level: float
@@ -163,6 +170,20 @@ class IntervalCalibrator:
         _, _, lo, hi = self._pick(kappa_eff, eps, optimizer, level)
         return t * math.exp(lo), t * math.exp(hi)
 
+    def range_warnings(self, num_train=None, steps=None) -> list[str]:
+        """One message per quantity, N = ``num_train`` or T = ``steps``, outside ``source``'s
+        [min, max] ("N = 2000 training samples is outside the calibration table's N = 50–750
+        (...)"); none for a quantity that is None or has no recorded range."""
+        out = []
+        for field, sym, unit, v in (("num_train", "N", "training samples", num_train),
+                                    ("steps", "T", "steps", steps)):
+            lo, hi = self.source.get(field) or (v, v)  # no range recorded: never outside
+            if v is not None and not lo <= v <= hi:
+                out.append(f"{sym} = {v:g} {unit} is outside the calibration table's {sym} = "
+                           f"{f'{lo:g}' if lo == hi else f'{lo:g}–{hi:g}'} (the T_ε intervals "
+                           "are an extrapolation there: their coverage is not measured)")
+        return out
+
     def to_json(self) -> dict:
         """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
         return {"format": FORMAT, "level": self.level, "by": list(self.by),
@@ -186,7 +207,8 @@ class IntervalCalibrator:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> IntervalCalibrator:
-        """Read a file written by :meth:`save`.
+        """Read a file written by :meth:`save` (one without ``source``'s "num_train" / "steps",
+        written before they were recorded, loads too: it flags no N or T).
 
         Raises:
           ValueError: ``path`` is not a file, or not an ``ntk_tt.intervals/1`` calibrator (not
@@ -234,7 +256,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
       frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
         ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
         every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
-        ``dataset``, ``pred_method``, ``pred_kernel`` (recorded in ``source``).
+        ``dataset``, ``pred_method``, ``pred_kernel``, and ``num_train``, ``steps`` (N, T:
+        [min, max] over the rows with a residual) (recorded in ``source``).
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
         "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
@@ -269,17 +292,20 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     bins = [kappa_bin(k, edges) for k in frame["kappa_eff"].to_numpy(float)]
     opts = frame["optimizer"].astype(str).to_numpy()
     groups: dict = {}
+    used = np.zeros(len(frame), bool)  # rows with a residual: the N and T calibrated
     for e in eps_all:
         r, keep = residuals(frame, e)
+        used |= keep
         for i in np.flatnonzero(keep):
             groups.setdefault((bins[i], f"{e:g}", opts[i]), []).append(float(r[i]))
     if not groups:
         raise ValueError("no row with a defined real and predicted T_eps: nothing to fit.")
     source = {"rows": len(frame), "residuals": sum(len(v) for v in groups.values()),
               **{c: sorted(map(str, frame[c].unique())) for c in
-                 ("dataset", "pred_method", "pred_kernel") if c in frame.columns}}
-    return IntervalCalibrator(level=level, by=by, min_count=min_count,
-                              kappa_edges=edges,
+                 ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
+              **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
+                 if f in frame.columns for v in [frame[f].to_numpy(float)[used]]}}
+    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
                               groups={k: tuple(sorted(v)) for k, v in groups.items()},
                               source=source)
 
@@ -336,13 +362,19 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       level: 1 − α, None = the calibrator's level (0.9 for the shipped one).
 
     Returns:
-      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}}`` in steps, for the ε of
-      ``prediction.training_time``: None where T̂_ε is undefined (or the prediction
-      diverged); the benchmark table measures loss-curve T_ε only, so error-curve T_ε have
-      no calibrated interval (None). All None when the prediction was not made by the
-      predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's are
-      the default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete
+      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps,
+      for the ε of ``prediction.training_time``: None where T̂_ε is undefined (or the
+      prediction diverged); the benchmark table measures loss-curve T_ε only, so error-curve
+      T_ε have no calibrated interval (None). All None when the prediction was not made by
+      the predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's
+      are the default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete
       recursion, cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'.
+      "warnings": if an interval is given, one message per N or T (``hyperparameters``
+      "num_train", "steps") outside the calibration table's range
+      (:meth:`IntervalCalibrator.range_warnings`); [] for a calibrator without ranges.
+
+    Warns:
+      CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
 
     Raises:
       ValueError: ``prediction`` not a :class:`ntk_tt.Prediction`; level not in (0, 1).
@@ -352,7 +384,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
                          f"{type(prediction).__name__}.")
     cal = default_calibrator() if calibrator is None else calibrator
     if not calibrated_for(prediction, cal):
-        return {c: dict.fromkeys(prediction.training_time[c]) for c in ("loss", "error")}
+        return {"loss": dict.fromkeys(prediction.training_time["loss"]),
+                "error": dict.fromkeys(prediction.training_time["error"]), "warnings": []}
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
@@ -360,4 +393,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     for eps, t in prediction.training_time["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
         loss[eps] = None if math.isnan(lo) else (lo, hi)
-    return {"loss": loss, "error": {eps: None for eps in prediction.training_time["error"]}}
+    said = cal.range_warnings(hp.get("num_train"), hp.get("steps")) if any(loss.values()) else []
+    for message in said:
+        warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
+    return {"loss": loss, "error": {eps: None for eps in prediction.training_time["error"]},
+            "warnings": said}
