@@ -211,6 +211,66 @@ def test_predict_subset_bad_options(task, kwargs, match, monkeypatch):
         ntk_tt.predict(apply_fn, params, x, y, **kw)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(key=None), r"^predict\(subset=\.\.\.\) draws the subset at random: pass "
+                     r"key=jax\.random\.key\(seed\)\.$"),
+    (dict(key=None, learning_rate=None, optimizer=ntk_tt.sgd(0.01, momentum=0.5)),
+     r"^predict\(subset=\.\.\.\) draws the subset at random"),
+    (dict(subset=7), r"^subset N' = 7 must be a multiple of the K = 3 classes .*N' = N is the "
+                     r"full kernel: drop subset\); e\.g\. 30\.$"),
+    (dict(subset=120), r"^subset N' = 120 must be .*K <= N' < N = 120"),
+    (dict(subset=30.0), r"^subset must be an integer N' \(samples in the subset\), got 30\.0\."),
+    (dict(learning_rate=None, optimizer=ntk_tt.sgd(0.01), subset=31), r"^subset N' = 31 must"),
+    (dict(momentum=0.5), r"^predict\(subset=\.\.\.\)'s momentum= keyword .* pass optimizer="
+                         r"ntk_tt\.sgd\(learning_rate, momentum=m\) to predict\(subset=\.\.\.\) "
+                         r"instead of learning_rate= and momentum=\.$"),
+    (dict(loss="cross_entropy"), r"^predict\(subset=\.\.\.\) predicts the mean MSE .* or "
+                                 r"ntk_tt\.predict without subset \(the full kernel\)"),
+    (dict(batch_size=20), r"^predict\(subset=\.\.\.\) predicts full-batch .* or ntk_tt\.predict "
+                          r"without subset \(the full kernel\) for SGD\.$"),
+])
+def test_predict_subset_errors_name_predict_and_its_arguments(task, kwargs, match, monkeypatch):
+    """``predict(subset=...)``'s refusals name ``predict(subset=...)`` and ``predict``'s own
+    arguments (``subset``, ``key``), never ``predict_from_subset`` or its ``subset_size``: the
+    user looks for the arguments they passed (the key and N' messages were
+    predict_from_subset's, the momentum advice sent them to predict_from_subset)."""
+    apply_fn, params, x, y, _, _ = task
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started before validation")
+
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", refuse)
+    kw = dict(learning_rate=0.01, steps=10, loss="mse", subset=30, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=match) as err:
+        ntk_tt.predict(apply_fn, params, x, y, **(kw | kwargs))
+    assert "predict_from_subset" not in str(err.value)
+    assert "subset_size" not in str(err.value)
+
+
+def test_predict_subset_power_law_failure_names_predict(task, monkeypatch):
+    """A power-law extrapolation that fails after the kernel work ("choose another k0") is
+    worded for predict(subset=...), which takes no k0: the other subset_method or subset, or
+    predict_from_subset's k0= / fit_range=; predict_from_subset keeps the fit's own message."""
+    apply_fn, params, x, y, lr, _ = task
+    said = ("no power-law tail from k0 = 7 to K = 120 carries the missing residual mass 1 "
+            "from the anchor p_k0 = 0.1; choose another k0.")
+
+    def fail(*_, **__):
+        raise ValueError(said)
+
+    monkeypatch.setattr("ntk_tt.prediction._subset.extrapolate_spectrum", fail)
+    kw = dict(learning_rate=lr, steps=10, loss="mse", key=jax.random.key(0))
+    with pytest.raises(ValueError) as err:
+        ntk_tt.predict(apply_fn, params, x, y, subset=30, subset_method="power_law", **kw)
+    assert str(err.value) == (
+        f"predict(subset=...): the power-law extrapolation of the N' = 30 subset's spectrum "
+        f"failed with its default k0 and fit range ({said}); use subset_method='nystrom' or "
+        "another subset, or choose k0= / fit_range= with ntk_tt.predict_from_subset.")
+    with pytest.raises(ValueError) as err:
+        ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=30, **kw)
+    assert str(err.value) == said
+
+
 # ---- ntk-tt predict --subset -----------------------------------------------------------
 
 def _cli_error(args, capsys, monkeypatch):

@@ -57,14 +57,32 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
     are :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters` plus "steps",
     "num_train", "loss", "subset_size", "subset_method", as the other optimiser paths.
 
+    Every message names ``predict(subset=...)`` and ``predict``'s own arguments (``subset``,
+    ``subset_method``, ``key``), never ``predict_from_subset``'s (``subset_size``, ``k0``):
+    the key and N' are checked here, before :func:`ntk_tt.predict_from_subset` checks them
+    again.
+
     Raises:
       ValueError: loss not "mse", B < N, momentum or Nesterov through the keywords, an Adam
         optimizer, weight decay, a bad schedule, an unknown subset_method, a method other than
         "auto" / "closed_form" (keywords, constant-η GD) or "auto" / "discrete" (the SGD
         family), a sketched kernel, the head-aware predictor, segments > 1, a held-out set,
-        and :func:`ntk_tt.predict_from_subset`'s own checks (key, N').
+        no key ("predict(subset=...) draws the subset at random: pass
+        key=jax.random.key(seed).") or a bad one, ``subset`` not an int N' in [K, N), a
+        multiple of the K classes with N'/K samples in each ("subset N' = ... must be a
+        multiple ..."; "subset must be an integer N' ..."). After the kernel work,
+        subset_method "power_law" only: "predict(subset=...): the power-law extrapolation of
+        the N' = ... subset's spectrum failed with its default k0 and fit range ..." (the
+        fit's message; another subset_method or subset, or
+        :func:`ntk_tt.predict_from_subset`'s k0= / fit_range=).
     """
-    from ntk_tt.prediction._subset import SUBSET_METHODS, predict_from_subset
+    from ntk_tt.prediction._subset import (
+        SUBSET_METHODS,
+        PowerLawFitError,
+        check_subset_key,
+        check_subset_size,
+        predict_from_subset,
+    )
 
     n = int(np.shape(x)[0])
     done = _check_rule(optimizer, n, steps, learning_rate, batch_size, momentum, nesterov, loss,
@@ -84,9 +102,18 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
     if x_test is not None or y_test is not None:
         raise ValueError(f"{WHO} predicts the training loss only (no held-out curves from a "
                          "spectrum): drop x_test and y_test.")
-    sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
-                             learning_rate=learning_rate, steps=steps, method=subset_method,
-                             key=key, optimizer=optimizer)
+    check_subset_key(key, who=WHO)  # predict's names, before predict_from_subset's checks
+    check_subset_size(subset, y, name="subset", full="drop subset")
+    try:
+        sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
+                                 learning_rate=learning_rate, steps=steps,
+                                 method=subset_method, key=key, optimizer=optimizer)
+    except PowerLawFitError as err:
+        raise ValueError(
+            f"{WHO}: the power-law extrapolation of the N' = {subset} subset's spectrum failed "
+            f"with its default k0 and fit range ({err}); use subset_method='nystrom' or "
+            "another subset, or choose k0= / fit_range= with ntk_tt.predict_from_subset."
+        ) from err
     s = sp.seconds
     seconds = {"kernel": s["kernel"], "noise": 0.0, "logits": s["logits"],
                "solve": s["spectrum"] + s["curve"], "spectrum": s["spectrum"],

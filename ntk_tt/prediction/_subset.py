@@ -85,31 +85,51 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+class PowerLawFitError(ValueError):
+    """The power-law extrapolation of the subset's spectrum failed, after the kernel work
+    (``extrapolate_spectrum``'s ValueError, its message unchanged): ``ntk_tt.predict(subset=)``,
+    which takes no k0 or fit_range, words it for its own arguments."""
+
+
+def check_subset_key(key, *, who="predict_from_subset") -> None:
+    """ValueError unless ``key`` is a jax random key (the subset is drawn at random);
+    ``who``: the call the message names."""
+    if key is None:
+        raise ValueError(f"{who} draws the subset at random: pass key=jax.random.key(seed).")
+    check_key(key)
+
+
 def check_gd_mse(loss, batch_size, momentum, n, *, who="predict_from_subset") -> None:
     """ValueError unless the training is full-batch GD on the MSE loss (the only case with a
-    spectrum formula)."""
+    spectrum formula). ``who``: the call the messages name ("predict_from_subset", or
+    "predict(subset=...)" on ``ntk_tt.predict``'s subset path); the advice names no other
+    call's arguments (the full kernel is ``ntk_tt.predict`` without ``subset``, momentum an
+    ``optimizer=`` instead of ``learning_rate=`` and ``momentum=``, both calls take them)."""
     if loss != "mse":
         raise ValueError(
             f"{who} predicts the mean MSE loss ½‖f − onehot(y)‖² (Prop. 2 from the kernel's "
             f"spectrum, App. D) and nothing else; got loss={loss!r}: use loss='mse', or "
-            "ntk_tt.predict with the full kernel for cross-entropy.")
+            "ntk_tt.predict without subset (the full kernel) for cross-entropy.")
     if batch_size is not None and not (_is_int(batch_size) and batch_size == n):
         raise ValueError(
             f"{who} predicts full-batch gradient descent only (B = N = {n}); got "
-            f"batch_size={batch_size!r}: pass batch_size=None, or ntk_tt.predict with the "
-            "full kernel for SGD.")
+            f"batch_size={batch_size!r}: pass batch_size=None, or ntk_tt.predict without "
+            "subset (the full kernel) for SGD.")
     check_real(momentum, "momentum")
     if float(momentum) != 0.0:
         raise ValueError(
             f"{who}'s momentum= keyword is plain gradient descent only (momentum 0; the "
             f"closed form has no velocity); got momentum={momentum!r}: for heavy-ball or "
-            "Nesterov momentum pass optimizer=ntk_tt.sgd(learning_rate, momentum=m) to "
-            "ntk_tt.predict_from_subset.")
+            f"Nesterov momentum pass optimizer=ntk_tt.sgd(learning_rate, momentum=m) to {who} "
+            "instead of learning_rate= and momentum=.")
 
 
-def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size") -> int:
+def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size",
+                      full="use ntk_tt.predict or kernel_spectrum") -> int:
     """ValueError unless ``subset_size`` is an int N' in [K, N), a multiple of the K classes
-    present in ``y``, with N'/K samples available in every class; returns K."""
+    present in ``y``, with N'/K samples available in every class; returns K. ``name``: the
+    argument the messages name ("subset" for ``ntk_tt.predict(subset=...)``); ``full``: the
+    advice for N' = N (the full kernel)."""
     n = int(np.shape(y)[0])
     classes, counts = np.unique(np.asarray(y), return_counts=True)
     k = len(classes)
@@ -120,7 +140,7 @@ def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size") -> int:
         raise ValueError(
             f"{name} N' = {subset_size} must be a multiple of the K = {k} classes in y with "
             f"K <= N' < N = {n} (a class-balanced strict subset; N' = N is the full kernel: "
-            f"use ntk_tt.predict or kernel_spectrum); e.g. {max(k, (n // 4) // k * k)}.")
+            f"{full}); e.g. {max(k, (n // 4) // k * k)}.")
     per = subset_size // k
     if counts.min() < per:
         c = classes[np.argmin(counts)]
@@ -253,7 +273,9 @@ def predict_from_subset(
         subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
         samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
         k0 / fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
-        eigendecomposition: no power-law projection tail reaching ‖δy‖² (choose another k0).
+        eigendecomposition, as :class:`PowerLawFitError` (a ValueError, the power-law fit's
+        message): no power-law projection tail reaching ‖δy‖² (choose another k0), or a
+        fit range reaching numerically zero eigenvalues.
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
     """
     with Stopwatch() as whole:
@@ -275,10 +297,7 @@ def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps
                                  learning_rate=learning_rate, momentum=momentum,
                                  batch_size=batch_size)
     check_gd_mse(loss, batch_size, 0.0 if momentum is None else momentum, n)
-    if key is None:
-        raise ValueError("predict_from_subset draws the subset at random: pass "
-                         "key=jax.random.key(seed).")
-    check_key(key)
+    check_subset_key(key)
     n, c = check_model(apply_fn, params, x)
     y = np.asarray(check_labels(y, n, c))
     check_subset_size(subset_size, y)
@@ -314,8 +333,12 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
     if method == "nystrom":
         spectrum = timed_stage(seconds, "spectrum", nystrom_spectrum, cross, k_sub, r, rcond=rcond)
     else:
-        spectrum = timed_stage(seconds, "spectrum", extrapolate_spectrum, k_sub, r[idx], r, k0=k0,
-                          fit_range=fit_range, slope_correction=slope_correction)
+        try:
+            spectrum = timed_stage(seconds, "spectrum", extrapolate_spectrum, k_sub, r[idx], r,
+                                   k0=k0, fit_range=fit_range,
+                                   slope_correction=slope_correction)
+        except ValueError as err:
+            raise PowerLawFitError(str(err)) from err
 
     def curve_and_times():
         curve = np.asarray(predict_curve_from_spectrum(spectrum, learning_rate=learning_rate,
