@@ -50,6 +50,17 @@ def test_missing_checkpoint_is_one_clear_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_load_checkpoint_refuses_a_path_that_is_not_a_path():
+    """A fresh user: load_checkpoint(5) gave pathlib's bare TypeError."""
+    for bad, kind in ((5, r"int \(5\)"), (b"ck", r"bytes \(b'ck'\)")):
+        with pytest.raises(ValueError, match=r"^path must be the checkpoint folder's path \(str "
+                                             r"or os\.PathLike\), or None for the shipped "
+                                             rf"checkpoint; got {kind}: pass e\.g\. "
+                                             r"load_checkpoint\('my_ckpt'\)\.$") as err:
+            ntk_tt.load_checkpoint(bad)
+        assert "\n" not in str(err.value)
+
+
 def test_corrupt_checkpoint_is_one_clear_line(tmp_path):
     path = tmp_path / "ck"
     shutil.copytree(DEFAULT_CHECKPOINT, path)

@@ -230,6 +230,29 @@ def test_npz_object_class_names_are_rejected(tmp_path):
         ntk_tt.load_dataset(_npz(tmp_path, class_names=np.array("ab")))
 
 
+def test_npz_integer_class_names_are_refused_with_the_fix(tmp_path):
+    """A fresh user: integer class_names loaded silently as the names '0', '1', ... although
+    the documented format is K strings."""
+    with pytest.raises(ValueError, match=r"class_names of .* are integers \(int64, e\.g\. 0\); "
+                                         r"store the K class names as strings.*"
+                                         r"np\.array\(\[str\(c\) for c in class_names\]\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, class_names=np.array([0, 1], np.int64)))
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_npz_channels_first_images_are_refused_with_the_transpose(tmp_path, channels):
+    """A fresh user: (N, C, H, W) images loaded silently as C-pixel-high images."""
+    images = np.zeros((6, channels, 4, 5), np.uint8) + 100
+    with pytest.raises(ValueError, match=rf"images of .* have shape \(6, {channels}, 4, 5\), "
+                                         r"which looks channels-first \(N, C, H, W\) with "
+                                         rf"C = {channels}; .*expects channels-last "
+                                         r"\(N, H, W, C\): store images\.transpose\(0, 2, 3, "
+                                         rf"1\) \(shape \(6, 4, 5, {channels}\)\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, images=images))
+    fixed = ntk_tt.load_dataset(_npz(tmp_path, images=images.transpose(0, 2, 3, 1)))
+    assert fixed.images.shape == (6, 4, 5, channels)
+
+
 def test_npz_valid_uint8_and_float_0_255_images_still_load(tmp_path):
     grey = np.arange(6 * 16, dtype=np.uint8).reshape(6, 4, 4)
     d = ntk_tt.load_dataset(_npz(tmp_path, images=grey, class_names=np.array([b"a", b"b"])))

@@ -195,3 +195,32 @@ def test_curve_from_spectrum_refuses_a_tuple_and_says_optimizer_for_a_missing_ra
     spec = ntk_tt.Spectrum(eigenvalues=np.ones(2), projections=np.ones(2), num_samples=2)
     with pytest.raises(ValueError, match=r"or pass optimizer=ntk_tt.sgd"):
         ntk_tt.predict_curve_from_spectrum(spec, learning_rate=None, steps=10)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("eigenvalues", [0.5, np.nan, 0.1], r"spectrum\.eigenvalues must be finite and >= 0 .*got "
+                                        r"nan at k = 1; recompute the spectrum"),
+    ("eigenvalues", [0.5, 0.2, -1e-3], r"spectrum\.eigenvalues must be finite and >= 0 .*got "
+                                       r"-0\.001 at k = 2;.*np\.maximum\(values, 0\)"),
+    ("projections", [1.0, -2.0, 0.5], r"spectrum\.projections must be finite and >= 0 .*got -2 "
+                                      r"at k = 1"),
+    ("projections", [1.0, 0.5], r"spectrum\.eigenvalues and spectrum\.projections must be 1-D of "
+                                r"one length K .*got shapes \(3,\) and \(2,\); build both from "
+                                "the same eigendecomposition"),
+    ("num_samples", 0, r"spectrum\.num_samples must be N, an int >= 1, got 0"),
+    ("num_samples", "40", r"spectrum\.num_samples must be N, an int >= 1, got '40'"),
+])
+def test_curve_from_spectrum_refuses_bad_spectrum_values(field, value, match):
+    """A fresh user: a NaN or negative eigenvalue (or projection) gave a NaN or growing curve
+    silently; now one ValueError before any work, for the constant-η and optimiser paths."""
+    good = dict(eigenvalues=np.array([0.5, 0.2, 0.1]), projections=np.ones(3), num_samples=4)
+    spec = ntk_tt.Spectrum(**(good | {field: np.asarray(value) if field != "num_samples"
+                                      else value}))
+    for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1, momentum=0.9))):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.predict_curve_from_spectrum(spec, steps=10, **kw)
+    ok = ntk_tt.Spectrum(**good)
+    curve = jax.jit(lambda s: ntk_tt.predict_curve_from_spectrum(s, learning_rate=0.1,
+                                                                 steps=10))(ok)
+    np.testing.assert_allclose(curve, ntk_tt.predict_curve_from_spectrum(ok, learning_rate=0.1,
+                                                                         steps=10), rtol=1e-6)

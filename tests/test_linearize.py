@@ -84,3 +84,25 @@ def test_mismatched_params_tree_raises(x64):
     f_lin = ntk_tt.linearize(apply_fn, params)
     with pytest.raises(ValueError, match="tree structure"):
         f_lin({"w1": params["w1"]}, x)
+
+
+def test_mismatched_params_tree_is_described_not_dumped():
+    """A fresh user: the message dumped both raw PyTreeDefs; it now gives the leaf counts and
+    the first key paths that differ."""
+    apply_fn, params, x = setup("mlp")
+    f_lin = ntk_tt.linearize(apply_fn, params)
+    n = len(jax.tree.leaves(params))
+    first = sorted(params)[0]
+    wrong = {k: v for k, v in params.items() if k != first} | {"extra": params[first]}
+    with pytest.raises(ValueError, match=rf"^params must have the tree structure of the params0 "
+                                         rf"given to linearize \({n} leaves\), got {n} leaves: "
+                                         rf"params lacks \['{first}'\]; params has "
+                                         r"\['extra'\], which params0 lacks\. Pass params with "
+                                         r"the same keys and nesting") as err:
+        f_lin(wrong, x)
+    assert "PyTreeDef" not in str(err.value)
+    with pytest.raises(ValueError, match=r"got 1 leaf: params lacks .*; params has \(the root: "
+                                         r"a single array\), which params0 lacks"):
+        f_lin(params[first], x)
+    with pytest.raises(ValueError, match="key paths agree but a container type differs"):
+        ntk_tt.linearize(lambda p, z: z * p[0], [jnp.ones(2)])((jnp.ones(2),), jnp.ones((1, 2)))

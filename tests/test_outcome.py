@@ -144,6 +144,28 @@ def test_fit_learns_a_known_law_and_intervals_cover():
     assert pred["diverged"][div].min() > pred["diverged"][~div].max()  # η decides it exactly
 
 
+def test_fit_outcome_names_the_missing_fields_and_the_row():
+    """A fresh user: a row without a needed field gave a bare KeyError ('kappa_eff')."""
+    rows = _corpus(6)
+    del rows[2]["kappa_eff"], rows[2]["outcome"]["failed"], rows[4]["dataset"]
+    with pytest.raises(ValueError, match=r"^rows\[2\] lacks the field\(s\) kappa_eff, "
+                                         r"outcome\.failed that fit_outcome needs \(1 more of "
+                                         r"the 6 rows lack fields too\); a corpus row .*holds "
+                                         r"telemetry, outcome, .*kappa_eff, batch_size \(sgd\), "
+                                         r"and outcome: test_accuracy, diverged, failed, "
+                                         r"training_time\.$"):
+        fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+    rows = _corpus(6)
+    del rows[5]["batch_size"]  # an sgd run needs its batch size
+    with pytest.raises(ValueError, match=r"^rows\[5\] lacks the field\(s\) batch_size that"):
+        fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+    for bad, match in (("corpus.jsonl.gz", r"rows must be a list of corpus rows \(dicts\), got "
+                                           r"str; read .*read_corpus\(path\)"),
+                       ([rows[0], 1], r"rows\[1\] is int, not a corpus row \(a dict")):
+        with pytest.raises(ValueError, match=match):
+            fit_outcome(bad, ntk=False, ks=(0.1,), folds=2)
+
+
 def test_save_load_round_trip(tmp_path):
     rows = _corpus(80)
     model = fit_outcome(rows, ntk=True, ks=(0.0, 0.1), folds=3)

@@ -314,6 +314,21 @@ def test_telemetry_files_and_records_are_checked_with_file_and_line(default_run,
         ntk_tt.save_telemetry(tmp_path, [default_run.telemetry])  # was a raw IsADirectoryError
 
 
+def test_save_telemetry_refuses_a_path_that_is_not_a_path(tmp_path, default_run):
+    """A fresh user: save_telemetry(3, runs) gave pathlib's bare TypeError; the arguments
+    swapped gave one too."""
+    tele = default_run.telemetry
+    for path, kind in ((3, r"int \(3\)"), (tele, "Telemetry"), (None, r"NoneType \(None\)")):
+        with pytest.raises(ValueError, match=r"^path must be the \.jsonl file's path \(str or "
+                                             rf"os\.PathLike\), got {kind}.*call "
+                                             r"save_telemetry\(path, runs\).*Nothing was "
+                                             "written"):
+            ntk_tt.save_telemetry(path, [tele])
+    with pytest.raises(ValueError, match="path must be"):
+        ntk_tt.save_telemetry([tele], str(tmp_path / "runs.jsonl"))
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
 def test_model_features_without_a_head_names_the_telemetry_feature():
     """The message named 'the head-aware predictor' (split_head's) when telemetry asked."""
 

@@ -131,10 +131,15 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
       num_classes, input_shape [H, W, C], mean and std (C,), ...).
 
     Raises:
-      ValueError: one line if the directory is missing, has no readable ``meta``, or ``meta``
-        lacks a key, names an unknown architecture (the known ones are listed) or has a
-        malformed input_shape / mean / std / kwargs.
+      ValueError: one line if ``path`` is not a str, os.PathLike or None, the directory is
+        missing, has no readable ``meta``, or ``meta`` lacks a key, names an unknown
+        architecture (the known ones are listed) or has a malformed input_shape / mean / std /
+        kwargs.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), or "
+                         f"None for the shipped checkpoint; got {type(path).__name__} "
+                         f"({path!r:.40}): pass e.g. load_checkpoint('my_ckpt').")
     path = Path(path if path is not None else DEFAULT_CHECKPOINT).absolute()
     if not path.is_dir():
         raise ValueError(f"checkpoint not found: {path} (pass the directory written by "
@@ -341,8 +346,9 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
       :func:`ntk_tt.replace_head` for a target task) and the checkpoint's metadata.
 
     Raises:
-      ValueError: one line (nothing else is printed) if the directory is missing or is not a
-        readable ntk_tt checkpoint: meta unreadable or malformed (:func:`read_meta`), an
+      ValueError: one line (nothing else is printed) if ``path`` is not a str, os.PathLike
+        or None (a number, say), the directory is missing or is not a readable ntk_tt
+        checkpoint: meta unreadable or malformed (:func:`read_meta`), an
         unknown architecture (the known ones are named), meta's model not matching the stored
         weights' shapes, or weight files that cannot be read (truncated, damaged).
     """

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import SHARED_FILES, VENDORED_FILES
-from ntk_tt.data._inputs import check_normalisation, check_task_args
+from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 VENDORED = {name: ASSETS / "data" / file for name, file in VENDORED_FILES.items()}
@@ -170,12 +170,7 @@ def _load_npz(path: Path) -> Dataset:
                 raise ValueError(f"{key} of {path} cannot be read ({type(err).__name__}: the "
                                  f"archive is corrupt); rewrite the file as {NPZ_FORMAT}."
                                  ) from None
-    names = arrays["class_names"]
-    if names.ndim != 1 or len(names) == 0 or names.dtype.kind not in "USiu":
-        raise ValueError(f"class_names of {path} has shape {names.shape} and dtype {names.dtype}; "
-                         "store the K class names as a 1-D string array, "
-                         "np.array(names, dtype=str).")
-    names = tuple(c.decode() if isinstance(c, bytes) else str(c) for c in names.tolist())
+    names = check_npz_layout(path, arrays["images"], arrays["class_names"])
     images = _check_images(path, arrays["images"])
     labels = _check_labels(path, arrays["labels"], len(names))
     if len(images) != len(labels):
@@ -232,7 +227,9 @@ def load_dataset(name: str, *, split: str = "train",
         key; in an .npz file: an object (pickled) array; images not (N, H, W[, C]), empty, not
         numbers, outside [0, 255], non-finite, or float with max ≤ 1; labels not 1-D (one-hot),
         not numbers, non-integer floats, or outside [0, K) with K = len(class_names);
-        class_names not a 1-D array of strings; images and labels of different lengths. A TFDS
+        class_names not a 1-D array of strings (integers included: store str names); images
+        channels-first, (N, C, H, W) with C in {1, 3} (transpose to (N, H, W, C)); images and
+        labels of different lengths. A TFDS
         name that is not prepared in ``data_dir`` (TFDS cannot download here); an unknown split.
     """
     if name in VENDORED:

@@ -160,3 +160,42 @@ def check_task_args(data, num_classes, per_class, test_per_class, key) -> None:
     if key is None:
         raise ValueError("key must be a jax random key; pass key=jax.random.key(seed).")
     check_key(key)
+
+
+def check_npz_layout(path, images: np.ndarray, names: np.ndarray) -> tuple[str, ...]:
+    """The ``class_names`` of an .npz dataset as a tuple of str, after checking that they are
+    strings and that ``images`` are not channels-first (``_load_npz`` checks the rest).
+
+    Raises:
+      ValueError: integer class names (saying how to store them as strings); class names
+        not a non-empty 1-D string array; images of shape (N, C, H, W) with C in {1, 3}
+        (saying how to transpose them to (N, H, W, C)).
+    """
+    out = _npz_class_names(path, names)
+    _check_channels_last(path, images)
+    return out
+
+
+def _npz_class_names(path, names: np.ndarray) -> tuple[str, ...]:
+    """``class_names``: 1-D, non-empty, ``str`` or ``bytes`` (decoded)."""
+    if names.ndim == 1 and len(names) and names.dtype.kind in "iu":
+        raise ValueError(f"class_names of {path} are integers ({names.dtype}, e.g. "
+                         f"{names[0]}); store the K class names as strings, in label order "
+                         "(class_names[i] names label i), e.g. np.array([str(c) for c in "
+                         "class_names]), or the real names such as np.array(['cat', 'dog']).")
+    if names.ndim != 1 or len(names) == 0 or names.dtype.kind not in "US":
+        raise ValueError(f"class_names of {path} has shape {names.shape} and dtype {names.dtype}; "
+                         "store the K class names as a 1-D string array, "
+                         "np.array(names, dtype=str).")
+    return tuple(c.decode() if isinstance(c, bytes) else str(c) for c in names.tolist())
+
+
+def _check_channels_last(path, images: np.ndarray) -> None:
+    """Refuse images that look channels-first: (N, C, H, W) with C in {1, 3} and a last axis
+    that cannot be a colour axis (not 1 or 3), where (N, H, W, C) is expected."""
+    shape = images.shape
+    if images.ndim == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3):
+        fixed = (shape[0], shape[2], shape[3], shape[1])
+        raise ValueError(f"images of {path} have shape {shape}, which looks channels-first "
+                         f"(N, C, H, W) with C = {shape[1]}; load_dataset expects channels-last "
+                         f"(N, H, W, C): store images.transpose(0, 2, 3, 1) (shape {fixed}).")

@@ -30,7 +30,8 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
     Raises:
       ValueError: ``apply_fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), or
         ``params0`` not weights (None, a string, a module); (from ``f_lin``) if ``params``
-        and ``params0`` have different tree structures or ``x`` is not an array.
+        and ``params0`` have different tree structures (the message gives both leaf counts
+        and the first key paths that differ) or ``x`` is not an array.
     """
     check_function(apply_fn)
     check_weights(params0, "params0")
@@ -38,13 +39,36 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
 
     def f_lin(params: Any, x: jax.Array) -> jax.Array:
         if jax.tree_util.tree_structure(params) != treedef0:
-            raise ValueError(
-                "params must have the same tree structure as the params0 given to linearize; "
-                f"got {jax.tree_util.tree_structure(params)} vs {treedef0}."
-            )
+            raise ValueError(_mismatch(params, params0))
         x = as_array(x, "x")
         delta = jax.tree.map(jnp.subtract, params, params0)
         f0, jvp = jax.jvp(lambda p: apply_fn(p, x), (params0,), (delta,))
         return f0 + jvp
 
     return f_lin
+
+
+def _paths(tree: Any) -> list[str]:
+    """The key path of every leaf, e.g. ``['w1']`` or ``[0].kernel``."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [jax.tree_util.keystr(path) or "(the root: a single array)" for path, _ in flat]
+
+
+def _mismatch(params: Any, params0: Any) -> str:
+    """One line saying how ``params``' tree differs from ``params0``'s: the leaf counts and
+    the first key paths one has and the other lacks (never the whole tree definition)."""
+    want, got = _paths(params0), _paths(params)
+
+    def some(paths):
+        return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+    lacks = [p for p in want if p not in set(got)]
+    extra = [p for p in got if p not in set(want)]
+    where = "; ".join(([f"params lacks {some(lacks)}"] if lacks else [])
+                      + ([f"params has {some(extra)}, which params0 lacks"] if extra else []))
+    where = where or ("the key paths agree but a container type differs (e.g. a tuple for a "
+                      "list, or a FrozenDict for a dict)")
+    leaves = f"{len(got)} lea{'f' if len(got) == 1 else 'ves'}"
+    return (f"params must have the tree structure of the params0 given to linearize "
+            f"({len(want)} leaves), got {leaves}: {where}. Pass params with the same keys and "
+            "nesting, e.g. jax.tree.map(lambda w, d: w + d, params0, delta).")

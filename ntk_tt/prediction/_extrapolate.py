@@ -320,6 +320,32 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
                     jnp.asarray(np.append(p, rest), dtype), n)
 
 
+def _check_spectrum(spectrum) -> None:
+    """ValueError unless ``spectrum`` is a :class:`Spectrum` with N an int >= 1, two 1-D arrays
+    of one length and (when concrete, not traced) finite values, μ_k >= 0 and p_k >= 0."""
+    if not isinstance(spectrum, Spectrum):
+        raise ValueError(f"spectrum must be an ntk_tt.Spectrum (kernel_spectrum, "
+                         f"extrapolate_spectrum), got {type(spectrum).__name__}.")
+    mu, p, n = spectrum
+    if not isinstance(n, jax.core.Tracer) and (isinstance(n, bool) or np.ndim(n) != 0 or (
+            np.asarray(n).dtype.kind not in "iu") or n < 1):
+        raise ValueError(f"spectrum.num_samples must be N, an int >= 1, got {n!r}.")
+    if np.ndim(mu) != 1 or np.shape(mu) != np.shape(p):
+        raise ValueError(f"spectrum.eigenvalues and spectrum.projections must be 1-D of one "
+                         f"length K (one p_k = (v_k · δy)² per μ_k), got shapes {np.shape(mu)} "
+                         f"and {np.shape(p)}; build both from the same eigendecomposition.")
+    for name, value in (("eigenvalues", mu), ("projections", p)):
+        if isinstance(value, jax.core.Tracer):
+            continue
+        v = np.asarray(value, np.float64)
+        if not np.all(np.isfinite(v)) or np.any(v < 0):
+            k = int(np.flatnonzero(~(np.isfinite(v) & (v >= 0)))[0])
+            raise ValueError(f"spectrum.{name} must be finite and >= 0 (μ_k = λ_k / N of a PSD "
+                             f"kernel, p_k = (v_k · δy)²), got {v[k]:g} at k = {k}; recompute "
+                             "the spectrum (kernel_spectrum clamps rounding negatives to 0, or "
+                             "np.maximum(values, 0)).")
+
+
 def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps,
                                 optimizer=None) -> jax.Array:
     """Mean MSE loss curve of full-batch GD on the linearised model (Prop. 2, discrete time).
@@ -344,14 +370,13 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
       past a divergence under ``optimizer``).
 
     Raises:
-      ValueError: η not finite and > 0, steps not an integer >= 1, or a spectrum whose two
-        arrays differ in shape; with ``optimizer``: Adam, weight decay ≠ 0, batch_size < N,
-        ``learning_rate`` given too, or a bad schedule (all before any work); ``spectrum``
-        not a :class:`Spectrum`.
+      ValueError: η not finite and > 0, steps not an integer >= 1; ``spectrum`` not a
+        :class:`Spectrum`, its eigenvalues and projections not 1-D of one length, a NaN, inf
+        or negative eigenvalue or projection (checked when concrete, not under ``jit``), or
+        num_samples not an int >= 1; with ``optimizer``: Adam, weight decay ≠ 0,
+        batch_size < N, ``learning_rate`` given too, or a bad schedule (all before any work).
     """
-    if not isinstance(spectrum, Spectrum):
-        raise ValueError(f"spectrum must be an ntk_tt.Spectrum (kernel_spectrum, "
-                         f"extrapolate_spectrum), got {type(spectrum).__name__}.")
+    _check_spectrum(spectrum)
     if optimizer is None:
         if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
                 learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
@@ -365,11 +390,6 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
                                  learning_rate=learning_rate)
         learning_rate = constant_rate(optimizer)
     mu, p = jnp.asarray(spectrum.eigenvalues), jnp.asarray(spectrum.projections)
-    if mu.ndim != 1 or mu.shape != p.shape:
-        raise ValueError(
-            f"spectrum eigenvalues and projections must be 1-D of one length, got {mu.shape} "
-            f"and {p.shape}."
-        )
     if learning_rate is None:  # a schedule or momentum: the per-mode recursion
         return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]

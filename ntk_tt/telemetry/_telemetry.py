@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -257,9 +258,15 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
         sequence (any iterable) of them.
 
     Raises:
-      ValueError: ``runs`` is not a Telemetry or a sequence of them (the first other item
-        named; nothing is written), or ``path``'s folder does not exist.
+      ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
+        swapped); ``runs`` is not a Telemetry or a sequence of them (the first other item
+        named); ``path``'s folder does not exist. Nothing is written then.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be the .jsonl file's path (str or os.PathLike), got "
+                         f"{type(path).__name__} ({path!r:.40}); call save_telemetry(path, "
+                         "runs), e.g. save_telemetry('runs.jsonl', [run.telemetry]). Nothing "
+                         "was written.")
     many = isinstance(runs, Iterable) and not isinstance(runs, (Telemetry, str, bytes, dict))
     runs = list(runs) if many else [runs]
     for i, r in enumerate(runs):
