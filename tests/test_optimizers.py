@@ -378,6 +378,27 @@ def test_reference_adamw_equals_a_hand_written_loop_on_jax_linearize(x64):
     np.testing.assert_allclose(ref.test_logits[-1], f_lin_t, rtol=1e-10)
 
 
+def test_reference_relinearised_every_step_is_real_training(x64):
+    """``segments=T`` re-linearises the tanh MLP at its own weights before every update, so
+    each update uses the real gradient: its weights and logits are real AdamW training's
+    (``train_tx``) at every step but the last (whose logits are the linear step from T − 1,
+    off by second order); K = 4 lies between, and K = 1 is the frozen reference."""
+    params, x, y = _mlp_problem()
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(0.05, 5, T), weight_decay=0.1, batch_size=4)
+    key = jax.random.key(4)
+    real = _train_real(_mlp, params, x, y, opt, ntk_tt.batch_indices(key, N, 4, T), x)
+    runs = {k: ntk_tt.linearised_reference(_mlp, params, x, y, opt, steps=T, key=key,
+                                           segments=k) for k in (1, 4, T)}
+    np.testing.assert_allclose(runs[T].logits[:-1], real[:-1], rtol=1e-9, atol=1e-11)
+    assert 0 < np.max(np.abs(runs[T].logits[-1] - real[-1])) < 1e-2
+    gap = {k: np.max(np.abs(r.logits - real)) for k, r in runs.items()}
+    assert gap[T] < gap[4] < gap[1] and gap[1] > 1e-2
+    frozen = ntk_tt.linearised_reference(_mlp, params, x, y, opt, steps=T, key=key)
+    np.testing.assert_array_equal(runs[1].logits, frozen.logits)
+    with pytest.raises(ValueError, match=r"segments must be an int in \[1, steps\]"):
+        ntk_tt.linearised_reference(_mlp, params, x, y, opt, steps=T, key=key, segments=T + 1)
+
+
 def test_reference_adam_on_a_model_linear_in_its_weights_equals_real_training(x64):
     params, x, y = linear_problem(n=N)
     opt = ntk_tt.adam(ntk_tt.warmup_cosine(0.1, 4, T), 0.85, 0.99, weight_decay=0.01)

@@ -41,7 +41,8 @@ class ReferenceRun(NamedTuple):
 
     loss, error: full-training-set mean loss and error rate after 0..T updates (T + 1,).
     test_loss, test_error: held-out curves (T + 1,) or None. logits: (T + 1, N, C) training
-    logits of the linear model; test_logits (T + 1, N_test, C) or None. params: the final
+    logits of the linear model (at a re-linearisation step, ``segments`` > 1, the network's
+    own); test_logits (T + 1, N_test, C) or None. params: the final
     weights θ_T. stopped_at: the first update whose loss was non-finite (from there the curves
     hold the last finite values, as ``ntk_tt.finetune``), or None.
     """
@@ -58,8 +59,15 @@ class ReferenceRun(NamedTuple):
 
 def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimizer, *,
                          steps: int, key: jax.Array | None = None, loss: str = "cross_entropy",
-                         x_test=None, y_test=None) -> ReferenceRun:
+                         x_test=None, y_test=None, segments: int = 1) -> ReferenceRun:
     """Train the linearised network with ``optimizer`` in weight space, exactly.
+
+    With ``segments`` = K > 1 the network is re-linearised at its current weights θ_{t_k} at
+    the steps t_k = round(k·T/K), k = 1 … K − 1: from there it trains f(θ_{t_k}) +
+    J(θ_{t_k})(θ − θ_{t_k}), the logits jumping to the network's own f(θ_{t_k}), the optax
+    state carried on. K = T re-linearises before every update, which is real training (equal
+    to :func:`ntk_tt.finetune` with ``optimizer`` to rounding): K measures how often a
+    linearised model must be refreshed to follow the real run (issue 27's error budget).
 
     Args:
       apply_fn, params: the network and its pre-trained weights θ_0 (``ntk_tt.from_nnx``).
@@ -70,21 +78,27 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
         order as ``ntk_tt.finetune(..., key=key)``.
       loss: "cross_entropy" or "mse" (mean over samples).
       x_test, y_test: optional held-out set, evaluated after every update.
+      segments: K, an int in [1, steps]: the number of linearisations (1: at θ_0 only).
 
     Returns:
-      :class:`ReferenceRun`. Cost: about one training step per update plus the full-set
-      evaluation (module docstring).
+      :class:`ReferenceRun` (``logits`` of the piecewise-linear model). Cost: about one
+      training step per update plus the full-set evaluation (module docstring), plus one
+      forward pass per segment.
 
     Raises:
       ValueError: ``optimizer`` not an :class:`ntk_tt.Optimizer`, steps not an int ≥ 1, bad
         model/inputs (``check_model``), labels, loss, a missing or bad key for B < N,
-        x_test without y_test (or the reverse) — all before any training.
+        x_test without y_test (or the reverse), segments not an int in [1, steps] — all
+        before any training.
     """
     if not isinstance(optimizer, Optimizer):
         raise ValueError(f"optimizer must be an ntk_tt.Optimizer (ntk_tt.sgd(...), "
                          f"ntk_tt.adamw(...)), got {type(optimizer).__name__}.")
     if not _is_int(steps) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+    if not _is_int(segments) or not 1 <= segments <= steps:
+        raise ValueError(f"segments must be an int in [1, steps] = [1, {steps}] (the number "
+                         f"of linearisations), got {segments!r}.")
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
@@ -108,8 +122,14 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
     f, ft = f0, ft0
     rec = {"logits": [f0], "test": [ft0]}
     stopped = None
+    lin0, relinearise = params, set(np.linspace(0, int(steps), int(segments) + 1)
+                                    .round().astype(int)[1:-1].tolist())
     for t in range(int(steps)):
-        *new, finite = _step(apply_fn, optimizer, theta, state, f, params, f0, x, y,
+        if t in relinearise:  # the network's own logits and Jacobian at θ_t
+            lin0, f0 = theta, _forward(apply_fn, theta, x)
+            f, ft0 = f0, None if x_test is None else _forward(apply_fn, theta, x_test)
+            rec["logits"][-1], rec["test"][-1] = f0, ft0  # step t: the network's own
+        *new, finite = _step(apply_fn, optimizer, theta, state, f, lin0, f0, x, y,
                              batches[t], x_test, ft0, loss=loss)
         if not bool(finite):
             stopped = t + 1
