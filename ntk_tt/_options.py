@@ -58,6 +58,13 @@ def _describe(value: Any) -> str:
     return type(value).__name__ + (f" of shape {np.shape(value)}" if is_array else "")
 
 
+def a_type(value: Any) -> str:
+    """``value``'s type with an article, for one-line messages ("a list", "an int", "None"):
+    never its contents (a repr can be long, span lines or be cut mid-bracket)."""
+    name = type(value).__name__
+    return "None" if value is None else ("an " if name[0] in "aeiouAEIOU" else "a ") + name
+
+
 def check_real(value: Any, name: str) -> None:
     """ValueError unless ``value`` is a real number (Python int/float, numpy or jax array of
     int/float dtype, or a tracer); strings such as ``"0.1"`` and booleans are refused."""
@@ -108,6 +115,12 @@ def _real_or_none(v) -> float | None:
 
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_real(v) -> bool:
+    """Whether ``v`` is one real number: an int or float (numpy scalars too), not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_))
 
 
 def _real_scalar(v, name) -> float:

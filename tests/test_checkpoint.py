@@ -51,14 +51,31 @@ def test_missing_checkpoint_is_one_clear_line(tmp_path):
 
 
 def test_load_checkpoint_refuses_a_path_that_is_not_a_path():
-    """A fresh user: load_checkpoint(5) gave pathlib's bare TypeError."""
-    for bad, kind in ((5, r"int \(5\)"), (b"ck", r"bytes \(b'ck'\)")):
+    """A fresh user: load_checkpoint(5) gave pathlib's bare TypeError; load_checkpoint(model)
+    gave a two-line message (the module's repr cut at 40 characters)."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    for bad, kind in ((5, "an int"), (b"ck", "a bytes"), (model, "a SmallResNet"),
+                      ([tuple(range(30))], "a list")):
         with pytest.raises(ValueError, match=r"^path must be the checkpoint folder's path \(str "
                                              r"or os\.PathLike\), or None for the shipped "
                                              rf"checkpoint; got {kind}: pass e\.g\. "
                                              r"load_checkpoint\('my_ckpt'\)\.$") as err:
             ntk_tt.load_checkpoint(bad)
         assert "\n" not in str(err.value)
+
+
+def test_save_checkpoint_refuses_a_path_that_is_not_a_path_first(tmp_path):
+    """The arguments swapped, save_checkpoint(model, path, meta), blamed meta's architecture
+    ("the model is a str"); the path's type is now checked first, named by type only."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    for args, kind in (((model, str(tmp_path / "ck"), META), "a SmallResNet"),
+                       ((None, model, META), "None"), (([1, 2], model, META), "a list")):
+        with pytest.raises(ValueError, match=r"^path must be the checkpoint folder's path \(str "
+                                             rf"or os\.PathLike\), got {kind}: call "
+                                             r"save_checkpoint\(path, model, meta\)\.$") as err:
+            ntk_tt.save_checkpoint(*args)
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "ck").exists()
 
 
 def test_corrupt_checkpoint_is_one_clear_line(tmp_path):
@@ -345,7 +362,7 @@ def test_save_checkpoint_path_edge_cases(tmp_path, monkeypatch):
     (tmp_path / "link").symlink_to(tmp_path / "target")
     ntk_tt.save_checkpoint(tmp_path / "link", model, META)
     assert ntk_tt.load_checkpoint(tmp_path / "target")[1] == META
-    for bad, said in [(dict(path=None), "path must be a folder path"),
+    for bad, said in [(dict(path=None), "path must be the checkpoint folder's path"),
                       (dict(path=tmp_path / "target", overwrite="no"), "overwrite must be")]:
         with pytest.raises(ValueError, match=said):
             ntk_tt.save_checkpoint(model=model, meta=META, **bad)

@@ -1,5 +1,7 @@
 """Data loader, task sampler and preprocessing on the vendored real images."""
 
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -251,6 +253,58 @@ def test_npz_channels_first_images_are_refused_with_the_transpose(tmp_path, chan
         ntk_tt.load_dataset(_npz(tmp_path, images=images))
     fixed = ntk_tt.load_dataset(_npz(tmp_path, images=images.transpose(0, 2, 3, 1)))
     assert fixed.images.shape == (6, 4, 5, channels)
+
+
+def test_npz_four_channel_channels_first_images_are_refused(tmp_path):
+    """A fresh user: (N, 4, 32, 32) RGBA images loaded as H = 4, W = 32, C = 32."""
+    images = np.zeros((6, 4, 8, 8), np.uint8) + 100
+    with pytest.raises(ValueError, match=r"images of .* have shape \(6, 4, 8, 8\), which looks "
+                                         r"channels-first \(N, C, H, W\) with C = 4, H = W = 8 "
+                                         r"\(square\); .*store images\.transpose\(0, 2, 3, 1\) "
+                                         r"\(shape \(6, 8, 8, 4\)\)"):
+        ntk_tt.load_dataset(_npz(tmp_path, images=images))
+    with pytest.raises(ValueError, match=r"with C = 4; load_dataset expects channels-last"):
+        ntk_tt.load_dataset(_npz(tmp_path, images=np.zeros((6, 4, 8, 5), np.uint8)))
+    # channels-last with C in {1, 3, 4} loads, even with 1, 3 or 4 rows (H)
+    for shape in ((6, 4, 8, 4), (6, 3, 8, 3), (6, 1, 8, 1), (6, 4, 4, 3)):
+        assert ntk_tt.load_dataset(_npz(tmp_path, images=np.zeros(shape, np.uint8))
+                                   ).images.shape == shape
+
+
+def test_load_dataset_takes_a_path_object_and_refuses_other_types(tmp_path):
+    """A fresh user: load_dataset(pathlib.Path('good.npz')) and load_dataset(3) gave
+    AttributeError: 'PosixPath' / 'int' object has no attribute 'endswith'."""
+    path = pathlib.Path(_npz(tmp_path))
+    d = ntk_tt.load_dataset(path)
+    assert d.images.shape == (6, 4, 4, 1) and d.class_names == ("a", "b")
+    (tmp_path / "noext").write_bytes(path.read_bytes())  # a Path is a file, whatever its name
+    assert ntk_tt.load_dataset(tmp_path / "noext").class_names == ("a", "b")
+    with pytest.raises(ValueError, match=r"dataset file not found: 'flowers5'"):
+        ntk_tt.load_dataset(pathlib.Path("flowers5"))
+    for bad, kind in ((3, "an int"), (None, "None"), (b"d.npz", "a bytes"),
+                      (["d.npz"], "a list")):
+        with pytest.raises(ValueError, match=r"^name must be a dataset name \(str, e\.g\. "
+                                             r"'flowers5'\) or the path of an \.npz file \(str "
+                                             r"or os\.PathLike, e\.g\. pathlib\.Path\('data\.npz'"
+                                             rf"\)\), got {kind}\.$"):
+            ntk_tt.load_dataset(bad)
+
+
+@pytest.mark.parametrize("names,match", [
+    (np.array([b"\xe9t\xe9", b"dog"]), r"class_names of .*d\.npz are bytes, and class_names\[0\] "
+                                       r"is not UTF-8; store the class names as UTF-8 strings"),
+    (np.array(["a", "a"]), r"class_names of .*d\.npz repeat 'a' \(class_names\[0\] and "
+                           r"class_names\[1\]\); give each class a distinct name"),
+    (np.array(["", " "]), r"class_names of .*d\.npz has an empty or blank name, "
+                          r"class_names\[0\] = ''; give every class a non-empty name"),
+    (np.array(["a", " \t"]), r"blank name, class_names\[1\] = ' \\t'"),
+])
+def test_npz_class_names_must_be_utf8_distinct_and_not_blank(tmp_path, names, match):
+    """A fresh user: non-UTF-8 bytes names gave a raw UnicodeDecodeError (the CLI printed the
+    codec message without the file); duplicate and blank names loaded silently."""
+    with pytest.raises(ValueError, match=match) as err:
+        ntk_tt.load_dataset(_npz(tmp_path, class_names=names))
+    assert type(err.value) is ValueError and "\n" not in str(err.value)
 
 
 def test_npz_valid_uint8_and_float_0_255_images_still_load(tmp_path):

@@ -1,5 +1,7 @@
 """Larger N from a subset (App. D): power-law fit, tail normalisation, Nyström, Prop. 2 curve."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,6 +209,15 @@ def test_curve_from_spectrum_refuses_a_tuple_and_says_optimizer_for_a_missing_ra
     ("projections", [1.0, 0.5], r"spectrum\.eigenvalues and spectrum\.projections must be 1-D of "
                                 r"one length K .*got shapes \(3,\) and \(2,\); build both from "
                                 "the same eigendecomposition"),
+    ("eigenvalues", [1.0, 0.5, 0.1 + 1j], r"^spectrum\.eigenvalues must be real numbers, got "
+                                         r"complex values \(complex128\): take the real part"),
+    ("projections", [1.0, 0.5 + 0j, 0.1], r"^spectrum\.projections must be real numbers, got "
+                                         r"complex values"),
+    ("eigenvalues", [1.0, "a", 0.1], r"^spectrum\.eigenvalues must be real numbers, got dtype "
+                                     r"<U32 \(not all numbers\): pass a float array; "
+                                     r"ntk_tt\.kernel_spectrum"),
+    ("projections", [1.0, None, 0.1], r"^spectrum\.projections must be real numbers, got dtype "
+                                      r"object"),
     ("num_samples", 0, r"spectrum\.num_samples must be N, an int >= 1, got 0"),
     ("num_samples", "40", r"spectrum\.num_samples must be N, an int >= 1, got '40'"),
 ])
@@ -217,8 +228,10 @@ def test_curve_from_spectrum_refuses_bad_spectrum_values(field, value, match):
     spec = ntk_tt.Spectrum(**(good | {field: np.asarray(value) if field != "num_samples"
                                       else value}))
     for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1, momentum=0.9))):
-        with pytest.raises(ValueError, match=match):
-            ntk_tt.predict_curve_from_spectrum(spec, steps=10, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a complex spectrum gave a ComplexWarning first
+            with pytest.raises(ValueError, match=match):
+                ntk_tt.predict_curve_from_spectrum(spec, steps=10, **kw)
     ok = ntk_tt.Spectrum(**good)
     curve = jax.jit(lambda s: ntk_tt.predict_curve_from_spectrum(s, learning_rate=0.1,
                                                                  steps=10))(ok)

@@ -311,6 +311,41 @@ def test_calibrator_records_the_n_and_t_it_was_fitted_on(tmp_path):
     assert old.range_warnings(10**6, 10**6) == [] and old.groups == back.groups
 
 
+def test_intervals_refuses_a_bad_calibrator_and_bad_recorded_ranges(tmp_path):
+    """A fresh user: intervals(pred, calibrator='x') blamed calibrated_for; a recorded
+    source["num_train"] that is not a [min, max] pair loaded; range_warnings('10') compared a
+    string with numbers."""
+    pred = fake_prediction(1.0, 0.0, 100, {0.1: 10.0})
+    for bad, kind in (("x", "a str"), (ntk_tt.default_calibrator().to_json(), "a dict")):
+        with pytest.raises(ValueError, match=r"^calibrator must be an IntervalCalibrator "
+                                             r"\(IntervalCalibrator\.load\(path\)\) or None "
+                                             rf"\(the shipped one\), got {kind}\.$"):
+            ntk_tt.intervals(pred, calibrator=bad)
+    with pytest.raises(ValueError, match=r"^level must be a number in \(0, 1\)"):
+        ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {}), level="0.9")
+    cal = ranged_calibrator()
+    cal.save(tmp_path / "c.json")
+    data = json.loads((tmp_path / "c.json").read_text())
+    for field, value, shown in (("num_train", [250, 50], r"\[250, 50\]"),
+                                ("steps", [150], r"\[150\]"), ("num_train", "50-250", "a str"),
+                                ("steps", ["1", "2"], r'\["1", "2"\]'),
+                                ("steps", None, "None"), ("num_train", [1, 2, 3], "a list")):
+        (tmp_path / "bad.json").write_text(json.dumps(
+            data | {"source": data["source"] | {field: value}}))
+        with pytest.raises(ValueError, match=rf"bad\.json: source\['{field}'\] must be a "
+                                             r"\[min, max\] pair of numbers with min <= max, "
+                                             rf"got {shown}; fix or delete it, or refit\.$"):
+            ntk_tt.IntervalCalibrator.load(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text(json.dumps(data | {"source": [1, 2]}))
+    with pytest.raises(ValueError, match="is not an interval calibrator"):
+        ntk_tt.IntervalCalibrator.load(tmp_path / "bad.json")
+    for kw, field in (({"num_train": "10"}, "num_train"), ({"steps": [150]}, "steps")):
+        with pytest.raises(ValueError, match=rf"^{field} must be a number \([NT], .*\) or None, "
+                                             r"got a (str|list); pass e\.g\."):
+            cal.range_warnings(**kw)
+    assert cal.range_warnings(np.int64(50), 150.0) == []
+
+
 def test_intervals_flag_n_outside_the_calibration_table():
     """N = 2000 when the calibration table had N = 50–250: the interval is still given, and
     the result and a CalibrationRangeWarning (a BeyondEdgeWarning: ntk-tt predict prints it)

@@ -23,7 +23,7 @@ from ntk_tt.telemetry._outcome import (
     parametric_baseline,
 )
 from ntk_tt.telemetry._outcome_domain import feature_domain, out_of_domain
-from ntk_tt.telemetry._outcome_features import TARGETS, dataset, outcome_features
+from ntk_tt.telemetry._outcome_features import TARGETS, check_rows, dataset, outcome_features
 from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -164,6 +164,37 @@ def test_fit_outcome_names_the_missing_fields_and_the_row():
                        ([rows[0], 1], r"rows\[1\] is int, not a corpus row \(a dict")):
         with pytest.raises(ValueError, match=match):
             fit_outcome(bad, ntk=False, ks=(0.1,), folds=2)
+
+
+def test_fit_outcome_refuses_one_row_non_numbers_and_bad_level_or_folds():
+    """A fresh user: fit_outcome(rows[0]) said "rows[0] is str"; kappa_eff='abc' gave
+    "Unknown format code 'g'"; level='0.9' and folds='5' gave raw TypeErrors."""
+    rows = _corpus(6)
+    with pytest.raises(ValueError, match=r"^rows is a single dict \(one corpus row\?\), but "
+                                         r"fit_outcome takes a list of corpus rows: pass a list, "
+                                         r"e\.g\. fit_outcome\(\[row, \.\.\.\]\)"):
+        fit_outcome(rows[0], ntk=False, ks=(0.1,), folds=2)
+    for field, value, shown in (("kappa_eff", "abc", r"a str \('abc'\)"),
+                                ("momentum", None, "None"), ("steps", True, "a bool"),
+                                ("per_class", [10], "a list"),
+                                ("batch_size", "10", r"a str \('10'\)")):
+        bad = _corpus(6)
+        bad[3][field] = value
+        with pytest.raises(ValueError, match=rf"^rows\[3\]\['{field}'\] must be a real number, "
+                                             rf"got {shown}; store kappa_eff, momentum, "
+                                             r"per_class, steps, batch_size as numbers"):
+            fit_outcome(bad, ntk=False, ks=(0.1,), folds=2)
+    for kw, match in (({"level": "0.9"}, r"^level must be a number in \(0, 1\).*got a str "
+                                         r"\('0\.9'\)\.$"),
+                      ({"level": 1.5}, r"^level must be a number in \(0, 1\).*got 1\.5\.$"),
+                      ({"folds": "5"}, r"^folds must be an integer >= 2.*got a str \('5'\)\.$"),
+                      ({"folds": 2.0}, r"^folds must be an integer >= 2.*got 2\.0\.$"),
+                      ({"folds": 1}, r"^folds must be an integer >= 2.*got 1\.$")):
+        with pytest.raises(ValueError, match=match):
+            fit_outcome(rows, **({"ntk": False, "ks": (0.1,), "folds": 2} | kw))
+    gd = _corpus(6)  # a gd row's batch_size may be None
+    gd[0] |= {"optimizer": "gd", "batch_size": None}
+    assert len(check_rows(gd)) == 6
 
 
 def test_save_load_round_trip(tmp_path):

@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from ntk_tt._options import a_type
 from ntk_tt.models import ResNet18, SmallResNet
 
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "assets" / "checkpoints"
@@ -131,15 +132,15 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
       num_classes, input_shape [H, W, C], mean and std (C,), ...).
 
     Raises:
-      ValueError: one line if ``path`` is not a str, os.PathLike or None, the directory is
-        missing, has no readable ``meta``, or ``meta`` lacks a key, names an unknown
-        architecture (the known ones are listed) or has a malformed input_shape / mean / std /
-        kwargs.
+      ValueError: one line if ``path`` is not a str, os.PathLike or None (its type named, e.g.
+        "got a SmallResNet" for a model passed as the path), the directory is missing, has no
+        readable ``meta``, or ``meta`` lacks a key, names an unknown architecture (the known
+        ones are listed) or has a malformed input_shape / mean / std / kwargs.
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), or "
-                         f"None for the shipped checkpoint; got {type(path).__name__} "
-                         f"({path!r:.40}): pass e.g. load_checkpoint('my_ckpt').")
+                         f"None for the shipped checkpoint; got {a_type(path)}: pass e.g. "
+                         "load_checkpoint('my_ckpt').")
     path = Path(path if path is not None else DEFAULT_CHECKPOINT).absolute()
     if not path.is_dir():
         raise ValueError(f"checkpoint not found: {path} (pass the directory written by "
@@ -240,8 +241,8 @@ def check_save_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
         ``overwrite`` False.
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be a folder path (str or os.PathLike), got "
-                         f"{type(path).__name__}.")
+        raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), got "
+                         f"{a_type(path)}: call save_checkpoint(path, model, meta).")
     if not isinstance(overwrite, bool):
         raise ValueError(f"overwrite must be True or False, got {overwrite!r}.")
     path = Path(path).expanduser().resolve()
@@ -288,15 +289,18 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
       The absolute checkpoint path.
 
     Raises:
-      ValueError: ``meta`` is not a dict or lacks a required key; ``meta["architecture"]``
-        is not one of the known architectures (the message names it, the model's class, the
-        known ones and the way out), or is not the model's class; meta's model (its
-        num_classes, input channels, kwargs) does not have the model's arrays and shapes
-        (e.g. the old meta after ``replace_head``); ``path`` a file, a folder holding other
-        files, or a checkpoint without ``overwrite=True`` (:func:`check_save_path`); all
-        checked before anything is written.
+      ValueError: ``path`` not a str or os.PathLike (checked first: e.g. the arguments
+        swapped; its type named); ``meta`` is not a dict or lacks a required key;
+        ``meta["architecture"]`` is not one of the known architectures (the message names it,
+        the model's class, the known ones and the way out), or is not the model's class;
+        meta's model (its num_classes, input channels, kwargs) does not have the model's
+        arrays and shapes (e.g. the old meta after ``replace_head``); ``path`` a file, a
+        folder holding other files, or a checkpoint without ``overwrite=True``
+        (:func:`check_save_path`); all checked before anything is written.
     """
     known = ", ".join(sorted(ARCHITECTURES))
+    if not isinstance(path, (str, os.PathLike)):  # e.g. the arguments swapped: before any work
+        check_save_path(path)
     if not isinstance(meta, dict):
         raise ValueError(f"meta must be a dict, got {type(meta).__name__}.")
     missing = sorted({"architecture", "num_classes", "input_shape", "mean", "std"} - set(meta))

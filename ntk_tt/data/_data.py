@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import SHARED_FILES, VENDORED_FILES
-from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args
+from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args, dataset_name
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 VENDORED = {name: ASSETS / "data" / file for name, file in VENDORED_FILES.items()}
@@ -199,15 +199,15 @@ def _load_tfds(name: str, version_dir: Path, split: str) -> Dataset:
     return Dataset(images if images.ndim == 4 else images[..., None], labels, names)
 
 
-def load_dataset(name: str, *, split: str = "train",
+def load_dataset(name: str | os.PathLike, *, split: str = "train",
                  data_dir: str | os.PathLike | None = None) -> Dataset:
     """Load a real image set by name as numpy arrays.
 
     Args:
       name: a short name from :func:`known_datasets` (``flowers5`` is vendored; the others
-        live in ``../shared/data``), a path to an ``.npz`` file with the keys ``images``,
-        ``labels`` and ``class_names`` (the format of ``../shared/data``), or a
-        tensorflow-datasets name prepared offline in ``data_dir``.
+        live in ``../shared/data``), a path (str, or os.PathLike: always a path) to an ``.npz``
+        file with the keys ``images``, ``labels`` and ``class_names`` (the format of
+        ``../shared/data``), or a tensorflow-datasets name prepared offline in ``data_dir``.
       split: TFDS split (ignored for the short names and .npz files, one fixed set each;
         :func:`ntk_tt.predict_task`, :func:`ntk_tt.suggest_task` and ``ntk-tt`` refuse a
         split other than "train" for them).
@@ -222,19 +222,21 @@ def load_dataset(name: str, *, split: str = "train",
       :class:`Dataset` with images uint8 (N, H, W, C) (grey images get C = 1) and labels (N,).
 
     Raises:
-      ValueError: unknown name (the message lists the known ones); a path (ends in ``.npz``
-        or contains ``/``) that is not a file, not an .npz archive (corrupt included) or lacks a
-        key; in an .npz file: an object (pickled) array; images not (N, H, W[, C]), empty, not
-        numbers, outside [0, 255], non-finite, or float with max ≤ 1; labels not 1-D (one-hot),
-        not numbers, non-integer floats, or outside [0, K) with K = len(class_names);
-        class_names not a 1-D array of strings (integers included: store str names); images
-        channels-first, (N, C, H, W) with C in {1, 3} (transpose to (N, H, W, C)); images and
-        labels of different lengths. A TFDS
-        name that is not prepared in ``data_dir`` (TFDS cannot download here); an unknown split.
+      ValueError: ``name`` not a str or os.PathLike; unknown name (the known ones listed); a
+        path (os.PathLike, ends in ``.npz`` or contains ``/``) that is not a file, not an .npz
+        archive (corrupt included) or lacks a key; in an .npz file: an object (pickled) array;
+        images not (N, H, W[, C]), empty, not numbers, outside [0, 255], non-finite, or float
+        with max ≤ 1; labels not 1-D (one-hot), not numbers, non-integer floats, or outside
+        [0, K) with K = len(class_names); class_names not a 1-D array of strings (integers
+        included: store str names), not UTF-8, duplicated or blank; images channels-first,
+        (N, C, H, W) with C in {1, 3, 4} (transpose to (N, H, W, C)); images and labels of
+        different lengths. A TFDS name not prepared in ``data_dir`` (TFDS cannot download
+        here); an unknown split.
     """
-    if name in VENDORED:
+    name, is_path = dataset_name(name)
+    if name in VENDORED and not is_path:
         return _load_npz(VENDORED[name])
-    if name.endswith(".npz") or "/" in name or os.sep in name:
+    if is_path or name.endswith(".npz") or "/" in name or os.sep in name:
         if not Path(name).is_file():
             raise ValueError(f"dataset file not found: {name!r}; pass an existing path to "
                              f"{NPZ_FORMAT}, or a short name: {', '.join(known_datasets())}.")

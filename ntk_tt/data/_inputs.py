@@ -8,13 +8,14 @@ its contents (a long list would flood the terminal).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import _describe
+from ntk_tt._options import _describe, a_type
 from ntk_tt._options import check_real as check_real  # importable without JAX
 
 _NUMERIC = "biuf"  # numpy dtype kinds of bool, int, unsigned and float arrays
@@ -162,14 +163,32 @@ def check_task_args(data, num_classes, per_class, test_per_class, key) -> None:
     check_key(key)
 
 
+def dataset_name(name: Any) -> tuple[str, bool]:
+    """``(name, is_path)`` for :func:`ntk_tt.load_dataset`: a str as given (False), an
+    os.PathLike as its str path (True: always a file, never a short or TFDS name).
+
+    Raises:
+      ValueError: ``name`` neither a str nor an os.PathLike of a str path.
+    """
+    if isinstance(name, str):
+        return name, False
+    path = os.fspath(name) if isinstance(name, os.PathLike) else None
+    if not isinstance(path, str):
+        raise ValueError(f"name must be a dataset name (str, e.g. 'flowers5') or the path of an "
+                         f".npz file (str or os.PathLike, e.g. pathlib.Path('data.npz')), got "
+                         f"{a_type(name)}{' of a bytes path' if path is not None else ''}.")
+    return path, True
+
+
 def check_npz_layout(path, images: np.ndarray, names: np.ndarray) -> tuple[str, ...]:
     """The ``class_names`` of an .npz dataset as a tuple of str, after checking that they are
     strings and that ``images`` are not channels-first (``_load_npz`` checks the rest).
 
     Raises:
       ValueError: integer class names (saying how to store them as strings); class names
-        not a non-empty 1-D string array; images of shape (N, C, H, W) with C in {1, 3}
-        (saying how to transpose them to (N, H, W, C)).
+        not a non-empty 1-D string array; bytes names that are not UTF-8; a name repeated, or
+        empty / whitespace only; images of shape (N, C, H, W) with C in {1, 3, 4} (saying how
+        to transpose them to (N, H, W, C)).
     """
     out = _npz_class_names(path, names)
     _check_channels_last(path, images)
@@ -177,7 +196,8 @@ def check_npz_layout(path, images: np.ndarray, names: np.ndarray) -> tuple[str, 
 
 
 def _npz_class_names(path, names: np.ndarray) -> tuple[str, ...]:
-    """``class_names``: 1-D, non-empty, ``str`` or ``bytes`` (decoded)."""
+    """``class_names``: 1-D, non-empty, ``str`` or UTF-8 ``bytes`` (decoded), each name
+    distinct and not blank."""
     if names.ndim == 1 and len(names) and names.dtype.kind in "iu":
         raise ValueError(f"class_names of {path} are integers ({names.dtype}, e.g. "
                          f"{names[0]}); store the K class names as strings, in label order "
@@ -187,15 +207,38 @@ def _npz_class_names(path, names: np.ndarray) -> tuple[str, ...]:
         raise ValueError(f"class_names of {path} has shape {names.shape} and dtype {names.dtype}; "
                          "store the K class names as a 1-D string array, "
                          "np.array(names, dtype=str).")
-    return tuple(c.decode() if isinstance(c, bytes) else str(c) for c in names.tolist())
+    out = []
+    for i, c in enumerate(names.tolist()):
+        try:
+            out.append(c.decode("utf-8") if isinstance(c, bytes) else str(c))
+        except UnicodeDecodeError:
+            raise ValueError(f"class_names of {path} are bytes, and class_names[{i}] is not "
+                             "UTF-8; store the class names as UTF-8 strings, e.g. np.array("
+                             "[b.decode('latin-1') for b in class_names]) (str, with the bytes' "
+                             "own encoding), or the names encoded with .encode('utf-8')."
+                             ) from None
+        if not out[i].strip():
+            raise ValueError(f"class_names of {path} has an empty or blank name, "
+                             f"class_names[{i}] = {out[i]!r}; give every class a non-empty "
+                             "name (it labels the class in reports).")
+        if out[i] in out[:i]:
+            raise ValueError(f"class_names of {path} repeat {out[i]!r} (class_names["
+                             f"{out.index(out[i])}] and class_names[{i}]); give each class a "
+                             "distinct name (labels index class_names: classes with one name "
+                             "cannot be told apart), or merge their labels.")
+    return tuple(out)
 
 
 def _check_channels_last(path, images: np.ndarray) -> None:
-    """Refuse images that look channels-first: (N, C, H, W) with C in {1, 3} and a last axis
-    that cannot be a colour axis (not 1 or 3), where (N, H, W, C) is expected."""
+    """Refuse images that look channels-first: (N, C, H, W) with C in {1, 3, 4} (grey, RGB,
+    RGBA) and a last axis that cannot be a colour axis (not 1, 3 or 4), where (N, H, W, C) is
+    expected. Channels-last images with C in {1, 3, 4} always pass, whatever H; H = W (square
+    images) is only named in the message, not required."""
     shape = images.shape
-    if images.ndim == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3):
+    if images.ndim == 4 and shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4):
         fixed = (shape[0], shape[2], shape[3], shape[1])
+        square = f", H = W = {shape[2]} (square)" if shape[2] == shape[3] else ""
         raise ValueError(f"images of {path} have shape {shape}, which looks channels-first "
-                         f"(N, C, H, W) with C = {shape[1]}; load_dataset expects channels-last "
-                         f"(N, H, W, C): store images.transpose(0, 2, 3, 1) (shape {fixed}).")
+                         f"(N, C, H, W) with C = {shape[1]}{square}; load_dataset expects "
+                         f"channels-last (N, H, W, C): store images.transpose(0, 2, 3, 1) "
+                         f"(shape {fixed}).")

@@ -32,6 +32,7 @@ from scipy.special import logsumexp
 
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_sgd import (
+    check_real_field,
     check_spectrum_optimizer,
     constant_rate,
     sgd_spectrum_curve,
@@ -321,8 +322,8 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
 
 
 def _check_spectrum(spectrum) -> None:
-    """ValueError unless ``spectrum`` is a :class:`Spectrum` with N an int >= 1, two 1-D arrays
-    of one length and (when concrete, not traced) finite values, μ_k >= 0 and p_k >= 0."""
+    """ValueError unless ``spectrum`` is a :class:`Spectrum` with N an int >= 1, two 1-D real
+    arrays of one length and (when concrete, not traced) finite values, μ_k >= 0, p_k >= 0."""
     if not isinstance(spectrum, Spectrum):
         raise ValueError(f"spectrum must be an ntk_tt.Spectrum (kernel_spectrum, "
                          f"extrapolate_spectrum), got {type(spectrum).__name__}.")
@@ -335,6 +336,7 @@ def _check_spectrum(spectrum) -> None:
                          f"length K (one p_k = (v_k · δy)² per μ_k), got shapes {np.shape(mu)} "
                          f"and {np.shape(p)}; build both from the same eigendecomposition.")
     for name, value in (("eigenvalues", mu), ("projections", p)):
+        check_real_field(value, f"spectrum.{name}")
         if isinstance(value, jax.core.Tracer):
             continue
         v = np.asarray(value, np.float64)
@@ -371,8 +373,9 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
 
     Raises:
       ValueError: η not finite and > 0, steps not an integer >= 1; ``spectrum`` not a
-        :class:`Spectrum`, its eigenvalues and projections not 1-D of one length, a NaN, inf
-        or negative eigenvalue or projection (checked when concrete, not under ``jit``), or
+        :class:`Spectrum`, its eigenvalues and projections not 1-D of one length, complex or
+        not numbers (the field named), a NaN, inf or negative eigenvalue or projection
+        (checked when concrete, not under ``jit``), or
         num_samples not an int >= 1; with ``optimizer``: Adam, weight decay ≠ 0,
         batch_size < N, ``learning_rate`` given too, or a bad schedule (all before any work).
     """

@@ -1,25 +1,23 @@
 """Calibrated prediction intervals for T_ε: Mondrian split conformal on the benchmark table.
 
 Score of a (row, ε) of the benchmark table: the log-ratio residual r = log(T_ε / T̂_ε) of the
-default predictor (columns ``real_T<ε>`` and ``pred_T<ε>``, in steps). Rows where either
-side diverged (``real_diverged``, ``pred_diverged``) or either T_ε is undefined are skipped:
-an interval is only given for a defined prediction, and only says where a defined real T_ε
-falls.
+default predictor (columns ``real_T<ε>``, ``pred_T<ε>``, in steps). Rows where either side
+diverged (``real_diverged``, ``pred_diverged``) or either T_ε is undefined are skipped: an
+interval is only given for a defined prediction, and only says where a defined real T_ε falls.
 
 Residuals are grouped by what is known before training (a Mondrian taxonomy): the effective
-κ̃ = η·λ_max/(N·(1 − m)) in bins (≤ 2, (2, 8], > 8), and optionally ε and the optimiser
-(gd / sgd) (``by``; default κ̃ alone, see below). The interval at level 1 − α for a new
-prediction T̂ is [T̂·exp(q_lo), T̂·exp(q_hi)] with q_hi the ⌈(n + 1)(1 − α/2)⌉-th smallest
-and q_lo the ⌈(n + 1)(1 − α/2)⌉-th largest of the group's n residuals. If the new case is
-exchangeable with the group's calibration cases, each tail is missed with probability
-≤ α/2, so the interval covers with probability ≥ 1 − α (split conformal: Vovk, Gammerman &
-Shafer 2005, "Algorithmic Learning in a Random World"; Lei, G'Sell, Rinaldo, Tibshirani &
-Wasserman 2018, "Distribution-free predictive inference for regression", JASA; per-group
-"Mondrian" conformal: Vovk et al. 2005 ch. 4, Vovk, Lindsay,
-Nouretdinov & Gammerman 2003). A group with fewer than ``min_count`` residuals, or too few for
-finite quantiles at the level asked, falls back to a coarser group, dropping the fields of
-``by`` from the last (e.g. (κ̃, ε, optimiser) → (κ̃, ε) → κ̃ → all residuals pooled);
-:meth:`IntervalCalibrator.group` says which was used.
+κ̃ = η·λ_max/(N·(1 − m)) in bins (≤ 2, (2, 8], > 8), and optionally ε and the optimiser (gd /
+sgd) (``by``; default κ̃ alone, see below). The interval at level 1 − α for a new prediction T̂
+is [T̂·exp(q_lo), T̂·exp(q_hi)], q_hi the ⌈(n + 1)(1 − α/2)⌉-th smallest and q_lo the
+⌈(n + 1)(1 − α/2)⌉-th largest of the group's n residuals. If the new case is exchangeable with
+the group's calibration cases, each tail is missed with probability ≤ α/2, so the interval
+covers with probability ≥ 1 − α (split conformal: Vovk, Gammerman & Shafer 2005, "Algorithmic
+Learning in a Random World"; Lei, G'Sell, Rinaldo, Tibshirani & Wasserman 2018,
+"Distribution-free predictive inference for regression", JASA; per-group "Mondrian"
+conformal: Vovk et al. 2005 ch. 4, Vovk, Lindsay, Nouretdinov & Gammerman 2003). A group with
+fewer than ``min_count`` residuals, or too few for finite quantiles at the level asked, falls
+back to a coarser group, dropping the fields of ``by`` from the last (e.g. (κ̃, ε, optimiser)
+→ (κ̃, ε) → κ̃ → all residuals pooled); :meth:`IntervalCalibrator.group` says which was used.
 
 Exchangeability across target sets is an assumption, not a guarantee: the coverage measured
 leaving one target set out (``experiments/intervals.py``) is the honest figure. On the
@@ -40,6 +38,7 @@ import warnings
 
 import numpy as np
 
+from ntk_tt._options import a_type, is_real
 from ntk_tt._output_paths import require_folder
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 from ntk_tt.prediction._result import Prediction
@@ -84,9 +83,7 @@ def conformal_quantile(scores, q: float) -> float:
     s = np.sort(np.asarray(scores, float).ravel())
     # the tolerance keeps (n + 1)·q that is an integer in exact arithmetic from rounding up
     k = math.ceil((len(s) + 1) * q - 1e-9)
-    if k > len(s):
-        return math.inf
-    return -math.inf if k < 1 else float(s[k - 1])
+    return math.inf if k > len(s) else -math.inf if k < 1 else float(s[k - 1])
 
 
 def kappa_bin(kappa_eff: float, edges=KAPPA_EDGES) -> str:
@@ -123,8 +120,7 @@ class IntervalCalibrator:
             raise ValueError(f"kappa_eff must be a finite number >= 0, eps in (0, 1) and "
                              f"optimizer 'gd' (B = N) or 'sgd' (B < N); got {kappa_eff!r}, "
                              f"{eps!r}, {optimizer!r}.")
-        key = {"kappa": kappa_bin(k, self.kappa_edges), "eps": f"{e:g}",
-               "optimizer": str(optimizer)}
+        key = {"kappa": kappa_bin(k, self.kappa_edges), "eps": f"{e:g}", "optimizer": optimizer}
         alpha = 1.0 - _check_level(self.level if level is None else level)
         for fields in (self.by[:i] for i in range(len(self.by), -1, -1)):
             res = np.array([v for g, r in self.groups.items()
@@ -141,22 +137,19 @@ class IntervalCalibrator:
         ``fields`` maps the fields matched to this case's values, e.g. ``{"kappa": "(2, 8]"}``;
         fewer fields than ``by`` means a fallback, ``{}`` all residuals pooled.
         """
-        fields, n, _, _ = self._pick(kappa_eff, eps, optimizer, level)
-        return fields, n
+        return self._pick(kappa_eff, eps, optimizer, level)[:2]
 
     def interval(self, t_pred: float, kappa_eff: float, eps: float, optimizer: str,
                  level: float | None = None) -> tuple[float, float]:
         """``(lo, hi)`` in steps: the conformal interval for the real T_ε around ``t_pred``.
 
         Args:
-          t_pred: predicted T_ε (steps, > 0). kappa_eff: κ̃ = η·λ_max/(N·(1 − m)) of the
-            prediction. eps: ε. optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α,
-            None = the calibrator's ``level``.
+          t_pred: predicted T_ε (steps, > 0). kappa_eff: κ̃ = η·λ_max/(N·(1 − m)). eps: ε.
+            optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α, None = ``self.level``.
 
         Returns:
-          ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``; ±inf bounds when even the pooled
-          residuals are too few for the level; ``(nan, nan)`` when ``t_pred`` is NaN
-          (undefined or diverged prediction).
+          ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``; ±inf bounds when even the pooled residuals
+          are too few for the level; ``(nan, nan)`` for a NaN ``t_pred`` (undefined, diverged).
 
         Raises:
           ValueError: level not in (0, 1), ``t_pred`` ≤ 0 or infinite, ``kappa_eff`` not
@@ -173,10 +166,13 @@ class IntervalCalibrator:
     def range_warnings(self, num_train=None, steps=None) -> list[str]:
         """One message per quantity, N = ``num_train`` or T = ``steps``, outside ``source``'s
         [min, max] ("N = 2000 training samples is outside the calibration table's N = 50–750
-        (...)"); none for a quantity that is None or has no recorded range."""
+        (...)"); none for one that is None or has no recorded range; ValueError for a non-number."""
         out = []
         for field, sym, unit, v in (("num_train", "N", "training samples", num_train),
                                     ("steps", "T", "steps", steps)):
+            if v is not None and not is_real(v):
+                raise ValueError(f"{field} must be a number ({sym}, {unit}) or None, got "
+                                 f"{a_type(v)}; pass e.g. {field}=250, not a string.")
             lo, hi = self.source.get(field) or (v, v)  # no range recorded: never outside
             if v is not None and not lo <= v <= hi:
                 out.append(f"{sym} = {v:g} {unit} is outside the calibration table's {sym} = "
@@ -186,9 +182,8 @@ class IntervalCalibrator:
 
     def to_json(self) -> dict:
         """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
-        return {"format": FORMAT, "level": self.level, "by": list(self.by),
-                "min_count": self.min_count,
-                "kappa_edges": list(self.kappa_edges), "source": self.source,
+        return {"format": FORMAT, "level": self.level, "by": list(self.by), "min_count":
+                self.min_count, "kappa_edges": list(self.kappa_edges), "source": self.source,
                 "groups": [{"kappa_eff": k, "eps": e, "optimizer": o,
                             "residuals": [round(v, 6) for v in r]}
                            for (k, e, o), r in sorted(self.groups.items())]}
@@ -212,7 +207,8 @@ class IntervalCalibrator:
 
         Raises:
           ValueError: ``path`` is not a file, or not an ``ntk_tt.intervals/1`` calibrator (not
-            JSON, another format, or fields missing).
+            JSON, another format, or fields missing); ``source`` not an object, or its
+            "num_train" / "steps" (when recorded) not a [min, max] pair of numbers, min <= max.
         """
         if not pathlib.Path(path).is_file():
             raise ValueError(f"{path} is not a file: give the path of a calibrator that "
@@ -223,14 +219,20 @@ class IntervalCalibrator:
             data = json.loads(pathlib.Path(path).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise wrong from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(
+                source := data.get("source"), dict):
             raise wrong
+        for f in ("num_train", "steps"):
+            r = source.get(f, [0, 0])  # absent: written before the ranges were recorded
+            if not (isinstance(r, list) and len(r) == 2 and all(map(is_real, r)) and r[0] <= r[1]):
+                shown = json.dumps(r) if isinstance(r, list) and len(r) <= 2 else a_type(r)
+                raise ValueError(f"{path}: source[{f!r}] must be a [min, max] pair of numbers "
+                                 f"with min <= max, got {shown}; fix or delete it, or refit.")
         try:
             groups = {(g["kappa_eff"], g["eps"], g["optimizer"]): tuple(g["residuals"])
                       for g in data["groups"]}
             return cls(level=data["level"], by=tuple(data["by"]), min_count=data["min_count"],
-                       kappa_edges=tuple(data["kappa_edges"]), groups=groups,
-                       source=data["source"])
+                       kappa_edges=tuple(data["kappa_edges"]), groups=groups, source=source)
         except (KeyError, TypeError):
             raise wrong from None
 
@@ -239,8 +241,7 @@ def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """``(r, keep)``: log(real T_ε / predicted T_ε) per row of a sweep table, and the mask of
     rows where it is defined (neither side diverged, both T_ε finite and > 0); r is NaN
     elsewhere. ``frame``: the sweep table (``ntk_tt.sweep._table.read_table``)."""
-    real = frame[f"real_T{eps:g}"].to_numpy(float)
-    pred = frame[f"pred_T{eps:g}"].to_numpy(float)
+    real, pred = (frame[f"{side}_T{eps:g}"].to_numpy(float) for side in ("real", "pred"))
     keep = (~frame["real_diverged"].to_numpy(bool) & ~frame["pred_diverged"].to_numpy(bool)
             & np.isfinite(real) & np.isfinite(pred) & (real > 0) & (pred > 0))
     r = np.full(len(frame), np.nan)
@@ -273,9 +274,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     import pandas as pd
 
     if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"fit_intervals takes the sweep's results table as a pandas DataFrame "
-                         f"(pd.read_parquet('.../results.parquet')), got "
-                         f"{type(frame).__name__}.")
+        raise ValueError(f"fit_intervals takes the sweep's results table as a pandas DataFrame"
+                         f" (pd.read_parquet('.../results.parquet')), got {type(frame).__name__}.")
     level = _check_level(level)
     edges = _check_edges(kappa_edges)
     by = tuple(by)
@@ -305,9 +305,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
                  ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
               **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
                  if f in frame.columns for v in [frame[f].to_numpy(float)[used]]}}
-    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
-                              groups={k: tuple(sorted(v)) for k, v in groups.items()},
-                              source=source)
+    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges, groups={
+        k: tuple(sorted(v)) for k, v in groups.items()}, source=source)
 
 
 @functools.lru_cache(maxsize=1)
@@ -323,8 +322,7 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
     The sweep's predictions are cross-entropy ones by the discrete recursion; the predictor is
     the ``pred_method``/``pred_kernel`` pair(s) in ``calibrator.source`` (e.g. "head_aware" /
     "isotropic": ``Prediction.kernel`` "head_aware:isotropic"). A calibrator whose source does
-    not name its predictor (a table without those columns) is taken to match any discrete
-    cross-entropy prediction.
+    not name its predictor (a table without those columns) matches any discrete cross-entropy one.
 
     Args:
       prediction: a :class:`ntk_tt.Prediction` (``method``, ``kernel``, and
@@ -334,8 +332,7 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
       True when :func:`intervals` gives intervals for ``prediction``.
 
     Raises:
-      ValueError: ``prediction`` not a Prediction or ``calibrator`` not an
-        :class:`IntervalCalibrator`.
+      ValueError: ``prediction`` not a Prediction or ``calibrator`` not an IntervalCalibrator.
     """
     if not isinstance(prediction, Prediction) or not isinstance(calibrator, IntervalCalibrator):
         raise ValueError(f"calibrated_for takes a Prediction (ntk_tt.predict) and an "
@@ -362,39 +359,42 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       level: 1 − α, None = the calibrator's level (0.9 for the shipped one).
 
     Returns:
-      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps,
-      for the ε of ``prediction.training_time``: None where T̂_ε is undefined (or the
-      prediction diverged); the benchmark table measures loss-curve T_ε only, so error-curve
-      T_ε have no calibrated interval (None). All None when the prediction was not made by
-      the predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's
-      are the default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete
-      recursion, cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'.
-      "warnings": if an interval is given, one message per N or T (``hyperparameters``
-      "num_train", "steps") outside the calibration table's range
+      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps, for the ε
+      of ``prediction.training_time``: None where T̂_ε is undefined (or the prediction diverged);
+      the benchmark table measures loss-curve T_ε only, so error-curve T_ε have no calibrated
+      interval (None). All None when the prediction was not made by the predictor the residuals are
+      of (:func:`calibrated_for`): the shipped calibrator's are the default head-aware predictor's
+      (``kernel`` "head_aware:isotropic", discrete recursion, cross-entropy), not the frozen-kernel,
+      subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given, one message per N or
+      T (``hyperparameters`` "num_train", "steps") outside the calibration table's range
       (:meth:`IntervalCalibrator.range_warnings`); [] for a calibrator without ranges.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
 
     Raises:
-      ValueError: ``prediction`` not a :class:`ntk_tt.Prediction`; level not in (0, 1).
+      ValueError: ``prediction`` not a :class:`ntk_tt.Prediction`; ``calibrator`` not an
+        :class:`IntervalCalibrator` or None; level not in (0, 1).
     """
     if not isinstance(prediction, Prediction):
         raise ValueError(f"intervals(prediction) takes a Prediction from ntk_tt.predict, got "
                          f"{type(prediction).__name__}.")
-    cal = default_calibrator() if calibrator is None else calibrator
+    if calibrator is not None and not isinstance(calibrator, IntervalCalibrator):
+        raise ValueError(f"calibrator must be an IntervalCalibrator (IntervalCalibrator.load("
+                         f"path)) or None (the shipped one), got {a_type(calibrator)}.")
+    level = None if level is None else _check_level(level)
+    cal, tt = default_calibrator() if calibrator is None else calibrator, prediction.training_time
     if not calibrated_for(prediction, cal):
-        return {"loss": dict.fromkeys(prediction.training_time["loss"]),
-                "error": dict.fromkeys(prediction.training_time["error"]), "warnings": []}
+        return {"loss": dict.fromkeys(tt["loss"]), "error": dict.fromkeys(tt["error"]),
+                "warnings": []}
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
     loss = {}
-    for eps, t in prediction.training_time["loss"].items():
+    for eps, t in tt["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
         loss[eps] = None if math.isnan(lo) else (lo, hi)
     said = cal.range_warnings(hp.get("num_train"), hp.get("steps")) if any(loss.values()) else []
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
-    return {"loss": loss, "error": {eps: None for eps in prediction.training_time["error"]},
-            "warnings": said}
+    return {"loss": loss, "error": dict.fromkeys(tt["error"]), "warnings": said}

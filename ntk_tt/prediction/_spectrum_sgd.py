@@ -26,6 +26,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt._schedules import Constant, _concrete
@@ -35,6 +36,20 @@ from ntk_tt.dynamics._optim_linear import check_learning_rates, check_shorthand,
 SUPPORTS = ("constant-η full-batch GD (learning_rate=) and the SGD family at full batch without "
             "weight decay (optimizer=ntk_tt.sgd(schedule, momentum, nesterov=...))")
 FULL_KERNEL = "ntk_tt.predict(..., optimizer=opt), which uses the full kernel"
+
+
+def check_real_field(value, name: str) -> None:
+    """ValueError naming ``name`` (e.g. "spectrum.eigenvalues") unless ``value`` holds real
+    numbers (int or float dtype, concrete or traced): a complex array (numpy would drop the
+    imaginary part with a ComplexWarning) or strings and objects are refused before any work.
+    """
+    dtype = value.dtype if isinstance(value, jax.core.Tracer) else np.asarray(value).dtype
+    if dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be real numbers, got " + (
+            f"complex values ({dtype}): take the real part, np.real(...), if the imaginary "
+            "parts are rounding (a symmetric kernel's eigh gives real eigenvalues, eig may not)"
+            if dtype.kind == "c" else f"dtype {dtype} (not all numbers): pass a float array")
+            + "; ntk_tt.kernel_spectrum(kernel, residual) builds a Spectrum.")
 
 
 def check_spectrum_optimizer(optimizer, num_samples: int, steps, *, where: str,

@@ -43,6 +43,8 @@ from ntk_tt.telemetry._outcome_features import (
     T_EPS,
     TARGETS,
     Dataset,
+    check_fit_args,
+    check_rows,
     dataset,
     outcome_features,
 )
@@ -211,39 +213,6 @@ class _Booster:
         return np.stack([1 - p, p], axis=1)
 
 
-_ROW_FIELDS = ("telemetry", "outcome", "steps", "run_id", "task_id", "dataset", "optimizer",
-               "per_class", "momentum", "kappa_eff")
-_OUTCOME_FIELDS = ("test_accuracy", "diverged", "failed", "training_time")
-
-
-def _check_rows(rows) -> list:
-    """``rows`` as a list, each a dict with the fields :func:`fit_outcome` reads (ValueError
-    naming the first row that is not, and what it lacks)."""
-    if isinstance(rows, (str, bytes, pathlib.PurePath)) or not isinstance(rows, Iterable):
-        raise ValueError(f"rows must be a list of corpus rows (dicts), got {type(rows).__name__}"
-                         "; read a corpus file with ntk_tt.sweep._corpus.read_corpus(path).")
-    rows, bad = list(rows), []
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise ValueError(f"rows[{i}] is {type(r).__name__}, not a corpus row (a dict, as "
-                             "ntk_tt.sweep._corpus.read_corpus returns).")
-        lack = [f for f in _ROW_FIELDS if f not in r] + (
-            ["batch_size"] if r.get("optimizer") == "sgd" and "batch_size" not in r else [])
-        if "outcome" in r:
-            out = r["outcome"]
-            lack += ([f"outcome.{f}" for f in _OUTCOME_FIELDS if f not in out]
-                     if isinstance(out, dict) else ["outcome (a dict)"])
-        bad += [(i, lack)] if lack else []
-    if bad:
-        (i, lack), more = bad[0], len(bad) - 1
-        raise ValueError(
-            f"rows[{i}] lacks the field(s) {', '.join(lack)} that fit_outcome needs"
-            + (f" ({more} more of the {len(rows)} rows lack fields too)" if more else "")
-            + f"; a corpus row (ntk_tt.sweep._corpus.read_corpus) holds {', '.join(_ROW_FIELDS)}"
-            f", batch_size (sgd), and outcome: {', '.join(_OUTCOME_FIELDS)}.")
-    return rows
-
-
 def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
                 ks: Sequence[float] = DEFAULT_KS, seed: int = 0, folds: int = 5,
                 level: float = 0.9) -> OutcomePredictor:
@@ -253,15 +222,14 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     grouped by run (every prefix of a run in one fold), per prefix fraction.
 
     Raises:
-      ValueError: no rows; ``level`` outside (0, 1); fewer than 2 folds; ``rows`` a path or
-        not a sequence; a row that is not a dict or lacks a field it needs (the first such row
-        is named, with the fields it lacks), all before any fitting.
+      ValueError: no rows; ``level`` not a number in (0, 1); ``folds`` not an integer >= 2;
+        ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a dict,
+        lacks a field it needs (the first such row is named, with the fields it lacks) or has
+        a numeric field (kappa_eff, momentum, per_class, steps, batch_size) that is not a
+        real number (row and field named), all before any fitting.
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}.")
-    if folds < 2:
-        raise ValueError(f"folds must be >= 2, got {folds}.")
-    data = rows if isinstance(rows, Dataset) else dataset(_check_rows(rows), ks=ks, ntk=ntk)
+    check_fit_args(level, folds)
+    data = rows if isinstance(rows, Dataset) else dataset(check_rows(rows), ks=ks, ntk=ntk)
     models, consts = fit_models(data.x, data.y, seed)
     runs = np.unique(data.meta["run_id"])
     rng = np.random.default_rng(seed)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import pathlib
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ntk_tt._options import a_type, is_real
 from ntk_tt.telemetry._telemetry import Telemetry, truncate
 
 TARGETS = ("test_accuracy", "diverged", "failed", "above_median", "log_t_eps")
@@ -230,3 +232,70 @@ def dataset(rows: Sequence[dict], *, ks: Sequence[float] = DEFAULT_KS, ntk: bool
     x = np.asarray([[f.get(c, math.nan) for c in columns] for f in feats], np.float64)
     return Dataset(x, columns, {n: np.asarray(v, float) for n, v in ys.items()},
                    {n: np.asarray(v) for n, v in meta.items()})
+
+
+_ROW_FIELDS = ("telemetry", "outcome", "steps", "run_id", "task_id", "dataset", "optimizer",
+               "per_class", "momentum", "kappa_eff")
+_OUTCOME_FIELDS = ("test_accuracy", "diverged", "failed", "training_time")
+# read as numbers (the config id formats them with :g, labels divide by steps)
+_NUMERIC_FIELDS = ("kappa_eff", "momentum", "per_class", "steps", "batch_size")
+
+
+def _shown(value) -> str:
+    """A number's repr, else the type (with a short string's repr): one short line."""
+    if is_real(value):
+        return repr(value)
+    short = isinstance(value, str) and len(value) <= 20
+    return a_type(value) + (f" ({value!r})" if short else "")
+
+
+def check_fit_args(level, folds) -> None:
+    """:func:`ntk_tt.fit_outcome`'s ``level`` a number in (0, 1) and ``folds`` an integer
+    >= 2 (ValueError naming the argument; a string such as "0.9" is refused)."""
+    if not is_real(level) or not 0.0 < level < 1.0:
+        raise ValueError(f"level must be a number in (0, 1), the intervals' coverage (e.g. "
+                         f"level=0.9, not a string), got {_shown(level)}.")
+    if not (is_real(folds) and isinstance(folds, (int, np.integer))) or folds < 2:
+        raise ValueError(f"folds must be an integer >= 2, the number of cross-validation folds "
+                         f"(e.g. folds=5, not a string), got {_shown(folds)}.")
+
+
+def check_rows(rows) -> list:
+    """``rows`` as a list, each a dict with the fields :func:`ntk_tt.fit_outcome` reads, its
+    numeric ones real numbers (ValueError naming the first row that is not, and what it lacks
+    or which field is not a number)."""
+    if isinstance(rows, Mapping):
+        raise ValueError("rows is a single dict (one corpus row?), but fit_outcome takes a list "
+                         "of corpus rows: pass a list, e.g. fit_outcome([row, ...]) or the list "
+                         "ntk_tt.sweep._corpus.read_corpus(path) returns.")
+    if isinstance(rows, (str, bytes, pathlib.PurePath)) or not isinstance(rows, Iterable):
+        raise ValueError(f"rows must be a list of corpus rows (dicts), got {type(rows).__name__}"
+                         "; read a corpus file with ntk_tt.sweep._corpus.read_corpus(path).")
+    rows, bad = list(rows), []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(f"rows[{i}] is {type(r).__name__}, not a corpus row (a dict, as "
+                             "ntk_tt.sweep._corpus.read_corpus returns).")
+        lack = [f for f in _ROW_FIELDS if f not in r] + (
+            ["batch_size"] if r.get("optimizer") == "sgd" and "batch_size" not in r else [])
+        if "outcome" in r:
+            out = r["outcome"]
+            lack += ([f"outcome.{f}" for f in _OUTCOME_FIELDS if f not in out]
+                     if isinstance(out, dict) else ["outcome (a dict)"])
+        bad += [(i, lack)] if lack else []
+    if bad:
+        (i, lack), more = bad[0], len(bad) - 1
+        raise ValueError(
+            f"rows[{i}] lacks the field(s) {', '.join(lack)} that fit_outcome needs"
+            + (f" ({more} more of the {len(rows)} rows lack fields too)" if more else "")
+            + f"; a corpus row (ntk_tt.sweep._corpus.read_corpus) holds {', '.join(_ROW_FIELDS)}"
+            f", batch_size (sgd), and outcome: {', '.join(_OUTCOME_FIELDS)}.")
+    for i, r in enumerate(rows):
+        for f in _NUMERIC_FIELDS:
+            if f == "batch_size" and r.get(f) is None and r["optimizer"] != "sgd":
+                continue  # gd: batch_size may be absent or None
+            if f in r and not is_real(r[f]):
+                raise ValueError(f"rows[{i}][{f!r}] must be a real number, got {_shown(r[f])}"
+                                 f"; store {', '.join(_NUMERIC_FIELDS)} as numbers in the "
+                                 "corpus rows (e.g. 0.5, not '0.5').")
+    return rows

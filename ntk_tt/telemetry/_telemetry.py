@@ -62,6 +62,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ntk_tt._options import a_type
 from ntk_tt._output_paths import require_folder
 
 SCHEMA_VERSION = 1
@@ -259,14 +260,14 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
 
     Raises:
       ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
-        swapped); ``runs`` is not a Telemetry or a sequence of them (the first other item
-        named); ``path``'s folder does not exist. Nothing is written then.
+        swapped; its type named); ``runs`` is not a Telemetry or a sequence of them (the first
+        other item's index and type named); ``path``'s folder does not exist. Nothing is
+        written then.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be the .jsonl file's path (str or os.PathLike), got "
-                         f"{type(path).__name__} ({path!r:.40}); call save_telemetry(path, "
-                         "runs), e.g. save_telemetry('runs.jsonl', [run.telemetry]). Nothing "
-                         "was written.")
+                         f"{a_type(path)}; call save_telemetry(path, runs), e.g. "
+                         "save_telemetry('runs.jsonl', [run.telemetry]). Nothing was written.")
     many = isinstance(runs, Iterable) and not isinstance(runs, (Telemetry, str, bytes, dict))
     runs = list(runs) if many else [runs]
     for i, r in enumerate(runs):
@@ -274,7 +275,7 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
             where = f"item {i} of runs" if many else "runs"
             raise ValueError(f"save_telemetry writes Telemetry records (the .telemetry of "
                              f"ntk_tt.finetune(..., telemetry=True)), one or a list of them; "
-                             f"{where} is {r!r:.60} ({type(r).__name__}). Nothing was written.")
+                             f"{where} is {a_type(r)}. Nothing was written.")
     require_folder(path, "telemetry")
     with open(path, "w", encoding="utf-8") as fh:
         for r in runs:
