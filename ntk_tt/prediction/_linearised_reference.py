@@ -42,9 +42,9 @@ class ReferenceRun(NamedTuple):
     loss, error: full-training-set mean loss and error rate after 0..T updates (T + 1,).
     test_loss, test_error: held-out curves (T + 1,) or None. logits: (T + 1, N, C) training
     logits of the linear model (at a re-linearisation step, ``segments`` > 1, the network's
-    own); test_logits (T + 1, N_test, C) or None. params: the final
-    weights θ_T. stopped_at: the first update whose loss was non-finite (from there the curves
-    hold the last finite values, as ``ntk_tt.finetune``), or None.
+    own; the last step always the linear model's); test_logits (T + 1, N_test, C) or None.
+    params: the final weights θ_T. stopped_at: the first update whose loss was non-finite
+    (from there the curves hold the last finite values, as ``ntk_tt.finetune``), or None.
     """
 
     loss: np.ndarray
@@ -65,9 +65,12 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
     With ``segments`` = K > 1 the network is re-linearised at its current weights θ_{t_k} at
     the steps t_k = round(k·T/K), k = 1 … K − 1: from there it trains f(θ_{t_k}) +
     J(θ_{t_k})(θ − θ_{t_k}), the logits jumping to the network's own f(θ_{t_k}), the optax
-    state carried on. K = T re-linearises before every update, which is real training (equal
-    to :func:`ntk_tt.finetune` with ``optimizer`` to rounding): K measures how often a
-    linearised model must be refreshed to follow the real run (issue 27's error budget).
+    state carried on. K = T re-linearises before every update, so every update is real
+    training's: the weights θ_1 … θ_T and the logits and curves at steps 0 … T − 1 equal
+    :func:`ntk_tt.finetune`'s with ``optimizer`` to rounding, and those at step T are the
+    linear step from θ_{T−1} (no re-linearisation after the last update: off by second
+    order in θ_T − θ_{T−1}). K measures how often a linearised model must be refreshed to
+    follow the real run (issue 27's error budget, ``experiments/adam_relinearise.py``).
 
     Args:
       apply_fn, params: the network and its pre-trained weights θ_0 (``ntk_tt.from_nnx``).
