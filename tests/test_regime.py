@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt.dynamics._regime import LINEAR_TRAVEL
+from ntk_tt.dynamics._regime import LINEAR_TRAVEL, backbone_rms, split_rms
 
 N, T, C = 16, 12, 3
 
@@ -99,3 +99,80 @@ def test_adam_predictions_warn_beyond_the_linear_regime_and_record_the_travel():
         pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.sgd(0.5), steps=T,
                               head=head)
     assert "weight_travel" not in pred.hyperparameters
+
+
+
+def _adam_setup():
+    """The tiny MLP's split and the AdamKernel of a full-batch AdamW without decay (the kernel
+    depends on ε, B and the loss, not on the schedule: one kernel serves every peak)."""
+    model, apply_fn, params, x, y = _problem()
+    head = ntk_tt.split_head(model)
+    ak = ntk_tt.adam_head_aware_kernel(head, x, y, ntk_tt.adamw(1e-3, weight_decay=0.0))
+    return apply_fn, params, x, y, head, ak
+
+
+def _peak(head, factor) -> float:
+    """The warmup-cosine peak whose ρ over T steps is ``factor`` × the threshold."""
+    unit = ntk_tt.warmup_cosine(1.0, 3, T).values(T)
+    return factor * LINEAR_TRAVEL / ntk_tt.weight_travel(unit, head[1])
+
+
+def _adamw(head, factor):
+    """AdamW (warmup + cosine, no decay) with ρ = ``factor`` × the threshold over T steps."""
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(_peak(head, factor), 3, T), weight_decay=0.0)
+    assert ntk_tt.weight_travel(opt.learning_rates(T), head[1]) == pytest.approx(
+        factor * LINEAR_TRAVEL, rel=1e-5)
+    return opt
+
+
+def test_an_adam_kernel_records_the_backbones_rms_weight():
+    _, _, _, y, head, ak = _adam_setup()
+    leaves = [np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(head[1])]
+    assert ak.weight_rms == pytest.approx(np.sqrt(np.mean(np.concatenate(leaves) ** 2)),
+                                          rel=1e-12)
+    assert ak.weight_rms == backbone_rms(head[1])  # weight_travel's scale
+    # built positionally without it, as before the field: None (ρ not checked)
+    assert ntk_tt.AdamKernel(ak.hk, ak.precond, N).weight_rms is None
+    # a pytree leaf like eps: jit over the kernel traces it (no check), same curve
+    opt = _adamw(head, 3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ntk_tt.LinearRegimeWarning)
+        jitted = jax.jit(lambda k: ntk_tt.predict_head_aware(k, y, optimizer=opt,
+                                                             steps=T).loss)(ak)
+    with pytest.warns(ntk_tt.LinearRegimeWarning):
+        eager = ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T).loss
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-5)
+    # weights traced while the kernel is built (jit over them): their RMS is unknown, None
+    seen = []
+    jax.jit(lambda p: seen.append(split_rms((head[0], p, *head[2:]))) or 0.0)(head[1])
+    assert seen == [None] and split_rms(head) == ak.weight_rms
+
+
+@pytest.mark.parametrize("entry", ["predict_head_aware", "sensitivities"])
+def test_kernel_level_adam_entry_points_warn_beyond_the_linear_regime(entry):
+    _, _, _, y, head, ak = _adam_setup()
+    run = ntk_tt.predict_head_aware if entry == "predict_head_aware" else ntk_tt.sensitivities
+    with pytest.warns(ntk_tt.LinearRegimeWarning, match=f"{3 * LINEAR_TRAVEL:.2g}") as said:
+        run(ak, y, optimizer=_adamw(head, 3.0), steps=T)
+    assert len(said) == 1 and said[0].filename == __file__  # the user's call, this line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ntk_tt.LinearRegimeWarning)
+        run(ak, y, optimizer=_adamw(head, 0.3), steps=T)
+        # no weight_rms (a hand-built kernel): ρ unknown, not checked
+        run(ak._replace(weight_rms=None), y, optimizer=_adamw(head, 3.0), steps=T)
+        if entry == "predict_head_aware":  # a traced schedule (grad over the peak): skipped
+            jax.grad(lambda p: run(ak, y, optimizer=ntk_tt.adamw(
+                ntk_tt.warmup_cosine(p, 3, T), weight_decay=0.0), steps=T).loss[-1])(
+                _peak(head, 3.0))
+
+
+def test_predict_with_an_adam_head_kernel_warns_once():
+    apply_fn, params, x, y, head, ak = _adam_setup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=_adamw(head, 3.0), steps=T,
+                              head=head, head_kernel=ak)
+    said = [w for w in caught if issubclass(w.category, ntk_tt.LinearRegimeWarning)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert said[0].filename == __file__
+    assert pred.hyperparameters["weight_travel"] == pytest.approx(3 * LINEAR_TRAVEL, rel=1e-5)

@@ -57,6 +57,7 @@ from ntk_tt.analysis._whatif_core import (
 )
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
 from ntk_tt.dynamics._divergence import DIVERGES
+from ntk_tt.dynamics._regime import kernel_travel
 from ntk_tt.training._optimizer_run import check_shorthand
 
 
@@ -136,6 +137,14 @@ def sensitivities(
       the predicted curve diverged; ``outcome`` / ``divergence`` are ``predict``'s call on
       the real run (κ ≥ 68 says "diverges" whatever the curve; ``divergence_reason``).
 
+    Warns:
+      LinearRegimeWarning: an Adam ``optimizer`` whose weight travel ρ = Σ η_t /
+        ``kernel.weight_rms`` over the ``steps`` exceeds 0.07 (``ntk_tt.dynamics._regime``;
+        as ``ntk_tt.predict``), the derivatives' point then outside the linearised regime
+        the fast Adam predictor is measured in. ρ is not returned (``hyperparameters`` holds
+        the differentiated ones only); not checked when ``kernel.weight_rms`` is None or the
+        schedule or ``weight_rms`` is traced.
+
     Raises:
       ValueError (before any work, with how to fix it): an empty kernel or y (N = 0), η not
       a real scalar or ≤ 0, m ∉
@@ -160,8 +169,11 @@ def sensitivities(
             kernel, y, optimizer, steps=steps, key=key, y_test=y_test, f0=f0,
             kernel_test=kernel_test, f0_test=f0_test, a=a, a_test=a_test, loss=loss,
             num_paths=num_paths, warmup_smoothing=warmup_smoothing)
-        return optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
-                                       loss=loss, window=window)
+        out = optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
+                                      loss=loss, window=window)
+        # Adam: ρ from the AdamKernel's weight_rms; stacklevel 2 = the user's call of this
+        kernel_travel(optimizer, steps, getattr(kernel, "weight_rms", None), stacklevel=2)
+        return out
     _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
     nesterov = False if nesterov is None else nesterov
@@ -239,6 +251,10 @@ def divergence_boundary(
     coupling, batch size, warmup and decay shape) is the template's. ``kappa`` is
     η_peak·λ_max/N; ``beyond_edge`` compares it with the heavy-ball (Nesterov) edge of m for
     SGD; Adam has no linear edge (its call comes from the curve): ``beyond_edge`` is False.
+    The grid is for finding the divergence edge, so Adam's weight travel ρ = Σ η_t /
+    rms(θ_0) is not checked here (no ``LinearRegimeWarning``, unlike :func:`sensitivities`
+    and ``predict``): peaks with ρ > 0.07 lie outside the linearised regime the fast Adam
+    predictor is measured in, and their curves are less reliable.
 
     Args:
       kernel, y, steps, batch_size, key, y_test, f0, kernel_test, f0_test, nesterov, loss,

@@ -78,6 +78,7 @@ from ntk_tt.dynamics._noise import _mean_grad, _squared, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
+from ntk_tt.dynamics._regime import split_rms
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     _WithHead,
@@ -98,7 +99,11 @@ class AdamKernel(NamedTuple):
     (:class:`ntk_tt.dynamics._adam_drift.DriftTable`; None: the frozen profile). eps: the ε
     that P = 1/(√v̄ + ε) was built with (None: not recorded, not checked). loss: index in
     ``LOSSES`` of the loss v̄ was taken of (an int: a pytree of numbers; None: not checked).
-    labels: the y (N,) whose loss gradients v̄ holds (None: not checked)."""
+    labels: the y (N,) whose loss gradients v̄ holds (None: not checked). weight_rms:
+    rms(θ_0) = ‖θ_0‖/√D of the backbone over its floating-point leaves
+    (:func:`ntk_tt.dynamics._regime.backbone_rms`): ``predict_head_aware`` and
+    ``sensitivities`` check Adam's weight travel ρ = Σ η_t / weight_rms with it (None: not
+    checked)."""
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
@@ -107,6 +112,7 @@ class AdamKernel(NamedTuple):
     eps: float | None = None
     loss: int | None = None
     labels: jax.Array | None = None
+    weight_rms: float | None = None
 
 
 class AdamHeadState(NamedTuple):
@@ -156,12 +162,14 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
       variance_samples: per-sample gradients for σ² with "drift" (all N if fewer).
 
     Returns:
-      :class:`AdamKernel` (``drift`` set with ``profile="drift"``).
+      :class:`AdamKernel` (``drift`` set with ``profile="drift"``; ``weight_rms`` that of
+      ``split[1]``, None when its weights are traced).
 
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, a ``hk`` of another form or size,
-        and every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
+        backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
+        every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
     check_optimizer(optimizer, ("adam",), where="adam_head_aware_kernel")
     check_l2_adam(optimizer)
@@ -179,6 +187,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
                          f"σ²), got {variance_samples!r}.")
+    rms = split_rms(split)  # AdamKernel.weight_rms, ρ's scale (NaN weights: before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
@@ -202,7 +211,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
         table = table._replace(calibration=kernel_calibration(
             hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
-    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y)
+    return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y,
+                      rms)
 
 
 @jax.jit

@@ -26,6 +26,7 @@ import warnings
 import jax
 import numpy as np
 
+from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 
 LINEAR_TRAVEL = 0.07
@@ -69,17 +70,72 @@ def weight_travel(learning_rates, params) -> float:
         raise ValueError(f"weight_travel needs learning_rates as a 1-D array of finite real "
                          f"numbers >= 0 (η_t per step: Optimizer.learning_rates(T)), got "
                          f"{learning_rates!r}.")
+    return _ratio(float(np.sum(lrs)), backbone_rms(params))
+
+
+def backbone_rms(params) -> float:
+    """rms(θ_0) = ‖θ_0‖ / √D of the backbone's weights, the scale :func:`weight_travel`
+    divides by (and ``AdamKernel.weight_rms``).
+
+    Args:
+      params: the backbone's weights θ_0 (a pytree; ``split_head(model)[1]``). Only its
+        floating-point array leaves are weights (D their total size): integer, boolean and
+        PRNG-key leaves and None are skipped.
+
+    Returns:
+      rms(θ_0) ≥ 0 as a float.
+
+    Raises:
+      ValueError: ``params`` with no floating-point leaves or with NaN or inf weights.
+    """
     leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(params)
               if _is_weight(leaf)]
     size = sum(leaf.size for leaf in leaves)
     if size == 0:
-        raise ValueError("weight_travel needs the backbone's weights (a pytree of floating-point "
-                         "arrays, split_head(model)[1]); got no floating-point leaves.")
+        raise ValueError("ρ needs the backbone's weights (a pytree of floating-point arrays, "
+                         "split_head(model)[1]); got no floating-point leaves.")
     if not all(np.all(np.isfinite(leaf)) for leaf in leaves):
-        raise ValueError("weight_travel: the backbone's weights hold NaN or inf; pass the "
-                         "pre-trained weights θ_0 (split_head(model)[1]).")
-    total, rms = float(np.sum(lrs)), np.sqrt(sum(float(np.sum(v ** 2)) for v in leaves) / size)
+        raise ValueError("the backbone's weights hold NaN or inf; pass the pre-trained "
+                         "weights θ_0 (split_head(model)[1]).")
+    return float(np.sqrt(sum(float(np.sum(v ** 2)) for v in leaves) / size))
+
+
+def split_rms(split) -> float | None:
+    """:func:`backbone_rms` of ``split[1]`` (``split_head(model)``) for
+    ``AdamKernel.weight_rms``; None when a weight is traced (``jit`` over the kernel's
+    construction) or ``split`` is not a 4-tuple (``head_aware_kernel`` says why)."""
+    if not isinstance(split, tuple | list) or len(split) != 4:
+        return None
+    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(split[1])):
+        return None
+    return backbone_rms(split[1])
+
+
+def _ratio(total: float, rms: float) -> float:
+    """ρ = Σ η_t / rms: ``inf`` for rms = 0 and Σ η_t > 0, 0 for Σ η_t = 0."""
     return total / rms if rms > 0 else (float("inf") if total > 0 else 0.0)
+
+
+def kernel_travel(optimizer, steps: int, weight_rms, stacklevel: int) -> float | None:
+    """ρ of an Adam-family ``optimizer`` over ``steps`` from the backbone's
+    ``weight_rms`` (``AdamKernel.weight_rms``), warned as :func:`warn_travel`;
+    ``stacklevel`` as in a ``warnings.warn`` in the caller of this function (2: the
+    caller's caller).
+
+    The kernel-level Adam entry points (``predict_head_aware``, ``sensitivities``) never see
+    the backbone's weights; the AdamKernel carries their RMS instead. Returns None (and warns
+    nothing) for SGD, a ``weight_rms`` of None, or a traced learning rate or ``weight_rms``
+    (``jit`` / ``vmap`` / ``grad`` over the call: the values are unknown there).
+    """
+    rms = None if weight_rms is None else _concrete(weight_rms)
+    if getattr(optimizer, "rule", None) != "adam" or rms is None:
+        return None
+    lrs = optimizer.learning_rates(int(steps))
+    if isinstance(lrs, jax.core.Tracer):
+        return None
+    travel = _ratio(float(np.sum(np.asarray(lrs, np.float64))), rms)
+    warn_travel(travel, stacklevel=stacklevel + 2)  # + this and warn_travel
+    return travel
 
 
 def _is_weight(leaf) -> bool:
