@@ -227,6 +227,17 @@ def run_row(row, data, args, hk0) -> dict:
     return out
 
 
+def task_kernels(frame: pd.DataFrame):
+    """Per task of a sweep-table ``frame``: (its data as the sweep loaded it, its head-aware
+    kernel at θ_0, its rows), for the one-off oracles built on this module."""
+    for _, group in frame.groupby("task_id"):
+        r0 = group.iloc[0]
+        task = Task(r0.dataset, int(r0.per_class), int(r0.seed))
+        data = load_task(task, SweepSpec(datasets=(task.dataset,), per_class=(task.per_class,),
+                                         seeds=(task.seed,)))
+        yield data, ntk_tt.head_aware_kernel(data.split, data.x), group
+
+
 def collect(out: pathlib.Path, args) -> None:
     rows_dir = out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,8 @@ import pandas as pd
 
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import HeadState, initial_state
-from ntk_tt.sweep._grid import SweepSpec, Task
-from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._grid import Task
+from ntk_tt.sweep._load import _task_key
 
 SEGMENTS = 8
 
@@ -72,15 +72,11 @@ def main(argv=None) -> None:
     df = df[(df.per_class == a.per_class) & (df.optimizer == "gd")
             & np.isclose(df.kappa_eff.to_numpy()[:, None], np.array(a.kappas)).any(1)]
     with open(a.out, "a") as out:
-        for _, group in df.groupby("task_id"):
-            r0 = group.iloc[0]
-            task = Task(r0.dataset, int(r0.per_class), int(r0.seed))
-            data = load_task(task, SweepSpec(datasets=(task.dataset,),
-                                             per_class=(task.per_class,), seeds=(task.seed,)))
-            hk0 = ntk_tt.head_aware_kernel(data.split, data.x)
+        for data, hk0, group in eb.task_kernels(df):
             for row in group.itertuples():
                 steps, lr, mom = int(row.steps), float(row.learning_rate), float(row.momentum)
-                real, saved, batches = eb.real_run(data, _task_key(task), lr, mom, steps, None,
+                key = _task_key(Task(row.dataset, int(row.per_class), int(row.seed)))
+                real, saved, batches = eb.real_run(data, key, lr, mom, steps, None,
                                                    set(eb.boundaries(steps, SEGMENTS).tolist()))
                 default = eb.oracle_curve(data, saved, batches, lr, mom, steps, 1, False, hk0,
                                           {})
