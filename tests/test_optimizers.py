@@ -537,8 +537,11 @@ def test_optimizer_errors_before_work(x64):
         ntk_tt.sgd_trajectory(kernel, f0, y, ntk_tt.adamw(0.1), steps=T)
     with pytest.raises(ValueError, match="weight decay acts on J·θ0: pass a"):
         ntk_tt.sgd_trajectory(kernel, f0, y, ntk_tt.sgd(0.1, weight_decay=0.1), steps=T)
-    with pytest.raises(ValueError, match="needs a key"):
+    with pytest.raises(ValueError, match="need a key for their order"):
         ntk_tt.sgd_trajectory(kernel, f0, y, ntk_tt.sgd(0.1, batch_size=4), steps=T)
+    with pytest.raises(ValueError, match=r"minibatches \(batch_size 4 < N = .*SGD or Adam\)"):
+        ntk_tt.linearised_reference(linear_apply, params, x, y, ntk_tt.adamw(0.1, batch_size=4),
+                                    steps=T)
     with pytest.raises(ValueError, match="must be an ntk_tt.Optimizer"):
         ntk_tt.linearised_reference(linear_apply, params, x, y, 0.1, steps=T)
     model, split, xh, yh, _, a_h, _ = _head_problem()

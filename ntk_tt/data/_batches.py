@@ -51,8 +51,8 @@ def _check(key, n, batch_size, steps) -> bool:
         return True
     if key is None:
         raise ValueError(
-            "SGD (batch_size < N) needs a key for the minibatch order: pass "
-            "key=jax.random.key(seed)."
+            f"minibatches (batch_size {batch_size} < N = {n}, SGD or Adam) need a key for "
+            "their order: pass key=jax.random.key(seed)."
         )
     check_key(key)
     return False
