@@ -1,14 +1,15 @@
 """A fitted growth law for the backbone feature kernel, scored leaving one target set out.
 
-    python experiments/kernel_growth.py --out OUT.jsonl            # the 72 GD main-grid rows
-    python experiments/kernel_growth.py --out OUT.jsonl --report   # p95 per growth and LOO
+    python experiments/kernel_growth.py --out OUT.jsonl [--sgd]     # 72 GD main-grid rows
+    python experiments/kernel_growth.py --out OUT.jsonl --report    # p95 per growth and LOO
 
 The default head-aware prediction's features fall behind the real ones late in the run
 (README "Error budget"). Here its backbone feature kernel K_h is scaled by
 c_k = 1 + a·k/7 over the k = 0 … 7 eighths of the horizon (K_h grows linearly to (1 + a)·K_h;
 the state carried across, as ``experiments/error_budget.py`` chains segments), for
-a ∈ ``GROWTHS``, on every GD row of the committed full preset with κ̃ ≤ 12
-(``experiments/results/sweep``; a = 0 reproduces its predictions exactly). ``--report``
+a ∈ ``GROWTHS``, on every GD row of the committed full preset with κ̃ ≤ 12 (with ``--sgd``
+the 96 minibatch rows too, the mean over the sweep's minibatch orders;
+``experiments/results/sweep``; a = 0 reproduces its predictions exactly). ``--report``
 gives T_ε p95 pooled over ε ∈ {0.1, 0.4} per a (and that of the steps to the sweep's
 absolute losses q·L_0), and the leave-one-target-set-out figure of choosing a by T_ε on the
 other three sets (one a for all rows, or one per κ̃): the only honest score of a growth law
@@ -27,7 +28,10 @@ import numpy as np
 import pandas as pd
 
 import ntk_tt
+from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.dynamics._predict_head_aware import initial_state
+from ntk_tt.sweep._grid import Task
+from ntk_tt.sweep._load import _task_key
 from ntk_tt.sweep._targets import LOSS_FRACTIONS, target_columns
 
 GROWTHS = (0.0, 0.25, 0.5, 1.0, 2.0)
@@ -35,21 +39,29 @@ EPS = ("0.1", "0.4")
 SEGMENTS = 8
 
 
-def grown_curve(hk, y, row, growth: float) -> np.ndarray:
-    """GD loss curve (T + 1,) of the head-aware model with K_h scaled by 1 + a·k/7 in the
-    k-th eighth of the horizon."""
+def grown_curve(hk, y, row, growth: float, key) -> np.ndarray:
+    """Loss curve (T + 1,) of the head-aware model with K_h scaled by 1 + a·k/7 in the k-th
+    eighth of the horizon: GD, or for B < N the mean over the row's ``pred_paths`` minibatch
+    orders of ``path_batch_indices(key, ...)`` (path 0 the real run's), as the sweep."""
     n, steps = hk.features.shape[0], int(row.steps)
-    batches = jnp.tile(jnp.arange(n)[None], (steps, 1))
+    if row.optimizer == "gd":
+        batches = jnp.tile(jnp.arange(n)[None], (1, steps, 1))
+    else:
+        batches = path_batch_indices(key, n, int(row.batch_size), steps, int(row.pred_paths))
     ends = eb.boundaries(steps, SEGMENTS)
     kw = dict(learning_rate=jnp.float32(row.learning_rate),
               momentum=jnp.float32(row.momentum), nesterov=False, loss=eb.LOSS)
-    state, parts = initial_state(hk), []
-    for s in range(SEGMENTS):
-        scaled = hk._replace(backbone=hk.backbone * (1.0 + growth * s / (SEGMENTS - 1)))
-        f, _, state = eb._trajectory(scaled, y, batches[ends[s]:ends[s + 1]], state, **kw)
-        parts.append(f if s == 0 else f[1:])
-    fs = jnp.concatenate(parts)
-    return np.asarray(jax.vmap(lambda f: eb.mean_loss(f, y, eb.LOSS))(fs), np.float64)
+
+    def path(order):
+        state, parts = initial_state(hk), []
+        for s in range(SEGMENTS):
+            scaled = hk._replace(backbone=hk.backbone * (1.0 + growth * s / (SEGMENTS - 1)))
+            f, _, state = eb._trajectory(scaled, y, order[ends[s]:ends[s + 1]], state, **kw)
+            parts.append(f if s == 0 else f[1:])
+        fs = jnp.concatenate(parts)
+        return jax.vmap(lambda f: eb.mean_loss(f, y, eb.LOSS))(fs)
+
+    return np.asarray(jnp.mean(jax.vmap(path)(batches), axis=0), np.float64)
 
 
 def times(curve, real) -> dict[str, float | None]:
@@ -64,17 +76,20 @@ def times(curve, real) -> dict[str, float | None]:
     return out
 
 
-def collect(path: str) -> None:
+def collect(path: str, sgd: bool) -> None:
     df = pd.read_parquet(eb.SWEEP)
-    df = df[(df.optimizer == "gd") & (df.kappa_eff < 13)]
+    df = df[df.kappa_eff < 13]
+    if not sgd:
+        df = df[df.optimizer == "gd"]
     with open(path, "a") as out:
         for data, hk, group in eb.task_kernels(df):
             for row in group.itertuples():
-                res = {"row_id": row.row_id, "dataset": row.dataset,
+                res = {"row_id": row.row_id, "dataset": row.dataset, "optimizer": row.optimizer,
                        "num_train": int(row.num_train), "kappa_eff": float(row.kappa_eff),
                        "momentum": float(row.momentum),
                        "real": times(row.real_loss, row.real_loss)}
-                res |= {f"{a:g}": times(grown_curve(hk, data.y, row, a), row.real_loss)
+                key = _task_key(Task(row.dataset, int(row.per_class), int(row.seed)))
+                res |= {f"{a:g}": times(grown_curve(hk, data.y, row, a, key), row.real_loss)
                         for a in GROWTHS}
                 out.write(json.dumps(res) + "\n")
                 out.flush()
@@ -90,7 +105,14 @@ def _p95(cases, keys=EPS) -> float:
 
 
 def report(path: str) -> None:
+    """The figures of :func:`_report` per optimiser (GD; SGD with ``--sgd``)."""
     rows = [json.loads(line) for line in open(path)]
+    for opt in sorted({r.get("optimizer", "gd") for r in rows}):
+        print(f"--- {opt}")
+        _report([r for r in rows if r.get("optimizer", "gd") == opt])
+
+
+def _report(rows: list[dict]) -> None:
     names = [f"{a:g}" for a in GROWTHS]
     kap = {k: [r for r in rows if round(r["kappa_eff"]) == k] for k in (1, 4, 12)}
     targets = tuple(f"loss{q:g}" for q in LOSS_FRACTIONS)
@@ -116,8 +138,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--report", action="store_true")
+    p.add_argument("--sgd", action="store_true", help="the minibatch rows too")
     a = p.parse_args(argv)
-    (report if a.report else collect)(a.out)
+    if a.report:
+        report(a.out)
+    else:
+        collect(a.out, a.sgd)
 
 
 if __name__ == "__main__":
