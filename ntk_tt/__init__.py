@@ -74,7 +74,7 @@ _EXPORTS = {
     "SubsetPrediction": "ntk_tt.prediction._subset",
     "predict_from_subset": "ntk_tt.prediction._subset",
     "sharded_empirical_ntk": "ntk_tt.kernels._sharding",
-    "CalibrationRangeWarning": "ntk_tt.prediction._intervals",
+    "CalibrationRangeWarning": "ntk_tt.prediction._intervals_range",
     "IntervalCalibrator": "ntk_tt.prediction._intervals",
     "default_calibrator": "ntk_tt.prediction._intervals",
     "fit_intervals": "ntk_tt.prediction._intervals",

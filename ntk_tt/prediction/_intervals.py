@@ -38,9 +38,13 @@ import warnings
 
 import numpy as np
 
-from ntk_tt._options import a_type, is_real
+from ntk_tt._options import a_type
 from ntk_tt._output_paths import require_folder
-from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
+    CalibrationRangeWarning,
+    check_ranges,
+    range_messages,
+)
 from ntk_tt.prediction._result import Prediction
 
 FORMAT = "ntk_tt.intervals/1"
@@ -48,10 +52,6 @@ KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSET = pathlib.Path(__file__).resolve().parents[1] / "assets" / "intervals.json"
-
-
-class CalibrationRangeWarning(BeyondEdgeWarning):
-    """A T_ε interval for an N or T outside the calibration table's (:func:`intervals`)."""
 
 
 def _check_level(level) -> float:
@@ -83,7 +83,9 @@ def conformal_quantile(scores, q: float) -> float:
     s = np.sort(np.asarray(scores, float).ravel())
     # the tolerance keeps (n + 1)·q that is an integer in exact arithmetic from rounding up
     k = math.ceil((len(s) + 1) * q - 1e-9)
-    return math.inf if k > len(s) else -math.inf if k < 1 else float(s[k - 1])
+    if k > len(s):
+        return math.inf
+    return -math.inf if k < 1 else float(s[k - 1])
 
 
 def kappa_bin(kappa_eff: float, edges=KAPPA_EDGES) -> str:
@@ -164,21 +166,9 @@ class IntervalCalibrator:
         return t * math.exp(lo), t * math.exp(hi)
 
     def range_warnings(self, num_train=None, steps=None) -> list[str]:
-        """One message per quantity, N = ``num_train`` or T = ``steps``, outside ``source``'s
-        [min, max] ("N = 2000 training samples is outside the calibration table's N = 50–750
-        (...)"); none for one that is None or has no recorded range; ValueError for a non-number."""
-        out = []
-        for field, sym, unit, v in (("num_train", "N", "training samples", num_train),
-                                    ("steps", "T", "steps", steps)):
-            if v is not None and not is_real(v):
-                raise ValueError(f"{field} must be a number ({sym}, {unit}) or None, got "
-                                 f"{a_type(v)}; pass e.g. {field}=250, not a string.")
-            lo, hi = self.source.get(field) or (v, v)  # no range recorded: never outside
-            if v is not None and not lo <= v <= hi:
-                out.append(f"{sym} = {v:g} {unit} is outside the calibration table's {sym} = "
-                           f"{f'{lo:g}' if lo == hi else f'{lo:g}–{hi:g}'} (the T_ε intervals "
-                           "are an extrapolation there: their coverage is not measured)")
-        return out
+        """:func:`ntk_tt.prediction._intervals_range.range_messages` of this calibrator: one
+        message per N = ``num_train`` or T = ``steps`` outside ``source``'s recorded range."""
+        return range_messages(self.source, num_train, steps)
 
     def to_json(self) -> dict:
         """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
@@ -222,12 +212,7 @@ class IntervalCalibrator:
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(
                 source := data.get("source"), dict):
             raise wrong
-        for f in ("num_train", "steps"):
-            r = source.get(f, [0, 0])  # absent: written before the ranges were recorded
-            if not (isinstance(r, list) and len(r) == 2 and all(map(is_real, r)) and r[0] <= r[1]):
-                shown = json.dumps(r) if isinstance(r, list) and len(r) <= 2 else a_type(r)
-                raise ValueError(f"{path}: source[{f!r}] must be a [min, max] pair of numbers "
-                                 f"with min <= max, got {shown}; fix or delete it, or refit.")
+        check_ranges(path, source)
         try:
             groups = {(g["kappa_eff"], g["eps"], g["optimizer"]): tuple(g["residuals"])
                       for g in data["groups"]}
@@ -305,8 +290,9 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
                  ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
               **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
                  if f in frame.columns for v in [frame[f].to_numpy(float)[used]]}}
-    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges, groups={
-        k: tuple(sorted(v)) for k, v in groups.items()}, source=source)
+    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
+                              groups={k: tuple(sorted(v)) for k, v in groups.items()},
+                              source=source)
 
 
 @functools.lru_cache(maxsize=1)
