@@ -5,10 +5,11 @@
 For each grouping (``by`` of ``ntk_tt.fit_intervals``: κ̃ alone, the default; κ̃ × ε;
 κ̃ × ε × optimiser; none) and each target set (``dataset`` column) of SWEEP_DIR/results.parquet:
 fit on the other sets, then on the held-out set's (row, ε) cases with a defined real and
-predicted T_ε measure the coverage (real T_ε in [lo, hi]) and the median relative width
-(hi − lo)/T_real. Writes OUT/coverage.csv (one line per grouping × held-out set × ε, with
-``pooled`` over the sets and ``all`` over ε) and OUT/calibrator.json (the default grouping
-fitted on every set), and prints the pooled lines. The predictor is the sweep's headline one:
+predicted T_ε measure the coverage (real T_ε in [lo, hi], each bound capped at the row's T as
+``ntk_tt.intervals`` caps it) and the median relative width (hi − lo)/T_real. Writes
+OUT/coverage.csv (one line per grouping × held-out set × ε, with ``pooled`` over the sets and
+``all`` over ε) and OUT/calibrator.json (the default grouping fitted on every set), and prints
+the pooled lines. The predictor is the sweep's headline one:
 when SWEEP_DIR/summary.json records a promoted primary (``--report --primary``), the same
 relabelling is applied to the table first.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 
 import pandas as pd
@@ -41,8 +43,11 @@ def held_out_cases(train: pd.DataFrame, test: pd.DataFrame, level: float,
         for _, row in test[keep].iterrows():
             args = (row["kappa_eff"], eps, row["optimizer"])
             lo, hi = cal.interval(row[f"pred_T{eps:g}"], *args)
+            horizon = row.get("steps", math.inf)  # T_ε ≤ T: capped as ntk_tt.intervals caps
+            lo, hi = min(lo, horizon), min(hi, horizon)
             real = row[f"real_T{eps:g}"]
-            out.append({"dataset": row["dataset"], "eps": f"{eps:g}", "real": real,
+            out.append({"dataset": row["dataset"], "kappa_eff": row["kappa_eff"],
+                        "eps": f"{eps:g}", "real": real,
                         "lo": lo, "hi": hi, "covered": lo <= real <= hi,
                         "rel_width": (hi - lo) / real,
                         "fallback": len(cal.group(*args)[0]) < len(by)})

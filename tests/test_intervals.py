@@ -223,6 +223,18 @@ def test_intervals_of_a_prediction_use_effective_kappa_and_optimizer():
     assert gd["loss"][0.1] == cal.interval(40.0, 1.0, 0.1, "gd", level=0.5)
 
 
+def test_intervals_are_capped_at_the_horizon():
+    """T_ε ≤ T by definition, so a bound past T is cut to T; one inside T is left alone."""
+    cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(8), 20),
+                               by=("kappa", "optimizer"))
+    raw = cal.interval(140.0, 12.0, 0.1, "gd")
+    assert raw[0] < 140.0 < 150.0 < raw[1]  # κ̃ = 12's residuals are wide (TRUTH)
+    pred = fake_prediction(12.0, 0.0, 100, {0.1: 140.0, 0.4: 20.0}, steps=150)
+    out = ntk_tt.intervals(pred, cal)["loss"]
+    assert out[0.1] == (raw[0], 150.0)
+    assert out[0.4] == cal.interval(20.0, 12.0, 0.4, "gd") and out[0.4][1] < 150.0
+
+
 @pytest.mark.skipif(not (SWEEP / "results.parquet").exists(), reason="no committed table")
 def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     from ntk_tt.sweep._summary import promote
@@ -239,7 +251,8 @@ def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     pred = fake_prediction(0.4, 0.9, 100, {0.01: 140.0, 0.1: 60.0, 0.4: 20.0})
     out = ntk_tt.intervals(pred)
     for eps, t in pred.training_time["loss"].items():
-        assert out["loss"][eps] == pytest.approx(fitted.interval(t, 4.0, eps, "gd"), rel=1e-5)
+        capped = [min(b, 150.0) for b in fitted.interval(t, 4.0, eps, "gd")]  # T = 150
+        assert out["loss"][eps] == pytest.approx(capped, rel=1e-5)
 
 
 def test_no_interval_for_a_predictor_the_residuals_are_not_of():

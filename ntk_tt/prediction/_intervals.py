@@ -346,7 +346,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
 
     Returns:
       ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps, for the ε
-      of ``prediction.training_time``: None where T̂_ε is undefined (or the prediction diverged);
+      of ``prediction.training_time``, each bound capped at the horizon T (``hyperparameters``
+      "steps"): T_ε ≤ T by its definition (relative to the curve's own L_T), so the cap loses
+      no coverage; None where T̂_ε is undefined (or the prediction diverged);
       the benchmark table measures loss-curve T_ε only, so error-curve T_ε have no calibrated
       interval (None). All None when the prediction was not made by the predictor the residuals are
       of (:func:`calibrated_for`): the shipped calibrator's are the default head-aware predictor's
@@ -376,10 +378,11 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
+    horizon = float(hp["steps"]) if hp.get("steps") is not None else math.inf
     loss = {}
     for eps, t in tt["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
-        loss[eps] = None if math.isnan(lo) else (lo, hi)
+        loss[eps] = None if math.isnan(lo) else (min(lo, horizon), min(hi, horizon))
     said = cal.range_warnings(hp.get("num_train"), hp.get("steps")) if any(loss.values()) else []
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
