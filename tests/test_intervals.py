@@ -394,6 +394,55 @@ def test_intervals_inside_the_calibration_table_are_not_flagged():
             assert ntk_tt.intervals(pred, cal)["warnings"] == []
 
 
+def test_intervals_flag_an_update_rule_the_calibration_table_lacks(tmp_path):
+    """The benchmark table is constant η, λ = 0, heavy-ball (a table without those columns is
+    taken as such): a warmup-cosine, weight-decayed or Nesterov prediction gets its interval
+    with one message per field; the same rule as the table's gets none. The hyperparameters
+    are ``predict``'s own (``optimizer_hyperparameters``), so the key names are pinned."""
+    from ntk_tt.training._optimizer_run import optimizer_hyperparameters
+
+    cal = ranged_calibrator()
+    assert (cal.source["schedule"], cal.source["weight_decay"], cal.source["nesterov"]) == (
+        ["constant"], [0.0, 0.0], [False])
+    assert ntk_tt.default_calibrator().source["schedule"] == ["constant"]
+
+    def pred(optimizer):
+        p = fake_prediction(1.0, 0.0, 100, {0.1: 40.0})
+        p.hyperparameters.update(optimizer_hyperparameters(optimizer, 150, 100))
+        return p
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationRangeWarning)
+        assert ntk_tt.intervals(pred(ntk_tt.sgd(0.1, 0.9)), cal)["warnings"] == []
+    odd = pred(ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 10, 150), 0.9, nesterov=True,
+                          weight_decay=0.01))
+    with pytest.warns(CalibrationRangeWarning) as said:
+        out = ntk_tt.intervals(odd, cal)
+    tail = "(the T_ε intervals are an extrapolation there: their coverage is not measured)"
+    assert out["warnings"] == [
+        f"the warmup_cosine learning-rate schedule is outside the calibration table's "
+        f"(constant) {tail}",
+        f"weight decay λ = 0.01 is outside the calibration table's λ = 0 {tail}",
+        f"Nesterov momentum is outside the calibration table's (nesterov = [False]) {tail}"]
+    kappa_eff = 1.0 / (1.0 - odd.hyperparameters["momentum"])  # κ̃ = κ/(1 − m), m = 0.9
+    assert len(said) == 3 and out["loss"][0.1] == cal.interval(40.0, kappa_eff, 0.1, "gd")
+    # a table that has the columns records them: λ inside [0, 0.02] is not flagged
+    frame = synthetic(np.random.default_rng(3), 20)
+    frame["schedule"] = np.where(np.arange(len(frame)) % 2, "constant", "warmup_cosine")
+    frame["weight_decay"], frame["nesterov"] = np.linspace(0, 0.02, len(frame)), True
+    wide = ntk_tt.fit_intervals(frame)
+    assert wide.source["schedule"] == ["constant", "warmup_cosine"]
+    assert ntk_tt.intervals(odd, wide)["warnings"] == []
+    # a calibrator file with a bad recorded rule is refused on load
+    wide.save(tmp_path / "c.json")
+    data = json.loads((tmp_path / "c.json").read_text())
+    for field, value in (("schedule", "constant"), ("nesterov", [0]), ("weight_decay", [1, 0])):
+        (tmp_path / "bad.json").write_text(json.dumps(
+            data | {"source": data["source"] | {field: value}}))
+        with pytest.raises(ValueError, match=rf"bad\.json: source\['{field}'\] must be a "):
+            ntk_tt.IntervalCalibrator.load(tmp_path / "bad.json")
+
+
 def test_report_records_and_the_cli_prints_the_range_warning():
     """``predict_task``'s report keeps ``intervals``'s warnings (``interval_warnings``) and
     ``ntk-tt predict``'s table prints each as a "warning:" line (the CLI ignores the Python

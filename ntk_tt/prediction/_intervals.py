@@ -43,7 +43,9 @@ from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
     check_ranges,
+    prediction_messages,
     range_messages,
+    rule_source,
 )
 from ntk_tt.prediction._result import Prediction
 
@@ -106,7 +108,8 @@ class IntervalCalibrator:
     kappa_edges: κ̃ bin edges (right-closed bins).
     groups: {(κ̃ bin label, ε as ``f"{ε:g}"``, "gd" | "sgd"): sorted residuals (tuple of
     float, natural-log units)}. source: where it was fitted (rows, target sets, predictor;
-    "num_train", "steps": [min, max] N and T, absent from older fits, the shipped one's).
+    "num_train", "steps": [min, max] N and T; "schedule", "weight_decay", "nesterov": the
+    update rule, ``_intervals_range.rule_source``; each absent from older fits).
     """
 
     level: float
@@ -242,8 +245,10 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
       frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
         ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
         every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
-        ``dataset``, ``pred_method``, ``pred_kernel``, and ``num_train``, ``steps`` (N, T:
-        [min, max] over the rows with a residual) (recorded in ``source``).
+        ``dataset``, ``pred_method``, ``pred_kernel``, ``num_train``, ``steps`` (N, T:
+        [min, max] over the rows with a residual) and ``schedule``, ``weight_decay``,
+        ``nesterov`` (absent: the constant-η sweep's "constant", 0, False), recorded in
+        ``source``.
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
         "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
@@ -289,7 +294,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
               **{c: sorted(map(str, frame[c].unique())) for c in
                  ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
               **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
-                 if f in frame.columns for v in [frame[f].to_numpy(float)[used]]}}
+                 if f in frame.columns for v in [frame[f].to_numpy(float)[used]]},
+              **rule_source(frame, used)}
     return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
                               groups={k: tuple(sorted(v)) for k, v in groups.items()},
                               source=source)
@@ -355,7 +361,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       (``kernel`` "head_aware:isotropic", discrete recursion, cross-entropy), not the frozen-kernel,
       subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given, one message per N or
       T (``hyperparameters`` "num_train", "steps") outside the calibration table's range
-      (:meth:`IntervalCalibrator.range_warnings`); [] for a calibrator without ranges.
+      (:meth:`IntervalCalibrator.range_warnings`) and per update-rule field ("schedule",
+      "weight_decay", "nesterov"; the shipped table's: constant η, λ = 0, heavy-ball) outside
+      the table's (``_intervals_range.prediction_messages``); [] for a calibrator recording
+      none.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -383,7 +392,7 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     for eps, t in tt["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
         loss[eps] = None if math.isnan(lo) else (min(lo, horizon), min(hi, horizon))
-    said = cal.range_warnings(hp.get("num_train"), hp.get("steps")) if any(loss.values()) else []
+    said = prediction_messages(cal.source, hp) if any(loss.values()) else []
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
     return {"loss": loss, "error": dict.fromkeys(tt["error"]), "warnings": said}

@@ -1,21 +1,27 @@
-"""The N and T a T_ε interval calibrator was fitted on, and the check of a new prediction's.
+"""The N, T and update rule a T_ε interval calibrator was fitted on, and the check of a new
+prediction's.
 
 A calibrator (:class:`ntk_tt.IntervalCalibrator`) may record, in its ``source``,
 ``"num_train"`` and ``"steps"``: the [min, max] N and T (optimiser steps) of the benchmark
-rows that gave it residuals (:func:`ntk_tt.fit_intervals`). A prediction outside them gets an
-interval whose coverage was never measured: :func:`range_messages` says so, and
-:func:`ntk_tt.intervals` warns :class:`CalibrationRangeWarning`. Calibrators written before
-the ranges were recorded have none and flag nothing.
+rows that gave it residuals (:func:`ntk_tt.fit_intervals`), and their update rule:
+``"schedule"`` (the schedule names), ``"weight_decay"`` ([min, max] λ) and ``"nesterov"``
+(the flags seen). A prediction outside them gets an interval whose coverage was never
+measured: :func:`prediction_messages` says so, and :func:`ntk_tt.intervals` warns
+:class:`CalibrationRangeWarning`. Calibrators written before a field was recorded flag
+nothing for it.
 """
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from ntk_tt._options import a_type, is_real
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 
 RANGES = (("num_train", "N", "training samples"), ("steps", "T", "steps"))
+EXTRAPOLATION = "(the T_ε intervals are an extrapolation there: their coverage is not measured)"
 
 
 class CalibrationRangeWarning(BeyondEdgeWarning):
@@ -43,15 +49,56 @@ def range_messages(source: dict, num_train=None, steps=None) -> list[str]:
         if not lo <= v <= hi:
             shown = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
             out.append(f"{sym} = {v:g} {unit} is outside the calibration table's {sym} = "
-                       f"{shown} (the T_ε intervals are an extrapolation there: their "
-                       "coverage is not measured)")
+                       f"{shown} {EXTRAPOLATION}")
+    return out
+
+
+def rule_source(frame, used) -> dict:
+    """The update rule of ``frame``'s rows where ``used`` (bool mask): "schedule" (sorted
+    names), "weight_decay" ([min, max] λ), "nesterov" (sorted flags). A column the table lacks
+    takes the constant-η benchmark sweep's value (its rows have none): "constant", 0, False."""
+    def col(name, default):
+        return frame[name].to_numpy()[used] if name in frame.columns else np.array([default])
+
+    decay = col("weight_decay", 0.0).astype(float)
+    return {"schedule": sorted(set(map(str, col("schedule", "constant")))),
+            "weight_decay": [float(decay.min()), float(decay.max())],
+            "nesterov": sorted(set(map(bool, col("nesterov", False))))}
+
+
+def prediction_messages(source: dict, hyper: dict) -> list[str]:
+    """:func:`range_messages` of a prediction's ``hyperparameters`` (N, T), then one message
+    per update-rule field ("schedule", "weight_decay", "nesterov") that ``source`` records and
+    the prediction's value lies outside of; a field absent on either side is not checked."""
+    out = range_messages(source, hyper.get("num_train"), hyper.get("steps"))
+    schedule, decay, nesterov = (hyper.get(k) for k in ("schedule", "weight_decay", "nesterov"))
+    if schedule is not None and "schedule" in source and schedule not in source["schedule"]:
+        out.append(f"the {schedule} learning-rate schedule is outside the calibration table's "
+                   f"({', '.join(source['schedule'])}) {EXTRAPOLATION}")
+    if decay is not None and "weight_decay" in source:
+        lo, hi = source["weight_decay"]
+        if not lo <= decay <= hi:
+            shown = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
+            out.append(f"weight decay λ = {decay:g} is outside the calibration table's "
+                       f"λ = {shown} {EXTRAPOLATION}")
+    if nesterov is not None and "nesterov" in source and bool(nesterov) not in source["nesterov"]:
+        kind = "Nesterov" if nesterov else "heavy-ball"
+        out.append(f"{kind} momentum is outside the calibration table's (nesterov = "
+                   f"{source['nesterov']}) {EXTRAPOLATION}")
     return out
 
 
 def check_ranges(path, source: dict) -> None:
-    """ValueError unless each recorded range of a calibrator file's ``source`` is a [min, max]
-    pair of numbers with min <= max (an absent one is fine: an older file)."""
-    for field, _, _ in RANGES:
+    """ValueError unless each recorded range of a calibrator file's ``source`` ("num_train",
+    "steps", "weight_decay") is a [min, max] pair of numbers with min <= max, "schedule" a list
+    of names and "nesterov" a list of true/false (an absent one is fine: an older file)."""
+    for field, kind in (("schedule", str), ("nesterov", bool)):
+        r = source.get(field, [])
+        if not (isinstance(r, list) and all(isinstance(v, kind) for v in r)):
+            raise ValueError(f"{path}: source[{field!r}] must be a list of "
+                             f"{'names' if kind is str else 'true/false'}, got "
+                             f"{json.dumps(r)[:60]}; fix or delete it, or refit.")
+    for field in (*(f for f, _, _ in RANGES), "weight_decay"):
         if field not in source:
             continue
         r = source[field]
