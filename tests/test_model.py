@@ -203,6 +203,23 @@ def test_models_coupling_the_samples_of_a_batch_are_refused_before_any_work(
     assert check_model(apply_fn, params, x) == (5, 3)  # the same model, per sample: accepted
 
 
+def test_the_per_sample_check_runs_at_full_matmul_precision():
+    """On an H200 the default (TF32) matmuls rounded a batch's and one sample's logits apart by
+    ~1e-3 of their size at re-linearised weights, and the check called the model coupled. A
+    model that is off by that much in a batch unless traced at the "highest" precision (as a
+    GPU's TF32 would be) is accepted: the check compares at full precision."""
+    model, x = _bn_model()
+    apply_fn, params = ntk_tt.from_nnx(model)
+
+    def tf32_like(p, xs):
+        out = apply_fn(p, xs)
+        if jax.config.jax_default_matmul_precision != "highest" and xs.shape[0] > 1:
+            out = out * (1.0 + 1e-3)
+        return out
+
+    assert check_model(tf32_like, params, x) == (5, 3)
+
+
 def test_nan_logits_are_named_as_such_not_as_coupled_samples():
     """A third fresh user: NaN logits were reported as "apply_fn couples the samples", which
     sent them to debug batch-norm."""
