@@ -65,6 +65,20 @@ def a_type(value: Any) -> str:
     return "None" if value is None else ("an " if name[0] in "aeiouAEIOU" else "a ") + name
 
 
+def file_path(path: Any, what: str, example: str) -> Path:
+    """``path`` (str or os.PathLike) as a Path with ``~`` expanded, for a save or load function.
+
+    Raises:
+      ValueError: ``path`` is anything else (its type named; an int or bool would be taken by
+        ``open`` as an open file descriptor, read or written, and closed), with ``example``, a
+        call that works.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        return Path(path).expanduser()
+    raise ValueError(f"the {what} path must be a str or os.PathLike, got {a_type(path)} (an "
+                     f"int would be taken for an open file descriptor); call e.g. {example}.")
+
+
 def check_real(value: Any, name: str) -> None:
     """ValueError unless ``value`` is a real number (Python int/float, numpy or jax array of
     int/float dtype, or a tracer); strings such as ``"0.1"`` and booleans are refused."""

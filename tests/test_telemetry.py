@@ -4,6 +4,7 @@ the run, JSON round trip, truncation to the first k updates."""
 import dataclasses
 import functools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -318,20 +319,47 @@ def test_save_telemetry_refuses_a_path_that_is_not_a_path(tmp_path, default_run)
     """A fresh user: save_telemetry(3, runs) gave pathlib's bare TypeError; the arguments
     swapped gave one too."""
     tele = default_run.telemetry
+    said = (r"^the telemetry path must be a str or os\.PathLike, got {} \(an int would be taken "
+            r"for an open file descriptor\); call e\.g\. save_telemetry\('runs\.jsonl', "
+            r"\[run\.telemetry\]\); nothing was written\.$")
     for path, kind in ((3, "an int"), (tele, "a Telemetry"), (None, "None")):
-        with pytest.raises(ValueError, match=r"^path must be the \.jsonl file's path \(str or "
-                                             rf"os\.PathLike\), got {kind}; call "
-                                             r"save_telemetry\(path, runs\).*Nothing was "
-                                             "written"):
+        with pytest.raises(ValueError, match=said.format(kind)):
             ntk_tt.save_telemetry(path, [tele])
     # swapped: the list's repr was cut at 40 characters, "got list ([Telemetry(learning_..."
-    with pytest.raises(ValueError, match=r"^path must be the \.jsonl file's path \(str or "
-                                         r"os\.PathLike\), got a list; call save_telemetry\("
-                                         r"path, runs\), e\.g\. save_telemetry\('runs\.jsonl', "
-                                         r"\[run\.telemetry\]\)\. Nothing was written\.$") as err:
+    with pytest.raises(ValueError, match=said.format("a list")) as err:
         ntk_tt.save_telemetry([tele], str(tmp_path / "runs.jsonl"))
     assert "\n" not in str(err.value) and "Telemetry(" not in str(err.value)
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_save_and_load_functions_take_paths_only_and_expand_the_home_folder(
+        tmp_path, default_run, monkeypatch):
+    """A fresh user: load_telemetry(f.fileno()) read an open file by its descriptor and closed
+    it (load_telemetry(True) closed stdout); "~/t.jsonl" was a bare FileNotFoundError in four
+    save functions while save_checkpoint expanded it."""
+    with open(tmp_path / "open.txt", "w") as fh:
+        fd = fh.fileno()
+        calls = (ntk_tt.load_telemetry, ntk_tt.OutcomePredictor.load,
+                 ntk_tt.IntervalCalibrator.load, ntk_tt.default_calibrator().save,
+                 ntk_tt.default_outcome_predictor().save)
+        for call in calls:
+            for bad in (fd, True):
+                with pytest.raises(ValueError, match=r"path must be a str or os\.PathLike, got "
+                                                     r"(an int|a bool) \(an int would be taken"):
+                    call(bad)
+        os.fstat(fd)  # still open
+        fh.write("x")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ntk_tt.save_telemetry("~/t.jsonl", [default_run.telemetry])
+    assert ntk_tt.load_telemetry(tmp_path / "t.jsonl")[0].to_dict() == \
+        default_run.telemetry.to_dict()
+    assert len(ntk_tt.load_telemetry("~/t.jsonl")) == 1
+    ntk_tt.default_calibrator().save("~/c.json")
+    assert ntk_tt.IntervalCalibrator.load("~/c.json") == ntk_tt.default_calibrator()
+    ntk_tt.default_outcome_predictor().save("~/p.json.gz")
+    assert (tmp_path / "p.json.gz").is_file()
+    assert ntk_tt.OutcomePredictor.load("~/p.json.gz").columns == \
+        ntk_tt.default_outcome_predictor().columns
 
 
 def test_model_features_without_a_head_names_the_telemetry_feature():

@@ -38,7 +38,7 @@ import warnings
 
 import numpy as np
 
-from ntk_tt._options import a_type
+from ntk_tt._options import a_type, file_path
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
@@ -185,31 +185,33 @@ class IntervalCalibrator:
         """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group).
 
         Raises:
-          ValueError: ``path``'s folder does not exist.
+          ValueError: ``path`` not a str or os.PathLike (``~`` expanded), or its folder missing.
         """
+        path = file_path(path, "calibrator", "calibrator.save('intervals.json')")
         data = self.to_json()
         groups = ",\n  ".join(json.dumps(g) for g in data.pop("groups"))
         head = json.dumps(data, indent=1)[:-2]
         require_folder(path, "calibrator")
-        pathlib.Path(path).write_text(f'{head},\n "groups": [\n  {groups}\n ]\n}}\n')
+        path.write_text(f'{head},\n "groups": [\n  {groups}\n ]\n}}\n')
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> IntervalCalibrator:
-        """Read a file written by :meth:`save` (one without ``source``'s "num_train" / "steps",
-        written before they were recorded, loads too: it flags no N or T).
+        """Read a file written by :meth:`save` (an older one, without some ``source`` field,
+        loads too and flags nothing for it).
 
         Raises:
-          ValueError: ``path`` is not a file, or not an ``ntk_tt.intervals/1`` calibrator (not
-            JSON, another format, or fields missing); ``source`` not an object, or its
-            "num_train" / "steps" (when recorded) not a [min, max] pair of numbers, min <= max.
+          ValueError: ``path`` not a str or os.PathLike (``~`` expanded), not a file, or not an
+            ``ntk_tt.intervals/1`` calibrator (not JSON, another format, fields missing);
+            ``source`` not an object, or a recorded field malformed (``check_ranges``).
         """
-        if not pathlib.Path(path).is_file():
+        path = file_path(path, "calibrator", "IntervalCalibrator.load('intervals.json')")
+        if not path.is_file():
             raise ValueError(f"{path} is not a file: give the path of a calibrator that "
                              "IntervalCalibrator.save wrote.")
         wrong = ValueError(f"{path} is not an interval calibrator (a JSON file of format "
                            f"{FORMAT!r}, as IntervalCalibrator.save writes).")
         try:
-            data = json.loads(pathlib.Path(path).read_text())
+            data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise wrong from None
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ntk_tt._options import file_path
 from ntk_tt._output_paths import require_folder
 from ntk_tt.telemetry._outcome_domain import _domain, feature_domain, out_of_domain
 from ntk_tt.telemetry._outcome_features import (
@@ -135,7 +136,8 @@ class OutcomePredictor:
     def save(self, path: str | pathlib.Path) -> None:
         """Write the predictor as JSON (LightGBM models as their text form); ``.gz``:
         gzip-compressed. Raises ValueError (before writing) when ``path``'s folder does not
-        exist."""
+        exist or ``path`` is not a str or os.PathLike (``~`` is expanded)."""
+        path = file_path(path, "outcome predictor", "predictor.save('outcome.json.gz')")
         require_folder(path, "outcome predictor")
         doc = {"format_version": FORMAT_VERSION, "columns": self.columns, "ntk": self.ntk,
                "ks": list(self.ks), "constants": self.constants, "intervals": self.intervals,
@@ -143,7 +145,6 @@ class OutcomePredictor:
                "models": {t: None if m is None else m.booster_.model_to_string()
                           for t, m in self.models.items()}}
         text = json.dumps(doc)
-        path = pathlib.Path(path)
         if path.suffix == ".gz":
             with gzip.open(path, "wt", encoding="utf-8") as fh:
                 fh.write(text)
@@ -155,13 +156,13 @@ class OutcomePredictor:
         """Read a predictor written by :meth:`save`.
 
         Raises:
-          ValueError: ``path`` not a file, not an outcome predictor file, or another format
-            version.
+          ValueError: ``path`` not a str or os.PathLike (``~`` is expanded), not a file, not an
+            outcome predictor file, or another format version.
           OSError: unreadable path.
         """
         import lightgbm as lgb
 
-        path = pathlib.Path(path)
+        path = file_path(path, "outcome predictor", "OutcomePredictor.load('outcome.json.gz')")
         if not path.is_file():
             raise ValueError(f"{path} is not a file: give the path of an outcome predictor "
                              "that OutcomePredictor.save wrote.")

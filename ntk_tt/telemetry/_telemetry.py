@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ntk_tt._options import a_type
+from ntk_tt._options import a_type, file_path
 from ntk_tt._output_paths import require_folder
 
 SCHEMA_VERSION = 1
@@ -264,10 +263,8 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
         other item's index and type named); ``path``'s folder does not exist. Nothing is
         written then.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be the .jsonl file's path (str or os.PathLike), got "
-                         f"{a_type(path)}; call save_telemetry(path, runs), e.g. "
-                         "save_telemetry('runs.jsonl', [run.telemetry]). Nothing was written.")
+    path = file_path(path, "telemetry", "save_telemetry('runs.jsonl', [run.telemetry]); nothing "
+                     "was written")
     many = isinstance(runs, Iterable) and not isinstance(runs, (Telemetry, str, bytes, dict))
     runs = list(runs) if many else [runs]
     for i, r in enumerate(runs):
@@ -300,8 +297,10 @@ def load_telemetry(path: str | Path) -> list[Telemetry]:
     Raises:
       ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
         schema version or with other fields (see :meth:`Telemetry.from_dict`); a file that is
-        not UTF-8 text. OSError: unreadable path.
+        not UTF-8 text; ``path`` not a str or os.PathLike (``~`` is expanded). OSError:
+        unreadable path.
     """
+    path = file_path(path, "telemetry", "load_telemetry('runs.jsonl')")
     out = []
     try:
         with open(path, encoding="utf-8") as fh:
