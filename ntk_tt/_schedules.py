@@ -341,8 +341,8 @@ def schedule(value) -> Schedule:
     step.
 
     Raises:
-      ValueError: anything else (a string, None, an array of per-step values: use
-        ``schedule(lambda t: jnp.asarray(values)[t])``), naming ``value`` and the accepted
+      ValueError: anything else (a string, None, an array of per-step values v: use ``lambda
+        t: v.at[t].get(mode="fill", fill_value=jnp.nan)``), naming ``value`` and the accepted
         forms; a callable that cannot be called with one argument (here, from its
         signature). When η is first computed (``Schedule.values``, e.g. in
         :func:`ntk_tt.predict`): a callable that returns no real number per step (a string,
@@ -370,8 +370,8 @@ def _schedule(value, name: str) -> Schedule:
     if kind not in "iuf":
         raise ValueError(f"{forms}, got {value!r}.")
     if np.ndim(value) != 0:
-        raise ValueError(f"{forms}, got an array of shape {np.shape(value)}; for per-step "
-                         "values use lambda t: jnp.asarray(values)[t].")
+        raise ValueError(f"{forms}, got an array of shape {np.shape(value)}; per-step values "
+                         "v: lambda t: v.at[t].get(mode='fill', fill_value=jnp.nan) (NaN past v).")
     return constant(value)
 
 

@@ -425,9 +425,29 @@ def test_schedule_names_its_argument_and_the_accepted_forms():
             ntk_tt.schedule(bad)
     with pytest.raises(ValueError, match=r"^learning_rate " + forms + "'abc'"):
         ntk_tt.sgd("abc")
-    with pytest.raises(ValueError, match=r"array of shape \(2,\); for per-step values use"):
+    with pytest.raises(ValueError, match=r"array of shape \(2,\); per-step values v: lambda t: "
+                                         r"v\.at\[t\]\.get\(mode='fill', fill_value=jnp\.nan\)"):
         ntk_tt.schedule([0.1, 0.2])
     np.testing.assert_allclose(ntk_tt.schedule(0.3).values(3), [0.3] * 3, rtol=1e-7)
+
+
+def test_the_suggested_per_step_idiom_refuses_too_few_values():
+    """A fresh user: the message's idiom was lambda t: jnp.asarray(values)[t], which JAX clamps
+    past the end, so 15 values for 20 steps ran on at the last value (κ 10× too large, every
+    T_ε NaN) without a word. The idiom now suggested gives NaN past the end, which predict and
+    finetune refuse by step, before any work; enough values give exactly those η_t."""
+    v = jnp.linspace(0.1, 0.2, 15)
+    opt = ntk_tt.sgd(lambda t: v.at[t].get(mode="fill", fill_value=jnp.nan))
+    np.testing.assert_array_equal(opt.learning_rates(15), v)
+    kernel, f0, y = 2.0 * jnp.eye(6), jnp.zeros((6, 3)), jnp.arange(6) % 3
+    said = (r"got η_15 = nan \(NaN past the end of per-step values indexed with mode='fill': "
+            r"give at least 20 values, or fewer steps\)")
+    with pytest.raises(ValueError, match=said):
+        ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=20)
+    with pytest.raises(ValueError, match=said):
+        ntk_tt.finetune(lambda p, x: x @ p, jnp.zeros((4, 3)), jnp.ones((6, 4)), y,
+                        optimizer=opt, steps=20)
+    assert ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=15).kappa > 0
 
 
 def test_an_optimizer_object_given_to_the_cli_jobs_says_where_it_belongs(monkeypatch, tmp_path):
