@@ -129,6 +129,12 @@ def test_a_flax_module_or_none_where_a_function_goes_is_one_clear_error():
         jax.vmap(lambda lr: ntk_tt.predict(lambda p, v: v @ p, jnp.ones((3, 2)), z,
                                            jnp.array([0, 1]), learning_rate=lr,
                                            steps=5).loss)(jnp.array([0.1, 0.2]))
+    # a fresh user: jit over finetune gave a 59-line TracerArrayConversionError from the
+    # model check
+    with pytest.raises(ValueError, match="finetune is eager .*cannot be traced .*jit"):
+        jax.jit(lambda lr: ntk_tt.finetune(lambda p, v: v @ p, jnp.ones((3, 2)), z,
+                                           jnp.array([0, 1]), learning_rate=lr,
+                                           steps=5).loss)(0.1)
 
 
 def test_weight_tangent_checks_x_as_empirical_ntk():

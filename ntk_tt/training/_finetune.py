@@ -33,6 +33,7 @@ from ntk_tt.data._inputs import _concrete, as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_nesterov, check_two_classes
 from ntk_tt.dynamics._losses import check_loss, error_rate
+from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.telemetry._recorder import Recorder
 from ntk_tt.telemetry._telemetry import Telemetry, TelemetrySpec
 from ntk_tt.training import _optimizer_run as optimizer_run
@@ -191,11 +192,11 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         optimizer (the telemetry rows describe constant-η SGD runs); bad shapes or labels
         (training labels of one class included), x or y not arrays (lists of numbers are
         converted), η or m not a real scalar (a string, or an array such as a per-step
-        schedule: use optimizer=), η ≤ 0, m ∉ [0, 1), Nesterov with m = 0, steps < 1,
-        B ∉ [1, N], missing key for SGD or a key that is not ``jax.random.key(seed)``,
-        unknown loss, x_test without y_test, record_test_curves without x_test, telemetry
-        neither a bool nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not
-        returning (N, F).
+        schedule: use optimizer=) or traced (jit / vmap / grad), η ≤ 0, m ∉ [0, 1), Nesterov
+        with m = 0, steps < 1, B ∉ [1, N], missing key for SGD or a key that is not
+        ``jax.random.key(seed)``, unknown loss, x_test without y_test, record_test_curves
+        without x_test, telemetry neither a bool nor a :class:`ntk_tt.TelemetrySpec`,
+        ``TelemetrySpec.features`` not returning (N, F).
     """
     optimizer_run.check_shorthand(optimizer, where="finetune", learning_rate=learning_rate,
                                   momentum=momentum, nesterov=nesterov, batch_size=batch_size)
@@ -206,6 +207,11 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         raise ValueError("telemetry records constant-η SGD runs (the outcome model's rows); "
                          "use learning_rate=... or telemetry=False with optimizer=.")
     momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    if is_traced((learning_rate, momentum)):
+        raise ValueError("finetune is eager (it checks the model and the values and times the "
+                         "steps), so learning_rate and momentum cannot be traced (jit / vmap / "
+                         "grad): call it once per value; sweep predictions with ntk_tt."
+                         "predict_from_kernel or ntk_tt.predict_head_aware under jit(vmap).")
     if optimizer is None:
         _check_hyper(learning_rate, momentum)
         check_nesterov(nesterov, _concrete(momentum))
