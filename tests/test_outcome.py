@@ -307,6 +307,7 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("loss", [[1.0]] * 41, "'loss' must be a list of numbers"),
     ("grad_norm", [1.0, 2.0], "'grad_norm' has 2 entries"),
     ("test_accuracy", [0.5], "'test_accuracy' has 1 entries"),
+    ("loss", [-1.0] * 41, r"'loss' must lie in \[0, inf\] where finite, got -1 at entry 0"),
 ])
 def test_malformed_telemetry_rows_are_refused(field, value, match):
     row = _telemetry(np.random.default_rng(0)).to_dict()
@@ -322,6 +323,20 @@ def test_outcome_inputs_are_checked():
             outcome_features(tele, k)
     with pytest.raises(ValueError, match="must be an ntk_tt.Telemetry"):
         outcome_features(tele.to_dict(), 4)
+
+    # a fresh user: a Telemetry built directly (dataclasses.replace) skipped from_dict's checks,
+    # and a cut loss, accuracy > 1 or η = -1 got confident probabilities
+    p = fit_outcome(_corpus(40), ntk=False, ks=(0.1,), folds=2)
+    acc = tele.accuracy.copy()
+    acc[3] = 1.5
+    for bad, match in ((dict(loss=tele.loss[:3]), r"field 'accuracy' has \d+ entries, 'loss' 3"),
+                       (dict(accuracy=acc), r"'accuracy' must lie in \[0, 1\] .*1\.5 at entry 3"),
+                       (dict(learning_rate=-1.0), "'learning_rate' must be a finite number > 0")):
+        with pytest.raises(ValueError, match=match):
+            p.predict(dataclasses.replace(tele, **bad))
+    diverged = tele.loss.copy()
+    diverged[5:] = np.nan  # a diverged run's NaN loss is telemetry, not an error
+    assert 0 <= p.predict(dataclasses.replace(tele, loss=diverged))["p_diverged"] <= 1
 
 
 @pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])

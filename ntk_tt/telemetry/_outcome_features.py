@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from ntk_tt._options import a_type, is_real
-from ntk_tt.telemetry._telemetry import Telemetry, truncate
+from ntk_tt.telemetry._telemetry import Telemetry, check_telemetry, truncate
 
 TARGETS = ("test_accuracy", "diverged", "failed", "above_median", "log_t_eps")
 
@@ -154,12 +154,14 @@ def outcome_features(telemetry: Telemetry, k: int | None = None, prediction: dic
 
     Raises:
       ValueError: k outside [0, observed updates] (from :func:`truncate`); a prediction
-        without ``loss``/``error``.
+        without ``loss``/``error``; a telemetry :meth:`Telemetry.from_dict` would refuse
+        (built directly, e.g. with ``dataclasses.replace``: ``check_telemetry``).
     """
     if not isinstance(telemetry, Telemetry):
         raise ValueError(f"telemetry must be an ntk_tt.Telemetry, got {type(telemetry).__name__}"
                          "; read a JSON row with ntk_tt.Telemetry.from_dict or "
                          "ntk_tt.load_telemetry.")
+    check_telemetry(telemetry)
     t = telemetry if k is None else truncate(telemetry, k)
     out = _telemetry_features(t)
     if prediction is not None:

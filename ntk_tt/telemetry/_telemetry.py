@@ -152,7 +152,8 @@ class Telemetry:
             scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train``,
             ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
             arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
-            per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k).
+            per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k), a
+            finite loss < 0 or accuracy outside [0, 1].
         """
         if not isinstance(row, dict):
             raise ValueError(f"a telemetry row must be a JSON object (dict), got "
@@ -182,7 +183,32 @@ class Telemetry:
             raise ValueError("telemetry field 'snapshot_steps' must hold whole step numbers.")
         kw["snapshot_steps"] = steps.astype(np.int64)
         _check_lengths(kw)
+        _check_values(kw)
         return cls(**kw)
+
+
+def check_telemetry(telemetry: Telemetry) -> None:
+    """The checks of :meth:`Telemetry.from_dict` (scalars, lengths, values) on a Telemetry
+    built another way (the constructor, ``dataclasses.replace``): ValueError naming the field.
+    """
+    kw = {f.name: getattr(telemetry, f.name) for f in dataclasses.fields(telemetry)}
+    kw = {k: v.item() if isinstance(v, np.generic) else v for k, v in kw.items()}
+    _check_scalars(kw)
+    _check_lengths(kw)
+    _check_values(kw)
+
+
+def _check_values(kw: dict) -> None:
+    """ValueErrors for impossible values: a finite loss below 0, a finite (test) accuracy
+    outside [0, 1] (NaN and ±∞ stand for a diverged or unmeasured step and pass)."""
+    for f, lo, hi in (("loss", 0.0, math.inf), ("test_loss", 0.0, math.inf),
+                      ("accuracy", 0.0, 1.0), ("test_accuracy", 0.0, 1.0)):
+        v = np.asarray(kw[f], np.float64)
+        bad = np.isfinite(v) & ((v < lo) | (v > hi))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"telemetry field {f!r} must lie in [{lo:g}, {hi:g}] where finite, "
+                             f"got {v[i]:g} at entry {i}.")
 
 
 def _check_scalars(kw: dict) -> None:
