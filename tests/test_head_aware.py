@@ -215,6 +215,11 @@ def test_errors(x64):
         predict_head_aware(bad, y, learning_rate=0.1, steps=3)
     with pytest.raises(ValueError, match="key"):
         predict_head_aware(hk, y, learning_rate=0.1, steps=3, batch_size=4)
+    # a fresh user: y_test with a kernel built without x_test was ignored (test_loss None)
+    said = r"^y_test given, but the kernel has no held-out features: build it with x_test"
+    for opt in ({"learning_rate": 0.1}, {"optimizer": ntk_tt.sgd(0.1)}):
+        with pytest.raises(ValueError, match=said):
+            predict_head_aware(hk, y, steps=3, y_test=y[:2], **opt)
 
 
 def test_predict_head_aware_option(x64):

@@ -304,6 +304,9 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
         if y_test is None:
             raise ValueError("hk has held-out features: pass y_test (N_test,).")
         y_test = check_labels(y_test, base.features_test.shape[0], c, name="y_test")
+    elif y_test is not None:  # a fresh user: y_test was ignored, test_loss None, silently
+        raise ValueError("y_test given, but the kernel has no held-out features: build it with "
+                         "x_test (head_aware_kernel(split, x, x_test)) or drop y_test.")
     run = partial(head_aware_adam_trajectory if adam else head_aware_sgd_trajectory, hk, y,
                   optimizer, steps=steps, key=key, a_h=a_h, a_h_test=a_h_test, loss=loss)
     fs, fts = _paths(run, n, bs, steps, num_paths, key)

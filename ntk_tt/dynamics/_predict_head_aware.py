@@ -229,6 +229,9 @@ def validate(hk: HeadAwareKernel, y, y_test, *, learning_rate, momentum, steps, 
         if y_test is None:
             raise ValueError("hk has held-out features: pass y_test (N_test,).")
         y_test = check_labels(y_test, np.shape(hk.features_test)[0], c, name="y_test")
+    elif y_test is not None:  # a fresh user: y_test was ignored, test_loss None, silently
+        raise ValueError("y_test given, but the kernel has no held-out features: build it with "
+                         "x_test (head_aware_kernel(split, x, x_test)) or drop y_test.")
     return y, y_test, batch_size
 
 
@@ -274,7 +277,8 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
       ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
         ``hk`` not matching, a complex field of ``hk``, an ``hk`` not of the optimiser's
         kind (Adam: an AdamKernel), Adam with L2 weight decay (use ``ntk_tt.adamw``), a
-        traced Adam ε, a concrete ``a_h`` or ``a_h_test`` with NaN or inf.
+        traced Adam ε, a concrete ``a_h`` or ``a_h_test`` with NaN or inf; ``y_test``
+        missing for an ``hk`` with held-out features, or given for one without.
 
     Dtypes: every array of ``hk`` is cast to their common floating dtype, at least float32
     (bfloat16 is promoted), and η, m to it; the result is in it (README, "Dtypes").
