@@ -106,3 +106,19 @@ def test_cross_entropy_beyond_edge_is_flagged_not_diverged(x64):
                 loss="cross_entropy")
     assert bool(pred.beyond_edge)
     assert np.all(np.isfinite(pred.loss))
+
+
+def test_a_traced_nesterov_flag_is_refused_by_name():
+    """A fresh user: jax.vmap over nesterov gave a raw TracerBoolConversionError; the flag
+    picks a compiled update rule, so it is refused by name (a concrete one still works)."""
+    kernel, f0, y = 2.0 * jnp.eye(6), jnp.zeros((6, 3)), jnp.arange(6) % 3
+
+    def loss(nesterov):
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, momentum=0.5,
+                                          nesterov=nesterov, steps=5).loss
+
+    with pytest.raises(ValueError, match=r"^nesterov picks the update rule and cannot be "
+                                         r"traced \(jit / vmap / grad\)"):
+        jax.vmap(loss)(jnp.array([True, False]))
+    np.testing.assert_array_equal(loss(jnp.array(True)), loss(True))
+    assert not np.allclose(loss(True), loss(False))

@@ -195,6 +195,14 @@ def solve_dtype_fields(hk):
     return type(hk)(*(None if a is None else jnp.asarray(a, dtype) for a in fields)), dtype
 
 
+def flag(value, name: str = "nesterov") -> bool:
+    """``bool(value)``; ValueError for a traced flag (it picks a compiled update rule)."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} picks the update rule and cannot be traced (jit / vmap / "
+                         f"grad): sweep learning_rate and momentum, and call once per {name}.")
+    return bool(value)
+
+
 def check_nesterov(nesterov, momentum) -> None:
     """ValueError for Nesterov with a concrete momentum of 0 (plain GD: a mistake, refused as
     ``ntk_tt.sgd`` and the CLI refuse it); a traced momentum (a sweep) is not checked."""

@@ -27,7 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._batches import path_batch_indices
-from ntk_tt.dynamics._checks import check_hyper, check_labels, check_num_paths, solve_dtype_fields
+from ntk_tt.dynamics._checks import (
+    check_hyper,
+    check_labels,
+    check_num_paths,
+    flag,
+    solve_dtype_fields,
+)
 from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._losses import check_loss, logit_residual
 from ntk_tt.dynamics._optim_linear import check_shorthand
@@ -297,7 +303,7 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
     if a_h is not None or a_h_test is not None:
         raise ValueError("a_h and a_h_test (J_h θ_0) serve the weight decay of optimizer=; "
                          "drop them with the constant-η keywords.")
-    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     y, y_test, batch_size = validate(hk, y, y_test, learning_rate=learning_rate,
                                      momentum=momentum, steps=steps, batch_size=batch_size,
                                      loss=loss, key=key, num_paths=num_paths, nesterov=nesterov)

@@ -28,6 +28,7 @@ from ntk_tt.dynamics._checks import (
     check_num_paths,
     check_problem,
     check_test_kernel,
+    flag,
     float_logits,
 )
 from ntk_tt.dynamics._closed_form import mse_closed_form
@@ -66,8 +67,7 @@ class KernelPrediction(NamedTuple):
     """Arrays returned by :func:`predict_from_kernel` (T = steps, P = paths or seeds).
 
     loss, error: mean curves (T + 1,), index = optimiser steps taken; loss is the MEAN loss.
-    loss_band, error_band: 5 % and 95 % quantiles over paths (2, T + 1), or None when the
-      method is deterministic.
+    loss_band, error_band: 5 % / 95 % quantiles over paths (2, T + 1), None if deterministic.
     loss_paths, error_paths: every path (P, T + 1); P = 1 when deterministic.
     test_loss, test_error: held-out mean curves (T + 1,), or None without ``kernel_test``.
     diverged: bool, some path diverged (``ntk_tt.dynamics._divergence``: a non-finite loss, or
@@ -233,7 +233,7 @@ def predict_from_kernel(
     if a is not None or a_test is not None:
         raise ValueError("a and a_test (J·θ0) serve the weight decay of optimizer=; drop them "
                          "with the constant-η keywords.")
-    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     check_loss(loss)
     kernel, f0 = as_array(kernel, "kernel"), as_array(f0, "f0")
     check_key(key)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.dynamics._adam_head_aware import _maybe_nonzero
-from ntk_tt.dynamics._checks import check_labels
+from ntk_tt.dynamics._checks import check_labels, flag
 from ntk_tt.dynamics._divergence import divergence
 from ntk_tt.dynamics._fspace import curves
 from ntk_tt.dynamics._losses import check_loss, logit_residual
@@ -122,7 +122,7 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
         return _with_optimizer(split, x, y, optimizer, segments=segments, steps=steps,
                                loss=loss, key=key, x_test=x_test, y_test=y_test,
                                backbone=backbone, mixing_samples=mixing_samples)
-    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     feature_fn, theta, _, _ = split
     hk = head_aware_kernel(split, x, x_test, backbone=backbone, mixing_samples=mixing_samples,
                            key=None if key is None else jax.random.fold_in(key, 1))

@@ -17,7 +17,13 @@ from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_head_kernel, check_hyper, check_labels, check_num_paths
+from ntk_tt.dynamics._checks import (
+    check_head_kernel,
+    check_hyper,
+    check_labels,
+    check_num_paths,
+    flag,
+)
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
@@ -248,7 +254,7 @@ def predict(
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
             segments=segments, subset=subset, subset_method=subset_method, targets=targets,
             head_kernel=head_kernel)
-    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n,  # subset=: its own Nesterov advice
                 nesterov and subset is None)

@@ -31,7 +31,7 @@ from ntk_tt._optimizer import Optimizer
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.data._inputs import _concrete, as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_nesterov, check_two_classes
+from ntk_tt.dynamics._checks import check_nesterov, check_two_classes, flag
 from ntk_tt.dynamics._losses import check_loss, error_rate
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.telemetry._recorder import Recorder
@@ -206,7 +206,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     if optimizer is not None and telemetry is not False:
         raise ValueError("telemetry records constant-η SGD runs (the outcome model's rows); "
                          "use learning_rate=... or telemetry=False with optimizer=.")
-    momentum, nesterov = 0.0 if momentum is None else momentum, bool(nesterov)
+    momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     if is_traced((learning_rate, momentum)):
         raise ValueError("finetune is eager (it checks the model and the values and times the "
                          "steps), so learning_rate and momentum cannot be traced (jit / vmap / "
