@@ -70,7 +70,7 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
     :func:`ntk_tt.finetune`'s with ``optimizer`` to rounding, and those at step T are the
     linear step from θ_{T−1} (no re-linearisation after the last update: off by second
     order in θ_T − θ_{T−1}). K measures how often a linearised model must be refreshed to
-    follow the real run (issue 27's error budget, ``experiments/adam_relinearise.py``).
+    follow the real run (issues 26 and 27, ``experiments/relinearise.py``).
 
     Args:
       apply_fn, params: the network and its pre-trained weights θ_0 (``ntk_tt.from_nnx``).
