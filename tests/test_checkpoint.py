@@ -265,6 +265,10 @@ def test_save_checkpoint_checks_meta_as_load_does_and_takes_numpy(tmp_path):
                        # a fresh user: a NaN mean was saved, loaded, and blamed on the images
                        (META | {"mean": [float("nan")] * 3}, "mean .*expected 3 finite"),
                        (META | {"num_classes": "3"}, "num_classes '3'; expected a positive"),
+                       # a fresh user: a wrong channel count in input_shape blamed the mean
+                       (META | {"input_shape": [32, 32, 1]},
+                        r"mean .*expected 1 finite numbers \(one per input channel, input_shape "
+                        r"\[32, 32, 1\]; they disagree: input_shape or mean is wrong\)"),
                        (META | {"note": object()}, "JSON values .*type object")]:
         with pytest.raises(ValueError, match=said + ".*fix meta before saving"):
             ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)

@@ -114,8 +114,10 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
         v = meta[key]
         if not (isinstance(v, list) and len(v) == shape[2]
                 and all(isinstance(s, (int, float)) and math.isfinite(s) for s in v)):
+            count = (f"; they disagree: input_shape or {key} is wrong"
+                     if isinstance(v, list) and len(v) != shape[2] else "")
             raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} finite numbers "
-                             f"(one per input channel); {fix}.")
+                             f"(one per input channel, input_shape {shape!r}{count}); {fix}.")
     if not all(s > 0 for s in meta["std"]):
         raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {fix}.")
     if not isinstance(meta.get("kwargs", {}), dict):
