@@ -307,7 +307,7 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("loss", [[1.0]] * 41, "'loss' must be a list of numbers"),
     ("grad_norm", [1.0, 2.0], "'grad_norm' has 2 entries"),
     ("test_accuracy", [0.5], "'test_accuracy' has 1 entries"),
-    ("loss", [-1.0] * 41, r"'loss' must lie in \[0, inf\] where finite, got -1 at entry 0"),
+    ("loss", [-1.0] * 41, r"'loss' must lie in \[0, inf\], got -1 at step 0"),
 ])
 def test_malformed_telemetry_rows_are_refused(field, value, match):
     row = _telemetry(np.random.default_rng(0)).to_dict()
@@ -330,13 +330,23 @@ def test_outcome_inputs_are_checked():
     acc = tele.accuracy.copy()
     acc[3] = 1.5
     for bad, match in ((dict(loss=tele.loss[:3]), r"field 'accuracy' has \d+ entries, 'loss' 3"),
-                       (dict(accuracy=acc), r"'accuracy' must lie in \[0, 1\] .*1\.5 at entry 3"),
+                       (dict(accuracy=acc),
+                        r"'accuracy' must lie in \[0, 1\], got 1\.5 at step 3\.$"),
                        (dict(learning_rate=-1.0), "'learning_rate' must be a finite number > 0")):
         with pytest.raises(ValueError, match=match):
             p.predict(dataclasses.replace(tele, **bad))
-    diverged = tele.loss.copy()
-    diverged[5:] = np.nan  # a diverged run's NaN loss is telemetry, not an error
-    assert 0 <= p.predict(dataclasses.replace(tele, loss=diverged))["p_diverged"] <= 1
+    # a second fresh user: ntk-tt outcome took an inf loss with stopped_at = -1 and said
+    # P(diverges) 0.000; a run holds its last finite loss from stopped_at on
+    nonfinite = tele.loss.copy()
+    nonfinite[2] = np.inf
+    for bad, match in ((dict(loss=nonfinite), r"'loss' must lie in \[0, inf\], got inf at "
+                                              r"step 2 \(a diverged run holds its last finite"),
+                       (dict(stopped_at=1000), "'stopped_at' is 1000, past the"),
+                       (dict(snapshot_steps=tele.snapshot_steps[::-1]),
+                        "'snapshot_steps' must increase")):
+        with pytest.raises(ValueError, match=match):
+            p.predict(dataclasses.replace(tele, **bad))
+    assert 0 <= p.predict(dataclasses.replace(tele, stopped_at=5))["p_diverged"] <= 1
 
 
 @pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])

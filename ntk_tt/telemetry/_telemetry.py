@@ -199,16 +199,28 @@ def check_telemetry(telemetry: Telemetry) -> None:
 
 
 def _check_values(kw: dict) -> None:
-    """ValueErrors for impossible values: a finite loss below 0, a finite (test) accuracy
-    outside [0, 1] (NaN and ±∞ stand for a diverged or unmeasured step and pass)."""
+    """ValueErrors for impossible values: a non-finite training loss or accuracy (a run holds
+    its last finite values from ``stopped_at`` on), a loss below 0, an accuracy outside
+    [0, 1] (the held-out ones may be NaN: not measured), ``stopped_at`` past the recorded
+    updates, ``snapshot_steps`` not increasing."""
     for f, lo, hi in (("loss", 0.0, math.inf), ("test_loss", 0.0, math.inf),
                       ("accuracy", 0.0, 1.0), ("test_accuracy", 0.0, 1.0)):
         v = np.asarray(kw[f], np.float64)
-        bad = np.isfinite(v) & ((v < lo) | (v > hi))
+        bad = (v < lo) | (v > hi) | (False if f.startswith("test") else ~np.isfinite(v))
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"telemetry field {f!r} must lie in [{lo:g}, {hi:g}] where finite, "
-                             f"got {v[i]:g} at entry {i}.")
+            held = "" if np.isfinite(v[i]) else (" (a diverged run holds its last finite "
+                                                 "value from stopped_at on)")
+            raise ValueError(f"telemetry field {f!r} must lie in [{lo:g}, {hi:g}]"
+                             f"{' where measured' if f.startswith('test') else ''}, got "
+                             f"{v[i]:g} at step {i}{held}.")
+    k = len(kw["loss"]) - 1
+    if kw["stopped_at"] > k:
+        raise ValueError(f"telemetry field 'stopped_at' is {kw['stopped_at']}, past the {k} "
+                         "recorded updates; it is the first non-finite step, or -1.")
+    if np.any(np.diff(kw["snapshot_steps"]) <= 0):
+        raise ValueError(f"telemetry field 'snapshot_steps' must increase, got "
+                         f"{np.asarray(kw['snapshot_steps']).tolist()}.")
 
 
 def _check_scalars(kw: dict) -> None:
