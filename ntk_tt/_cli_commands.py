@@ -15,6 +15,24 @@ from ntk_tt._cli_report import format_report
 _JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
 
 
+
+# Python-API advice in a message from the work, said as the CLI's flags (a fresh user was
+# told "ntk_tt.replace_head" and "predictor='linear'" by ntk-tt predict)
+_CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head)",
+               "give --head-scale nearer 1"), ("backbone='exact'", "--backbone exact"),
+              ("predictor='linear'", "--predictor linear"),
+              ("allow resizing (resize=True, drop --no-resize)", "drop --no-resize"),
+              ("widen kappa_range", "widen --kappa-min/--kappa-max"),
+              ("widen learning_rate_range", "widen --lr-min/--lr-max"))
+
+
+def cli_terms(message: str) -> str:
+    """``message`` with the Python-API advice it gives replaced by ``ntk-tt`` flags."""
+    for python, flags in _CLI_TERMS:
+        message = message.replace(python, flags)
+    return message
+
+
 def _options_only(opts: dict) -> dict:
     """The job options of ``opts`` (the parsed arguments without the output / run flags)."""
     return {k: v for k, v in opts.items() if k not in _JOB_ARGS}
@@ -52,8 +70,8 @@ def _suggest(args, parser, run: dict) -> int:
             warnings.simplefilter("ignore", LinearRegimeWarning)
             report = suggest_task(**opts)
     except ValueError as err:
-        parser.exit(2, f"ntk-tt: error: {err}\n")
-    print(format_suggestion(report))
+        parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
+    print(cli_terms(format_suggestion(report)))
     if opts["json_path"]:
         print(f"json: {opts['json_path']}")
     return 0 if report["found"] else 1
@@ -75,14 +93,16 @@ def _outcome(args, parser) -> int:
         fail(f"--fraction must be in [0, 1], got {args.fraction}.")
     if not os.path.isfile(args.runs):
         fail(f"runs file {args.runs!r} does not exist (or is not a file).")
+    named = args.predictor in ("auto", "telemetry", "ntk")
     if args.json_path:  # the checks of predict's and suggest's --json (a file is created)
         from ntk_tt._output_paths import check_outputs
 
         try:
-            check_outputs(None, args.json_path, args.overwrite)
+            check_outputs(None, args.json_path, args.overwrite,
+                          inputs=(("runs file", args.runs),
+                                  ("predictor file", None if named else args.predictor)))
         except ValueError as err:
             fail(str(err))
-    named = args.predictor in ("auto", "telemetry", "ntk")
     if not named and not os.path.isfile(args.predictor):
         fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")
     from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor, load_runs
@@ -175,7 +195,7 @@ def _predict(args, parser, run: dict) -> int:
             warnings.simplefilter("ignore", BeyondEdgeWarning)
             report = predict_task(**opts)
     except ValueError as err:
-        parser.exit(2, f"ntk-tt: error: {err}\n")
+        parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
     print(format_report(report))
     if report["figure"]:
         moved = report["figure"] != str(Path(opts["figure_path"]).expanduser())
@@ -184,6 +204,9 @@ def _predict(args, parser, run: dict) -> int:
                                                 if moved else ""))
     if opts["json_path"]:
         print(f"json: {opts['json_path']}")
+    if report.get("figure_error"):  # the results above are whole; only the figure is missing
+        parser.exit(2, f"ntk-tt: error: {report['figure_error']} (no figure; the report above "
+                       "is complete)\n")
     return 0
 
 

@@ -105,23 +105,30 @@ def _target_lines(r: dict) -> list[str]:
     return lines
 
 
+def _lower(r: dict) -> str:
+    """What to lower for a run that diverged: --lr, and --weight-decay when it is on (a fresh
+    user: --weight-decay 1e10 was told to lower --lr only)."""
+    decay = (r.get("optimizer") or {}).get("weight_decay") or 0.0
+    return "lower --lr or --weight-decay" if decay > 0 else "lower --lr"
+
+
 def _diverged_lines(r: dict) -> list[str]:
     """Plain-language lines for a prediction or real run that diverged, or spiked and
     recovered."""
     pred, real, lines = r["predicted"], r["real"], []
+    fix = _lower(r)
     if pred["diverged"]:  # closed_form warns only of its η/(1 − m) model's edge (m > 0)
         own = (pred["method"] == "closed_form" and pred.get("warnings")
                and not pred.get("beyond_edge"))
         lines.append(f"prediction diverged at step {pred['diverged_at']}: no predicted T_ε "
                      + ("(the closed form's GD model with η/(1 − m) diverged, not heavy ball: "
-                        "use --method discrete)" if own else "(lower --lr)"))
+                        "use --method discrete)" if own else f"({fix})"))
     elif _called_divergent(pred):
         lines.append("prediction: the real run is predicted to diverge "
                      f"({pred['divergence_reason']}): no predicted T_ε, steps to target or "
-                     "comparison (lower --lr)")
+                     f"comparison ({fix})")
     if real and real["diverged"]:
-        lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε "
-                     "(lower --lr)")
+        lines.append(f"real run diverged at step {real['diverged_at']}: no real T_ε ({fix})")
     if real and not real["diverged"] and real.get("spiked_at") is not None:
         lines.append(f"real run spiked above 10·L_0 at step {real['spiked_at']} and "
                      "recovered below L_0 (outcome diverges: every measured real run "

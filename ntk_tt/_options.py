@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._defaults import DEFAULTS, SUGGEST_DEFAULTS
-from ntk_tt._output_paths import check_outputs
+from ntk_tt._output_paths import check_outputs, dataset_input
 
 LOSSES = ("cross_entropy", "mse")
 METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
@@ -36,6 +36,11 @@ TARGET_KINDS = ("absolute", "fraction")
 MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
 # suggest: a whole grid's predicted trajectories are held in memory at once
 SUGGEST_MAX_STEPS = 10_000
+# the jobs' grids: a fresh user's --num-paths 10⁶ took 17.5 GB for N = 10, T = 20 and
+# --num-kappas 10⁵ asked for 322 GB; 4096 paths resolve the 5–95 % band to ~1 %, and 1024
+# log-spaced κ over the widest range are < 2 % apart
+MAX_PATHS, MAX_KAPPAS = 4096, 1024
+HEAD_SCALES = (1e-6, 1e6)  # --head-scale: float32 weights overflow beyond, vanish below
 # the short dataset names and their files (ntk_tt.data._data loads them): the vendored set in
 # ntk_tt/assets/data, the others in ../shared/data (or $NTK_TT_DATA_DIR). Each is one fixed
 # set, like an .npz path: the task sampler draws the training and held-out images from it,
@@ -207,11 +212,11 @@ def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, nu
     if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
         raise ValueError(f"kappa_range must satisfy 0 < min <= max (finite), got "
                          f"{kappa_range!r}.")
-    if not _is_int(num_kappas) or num_kappas < 1 or (num_kappas > 1 and lo == hi) or (
-            num_kappas == 1 and lo != hi):
-        raise ValueError(f"num_kappas must be an integer >= 1 (1 exactly when min == max of "
-                         f"kappa_range, >= 2 otherwise), got {num_kappas!r} for kappa_range "
-                         f"{kappa_range!r}.")
+    if not _is_int(num_kappas) or not 1 <= num_kappas <= MAX_KAPPAS or (
+            num_kappas > 1 and lo == hi) or (num_kappas == 1 and lo != hi):
+        raise ValueError(f"num_kappas must be an integer in [1, {MAX_KAPPAS}] (1 exactly when "
+                         f"min == max of kappa_range, >= 2 otherwise), got {num_kappas!r} for "
+                         f"kappa_range {kappa_range!r}.")
     if not _is_int(refine_steps) or refine_steps < 0:
         raise ValueError(f"refine_steps must be an integer >= 0 (0: no gradient refinement), "
                          f"got {refine_steps!r}.")
@@ -219,12 +224,22 @@ def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, nu
     if not (math.isfinite(tau) and tau > 0):
         raise ValueError(f"temperature must be finite and > 0 (relative to L_0 − target), got "
                          f"{temperature!r}.")
-    if not _is_int(num_paths) or num_paths < 1:
-        raise ValueError(f"num_paths must be an integer >= 1 (SGD batch orders averaged), got "
-                         f"{num_paths!r}.")
+    if not _is_int(num_paths) or not 1 <= num_paths <= MAX_PATHS:
+        raise ValueError(f"num_paths must be an integer in [1, {MAX_PATHS}] (SGD batch orders "
+                         f"averaged), got {num_paths!r}.")
     if not _is_int(top) or top < 0:
         raise ValueError(f"top must be an integer >= 0 (runner-up rows), got {top!r}.")
     return lo, hi, tau
+
+
+def check_head_scale(scale: float | None, given: Any) -> None:
+    """ValueError unless the fresh head's init scale ``scale`` (read from ``given``; None if
+    none) is in ``HEAD_SCALES``: float32 weights overflow beyond, vanish below."""
+    lo, hi = HEAD_SCALES
+    if scale is None or not (math.isfinite(scale) and lo <= scale <= hi):
+        raise ValueError(f"head_scale (--head-scale) must be a number in [{lo:g}, {hi:g}] (the "
+                         f"fresh head's init scale × LeCun normal; 1 = flax's default), got "
+                         f"{given!r}.")
 
 
 # --- the task's source (both jobs) ---------------------------------------------------------
@@ -312,7 +327,7 @@ def check_suggest_job(options: dict[str, Any], json_path=None,
             o["per_class"]):
         o["batch_sizes"] = default_batch_sizes(o["num_classes"] * o["per_class"])
     check_task_options(o)
-    check_outputs(None, json_path, overwrite)
+    check_outputs(None, json_path, overwrite, inputs=dataset_input(o))
     return o
 
 
@@ -345,10 +360,8 @@ def check_task_options(o: dict) -> None:
         raise ValueError(f"predictor (--predictor) must be auto, head_aware or linear, got "
                          f"{o['predictor']!r}.")
     scale = o["head_scale"]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
-            math.isfinite(scale) and scale > 0):
-        raise ValueError(f"head_scale (--head-scale) must be a finite number > 0, got "
-                         f"{scale!r}.")
+    ok = not isinstance(scale, bool) and isinstance(scale, (int, float))
+    check_head_scale(float(scale) if ok else None, scale)
     if o["checkpoint"] is not None:
         ck = Path(o["checkpoint"]).expanduser()
         if not ck.is_dir():

@@ -12,18 +12,20 @@ from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import (
     BACKBONES,
     KERNELS,
+    MAX_PATHS,
     MAX_STEPS,
     PREDICTORS,
     SUBSET_METHODS,
     _check_source,
     _is_int,
     _real_or_none,
+    check_head_scale,
     check_loss,
     resolve_method,
 )
 from ntk_tt._options_optimizer import check_optimizer_options
 from ntk_tt._options_targets import check_job_targets
-from ntk_tt._output_paths import check_outputs
+from ntk_tt._output_paths import check_outputs, dataset_input
 
 
 def check_options(o: dict[str, Any]) -> None:
@@ -74,11 +76,7 @@ def check_options(o: dict[str, Any]) -> None:
             raise ValueError(f"batch_size (-B) = {b} is more than the N = K·n = {k}·{n} = "
                              f"{k * n} training images; choose B <= {k * n}, or omit it for "
                              "full-batch gradient descent.")
-    scale = _real_or_none(o["head_scale"])
-    if scale is None or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"head_scale (--head-scale) must be a finite number > 0 (the fresh "
-                         f"head's init scale × LeCun normal; 1 = flax's default), got "
-                         f"{o['head_scale']!r}.")
+    check_head_scale(_real_or_none(o["head_scale"]), o["head_scale"])
     tpc = o["test_per_class"]
     if not _is_int(tpc) or tpc < 0:
         raise ValueError(f"test_per_class (--test-per-class) must be an integer >= 0 held-out "
@@ -131,12 +129,13 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
     if unknown:
         raise ValueError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}.")
     o = DEFAULTS | options
-    if not (_is_int(o["num_paths"]) and o["num_paths"] >= 1):
-        raise ValueError(f"num_paths (--num-paths) must be an integer >= 1 (SGD noise paths), got "
+    if not (_is_int(o["num_paths"]) and 1 <= o["num_paths"] <= MAX_PATHS):
+        raise ValueError(f"num_paths (--num-paths) must be an integer in [1, {MAX_PATHS}] (SGD "
+                         f"noise paths; 4096 resolve the 5–95 % band to ~1 %), got "
                          f"{o['num_paths']!r}.")
     check_options(o)
     check_job_targets(o)
-    check_outputs(figure_path, json_path, overwrite)
+    check_outputs(figure_path, json_path, overwrite, inputs=dataset_input(o))
     return o
 
 

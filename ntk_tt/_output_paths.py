@@ -52,12 +52,14 @@ def require_folder(path, what: str) -> None:
                          "create it first or choose another path.")
 
 
-def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
+def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) -> None:
     """Fail fast on output paths, before any work: each must name a file (not a directory) in
     an existing folder where a file can be created, and the figure's extension must be one
     matplotlib writes (png, pdf, svg, ...). An existing file is refused unless ``overwrite``
     names it (:func:`replaceable`; then it must be writable): two runs in one folder never
-    replace each other's outputs silently. Empty / None = no output.
+    replace each other's outputs silently, and none may be one of ``inputs`` ((name, path)
+    pairs of the files the job reads; a fresh user's ``--json`` replaced its own ``--dataset``
+    with ``--overwrite``). Empty / None = no output.
 
     Raises:
       ValueError: one line naming the path and the fix.
@@ -93,6 +95,12 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False) -> None:
             raise ValueError(f"{what} path {str(path)!r}: cannot create a file in folder "
                              f"{str(folder)!r} ({err.strerror or type(err).__name__}); "
                              "choose another path.") from None
+    for what, path in given:
+        for name, source in inputs:
+            if source and Path(source).expanduser().resolve() == \
+                    Path(path).expanduser().resolve():
+                raise ValueError(f"{what} path {str(path)!r} is the {name} this command reads; "
+                                 "choose another path.")
     if len(given) == 2 and (Path(figure_path).expanduser().resolve()
                             == Path(json_path).expanduser().resolve()):
         raise ValueError(f"the figure and the json report would both be written to "
@@ -118,3 +126,11 @@ def _whose(target: Path) -> str:
                 "still writing it, or it was killed (kill -9, out of memory); if none is "
                 "running, remove the file")
     return "an earlier run's output?"
+
+
+def dataset_input(o: dict) -> tuple:
+    """(("dataset", path),) when ``o["dataset"]`` is an .npz path, for :func:`check_outputs`'
+    ``inputs``; () for a short or TFDS name."""
+    name = o["dataset"]
+    return (("dataset", name),) if isinstance(name, str) and (
+        name.endswith(".npz") or "/" in name or os.sep in name) else ()

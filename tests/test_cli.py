@@ -145,8 +145,10 @@ def one_error_line(args, capsys):
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
     (["--figure", "/nonexistent/dir/f.png"], "does not exist"),
     (["--figure", "out.xyz"], "must end in a format matplotlib writes"),
-    (["--num-paths", "0"], "num_paths (--num-paths) must be an integer >= 1"),
-    (["--num-paths", "-3"], "num_paths (--num-paths) must be an integer >= 1"),
+    (["--num-paths", "0"], "num_paths (--num-paths) must be an integer in [1, 4096]"),
+    (["--num-paths", "-3"], "num_paths (--num-paths) must be an integer in [1, 4096]"),
+    # a fresh user: 10⁶ paths took 17.5 GB for N = 10
+    (["--num-paths", "1000000", "-B", "3"], "must be an integer in [1, 4096] (SGD noise"),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
@@ -256,7 +258,9 @@ def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch)
     (["-K", "2", "-n", "3", "-B", "7"], "more than the N = K·n = 2·3 = 6 training images"),
     (["-T", "0"], "steps (-T) must be an integer >= 1"),
     (["-T", "10000000000"], "and <= 1,000,000 (optimiser updates)"),
-    (["--head-scale", "0"], "head_scale (--head-scale) must be a finite number > 0"),
+    (["--head-scale", "0"], "head_scale (--head-scale) must be a number in [1e-06, 1e+06]"),
+    # a fresh user: 1e30 overflowed the float32 head into a NaN-weights message
+    (["--head-scale", "1e30"], "head_scale (--head-scale) must be a number in [1e-06, 1e+06]"),
     (["--checkpoint", "FILE"], "is a file; pass the directory written by "
                                "ntk_tt.save_checkpoint"),
     (["--checkpoint", "/nonexistent/ck"], "checkpoint not found"),
@@ -993,3 +997,55 @@ def test_settle_on_a_read_only_folder_is_no_second_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "unlink", read_only)
     assert _report_file.settle(path) is False
+
+
+def test_a_diverged_run_with_weight_decay_is_told_to_lower_it_too():
+    """A fresh user: --weight-decay 1e10 diverged at step 1 and was told to lower --lr only."""
+    from ntk_tt._cli_report import format_report
+
+    r = fake_report(verify=True, pred_diverged=True, real_diverged=True)
+    def said(report):
+        return [ln for ln in format_report(report).splitlines()
+                if ln.split(" diverged at step")[0] in ("prediction", "real run")]
+
+    assert len(said(r)) == 2 and all(ln.endswith("(lower --lr)") for ln in said(r)), said(r)
+    r["optimizer"]["weight_decay"] = 1e10
+    assert len(said(r)) == 2, said(r)
+    assert all(ln.endswith("(lower --lr or --weight-decay)") for ln in said(r)), said(r)
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A fresh user: --json victim.npz --overwrite replaced the dataset with the report, and
+    ntk-tt outcome's --json its own runs file."""
+    no_work(monkeypatch)
+    fake_npz(tmp_path, "victim.npz", np.zeros((20, 32, 32, 3), np.uint8))
+    victim = tmp_path / "victim.npz"
+    before = victim.read_bytes()
+    for flag in ("--json", "--figure"):
+        err = one_error_line(["--dataset", str(victim), flag, str(victim), "--overwrite"],
+                             capsys)
+        assert f"{flag[2:]} path {str(victim)!r} is the dataset this command reads; choose " \
+               "another path." in err, err
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("{}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["outcome", str(runs), "--json", str(runs), "--overwrite"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert f"json path {str(runs)!r} is the runs file this command reads" in err, err
+    assert victim.read_bytes() == before and runs.read_text() == "{}\n"
+
+
+def test_python_advice_in_a_job_error_is_said_as_flags():
+    """A fresh user: ntk-tt predict --head-scale 1e-30 advised ntk_tt.replace_head,
+    backbone='exact' and predictor='linear'."""
+    from ntk_tt._cli_commands import cli_terms
+
+    said = ("the head (‖W_0‖_F = 1e-30) ...; initialise the head with non-zero weights of "
+            "ordinary size (ntk_tt.replace_head), or use backbone='exact' (small N) or the "
+            "frozen-kernel predictor (predictor='linear').")
+    assert cli_terms(said) == ("the head (‖W_0‖_F = 1e-30) ...; give --head-scale nearer 1, or "
+                               "use --backbone exact (small N) or the frozen-kernel predictor "
+                               "(--predictor linear).")
+    assert cli_terms("no suggestion: widen kappa_range (0.05, 50)") == \
+        "no suggestion: widen --kappa-min/--kappa-max (0.05, 50)"

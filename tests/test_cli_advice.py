@@ -198,3 +198,32 @@ def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
         check_labels(np.eye(3, dtype=int)[np.arange(8) % 3], 8, 3)
     with pytest.raises(ValueError, match=r"cast float class indices to int, e\.g\. "):
         check_labels(np.arange(8.0) % 3, 8, 3)  # a second fresh user: was told "not one-hot"
+
+
+def test_a_figure_that_cannot_be_written_loses_no_result(task, tmp_path, capsys, monkeypatch):
+    """A fresh user: a full disk when the figure was written ended the run with one error line
+    and nothing else: the report was not printed, the --json report said "failed" with no
+    real run although the fine-tune had finished, and a truncated PNG was left. Now the figure
+    is written whole or not at all, and the report and JSON are complete without it."""
+    from matplotlib.figure import Figure
+
+    def full_disk(self, fname, **_):
+        Path(fname).write_bytes(b"\x89PNG half an image")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--no-progress", "-K", "3", "-n", "8", "--test-per-class", "2",
+              "-T", str(T), "--lr", str(LR), "--verify", "--figure", "f.png", "--json",
+              "r.json"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert err == ("ntk-tt: error: could not write f.png: No space left on device. (no figure; "
+                   "the report above is complete)\n"), err
+    assert "real T_ε" in out and "json: r.json" in out and "figure:" not in out
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["status"] == "complete" and r["real"] is not None and r["figure"] is None
+    assert r["figure_error"] == "could not write f.png: No space left on device."
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no half PNG, no temp

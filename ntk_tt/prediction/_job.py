@@ -35,6 +35,7 @@ from ntk_tt.prediction._report_file import (
     _output,
     _write_json,
     claimed_report,
+    write_atomic,
 )
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -130,7 +131,8 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
     A diverged curve is drawn up to its divergence and marked there (vertical line and
     text); the y-axis spans the curves before any divergence, so a blown-up value does not
     flatten the rest. The format follows the extension (png, pdf, svg, ...). Without
-    ``overwrite`` an existing file is not replaced (``FileExistsError``).
+    ``overwrite`` an existing file is not replaced (``FileExistsError``). Written whole or
+    not at all (``write_atomic``: a full disk leaves no truncated image).
     """
     from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
 
@@ -165,8 +167,9 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
         ax.legend()
     fig.suptitle(title, fontsize=9)
     path = Path(path)
-    with open(path, "wb" if overwrite else "xb") as f:
-        fig.savefig(f, dpi=110, format=path.suffix.lstrip(".").lower())
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110,
+                                               format=path.suffix.lstrip(".").lower()),
+                 create=not overwrite)
     return path
 
 
@@ -222,7 +225,9 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       images), ``optimizer`` (the optimiser's description,
       :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`; with Adam also
       ``weight_travel``, ρ = Σ η_t / rms(θ_0) of the backbone), ``status``,
-      ``figure`` (the path written, None without one), ``predicted`` (training_time,
+      ``figure`` (the path written, None without one or when it could not be written:
+      then ``figure_error`` says why, and the rest of the report and the JSON are whole),
+      ``predicted`` (training_time,
       wall_clock, kappa, warnings: the BeyondEdgeWarnings ``predict`` raised, re-raised
       after it, ...), ``real`` (None without
       ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
@@ -247,11 +252,14 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     json_file = Path(json_path).expanduser() if json_path else None
     with claimed_report(json_file, "json" not in replace, o | {"verify": verify}):
         report, pred, run, info = _work(o, verify, json_file, progress)
-        report["figure"] = str(_output(
-            _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
-            f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
-            + describe_optimizer(report["optimizer"], short=True))
-        ) if figure_path else None
+        report["figure"] = None
+        try:  # a figure that cannot be written (a full disk) loses none of the results
+            report["figure"] = str(_output(
+                _keep_figure, Path(figure_path).expanduser(), "figure" in replace, pred, run,
+                f"{info['dataset']} K={o['num_classes']} n={o['per_class']} "
+                + describe_optimizer(report["optimizer"], short=True))) if figure_path else None
+        except ValueError as err:
+            report["figure_error"] = str(err)
         if json_file:
             _output(_write_json, json_file, report, create=False)
     return report

@@ -40,15 +40,22 @@ def settle(path: Path, status: str = INTERRUPTED) -> bool:
 
 
 def _write_json(path: Path, report: dict, *, create: bool, claim: dict | None = None) -> None:
-    """Write the report atomically (a reader or an interrupt never sees half a file, and an
-    interrupt leaves no temporary file); ``create``: the file must not exist yet
-    (``FileExistsError``: another run's output), and it appears whole, by a hard link of the
-    written temporary file (exclusive and atomic), whose inode ``claim["inode"]`` records
-    first so that :func:`_claimed` can tell this run's file from another's (where the file
-    system has no hard links: created empty, then replaced, as before)."""
+    """Write the report atomically (:func:`write_atomic`; ``claim["inode"]`` records the
+    created file's inode first so that :func:`_claimed` can tell this run's file from
+    another's)."""
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(report, indent=1)),
+                 create=create, claim=claim)
+
+
+def write_atomic(path: Path, write, *, create: bool, claim: dict | None = None) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then put it in place whole (a
+    reader, an interrupt or a full disk never leaves half a file, nor a temporary one);
+    ``create``: the file must not exist yet (``FileExistsError``: another run's output), and
+    it appears by a hard link of the written file (exclusive and atomic; where the file system
+    has no hard links: created empty, then replaced)."""
     tmp = _tmp(path)
     try:
-        tmp.write_text(json.dumps(report, indent=1))
+        write(tmp)
         if create:
             if claim is not None:
                 claim["inode"] = tmp.stat().st_ino
