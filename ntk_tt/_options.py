@@ -93,10 +93,8 @@ def check_real(value: Any, name: str) -> None:
         return
     if dtype is not None and np.dtype(dtype).kind in "iuf":
         return
-    raise ValueError(
-        f"{name} must be a real number, got {_describe(value)}; pass e.g. {name}=0.1 (a float, "
-        "not a string)."
-    )
+    raise ValueError(f"{name} must be a real number, got {_describe(value)}; pass e.g. "
+                     f"{name}=0.1 (a float, not a string).")
 
 
 def check_loss(loss: str, num_classes: int | None = None) -> None:
@@ -260,6 +258,8 @@ def _check_source(o: dict[str, Any]) -> None:
                          f"'flowers5', a prepared TFDS name or the path of an .npz file, got "
                          f"{type(name).__name__}; pass str(path) for a path.")
     if name.endswith(".npz") or "/" in name or os.sep in name:
+        if Path(name).expanduser().is_dir():
+            raise ValueError(f"dataset {name!r} is a folder; pass the .npz file in it.")
         if not Path(name).expanduser().is_file():
             raise ValueError(f"dataset file not found: {name!r}; pass an existing path to an "
                              ".npz file with keys images, labels and class_names, or a short "

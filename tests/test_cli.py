@@ -867,6 +867,7 @@ BEFORE_JAX = [
     (["suggest", "--seed", str(-2**63 - 1)], "seed (--seed) must be an integer that fits"),
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
+    (["predict", "--dataset", "TMP"], "dataset 'TMP' is a folder; pass the .npz file in it."),
     (["predict", "--data-dir", "TMP/nope"], "data_dir (--data-dir) 'TMP/nope' is not a directory"),
     (["predict", "--checkpoint", "TMP/nope"], "checkpoint not found"),
     (["predict", "--json", "TMP/no/r.json"], "does not exist; create it first"),
