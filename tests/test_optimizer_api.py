@@ -440,8 +440,8 @@ def test_the_suggested_per_step_idiom_refuses_too_few_values():
     opt = ntk_tt.sgd(lambda t: v.at[t].get(mode="fill", fill_value=jnp.nan))
     np.testing.assert_array_equal(opt.learning_rates(15), v)
     kernel, f0, y = 2.0 * jnp.eye(6), jnp.zeros((6, 3)), jnp.arange(6) % 3
-    said = (r"got η_15 = nan \(NaN past the end of per-step values indexed with mode='fill': "
-            r"give at least 20 values, or fewer steps\)")
+    said = (r"got η_15 = nan \(per-step values indexed with mode='fill' give NaN past their "
+            r"end: then give at least 20 values, or fewer steps\)")
     with pytest.raises(ValueError, match=said):
         ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=20)
     with pytest.raises(ValueError, match=said):

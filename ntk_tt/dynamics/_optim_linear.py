@@ -128,8 +128,9 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
     bad = ~np.isfinite(rates) | (rates < 0)
     if bad.any():
         t = int(np.argmax(bad))
-        past_end = (" (NaN past the end of per-step values indexed with mode='fill': give "
-                    f"at least {steps} values, or fewer steps)") if np.isnan(rates[t]) else ""
+        past_end = (" (per-step values indexed with mode='fill' give NaN past their end: "
+                    f"then give at least {steps} values, or fewer steps)"
+                    ) if np.isnan(rates[t]) else ""
         raise ValueError(f"the optimizer's learning rate must be finite and >= 0 at every step, "
                          f"got η_{t} = {rates[t]}{past_end}; fix the schedule.")
     if not rates.max() > 0:
