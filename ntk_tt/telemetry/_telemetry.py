@@ -153,7 +153,8 @@ class Telemetry:
             ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
             arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
             per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k), a
-            finite loss < 0 or accuracy outside [0, 1].
+            training loss or accuracy not finite, a loss < 0 or an accuracy outside [0, 1],
+            ``stopped_at`` > k, ``snapshot_steps`` not increasing (``_check_values``).
         """
         if not isinstance(row, dict):
             raise ValueError(f"a telemetry row must be a JSON object (dict), got "
