@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._defaults import DEFAULTS, SUGGEST_DEFAULTS
-from ntk_tt._output_paths import check_outputs, dataset_input
+from ntk_tt._output_paths import check_outputs, dataset_input, is_dataset_path
 
 LOSSES = ("cross_entropy", "mse")
 METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
@@ -257,7 +257,7 @@ def _check_source(o: dict[str, Any]) -> None:
         raise ValueError(f"dataset (--dataset) must be a string: a short name such as "
                          f"'flowers5', a prepared TFDS name or the path of an .npz file, got "
                          f"{type(name).__name__}; pass str(path) for a path.")
-    if name.endswith(".npz") or "/" in name or os.sep in name:
+    if is_dataset_path(name):
         if Path(name).expanduser().is_dir():
             raise ValueError(f"dataset {name!r} is a folder; pass the .npz file in it.")
         if not Path(name).expanduser().is_file():
@@ -287,7 +287,7 @@ def _check_split(name: str, split: Any) -> None:
         what = f"the vendored file {VENDORED_FILES[name]}"
     elif name in SHARED_FILES:
         what = f"the file {SHARED_FILES[name]} of ../shared/data ($NTK_TT_DATA_DIR)"
-    elif name.endswith(".npz") or "/" in name or os.sep in name:
+    elif is_dataset_path(name):
         what = "an .npz file"
     else:
         return

@@ -128,9 +128,14 @@ def _whose(target: Path) -> str:
     return "an earlier run's output?"
 
 
+def is_dataset_path(name: str) -> bool:
+    """Whether a dataset name is a file path (ends in ``.npz`` or holds a path separator),
+    not a short or TFDS name."""
+    return name.endswith(".npz") or "/" in name or os.sep in name
+
+
 def dataset_input(o: dict) -> tuple:
     """(("dataset", path),) when ``o["dataset"]`` is an .npz path, for :func:`check_outputs`'
     ``inputs``; () for a short or TFDS name."""
     name = o["dataset"]
-    return (("dataset", name),) if isinstance(name, str) and (
-        name.endswith(".npz") or "/" in name or os.sep in name) else ()
+    return (("dataset", name),) if isinstance(name, str) and is_dataset_path(name) else ()

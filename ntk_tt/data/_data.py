@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import SHARED_FILES, VENDORED_FILES
+from ntk_tt._output_paths import is_dataset_path
 from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args, dataset_name
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -236,7 +237,7 @@ def load_dataset(name: str | os.PathLike, *, split: str = "train",
     name, is_path = dataset_name(name)
     if name in VENDORED and not is_path:
         return _load_npz(VENDORED[name])
-    if is_path or name.endswith(".npz") or "/" in name or os.sep in name:
+    if is_path or is_dataset_path(name):
         if not Path(name).is_file():
             raise ValueError(f"dataset file not found: {name!r}; pass an existing path to "
                              f"{NPZ_FORMAT}, or a short name: {', '.join(known_datasets())}.")

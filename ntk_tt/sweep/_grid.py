@@ -19,10 +19,11 @@ import hashlib
 import itertools
 import math
 import numbers
-import os
 import re
 from collections import Counter
 from pathlib import Path
+
+from ntk_tt._output_paths import is_dataset_path
 
 
 def dataset_tag(name: str) -> str:
@@ -33,7 +34,7 @@ def dataset_tag(name: str) -> str:
     ``[A-Za-z0-9_.-]`` without leading dots, plus 8 hex digits of the SHA-1 of the resolved
     path, so two files of the same name in different folders get different ids.
     """
-    if not (name.endswith(".npz") or "/" in name or os.sep in name):
+    if not is_dataset_path(name):
         return name
     path = Path(name).resolve()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem).lstrip(".") or "dataset"
