@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 
 import pandas as pd
@@ -42,9 +41,7 @@ def held_out_cases(train: pd.DataFrame, test: pd.DataFrame, level: float,
         _, keep = residuals(test, eps)
         for _, row in test[keep].iterrows():
             args = (row["kappa_eff"], eps, row["optimizer"])
-            lo, hi = cal.interval(row[f"pred_T{eps:g}"], *args)
-            horizon = row.get("steps", math.inf)  # T_ε ≤ T: capped as ntk_tt.intervals caps
-            lo, hi = min(lo, horizon), min(hi, horizon)
+            lo, hi = cal.interval(row[f"pred_T{eps:g}"], *args, steps=row.get("steps"))
             real = row[f"real_T{eps:g}"]
             out.append({"dataset": row["dataset"], "kappa_eff": row["kappa_eff"],
                         "eps": f"{eps:g}", "real": real,

@@ -145,12 +145,13 @@ class IntervalCalibrator:
         return self._pick(kappa_eff, eps, optimizer, level)[:2]
 
     def interval(self, t_pred: float, kappa_eff: float, eps: float, optimizer: str,
-                 level: float | None = None) -> tuple[float, float]:
+                 level: float | None = None, steps: float | None = None) -> tuple[float, float]:
         """``(lo, hi)`` in steps: the conformal interval for the real T_ε around ``t_pred``.
 
         Args:
           t_pred: predicted T_ε (steps, > 0). kappa_eff: κ̃ = η·λ_max/(N·(1 − m)). eps: ε.
-            optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α, None = ``self.level``.
+            optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α, None = ``self.level``. steps:
+            the horizon T, each bound capped at it (T_ε ≤ T by definition); None: no cap.
 
         Returns:
           ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``; ±inf bounds when even the pooled residuals
@@ -166,7 +167,8 @@ class IntervalCalibrator:
         if not (math.isfinite(t) and t > 0):
             raise ValueError(f"t_pred must be a positive number of steps, got {t_pred!r}.")
         _, _, lo, hi = self._pick(kappa_eff, eps, optimizer, level)
-        return t * math.exp(lo), t * math.exp(hi)
+        cap = math.inf if steps is None else float(steps)
+        return min(t * math.exp(lo), cap), min(t * math.exp(hi), cap)
 
     def range_warnings(self, num_train=None, steps=None) -> list[str]:
         """:func:`ntk_tt.prediction._intervals_range.range_messages` of this calibrator: one
@@ -353,20 +355,19 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       level: 1 − α, None = the calibrator's level (0.9 for the shipped one).
 
     Returns:
-      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps, for the ε
-      of ``prediction.training_time``, each bound capped at the horizon T (``hyperparameters``
-      "steps"): T_ε ≤ T by its definition (relative to the curve's own L_T), so the cap loses
-      no coverage; None where T̂_ε is undefined (or the prediction diverged);
-      the benchmark table measures loss-curve T_ε only, so error-curve T_ε have no calibrated
-      interval (None). All None when the prediction was not made by the predictor the residuals are
-      of (:func:`calibrated_for`): the shipped calibrator's are the default head-aware predictor's
-      (``kernel`` "head_aware:isotropic", discrete recursion, cross-entropy), not the frozen-kernel,
-      subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given, one message per N or
-      T (``hyperparameters`` "num_train", "steps") outside the calibration table's range
-      (:meth:`IntervalCalibrator.range_warnings`) and per update-rule field ("schedule",
-      "weight_decay", "nesterov"; the shipped table's: constant η, λ = 0, heavy-ball) outside
-      the table's (``_intervals_range.prediction_messages``); [] for a calibrator recording
-      none.
+      ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps, for the
+      ε of ``prediction.training_time``, each bound capped at the horizon T (``hyperparameters``
+      "steps"; T_ε ≤ T by definition, so no coverage is lost); None where T̂_ε is undefined (or
+      the prediction diverged); the benchmark table measures loss-curve T_ε only, so error-curve
+      T_ε have no calibrated interval (None). All None when the prediction was not made by the
+      predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's are the
+      default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete recursion,
+      cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if
+      an interval is given, one message per N or T (``hyperparameters`` "num_train", "steps")
+      outside the calibration table's range (:meth:`IntervalCalibrator.range_warnings`) and per
+      update-rule field ("schedule", "weight_decay", "nesterov"; the shipped table's: constant η,
+      λ = 0, heavy-ball) outside the table's (``_intervals_range.prediction_messages``); [] for a
+      calibrator recording none.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -389,11 +390,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
-    horizon = float(hp["steps"]) if hp.get("steps") is not None else math.inf
     loss = {}
     for eps, t in tt["loss"].items():
-        lo, hi = cal.interval(t, kappa_eff, eps, opt, level)
-        loss[eps] = None if math.isnan(lo) else (min(lo, horizon), min(hi, horizon))
+        lo, hi = cal.interval(t, kappa_eff, eps, opt, level, steps=hp.get("steps"))
+        loss[eps] = None if math.isnan(lo) else (lo, hi)
     said = prediction_messages(cal.source, hp) if any(loss.values()) else []
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
