@@ -13,8 +13,9 @@ import pytest
 from flax import nnx
 
 import ntk_tt
-from ntk_tt.data._checkpoint import DEFAULT_CHECKPOINT
+from ntk_tt.data._checkpoint import DEFAULT_CHECKPOINT, read_meta
 from ntk_tt.models import ResNet18, SmallResNet
+from ntk_tt.prediction._job import load_task
 
 META = {"architecture": "SmallResNet", "kwargs": {"widths": [4, 8]}, "num_classes": 3,
         "input_shape": [8, 8, 3], "mean": [0.5] * 3, "std": [0.25] * 3}
@@ -390,3 +391,102 @@ def test_replace_head_refuses_bad_arguments(kwargs, said):
     args = dict(num_classes=4, key=jax.random.key(0)) | kwargs
     with pytest.raises(ValueError, match=said):
         ntk_tt.replace_head(model, args.pop("num_classes"), **args)
+
+
+RESAVE = ("save the checkpoint again with the right input_shape (ntk_tt.save_checkpoint(path, "
+          "model, dict(meta, input_shape=[H, W, C]), overwrite=True)).")
+
+
+@pytest.mark.parametrize("shape, said", [
+    # a CIFAR-like model saved with a grey dataset's shape, then with the channels wrong alone
+    ([28, 28, 1], "meta's input_shape [28, 28, 1] is wrong: the stored weights take 3-channel "
+                  "inputs, not 1 (stem/kernel has shape (3, 3, 3, 4), not (3, 3, 1, 4)); "
+                  "input_shape must be [H, W, 3] (H × W the images' size the model was "
+                  "trained on) with mean and std of 3 values each; " + RESAVE),
+    ([32, 32, 1], "meta's input_shape [32, 32, 1] is wrong: the stored weights take 3-channel "
+                  "inputs, not 1 "),
+    # a fresh user: a 1×1 input_shape loaded and gave NaN logits (the 2×2 pool empties it)
+    ([1, 1, 3], "meta's input_shape [1, 1, 3] does not fit its SmallResNet: given one input "
+                "of that shape, its layers shrink it to an empty array of shape (1, 0, 0, 4), "
+                "so every logit would be NaN; inputs of at least 2×2 px work; " + RESAVE),
+], ids=["grey_28x28", "channels_only", "too_small_1x1"])
+def test_a_wrong_input_shape_in_meta_is_refused_before_any_work(shape, said, tmp_path,
+                                                                 monkeypatch):
+    """A fresh user: a checkpoint whose meta records the wrong input_shape loaded (NaN logits
+    later) or was refused with a message naming the stem's shapes, and ``ntk-tt predict``
+    blamed the dataset's images. Now reading meta refuses it, from the stored arrays' shapes
+    and a traced (never computed) forward pass, naming input_shape, what the weights take
+    and the fix; no weight is read, nothing compiled, and the CLI's task loader refuses it
+    before the dataset."""
+    path = tiny_checkpoint(tmp_path / "ck", input_shape=shape, mean=[0.5] * shape[2],
+                           std=[0.25] * shape[2])
+
+    def refuse(*_, **__):
+        raise AssertionError("weights or data read before meta's input_shape was checked")
+
+    monkeypatch.setattr(ntk_tt.data._checkpoint.ocp.args, "StandardRestore", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.load_dataset", refuse)
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: compiled.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    for call in (read_meta, ntk_tt.load_checkpoint, lambda p: load_task(checkpoint=p)):
+        with pytest.raises(ValueError) as err:
+            call(path)
+        assert str(err.value).startswith(f"checkpoint at {path}: {said}"), str(err.value)
+        assert "\n" not in str(err.value)
+    assert compiled == []
+
+
+@pytest.mark.parametrize("shape, said", [
+    ([28, 28, 1], r"^meta's input_shape \[28, 28, 1\] is wrong: the model takes 3-channel "
+                  r"inputs, not 1 .*fix meta before saving \(or build the model with "
+                  r"in_channels=1\)\.$"),
+    ([1, 1, 3], r"^meta's input_shape \[1, 1, 3\] does not fit its SmallResNet: .* every "
+                r"logit would be NaN; inputs of at least 2×2 px work; fix meta before "
+                r"saving\.$"),
+], ids=["grey_28x28", "too_small_1x1"])
+def test_save_checkpoint_refuses_a_wrong_input_shape(shape, said, tmp_path):
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    meta = META | {"input_shape": shape, "mean": [0.5] * shape[2], "std": [0.25] * shape[2]}
+    with pytest.raises(ValueError, match=said):
+        ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("shape", [[32, 32, 3], [28, 28, 3], [2, 2, 3]])
+def test_a_right_input_shape_still_loads_with_the_same_logits(shape, tmp_path):
+    """The input_shape check refuses no valid checkpoint: any size the model maps to finite
+    logits (2×2 is the smallest for a SmallResNet) loads, its logits those of the model it
+    was saved from."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    ntk_tt.save_checkpoint(tmp_path / "ck", model, META | {"input_shape": shape})
+    back, meta = ntk_tt.load_checkpoint(tmp_path / "ck")
+    assert meta["input_shape"] == shape
+    x = jax.random.normal(jax.random.key(0), (2, *shape))
+    logits = back(x)
+    assert np.all(np.isfinite(logits))
+    np.testing.assert_array_equal(logits, model(x))
+
+
+def test_save_checkpoint_refuses_a_missing_parent_folder_as_the_other_save_functions(
+        tmp_path):
+    """A fresh user: save_checkpoint created missing parent folders (orbax does) while
+    save_telemetry, IntervalCalibrator.save and OutcomePredictor.save refuse a path whose
+    folder does not exist. save_checkpoint now refuses it too, before writing anything, and
+    saves once the folder is made."""
+    model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
+    path = tmp_path / "runs" / "ck"
+    with pytest.raises(ValueError) as err:
+        ntk_tt.save_checkpoint(path, model, META)
+    assert str(err.value) == (f"checkpoint path {path}: folder {tmp_path / 'runs'} does not "
+                              "exist; create it first or choose another path.")
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="folder .*file is a file, not a folder; create it"):
+        ntk_tt.save_checkpoint(tmp_path / "file" / "ck", model, META)
+    with pytest.raises(ValueError, match="does not exist; create it first"):
+        ntk_tt.default_calibrator().save(tmp_path / "runs" / "c.json")
+    (tmp_path / "runs").mkdir()
+    assert ntk_tt.save_checkpoint(path, model, META) == path
+    assert ntk_tt.load_checkpoint(path)[1] == META

@@ -3,10 +3,10 @@
 A checkpoint is one orbax directory with two items: ``state`` (the NNX model state: parameters
 and, for :class:`~ntk_tt.models.ResNet18`, batch-norm statistics) and ``meta`` (JSON: the
 architecture and its arguments, the input shape, the per-channel input normalisation, and how
-it was pre-trained). :func:`read_meta` reads and checks ``meta`` alone (no weights, no JAX
-work); :func:`load_checkpoint` builds the model's shapes abstractly from it
-(``nnx.eval_shape``: nothing is initialised or compiled), checks them against the stored
-arrays' shapes, and restores the weights into that abstract model.
+it was pre-trained). :func:`read_meta` reads and checks ``meta``: it builds the model's shapes
+abstractly from it (``nnx.eval_shape``: nothing is initialised or compiled), checks them
+against the stored arrays' shapes, and traces one input of ``input_shape`` through it (no
+weight is read); :func:`load_checkpoint` then restores the weights into that abstract model.
 """
 
 from __future__ import annotations
@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from ntk_tt._options import a_type
+from ntk_tt.data._inputs import check_save_path, json_number, reason
+from ntk_tt.data._model import input_shape_problem
 from ntk_tt.models import ResNet18, SmallResNet
 
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "assets" / "checkpoints"
                       / "small_resnet_cifar10")
 ARCHITECTURES = {"SmallResNet": SmallResNet, "ResNet18": ResNet18}
 _FIX = "re-save it with ntk_tt.save_checkpoint, or omit it for the shipped one"
+_RESAVE = ("save the checkpoint again with the right input_shape (ntk_tt.save_checkpoint(path, "
+           "model, dict(meta, input_shape=[H, W, C]), overwrite=True))")
 
 
 def _orbax_noise(unraisable) -> bool:
@@ -81,13 +84,6 @@ def _quiet():
             lg.setLevel(level)
 
 
-def _reason(err: BaseException) -> str:
-    """The first sentence of an exception's message, whole (never cut mid-sentence)."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    sentence = text.split(". ")[0].rstrip(".")
-    return f"{type(err).__name__}: {sentence}" if sentence else type(err).__name__
-
-
 def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]:
     """``meta`` as :func:`load_checkpoint` needs it, else one ValueError ending in ``fix``
     (``path`` None: a meta about to be saved)."""
@@ -127,7 +123,8 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
 
 
 def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
-    """Read and check a checkpoint's ``meta`` item only (milliseconds: no weights are read).
+    """Read and check a checkpoint's ``meta`` against its stored arrays' shapes, without
+    reading any weight (milliseconds: the model is built abstractly, shapes only).
 
     Returns:
       ``(path, meta)``: the absolute checkpoint path and its metadata (architecture, kwargs,
@@ -136,9 +133,18 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
     Raises:
       ValueError: one line if ``path`` is not a str, os.PathLike or None (its type named, e.g.
         "got a SmallResNet" for a model passed as the path), the directory is missing, has no
-        readable ``meta``, or ``meta`` lacks a key, names an unknown architecture (the known
-        ones are listed) or has a malformed input_shape / mean / std / kwargs.
+        readable ``meta`` or array metadata, or ``meta`` lacks a key, names an unknown
+        architecture (the known ones are listed), has a malformed input_shape / mean / std /
+        kwargs, or does not match the stored arrays' shapes; an input_shape the weights
+        cannot take (other input channels: the ones they take are named) or the model's
+        layers shrink to nothing (NaN logits) names input_shape and the fix.
     """
+    return _read(path)[:2]
+
+
+def _read(path: str | os.PathLike | None):
+    """:func:`read_meta`'s checks; ``(path, meta, graphdef, state, target)``: meta's abstract
+    model split, and the ShapeDtypeStructs its weights are restored into."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), or "
                          f"None for the shipped checkpoint; got {a_type(path)}: pass e.g. "
@@ -152,14 +158,77 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
             meta = ckptr.restore(path / "meta")
     except Exception as err:  # orbax raises many types; the user needs one line.
         raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
-                         f"meta cannot be read ({_reason(err)}); {_FIX}.") from None
-    return path, _check_meta(path, meta)
+                         f"meta cannot be read ({reason(err)}); {_FIX}.") from None
+    meta = _check_meta(path, meta)
+    try:
+        abstract = _abstract(meta)
+    except Exception as err:  # bad constructor arguments in meta["kwargs"]
+        raise ValueError(f"checkpoint at {path}: meta's architecture {meta['architecture']} "
+                         f"cannot be built from kwargs {meta.get('kwargs', {})} "
+                         f"({reason(err)}); {_FIX}.") from None
+    graphdef, state = nnx.split(abstract)
+    # Each array on the default device: the stored sharding names the saving machine's devices
+    # (a CPU's), which orbax cannot map onto another platform's ("Topology mismatch").
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                            sharding=device),
+                          nnx.to_pure_dict(state))
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
+            stored = ckptr.metadata(path / "state").item_metadata
+    except Exception as err:
+        raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
+                         f"state's array metadata cannot be read ({reason(err)}); "
+                         f"{_FIX}.") from None
+    _check_shapes(path, meta, target, stored.tree if hasattr(stored, "tree") else stored)
+    _check_input_shape(f"checkpoint at {path}: ", meta, graphdef, state, _RESAVE)
+    return path, meta, graphdef, state, target
 
 
 def _build(meta: dict[str, Any], *, rngs: nnx.Rngs) -> nnx.Module:
     cls = ARCHITECTURES[meta["architecture"]]
     return cls(int(meta["num_classes"]), in_channels=int(meta["input_shape"][2]), rngs=rngs,
                **meta.get("kwargs", {}))
+
+
+def _abstract(meta: dict[str, Any]) -> nnx.Module:
+    """meta's model built abstractly (``nnx.eval_shape``: shapes only, nothing computed)."""
+    return nnx.eval_shape(lambda: _build(meta, rngs=nnx.Rngs(0)))
+
+
+def _channels(meta: dict[str, Any], want: dict, have: dict, whose: str) -> str | None:
+    """If meta's model has the arrays ``have`` (name → shape) once its input_shape has other
+    channels: why input_shape is wrong, naming the channels the arrays take; else None."""
+    odd = [k for k in sorted(want) if want[k] != have.get(k)]
+    if not odd or set(want) != set(have):
+        return None
+    (h, w, c), k = meta["input_shape"], odd[0]
+    for n in sorted({b for a, b in zip(want[k], have[k], strict=False) if a != b} - {c}):
+        try:
+            alt = _abstract(dict(meta, input_shape=[h, w, n]))
+            if _shapes(nnx.to_pure_dict(nnx.state(alt))) == have:
+                return (f"meta's input_shape {meta['input_shape']} is wrong: {whose} "
+                        f"{n}-channel inputs, not {c} ({k} has shape {have[k]}, not "
+                        f"{want[k]}); input_shape must be [H, W, {n}] (H × W the images' size "
+                        f"the model was trained on) with mean and std of {n} values each")
+        except Exception:  # this channel count does not build the model: not the answer
+            continue
+    return None
+
+
+def _check_input_shape(where: str, meta: dict[str, Any], graphdef, state, fix: str) -> None:
+    """ValueError naming input_shape unless meta's abstract model maps one input of it to
+    logits (traced only: :func:`~ntk_tt.data._model.input_shape_problem`)."""
+    def apply_fn(state, x):  # all of state traced: batch-norm statistics included
+        model = nnx.merge(graphdef, state)
+        model.eval()  # as in prediction (from_nnx)
+        return model(x)
+
+    why = input_shape_problem(apply_fn, state, tuple(meta["input_shape"]))
+    if why:
+        raise ValueError(f"{where}meta's input_shape {meta['input_shape']} does not fit its "
+                         f"{meta['architecture']}: given one input of that shape, {why}; "
+                         f"{fix}.")
 
 
 def _shapes(tree) -> dict[str, tuple[int, ...]]:
@@ -182,6 +251,9 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
         raise ValueError(f"checkpoint at {path}: {said} does not match the stored weights "
                          f"({len(odd)} arrays in one and not the other, e.g. {odd[0]}); "
                          f"{_FIX}.")
+    channels = _channels(meta, want, have, "the stored weights take")
+    if channels:
+        raise ValueError(f"checkpoint at {path}: {channels}; {_RESAVE}.")
     bad = [k for k in sorted(want) if want[k] != have[k]]
     if bad:
         k = bad[0]
@@ -190,27 +262,23 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
                          f"arrays differ); {_FIX}.")
 
 
-def _json_number(value):
-    """NumPy / JAX numbers and arrays in a meta as JSON numbers and lists; TypeError for
-    anything else."""
-    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
-        return np.asarray(value).tolist()
-    raise TypeError(type(value).__name__)
-
-
 def _check_meta_builds(meta: dict[str, Any], state) -> None:
     """ValueError unless meta's model (what load_checkpoint rebuilds) has the arrays of
     ``state`` with their shapes: a model saved after ``replace_head`` with the old meta wrote a
     checkpoint that load_checkpoint then refused."""
     try:
-        abstract = nnx.eval_shape(lambda: _build(meta, rngs=nnx.Rngs(0)))
+        abstract = _abstract(meta)
     except Exception as err:  # bad constructor arguments in meta["kwargs"], num_classes, ...
         raise ValueError(f"meta's architecture {meta['architecture']} cannot be built from "
                          f"num_classes {meta['num_classes']!r}, input_shape "
                          f"{meta['input_shape']!r} and kwargs {meta.get('kwargs', {})} "
-                         f"({_reason(err)}); fix meta.") from None
+                         f"({reason(err)}); fix meta.") from None
     want, have = _shapes(nnx.to_pure_dict(nnx.state(abstract))), _shapes(state)
     odd = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    channels = _channels(meta, want, have, "the model takes")
+    if channels:
+        raise ValueError(f"{channels}; fix meta before saving (or build the model with "
+                         f"in_channels={meta['input_shape'][2]}).")
     if odd:
         k = odd[0]
         head = have.get("head/bias")
@@ -224,53 +292,7 @@ def _check_meta_builds(meta: dict[str, Any], state) -> None:
             f"{meta['num_classes']}, kwargs {meta.get('kwargs', {})}) has {k} of shape "
             f"{want.get(k, 'none')}, the model {have.get(k, 'none')} ({len(odd)} arrays "
             f"differ), so load_checkpoint could not rebuild it; {fix}.")
-
-
-_CHECKPOINT_ENTRIES = frozenset({"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt",
-                                 "meta", "state"})
-
-
-def check_save_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """The checkpoint directory ``path`` (``~`` expanded, symbolic links resolved) if
-    :func:`save_checkpoint` may write it: new, an empty folder, or (``overwrite=True``) a
-    checkpoint that ``save_checkpoint`` wrote, which is replaced whole (files added inside it
-    included).
-
-    Raises:
-      ValueError: ``path`` not a str or os.PathLike, or a file; ``overwrite`` not a bool; the
-        current folder or one above it (orbax removes and recreates the folder); a folder
-        holding anything but a checkpoint (saving would delete it); a checkpoint and
-        ``overwrite`` False.
-    """
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), got "
-                         f"{a_type(path)}: call save_checkpoint(path, model, meta).")
-    if not isinstance(overwrite, bool):
-        raise ValueError(f"overwrite must be True or False, got {overwrite!r}.")
-    path = Path(path).expanduser().resolve()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"checkpoint path {path} is a file; give a new or empty folder.")
-    here = Path.cwd().resolve()
-    if path == here or path in here.parents:
-        raise ValueError(f"checkpoint path {path} is the current folder or holds it: saving "
-                         "removes and recreates the folder; give a new folder inside it.")
-    entries = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
-    if not entries:
-        return path
-    others = [e for e in entries if e not in _CHECKPOINT_ENTRIES]
-    ours = (not others and "_CHECKPOINT_METADATA" in entries
-            and all((path / d).is_dir() for d in ("meta", "state")))
-    if not ours:
-        shown = ", ".join((others or entries)[:3]) + (", ..." if len(others or entries) > 3
-                                                      else "")
-        raise ValueError(f"checkpoint path {path} is a folder holding other files ({shown}), "
-                         "not a checkpoint that save_checkpoint wrote: a checkpoint replaces "
-                         "its whole folder, so saving would delete them; give a new or empty "
-                         "folder.")
-    if not overwrite:
-        raise ValueError(f"checkpoint path {path} already holds a checkpoint: pass "
-                         "overwrite=True to replace it (the whole folder), or give a new one.")
-    return path
+    _check_input_shape("", meta, *nnx.split(abstract), "fix meta before saving")
 
 
 def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any], *,
@@ -278,7 +300,8 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     """Write ``model``'s state and ``meta`` as an orbax checkpoint at ``path``.
 
     Args:
-      path: checkpoint directory (``~`` expanded, symbolic links resolved): new, an empty
+      path: checkpoint directory (``~`` expanded, symbolic links resolved): new, in an
+        existing folder (none is created, as by the package's other save functions), an empty
         folder, or an earlier checkpoint with ``overwrite=True`` (a folder holding anything
         else, or the current folder, is refused: the checkpoint replaces the whole folder).
       overwrite: replace a checkpoint that ``save_checkpoint`` wrote at ``path`` (a bool).
@@ -296,9 +319,12 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
         ``meta["architecture"]`` is not one of the known architectures (the message names it,
         the model's class, the known ones and the way out), or is not the model's class;
         meta's model (its num_classes, input channels, kwargs) does not have the model's
-        arrays and shapes (e.g. the old meta after ``replace_head``); ``path`` a file, a
-        folder holding other files, or a checkpoint without ``overwrite=True``
-        (:func:`check_save_path`); all checked before anything is written.
+        arrays and shapes (e.g. the old meta after ``replace_head``; an input_shape with other
+        channels than the model's names input_shape and the channels the model takes), or
+        cannot take one input of meta's input_shape (shrunk to nothing by its layers: NaN
+        logits); ``path`` a file, in a missing folder, a folder holding other files, or a
+        checkpoint without ``overwrite=True`` (:func:`check_save_path`); all checked before
+        anything is written.
     """
     known = ", ".join(sorted(ARCHITECTURES))
     if not isinstance(path, (str, os.PathLike)):  # e.g. the arguments swapped: before any work
@@ -324,7 +350,7 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
             f"would rebuild a {arch}, not this model. Set meta['architecture'] to the "
             f"model's class (one of {known}), or see ntk_tt.from_nnx for other models.")
     try:  # what load_checkpoint will read back
-        meta = json.loads(json.dumps(meta, default=_json_number))
+        meta = json.loads(json.dumps(meta, default=json_number))
     except (TypeError, ValueError) as err:
         raise ValueError(f"meta must hold JSON values (numbers, strings, lists, dicts; NumPy "
                          f"arrays are converted), got a value of type {err}; fix meta before "
@@ -354,38 +380,19 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
     Raises:
       ValueError: one line (nothing else is printed) if ``path`` is not a str, os.PathLike
         or None (a number, say), the directory is missing or is not a readable ntk_tt
-        checkpoint: meta unreadable or malformed (:func:`read_meta`), an
-        unknown architecture (the known ones are named), meta's model not matching the stored
-        weights' shapes, or weight files that cannot be read (truncated, damaged).
+        checkpoint: meta unreadable or malformed (:func:`read_meta`), an unknown architecture
+        (the known ones are named), meta's model not matching the stored weights' shapes (a
+        wrong input_shape named, with the input channels the weights take), an input_shape
+        its layers shrink to nothing (NaN logits), all before any weight is read; or weight
+        files that cannot be read (truncated, damaged).
     """
-    path, meta = read_meta(path)
-    try:
-        abstract = nnx.eval_shape(lambda: _build(meta, rngs=nnx.Rngs(0)))
-    except Exception as err:  # bad constructor arguments in meta["kwargs"]
-        raise ValueError(f"checkpoint at {path}: meta's architecture {meta['architecture']} "
-                         f"cannot be built from kwargs {meta.get('kwargs', {})} "
-                         f"({_reason(err)}); {_FIX}.") from None
-    graphdef, state = nnx.split(abstract)
-    # Each array on the default device: the stored sharding names the saving machine's devices
-    # (a CPU's), which orbax cannot map onto another platform's ("Topology mismatch").
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                            sharding=device),
-                          nnx.to_pure_dict(state))
-    try:
-        with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
-            stored = ckptr.metadata(path / "state").item_metadata
-    except Exception as err:
-        raise ValueError(f"checkpoint at {path} is corrupt or not an ntk_tt checkpoint: its "
-                         f"state's array metadata cannot be read ({_reason(err)}); "
-                         f"{_FIX}.") from None
-    _check_shapes(path, meta, target, stored.tree if hasattr(stored, "tree") else stored)
+    path, meta, graphdef, state, target = _read(path)
     try:
         with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
             weights = ckptr.restore(path / "state", args=ocp.args.StandardRestore(target))
     except Exception as err:
         raise ValueError(f"checkpoint at {path} is corrupt: its weights cannot be read, "
-                         f"the array files are truncated or damaged ({_reason(err)}); "
+                         f"the array files are truncated or damaged ({reason(err)}); "
                          f"{_FIX}.") from None
     nnx.replace_by_pure_dict(state, weights)
     return nnx.merge(graphdef, state), meta

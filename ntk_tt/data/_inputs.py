@@ -2,13 +2,15 @@
 
 Every public entry point (``predict``, ``predict_from_kernel``, ``finetune``,
 ``empirical_ntk``) passes its array arguments, scalar hyperparameters and random key through
-these helpers before any work. Error messages name the argument, its type and shape, never
-its contents (a long list would flood the terminal).
+these helpers before any work (``save_checkpoint`` its path and meta's NumPy values). Error
+messages name the argument, its type and shape, never its contents (a long list would flood
+the terminal).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -242,3 +244,69 @@ def _check_channels_last(path, images: np.ndarray) -> None:
                          f"(N, C, H, W) with C = {shape[1]}{square}; load_dataset expects "
                          f"channels-last (N, H, W, C): store images.transpose(0, 2, 3, 1) "
                          f"(shape {fixed}).")
+
+
+def reason(err: BaseException) -> str:
+    """The first sentence of an exception's message, whole (never cut mid-sentence)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    sentence = text.split(". ")[0].rstrip(".")
+    return f"{type(err).__name__}: {sentence}" if sentence else type(err).__name__
+
+
+def json_number(value):
+    """NumPy / JAX numbers and arrays in a meta as JSON numbers and lists; TypeError for
+    anything else."""
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        return np.asarray(value).tolist()
+    raise TypeError(type(value).__name__)
+
+
+_CHECKPOINT_ENTRIES = frozenset({"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt",
+                                 "meta", "state"})
+
+
+def check_save_path(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The checkpoint directory ``path`` (``~`` expanded, symbolic links resolved) if
+    ``ntk_tt.save_checkpoint`` may write it: new (in an existing folder: none is created), an
+    empty folder, or (``overwrite=True``) a checkpoint that ``save_checkpoint`` wrote, which
+    is replaced whole (files added inside it included).
+
+    Raises:
+      ValueError: ``path`` not a str or os.PathLike, or a file; ``overwrite`` not a bool; its
+        parent folder missing or a file (create it first); the current folder or one above it
+        (orbax removes and recreates the folder); a folder holding anything but a checkpoint
+        (saving would delete it); a checkpoint and ``overwrite`` False.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), got "
+                         f"{a_type(path)}: call save_checkpoint(path, model, meta).")
+    if not isinstance(overwrite, bool):
+        raise ValueError(f"overwrite must be True or False, got {overwrite!r}.")
+    path = Path(path).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"checkpoint path {path} is a file; give a new or empty folder.")
+    if not path.parent.is_dir():  # as the package's other save functions: none creates folders
+        what = "is a file, not a folder" if path.parent.exists() else "does not exist"
+        raise ValueError(f"checkpoint path {path}: folder {path.parent} {what}; create it "
+                         "first or choose another path.")
+    here = Path.cwd().resolve()
+    if path == here or path in here.parents:
+        raise ValueError(f"checkpoint path {path} is the current folder or holds it: saving "
+                         "removes and recreates the folder; give a new folder inside it.")
+    entries = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
+    if not entries:
+        return path
+    others = [e for e in entries if e not in _CHECKPOINT_ENTRIES]
+    ours = (not others and "_CHECKPOINT_METADATA" in entries
+            and all((path / d).is_dir() for d in ("meta", "state")))
+    if not ours:
+        shown = ", ".join((others or entries)[:3]) + (", ..." if len(others or entries) > 3
+                                                      else "")
+        raise ValueError(f"checkpoint path {path} is a folder holding other files ({shown}), "
+                         "not a checkpoint that save_checkpoint wrote: a checkpoint replaces "
+                         "its whole folder, so saving would delete them; give a new or empty "
+                         "folder.")
+    if not overwrite:
+        raise ValueError(f"checkpoint path {path} already holds a checkpoint: pass "
+                         "overwrite=True to replace it (the whole folder), or give a new one.")
+    return path

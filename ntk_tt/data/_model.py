@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ntk_tt.data._inputs import as_array
+from ntk_tt.data._inputs import as_array, reason
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 
@@ -212,3 +212,49 @@ def _check_per_sample(apply_fn: ApplyFn, params: Any, x: Any, name: str, c: int)
             "independently: eval mode (frozen batch-norm statistics, no dropout), no statistics "
             "over the batch (e.g. centring the inputs)."
         )
+
+
+def _empty_array(jaxpr) -> tuple[int, ...] | None:
+    """The shape of the first array with no elements that ``jaxpr`` (or one nested in its
+    equations' parameters) computes, or None."""
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            if 0 in getattr(var.aval, "shape", ()):
+                return tuple(var.aval.shape)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                found = _empty_array(sub) if hasattr(sub, "eqns") else None
+                if found is not None:
+                    return found
+    return None
+
+
+def input_shape_problem(apply_fn: ApplyFn, params: Any, input_shape) -> str | None:
+    """Why ``apply_fn`` cannot map one input of ``input_shape`` (H, W, C) to logits, found by
+    tracing alone (``jax.make_jaxpr`` on abstract arrays: nothing computed or compiled), or
+    None: it fails on such an input, returns no (1, C) logits, or shrinks it to an array with
+    no elements (an input too small for the layers' pooling: a mean over it is NaN); then the
+    smallest square side that works, up to 64 px, is named. Raises nothing: ``apply_fn``'s
+    own error is the answer."""
+    def problem(shape) -> tuple[str, bool] | None:
+        x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
+        try:
+            closed = jax.make_jaxpr(apply_fn)(params, x)
+        except Exception as err:  # any layer's error: the caller words the one line
+            return f"it fails on it ({reason(err)})", False
+        empty = _empty_array(closed.jaxpr)
+        if empty is not None:
+            return (f"its layers shrink it to an empty array of shape {empty}, so every logit "
+                    "would be NaN"), True
+        out = [tuple(a.shape) for a in closed.out_avals]
+        if len(out) != 1 or len(out[0]) != 2 or out[0][0] != 1:
+            return f"it returns arrays of shapes {out}, not logits of shape (1, C)", False
+        return None
+
+    found = problem(input_shape)
+    if found is None or not found[1]:
+        return found and found[0]
+    h, w, c = input_shape
+    side = next((s for s in range(2, 65) if problem((max(h, s), max(w, s), c)) is None), None)
+    return found[0] + (f"; inputs of at least {side}×{side} px work" if side else "")
