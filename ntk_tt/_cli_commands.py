@@ -169,7 +169,10 @@ def _outside_corpus(flags: list[dict]) -> str:
 def _predict(args, parser, run: dict) -> int:
     """``ntk-tt predict``: options and output paths checked (before JAX is imported),
     :func:`ntk_tt.predict_task` run, its report printed (``run``: see
-    :func:`ntk_tt.cli._guard_interrupts`)."""
+    :func:`ntk_tt.cli._guard_interrupts`; ``run["prediction"]`` is the prediction's table,
+    formatted as soon as it exists, which an interruption prints when no --json report
+    keeps it; a ValueError after the prediction, e.g. in the fine-tuning, prints it too
+    without --json)."""
     opts = vars(args)
     opts.pop("command")
     if "figure_path" not in opts:  # the default figure: this tool's own, replaced
@@ -189,14 +192,22 @@ def _predict(args, parser, run: dict) -> int:
     from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
     from ntk_tt.prediction._job import predict_task
 
+    def keep(early: dict) -> None:  # formatted now: an interruption only prints it
+        run["prediction"] = format_report(early, interrupted=True)
+        run["early"] = early
+
     run.update(json_path=opts["json_path"], progress=opts["progress"], working=True)
     try:
         with warnings.catch_warnings():  # the report prints it (predicted.warnings)
             warnings.simplefilter("ignore", BeyondEdgeWarning)
-            report = predict_task(**opts)
+            report = predict_task(**opts, on_prediction=keep)
     except ValueError as err:
+        if "early" in run and not opts["json_path"]:  # failed after the prediction: keep it
+            print(format_report(run["early"] | {"status": "failed after the prediction"}))
         parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
-    print(format_report(report))
+    text = format_report(report)
+    run.pop("prediction", None)  # the whole report follows: not the prediction again
+    print(text)
     if report["figure"]:
         moved = report["figure"] != str(Path(opts["figure_path"]).expanduser())
         print(f"figure: {report['figure']}" + (f" ({opts['figure_path']} was created by "

@@ -86,13 +86,15 @@ def _target_lines(r: dict) -> list[str]:
     if not targets:
         return []
     width = max(len(_target_name(c, t)) for c, per in targets.items() for t in per)
-    head = (f"{'steps to target':{width}} {'predicted':>9} {'pred. wall-clock':>17}"
+    clock = pred.get("target_wall_clock")  # None: no real step timed yet
+    head = (f"{'steps to target':{width}} {'predicted':>9}"
+            + (f" {'pred. wall-clock':>17}" if clock else "")
             + (f" {'real':>9} {'real wall':>10} {'rel. error':>10}" if real else ""))
     lines = [head]
     for c, per in targets.items():
         for t, steps in per.items():
-            row = (f"{_target_name(c, t):{width}} {_fmt(steps):>9} "
-                   f"{_fmt(pred['target_wall_clock'][c][t], ' s'):>17}")
+            row = (f"{_target_name(c, t):{width}} {_fmt(steps):>9}"
+                   + (f" {_fmt(clock[c][t], ' s'):>17}" if clock else ""))
             if real:
                 row += _real_cells(real["steps_to_target"][c][t],
                                    real["target_wall_clock"][c][t], r["target_error"][c][t])
@@ -218,7 +220,23 @@ def _g(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def format_report(r: dict) -> str:
+def _prediction_only(r: dict, interrupted: bool) -> str:
+    """The line of a report made before any real step was timed (``predict_task``'s
+    ``on_prediction`` report, or its --verify JSON before the fine-tuning ended): what is
+    missing and why."""
+    if r["config"].get("verify"):
+        done = ("real fine-tuning interrupted before it ended" if interrupted else
+                f"real fine-tuning not done ({r['status']})")
+        missing = "no real T_ε or comparison; "
+    else:
+        done = ("interrupted while a few real training steps were timed" if interrupted else
+                f"real training steps not timed yet ({r['status']})")
+        missing = ""
+    return (f"{done}: the table above is the prediction only ({missing}no predicted "
+            "wall-clock time, which needs a real step's time)")
+
+
+def format_report(r: dict, *, interrupted: bool = False) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
     The optimiser line names the rule, weight decay, batch size and learning-rate schedule;
@@ -228,7 +246,10 @@ def format_report(r: dict) -> str:
     is outside the calibration table's N = 50–750 (...)").
     An undefined T_ε has its short reason at the end of its row; a diverged prediction or
     real run is said in words, and comparisons it makes meaningless are not printed as
-    numbers.
+    numbers. A report of the prediction alone (no real run and ``predicted.wall_clock``
+    None: ``predict_task``'s ``on_prediction`` report) has no wall-clock column and a line
+    that says so; ``interrupted``: the line says the run was interrupted after the
+    prediction (``ntk-tt`` prints it then).
     """
     from ntk_tt.dynamics._predict_kernel import EPSILONS
 
@@ -256,8 +277,9 @@ def format_report(r: dict) -> str:
     if t["test_per_class"] < asked:
         lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "
                      f"{asked} asked for (only that many are left after n per class)")
-    head = (f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'90 % interval':>14} "
-            f"{'pred. wall-clock':>17}")
+    clock = pred["wall_clock"]  # None: no real step timed yet
+    head = (f"{'curve':6} {'ε':>5} {'predicted T_ε':>14} {'90 % interval':>14}"
+            + (f" {'pred. wall-clock':>17}" if clock else ""))
     if real:
         head += f" {'real T_ε':>9} {'real wall':>10} {'rel. error':>10}"
     lines.append(head)
@@ -265,7 +287,8 @@ def format_report(r: dict) -> str:
         for e in EPSILONS:
             k = str(e)
             row = (f"{c:6} {e:>5g} {_fmt(pred['training_time'][c][k]):>14} "
-                   f"{_interval(pred, c, k):>14} {_fmt(pred['wall_clock'][c][k], ' s'):>17}")
+                   f"{_interval(pred, c, k):>14}"
+                   + (f" {_fmt(clock[c][k], ' s'):>17}" if clock else ""))
             if real:
                 row += _real_cells(real["training_time"][c][k], real["wall_clock"][c][k],
                                    r["relative_error"][c][k])
@@ -287,6 +310,8 @@ def format_report(r: dict) -> str:
         lines.append(f"diverged: predicted {_predicted_verdict(r)}, "
                      f"real {r['diverged']['real']}")
     else:
+        if not clock:
+            lines.append(_prediction_only(r, interrupted))
         lines += _outcome_line(r)
         lines.append(f"diverged: predicted {_predicted_verdict(r)}")
     return "\n".join(lines)

@@ -36,11 +36,14 @@ def _interrupted(run: dict) -> None:
 
     A --json report the job left saying the fine-tuning is running is marked interrupted,
     one that holds no result yet is removed (:func:`ntk_tt.prediction._report_file.settle`); the
-    line names a report that keeps the prediction. ``os._exit`` skips the interpreter's
-    teardown, where JAX / orbax threads interrupted mid-work can crash (segmentation fault)
-    or print tracebacks. Called by the main thread (``KeyboardInterrupt``, or the signal
-    handler before the work starts) or by the watcher of :func:`_guard_interrupts`,
-    whichever comes first; the other one waits for the exit.
+    line names a report that keeps the prediction. A prediction no report keeps (no --json,
+    or none written yet) is printed to stdout first, from ``run["prediction"]``: the text
+    ``predict`` formatted as soon as the prediction existed, so that nothing is computed
+    here. ``os._exit`` skips the interpreter's teardown, where JAX / orbax threads
+    interrupted mid-work can crash (segmentation fault) or print tracebacks. Called by the
+    main thread (``KeyboardInterrupt``, or the signal handler before the work starts) or by
+    the watcher of :func:`_guard_interrupts`, whichever comes first; the other one waits for
+    the exit.
     """
     if not _EXITING.acquire(blocking=False):
         threading.Event().wait()  # the other caller is exiting the process
@@ -51,9 +54,13 @@ def _interrupted(run: dict) -> None:
         kept = run.get("json_path") if report_file and run.get("json_path") else None
         note = (f" (the prediction is kept in {kept})"
                 if kept and report_file.settle(Path(kept).expanduser()) else "")
-        clear = "\r\033[K" if run.get("progress") and sys.stderr.isatty() else ""
+        if run.get("progress") and sys.stderr.isatty():  # the progress bar's line
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        if run.get("prediction") and not note:  # the prediction, kept in no report
+            sys.stdout.write(f"{run['prediction']}\n")
         sys.stdout.flush()
-        sys.stderr.write(f"{clear}ntk-tt: {_STOPPED[signum]}{note}\n")
+        sys.stderr.write(f"ntk-tt: {_STOPPED[signum]}{note}\n")
         sys.stderr.flush()
     finally:
         os._exit(128 + signum)
@@ -63,11 +70,12 @@ def _guard_interrupts(run: dict) -> None:
     """Make Ctrl-C and SIGTERM end the program with one line, whatever it is doing.
 
     ``run`` says what an interruption needs: ``working`` (set once the imports are done and
-    the job starts), ``json_path``, ``progress``; the handler adds ``signal``. Before the
-    work (arguments, checks, the imports of numpy, matplotlib and JAX) the handler exits at
-    once: nothing is written yet, and a ``KeyboardInterrupt`` inside an import surfaces as
-    an ``ImportError`` or a traceback. During the work it raises ``KeyboardInterrupt``, so
-    the job records the interruption in its JSON report. Python runs the handler only
+    the job starts), ``json_path``, ``progress``, ``prediction`` (``predict``'s text of the
+    prediction, once it exists); the handler adds ``signal``. Before the work (arguments,
+    checks, the imports of numpy, matplotlib and JAX) the handler exits at once: nothing is
+    written yet, and a ``KeyboardInterrupt`` inside an import surfaces as an ``ImportError``
+    or a traceback. During the work it raises ``KeyboardInterrupt``, so the job records the
+    interruption in its JSON report. Python runs the handler only
     between bytecodes of the main thread: not during a long XLA compilation, and a
     ``KeyboardInterrupt`` raised inside a garbage-collection or ``__del__`` callback is
     printed ("Exception ignored in ...") and dropped, so the run went on. The C-level
@@ -129,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
 
     Exit status: 0 done, 2 bad input (one ``ntk-tt: error: ...`` line on stderr), 130
     interrupted (Ctrl-C: one ``ntk-tt: interrupted`` line; a --json report that holds the
-    prediction is kept and says so), 143 terminated (SIGTERM, as Ctrl-C). As the program
-    (``argv`` None), the signals are handled from the start of ``main``, before any import
-    beyond the standard library, and end the run within :data:`GRACE_S` seconds even during
-    a compilation (:func:`_guard_interrupts`).
+    prediction is kept and the line says so; a ``predict`` interrupted after its prediction
+    (during the --verify fine-tuning or the timing of real steps) with no such report
+    prints the prediction's table to stdout before that line), 143 terminated (SIGTERM, as
+    Ctrl-C). As the program (``argv`` None), the signals are handled from the start of
+    ``main``, before any import beyond the standard library, and end the run within
+    :data:`GRACE_S` seconds even during a compilation (:func:`_guard_interrupts`).
     """
     run: dict = {}
     if argv is None:  # the ntk-tt process itself (not a call from Python)

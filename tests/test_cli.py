@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -658,23 +659,25 @@ def status(js):
 
 
 STOPPED = {signal.SIGINT: "ntk-tt: interrupted", signal.SIGTERM: "ntk-tt: terminated (SIGTERM)"}
+# ``before`` code of start_program: the tiny task of ``_cli_tiny`` in place of load_task
+TINY = (f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import _cli_tiny, ntk_tt.prediction._job as j\n"
+        "j.load_task = lambda **_: _cli_tiny.tiny_task()\n")
 
 
 def test_sigint_during_verify_is_one_line_130_and_keeps_the_prediction(tmp_path):
     """On the tiny task of ``_cli_tiny`` (the shipped checkpoint's compilations cost most of
     this test's time): 10,000 real steps take seconds, the Ctrl-C comes 0.5 s in."""
     js = tmp_path / "r.json"
-    tiny = (f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            "import _cli_tiny, ntk_tt.prediction._job as j\n"
-            "j.load_task = lambda **_: _cli_tiny.tiny_task()\n")
     proc = start_program(["predict", "--verify", "--no-progress", "-T", "10000", "--json",
-                          str(js), "--figure", ""], tmp_path, tiny)
+                          str(js), "--figure", ""], tmp_path, TINY)
     wait_for(proc, lambda: status(js) == RUNNING)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err == f"ntk-tt: interrupted (the prediction is kept in {js})\n", err
+    assert out == ""  # the JSON keeps the prediction: not printed as well
     r = json.loads(js.read_text())
     assert r["status"] == INTERRUPTED == "interrupted during the real fine-tuning"
     assert r["real"] is None and set(r["predicted"]["training_time"]) == {"loss", "error"}
@@ -744,7 +747,7 @@ def test_sigterm_while_the_main_thread_goes_on_marks_the_report_interrupted(tmp_
     # every KeyboardInterrupt is dropped, also one that lands while the report is written
     # (the test sees "running" as soon as it is on disk, and may signal at once)
     before = ("import time, ntk_tt.prediction._job as j\n"
-              "def work(o, verify, json_file, progress):\n"
+              "def work(o, verify, json_file, progress, on_prediction=None):\n"
               "    written = False\n"
               "    while True:\n"
               "        try:\n"
@@ -765,6 +768,173 @@ def test_sigterm_while_the_main_thread_goes_on_marks_the_report_interrupted(tmp_
     assert proc.returncode == 143, err
     assert err == f"ntk-tt: terminated (SIGTERM) (the prediction is kept in {js})\n", err
     assert json.loads(js.read_text()) == {"status": INTERRUPTED, "predicted": "kept"}
+
+
+# the tiny task's options of the interruption tests below: 10,000 real steps take seconds
+TINY_ARGS = ["-T", "10000", "--loss-target", "0.5", "--figure", ""]
+
+
+def predicted_rows(text):
+    """The predicted columns of ``ntk-tt predict``'s T_ε and steps-to-target rows: curve, ε,
+    predicted T_ε, 90 % interval ("loss ≤ 0.5 1875" for a target)."""
+    return [ln.split()[:4] for ln in text.splitlines() if ln.startswith(("loss ", "error "))]
+
+
+@pytest.fixture(scope="module")
+def tiny_prediction(tmp_path_factory):
+    """The predicted rows of an uninterrupted ``ntk-tt predict`` of the tiny task with
+    TINY_ARGS (no --verify: the prediction is the same)."""
+    proc = start_program(["predict", "--no-progress", *TINY_ARGS],
+                         tmp_path_factory.mktemp("reference"), TINY)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    rows = predicted_rows(out)
+    assert len(rows) == 7 and rows[-1][:3] == ["loss", "≤", "0.5"], out
+    return rows
+
+
+def watch_stderr(proc):
+    """Read ``proc``'s stderr as it comes (progress bars included): returns a function that
+    gives the text so far, and after ``proc`` ends all of it."""
+    chunks, reader = [], None
+
+    def read():
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            chunks.append(chunk)
+
+    def text():
+        if proc.poll() is not None:
+            reader.join(timeout=30)
+        return b"".join(chunks).decode(errors="replace")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return text
+
+
+def assert_prediction_printed(out, rows, line):
+    """stdout holds the prediction's table (the predicted rows of an uninterrupted run, no
+    wall-clock or real column) and ``line`` saying it is the prediction only."""
+    assert predicted_rows(out) == rows, out
+    head = next(ln for ln in out.splitlines() if ln.startswith("curve"))
+    assert head.split() == ["curve", "ε", "predicted", "T_ε", "90", "%", "interval"], out
+    assert "wall-clock" not in head and "real" not in head
+    assert out.startswith("task: tiny, classes a, b, c;"), out
+    assert f"\n{line}: the table above is the prediction only (" in out, out
+    assert out.endswith("\ndiverged: predicted False\n"), out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_fine_tuning_prints_the_prediction(sig, tiny_prediction,
+                                                               tmp_path):
+    """A fresh user's finding: Ctrl-C (or SIGTERM) during the real fine-tuning of
+    ``predict --verify`` without --json printed only ``ntk-tt: interrupted``, and the
+    prediction (a minute of work on the shipped checkpoint) was lost. Now the prediction's
+    table comes first on stdout, then the one line on stderr, and the exit status is
+    130 / 143. The signal comes as soon as the progress bar says the fine-tuning started."""
+    proc = start_program(["predict", "--verify", *TINY_ARGS], tmp_path, TINY)
+    err = watch_stderr(proc)
+    wait_for(proc, lambda: "fine-tuning for real (10000 steps)" in err())
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    out, err = proc.stdout.read(), err()
+    assert proc.returncode == 128 + sig, err
+    assert_prediction_printed(out, tiny_prediction, "real fine-tuning interrupted before it "
+                                                    "ended")
+    assert "no real T_ε or comparison" in out
+    # the progress bars' text (cleared where it is a terminal), then the one line
+    assert err.endswith(f"{STOPPED[sig]}\n") and err.count("ntk-tt:") == 1, err
+    assert "Traceback" not in err and not list(tmp_path.glob("*.json"))
+
+
+def test_the_watcher_prints_the_prediction_when_the_main_thread_goes_on(tiny_prediction,
+                                                                        tmp_path):
+    """SIGTERM during a fine-tuning that does not end (here it drops every
+    KeyboardInterrupt, as a long XLA compilation runs no handler): the watcher ends the
+    program after GRACE_S, printing the prediction first (formatted when the prediction
+    existed, not in the watcher)."""
+    from ntk_tt.cli import GRACE_S
+
+    drop = ("import pathlib, time\n"
+            "def finetune(*_, **__):\n"
+            "    pathlib.Path('fine-tuning').touch()\n"
+            "    while True:\n"
+            "        try:\n            time.sleep(1)\n"
+            "        except KeyboardInterrupt:\n            pass\n"
+            "j.finetune = finetune\n")
+    proc = start_program(["predict", "--verify", "--no-progress", *TINY_ARGS], tmp_path,
+                         TINY + drop)
+    wait_for(proc, (tmp_path / "fine-tuning").exists)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert GRACE_S <= time.monotonic() - t0 < GRACE_S + 30
+    assert proc.returncode == 143 and err == "ntk-tt: terminated (SIGTERM)\n", err
+    assert_prediction_printed(out, tiny_prediction, "real fine-tuning interrupted before it "
+                                                    "ended")
+
+
+def test_an_interrupt_while_real_steps_are_timed_prints_the_prediction(tiny_prediction,
+                                                                       tmp_path):
+    """Without --verify the prediction exists while a few real steps are timed (their
+    compilation takes seconds on the shipped checkpoint); the --json report, written only at
+    the end, holds no result then and is removed, so Ctrl-C there prints the prediction."""
+    js = tmp_path / "r.json"
+    slow = ("import pathlib, time\n"
+            "def step_time(*_, **__):\n"
+            "    pathlib.Path('timing').touch()\n"
+            "    time.sleep(600)\n"
+            "j.step_time = step_time\n")
+    proc = start_program(["predict", "--no-progress", "--json", str(js), *TINY_ARGS],
+                         tmp_path, TINY + slow)
+    wait_for(proc, (tmp_path / "timing").exists)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "ntk-tt: interrupted\n", err
+    assert_prediction_printed(out, tiny_prediction,
+                              "interrupted while a few real training steps were timed")
+    assert "no real T_ε" not in out and not js.exists()
+
+
+def test_an_error_in_the_fine_tuning_prints_the_prediction_first(tiny_prediction, tmp_path):
+    """A ValueError after the prediction (here from the fine-tuning) without --json used to
+    print only the error line: the prediction is printed first, then the one error line."""
+    failing = ("def finetune(*_, **__):\n"
+               "    raise ValueError('the fine-tuning failed on purpose.')\n"
+               "j.finetune = finetune\n")
+    proc = start_program(["predict", "--verify", "--no-progress", *TINY_ARGS], tmp_path,
+                         TINY + failing)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, err
+    assert err == "ntk-tt: error: the fine-tuning failed on purpose.\n", err
+    assert_prediction_printed(out, tiny_prediction,
+                              "real fine-tuning not done (failed after the prediction)")
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_the_prediction_alone_has_no_wall_clock_column_and_says_why(verify):
+    """The report ``predict_task`` gives ``on_prediction`` (``real`` None, no wall-clock time
+    yet, as the --verify JSON holds while the fine-tuning runs) renders whole."""
+    from ntk_tt.prediction._job import TIMING
+
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    r["config"]["verify"], r["status"] = verify, RUNNING if verify else TIMING
+    r["predicted"] |= {"wall_clock": None, "target_wall_clock": None,
+                       "steps_to_target": {"loss": {"0.5": 3.0}},
+                       "steps_to_target_reasons": {"loss": {}}}
+    text = format_report(r)
+    assert "pred. wall-clock" not in text
+    assert not [ln for ln in text.splitlines() if ln.startswith(("loss ", "error "))
+                and " s" in ln], text
+    assert "loss ≤ 0.5 " in text and [ln.split() for ln in text.splitlines()
+                                      if ln.startswith("loss ≤")] == [["loss", "≤", "0.5", "3"]]
+    what = ("real fine-tuning not done" if verify else "real training steps not timed yet")
+    assert f"{what} ({r['status']}): the table above is the prediction only (" in text
+    assert ("no real T_ε or comparison" in text) == verify
+    stopped = format_report(r, interrupted=True)
+    assert (("real fine-tuning interrupted before it ended: " if verify else
+             "interrupted while a few real training steps were timed: ") in stopped)
+    assert text.splitlines()[-1] == "diverged: predicted False"
 
 
 def test_a_second_run_with_the_same_json_refuses_before_its_work(tmp_path, capsys,

@@ -40,6 +40,10 @@ from ntk_tt.prediction._report_file import (
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
+# the status of the report ``on_prediction`` gets without ``verify`` (never written: the
+# JSON of a run without ``verify`` is written once, when the work is done)
+TIMING = "prediction done; timing a few real training steps"
+
 
 def _plain(obj: Any) -> Any:
     """JSON-ready copy: numpy → lists/floats, NaN → None, dict keys → str."""
@@ -183,7 +187,8 @@ def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
 
 
 def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
-                 progress: bool = True, overwrite=False, **options) -> dict[str, Any]:
+                 progress: bool = True, overwrite=False, on_prediction=None,
+                 **options) -> dict[str, Any]:
     """The main job: predict T_ε for a real task (and, with ``verify``, fine-tune for real).
 
     Options (defaults in :data:`DEFAULTS`): checkpoint, dataset, data_dir, split, num_classes
@@ -206,19 +211,27 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     ``status`` :data:`STARTED`, unless ``overwrite`` lets it be replaced: a second run with
     the same path refuses before its work), then the checkpoint meta, dataset, task and
     images are checked (:func:`load_task`) before the weights are read and before any
-    progress output; the prediction follows. With ``verify`` and ``json_path``, the JSON is
-    rewritten as soon as the prediction exists (:data:`RUNNING`) and when the fine-tuning
-    ends (:data:`COMPLETE`), is interrupted (``KeyboardInterrupt``: :data:`INTERRUPTED`) or
-    fails ("failed after the prediction (...)"); the exception is then re-raised. A claimed
-    JSON that holds no result is removed when the job ends early (bad input, interruption,
-    error). An explicit figure that another run created while this one worked is not
-    replaced: this run's figure is kept beside it as ``name.1.png`` (``.2``, ...), and
-    ``report["figure"]`` says where.
+    progress output; the prediction follows (then ``on_prediction``). With ``verify`` and
+    ``json_path``, the JSON is rewritten as soon as the prediction exists (:data:`RUNNING`)
+    and when the fine-tuning ends (:data:`COMPLETE`), is interrupted (``KeyboardInterrupt``:
+    :data:`INTERRUPTED`) or fails ("failed after the prediction (...)"); the exception is
+    then re-raised. A claimed JSON that holds no result is removed when the job ends early
+    (bad input, interruption, error). An explicit figure that another run created while this
+    one worked is not replaced: this run's figure is kept beside it as ``name.1.png`` (``.2``,
+    ...), and ``report["figure"]`` says where.
 
     Args:
       overwrite: True replaces existing outputs, False refuses them (before any work); or a
         list naming those that may be replaced, e.g. ``("figure",)``
         (:func:`ntk_tt._output_paths.replaceable`).
+      on_prediction: None, or a callable given the report of the prediction alone as soon
+        as the prediction exists, before the real fine-tuning (``verify``) or the timing of
+        a few real steps: with ``verify`` the report the JSON holds meanwhile (status
+        :data:`RUNNING`), without it the same with status :data:`TIMING`; ``real`` None,
+        ``predicted.wall_clock`` and ``predicted.target_wall_clock`` None (no real step's
+        time yet). ``ntk-tt predict`` formats it there, to print the prediction if the rest
+        is interrupted (:func:`ntk_tt.cli.main`). It should be quick; an exception it
+        raises ends the job as one of the work would.
 
     Returns:
       A JSON-ready report: ``config``, ``task`` (with ``preprocessing``: what was done to the
@@ -251,7 +264,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     replace = replaceable(overwrite)
     json_file = Path(json_path).expanduser() if json_path else None
     with claimed_report(json_file, "json" not in replace, o | {"verify": verify}):
-        report, pred, run, info = _work(o, verify, json_file, progress)
+        report, pred, run, info = _work(o, verify, json_file, progress, on_prediction)
         report["figure"] = None
         try:  # a figure that cannot be written (a full disk) loses none of the results
             report["figure"] = str(_output(
@@ -265,7 +278,7 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     return report
 
 
-def _work(o, verify, json_file, progress):
+def _work(o, verify, json_file, progress, on_prediction=None):
     """The task, the prediction and (``verify``) the real fine-tuning of
     :func:`predict_task`: (report, prediction, run, task info)."""
     apply_fn, params, x, y, x_test, y_test, info, head = load_task(
@@ -306,17 +319,21 @@ def _work(o, verify, json_file, progress):
             described["optimizer"]["weight_travel"] = float(pred.hyperparameters["weight_travel"])
         bar.update()
         run = None
-        if verify:
+        if verify or on_prediction:  # the prediction's report, before any real step
             # wall clock = T_ε × a real step's time, not measured yet: None until the end
-            early = {"predicted": predicted_summary(pred, 1.0) | {"wall_clock": None,
-                                                                  "warnings": noted},
+            early = {"predicted": predicted_summary(pred, 1.0) | {
+                         "wall_clock": None, "target_wall_clock": None, "warnings": noted},
                      "real": None,
                      "seconds": {"predict": pred.seconds["total"],
                                  "predict_stages": pred.seconds},
                      "diverged": {"predicted": pred.diverged, "real": None}}
-            if json_file:
-                _output(_write_json, json_file, _report(o, verify, info, early | described,
-                                                        pred, None, RUNNING), create=False)
+            early = _report(o, verify, info, early | described, pred, None,
+                            RUNNING if verify else TIMING)
+            if verify and json_file:
+                _output(_write_json, json_file, early, create=False)
+            if on_prediction:
+                on_prediction(early)
+        if verify:
             bar.set_description(f"fine-tuning for real ({o['steps']} steps)")
             run = finetune(apply_fn, params, x, y, steps=o["steps"], key=key, x_test=x_test,
                            y_test=y_test, record_logits=True, progress=progress,
