@@ -64,6 +64,61 @@ def test_flat_or_rising_curves_are_undefined_never_zero(kind):
     assert np.isnan(ntk_tt.training_time(curve, 0.4))
 
 
+def _old_smooth(curve, eps, tau, window=5):
+    """The smooth T_ε formula written out in numpy (float64), independent of the module:
+    Σ_t Π_{s≤t} σ((|L̃_s − L_T| − ε·drop) / (τ·ε·drop)), L̃ the centred moving average."""
+    curve = np.asarray(curve, np.float64)
+    last, h = len(curve) - 1, window // 2
+    sm = np.array([curve[t - min(h, t, last - t): t + min(h, t, last - t) + 1].mean()
+                   for t in range(len(curve))])
+    l_t = sm[-window:].mean()
+    drop = curve[0] - l_t
+    z = (np.abs(sm - l_t) - eps * drop) / (tau * eps * drop)
+    return float(np.sum(np.cumprod(1.0 / (1.0 + np.exp(-z)))))
+
+
+@pytest.mark.parametrize("curve", [
+    np.full(50, 2.0),                                         # the fresh user's flat curve
+    np.concatenate([np.linspace(2.0, 1.0, 20), np.linspace(1.0, 2.0, 20),
+                    np.full(10, 2.0)]),                      # dips, back to L_T = L_0
+    np.linspace(1.0, 2.0, 50),                                # rising: was a "perfect" 0
+    2.0 + 0.01 * np.random.default_rng(0).standard_normal(50),  # noisy flat: was 0 too
+])
+def test_smooth_training_time_is_nan_where_the_hard_one_is_flat_or_rising(curve):
+    """A fresh user's probe: on a flat curve training_time is NaN (reason "flat or rising")
+    but smooth_training_time gave NaN from 0/0 on an exactly flat curve (and a NaN gradient)
+    and ~0 steps, the best possible time, on a rising or noisy flat one. Both are now NaN
+    there, the smooth one with a zero (finite) gradient, also under jit."""
+    import warnings
+
+    t, why = ntk_tt.training_time_report(curve, 0.1)
+    assert np.isnan(t) and why == REASONS[NOT_DECREASING]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # silent, as training_time on a flat curve
+        assert np.isnan(float(ntk_tt.smooth_training_time(curve, 0.1)))
+        assert np.isnan(float(jax.jit(ntk_tt.smooth_training_time)(curve, 0.1)))
+        grad = jax.grad(ntk_tt.smooth_training_time)(jnp.asarray(curve), 0.1)
+    np.testing.assert_array_equal(grad, np.zeros(len(curve)))
+
+
+def test_smooth_training_time_is_unchanged_where_the_curve_falls():
+    """Falling curves (T_ε defined, or never settling) keep the formula's value: the module
+    against the same formula in numpy; a curve with a NaN is NaN."""
+    rng = np.random.default_rng(2)
+    t = np.arange(101)
+    curves = [np.exp(-t / 10.0), np.where(t <= 50, 1 - t / 100, 0.5),
+              np.exp(-t / 10.0) + 0.01 * rng.standard_normal(101),
+              np.concatenate([np.linspace(2.0, 1.0, 25), np.linspace(1.0, 1.9, 25)])]
+    with jax.enable_x64(True):
+        for curve in curves:
+            for eps, tau in ((0.1, 0.05), (0.4, 0.3), (0.01, 0.02)):
+                got = float(ntk_tt.smooth_training_time(jnp.asarray(curve), eps,
+                                                        temperature=tau))
+                np.testing.assert_allclose(got, _old_smooth(curve, eps, tau), rtol=1e-9)
+        assert np.isnan(float(ntk_tt.smooth_training_time(
+            np.array([1.0, 0.5, np.nan, 0.2, 0.1, 0.1, 0.1]), 0.1)))
+
+
 def test_non_finite_curve_is_undefined():
     value, reason = ntk_tt.training_time_report(np.array([1.0, 0.5, np.nan, 0.1]), 0.1,
                                                 window=1)

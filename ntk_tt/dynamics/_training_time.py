@@ -211,7 +211,8 @@ def training_time(curve, epsilon, *, window: int | None = None) -> float:
 
       * the curve has NaN or inf entries (a diverged run, a broken pipeline): a
         ``UserWarning`` naming :func:`training_time_report` is also issued;
-      * the curve is flat or rising (L_0 − L_T not clearly positive; never 0 then);
+      * the curve is flat or rising (L_0 − L_T not clearly positive; never 0 then; no
+        warning, and :func:`smooth_training_time` is NaN there too);
       * no step comes within ε·(L_0 − L_T) of L_T.
 
       :func:`training_time_report` returns the same value with the reason in words.
@@ -246,14 +247,24 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     Each factor is ~1 while the curve is still farther than ε·drop from L_T and ~0 after, so
     the sum counts the steps before the first hit; it tends to the hard T_ε as the relative
     temperature τ → 0. Jittable, ``jax.grad`` flows to the curve (and through it to η, m).
-    No undefined-case handling: check :func:`training_time` first.
+
+    Undefined as :func:`training_time`: NaN for a flat or rising curve (drop = L_0 − L_T not
+    clearly positive, the same test as the hard T_ε, whose reason is
+    ``REASONS[NOT_DECREASING]``, "curve is flat or rising: ...") and for a curve with NaN or
+    inf entries (``REASONS[NON_FINITE]``); no warning (:func:`training_time` is silent on a
+    flat curve too): :func:`training_time_report` (eager) or :func:`training_time_array`
+    (traced) give the reason. There its gradient is 0, never NaN (the NaN is a constant),
+    so one flat curve does not turn a batched ``jax.grad`` into NaN; filter with
+    ``jnp.isnan``. A curve that falls but never comes within ε·drop of L_T (the hard T_ε's
+    third NaN, ``NOT_SETTLED``) still gets a value, about its number of steps.
 
     Args:
       curve: 1-D curve (steps + 1,). epsilon: in (0, 1) (traceable). window: static.
       temperature: τ > 0, relative to ε·drop.
 
     Returns:
-      A scalar, T_ε in (fractional) optimiser steps.
+      A scalar, T_ε in (fractional) optimiser steps, or NaN for a flat, rising or non-finite
+      curve (above).
 
     Raises:
       ValueError: the same argument errors as :func:`training_time` (curve not numbers,
@@ -262,9 +273,12 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     """
     curve = _check_curve(curve, window)
     _check_epsilon(epsilon)
-    gap, drop, _ = _distance(curve, epsilon, window)
-    log_far = jax.nn.log_sigmoid(gap / (temperature * epsilon * drop))
-    return jnp.sum(jnp.exp(jnp.cumsum(log_far)))
+    gap, drop, floor = _distance(curve, epsilon, window)
+    falls = drop > floor  # training_time_array's test: NaN (NOT_DECREASING, NON_FINITE) else
+    # a harmless scale where it does not fall, so the unused branch has no 0/0 in its gradient
+    scale = temperature * epsilon * jnp.where(falls, drop, jnp.ones_like(drop))
+    log_far = jax.nn.log_sigmoid(gap / scale)
+    return jnp.where(falls, jnp.sum(jnp.exp(jnp.cumsum(log_far))), jnp.nan)
 
 
 def wall_clock_time(steps, seconds_per_step):
