@@ -166,3 +166,40 @@ def test_bad_arguments_raise_value_error():
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=d + 1, key=key)
     with pytest.raises(ntk_tt.NTKMemoryError, match="sketch_dim"):
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=key, memory_limit=100)
+
+
+def _costly_warnings(apply_fn, params, x, sketch_dim, **kw):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=jax.random.key(0),
+                            **kw)
+    return [str(w.message) for w in caught if "sketch_dim D'" in str(w.message)]
+
+
+def test_a_sketch_wider_than_half_of_d_warns_that_the_exact_kernel_is_cheaper():
+    """A fresh user's probe: D/2 < D' < D was accepted without a word, though the sketch
+    (N·C·D·D' to project, (N·C)²·D' for Θ̂) then costs more than the exact Θ ((N·C)²·D)
+    when D >= N·C. It warns from just above D/2 (not at D/2) to D; above D the earlier
+    warning alone; not with a param_scale (the SDE noise: no exact kernel to advise), nor
+    when D < N·C (where such a sketch is the cheaper estimate)."""
+    apply_fn, params, x = setup("mlp")  # D = 80 > N·C = 5·3
+    d = sum(int(np.size(p)) for p in jax.tree.leaves(params))
+    nc = x.shape[0] * apply_fn(params, x).shape[1]
+    assert d % 2 == 0 and nc <= d
+    half = (f"sketch_dim D' = {d // 2 + 1} is more than half the number of parameters D = {d} "
+            f"(with N·C = {nc} <= D): there the exact kernel (kernel='exact' in "
+            "ntk_tt.predict, --kernel exact, or ntk_tt.empirical_ntk) is cheaper than the "
+            f"sketch and has no sampling error; use it, or sketch_dim <= {d // 2}.")
+    assert _costly_warnings(apply_fn, params, x, d // 2) == []
+    assert _costly_warnings(apply_fn, params, x, d // 2 + 1) == [half]
+    assert _costly_warnings(apply_fn, params, x, d) == [
+        half.replace(f"D' = {d // 2 + 1}", f"D' = {d}")]
+    above = _costly_warnings(apply_fn, params, x, d + 1)
+    assert len(above) == 1 and above[0].startswith(
+        f"sketch_dim D' = {d + 1} exceeds the number of parameters D = {d}")
+    scale = jax.tree.map(jnp.ones_like, params)
+    assert _costly_warnings(apply_fn, params, x, d - 1, param_scale=scale) == []
+    many = inputs("mlp", jax.random.key(2), d // 3 + 1)  # N·C = 3·27 = 81 > D = 80
+    assert _costly_warnings(apply_fn, params, many, d - 1) == []

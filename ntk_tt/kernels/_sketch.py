@@ -201,16 +201,19 @@ def sketched_ntk(
       NTKMemoryError: features plus blocks exceed the available memory (before any work).
 
     Warns:
-      UserWarning: ``sketch_dim`` > D (the exact kernel is then cheaper).
+      UserWarning: ``sketch_dim`` > D (the exact kernel is then cheaper); without
+        ``param_scale`` also D/2 < ``sketch_dim`` ≤ D when D ≥ N·C ("sketch_dim D' = ... is
+        more than half the number of parameters D = ..."): projecting the Jacobian, N·C·D·D'
+        flops, and forming Θ̂, (N·C)²·D', then cost more than the exact Θ = J Jᵀ, (N·C)²·D,
+        which also has no sampling error (``kernel='exact'`` in ``ntk_tt.predict``). Below
+        D = N·C (a tiny model, many samples) such a sketch can be the cheaper estimate, and
+        with a ``param_scale`` (the SDE's noise features) there is no exact kernel to advise,
+        so in neither case does D/2 < D' ≤ D warn.
     """
     check_block_size(block_size)
     _check_args(params, sketch_dim, key, distribution, route, param_scale)
     n, c = check_model(apply_fn, params, x)
-    if sketch_dim > num_params(params):
-        warnings.warn(
-            f"sketch_dim D' = {sketch_dim} exceeds the number of parameters D = "
-            f"{num_params(params)}: this sketch costs more than the exact kernel "
-            "(ntk_tt.empirical_ntk) and is still only an estimate of it.", stacklevel=2)
+    _warn_costly(sketch_dim, num_params(params), n * c, param_scale is None)
     x = jnp.asarray(x)
     if route == "auto":
         route = choose_route(apply_fn, params, x, sketch_dim)
@@ -234,6 +237,24 @@ def sketched_ntk(
         rows.append(jnp.concatenate(cols, axis=1)[: real * c, :sketch_dim])
     features = jnp.concatenate(rows, axis=0) / jnp.sqrt(jnp.asarray(sketch_dim, dtype))
     return SketchedNTK(features.astype(dtype))
+
+
+def _warn_costly(sketch_dim: int, d: int, nc: int, plain: bool) -> None:
+    """The UserWarnings of :func:`sketched_ntk`: D' > D; or D/2 < D' ≤ D with D ≥ N·C =
+    ``nc`` and ``plain`` (no param_scale: the exact kernel is the alternative), where the
+    sketch's N·C·D·D' + (N·C)²·D' flops exceed the exact kernel's (N·C)²·D."""
+    if sketch_dim > d:
+        warnings.warn(
+            f"sketch_dim D' = {sketch_dim} exceeds the number of parameters D = {d}: this "
+            "sketch costs more than the exact kernel (ntk_tt.empirical_ntk) and is still only "
+            "an estimate of it.", stacklevel=3)
+    elif plain and 2 * sketch_dim > d >= nc:
+        warnings.warn(
+            f"sketch_dim D' = {sketch_dim} is more than half the number of parameters D = {d} "
+            f"(with N·C = {nc} <= D): there the exact kernel (kernel='exact' in "
+            "ntk_tt.predict, --kernel exact, or ntk_tt.empirical_ntk) is cheaper than the "
+            f"sketch and has no sampling error; use it, or sketch_dim <= {d // 2}.",
+            UserWarning, stacklevel=3)
 
 
 def _plan_sketch(n, c, d, sketch_dim, itemsize, route, block_size, memory_limit):
