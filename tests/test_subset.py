@@ -161,6 +161,66 @@ def test_class_with_too_few_samples_is_named():
                                    steps=5, key=jax.random.key(0))
 
 
+def _small_subset_warnings(call):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in caught if "the subset of N'" in str(w.message)]
+
+
+@pytest.mark.parametrize("per", [1, 2, 3, 4])
+def test_a_subset_of_fewer_than_4_per_class_warns_before_the_kernel(per, monkeypatch):
+    """A fresh user's probe: subset=K (one image per class) was accepted without a word. The
+    T_ε it gives scatters widely between draws, and not much less at 2 or 3 per class (a
+    smooth fall with N', measured in STABLE_PER_CLASS's docstring), so below 4 per class it
+    warns, before any kernel work, through predict_from_subset and predict(subset=) alike;
+    from 4 per class it does not."""
+    apply_fn, params, x, y = _task()  # K = 3 classes, N = 120
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started")
+
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", refuse)
+    n_sub, kw = 3 * per, dict(learning_rate=0.01, steps=10, key=jax.random.key(0))
+    expected = [] if per >= 4 else [
+        f"the subset of N' = {n_sub} samples holds {per} of each of the K = 3 classes: with "
+        "fewer than 4 per class its spectrum, and the predicted T_ε, change a lot from one "
+        "subset draw (key) to the next (on small test tasks at 1 to 3 per class: T_ε off by "
+        "a median 35 to 85 % and by up to 750 %, once divergence called for a κ = 1 run); "
+        "take it as a rough guess, or use N' >= 12 (4 per class) or more."]
+
+    def from_subset():
+        with pytest.raises(AssertionError, match="kernel work started"):
+            ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=n_sub, **kw)
+
+    def predict():
+        with pytest.raises(AssertionError, match="kernel work started"):
+            ntk_tt.predict(apply_fn, params, x, y, loss="mse", subset=n_sub, **kw)
+
+    assert _small_subset_warnings(from_subset) == expected
+    assert _small_subset_warnings(predict) == expected  # once: not again inside
+
+    def refused():  # a refusal comes alone, without the warning
+        with pytest.raises(ValueError, match="learning_rate must be a finite scalar > 0"):
+            ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=n_sub,
+                                       **kw | dict(learning_rate=-1.0))
+
+    assert _small_subset_warnings(refused) == []
+
+
+def test_one_per_class_still_predicts_a_curve_of_the_full_length(task):
+    """The warning does not stop the prediction: subset = K still gives the whole curve,
+    from the exact L_0, and its T_ε."""
+    apply_fn, params, x, y, lr, ref = task
+    p = ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=3, learning_rate=lr,
+                                   steps=100, method="nystrom", key=jax.random.key(3))
+    assert p.loss.shape == (101,) and p.subset_size == 3
+    np.testing.assert_allclose(p.loss[0], ref[0], rtol=1e-5)  # L_0 = ‖δy‖²/2N exactly
+    assert all(p.training_time[e] == ntk_tt.training_time(p.loss, e) for e in EPS)
+
+
 def test_predict_with_subset_is_a_loss_only_prediction(task):
     apply_fn, params, x, y, lr, _ = task
     key = jax.random.key(5)

@@ -75,6 +75,11 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
         the N' = ... subset's spectrum failed with its default k0 and fit range ..." (the
         fit's message; another subset_method or subset, or
         :func:`ntk_tt.predict_from_subset`'s k0= / fit_range=).
+
+    Warns:
+      UserWarning: fewer than 4 samples per class in the subset (``subset`` < 4·K), from
+        :func:`ntk_tt.predict_from_subset` before any kernel work ("the subset of N' = ...
+        samples holds ... of each of the K = ... classes: ..."; it names no argument).
     """
     from ntk_tt.prediction._subset import (
         SUBSET_METHODS,
