@@ -332,6 +332,55 @@ def test_integer_or_bool_f0_is_cast_to_the_kernel_float_dtype(dtype):
     assert sens is not None
 
 
+@pytest.mark.parametrize("make", [lambda m: jnp.eye(m, dtype=jnp.int32),
+                                  lambda m: 3 * np.eye(m, dtype=np.int64),
+                                  lambda m: np.tril(np.ones((m, m), np.int32)) @
+                                  np.tril(np.ones((m, m), np.int32)).T])
+def test_an_integer_kernel_is_cast_to_float_and_predicts_as_its_float_copy(make):
+    """A fresh user's probe: is an integer Θ (jnp.eye(10, dtype=jnp.int32), an int64 one)
+    computed in integer arithmetic? No: as integer f0, it is cast to the float dtype of the
+    solve (solve_dtype: float32 here) where it enters, so every predictor that takes a
+    kernel gives the float32 copy's prediction exactly, in float32."""
+    n, c = 5, 2
+    f0 = (0.1 * np.random.default_rng(0).standard_normal((n, c))).astype(np.float32)
+    y = np.arange(n) % c
+    kernel = make(n * c)
+    as_float = np.asarray(kernel, np.float32)
+    calls = {
+        "discrete": lambda k: ntk_tt.predict_from_kernel(k, f0, y, learning_rate=0.3,
+                                                         steps=8).loss,
+        "ode": lambda k: ntk_tt.predict_from_kernel(k, f0, y, learning_rate=0.3, steps=8,
+                                                    method="ode").loss,
+        "closed_form": lambda k: ntk_tt.predict_from_kernel(
+            k, f0, y, learning_rate=0.3, steps=8, loss="mse", method="closed_form").loss,
+        "optimizer": lambda k: ntk_tt.predict_from_kernel(k, f0, y, optimizer=ntk_tt.sgd(
+            0.3, momentum=0.5), steps=8).loss,
+        "sgd_trajectory": lambda k: ntk_tt.sgd_trajectory(k, f0, y, ntk_tt.sgd(0.3),
+                                                          steps=8)[0],
+        "sensitivities": lambda k: ntk_tt.sensitivities(k, y, f0=f0, learning_rate=0.3,
+                                                        steps=8).final_loss,
+    }
+    for name, call in calls.items():
+        got, want = np.asarray(call(kernel)), np.asarray(call(as_float))
+        assert got.dtype == np.float32, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("kernel", [-np.eye(6, dtype=np.int64),
+                                    np.triu(np.ones((6, 6), np.int32))],
+                         ids=["negative_diagonal", "asymmetric"])
+def test_an_integer_kernel_that_is_no_gram_matrix_is_refused_as_its_float_copy(kernel):
+    """check_gram skipped every non-floating kernel, so an int64 −I or an asymmetric int32
+    kernel gave a curve while its float32 copy is refused: both are refused alike now."""
+    f0, y = np.zeros((3, 2), np.float32), np.arange(3) % 2
+    messages = []
+    for k in (kernel, kernel.astype(np.float32)):
+        with pytest.raises(ValueError, match="not symmetric|negative diagonal") as err:
+            ntk_tt.predict_from_kernel(k, f0, y, learning_rate=0.3, steps=4)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
 def test_non_finite_f0_is_refused_with_the_count_when_concrete():
     from ntk_tt.dynamics._checks import check_finite_logits
 

@@ -100,13 +100,13 @@ def check_gram(kernel, name: str = "kernel") -> None:
     """ValueError when a concrete square ``kernel`` cannot be an empirical NTK Θ = J Jᵀ:
     asymmetric by more than ``GRAM_TOL`` of its largest entry (e.g. a cross kernel
     Θ(x, x2) of two input sets of one size), or with a diagonal entry below −``GRAM_TOL``
-    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ). Traced kernels, and kernels of other shapes
-    (left to ``as_operator``), are not checked. Rows are compared in blocks, so no second
-    N·C × N·C array is made."""
+    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ); integer kernels too. Traced kernels, and other
+    shapes (left to ``as_operator``), are not checked. Rows are compared in blocks."""
     kc = _concrete(kernel)
     if kc is None or kc.ndim != 2 or kc.shape[0] != kc.shape[1] or kc.size == 0 \
-            or not jnp.issubdtype(kc.dtype, jnp.floating):  # bfloat16's numpy kind is "V"
+            or not jnp.issubdtype(kc.dtype, jnp.number) or jnp.iscomplexobj(kc):
         return
+    kc = kc.astype(jnp.float32) if jnp.issubdtype(kc.dtype, jnp.integer) else kc  # no wrap
     scale = max(float(kc.max()), -float(kc.min()))  # max |Θ| without an N·C × N·C temporary
     if scale == 0.0:
         return
