@@ -193,6 +193,9 @@ def predict(
         schedule lets the backbone's weights move by more than 0.07 of their RMS (ρ = Σ η_t /
         rms(θ_0), in ``hyperparameters["weight_travel"]``): the real run can leave the
         linearised regime (``ntk_tt.dynamics._regime``).
+      UserWarning: ``kernel="sketch"`` with D' > D, or D/2 < D' ≤ D with D ≥ N·C (the exact
+        kernel is cheaper: :func:`ntk_tt.sketched_ntk`); ``subset`` of fewer than 4 samples
+        per class (T_ε scatters between draws: :func:`ntk_tt.predict_from_subset`).
 
     Raises:
       ValueError: ``optimizer`` with any of learning_rate, momentum, nesterov, batch_size (or
