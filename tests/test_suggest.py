@@ -430,6 +430,9 @@ def test_cli_says_when_its_choice_catapults(tmp_path, capsys):
     assert curve[s["steps"]] <= r["target"]["loss"] < curve[s["steps"] - 1]
     warned = [ln for ln in out.splitlines() if "warning: its predicted loss catapults" in ln]
     assert len(warned) == 1 and f"at step {s['spike_step']}" in warned[0]
+    # the check it recommends averages the same 4 batch orders (predict's default 32 had
+    # smoothed a step-1 spike away and said "converges": a fresh user)
+    assert "(ntk-tt predict --verify --num-paths 4, the batch orders" in warned[0]
     rows = [g for g in r["grid"] if g["evaluated"]]
     assert {g["outcome"] for g in rows} <= {"converges", "catapult", "diverges"}
     assert all(g["outcome"] is None and g["spike_step"] == -1 for g in r["grid"]

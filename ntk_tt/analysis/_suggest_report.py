@@ -253,10 +253,14 @@ def format_suggestion(r: dict) -> str:
         f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
-    if s.get("outcome") == "catapult":
+    if s.get("outcome") == "catapult":  # a fresh user: predict's 32 orders smoothed it away
+        paths = ("" if s["batch_size"] is None or s["batch_size"] == n else
+                 f" --num-paths {cfg['num_paths']}, the batch orders this curve averages: "
+                 "more can smooth a one-order spike away")
         lines.append(f"  warning: its predicted loss catapults (above L_0 at step "
                      f"{s['spike_step']}, then falls): predictions are least reliable there; "
-                     "check it with a real run (ntk-tt predict --verify) or take a runner-up")
+                     f"check it with a real run (ntk-tt predict --verify{paths}) or take a "
+                     "runner-up")
     keff = (s["kappa"] / (1.0 - s["momentum"])
             if opt not in ("adam", "adamw") and s["momentum"] < 1.0 else None)
     if keff is not None and keff > TESTED_KAPPA:
