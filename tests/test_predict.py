@@ -257,6 +257,14 @@ def test_python_lists_are_converted_and_other_inputs_refused_in_one_short_line(m
         (dict(y=long_labels), "y must hold numbers, got a list of shape (20,)"),
         (dict(x=[[0.0] * 6] * 19 + [[0.0] * 5]), "x is a ragged list"),
         (dict(x="images.npz"), "x must be an array (numpy or jax), got str"),
+        # numpy arrays of strings or objects passed as arrays (a fresh user: JAX's raw
+        # TypeError printed the whole label array)
+        (dict(y=np.array(long_labels)), "y must hold numbers, got an array of shape (20,) "
+                                        "and numpy dtype <U5"),
+        (dict(y=np.array([1] * 20, dtype=object)), "y must hold numbers, got an array of "
+                                                   "shape (20,) and numpy dtype object"),
+        (dict(x=np.full((20, 6), "label")), "x must hold numbers, got an array of shape "
+                                            "(20, 6) and numpy dtype <U5"),
     ]:
         call = dict(x=x, y=y) | args | kwargs
         with pytest.raises(ValueError) as err:

@@ -28,11 +28,16 @@ def as_array(value: Any, name: str) -> Any:
     converted with ``np.asarray`` (ints stay ints: a list of labels becomes an int array).
 
     Raises:
-      ValueError: a ragged list, a list of non-numbers, a string, a dict or another object;
-        a complex array or list (kernels, losses and dynamics are real).
+      ValueError: a ragged list, a list or numpy array of non-numbers (strings, objects,
+        dates), a string, a dict or another object; a complex array or list (kernels, losses
+        and dynamics are real).
     """
     if isinstance(value, (np.ndarray, jax.Array)):
         _check_not_complex(value.dtype, name)
+        if np.dtype(value.dtype).kind in "USOMm":  # strings, objects, dates (bfloat16: "V")
+            raise ValueError(f"{name} must hold numbers, got an array of shape {value.shape} "
+                             f"and numpy dtype {value.dtype}; pass a numeric array"
+                             + (" of class indices 0 … C − 1." if name[0] == "y" else "."))
         return value
     if not isinstance(value, (list, tuple)):
         raise ValueError(
