@@ -457,6 +457,36 @@ class _HeadMLP(_MLP):
         return self.head(jnp.tanh(self.l1(x)))
 
 
+class _ReluHeadMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(6, 8, rngs=rngs)
+        self.head = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(nnx.relu(self.l1(x)))
+
+
+@pytest.mark.parametrize("how", [dict(), dict(predictor="linear"),
+                                 dict(predictor="linear", kernel="traced")],
+                         ids=["head_aware", "linear", "traced"])
+def test_a_kernel_that_overflows_is_said_to_come_from_the_inputs(how):
+    """A fresh user's x·1e30: the kernel predict built overflowed float32 and the message
+    said "traced_kernel contains NaN or inf; recompute it (... smaller block_size)", of a
+    kernel never given. It now names the computed kernel and points at the inputs' scale;
+    the same inputs at ordinary scale predict."""
+    net = _ReluHeadMLP(nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(net)
+    x = jax.random.normal(jax.random.key(1), (12, 6))
+    y = jnp.arange(12) % 3
+    kw = dict(learning_rate=0.01, steps=STEPS, head=ntk_tt.split_head(net)) | how
+    assert np.isfinite(ntk_tt.predict(apply_fn, params, x, y, **kw).loss).all()
+    assert np.isfinite(apply_fn(params, x * 1e30)).all()  # the logits alone are finite
+    with pytest.raises(ValueError, match=r"empirical NTK Θ\(x, x\) computed from the model "
+                                         r"has NaN or inf entries: its Jacobians overflow "
+                                         r"float32 .*check the scale of the inputs"):
+        ntk_tt.predict(apply_fn, params, x * 1e30, y, **kw)
+
+
 @pytest.mark.parametrize("entry", ["predict", "predict_from_kernel", "predict_head_aware",
                                    "suggest"])
 def test_labels_of_one_class_are_refused_before_any_work(entry, monkeypatch):

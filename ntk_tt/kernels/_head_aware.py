@@ -194,7 +194,8 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         pick = (jnp.arange(m) if key is None
                 else jnp.sort(jax.random.choice(key, n, (m,), replace=False)))
         mixing = feature_mixing(feature_fn, bparams, jnp.asarray(x)[pick])
-    _check_finite(tk, "traced_kernel")
+    _check_finite(tk, "logit-summed empirical NTK Θ(x, x)" if traced_kernel is None else
+                  "traced_kernel", computed=traced_kernel is None)
     kb = kronecker_backbone(tk, h0, h0, w0, mixing)
     _check_backbone_resolved(tk, kb, w0, mixing)
     kbt = (None if h0t is None

@@ -15,7 +15,7 @@ import numpy as np
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt._options_targets import check_targets
-from ntk_tt.data._inputs import as_array, at_least_float32, check_key
+from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import (
     check_head_kernel,
@@ -71,20 +71,24 @@ def _logits(apply_fn, params, x, x_test):
 
 
 def _kernels(apply_fn, params, x, x_test, kind, sketch_dim, key):
-    """Θ(x, x) and Θ(x_test, x) (or None) of the requested kind."""
+    """Θ(x, x) and Θ(x_test, x) (or None) of the requested kind; one ValueError that points
+    at x and the weights when Θ overflows (it said "recompute it with a smaller block_size"
+    of a kernel the user never gave)."""
     from ntk_tt import empirical_ntk, sketched_ntk
 
     if kind == "sketch":
         feats = sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=key).features
-        if x_test is None:
-            return feats @ feats.T, None
-        feats_t = sketched_ntk(apply_fn, params, x_test, sketch_dim=sketch_dim,
-                               key=key).features
-        return feats @ feats.T, feats_t @ feats.T
-    traced = kind == "traced"
-    k = empirical_ntk(apply_fn, params, x, trace_logits=traced)
-    kt = None if x_test is None else empirical_ntk(apply_fn, params, x_test, x,
-                                                   trace_logits=traced)
+        feats_t = None if x_test is None else sketched_ntk(
+            apply_fn, params, x_test, sketch_dim=sketch_dim, key=key).features
+        k, kt = feats @ feats.T, None if feats_t is None else feats_t @ feats.T
+    else:
+        traced = kind == "traced"
+        k = empirical_ntk(apply_fn, params, x, trace_logits=traced)
+        kt = None if x_test is None else empirical_ntk(apply_fn, params, x_test, x,
+                                                       trace_logits=traced)
+    for name, value in (("empirical NTK Θ(x, x)", k), ("held-out NTK Θ(x_test, x)", kt)):
+        if value is not None:
+            _check_finite(value, name, computed=True)
     return k, kt
 
 
