@@ -457,10 +457,8 @@ class _HeadMLP(_MLP):
         return self.head(jnp.tanh(self.l1(x)))
 
 
-class _ReluHeadMLP(nnx.Module):
-    def __init__(self, rngs):
-        self.l1 = nnx.Linear(6, 8, rngs=rngs)
-        self.head = nnx.Linear(8, 3, rngs=rngs)
+class _ReluHeadMLP(_HeadMLP):
+    """_HeadMLP with ReLU: its input-layer Jacobian grows with x (tanh's saturates)."""
 
     def __call__(self, x):
         return self.head(nnx.relu(self.l1(x)))
