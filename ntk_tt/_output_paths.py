@@ -129,9 +129,11 @@ def _whose(target: Path) -> str:
 
 
 def is_dataset_path(name: str) -> bool:
-    """Whether a dataset name is a file path (ends in ``.npz`` or holds a path separator),
-    not a short or TFDS name."""
-    return name.endswith(".npz") or "/" in name or os.sep in name
+    """Whether a dataset name is a file path, not a short or TFDS name: it ends in ``.npz``
+    or ``.npy`` (any case), holds a path separator, or names an existing file (a fresh user's
+    ``GOOD.NPZ``, ``arr.npy`` and extensionless archive were "unknown dataset")."""
+    return (name.lower().endswith((".npz", ".npy")) or "/" in name or os.sep in name
+            or os.path.isfile(os.path.expanduser(name)))
 
 
 def dataset_input(o: dict) -> tuple:

@@ -77,6 +77,27 @@ def test_bad_npz_paths_say_what_is_wrong(tmp_path):
             ntk_tt.load_dataset(missing)
 
 
+def test_an_npz_path_in_any_case_or_without_extension_is_a_path(flowers, tmp_path,
+                                                                   monkeypatch):
+    """A fresh user's GOOD.NPZ, an archive saved without extension and arr.npy were "unknown
+    dataset" (only a lower-case .npz ending or a / made a name a path); a folder was "file
+    not found"."""
+    monkeypatch.chdir(tmp_path)
+    np.savez(tmp_path / "good.npz", images=flowers.images, labels=flowers.labels,
+             class_names=np.asarray(flowers.class_names))
+    (tmp_path / "good.npz").rename(tmp_path / "GOOD.NPZ")
+    (tmp_path / "gooddata").write_bytes((tmp_path / "GOOD.NPZ").read_bytes())
+    np.save(tmp_path / "arr.npy", np.zeros(3))
+    for name in ("GOOD.NPZ", "gooddata"):
+        got = ntk_tt.load_dataset(name)
+        np.testing.assert_array_equal(got.images, flowers.images)
+        assert tuple(got.class_names) == tuple(flowers.class_names)
+    with pytest.raises(ValueError, match="arr.npy holds a single array, not a numpy .npz"):
+        ntk_tt.load_dataset("arr.npy")
+    with pytest.raises(ValueError, match="dataset file is a folder, not a file"):
+        ntk_tt.load_dataset(str(tmp_path))
+
+
 def test_unknown_dataset_lists_known_ones():
     with pytest.raises(ValueError, match="unknown dataset 'nope'.*flowers5"):
         ntk_tt.load_dataset("nope")

@@ -239,7 +239,8 @@ def load_dataset(name: str | os.PathLike, *, split: str = "train",
         return _load_npz(VENDORED[name])
     if is_path or is_dataset_path(name):
         if not Path(name).is_file():
-            raise ValueError(f"dataset file not found: {name!r}; pass an existing path to "
+            what = "is a folder, not a file" if Path(name).is_dir() else "not found"
+            raise ValueError(f"dataset file {what}: {name!r}; pass an existing path to "
                              f"{NPZ_FORMAT}, or a short name: {', '.join(known_datasets())}.")
         return _load_npz(Path(name))
     if name in SHARED and (shared_data_dir() / SHARED[name]).is_file():
