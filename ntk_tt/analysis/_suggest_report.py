@@ -227,7 +227,7 @@ def format_suggestion(r: dict) -> str:
         f"task: {t['dataset']}, classes {', '.join(t['classes'])}; N = {n} train; model "
         f"{t['architecture']} (D = {t['num_params']})",
         f"target: mean training loss <= {tg['loss']:.4g} ("
-        + (f"{tg['value']:g} × L_0 = {tg['initial_loss']:.4g}" if tg["kind"] == "fraction"
+        + (f"{tg['value']:g} × L_0, L_0 = {tg['initial_loss']:.4g}" if tg["kind"] == "fraction"
            else f"L_0 = {tg['initial_loss']:.4g}")
         + f") within T_max = {tg['steps_max']} steps",
         f"predictor: {r['predictor']}, λ_max = {r['lambda_max']:.4g}; grid "
