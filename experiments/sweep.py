@@ -45,7 +45,7 @@ PRESETS = {
     # full: the grid run for issue 5, sized to finish in <= 90 min on 2 CPU cores (the
     # paper's task size 5 x 150 plus dataset sizes 10 and 50 per class, one task per size)
     # edge rows (issue 26): κ̃ ∈ {16, 24, 32, 48, 96} × m ∈ {0, 0.9} × (GD, B = 50) on every
-    # task, N = 750 included: 200 rows, ~1.5 h of real fine-tuning more (README "Divergence")
+    # task, N = 750 included: 200 rows, ~1.5 h of real fine-tuning more (README "Benchmark sweep")
     "full": SweepSpec(datasets=TARGETS, per_class=(150, 50, 10), seeds=(0,),
                       batch_sizes=(None, 50, 100), kappas=(1.0, 4.0, 12.0), steps=150,
                       sketch_dims=(256,), noise_dim=64, num_paths=8,

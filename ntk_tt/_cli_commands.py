@@ -23,7 +23,8 @@ _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_
               ("predictor='linear'", "--predictor linear"),
               ("allow resizing (resize=True, drop --no-resize)", "drop --no-resize"),
               ("widen kappa_range", "widen --kappa-min/--kappa-max"),
-              ("widen learning_rate_range", "widen --lr-min/--lr-max"))
+              ("widen learning_rate_range", "widen --lr-min/--lr-max"),
+              ("target_kind='fraction'", "--target-kind fraction"))
 
 
 def cli_terms(message: str) -> str:
@@ -57,7 +58,7 @@ def _suggest(args, parser, run: dict) -> int:
         _, rest = split_optimizer_options(_options_only(opts))
         checked = check_suggest_job(rest, opts["json_path"], opts["overwrite"])
     except ValueError as err:
-        parser.exit(2, f"ntk-tt: error: {err}\n")
+        parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
     opts["batch_sizes"] = checked["batch_sizes"]
     from ntk_tt.analysis._suggest import TargetNotReachedWarning, suggest_task
     from ntk_tt.analysis._suggest_report import format_suggestion

@@ -1220,3 +1220,7 @@ def test_python_advice_in_a_job_error_is_said_as_flags():
                                "(--predictor linear).")
     assert cli_terms("no suggestion: widen kappa_range (0.05, 50)") == \
         "no suggestion: widen --kappa-min/--kappa-max (0.05, 50)"
+    # suggest --target 100 --target-kind absolute (above L_0), a fresh user's run
+    assert cli_terms("choose a lower target (or target_kind='fraction' with a value in "
+                     "(0, 1)).") == ("choose a lower target (or --target-kind fraction with a "
+                                     "value in (0, 1)).")

@@ -47,7 +47,8 @@ def divergence_reason(outcome, diverged, kappa) -> str | None:
         why = (f"κ = η·λ_max/N = {float(kappa):.3g} ≥ {KAPPA_MAX:g}, where the real runs "
                "measured diverged" if float(kappa) >= KAPPA_MAX else
                "the predicted loss spiked above 10·L_0 (real runs that did were destroyed)")
-        return why + ", though the predicted curve did not end above L_0 (README, \"Divergence\")"
+        return why + (", though the predicted curve did not end above L_0 (README, "
+                      "\"Diverged means\")")
     if verdict == "unknown":
         return (f"κ = η·λ_max/N = {float(kappa):.3g} is beyond the linearised model's stability "
                 "edge and the prediction did not diverge: it cannot tell; lower the learning "

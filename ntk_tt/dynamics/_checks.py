@@ -63,8 +63,8 @@ def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
     y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
         hint = ("pass class indices, not one-hot vectors" if np.ndim(y) == 2 else
-                "cast float class indices to int, e.g. y.astype(int)" if np.shape(y) == (n,)
-                else f"give one label per input ({n} inputs)")
+                f"cast the {jnp.result_type(y)} class indices to int, e.g. y.astype(int)"
+                if np.shape(y) == (n,) else f"give one label per input ({n} inputs)")
         raise ValueError(
             f"{name} must be integer class labels of shape ({n},) matching the logits, got "
             f"shape {np.shape(y)} and dtype {jnp.result_type(y)}; {hint}.")

@@ -37,7 +37,7 @@ whose dynamics cannot blow up there (the frozen-kernel cross-entropy recursion, 
 gradient softmax − y is bounded, and the continuous-time ODE/SDE, which have no step size);
 else its own curve's outcome ("catapult" or "converges"). ``KAPPA_MAX`` = 68: of the 144 real
 runs at κ ≥ 68 (all with m = 0) 136 diverged, while the head-aware model, whose backbone is
-linearised, often only catapulted there (README "Divergence": measured recall and precision,
+linearised, often only catapulted there (README "Benchmark sweep": measured recall and precision,
 leave one target set out). The verdict (:func:`verdict`, ``VERDICTS``) is the call as yes /
 no / unknown.
 """

@@ -114,22 +114,22 @@ class Prediction(NamedTuple):
             spike = ("" if self.spiked_at is None else
                      f", above 10·L_0 from step {self.spiked_at}")
             return (f"the predicted loss diverged (non-finite, or ending above L_0): its final "
-                    f"rise began{at}{spike} (README, \"Divergence\")")
+                    f"rise began{at}{spike} (README, \"Diverged means\")")
         if self.divergence == "yes" and not self.diverged:
             why = []
             if self.spiked_at is not None:
                 why.append(f"the predicted loss spiked above 10·L_0 at step {self.spiked_at}, "
                            "and every real run measured that did was destroyed (README, "
-                           "\"Divergence\")")
+                           "\"Diverged means\")")
             if self.kappa >= KAPPA_MAX:
                 why.append(f"κ = η·λ_max/N = {self.kappa:.3g} ≥ {KAPPA_MAX:g}, where the real "
-                           "runs measured diverged (136 of 144; README, \"Divergence\")")
+                           "runs measured diverged (136 of 144; README, \"Diverged means\")")
             return "; ".join(why) + ", though the predicted curve did not end above L_0"
         if self.divergence != "unknown":
             return None
         return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
                 "edge and the prediction did not diverge: the linearised model cannot tell "
-                "whether the real run diverges (README, \"Divergence\"); lower the learning "
+                "whether the real run diverges (README, \"Diverged means\"); lower the learning "
                 "rate for a verdict")
 
 

@@ -123,7 +123,7 @@ class SweepSpec:
     of that sketch dimension). ``num_paths``: minibatch orders (discrete SGD) or Brownian paths
     (SDE) averaged by a stochastic prediction.
 
-    Edge rows (the divergence benchmark, README "Divergence"): every (B, m, κ̃) in
+    Edge rows (the divergence benchmark, README "Benchmark sweep"): every (B, m, κ̃) in
     ``edge_batch_sizes`` (None: ``batch_sizes``) × ``edge_momenta`` × ``edge_kappas`` that the
     main grid lacks, on the tasks of N ≤ ``edge_max_train`` (None: every task).
 

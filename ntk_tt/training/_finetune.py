@@ -115,8 +115,11 @@ class FineTuneRun:
 def _labels(y, n, c, name):
     y = np.asarray(as_array(y, name))
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
+        hint = ("pass labels, not one-hot rows" if y.ndim == 2 else
+                "cast them to int, e.g. y.astype(int)" if y.shape == (n,) else
+                f"give one label per input ({n} inputs)")
         raise ValueError(f"{name} must be integer class labels of shape ({n},), got "
-                         f"{y.dtype} {y.shape}; pass labels, not one-hot rows.")
+                         f"{y.dtype} {y.shape}; {hint}.")
     if y.min() < 0 or y.max() >= c:
         raise ValueError(f"{name} must lie in [0, {c}) for a {c}-output model, got "
                          f"[{y.min()}, {y.max()}]; relabel or replace the head.")
