@@ -196,8 +196,10 @@ def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
         check_labels(np.zeros(6, int), 8, 3)
     with pytest.raises(ValueError, match="not one-hot vectors"):
         check_labels(np.eye(3, dtype=int)[np.arange(8) % 3], 8, 3)
-    with pytest.raises(ValueError, match=r"cast float class indices to int, e\.g\. "):
+    with pytest.raises(ValueError, match=r"cast the float(32|64) class indices to int, e\.g\. "):
         check_labels(np.arange(8.0) % 3, 8, 3)  # a second fresh user: was told "not one-hot"
+    with pytest.raises(ValueError, match=r"cast the bool class indices to int, e\.g\. "):
+        check_labels(np.arange(8) % 2 == 0, 8, 3)  # a third: bool labels were called float
 
 
 def test_a_figure_that_cannot_be_written_loses_no_result(task, tmp_path, capsys, monkeypatch):
