@@ -71,6 +71,36 @@ def test_frozen_kernel_sgdw_schedule_sweep_is_the_eager_calls():
     assert bool(swept.beyond_edge[3]) and not np.asarray(swept.beyond_edge[:3]).any()
 
 
+def test_a_callable_schedule_closing_over_a_vmapped_array_is_the_eager_calls():
+    """A fresh user vmapped over README's per-step schedule, ``ntk_tt.schedule(lambda t:
+    v.at[t].get(mode='fill', fill_value=nan))`` with v traced: the optimizer's leaves are
+    concrete, so the eager checks ran and JAX raised TracerArrayConversionError. Such a
+    schedule now counts as traced: every entry equals the eager call with that v (a
+    closure over a traced scalar too)."""
+    kernel, f0, y, extra = _plain()
+    key = jax.random.key(5)
+
+    def per_step(v):
+        opt = ntk_tt.sgd(ntk_tt.schedule(
+            lambda t: v.at[t].get(mode="fill", fill_value=jnp.nan)), 0.5, batch_size=4)
+        return ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T, key=key,
+                                          num_paths=2, **extra)
+
+    rates = jnp.stack([jnp.linspace(0.5, 0.05, T), jnp.full(T, 0.2), jnp.full(T, 40.0)])
+    swept = jax.vmap(per_step)(rates)
+    for i in range(len(rates)):
+        _same(swept, i, per_step(rates[i]))
+
+    def decaying(peak):
+        opt = ntk_tt.sgd(ntk_tt.schedule(lambda t: peak * 0.95 ** t), 0.0)
+        return ntk_tt.predict_from_kernel(kernel, f0, y, optimizer=opt, steps=T, **extra)
+
+    peaks = jnp.array([0.1, 0.8])
+    swept = jax.vmap(decaying)(peaks)
+    for i in range(len(peaks)):
+        _same(swept, i, decaying(peaks[i]))
+
+
 def test_head_aware_sgd_and_adamw_sweeps_are_the_eager_calls():
     """Head-aware Nesterov SGD with L2 decay (vmap over peak and m) and AdamW on its
     AdamKernel (vmap over peak, β₁, β₂ and λ): every entry equals the eager call."""
@@ -218,6 +248,12 @@ def test_what_cannot_be_traced_is_one_clear_error():
     with pytest.raises(ValueError, match="traced hyperparameters .*predict_from_kernel"):
         jax.vmap(lambda p: ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.sgd(p),
                                           steps=T).loss)(jnp.array([0.1, 0.2]))
+    kernel, f0, y, _ = _plain()  # B and T fix the recursion's shapes (a fresh user vmapped B
+    for name, values in (("batch_size", [2, 4]), ("steps", [5, 10])):  # and was told 1 <= B <= N)
+        with pytest.raises(ValueError, match=f"^{name} cannot be traced \\(jit / vmap / grad"):
+            jax.vmap(lambda v, name=name: ntk_tt.predict_from_kernel(
+                kernel, f0, y, learning_rate=0.1, key=jax.random.key(0),
+                **{"steps": T, "batch_size": None} | {name: v}).loss)(jnp.array(values))
 
 
 def test_an_optimizer_passed_into_jit_says_why_it_needs_the_tangent():

@@ -34,6 +34,7 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import MAX_STEPS, _is_int
+from ntk_tt._schedules import FromCallable
 from ntk_tt.data._batches import batch_indices
 from ntk_tt.data._inputs import _concrete, as_array
 from ntk_tt.data._model import check_function, check_model, check_weights
@@ -153,8 +154,19 @@ def concrete_values(compute) -> np.ndarray:
 
 def is_traced(tree) -> bool:
     """Whether any leaf of ``tree`` (an :class:`ntk_tt.Optimizer`) is a tracer (inside
-    ``jit`` / ``vmap`` / ``grad``), so that its values cannot be checked eagerly."""
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+    ``jit`` / ``vmap`` / ``grad``), so that its values cannot be checked eagerly; for an
+    Optimizer also whether its callable schedule closes over a tracer (its leaves are concrete
+    but its η_t are not: a fresh user's ``vmap`` over per-step arrays met a raw
+    TracerArrayConversionError in the eager checks)."""
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree)):
+        return True
+    if not isinstance(tree, Optimizer) or not isinstance(tree.learning_rate, FromCallable):
+        return False
+    try:  # η_0 as concrete_values computes it; a failing schedule is the eager checks' to say
+        with jax.ensure_compile_time_eval():
+            return isinstance(tree.learning_rates(1), jax.core.Tracer)
+    except Exception:
+        return False
 
 
 def valid_hyperparameters(optimizer: Optimizer, steps: int) -> tuple[jax.Array, jax.Array]:
