@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ntk_tt._options import _is_int
+from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._inputs import check_key
 
 
@@ -95,3 +95,22 @@ def _epoch_batches(keys: jax.Array, n: int, batch_size: int, steps: int) -> jax.
     batches = perms[:, : per_epoch * batch_size].reshape(keys.shape[0], epochs * per_epoch,
                                                          batch_size)
     return batches[:, :steps].astype(jnp.int32)
+
+
+def check_sizes(steps, batch_size, n: int) -> None:
+    """The predictors' ValueErrors for ``steps`` not an int in [1, MAX_STEPS] or ``batch_size``
+    (None: GD) not an int in [1, N]; a traced one (jit / vmap / grad over it) is said to be
+    static (a fresh user's vmap over B was told that B must be in [1, N])."""
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, jax.core.Tracer):
+            raise ValueError(f"{name} cannot be traced (jit / vmap / grad over it): it sets the "
+                             "recursion's shapes (updates, minibatch size); call once per "
+                             f"{name} value and sweep learning_rate and momentum inside.")
+    if (isinstance(steps, bool) or not _is_int(steps) or steps < 1 or steps > MAX_STEPS):
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
+                         f"got {steps!r}.")
+    if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= n):
+        raise ValueError(
+            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
+            "use batch_size=None for full-batch gradient descent."
+        )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import MAX_STEPS, _is_int
+from ntk_tt.data._batches import check_sizes
 from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
 from ntk_tt.dynamics._fspace import as_operator
 from ntk_tt.dynamics._losses import LOSSES, check_loss
@@ -28,7 +28,8 @@ def check_num_paths(num_paths) -> None:
 def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -> None:
     """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
     Nesterov with m = 0 (as ``ntk_tt.sgd``), steps not an int in [1, MAX_STEPS], B not an int
-    in [1, N] (values checked when concrete)."""
+    in [1, N], either traced (:func:`ntk_tt.data._batches.check_sizes`; values checked when
+    concrete)."""
     for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
         check_real(value, name)
         if np.ndim(value) != 0:
@@ -44,15 +45,7 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -
             f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
         )
     check_nesterov(nesterov, m)
-    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1
-            or steps > MAX_STEPS):
-        raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
-                         f"got {steps!r}.")
-    if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= n):
-        raise ValueError(
-            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
-            "use batch_size=None for full-batch gradient descent."
-        )
+    check_sizes(steps, batch_size, n)
 
 
 def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
