@@ -256,7 +256,9 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     (traced) give the reason. There its gradient is 0, never NaN (the NaN is a constant),
     so one flat curve does not turn a batched ``jax.grad`` into NaN; filter with
     ``jnp.isnan``. A curve that falls but never comes within ε·drop of L_T (the hard T_ε's
-    third NaN, ``NOT_SETTLED``) still gets a value, about its number of steps.
+    third NaN, ``NOT_SETTLED``) still gets a value, about its number of steps. It sees the
+    curve only: mask it with the prediction's ``training_time_code`` (a prediction beyond the
+    stability edge, or called diverged, has no T_ε though its curve may fall).
 
     Args:
       curve: 1-D curve (steps + 1,). epsilon: in (0, 1) (traceable). window: static.
