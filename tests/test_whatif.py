@@ -289,6 +289,21 @@ def test_grid_points_equal_single_predictions(mse_grid):
                                     ntk_tt.training_time(np.asarray(pred.loss), EPS))
 
 
+def test_a_bare_number_is_a_grid_of_one(mse_grid):
+    """A fresh user's divergence_boundary(learning_rates=0.1) was told to convert it with
+    np.asarray, whose 0-D result was refused too: a number is a grid of one, the same cell as
+    the full grid's."""
+    grid, p, _ = mse_grid
+    with jax.enable_x64(True):
+        one = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"],
+                                         momenta=float(MOMENTA[2]),
+                                         learning_rates=float(grid.learning_rates[50]),
+                                         steps=300, loss="mse")
+    assert one.final_loss.shape == (1, 1)
+    np.testing.assert_allclose(one.final_loss[0, 0], grid.final_loss[2, 50], rtol=1e-10)
+    np.testing.assert_equal(one.training_time[0, 0], grid.training_time[2, 50])
+
+
 def test_head_aware_grid_cells_equal_single_predictions(x64):
     """A HeadAwareKernel grid (cross-entropy, held-out data): cells equal predict_head_aware
     at the same (η, m), held-out accuracy included."""

@@ -262,7 +262,7 @@ def divergence_boundary(
         SGD batch orders everywhere; with ``optimizer=`` an Adam one needs an AdamKernel).
       momenta: (G_m,) strictly increasing momenta in [0, 1) (Adam: β₁).
       learning_rates: (G_η,) strictly increasing learning rates > 0 (e.g. ``np.geomspace``);
-        with ``optimizer=`` the schedule's peaks.
+        with ``optimizer=`` the schedule's peaks. A Python number for either is a grid of one.
       epsilon: ε ∈ (0, 1) of the T_ε grid. window: odd smoothing window of T_ε.
       optimizer: an :class:`ntk_tt.Optimizer` (``ntk_tt.sgd``, ``adam``, ``adamw``), or None
         for constant-η SGD.

@@ -172,6 +172,8 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
 
 
 def _check_grid(values, name: str, low: float, high: float | None, hint: str) -> np.ndarray:
+    if isinstance(values, (int, float)):  # a bare number: "convert it with np.asarray" gave 0-D
+        values = [values]
     values = as_array(values, name)
     if isinstance(values, jax.core.Tracer):
         raise ValueError(f"{name} must be concrete (the grid is evaluated eagerly), got a "
