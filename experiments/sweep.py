@@ -15,8 +15,12 @@ Learning rates are effective κ̃ = η·λ_max(Θ)/(N·(1 − m)) values (see nt
 ``--datasets`` takes short names or .npz paths; every one is loaded and checked before any
 work. Every option is checked before anything is written: learning rates finite and > 0,
 batch sizes N or integers >= 1, momenta in [0, 1), steps >= 1, ``--out`` a directory (or
-missing) whose ``spec.json``, if any, records the same grid. An error is one ``sweep.py:
-error:`` line, exit status 2.
+missing) whose ``spec.json``, if any, records the same grid; grid values distinct (they name
+the rows); a batch size below N = 5 × the largest per-class (else no task runs it); every
+dataset's images ones the checkpoint's model takes. An error is one ``sweep.py: error:`` line,
+exit status 2. Ctrl-C or SIGTERM ends the sweep with one ``sweep.py: interrupted`` (or
+``terminated``) line naming the finished rows kept, exit status 130 (143); the same command
+resumes.
 """
 
 from __future__ import annotations
@@ -24,10 +28,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
+import signal
 import sys
+import threading
 
+from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts
+from ntk_tt.data._checkpoint import read_meta
 from ntk_tt.sweep import SweepSpec
+from ntk_tt.sweep._grid import check_batch_below_n
 from ntk_tt.sweep._load import check_datasets
 from ntk_tt.sweep._predictions import variant_names
 from ntk_tt.sweep._run import check_resume, report, run_sweep
@@ -63,6 +73,11 @@ def _batch(value: str) -> int | None:
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
+    """The command line's options and grid, every check made before anything is written.
+
+    Raises:
+      SystemExit: status 2 with one ``sweep.py: error:`` line for any bad option or dataset.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="sweep directory (created; resumed if present)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="session")
@@ -110,7 +125,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
             raise ValueError(f"--primary {args.primary[0]!r} is not a variant this sweep "
                              f"records; it records {list(variant_names(spec))}.")
         if not args.report:
-            check_datasets(spec.datasets, spec.per_class, spec.classes)
+            check_batch_below_n(spec)
+            check_datasets(spec.datasets, spec.per_class, spec.classes,
+                           meta=read_meta(spec.checkpoint)[1])  # no weight read
             check_resume(spec, args.out)
             if args.reuse_real and not (pathlib.Path(args.reuse_real) / TABLE_NAME).exists():
                 raise ValueError(f"--reuse-real {args.reuse_real!r} holds no {TABLE_NAME} (a "
@@ -172,8 +189,70 @@ def _headline(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def stopped_line(out, signum: int = signal.SIGINT) -> str:
+    """The one line an interrupted sweep ends with: how many finished rows ``out/rows`` keeps
+    (each written whole, atomically, so a resume skips them) and how to resume."""
+    what = _STOPPED.get(signum, "interrupted")
+    if out is None:
+        return f"sweep.py: {what}; nothing was written"
+    rows = pathlib.Path(out) / "rows"
+    kept = sum(not p.name.startswith(".") for p in rows.glob("*.json"))
+    if not kept:
+        return f"sweep.py: {what} before any row was finished; run the same command to start"
+    return (f"sweep.py: {what}; the {kept} finished row{'s are' if kept > 1 else ' is'} kept "
+            f"in {rows}: run the same command to resume")
+
+
+def _exit_interrupted(state: dict) -> None:
+    """Write :func:`stopped_line` and end the process at once, status 128 + the signal
+    (``os._exit``: JAX threads interrupted mid-work can crash the interpreter's teardown).
+    Called by the main thread or the watcher of :func:`ntk_tt.cli._guard_interrupts`; the
+    second waits (``ntk_tt.cli._EXITING``: the handler then lets the exit go on)."""
+    if not _EXITING.acquire(blocking=False):
+        threading.Event().wait()  # the other caller is ending the process
+    signum = state.get("signal", signal.SIGINT)
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(stopped_line(state.get("out"), signum) + "\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + signum)
+
+
 def main(argv=None) -> None:
+    """Run (or resume, or with ``--report`` only report) the sweep of the command line.
+
+    Exit status 0 done, 2 bad input (one ``sweep.py: error:`` line), 130 interrupted (Ctrl-C)
+    and 143 terminated (SIGTERM): one line, :func:`stopped_line`. As the program (``argv``
+    None) the signals are handled from here on (:func:`ntk_tt.cli._guard_interrupts`).
+
+    Raises:
+      SystemExit: with those statuses.
+    """
+    state: dict = {}
+    if argv is None:  # ntk-tt's handling, ending in this script's line once --out is known
+        _guard_interrupts(state, stop=_exit_interrupted, started=lambda st: "out" in st)
+    try:
+        _main(argv, state)
+    except Exception as err:  # a KeyboardInterrupt inside XLA may come back wrapped
+        if not _caused_by_interrupt(err):
+            raise
+        _stopped(argv, state)
+    except KeyboardInterrupt:
+        _stopped(argv, state)
+
+
+def _stopped(argv, state: dict) -> None:
+    if argv is None:
+        _exit_interrupted(state)
+    signum = state.get("signal", signal.SIGINT)
+    print(stopped_line(state.get("out"), signum), file=sys.stderr)
+    raise SystemExit(128 + signum) from None
+
+
+def _main(argv, state: dict) -> None:
     args, spec = parse(argv)
+    state["out"] = args.out
     if not args.report:
         print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real)))
     try:  # --report with --primary: the table's variants are known only now

@@ -66,8 +66,12 @@ def _interrupted(run: dict) -> None:
         os._exit(128 + signum)
 
 
-def _guard_interrupts(run: dict) -> None:
+def _guard_interrupts(run: dict, stop=None, started=None) -> None:
     """Make Ctrl-C and SIGTERM end the program with one line, whatever it is doing.
+
+    ``stop(run)`` ends the process (default :func:`_interrupted`; it must hold
+    :data:`_EXITING` while it exits) and ``started(run)`` says whether the work has started
+    (default ``run["working"]``): ``experiments/sweep.py`` passes its own.
 
     ``run`` says what an interruption needs: ``working`` (set once the imports are done and
     the job starts), ``json_path``, ``progress``, ``prediction`` (``predict``'s text of the
@@ -89,13 +93,15 @@ def _guard_interrupts(run: dict) -> None:
                if signal.getsignal(sig) is default]
     if not handled:
         return
+    stop = stop or _interrupted
+    started = started or (lambda r: r.get("working"))
 
     def handler(signum, frame):
         if _EXITING.locked():  # a second Ctrl-C while exiting: the exit goes on
             return
         run.setdefault("signal", signum)
-        if not run.get("working"):
-            _interrupted(run)
+        if not started(run):
+            stop(run)
         raise KeyboardInterrupt
 
     for sig in handled:
@@ -116,7 +122,7 @@ def _guard_interrupts(run: dict) -> None:
             pass
         run.setdefault("signal", signum)
         time.sleep(GRACE_S)
-        _interrupted(run)
+        stop(run)
 
     threading.Thread(target=watch, name="ntk-tt-interrupt", daemon=True).start()
 

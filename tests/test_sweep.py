@@ -19,7 +19,7 @@ from _scripts import experiment_script, refused
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
 from ntk_tt.sweep._errors import row_errors
-from ntk_tt.sweep._grid import spec_to_dict
+from ntk_tt.sweep._grid import check_batch_below_n, spec_to_dict
 from ntk_tt.sweep._summary import breakdown, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -59,6 +59,18 @@ def test_edge_kappas_run_with_m0_only_on_tasks_up_to_edge_max_train():
     todo, skipped = plan(spec)
     assert {t.per_class: len(cfgs) for t, cfgs in todo} == {10: 8 + 2, 50: 8}
     assert skipped == {"edge κ̃ on a task above edge_max_train": 2}
+
+
+def test_an_edge_kappa_naming_a_main_row_is_that_row_and_mixed_batch_sizes_still_skip():
+    spec = SweepSpec(datasets=("a",), per_class=(4, 10), seeds=(0,), batch_sizes=(None, 30),
+                     momenta=(0.0,), kappas=(4.0,), edge_kappas=(4.0000001, 8.0))
+    assert [c.id for c in spec.edge_configs()] == ["bN-m0-kappa8", "b30-m0-kappa8"]
+    ids = [row_id(t, c) for t, cfgs in plan(spec)[0] for c in cfgs]
+    assert len(ids) == len(set(ids)) == 6
+    check_batch_below_n(spec)  # B = 30 >= N = 20 but < 50: documented skipping, no refusal
+    assert plan(spec)[1] == {"batch_size > N": 2}
+    with pytest.raises(ValueError, match=r"B = 50 is not below N = 50 \(classes × per_class"):
+        check_batch_below_n(dataclasses.replace(spec, batch_sizes=(None, 50)))
 
 
 def test_spec_rejects_bad_grids():
@@ -316,24 +328,29 @@ def _sweep(out, *extra):
     return [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *extra]
 
 
+def _sweep_env(cache: pathlib.Path) -> dict:
+    """The environment of a sweep run as a subprocess: a resumed process reuses the stopped
+    one's compiled executables (JAX's persistent compilation cache in ``cache``): the tests
+    check resumption, not compilation, twice; and XLA's optimisation level 1, not conftest's
+    0: the kernels' per-sample Jacobians run so slowly unoptimised that level 0 costs more
+    than it saves (killed + resumed run, user CPU: level 0 387 s, the default level 86–95 s,
+    level 1 77 s)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_backend_optimization_level")]
+    return dict(os.environ, PYTHONUNBUFFERED="1",
+                XLA_FLAGS=" ".join(["--xla_backend_optimization_level=1", *flags]),
+                JAX_COMPILATION_CACHE_DIR=str(cache),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """The smoke preset (one task, its GD and B = 10 groups) killed with SIGKILL once its
     first group's rows are written, then resumed: the second process finishes the task."""
     out = tmp_path_factory.mktemp("sweep")
     rows = out / "rows"
-    # the resumed process reuses the killed one's compiled executables (JAX's persistent
-    # compilation cache): the test checks resumption, not compilation, twice
-    # and at XLA's optimisation level 1, not conftest's 0: the kernels' per-sample Jacobians
-    # run so slowly unoptimised that level 0 costs more than it saves (killed + resumed run,
-    # user CPU: level 0 387 s, the default level 86–95 s, level 1 77 s)
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_backend_optimization_level")]
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               XLA_FLAGS=" ".join(["--xla_backend_optimization_level=1", *flags]),
-               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env = _sweep_env(tmp_path_factory.mktemp("jax_cache"))
     t0 = time.perf_counter()
     # stderr to a file, not a pipe nobody reads while polling: a full pipe (progress bars,
     # JAX_LOG_COMPILES) would block the sweep before its first row and the loop forever
@@ -393,6 +410,67 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     table1 = pd.read_csv(out / "table1.csv")
     assert set(table1["dataset"]) == set(frame["dataset"])
+
+
+def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp_path):
+    """Ctrl-C was a ~100-line KeyboardInterrupt traceback (exit -2), SIGTERM a silent exit.
+    Three batch sizes: two groups of rows are still to come when the first is written."""
+    out, rows = tmp_path / "out", tmp_path / "out" / "rows"
+    env = _sweep_env(tmp_path / "jax_cache")
+    command = _sweep(out, "--batch-sizes", "N", "10", "5")
+    log = tmp_path / "interrupted.stderr"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err)
+        while proc.poll() is None and not _finished_rows(rows):
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()[-3000:]
+    kept = {p.name: p.read_bytes() for p in _finished_rows(rows)}
+    verb = "rows are" if len(kept) > 1 else "row is"
+    assert log.read_text().splitlines() == [
+        f"sweep.py: interrupted; the {len(kept)} finished {verb} kept in {rows}: run the "
+        "same command to resume"]
+    assert all(json.loads(b)["row_id"] for b in kept.values())  # whole rows
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spec = SweepSpec(**{k: tuple(v) if isinstance(v, list) else v
+                        for k, v in json.loads((out / "spec.json").read_text()).items()})
+    expected = sorted(row_id(t, c) for t, cfgs in plan(spec)[0] for c in cfgs)
+    assert len(kept) < len(expected) == 6
+    assert sorted(read_table(out)["row_id"]) == expected  # every row, none twice
+    assert all((rows / name).read_bytes() == data for name, data in kept.items())
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(),
+                                    RuntimeError("XLA compilation failed")])
+def test_an_interrupted_sweep_is_one_line_130_and_sigterm_143(tmp_path, capsys, monkeypatch,
+                                                               raised):
+    """The handler's path in-process: a KeyboardInterrupt, or (inside XLA) an error it
+    caused, ends main with one line naming the rows kept, exit status 130."""
+    module = experiment_script("sweep")
+    out = tmp_path / "out"
+    if isinstance(raised, RuntimeError):
+        raised.__context__ = KeyboardInterrupt()
+
+    def interrupted(spec, out, **kw):
+        ResultsTable(out).write_row({"row_id": "done", "value": 1.0})
+        raise raised
+
+    monkeypatch.setattr(module, "run_sweep", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        module.main(["--out", str(out), "--smoke"])
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"sweep.py: interrupted; the 1 finished row is kept in {out / 'rows'}: run the same "
+        "command to resume"]
+    assert module.stopped_line(tmp_path / "new", signal.SIGTERM) == (
+        "sweep.py: terminated (SIGTERM) before any row was finished; run the same command to "
+        "start")
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: 1 / 0)  # other errors: raised
+    with pytest.raises(ZeroDivisionError):
+        module.main(["--out", str(out), "--smoke"])
 
 
 def test_sequential_and_vmapped_fine_tunes_agree():
@@ -483,6 +561,27 @@ def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monke
         assert message in err[0] and ": error: " in err[0]
 
 
+@pytest.mark.parametrize("channels", [4, 2])
+def test_sweep_refuses_images_the_model_cannot_take_before_any_work(tmp_path, capsys,
+                                                                    monkeypatch, channels):
+    """RGBA (or 2-channel) images were refused only when their task was reached, after the
+    earlier datasets' tasks had run, with prepare_images' ValueError as a traceback."""
+    module = experiment_script("sweep")
+    monkeypatch.setattr(module, "run_sweep", lambda *a, **k: pytest.fail("work started"))
+    rng = np.random.default_rng(0)
+    odd = tmp_path / "odd.npz"
+    np.savez(odd, images=rng.integers(0, 256, (50, 32, 32, channels), dtype=np.uint8),
+             labels=np.arange(50) % 5, class_names=np.array(list("abcde")))
+    out = tmp_path / "out"
+    line = refused(module, ["--out", str(out), "--smoke", "--datasets",
+                            _tiny_npz(tmp_path / "good.npz"), str(odd)], capsys)
+    assert line.split(": error: ", 1)[1] == (
+        f"dataset '{odd}': images have shape (32, 32, {channels}) but the model expects "
+        "(H, W, C) = (32, 32, 3); only grey (1-channel) images are converted, to 3 channels: "
+        "use 3-channel data or a checkpoint made for these images.")
+    assert not out.exists()  # no spec.json, no rows/
+
+
 def test_a_table_consolidated_before_any_row_resumes_and_a_damaged_one_is_one_line(tmp_path):
     """consolidate() with no rows writes a parquet without columns: resuming there read its
     row_id column and raised pyarrow's ArrowInvalid; a damaged parquet is one ValueError."""
@@ -532,6 +631,24 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--checkpoint", "nowhere"], "checkpoint not found: 'nowhere'"),
     (["--primary", "foo", "bar"], "--primary 'foo' is not a variant this sweep records"),
     (["--report"], "--report rebuilds an existing sweep's summary"),
+    # a third fresh user: a repeated value ran the kernel and some rows, then a traceback
+    # ("row ... is already in rows/"); a batch size >= every N wrote an empty sweep
+    (["--kappas", "4", "4"], "SweepSpec.kappas (--kappas) must be distinct to 6 significant "
+                             "digits (they name the rows), got (4.0, 4.0): 4.0 is given twice"),
+    (["--kappas", "4", "4.0000001"], "4.0 and 4.0000001 both give '4'"),
+    (["--etas", "0.01", "0.01"], "SweepSpec.etas (--etas) must be distinct"),
+    (["--momenta", "0", "0"], "SweepSpec.momenta (--momenta) must be distinct"),
+    (["--batch-sizes", "N", "gd"], "SweepSpec.batch_sizes (--batch-sizes) must be distinct "
+                                   "(they name the rows), got (None, None): N is given twice"),
+    (["--batch-sizes", "10", "10"], "SweepSpec.batch_sizes (--batch-sizes) must be distinct"),
+    (["--per-class", "4", "4"], "SweepSpec.per_class (--per-class) must be distinct"),
+    (["--seeds", "0", "0"], "SweepSpec.seeds (--seeds) must be distinct"),
+    (["--edge-kappas", "8", "8"], "SweepSpec.edge_kappas (--edge-kappas) must be distinct"),
+    (["--batch-sizes", "10000"], "SweepSpec.batch_sizes (--batch-sizes) B = 10000 is not "
+                                 "below N = 20 (classes × per_class = 5 × 4, the largest task)"),
+    (["--batch-sizes", "N", "20"], "B = 20 is not below N = 20"),
+    (["--edge-kappas", "8", "--edge-batch-sizes", "30"],
+     "SweepSpec.edge_batch_sizes (--edge-batch-sizes) B = 30 is not below N = 20"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,

@@ -68,6 +68,33 @@ def check_batch_sizes(name: str, values) -> None:
                          f"{tuple(values)}.")
 
 
+def _label(value) -> str:
+    """A grid value as a row id spells it: N for None (full batch), floats with :g."""
+    if value is None:
+        return "N"
+    return str(value) if _is_int(value) else f"{value:g}"
+
+
+def check_distinct(name: str, values) -> None:
+    """Refuse grid values that give the same row name (a row id spells a float with :g, to 6
+    significant digits, and a batch size None as N): the second would be the first's row again.
+
+    Raises:
+      ValueError: naming ``name``, the values and the two that collide.
+    """
+    seen: dict = {}
+    for value in values:
+        label = _label(value)
+        if label in seen:
+            digits = " to 6 significant digits" if isinstance(value, float) else ""
+            first, second = (_label(v) if v is None else repr(v) for v in (seen[label], value))
+            clash = (f"{first} is given twice" if first == second else
+                     f"{first} and {second} both give {label!r}")
+            raise ValueError(f"{name} must be distinct{digits} (they name the rows), got "
+                             f"{tuple(values)}: {clash}; give each value once.")
+        seen[label] = value
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One fine-tuning problem: ``classes`` random classes × ``per_class`` training images."""
@@ -132,7 +159,10 @@ class SweepSpec:
         a κ̃ or η (``kappas``,
         ``etas``, ``edge_kappas``) not a finite number > 0; a batch size not None or an
         integer >= 1; ``per_class`` not integers >= 1; ``steps`` < 1; a momentum outside
-        [0, 1); an ε outside (0, 1).
+        [0, 1); an ε outside (0, 1); two values of a grid field that give the same row name
+        (:func:`check_distinct`: ``per_class``, ``seeds``, batch sizes, momenta, κ̃, η,
+        ``sketch_dims``). A batch size that no task runs is refused by the sweep, not here
+        (:func:`check_batch_below_n`).
     """
 
     datasets: tuple[str, ...]
@@ -184,6 +214,9 @@ class SweepSpec:
                              "or at least one value.")
         if any(not 0.0 < e < 1.0 for e in self.epsilons):
             raise ValueError(f"epsilons must lie in (0, 1), got {self.epsilons}.")
+        for name in _NAMED_ROWS:
+            check_distinct(f"SweepSpec.{name} (--{name.replace('_', '-')})",
+                           getattr(self, name) or ())
 
     def tasks(self) -> list[Task]:
         """Tasks in run order: dataset size first (in ``per_class`` order), then target set."""
@@ -203,11 +236,40 @@ class SweepSpec:
     def edge_configs(self) -> list[Config]:
         """The divergence benchmark's configurations not already in the main grid."""
         lrs = [("kappa", k) for k in self.kappas] + [("eta", e) for e in self.etas]
-        grid = set(itertools.product(self.batch_sizes, self.momenta, lrs))
+        # by row name: an edge κ̃ equal to a main one to 6 significant digits is that row
+        grid = {Config(b, m, kind, value).id for b, m, (kind, value)
+                in itertools.product(self.batch_sizes, self.momenta, lrs)}
         sizes = self.batch_sizes if self.edge_batch_sizes is None else self.edge_batch_sizes
-        return [Config(b, m, "kappa", k)
-                for b, m, k in itertools.product(sizes, self.edge_momenta, self.edge_kappas)
-                if (b, m, ("kappa", k)) not in grid]
+        configs = (Config(b, m, "kappa", k)
+                   for b, m, k in itertools.product(sizes, self.edge_momenta, self.edge_kappas))
+        return [c for c in configs if c.id not in grid]
+
+
+# the fields whose values name rows (Task.id, Config.id) or variants (sketch{D'})
+_NAMED_ROWS = ("per_class", "seeds", "batch_sizes", "momenta", "kappas", "etas", "edge_kappas",
+               "edge_momenta", "edge_batch_sizes", "sketch_dims")
+
+
+def check_batch_below_n(spec: SweepSpec) -> None:
+    """Refuse a minibatch size B that no task runs: B ≥ N = ``classes`` × the largest
+    ``per_class`` (:func:`plan` skips B ≥ N, B = N being GD again and B > N impossible, so it
+    would give no row). A grid whose B is below N on some tasks only keeps its skipped rows.
+
+    Raises:
+      ValueError: naming the flag, B and N.
+    """
+    n = spec.classes * max(spec.per_class)
+    sizes = [("batch_sizes", spec.batch_sizes)]
+    if spec.edge_kappas:
+        sizes.append(("edge_batch_sizes", spec.edge_batch_sizes or ()))
+    for name, values in sizes:
+        big = [b for b in values if b is not None and b >= n]
+        if big:
+            raise ValueError(
+                f"SweepSpec.{name} (--{name.replace('_', '-')}) B = {big[0]} is not below "
+                f"N = {n} (classes × per_class = {spec.classes} × {max(spec.per_class)}, the "
+                f"largest task), so no task would run it (B >= N is skipped: B = N is GD, "
+                f"B > N impossible); give B < {n}, or N for gradient descent.")
 
 
 def row_id(task: Task, config: Config) -> str:

@@ -35,18 +35,29 @@ def _dataset(name: str):
     return load_dataset(name)
 
 
-def check_datasets(datasets, per_class, classes: int) -> None:
+def check_datasets(datasets, per_class, classes: int, *, meta: dict | None = None) -> None:
     """Load every dataset once (missing, corrupt or malformed sets fail here, before any
     work), check it has ``classes`` classes with at least ``max(per_class)`` images each, and
-    refuse two names for one file (they would share task ids).
+    refuse two names for one file (they would share task ids). With a checkpoint's ``meta``
+    (:func:`ntk_tt.data._checkpoint.read_meta`: no weight is read), also check that the
+    model takes its images (:func:`ntk_tt.data._data.prepare_images`, the check ``ntk-tt
+    predict`` makes, on no image: shapes only, channels the model's or 1, grey).
 
     Raises:
-      ValueError: the first problem, as one line that says how to fix it.
+      ValueError: the first problem, as one line that says how to fix it (a dataset whose
+        images the model cannot take is named with ``prepare_images``' reason).
     """
     seen = {}
     need = max(per_class)
     for name in datasets:
-        counts = np.bincount(np.asarray(_dataset(name).labels))
+        data = _dataset(name)
+        if meta is not None:
+            try:
+                prepare_images(data.images[:0], tuple(meta["input_shape"]),
+                               mean=np.asarray(meta["mean"]), std=np.asarray(meta["std"]))
+            except ValueError as err:
+                raise ValueError(f"dataset {name!r}: {err}") from None
+        counts = np.bincount(np.asarray(data.labels))
         enough = int(np.sum(counts >= need))
         if enough < classes:
             raise ValueError(f"dataset {name!r} has {enough} classes with at least {need} "

@@ -34,7 +34,16 @@ from ntk_tt.kernels._head_aware import HeadAwareKernel
 from ntk_tt.sweep._errors import t_col
 from ntk_tt.sweep._figures import make_figures
 from ntk_tt.sweep._finetune import TaskData, _finetune_group
-from ntk_tt.sweep._grid import Config, SweepSpec, Task, plan, row_id, spec_from_dict, spec_to_dict
+from ntk_tt.sweep._grid import (
+    Config,
+    SweepSpec,
+    Task,
+    check_batch_below_n,
+    plan,
+    row_id,
+    spec_from_dict,
+    spec_to_dict,
+)
 from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._outcomes import outcome_columns
 from ntk_tt.sweep._predictions import PRIMARY, _hyper, _kernel, _predict_group, _t_eps, _variants
@@ -247,9 +256,11 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
 
     Raises:
       ValueError: ``out`` holds a sweep of a different grid (:func:`check_resume`) or is not
-        a directory; both before anything is written.
+        a directory, or a batch size is not below any task's N
+        (:func:`ntk_tt.sweep._grid.check_batch_below_n`); all before anything is written.
     """
     t0 = time.perf_counter()
+    check_batch_below_n(spec)
     check_resume(spec, out)
     table = ResultsTable(out)
     _write_json(table.out / "spec.json", spec_to_dict(spec))
