@@ -36,7 +36,7 @@ import numpy as np
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.dynamics._regime import LinearRegimeWarning
-from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_positive
+from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_distinct, check_positive
 from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._table import ResultsTable, read_table
 from ntk_tt.sweep._targets import target_columns
@@ -110,10 +110,8 @@ class OptimSpec:
                 raise ValueError(f"OptimSpec.{name} must be finite weight decays >= 0, got "
                                  f"{getattr(self, name)}.")
         for name in ("sgd_kappas", "adam_peaks", "sgd_decays", "adam_decays"):
-            values = getattr(self, name)  # a row id names each value with :g (OptimConfig.id)
-            if len({f"{v:g}" for v in values}) < len(values):
-                raise ValueError(f"OptimSpec.{name} must be distinct to 6 significant digits "
-                                 f"(they name the rows), got {values}.")
+            # a row id names each value with :g (OptimConfig.id)
+            check_distinct(f"OptimSpec.{name}", tuple(float(v) for v in getattr(self, name)))
         check_batch_sizes("OptimSpec.batch_sizes", self.batch_sizes)
         if not 0.0 <= self.sgd_momentum < 1.0:
             raise ValueError(f"OptimSpec.sgd_momentum must lie in [0, 1), got "
