@@ -152,6 +152,10 @@ def _share(value) -> str:
 def _headline(summary: dict) -> str:
     lines = [f"{summary['rows']} rows, {summary['tasks']} tasks, "
              f"{summary.get('sweep_wall_seconds', 0):.0f} s of sweep wall time"]
+    if summary.get("missing_rows"):  # a killed sweep, reported as it stands
+        lines.append(f"partial: {summary['missing_rows']} of the grid's "
+                     f"{summary['planned_rows']} rows are not run yet; run the sweep command "
+                     "again (without --report) to finish it")
     for opt in ("gd", "sgd"):
         block = summary["headline"]["all"][opt].get("pooled_0.1_0.4", {})
         names = ("ntk", *[v for v in ("linear", "head_aware_kronecker", "head_aware_iso",

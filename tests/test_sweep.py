@@ -19,7 +19,7 @@ from _scripts import experiment_script, refused
 
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
 from ntk_tt.sweep._errors import row_errors
-from ntk_tt.sweep._grid import check_batch_below_n, spec_to_dict
+from ntk_tt.sweep._grid import check_batch_below_n, spec_from_dict, spec_to_dict
 from ntk_tt.sweep._summary import breakdown, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -391,7 +391,9 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
     frame = read_table(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == len(frame) and summary["tasks"] == frame["task_id"].nunique()
+    assert summary["missing_rows"] == 0 and summary["planned_rows"] == len(frame)
     recomputed = summarize(frame, meta={k: summary[k] for k in ("grid", "skipped_rows",
+                                                                "planned_rows", "missing_rows",
                                                                 "sweep_wall_seconds",
                                                                 "sweep_invocations",
                                                                 "primary")})
@@ -410,6 +412,26 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     table1 = pd.read_csv(out / "table1.csv")
     assert set(table1["dataset"]) == set(frame["dataset"])
+
+
+def test_a_report_of_a_sweep_not_finished_says_how_many_rows_are_missing(smoke, tmp_path):
+    """A fresh user's --report on a killed sweep summarised it without saying it was partial:
+    here the grid of spec.json gains a κ̃ the table has no rows for (as a sweep killed before
+    reaching it), and the summary counts them and the text says so."""
+    from ntk_tt.sweep._run import report
+
+    out = tmp_path / "partial"
+    shutil.copytree(smoke[0], out)
+    spec = json.loads((out / "spec.json").read_text())
+    spec["kappas"] = [*spec["kappas"], 0.5]
+    (out / "spec.json").write_text(json.dumps(spec))
+    todo, _ = plan(spec_from_dict(spec))
+    missing = sum(c.id.endswith("kappa0.5") for _, cfgs in todo for c in cfgs)
+    summary = report(out)
+    assert missing >= 1 and summary["missing_rows"] == missing
+    assert summary["planned_rows"] == summary["rows"] + missing
+    assert f"partial: {missing} of the grid's {summary['planned_rows']} rows are not run " \
+        "yet" in experiment_script("sweep")._headline(summary)
 
 
 def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp_path):

@@ -284,9 +284,11 @@ def report(out, *, primary: tuple[str, str] | None = None) -> dict:
     """Consolidate ``out/rows`` into the table, then write ``summary.json``, figures, Table 1.
 
     Everything is computed from the results table (plus the grid in ``spec.json`` for the
-    skipped-row counts and ``runs.json`` for the sweep's wall time). ``primary = (variant,
-    name)`` reports the recorded variant as the primary prediction and the sweep's primary
-    as variant ``name`` (:func:`ntk_tt.sweep._summary.promote`). Returns the summary.
+    skipped-row counts and the planned rows the table lacks, ``missing_rows``: > 0 for a
+    sweep stopped before its end, and ``runs.json`` for the sweep's wall time).
+    ``primary = (variant, name)`` reports the recorded variant as the primary prediction and
+    the sweep's primary as variant ``name`` (:func:`ntk_tt.sweep._summary.promote`). Returns
+    the summary.
     """
     table = ResultsTable(out)
     if table.done_ids():
@@ -296,7 +298,12 @@ def report(out, *, primary: tuple[str, str] | None = None) -> dict:
     spec = _read_json(table.out / "spec.json", None)
     if spec is not None:
         meta["grid"] = spec
-        meta["skipped_rows"] = dict(plan(spec_from_dict(spec))[1])
+        pairs, skipped = plan(spec_from_dict(spec))
+        meta["skipped_rows"] = dict(skipped)
+        planned = {row_id(task, c) for task, configs in pairs for c in configs}
+        # a sweep killed before its end is summarised as it stands: say how much is missing
+        meta["planned_rows"] = len(planned)
+        meta["missing_rows"] = len(planned - set(frame["row_id"]))
     runs = _read_json(table.out / "runs.json", [])
     meta["sweep_wall_seconds"] = sum(r["seconds"] for r in runs)
     meta["sweep_invocations"] = len(runs)
