@@ -414,7 +414,7 @@ def no_checkpoint(monkeypatch):
     def refuse(*_):
         raise AssertionError("the checkpoint was loaded before the cheap checks")
 
-    monkeypatch.setattr("ntk_tt.prediction._job.load_checkpoint", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.restore", refuse)
 
 
 def npz(path, images, labels, names="abc"):

@@ -306,7 +306,7 @@ def test_cli_accuracy_target_without_held_out_images_refused_before_weights(
     def refuse(*_, **__):
         raise AssertionError("weights read before the held-out images were counted")
 
-    monkeypatch.setattr("ntk_tt.prediction._job.load_checkpoint", refuse)
+    monkeypatch.setattr("ntk_tt.prediction._job.restore", refuse)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main(["predict", "--no-progress", "-K", "2", "-n", "200", "--accuracy-target", "0.9"])

@@ -3,10 +3,9 @@
 A checkpoint is one orbax directory with two items: ``state`` (the NNX model state: parameters
 and, for :class:`~ntk_tt.models.ResNet18`, batch-norm statistics) and ``meta`` (JSON: the
 architecture and its arguments, the input shape, the per-channel input normalisation, and how
-it was pre-trained). :func:`read_meta` reads and checks ``meta``: it builds the model's shapes
-abstractly from it (``nnx.eval_shape``: nothing is initialised or compiled), checks them
-against the stored arrays' shapes, and traces one input of ``input_shape`` through it (no
-weight is read); :func:`load_checkpoint` then restores the weights into that abstract model.
+it was pre-trained). :func:`read_checked` (and :func:`read_meta`) builds meta's model abstractly
+(``nnx.eval_shape``), checks it against the stored arrays' shapes and traces one input of
+``input_shape`` through it, reading no weight; :func:`restore` (:func:`load_checkpoint`) fills it.
 """
 
 from __future__ import annotations
@@ -123,10 +122,8 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
 
 
 def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
-    """Read and check a checkpoint's ``meta`` against its stored arrays' shapes, without
-    reading any weight (milliseconds: the model is built abstractly, shapes only).
-
-    Returns:
+    """Read and check a checkpoint's ``meta`` against its stored arrays' shapes, reading no
+    weight (milliseconds: the model is built abstractly). Returns:
       ``(path, meta)``: the absolute checkpoint path and its metadata (architecture, kwargs,
       num_classes, input_shape [H, W, C], mean and std (C,), ...).
 
@@ -139,12 +136,12 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
         cannot take (other input channels: the ones they take are named) or the model's
         layers shrink to nothing (NaN logits) names input_shape and the fix.
     """
-    return _read(path)[:2]
+    return read_checked(path)[:2]
 
 
-def _read(path: str | os.PathLike | None):
-    """:func:`read_meta`'s checks; ``(path, meta, graphdef, state, target)``: meta's abstract
-    model split, and the ShapeDtypeStructs its weights are restored into."""
+def read_checked(path: str | os.PathLike | None):
+    """:func:`read_meta`'s checks; ``(path, meta, graphdef, state, target)`` (meta's abstract
+    model split, the ShapeDtypeStructs of its weights), which :func:`restore` fills."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), or "
                          f"None for the shipped checkpoint; got {a_type(path)}: pass e.g. "
@@ -386,7 +383,12 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
         its layers shrink to nothing (NaN logits), all before any weight is read; or weight
         files that cannot be read (truncated, damaged).
     """
-    path, meta, graphdef, state, target = _read(path)
+    return restore(read_checked(path))
+
+
+def restore(checked) -> tuple[nnx.Module, dict[str, Any]]:
+    """(model, meta): the weights put into the abstract model of ``read_checked(path)``."""
+    path, meta, graphdef, state, target = checked
     try:
         with _quiet(), ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
             weights = ckptr.restore(path / "state", args=ocp.args.StandardRestore(target))

@@ -20,7 +20,7 @@ from ntk_tt._options_optimizer import constant_sgd, describe_optimizer  # no JAX
 from ntk_tt._options_predict import check_predict_job, resolve_predictor  # no JAX
 from ntk_tt._options_targets import job_targets  # no JAX
 from ntk_tt._output_paths import replaceable  # no JAX
-from ntk_tt.data._checkpoint import load_checkpoint, read_meta
+from ntk_tt.data._checkpoint import read_checked, restore
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
@@ -86,7 +86,8 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     (grey → RGB, resized from H×W). Raises ``ValueError`` (one line) on any bad input, and
     (``need_test``: held-out accuracy targets) when no held-out images are left after n.
     """
-    path, meta = read_meta(checkpoint)
+    checked = read_checked(checkpoint)  # meta checked, no weight read yet
+    meta = checked[1]
     data = load_dataset(dataset, split=split, data_dir=data_dir)
     key = jax.random.key(seed)
     task = sample_task(data, num_classes=num_classes, per_class=per_class,
@@ -100,7 +101,7 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
     prep = dict(mean=np.asarray(meta["mean"]), std=np.asarray(meta["std"]), resize=resize)
     x = prepare_images(task.x_train, shape, **prep)
     x_test = prepare_images(task.x_test, shape, **prep) if len(task.y_test) else None
-    model, _ = load_checkpoint(path)
+    model, _ = restore(checked)  # the same checks are not made twice
     model = replace_head(model, num_classes, key=jax.random.fold_in(key, 1), scale=head_scale)
     apply_fn, params = from_nnx(model)
     head = split_head(model)
