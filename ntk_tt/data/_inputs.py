@@ -115,17 +115,16 @@ def _check_finite(kernel, name, computed: bool = False):
     """ValueError if a concrete ``kernel`` has NaN or inf entries; ``computed``: built here
     from the model and x (not given by the user), so the message points at them."""
     kc = _concrete(kernel)
-    if kc is not None and not np.all(np.isfinite(kc)) and computed:
+    if kc is None or np.all(np.isfinite(kc)):
+        return
+    if computed:
         raise ValueError(
             f"the {name} computed from the model has NaN or inf entries: its Jacobians "
             f"overflow {kc.dtype} (e.g. inputs of order 1e30) or are not finite; check the "
             "scale of the inputs (normalise them, e.g. ntk_tt.prepare_images) and of the "
             "weights.")
-    if kc is not None and not np.all(np.isfinite(kc)):
-        raise ValueError(
-            f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a smaller "
-            "block_size) before predicting."
-        )
+    raise ValueError(f"{name} contains NaN or inf; recompute it (e.g. in float64 or with a "
+                     "smaller block_size) before predicting.")
 
 
 def check_normalisation(images, input_shape, mean, std) -> None:
