@@ -380,8 +380,12 @@ def test_sigkill_and_resume_gives_every_row_exactly_once(smoke):
     frame = read_table(out)
     assert 1 <= killed_with < len(expected)
     assert sorted(frame["row_id"]) == expected  # every row, none twice
-    runs = json.loads((out / "runs.json").read_text())
-    assert len(runs) == 1 and runs[0]["rows_written"] == len(expected) - killed_with
+    # the killed invocation keeps its entry (seconds and rows up to its last progress
+    # message, which may precede its last row), marked unfinished; the resumed one finished
+    killed, resumed = json.loads((out / "runs.json").read_text())
+    assert not killed["finished"] and resumed["finished"]
+    assert killed["seconds"] > 0 and 0 <= killed["rows_written"] <= killed_with
+    assert resumed["rows_written"] == len(expected) - killed_with
     counts = next(line for line in stdout.splitlines() if line.startswith("{"))
     assert json.loads(counts)["already_present"] == killed_with
 
@@ -392,10 +396,14 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == len(frame) and summary["tasks"] == frame["task_id"].nunique()
     assert summary["missing_rows"] == 0 and summary["planned_rows"] == len(frame)
+    runs = json.loads((out / "runs.json").read_text())  # the killed invocation counts too
+    assert summary["sweep_invocations"] == 2 and summary["sweep_invocations_unfinished"] == 1
+    assert summary["sweep_wall_seconds"] == pytest.approx(sum(r["seconds"] for r in runs))
     recomputed = summarize(frame, meta={k: summary[k] for k in ("grid", "skipped_rows",
                                                                 "planned_rows", "missing_rows",
                                                                 "sweep_wall_seconds",
                                                                 "sweep_invocations",
+                                                                "sweep_invocations_unfinished",
                                                                 "primary")})
     assert json.loads(json.dumps(recomputed)) == summary  # the summary is the table's
     for opt in ("gd", "sgd"):

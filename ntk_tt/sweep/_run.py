@@ -249,7 +249,11 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     (:func:`reusable_runs`); rows record ``real_source`` ("fine-tuned" or "reused").
 
     ``out/spec.json`` records the grid; resuming with a different grid is refused. Each
-    invocation appends its wall time to ``out/runs.json``.
+    invocation appends its entry to ``out/runs.json`` when it starts and rewrites it after
+    every progress message (a task's predictions, each batch size's rows) and at its end:
+    ``seconds`` (wall time so far), ``rows_written`` (rows it has written, counted on disk),
+    ``finished`` (False until it ends), so an invocation killed at any point (SIGKILL
+    included) keeps its seconds up to its last message in ``sweep_wall_seconds``.
 
     Returns:
       counts of rows written now, already present, and skipped (by reason).
@@ -267,16 +271,28 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     done = table.done_ids()
     reuse = None if reuse_from is None else reusable_runs(reuse_from)
     todo, skipped = plan(spec)
+    runs_path = table.out / "runs.json"
+    runs = _read_json(runs_path, [])
+    mine = len(runs)
+
+    def record(finished: bool) -> None:
+        runs[mine:] = [{"seconds": time.perf_counter() - t0,
+                        "rows_written": len(table.done_ids() - done), "finished": finished}]
+        _write_json(runs_path, runs)
+
+    def noted(message: str) -> None:
+        progress(message)
+        record(False)
+
+    record(False)
     written, present = 0, 0
     for task, configs in todo:
         left = [c for c in configs if row_id(task, c) not in done]
         present += len(configs) - len(left)
         if left:
-            written += run_task(task, left, spec, loader(task, spec), table, progress=progress,
+            written += run_task(task, left, spec, loader(task, spec), table, progress=noted,
                                 reuse=reuse)
-    runs = _read_json(table.out / "runs.json", [])
-    runs.append({"seconds": time.perf_counter() - t0, "rows_written": written})
-    _write_json(table.out / "runs.json", runs)
+    record(True)
     return {"written": written, "already_present": present, "skipped": dict(skipped)}
 
 
@@ -307,6 +323,8 @@ def report(out, *, primary: tuple[str, str] | None = None) -> dict:
     runs = _read_json(table.out / "runs.json", [])
     meta["sweep_wall_seconds"] = sum(r["seconds"] for r in runs)
     meta["sweep_invocations"] = len(runs)
+    # killed or interrupted ones: their seconds count up to their last progress message
+    meta["sweep_invocations_unfinished"] = sum(not r.get("finished", True) for r in runs)
     # the key is always there (None: the table's own primary is the headline)
     meta["primary"] = {"promoted_variant": None, "demoted_primary_as": None}
     if primary is not None:
