@@ -176,6 +176,12 @@ def _headline(summary: dict) -> str:
                 lines.append(f"{opt.upper():3s} steps to {what}: p95 |err| {s['p95']:.1%}, "
                              f"median {s['median_abs']:.1%}, reached-or-not agrees "
                              f"{s['reach_agreement']:.0%} (n = {s['n']} of {s['pairs']})")
+    for opt, s in summary.get("error_curve_distance", {}).items():
+        if s.get("n"):
+            lines.append(f"{opt.upper():3s} training error curve: max_t |predicted - real| "
+                         f"median {s['median']:.3f}, p95 {s['p95']:.3f}; final error "
+                         f"predicted - real, median {s['final_median_signed']:+.3f} "
+                         f"(n = {s['n']})")
     for name, r in summary.get("outcome", {}).get("divergence", {}).items():
         if r["recall"] is not None or r["precision"] is not None:
             lines.append(f"outcome {name:18s} real diverges {r['real_diverges']}, called "

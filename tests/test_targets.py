@@ -17,7 +17,7 @@ from ntk_tt.cli import main
 from ntk_tt.dynamics._targets import TARGET_REASONS
 from ntk_tt.dynamics._training_time import DIVERGED, REASONS
 from ntk_tt.prediction._compare import NOT_RECORDED
-from ntk_tt.sweep._targets import absolute_targets
+from ntk_tt.sweep._targets import absolute_targets, error_curve_gap
 
 
 def brute_steps(curve, target, window, tol=0.0):
@@ -358,6 +358,25 @@ def test_sweep_summary_block_against_a_hand_computation():
     old = absolute_targets(frame.drop(columns=["real_error", "pred_error"]))
     assert "headline_error" not in old and "no error curves" in old["error_targets_missing"]
     assert old["headline"] == out["headline"]
+
+
+def test_error_curve_distance_against_a_hand_computation():
+    """Real error 0.8 − 0.065t, predicted 0.8 − 0.09t (T = 10): the gap grows to 0.25 at t = 10
+    on both GD rows; a diverged row is left out; an SGD row with its curves missing too."""
+    frame = pd.DataFrame({
+        "optimizer": ["gd", "gd", "gd", "sgd"],
+        "real_error": [_line(0.8, 0.065), _line(0.5, 0.01), _line(0.8, 0.065), None],
+        "pred_error": [_line(0.8, 0.09), _line(0.55, 0.0), _line(0.8, 0.0), None],
+        "real_diverged": [False, False, True, False], "pred_diverged": [False] * 4,
+    })
+    out = error_curve_gap(frame)
+    # row 0: max gap 0.25, final −0.25; row 1: 0.05 + 0.01t: max 0.15 at t = 10, final +0.15
+    assert out["gd"]["n"] == 2 and out["sgd"] == {"n": 0}
+    assert out["gd"]["median"] == pytest.approx(0.2)
+    assert out["gd"]["p95"] == pytest.approx(np.percentile([0.25, 0.15], 95))
+    assert out["gd"]["final_median"] == pytest.approx(0.2)
+    assert out["gd"]["final_median_signed"] == pytest.approx(-0.05)
+    assert error_curve_gap(frame.drop(columns=["pred_error"]))["gd"] == {"n": 0}
 
 
 def test_steps_to_target_array_refuses_a_target_vector_or_an_empty_curve():

@@ -101,8 +101,10 @@ def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
     configuration and per whole task sweep (one kernel + all predictions); writes a PNG."""
     tasks = task_times(frame)
     panels = (
-        ("one configuration", frame.groupby("optimizer"), "seconds_finetune", None),
-        ("whole task sweep", [("task", tasks)], "task_seconds_finetune", "task_seconds_kernel"),
+        ("one configuration", [(opt.upper(), sub) for opt, sub in frame.groupby("optimizer")],
+         "seconds_finetune", None),
+        ("whole task sweep", [(f"{len(tasks)} tasks", tasks)], "task_seconds_finetune",
+         "task_seconds_kernel"),
     )
     fig, axes = _subplots(1, 2, figsize=(10, 4.4))
     for ax, (title, groups, xcol, kcol) in zip(axes, panels, strict=True):
@@ -111,7 +113,7 @@ def fig5_walltime(frame: pd.DataFrame, path: pathlib.Path) -> None:
             x = sub[xcol].to_numpy(float)
             y = (sub["seconds_predict"] if kcol is None
                  else sub[kcol] + sub["task_seconds_predict"]).to_numpy(float)
-            ax.scatter(x, y, s=12, color=f"C{k}", label=label.upper())
+            ax.scatter(x, y, s=12, color=f"C{k}", label=label)
             values += [x, y]
         v = np.concatenate(values)
         lo, hi = v[v > 0].min() / 3, v.max() * 3

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ntk_tt.sweep._errors import LOSS_DROP, POOLED, _pooled_stats, epsilons, t_col, variants
 from ntk_tt.sweep._outcomes import outcome_summary
-from ntk_tt.sweep._targets import absolute_targets
+from ntk_tt.sweep._targets import absolute_targets, error_curve_gap
 
 
 def headline(frame: pd.DataFrame) -> dict:
@@ -307,6 +307,8 @@ def summarize(frame: pd.DataFrame, *, meta: dict | None = None) -> dict:
         "headline": headline(frame),
         # steps to absolute targets (ntk_tt.sweep._targets), from the stored curves
         "absolute_targets": absolute_targets(frame),
+        # the training error curves, predicted against real (error-rate units)
+        "error_curve_distance": error_curve_gap(frame),
         "divergence_confusion": divergence_confusion(frame),
         "sketch_vs_exact": sketch_agreement(frame),
         "breakdown": breakdown(frame),

@@ -157,3 +157,36 @@ def absolute_targets(frame: pd.DataFrame) -> dict:
     if error:
         out["headline_error"] = {opt: _stats(sub, cols, error) for opt, sub in by_opt.items()}
     return out
+
+
+def error_curve_gap(frame: pd.DataFrame) -> dict:
+    """The ``error_curve_distance`` block of ``summary.json``: how far the predicted training
+    error curve ê_t (the primary predictor's) is from the real e_t, in error-rate units (a
+    fraction of the training set, not relative), per optimiser {gd, sgd}, over the rows that
+    store both error curves and where neither side diverged: ``n``, ``median`` and ``p95`` of
+    max_t |ê_t − e_t| (t = 0 … T), ``final_median`` and ``final_p95`` of |ê_T − e_T| and
+    ``final_median_signed`` of ê_T − e_T (> 0: the prediction ends with more errors). Where
+    the error curve is flat near an error target e*, a small gap here moves the steps to e*
+    by many steps (:func:`absolute_targets`); this is the curve-level figure beside it.
+    ``{"n": 0}`` for an optimiser without such rows."""
+    out = {}
+    for opt in ("gd", "sgd"):
+        rows = frame[frame["optimizer"] == opt]
+        gaps, final = [], []
+        if {"real_error", "pred_error"} <= set(frame.columns):
+            for r, q, rd, qd in zip(rows["real_error"], rows["pred_error"],
+                                    rows["real_diverged"], rows["pred_diverged"], strict=True):
+                if r is None or q is None or np.ndim(r) != 1 or np.ndim(q) != 1 or rd or qd:
+                    continue
+                r, q = np.asarray(r, float), np.asarray(q, float)
+                gaps.append(float(np.max(np.abs(q - r))))
+                final.append(float(q[-1] - r[-1]))
+        if not gaps:
+            out[opt] = {"n": 0}
+            continue
+        out[opt] = {"n": len(gaps), "median": float(np.median(gaps)),
+                    "p95": float(np.percentile(gaps, 95)),
+                    "final_median": float(np.median(np.abs(final))),
+                    "final_p95": float(np.percentile(np.abs(final), 95)),
+                    "final_median_signed": float(np.median(final))}
+    return out
