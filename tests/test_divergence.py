@@ -396,3 +396,25 @@ def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
     ms_bad = jnp.array([0.0, 1.0])  # m = 1 is outside [0, 1) too
     swept = jax.jit(jax.vmap(runs["frozen"]))(jnp.array([0.5, 0.5]), ms_bad)
     assert np.isnan(np.asarray(swept.loss)[1]).all() and np.isfinite(swept.loss[0]).all()
+
+
+def test_a_kappa_set_to_the_edge_is_at_it_whatever_the_last_bit():
+    """The benchmark's κ̃ = 4, m = 0 rows sit on cross-entropy's edge 4: η·λ_max/N rounds a
+    hair above or below it, and the frozen predictors' call flipped between its own outcome
+    and "unknown" from one rerun of the same row to the next. Within the relative rounding
+    EDGE_RTOL a κ is at the edge; 0.1 % beyond it is beyond (heavy ball's edge 4(1 + m) = 7.6
+    at m = 0.9, Nesterov's 4(1 + m)/(1 + 2m), MSE's half of cross-entropy's)."""
+    from ntk_tt.dynamics._divergence import EDGE_RTOL, beyond_edge, stability_edge
+    from ntk_tt.sweep._outcomes import outcome_columns
+
+    assert stability_edge(0.9, False, "cross_entropy") == pytest.approx(7.6)
+    assert stability_edge(0.9, True, "cross_entropy") == pytest.approx(7.6 / 2.8)
+    assert stability_edge(0.0, False, "mse") == 2.0
+    edge = np.array([4.0, 4.0, 4.0, 7.6])
+    kappa = edge * np.array([1 - 1e-7, 1 + 1e-7, 1.001, 1 + EDGE_RTOL / 2])
+    m = np.array([0.0, 0.0, 0.0, 0.9])
+    assert beyond_edge(kappa, m, False, "cross_entropy").tolist() == [False, False, True, False]
+    falling = np.tile(np.linspace(1.6, 0.4, 11), (4, 1))  # a frozen predictor's curves
+    said = outcome_columns("var_linear", falling, np.zeros(4, bool), np.full(4, -1),
+                           kappa=kappa, momentum=m, frozen=True)["var_linear_outcome"]
+    assert said == ["converges", "converges", "unknown", "converges"]

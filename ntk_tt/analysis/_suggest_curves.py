@@ -132,7 +132,7 @@ _surrogate_grad = jax.jit(jax.value_and_grad(_surrogate, has_aux=True), static_a
 
 
 def _edge(m: float, loss: str) -> float:
-    """Stability edge of κ for heavy ball (``dynamics._predict_kernel._edge``, Nesterov off)."""
-    from ntk_tt.dynamics._predict_kernel import _edge as edge
+    """Stability edge of κ for heavy ball (``_divergence.stability_edge``, Nesterov off)."""
+    from ntk_tt.dynamics._divergence import stability_edge as edge
 
     return float(edge(m, False, loss))

@@ -171,7 +171,7 @@ _surrogate_grad = jax.jit(jax.value_and_grad(_surrogate, has_aux=True), static_a
 
 def _kappa_edge(unit: Optimizer, loss: str) -> float:
     """κ edge of the SGD template (heavy ball or Nesterov); inf for Adam (no κ edge)."""
-    from ntk_tt.dynamics._predict_kernel import _edge
+    from ntk_tt.dynamics._divergence import stability_edge as _edge
 
     if unit.rule == "adam":
         return math.inf

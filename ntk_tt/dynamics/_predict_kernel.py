@@ -36,6 +36,7 @@ from ntk_tt.dynamics._discrete import discrete_paths, discrete_trajectory
 from ntk_tt.dynamics._divergence import (
     ABSTAINS,
     DIVERGES,
+    beyond_edge,
     call,
     cannot_diverge,
     divergence,
@@ -147,11 +148,6 @@ def _solve(method, op, f0, y, test_op, f0_test, *, lr, m, steps, batch_size, nes
         fs, fts = discrete_trajectory(op, f0, y, batches, learning_rate=lr, momentum=m,
                                       nesterov=nesterov, loss=loss, **common)
     return fs[None], None if fts is None else fts[None], None
-
-
-def _edge(m, nesterov, loss):
-    h = 1.0 if loss == "mse" else 0.5
-    return 2.0 * (1.0 + m) / ((1.0 + 2.0 * m) if nesterov else 1.0) / h
 
 
 def predict_from_kernel(
@@ -369,7 +365,7 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     # a diverged run has no training time, whatever its held (finite) curve looks like
     t_eps = jnp.where(diverged, jnp.nan, t_eps)
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
-    beyond = kappa > _edge(m, nesterov, loss)
+    beyond = beyond_edge(kappa, m, nesterov, loss)
     said = call(paths_outcome(raw, loss_c), kappa,
                 beyond & cannot_diverge(frozen, loss, continuous))
     if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there

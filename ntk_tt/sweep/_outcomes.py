@@ -21,11 +21,11 @@ from ntk_tt.dynamics._divergence import (
     DIVERGES,
     KAPPA_MAX,
     OUTCOMES,
+    beyond_edge,
     call,
     cannot_diverge,
     outcome,
 )
-from ntk_tt.dynamics._predict_kernel import _edge
 from ntk_tt.sweep._errors import variants
 
 REAL = OUTCOMES[:3]
@@ -51,7 +51,7 @@ def outcome_columns(prefix: str, loss, diverged, spiked_at, *, kappa=None, momen
         said = _own(*args)
     else:
         kappa, momentum = np.asarray(kappa, np.float64), np.asarray(momentum, np.float64)
-        beyond = kappa > _edge(momentum, False, "cross_entropy")
+        beyond = beyond_edge(kappa, momentum, False, "cross_entropy")
         blind = np.asarray(frozen, bool) & cannot_diverge(True, "cross_entropy", False)
         said = _called(*args, kappa.astype(np.float32), np.broadcast_to(beyond & blind,
                                                                          kappa.shape))
