@@ -25,23 +25,42 @@ resumes.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import os
-import pathlib
 import signal
-import sys
-import threading
 
-from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts
-from ntk_tt.data._checkpoint import read_meta
-from ntk_tt.sweep import SweepSpec
-from ntk_tt.sweep._grid import check_batch_below_n
-from ntk_tt.sweep._load import check_datasets
-from ntk_tt.sweep._predictions import variant_names
-from ntk_tt.sweep._run import check_resume, report, run_sweep
-from ntk_tt.sweep._table import TABLE_NAME, check_out
+
+def _interrupted_while_starting(signum, frame) -> None:
+    """Ctrl-C or SIGTERM before :func:`main` takes the signals over (the imports of JAX and
+    the package, ~1–2 s): nothing is written yet, so one line and the status at once. Python's
+    default was a traceback from the import machinery, or a KeyboardInterrupt swallowed by
+    an XLA callback and the whole sweep run anyway."""
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    os.write(2, f"sweep.py: {what} while starting; nothing was written\n".encode())
+    os._exit(128 + signum)
+
+
+# the program itself only (not a test importing this file); a signal ignored at start stays so
+_STARTING = {sig: default for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                                               (signal.SIGTERM, signal.SIG_DFL))
+             if __name__ == "__main__" and signal.getsignal(sig) is default}
+for _sig in _STARTING:
+    signal.signal(_sig, _interrupted_while_starting)
+
+import argparse  # noqa: E402  (after the handler: these imports take the first seconds)
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+
+from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts  # noqa: E402
+from ntk_tt.data._checkpoint import read_meta  # noqa: E402
+from ntk_tt.sweep import SweepSpec  # noqa: E402
+from ntk_tt.sweep._grid import check_batch_below_n  # noqa: E402
+from ntk_tt.sweep._load import check_datasets  # noqa: E402
+from ntk_tt.sweep._predictions import variant_names  # noqa: E402
+from ntk_tt.sweep._run import check_resume, report, run_sweep  # noqa: E402
+from ntk_tt.sweep._table import TABLE_NAME, check_out  # noqa: E402
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -241,6 +260,8 @@ def main(argv=None) -> None:
     """
     state: dict = {}
     if argv is None:  # ntk-tt's handling, ending in this script's line once --out is known
+        for sig, default in _STARTING.items():  # the guard takes over default handlers only
+            signal.signal(sig, default)
         _guard_interrupts(state, stop=_exit_interrupted, started=lambda st: "out" in st)
     try:
         _main(argv, state)

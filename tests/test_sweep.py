@@ -503,6 +503,50 @@ def test_an_interrupted_sweep_is_one_line_130_and_sigterm_143(tmp_path, capsys, 
         module.main(["--out", str(out), "--smoke"])
 
 
+def test_an_interrupted_invocation_records_its_seconds_up_to_the_interruption(tmp_path):
+    """A fresh user's Ctrl-C 9 s into a sweep, before its first progress message, left
+    ``seconds`` 0.0008 in runs.json: the interruption now rewrites the entry with the time
+    spent (here 0.3 s in the task loader) and ``finished`` False, then propagates."""
+    from ntk_tt.sweep._run import run_sweep
+
+    def loader(task, spec):
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    spec = SweepSpec(datasets=("flowers5",), per_class=(4,), seeds=(0,), batch_sizes=(None,),
+                     kappas=(4.0,), steps=10)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path / "out", loader=loader, progress=lambda _: None)
+    (entry,) = json.loads((tmp_path / "out" / "runs.json").read_text())
+    assert entry["seconds"] >= 0.3 and entry["rows_written"] == 0 and not entry["finished"]
+
+
+def test_ctrl_c_or_sigterm_while_the_script_starts_is_one_line(tmp_path):
+    """A fresh user: SIGINT in the first second (the imports) was a KeyboardInterrupt
+    swallowed by an XLA callback, and the sweep then ran to its end with status 0, or an
+    import traceback. The script takes the signals before its imports: SIGTERM as soon as
+    its handler is installed (seen in /proc) ends it with one line, status 143, nothing
+    written."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_sweep(out), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    status = pathlib.Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:  # SIGTERM caught: SigCgt bit 14
+        caught = next((int(line.split()[1], 16) for line in status.read_text().splitlines()
+                       if line.startswith("SigCgt:")), 0)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith("sweep.py: terminated (SIGTERM)"), err
+    if "while starting" in err:  # (else the imports were already done: the guard's line)
+        assert err == "sweep.py: terminated (SIGTERM) while starting; nothing was written\n"
+        assert not out.exists()
+
+
 def test_sequential_and_vmapped_fine_tunes_agree():
     """The CPU path (configurations one after another) = the vmapped path, and a divergent
     configuration is flagged by both."""

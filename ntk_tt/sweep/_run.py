@@ -250,10 +250,11 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
 
     ``out/spec.json`` records the grid; resuming with a different grid is refused. Each
     invocation appends its entry to ``out/runs.json`` when it starts and rewrites it after
-    every progress message (a task's predictions, each batch size's rows) and at its end:
-    ``seconds`` (wall time so far), ``rows_written`` (rows it has written, counted on disk),
-    ``finished`` (False until it ends), so an invocation killed at any point (SIGKILL
-    included) keeps its seconds up to its last message in ``sweep_wall_seconds``.
+    every progress message (a task's predictions, each batch size's rows), when it is
+    interrupted or fails, and at its end: ``seconds`` (wall time so far), ``rows_written``
+    (rows it has written, counted on disk), ``finished`` (False until it ends), so an
+    invocation stopped at any point keeps its seconds in ``sweep_wall_seconds``: up to the
+    interruption (Ctrl-C, SIGTERM, an error), up to its last message after a SIGKILL.
 
     Returns:
       counts of rows written now, already present, and skipped (by reason).
@@ -286,12 +287,16 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
 
     record(False)
     written, present = 0, 0
-    for task, configs in todo:
-        left = [c for c in configs if row_id(task, c) not in done]
-        present += len(configs) - len(left)
-        if left:
-            written += run_task(task, left, spec, loader(task, spec), table, progress=noted,
-                                reuse=reuse)
+    try:
+        for task, configs in todo:
+            left = [c for c in configs if row_id(task, c) not in done]
+            present += len(configs) - len(left)
+            if left:
+                written += run_task(task, left, spec, loader(task, spec), table,
+                                    progress=noted, reuse=reuse)
+    except BaseException:  # Ctrl-C / SIGTERM (a KeyboardInterrupt here) or an error
+        record(False)
+        raise
     record(True)
     return {"written": written, "already_present": present, "skipped": dict(skipped)}
 
