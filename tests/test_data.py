@@ -157,6 +157,22 @@ def test_prepare_rejects_mismatching_images(shape, kwargs, match):
                                                     | kwargs))
 
 
+
+def test_prepare_refuses_one_image_without_a_batch_axis():
+    """A fresh user: one (32, 32, 3) image for a (32, 32, 3) model came back as
+    (32, 32, 32, 3), read silently as 32 grey 32×3 images; now refused with the fix. The
+    same image with its batch axis, and a batch of grey (N, H, W) images, still pass."""
+    img, stats = np.ones((32, 32, 3), np.uint8), dict(mean=np.zeros(3), std=np.ones(3))
+    with pytest.raises(ValueError) as err:
+        ntk_tt.prepare_images(img, (32, 32, 3), **stats)
+    assert str(err.value) == (
+        "images have shape (32, 32, 3) = input_shape: this looks like one image without a "
+        "batch axis (it would be read as 32 grey 32×3 images); prepare_images takes a batch "
+        "(N, H, W, C): pass images[None], of shape (1, 32, 32, 3).")
+    assert ntk_tt.prepare_images(img[None], (32, 32, 3), **stats).shape == (1, 32, 32, 3)
+    grey = np.ones((32, 32, 32), np.uint8)  # 32 grey 32×32 images: (N, H, W)
+    assert ntk_tt.prepare_images(grey, (32, 32, 3), **stats).shape == (32, 32, 32, 3)
+
 def test_npz_loader_adds_channel_axis_to_grey(tmp_path, monkeypatch):
     path = tmp_path / "mnist_test.npz"
     np.savez(path, images=np.zeros((6, 28, 28), np.uint8), labels=np.arange(6) % 2,

@@ -315,6 +315,18 @@ def test_telemetry_files_and_records_are_checked_with_file_and_line(default_run,
         ntk_tt.save_telemetry(tmp_path, [default_run.telemetry])  # was a raw IsADirectoryError
 
 
+
+def test_load_telemetry_names_a_missing_file(tmp_path):
+    """A fresh user: load_telemetry("/tmp/nope.jsonl") was a bare FileNotFoundError (a
+    folder an IsADirectoryError), where ``ntk-tt outcome`` said the runs file does not exist;
+    now a ValueError naming the path and what to pass. Pure path checks: no run needed."""
+    for path in (tmp_path / "nope.jsonl", str(tmp_path / "nope.jsonl"), tmp_path):
+        with pytest.raises(ValueError) as err:
+            ntk_tt.load_telemetry(path)
+        assert str(err.value) == (
+            f"telemetry file {str(path)!r} does not exist (or is not a file); pass the path "
+            "of a JSON Lines file that ntk_tt.save_telemetry wrote.")
+
 def test_save_telemetry_refuses_a_path_that_is_not_a_path(tmp_path, default_run):
     """A fresh user: save_telemetry(3, runs) gave pathlib's bare TypeError; the arguments
     swapped gave one too."""

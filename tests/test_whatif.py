@@ -11,7 +11,7 @@ import pytest
 from _dynamics_helpers import brute_ntk, linear_apply, train_optax
 
 import ntk_tt
-from ntk_tt.analysis import _whatif
+from ntk_tt.analysis import _whatif, _whatif_boundary
 from ntk_tt.dynamics._divergence import DIVERGES, VERDICTS
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
@@ -547,3 +547,41 @@ def test_cross_entropy_grid_far_beyond_the_edge_says_what_predict_says(x64):
     assert ntk_tt.OUTCOMES[grid.outcome[0, 1]] == "diverges"
     assert np.isnan(grid.training_time[0, 1]) and np.isfinite(grid.training_time[0, 0])
     assert grid.boundary[0] == lrs[0] and grid.boundary_inside[0]
+
+
+
+@pytest.mark.parametrize("optimizer", [None, ntk_tt.sgd(0.1)], ids=["constant", "optimizer"])
+def test_a_kernel_f0_pair_as_kernel_says_where_each_goes(monkeypatch, optimizer):
+    """A fresh user passed (K, f0) as kernel: sensitivities (with or without f0=) and
+    divergence_boundary gave numpy's raw "setting an array element with a sequence ... an
+    inhomogeneous shape"; now predict_from_kernel's ragged-kernel message and the fix (Θ as
+    kernel, the logits as f0=), for a full (N·C, N·C) or logit-summed (N, N) Θ, before any
+    work. Two arrays of one shape (N = C, an (N, N) Θ) stack to 3-D: the same fix."""
+    def no_work(*a, **k):
+        raise AssertionError("work started before validation")
+
+    for module, name in ((_whatif, "_sensitivity_core"), (_whatif, "_grid_core"),
+                         (_whatif, "optimizer_sensitivities"),
+                         (_whatif_boundary, "_optimizer_grid_core")):
+        monkeypatch.setattr(module, name, no_work)
+    p = _tiny()
+    rule = dict(learning_rate=0.1) if optimizer is None else dict(optimizer=optimizer)
+    grid = dict(momenta=[0, .9], learning_rates=[.01, .1, 10.], steps=20)
+    grid = grid if optimizer is None else grid | dict(optimizer=optimizer)
+    fix = ("It looks like a (Θ, f0) pair (shapes {} and {}): pass Θ as kernel and the "
+           "initial logits as f0=, e.g. sensitivities(kernel, y, f0=f0, ...) or "
+           "divergence_boundary(kernel, y, f0=f0, ...).")
+    for theta in (p["kernel"], np.eye(N)):
+        said = ("kernel is a ragged {} (rows of different lengths, 2 at the top level); pass "
+                "a rectangular array. " + fix.format(theta.shape, (N, 3)))
+        calls = ((ntk_tt.sensitivities, (theta, p["f0"]), dict(steps=20, **rule)),
+                 (ntk_tt.sensitivities, [theta, p["f0"]], dict(f0=p["f0"], steps=20, **rule)),
+                 (ntk_tt.divergence_boundary, (theta, p["f0"]), grid))
+        for call, kernel, kw in calls:
+            with pytest.raises(ValueError) as err:
+                call(kernel, p["y"], **kw)
+            assert str(err.value) == said.format(type(kernel).__name__)
+    with pytest.raises(ValueError) as err:  # N = C = 3: an (N, N) Θ and f0 of one shape
+        ntk_tt.sensitivities((np.eye(3), np.zeros((3, 3))), np.arange(3), steps=20, **rule)
+    assert str(err.value) == "kernel is a tuple of two arrays, not one Θ. " + fix.format(
+        (3, 3), (3, 3))

@@ -150,7 +150,8 @@ def sensitivities(
       a real scalar or ≤ 0, m ∉
       [0, 1), ε ∉ (0, 1), temperatures ≤ 0, ``window`` not odd in [1, steps + 1], steps < 1
       (or steps + 1 < the default ``window`` 5: the message says what to pass),
-      B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, ``f0`` with a
+      B ∉ [1, N], SGD without ``key``, a plain kernel without ``f0``, a ``(Θ, f0)`` pair
+      passed as ``kernel`` (or another ragged list; pass Θ alone and ``f0=``), ``f0`` with a
       HeadAwareKernel, a HeadAwareKernel built on another N than ``y`` has (both N named),
       held-out arrays given in part, and every shape, label, loss and
       finiteness check of :func:`ntk_tt.predict_from_kernel` / :func:`ntk_tt.predict_head_aware`.
@@ -280,9 +281,10 @@ def divergence_boundary(
       1-D, empty, unsorted, with an η ≤ 0 or an m ∉ [0, 1); ε ∉ (0, 1); ``window`` not odd
       in [1, steps + 1]; ``a``/``a_test`` without ``optimizer``; ``batch_size`` or
       ``nesterov`` with it; and the checks of :func:`sensitivities` on the other arguments
-      (with ``optimizer``: a schedule not finite and ≥ 0, never > 0 or whose warmup does not
-      end before ``steps``; λ > 0 without ``a``; Adam without an AdamKernel, an AdamKernel
-      with SGD or of another batch size, Adam with L2 decay).
+      (a ``(Θ, f0)`` pair passed as ``kernel`` included; with ``optimizer``: a schedule not
+      finite and ≥ 0, never > 0 or whose warmup does not end before ``steps``; λ > 0 without
+      ``a``; Adam without an AdamKernel, an AdamKernel with SGD or of another batch size,
+      Adam with L2 decay).
     """
     if optimizer is not None:
         check_shorthand(optimizer, where="divergence_boundary", batch_size=batch_size,

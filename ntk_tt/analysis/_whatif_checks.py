@@ -100,6 +100,28 @@ def _check_window(window, steps) -> None:
         )
 
 
+def _as_kernel(kernel):
+    """Θ as an array (``as_array``'s checks); a ``(Θ, f0)`` pair of 2-D arrays passed as
+    ``kernel`` (ragged, or a 3-D stack when N = C) is refused with where each goes."""
+    pair = isinstance(kernel, (tuple, list)) and len(kernel) == 2 and all(
+        isinstance(k, (np.ndarray, jax.Array)) and k.ndim == 2 for k in kernel)
+    try:
+        arr = as_array(kernel, "kernel")
+    except ValueError as err:
+        if not pair:
+            raise
+        said = str(err)
+    else:  # two arrays of one shape: stacked into a 3-D "kernel"
+        said = f"kernel is a {type(kernel).__name__} of two arrays, not one Θ."
+    if pair:
+        raise ValueError(
+            f"{said} It looks like a (Θ, f0) pair (shapes {kernel[0].shape} and "
+            f"{kernel[1].shape}): pass Θ as kernel and the initial logits as f0=, e.g. "
+            "sensitivities(kernel, y, f0=f0, ...) or divergence_boundary(kernel, y, f0=f0, "
+            "...).")
+    return arr
+
+
 class _Plain(NamedTuple):
     """Validated plain-kernel problem: Θ as ``(mat, traced)``, f0, held-out parts or None."""
 
@@ -116,6 +138,8 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
     check_loss(loss)
     check_key(key)
     check_num_paths(num_paths)
+    if not isinstance(kernel, HeadAwareKernel):
+        kernel = _as_kernel(kernel)
     rows = kernel.features if isinstance(kernel, HeadAwareKernel) else kernel
     if (np.ndim(rows) >= 1 and np.shape(rows)[0] == 0) or (np.ndim(y) == 1
                                                           and np.shape(y)[0] == 0):
@@ -143,7 +167,6 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
                              "y_test.")
         hk = solve_dtype_fields(kernel)[0]  # one dtype, >= float32 (README, "Dtypes")
         return "head_aware", hk, y, y_test, batch_size, {}
-    kernel = as_array(kernel, "kernel")
     if f0 is None:
         raise ValueError(
             "a plain kernel Θ needs f0, the initial logits (N, C) at the pre-trained weights: "

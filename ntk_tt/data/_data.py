@@ -363,7 +363,8 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
         are said to be); mean or std not of shape (C',); H×W ≠ H'×W' with
         ``resize=False``; float images whose largest value is ≤ 1 ([0, 1] units: they would be
         divided by 255 twice); pixels outside [0, 255] or not finite; ``input_shape`` not
-        three numbers; mean or std not finite, std ≤ 0, or either above 1 (0..255 units).
+        three numbers; mean or std not finite, std ≤ 0, or either above 1 (0..255 units);
+        one image of shape ``input_shape`` without a batch axis (pass ``images[None]``).
     """
     check_normalisation(images, input_shape, mean, std)
     x = np.asarray(images)

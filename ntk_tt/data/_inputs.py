@@ -129,8 +129,9 @@ def _check_finite(kernel, name, computed: bool = False):
 
 def check_normalisation(images, input_shape, mean, std) -> None:
     """The checks :func:`ntk_tt.prepare_images` adds to its own: ``input_shape`` (H', W', C'),
-    pixels finite in [0, 255], ``mean`` finite and ``std`` finite > 0 in [0, 1] units (mean
-    above 1 or std above 1: 0..255 units, which would leave near-constant inputs).
+    images not one image of exactly that shape without a batch axis, pixels finite in
+    [0, 255], ``mean`` finite and ``std`` finite > 0 in [0, 1] units (mean above 1 or std
+    above 1: 0..255 units, which would leave near-constant inputs).
 
     Raises:
       ValueError: naming the argument and what to pass instead.
@@ -139,6 +140,12 @@ def check_normalisation(images, input_shape, mean, std) -> None:
         raise ValueError(f"input_shape must be the model's (H, W, C), three numbers, got "
                          f"{tuple(input_shape)}; e.g. (32, 32, 3) (the checkpoint's meta).")
     x = np.asarray(images)
+    if x.shape == tuple(input_shape):  # (H, W, C) would be read as H grey W×C images
+        h, w, c = x.shape
+        raise ValueError(
+            f"images have shape {x.shape} = input_shape: this looks like one image without a "
+            f"batch axis (it would be read as {h} grey {w}×{c} images); prepare_images takes "
+            f"a batch (N, H, W, C): pass images[None], of shape {(1, h, w, c)}.")
     if x.dtype.kind not in "uif" or (x.size and not (np.all(np.isfinite(x)) and x.min() >= 0
                                                      and x.max() <= 255)):
         raise ValueError("images must be finite pixel values in [0, 255] (uint8, or float in "

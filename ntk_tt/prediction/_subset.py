@@ -24,8 +24,7 @@ from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable witho
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_labels
-from ntk_tt.dynamics._divergence import beyond_edge as _beyond
-from ntk_tt.dynamics._divergence import divergence
+from ntk_tt.dynamics._divergence import beyond_edge, divergence
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._training_time import training_time_report
 from ntk_tt.kernels._blocks import sample_blocks
@@ -389,13 +388,12 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
     else:
         hyper = optimizer_hyperparameters(optimizer, steps, n) | run
     kappa = hyper["learning_rate"] * float(spectrum.eigenvalues[0])  # the peak η_t
-    nesterov = bool(hyper.get("nesterov"))
+    beyond = bool(beyond_edge(kappa, hyper["momentum"], bool(hyper.get("nesterov")), "mse"))
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return SubsetPrediction(
         loss=curve, training_time={e: t for e, (t, _) in reports.items()},
         training_time_reasons={e: why for e, (_, why) in reports.items() if why},
-        kappa=kappa, beyond_edge=bool(_beyond(kappa, hyper["momentum"], nesterov, "mse")),
-        diverged=bool(div.diverged),
+        kappa=kappa, beyond_edge=beyond, diverged=bool(div.diverged),
         diverged_at=None if at < 0 else at, spiked_at=None if spike < 0 else spike,
         spectrum=spectrum, subset_indices=np.asarray(idx), method=method, num_samples=n,
         subset_size=n_sub, hyperparameters=hyper, seconds=seconds)

@@ -336,10 +336,13 @@ def load_telemetry(path: str | Path) -> list[Telemetry]:
     Raises:
       ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
         schema version or with other fields (see :meth:`Telemetry.from_dict`); a file that is
-        not UTF-8 text; ``path`` not a str or os.PathLike (``~`` is expanded). OSError:
-        unreadable path.
+        not UTF-8 text; ``path`` not a str or os.PathLike (``~`` is expanded), missing or not
+        a file. OSError: unreadable path.
     """
     path = file_path(path, "telemetry", "load_telemetry('runs.jsonl')")
+    if not path.is_file():
+        raise ValueError(f"telemetry file {str(path)!r} does not exist (or is not a file); "
+                         "pass the path of a JSON Lines file that ntk_tt.save_telemetry wrote.")
     out = []
     try:
         with open(path, encoding="utf-8") as fh:
