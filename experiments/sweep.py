@@ -284,8 +284,18 @@ def _stopped(argv, state: dict) -> None:
 def _main(argv, state: dict) -> None:
     args, spec = parse(argv)
     state["out"] = args.out
+
+    def progress(message: str) -> None:
+        print(message)
+        # a Ctrl-C whose KeyboardInterrupt was dropped inside a callback (XLA's gc hook) is
+        # honoured here, after the rows just written; the guard's watcher alone waits GRACE_S
+        # and a sweep finishing sooner exited 0 as if never interrupted
+        if "signal" in state:
+            raise KeyboardInterrupt
+
     if not args.report:
-        print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real)))
+        print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real,
+                                   progress=progress)))
     try:  # --report with --primary: the table's variants are known only now
         summary = report(args.out, primary=None if args.primary is None else tuple(args.primary))
     except ValueError as err:

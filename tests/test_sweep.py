@@ -547,6 +547,30 @@ def test_ctrl_c_or_sigterm_while_the_script_starts_is_one_line(tmp_path):
         assert not out.exists()
 
 
+def test_an_interrupt_dropped_by_a_callback_is_honoured_at_the_next_progress_line(tmp_path,
+                                                                                  capsys):
+    """CI under load: a Ctrl-C whose KeyboardInterrupt was swallowed inside a callback left
+    only the guard's watcher, which waits 3 s, and the sweep's last groups finished sooner:
+    exit 0, nothing said. The signal (recorded in the guard's state) now ends the sweep at
+    its next progress message, after the rows just written."""
+    module = experiment_script("sweep")
+    state = {"signal": signal.SIGINT}  # what the guard's handler records
+
+    def sweep(spec, out, *, reuse_from=None, progress=print):
+        ResultsTable(out).write_row({"row_id": "done", "value": 1.0})
+        progress("task: batch N: 1 rows written")
+        raise AssertionError("the sweep went on after the interrupt")
+
+    module_run = module.run_sweep
+    try:
+        module.run_sweep = sweep
+        with pytest.raises(KeyboardInterrupt):
+            module._main(["--out", str(tmp_path / "out"), "--smoke"], state)
+    finally:
+        module.run_sweep = module_run
+    assert capsys.readouterr().out == "task: batch N: 1 rows written\n"
+
+
 def test_sequential_and_vmapped_fine_tunes_agree():
     """The CPU path (configurations one after another) = the vmapped path, and a divergent
     configuration is flagged by both."""
