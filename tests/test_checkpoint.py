@@ -49,6 +49,10 @@ def test_missing_checkpoint_is_one_clear_line(tmp_path):
     with pytest.raises(ValueError, match="checkpoint not found") as err:
         ntk_tt.load_checkpoint(tmp_path / "nothing")
     assert "\n" not in str(err.value)
+    (tmp_path / "d.npz").write_bytes(b"")  # a fresh user: a file was "not found"
+    with pytest.raises(ValueError, match=r"^checkpoint is a file: .*d\.npz \(pass the "
+                                         r"directory written by ntk_tt.save_checkpoint"):
+        ntk_tt.load_checkpoint(tmp_path / "d.npz")
 
 
 def test_load_checkpoint_refuses_a_path_that_is_not_a_path():

@@ -76,6 +76,10 @@ def test_from_nnx_rejects_non_modules():
         (lambda f: f[:, 0], r"shape \(N, C\)"),
         (lambda f: f[..., None], r"shape \(N, C\)"),
         (lambda f: jnp.concatenate([f, f]), r"shape \(N, C\)"),
+        # a fresh user's model returning (logits, logits): a raw AttributeError before
+        (lambda f: (f, f), r"must return one array of logits \(N, C\), got a tuple .*"
+                           r"return the logits alone"),
+        (lambda f: {"logits": f}, r"got a dict"),
     ],
 )
 def test_check_model_rejects_outputs_not_n_by_c(out_fn, match):

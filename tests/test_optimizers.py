@@ -544,6 +544,11 @@ def test_optimizer_errors_before_work(x64):
                                     steps=T)
     with pytest.raises(ValueError, match="must be an ntk_tt.Optimizer"):
         ntk_tt.linearised_reference(linear_apply, params, x, y, 0.1, steps=T)
+    # a fresh user: the exact reference alone ran a warmup that predict / finetune refuse
+    with pytest.raises(ValueError, match=r"the schedule's warmup is 25 steps: .* a run of "
+                                         r"steps = 20 updates ends before it"):
+        ntk_tt.linearised_reference(linear_apply, params, x, y,
+                                    ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 25, 40)), steps=20)
     model, split, xh, yh, _, a_h, _ = _head_problem()
     for bad, match in ((dict(profile="moving"), "profile must be one of"),
                        (dict(variance_samples=1), "variance_samples must be an int >= 2")):

@@ -98,8 +98,7 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
                          f"known architectures: {', '.join(sorted(ARCHITECTURES))}.")
     k = meta["num_classes"]
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"{where} has num_classes {k!r}; expected a positive integer; "
-                         f"{fix}.")
+        raise ValueError(f"{where} has num_classes {k!r}; expected a positive integer; {fix}.")
     shape = meta["input_shape"]
     if not (isinstance(shape, list) and len(shape) == 3
             and all(isinstance(s, int) and s >= 1 for s in shape)):
@@ -148,8 +147,9 @@ def read_checked(path: str | os.PathLike | None):
                          "load_checkpoint('my_ckpt').")
     path = Path(path if path is not None else DEFAULT_CHECKPOINT).absolute()
     if not path.is_dir():
-        raise ValueError(f"checkpoint not found: {path} (pass the directory written by "
-                         "ntk_tt.save_checkpoint, or omit it for the shipped one).")
+        raise ValueError(f"checkpoint {'is a file' if path.exists() else 'not found'}: {path} "
+                         "(pass the directory written by ntk_tt.save_checkpoint, or omit it "
+                         "for the shipped one).")
     try:
         with _quiet(), ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
             meta = ckptr.restore(path / "meta")

@@ -103,7 +103,8 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
         complex); ``params`` with no parameters;
         ``apply_fn`` failing on inputs of ``x``'s shape (e.g. a wrong feature size) or on
         ``params`` (a pytree not the one ``apply_fn`` was built with: the message names
-        both), its output not of shape (N, C), or samples of one batch not independent.
+        both), its output not one array (a tuple, a dict) or not of shape (N, C), or
+        samples of one batch not independent.
     """
     check_function(apply_fn)
     x = as_array(x, name)
@@ -147,6 +148,11 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
             "after the batch axis, e.g. (32, 32, 3) for the shipped checkpoint), or that "
             "params is the pytree apply_fn was built with (from_nnx returns both)."
         ) from err
+    if not isinstance(out, jax.ShapeDtypeStruct):  # a tuple, a dict of heads, ...
+        raise ValueError(
+            f"apply_fn(params, {name}) must return one array of logits (N, C), got a "
+            f"{type(out).__name__} ({jax.tree_util.tree_structure(out)}); return the logits "
+            "alone (e.g. wrap the model: lambda p, x: apply_fn(p, x)[0]).")
     if len(out.shape) != 2 or out.shape[0] != n:
         raise ValueError(
             f"apply_fn(params, {name}) must return logits of shape (N, C) = ({n}, C), got "

@@ -34,6 +34,7 @@ from ntk_tt.data._inputs import as_array, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._losses import check_loss, error_rate, logit_residual, mean_loss
+from ntk_tt.dynamics._optim_linear import check_learning_rates
 
 
 class ReferenceRun(NamedTuple):
@@ -90,7 +91,8 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
 
     Raises:
       ValueError: ``optimizer`` not an :class:`ntk_tt.Optimizer`, steps not an int ≥ 1, bad
-        model/inputs (``check_model``), labels, loss, a missing or bad key for B < N,
+        model/inputs (``check_model``), labels, loss, a missing or bad key for B < N, a
+        schedule with η_t not finite or < 0 or a warmup ending at or after ``steps``,
         x_test without y_test (or the reverse), segments not an int in [1, steps] — all
         before any training.
     """
@@ -102,6 +104,7 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
     if not _is_int(segments) or not 1 <= segments <= steps:
         raise ValueError(f"segments must be an int in [1, steps] = [1, {steps}] (the number "
                          f"of linearisations), got {segments!r}.")
+    check_learning_rates(optimizer, steps)  # as predict / finetune: η_t finite, a warmup < T
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
