@@ -48,10 +48,11 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     Without ``optimizer`` (None) the first is {} and the optimiser options must not be given.
     With ``optimizer`` "sgd" (SGD, heavy ball, decoupled decay) or "adamw": ``momentum``
     (SGD; also given as one value of ``momenta``, -m), ``b1``, ``b2`` (AdamW), ``weight_decay``
-    λ >= 0 (defaults ``FAMILY_DEFAULTS``), ``warmups`` (fractions of T_max in [0, 1), default
-    ``WARMUPS``) and ``lr_min``, ``lr_max`` (η_peak grid; default: SGD the κ grid, AdamW
-    ``ADAM_LEARNING_RATE_RANGE``); ``batch_sizes`` at most one (default GD); the other
-    options' ``momenta`` becomes (m,) (β₁ for AdamW: Optimizer.momentum).
+    λ >= 0 (defaults ``FAMILY_DEFAULTS``), ``warmups`` (fractions of T_max in [0, 1), each
+    rounding to a warmup below T_max, ``steps``; default ``WARMUPS``) and ``lr_min``,
+    ``lr_max`` (η_peak grid; default: SGD the κ grid, AdamW ``ADAM_LEARNING_RATE_RANGE``);
+    ``batch_sizes`` at most one (default GD); the other options' ``momenta`` becomes (m,)
+    (β₁ for AdamW: Optimizer.momentum).
 
     Raises:
       ValueError: one line naming the option, its flag and the fix (e.g. AdamW with
@@ -101,11 +102,14 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     if isinstance(warm, (str, bytes)) or not hasattr(warm, "__len__") or not warm:
         raise ValueError(f"warmups (--warmups) must be a non-empty list of fractions of the "
                          f"step budget in [0, 1), got {warm!r}; e.g. 0,0.05,0.1,0.2.")
+    steps = rest.get("steps", SUGGEST_DEFAULTS["steps"])
     for f in warm:
         check_real(f, "warmups (--warmups) entry")
         if not 0.0 <= float(f) < 1.0:
             raise ValueError(f"warmups (--warmups) entries must be fractions of the step "
                              f"budget in [0, 1), got {f!r}.")
+        if _is_int(steps) and steps >= 1:  # a bad -T is check_suggest_job's to name
+            warmup_steps(float(f), steps, cli=True)
     out["warmups"] = tuple(float(f) for f in warm)
     out["learning_rate_range"] = _lr_range(o, rest, family)
     if out["learning_rate_range"] is not None:  # the η_peak grid: the κ range is not used, so
@@ -114,6 +118,24 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
         if rest.get("num_kappas") == 1:
             rest["kappa_min"] = rest["kappa_max"] = SUGGEST_DEFAULTS["kappa_min"]
     return out, rest
+
+
+def warmup_steps(fraction: float, steps: int, cli: bool = False) -> float:
+    """A warmup of ``suggest(optimizer=...)``'s grid in whole steps, round(fraction·steps),
+    after a ValueError when that is not below ``steps`` (the run would end on the ramp, before
+    η reaches its peak: ``predict`` and ``finetune`` refuse such a schedule). ``cli``: the
+    message names the flags."""
+    w = float(round(fraction * steps))
+    if w >= steps:
+        name, budget, raise_it = (("warmups (--warmups)", "steps (-T)", "-T") if cli else
+                                  ("warmups", "steps", "steps"))
+        raise ValueError(f"{name} entry {fraction:g} rounds to a warmup of {w:g} steps, not "
+                         f"below {budget} {steps}: the run would end before η reaches its "
+                         f"peak (predict and finetune refuse that schedule); the largest "
+                         f"fraction allowed is just below {(steps - 0.5) / steps:g} = (steps "
+                         f"− ½)/steps ({(steps - 1) / steps:g} gives {steps - 1} steps): lower "
+                         f"it or raise {raise_it}.")
+    return w
 
 
 def _lr_range(o, rest, family):

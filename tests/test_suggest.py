@@ -99,6 +99,48 @@ def test_mse_gd_edge_optimum_is_the_largest_stable_learning_rate():
     assert closed_form_steps(s.kappa, EDGE, 0.5, 80)[0] == s.steps
 
 
+def test_the_refinement_stays_in_the_kappa_range_asked_for():
+    """A fresh user: kappa_range=(0.05, 0.5) gave κ = 3.996, the refinement running on to the
+    stability edge. On the edge-optimum problem with kappa_range (0.05, 1): the closed-form
+    fastest κ (≈ 2, 18 steps) is outside the range; the suggestion is the range's fastest,
+    κ = 1 (34 steps, the closed form), and no refinement candidate leaves [0.05, 1]."""
+    s = linear_suggest(EDGE, 0.5, 80, kappa_range=(0.05, 1.0), num_kappas=5, refine_steps=8)
+    assert closed_form_steps([1.0, 1.99], EDGE, 0.5, 80).tolist() == [34.0, 18.0]
+    assert s.found and s.kappa <= 1.0 and s.kappa == pytest.approx(1.0, rel=1e-9)
+    assert s.steps == s.grid_best["steps"] == 34
+    assert closed_form_steps(s.kappa, EDGE, 0.5, 80)[0] == s.steps
+    assert s.grid.kappa.between(0.05 * (1 - 1e-9), 1.0 * (1 + 1e-9)).all()
+    lr_hi = 1.0 * 40 / s.lambda_max  # the range's η: κ·N/λ_max
+    assert all(t["log_learning_rate"] <= np.log(lr_hi) + 1e-12 for t in s.refinement)
+
+
+def test_the_constant_sgd_refinement_box_is_the_range_within_the_edge(monkeypatch):
+    """The box ``_refine`` projects onto (its ``_descend`` replaced: nothing is run): κ in
+    kappa_range ∩ [κ_best·e^(−10 cells), (1 − 1e-3)·edge(m)], and m raised to where that edge
+    is above κ_min. MSE (edge 2(1 + m)), kappa_range (2.5, 3), momenta (0, 0.9): m >= 2.5 /
+    (0.999·2) − 1; at m = 0.9 κ ∈ [2.5, 3] (the edge 3.796 is beyond the range)."""
+    from ntk_tt.analysis import _suggest_refine
+
+    seen = {}
+    monkeypatch.setattr(_suggest_refine, "_descend",
+                        lambda best, u0, evaluate, bounds, *_: seen.update(bounds=bounds))
+    n, lam = 40, 100.0
+    best = {"kappa": 2.8, "learning_rate": 2.8 * n / lam, "momentum": 0.9, "b": None}
+    _suggest_refine._refine(best, None, {}, lam, n, None, None, None, 8, 0.2, (0.0, 0.9),
+                            0.01, "mse", [], {}, None, (2.5, 3.0))
+
+    def kappas(m):
+        (low, high), m_range = seen["bounds"](np.array([0.0, m]))
+        return np.exp([low, high]) * lam / n, m_range
+
+    k, m_range = kappas(0.9)
+    assert np.allclose(k, [2.5, 3.0], rtol=1e-12)
+    m_floor = 2.5 / (0.999 * 2.0) - 1.0
+    assert m_range == pytest.approx((m_floor, 0.9), rel=1e-12)
+    assert np.allclose(kappas(m_floor)[0], [2.5, 2.5], rtol=1e-12)  # the edge reaches κ_min
+    assert np.allclose(kappas(0.5)[0], [2.5, 0.999 * 2 * 1.5], rtol=1e-12)
+
+
 def test_divergent_and_beyond_edge_configurations_are_never_suggested():
     """Sample 0 (the top eigenvalue) starts 1e-4 from its label: beyond the edge κ = 2 its mode
     grows as (κ − 1)^(2t) from 1e-8, so there the other modes reach the target sooner than at

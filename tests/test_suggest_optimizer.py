@@ -163,9 +163,13 @@ def no_work(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("work started before the arguments were checked")
 
+    # imported unpatched first: a module that binds empirical_ntk at import (the Adam drift's)
+    # and is first imported by a refused call would otherwise keep ``refuse`` for later tests
+    import ntk_tt.dynamics._adam_drift  # noqa: F401
     for target in ("ntk_tt.kernels._ntk.empirical_ntk", "ntk_tt.training._finetune.step_time",
                    "ntk_tt.training._finetune._time_steps",
-                   "ntk_tt.kernels._head_aware.head_aware_kernel"):
+                   "ntk_tt.kernels._head_aware.head_aware_kernel",
+                   "ntk_tt.dynamics._adam_drift.empirical_ntk"):
         monkeypatch.setattr(target, refuse)
 
 
@@ -189,6 +193,8 @@ SGD = ntk_tt.sgd(0.1, 0.9)
     (dict(optimizer=SGD, kappa_range=(0.1, 1.0), learning_rate_range=(1e-3, 1e-1)),
      "not both"),
     (dict(optimizer=SGD, warmups=(0.0, 1.0)), "warmups entries must be fractions of steps"),
+    (dict(optimizer=SGD, warmups=(0.0, 0.99)),
+     "warmups entry 0.99 rounds to a warmup of 10 steps, not below steps 10"),
     (dict(optimizer=SGD, warmups=()), "warmups must be a non-empty list"),
     (dict(optimizer=SGD, learning_rate_range=(0.0, 1.0)), "must satisfy 0 < min <= max"),
     (dict(optimizer=ntk_tt.sgd(0.1, batch_size=8)), "pass key=jax.random.key(seed)"),
@@ -202,6 +208,88 @@ def test_bad_optimizer_arguments_are_refused_before_any_work(kw, match, no_work)
         ntk_tt.suggest(apply_fn, params, x, y, target=0.5, target_kind="fraction", steps=10,
                        **kw)
     assert match in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_warmup_that_rounds_to_steps_is_refused_before_any_work(no_work):
+    """A fresh user: warmups=(0.99,) with steps=20 suggested a 20-step warmup, which
+    ``predict`` / ``finetune`` then refused (the run ends before the peak). Refused now, before
+    any work, naming the fraction, the warmup it rounds to and the largest fraction allowed
+    (0.97 rounds to 19 steps and passes; 0.975 rounds to 20)."""
+    from ntk_tt.analysis._suggest_optimizer import check_search
+
+    model, apply_fn, params, x, y = problem()
+    with pytest.raises(ValueError) as err:
+        ntk_tt.suggest(apply_fn, params, x, y, head=ntk_tt.split_head(model), steps=20,
+                       key=jax.random.key(2), num_kappas=4, num_paths=2, target=0.7,
+                       target_kind="fraction", optimizer=SGD, warmups=(0.99,),
+                       refine_steps=0)
+    assert str(err.value) == (
+        "warmups entry 0.99 rounds to a warmup of 20 steps, not below steps 20: the run would "
+        "end before η reaches its peak (predict and finetune refuse that schedule); the "
+        "largest fraction allowed is just below 0.975 = (steps − ½)/steps (0.95 gives 19 "
+        "steps): lower it or raise steps.")
+    args = dict(n=N, steps=20, key=None, head_aware=True, kappa_range=None,
+                learning_rate_range=None, num_kappas=4)
+    assert check_search(SGD, warmups=(0.97, 0.95, 0.0), **args)["warmups"] == [19.0, 0.0]
+    with pytest.raises(ValueError, match="entry 0.975 rounds to a warmup of 20 steps"):
+        check_search(SGD, warmups=(0.975,), **args)
+
+
+def test_the_refinement_keeps_the_warmup_below_steps():
+    """From the longest warmup allowed (0.95 of T = 20: 19 steps) the refinement's warmups
+    stay <= 19 = T − 1, and the suggested Optimizer is one ``predict`` accepts, with the
+    suggestion's steps to target (refined from the grid's 8 to 6)."""
+    model, apply_fn, params, x, y = problem()
+    head = ntk_tt.split_head(model)
+    s = ntk_tt.suggest(apply_fn, params, x, y, head=head, steps=20, target=0.7,
+                       target_kind="fraction", optimizer=SGD, num_kappas=4, warmups=(0.95,),
+                       refine_steps=6, seconds_per_step={None: 0.01})
+    assert set(s.grid[s.grid.source == "grid"].warmup) == {19.0}
+    refined = s.grid[s.grid.source == "refine"]
+    assert len(refined) and (refined.warmup <= 19.0).all() and (refined.warmup >= 1.0).all()
+    assert s.found and s.refined and s.grid_best["steps"] == 8 and s.steps == 6
+    assert 1.0 <= s.warmup < 19.0
+    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=20, head=head)
+    assert first_hit(p.loss, s.target) == s.steps
+    assert np.allclose(np.asarray(p.loss), s.loss, rtol=1e-4, atol=1e-6)
+
+
+def test_the_warmup_refinement_box_ends_before_steps(monkeypatch):
+    """The box of the (log η_peak, w) refinement (its ``_descend`` replaced: nothing is run):
+    w within [1, T − 1] even from a grid warmup of T (which the grid no longer makes), and
+    η_peak within learning_rate_range (here also below the SGD edge's η, 18.2)."""
+    from ntk_tt.analysis import _suggest_optimizer as so
+
+    seen = {}
+    monkeypatch.setattr(so, "_descend",
+                        lambda best, u0, evaluate, bounds, *_: seen.update(bounds=bounds(u0)))
+    spec = so.check_search(SGD, n=N, steps=20, key=None, head_aware=True, warmups=(0.0, 0.5),
+                           kappa_range=None, learning_rate_range=(1e-3, 1e-1), num_kappas=4)
+    best = {"learning_rate": 0.05, "warmup": 20.0, "b": None}
+    so._refine(best, None, spec["unit"], {}, 10.0, N, None, None, None, 6, 0.5, [0.0, 20.0],
+               0.01, "cross_entropy", 7.6, [], {}, None, (1e-3, 1e-1))
+    (low, high), span = seen["bounds"]
+    assert span == (1.0, 19.0)
+    assert np.exp([low, high]) == pytest.approx([1e-3, 1e-1], rel=1e-12)
+
+
+def test_the_refinement_stays_in_the_learning_rate_range_asked_for():
+    """A fresh user: AdamW with learning_rate_range=(1e-3, 1e-2) was refined to η_peak = 0.154.
+    Now the refinement moves the warmup (3 → 1 steps, 8 → 7 steps to target) with η_peak held
+    at the range's top, 1e-2 exactly; the choice checked through ``predict``."""
+    model, apply_fn, params, x, y = problem()
+    head = ntk_tt.split_head(model)
+    s = ntk_tt.suggest(apply_fn, params, x, y, head=head, steps=12, target=0.9,
+                       target_kind="fraction", optimizer=ntk_tt.adamw(1e-3), num_kappas=2,
+                       learning_rate_range=(1e-3, 1e-2), warmups=(0.25,), refine_steps=4,
+                       seconds_per_step={None: 0.01})
+    assert s.grid.learning_rate.between(1e-3, 1e-2).all() and (
+        s.grid.source == "refine").sum() == 3
+    assert all(np.exp(t["log_learning_rate"]) <= 1e-2 * (1 + 1e-12) for t in s.refinement)
+    assert s.found and s.refined and s.learning_rate == 1e-2
+    assert (s.grid_best["steps"], s.steps, s.warmup) == (8, 7, 1.0)
+    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=12, head=head)
+    assert first_hit(p.loss, s.target) == s.steps
 
 
 # --- the CLI ------------------------------------------------------------------------------
@@ -226,6 +314,10 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
      "not both"),
     (["--optimizer", "adamw", "--warmups", "0,1"], "warmups (--warmups) entries must be"),
+    (["-T", "20", "--optimizer", "adamw", "--warmups", "0,0.99"],
+     "warmups (--warmups) entry 0.99 rounds to a warmup of 20 steps, not below steps (-T) 20"),
+    (["--optimizer", "sgd", "--warmups", "0.997"],  # -T 150 by default
+     "entry 0.997 rounds to a warmup of 150 steps, not below steps (-T) 150"),
     (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay (--weight-decay) must be"),
     (["--optimizer", "adam"], "invalid choice: 'adam'"),
 ])
@@ -244,7 +336,8 @@ def test_cli_optimizer_options_are_checked_before_jax_is_imported(tmp_path):
     before JAX is imported."""
     cases = [["suggest", "--optimizer", "adamw", "-m", "0.9"],
              ["suggest", "--optimizer", "sgd", "--warmups", "0,2"],
-             ["suggest", "--weight-decay", "0.1"]]
+             ["suggest", "--weight-decay", "0.1"],
+             ["suggest", "-T", "20", "--optimizer", "adamw", "--warmups", "0.99"]]
     code = ("import json, sys\nfrom ntk_tt.cli import main\nout = []\n"
             f"for args in {cases!r}:\n"
             "    try:\n        main(args)\n    except SystemExit as e:\n"
@@ -253,11 +346,12 @@ def test_cli_optimizer_options_are_checked_before_jax_is_imported(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=os.environ | {"PYTHONPATH": ROOT}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.splitlines()[-1]) == [[2, False]] * 3
+    assert json.loads(proc.stdout.splitlines()[-1]) == [[2, False]] * 4
     lines = proc.stderr.splitlines()
-    assert len(lines) == 3 and all(x.startswith("ntk-tt: error: ") for x in lines), lines
+    assert len(lines) == 4 and all(x.startswith("ntk-tt: error: ") for x in lines), lines
     assert "not an option of optimizer adamw" in lines[0] and "[0, 1)" in lines[1]
     assert "give optimizer (--optimizer sgd|adamw) too" in lines[2]
+    assert "rounds to a warmup of 20 steps, not below steps (-T) 20" in lines[3]
 
 
 class _Stop(Exception):

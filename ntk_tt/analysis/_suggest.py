@@ -27,7 +27,6 @@ in ``ntk_tt.analysis``, the curves and their surrogate are ``_suggest_curves``, 
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,9 +43,8 @@ from ntk_tt._options import (
     _check_target,
     check_suggest_job,
 )
-from ntk_tt._options import _real_scalar as _real
 from ntk_tt.analysis._suggest_report import Suggestion, _result
-from ntk_tt.analysis._suggest_search import _search
+from ntk_tt.analysis._suggest_search import _check_seconds, _search
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
 from ntk_tt.dynamics._checks import check_kernel_inputs
 from ntk_tt.dynamics._losses import check_loss, mean_loss
@@ -62,26 +60,6 @@ class TargetNotReachedWarning(UserWarning):
     """:func:`suggest` found no admissible configuration reaching the target within the step
     budget: its :class:`Suggestion` has ``found`` False and None choice fields; the message
     (= ``Suggestion.reason``) says what to try. ``ntk-tt suggest`` says it and exits 1."""
-
-
-def _check_seconds(seconds_per_step, batches, n) -> dict | None:
-    if seconds_per_step is None:
-        return None
-    if not isinstance(seconds_per_step, Mapping):
-        raise ValueError(f"seconds_per_step must be None (measure) or a dict {{batch size: "
-                         f"seconds}}, got {type(seconds_per_step).__name__}.")
-    out = {}
-    for b, s in seconds_per_step.items():
-        key = None if b is None or b == n else b
-        s = _real(s, f"seconds_per_step[{b!r}]")
-        if not (math.isfinite(s) and s > 0):
-            raise ValueError(f"seconds_per_step[{b!r}] must be finite and > 0, got {s!r}.")
-        out[key] = s
-    missing = [b for b in batches if b not in out]
-    if missing:
-        raise ValueError(f"seconds_per_step has no entry for batch sizes {missing} (None = GD); "
-                         "give one per batch size, or pass None to measure them.")
-    return {b: out[b] for b in batches}
 
 
 def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolute",
@@ -103,7 +81,9 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     ``momenta`` × ``batch_sizes``, one kernel, one compiled ``jit(vmap)`` per B; then
     ``refine_steps`` projected gradient steps of ``soft_time_to_target`` (``_suggest_curves``)
     in (log η, m) from the best grid point (B fixed), kept only if the hard predicted time
-    improves.
+    improves; projected onto ``kappa_range`` (as η; with ``optimizer=``, η_peak onto the grid's
+    range, ``learning_rate_range`` when given) below the stability edge, so the suggestion lies
+    in the range asked for.
 
     Example:
       >>> s = ntk_tt.suggest(apply_fn, params, x, y, head=ntk_tt.split_head(model),
@@ -118,8 +98,9 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     template's init/peak and end/peak ratios, searched over ``num_kappas`` η_peak (log grid:
     κ_peak over ``kappa_range`` for SGD; η_peak over ``learning_rate_range``, default
     (1e-4, 1e-1), for Adam, or for SGD when given) × ``warmups`` (fractions of ``steps``,
-    rounded to whole steps), one kernel and one compiled ``jit(vmap)``, then refined in
-    (log η_peak, w) through the exact schedule. Adam needs ``head``.
+    rounded to whole steps, each below ``steps``), one kernel and one compiled ``jit(vmap)``,
+    then refined in (log η_peak, w) through the exact schedule (w stays below ``steps``, as
+    ``predict`` and ``finetune`` need). Adam needs ``head``.
 
     Args:
       apply_fn, params: the model with its new head, ``apply_fn(params, x)`` → logits (N, C);
@@ -170,8 +151,10 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         ``optimizer`` not an Optimizer, or given with batch_sizes or momenta, or its schedule
         not a constant / unsmoothed warmup_cosine, Adam without ``head`` or with L2 decay,
         Adam with kappa_range; warmups or learning_rate_range without ``optimizer`` or out of
-        range; unknown loss, predictor, kernel or backbone; a head_kernel that is not a
-        HeadAwareKernel, given without head, or built on another N than x (both N named).
+        range, or a warmups fraction that rounds to a warmup of ``steps`` or more (the
+        message gives the largest fraction allowed); unknown loss, predictor, kernel or
+        backbone; a head_kernel that is not a HeadAwareKernel, given without head, or built on
+        another N than x (both N named).
         After one forward pass (before the kernel): an absolute target not below L_0. After
         the kernel: λ_max ≤ 0 (outputs that do not depend on the parameters).
     """

@@ -32,7 +32,7 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import _real_scalar
-from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE
+from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, warmup_steps
 from ntk_tt._schedules import Constant, WarmupCosine, warmup_cosine
 from ntk_tt.analysis._suggest_curves import _summary
 from ntk_tt.analysis._suggest_refine import EDGE_MARGIN, _descend, _one, _timed
@@ -45,7 +45,7 @@ def check_search(optimizer: Optimizer, *, n, steps, key, head_aware, warmups, ka
     """The checks of ``suggest(optimizer=...)`` beyond :func:`ntk_tt.suggest`'s own (one-line
     ValueErrors, before any work). Returns {"unit": the template with the unit schedule
     (η_peak = 1, w = 0, T_max), "b": its batch size (None = GD), "warmups": the warmup grid in
-    steps, "lr_range": the η_peak range or None (κ grid)}."""
+    steps (each below ``steps``), "lr_range": the η_peak range or None (κ grid)}."""
     from ntk_tt.dynamics._adam_head_aware import _maybe_nonzero
 
     sched, adam = optimizer.learning_rate, optimizer.rule == "adam"
@@ -87,7 +87,7 @@ def check_search(optimizer: Optimizer, *, n, steps, key, head_aware, warmups, ka
         f = _real_scalar(f, "warmups entry")
         if not 0.0 <= f < 1.0:
             raise ValueError(f"warmups entries must be fractions of steps in [0, 1), got {f!r}.")
-        w = float(round(f * steps))
+        w = warmup_steps(f, steps)  # < steps: predict / finetune refuse a longer ramp
         grid += [w] if w not in grid else []
     lo, hi = ((0.0, 0.0) if isinstance(sched, Constant) else
               (float(sched.init) / float(sched.peak), float(sched.end) / float(sched.peak)))
@@ -272,7 +272,7 @@ def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, 
         choice, refinement, timings["refine"] = _refine(
             best, data, unit, static, lam, n, target_j, tau_j, dtype, refine_steps,
             math.log(lr_hi / lr_lo) / (num_kappas - 1) if num_kappas > 1 else 0.5,
-            spec["warmups"], sps[b], loss, kappa_edge, rows, curves, compiled)
+            spec["warmups"], sps[b], loss, kappa_edge, rows, curves, compiled, (lr_lo, lr_hi))
         bar.update()
     return rows, ranked, best, choice, curves, refinement, sps, name, lam
 
@@ -314,28 +314,34 @@ def _step_seconds(apply_fn, params, x, y, optimizer, loss, key) -> float:
 
 
 def _refine(best, data, unit, static, lam, n, target, tau, dtype, budget, step_log, warmups,
-            sps, loss, kappa_edge, rows, curves, compiled):
+            sps, loss, kappa_edge, rows, curves, compiled, lr_range):
     """``_descend`` in (log η_peak, w) from the best grid point: scaled by (grid spacing of
-    log η_peak, smallest warmup gap (1 step if one warmup)); η_peak in [η_best·e^(∓10 cells)],
-    below (1 − EDGE_MARGIN)·edge for SGD; w in [1 step, the largest warmup of the grid], or
-    held at 0 from a grid point without warmup (η_t jumps there: any w in (0, 1] sets
-    η_0 = init, which the gradient at w = 0 does not see)."""
+    log η_peak, smallest warmup gap (1 step if one warmup)); η_peak in [η_best·e^(∓10 cells)]
+    ∩ ``lr_range`` (the grid's η_peak range: the user's learning_rate_range, or kappa_range
+    as η), below (1 − EDGE_MARGIN)·edge for SGD; w in [1 step, the largest warmup of the grid]
+    (below T_max: ``predict`` refuses a ramp that does not end before it), or held at 0 from
+    a grid point without warmup (η_t jumps there: any w in (0, 1] sets η_0 = init, which the
+    gradient at w = 0 does not see)."""
     gaps = np.diff(sorted(warmups))
     scale = np.array([step_log, float(gaps[gaps > 0].min()) if (gaps > 0).any() else 1.0])
     log_best = math.log(best["learning_rate"])
-    top = log_best + 10 * step_log
+    top = min(log_best + 10 * step_log, math.log(lr_range[1]))
     if math.isfinite(kappa_edge):
-        top = math.log((1 - EDGE_MARGIN) * kappa_edge * n / lam)
-    span = (0.0, 0.0) if best["warmup"] == 0 else (min(1.0, best["warmup"]), max(warmups))
-    fixed = ((log_best - 10 * step_log, top), span)
+        top = min(top, math.log((1 - EDGE_MARGIN) * kappa_edge * n / lam))
+    low = max(log_best - 10 * step_log, math.log(lr_range[0]))
+    last = float(unit.learning_rate.decay_steps) - 1.0  # ⌈w⌉ < T_max
+    span = (0.0, 0.0) if best["warmup"] == 0 else (min(1.0, best["warmup"]),
+                                                   min(max(warmups), last))
+    fixed = ((low, max(low, top)), span)  # empty only if κ_min is within the edge's margin
 
     def evaluate(u):
         args = (jnp.asarray(u, dtype), data, unit, target, tau)
         return _timed(compiled(_surrogate_grad, *args, **static)[0], args)
 
     def make_row(u, ev):
-        return _opt_row(unit, best["b"], n, math.exp(u[0]), float(u[1]), lam, _one(ev), 0,
-                        sps, loss, "refine", kappa_edge)
+        peak = min(max(math.exp(u[0]), lr_range[0]), lr_range[1])  # e^(log hi) may pass hi
+        return _opt_row(unit, best["b"], n, peak, float(u[1]), lam, _one(ev), 0, sps, loss,
+                        "refine", kappa_edge)
 
     return _descend(best, [log_best, best["warmup"]], evaluate, lambda _: fixed, scale,
                     budget, make_row, ("log_learning_rate", "warmup"), rows, curves)

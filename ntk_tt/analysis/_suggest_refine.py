@@ -1,7 +1,8 @@
 """The ``jax.grad`` refinement of :func:`ntk_tt.suggest`'s best grid point: a projected
 normalised gradient descent on the soft time to the target in two coordinates, (log η, m) for
 constant-η SGD (:func:`_refine`) and (log η_peak, warmup) for an optimiser's schedule
-(``_suggest_optimizer``), both through :func:`_descend`."""
+(``_suggest_optimizer``), both through :func:`_descend`, projected onto the grid's range of η
+(the user's ``kappa_range`` or ``learning_rate_range``) within the stability edge."""
 
 from __future__ import annotations
 
@@ -91,26 +92,33 @@ def _one(ev):
 
 
 def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_range, sps,
-            loss, rows, curves, compiled):
+            loss, rows, curves, compiled, k_range):
     """:func:`_descend` in (log η, m) for constant-η SGD.
 
     Coordinates are scaled by (grid spacing of log κ, 0.1). m stays in ``m_range`` (the span
-    of the grid's momenta: fixed when the grid has one) and κ in [κ_best·e^(−10 cells),
-    (1 − EDGE_MARGIN)·edge(m)].
+    of the grid's momenta: fixed when the grid has one), raised where needed so that the edge
+    is above κ_min, and κ in [κ_best·e^(−10 cells), (1 − EDGE_MARGIN)·edge(m)] ∩ ``k_range``
+    (the grid's κ range, the user's kappa_range).
     """
-    log_k_min = math.log(best["kappa"]) - 10 * step_log
+    k_lo, k_hi = k_range
+    low = max(math.log(best["kappa"]) - 10 * step_log, math.log(k_lo))
+    to_lr = math.log(n / lam)
+    # the heavy-ball edge is edge(0)·(1 + m): below this m it is under κ_min (projecting κ
+    # there would leave the range or the edge)
+    m_edge = k_lo / ((1 - EDGE_MARGIN) * _edge(0.0, loss)) - 1.0
+    m_range = (min(max(m_range[0], m_edge), m_range[1]), m_range[1])
 
     def bounds(u):
-        return ((math.log(math.exp(log_k_min) * n / lam),
-                 math.log((1 - EDGE_MARGIN) * _edge(u[1], loss) * n / lam)), m_range)
+        high = min(math.log((1 - EDGE_MARGIN) * _edge(u[1], loss)), math.log(k_hi))
+        return (low + to_lr, max(low, high) + to_lr), m_range
 
     def evaluate(u):
         args = (jnp.asarray(u, dtype), data, target, tau)
         return _timed(compiled(_surrogate_grad, *args, **static)[0], args)
 
-    def make_row(u, ev):
-        return _row(best["b"], n, math.exp(u[0]), float(u[1]), lam, _one(ev), 0, sps, loss,
-                    "refine")
+    def make_row(u, ev):  # η within the range's (e^(log hi) may pass hi by a rounding)
+        lr = min(max(math.exp(u[0]), k_lo * n / lam), k_hi * n / lam)
+        return _row(best["b"], n, lr, float(u[1]), lam, _one(ev), 0, sps, loss, "refine")
 
     return _descend(best, [math.log(best["learning_rate"]), best["momentum"]], evaluate,
                     bounds, np.array([step_log, 0.1]), budget, make_row,

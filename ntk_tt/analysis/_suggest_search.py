@@ -1,18 +1,43 @@
-"""The search of :func:`ntk_tt.suggest`: the kernel, the real step times, the κ × m grid per
-batch size (one compiled ``jit(vmap)`` each), then the refinement of the best grid point."""
+"""The search of :func:`ntk_tt.suggest` (and its ``seconds_per_step`` check): the kernel, the
+real step times, the κ × m grid per batch size (one compiled ``jit(vmap)`` each), then the
+refinement of the best grid point."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import _real_scalar as _real
 from ntk_tt.analysis._suggest_curves import _edge, _grid_jit
 from ntk_tt.analysis._suggest_refine import _refine
 from ntk_tt.analysis._suggest_report import _order, _row, _skipped
+
+
+def _check_seconds(seconds_per_step, batches, n) -> dict | None:
+    """``suggest``'s ``seconds_per_step`` as {B (None = GD): seconds} for ``batches``, or None
+    (measure); a one-line ValueError for a bad one (before any work)."""
+    if seconds_per_step is None:
+        return None
+    if not isinstance(seconds_per_step, Mapping):
+        raise ValueError(f"seconds_per_step must be None (measure) or a dict {{batch size: "
+                         f"seconds}}, got {type(seconds_per_step).__name__}.")
+    out = {}
+    for b, s in seconds_per_step.items():
+        key = None if b is None or b == n else b
+        s = _real(s, f"seconds_per_step[{b!r}]")
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"seconds_per_step[{b!r}] must be finite and > 0, got {s!r}.")
+        out[key] = s
+    missing = [b for b in batches if b not in out]
+    if missing:
+        raise ValueError(f"seconds_per_step has no entry for batch sizes {missing} (None = GD); "
+                         "give one per batch size, or pass None to measure them.")
+    return {b: out[b] for b in batches}
 
 
 def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, target_abs, steps,
@@ -113,7 +138,8 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
         step_log = (math.log(hi / lo) / (num_kappas - 1)) if num_kappas > 1 else 0.5
         choice, refinement, timings["refine"] = _refine(
             best, datas[best["b"]], static, lam, n, target_j, tau_j, dtype, refine_steps,
-            step_log, (min(moms), max(moms)), sps[best["b"]], loss, rows, curves, compiled)
+            step_log, (min(moms), max(moms)), sps[best["b"]], loss, rows, curves, compiled,
+            (lo, hi))
         bar.update()
     return rows, ranked, best, choice, curves, refinement, sps, name, lam
 
