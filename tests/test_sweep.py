@@ -442,6 +442,10 @@ def test_a_report_of_a_sweep_not_finished_says_how_many_rows_are_missing(smoke, 
         "yet" in experiment_script("sweep")._headline(summary)
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp_path):
     """Ctrl-C was a ~100-line KeyboardInterrupt traceback (exit -2), SIGTERM a silent exit.
     Three batch sizes: two groups of rows are still to come when the first is written."""
@@ -450,8 +454,10 @@ def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp
     command = _sweep(out, "--batch-sizes", "N", "10", "5")
     log = tmp_path / "interrupted.stderr"
     with log.open("wb") as err:
+        # Ctrl-C as in a terminal, even when the suite runs with SIGINT ignored (a job
+        # started in the background): an ignored SIGINT stays ignored, by design
         proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err)
+                                stderr=err, preexec_fn=_sigint_as_in_a_terminal)
         while proc.poll() is None and not _finished_rows(rows):
             time.sleep(0.05)
         assert proc.poll() is None, log.read_text()[-2000:]
@@ -549,10 +555,10 @@ def test_ctrl_c_or_sigterm_while_the_script_starts_is_one_line(tmp_path):
 
 def test_an_interrupt_dropped_by_a_callback_is_honoured_at_the_next_progress_line(tmp_path,
                                                                                   capsys):
-    """CI under load: a Ctrl-C whose KeyboardInterrupt was swallowed inside a callback left
-    only the guard's watcher, which waits 3 s, and the sweep's last groups finished sooner:
-    exit 0, nothing said. The signal (recorded in the guard's state) now ends the sweep at
-    its next progress message, after the rows just written."""
+    """A Ctrl-C whose KeyboardInterrupt is swallowed inside a callback (XLA's gc hook) left
+    only the guard's watcher, which waits 3 s: a sweep whose last groups finished sooner
+    would exit 0, nothing said. The signal (recorded in the guard's state) now ends the sweep
+    at its next progress message, after the rows just written."""
     module = experiment_script("sweep")
     state = {"signal": signal.SIGINT}  # what the guard's handler records
 
