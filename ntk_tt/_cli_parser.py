@@ -247,10 +247,11 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
                    f"{FAMILY_DEFAULTS['sgd']['momentum']:g} if not given) (default: "
                    f"{','.join(f'{m:g}' for m in d['momenta'])})")
     q.add_argument("--kappa-min", type=float, default=argparse.SUPPRESS,
-                   help=f"smallest κ = η·λ_max/N of the log grid (default: {d['kappa_min']:g})")
+                   help="smallest κ = η·λ_max/N of the log grid and of the refinement "
+                   f"(default: {d['kappa_min']:g})")
     q.add_argument("--kappa-max", type=float, default=argparse.SUPPRESS,
-                   help="largest κ of the log grid (beyond the stability edge is never "
-                   f"suggested) (default: {d['kappa_max']:g})")
+                   help="largest κ of the log grid and of the refinement (beyond the "
+                   f"stability edge is never suggested) (default: {d['kappa_max']:g})")
     q.add_argument("--num-kappas", type=int, default=d["num_kappas"],
                    help="κ values of the log grid (with --optimizer: peak learning rates)")
     q.add_argument("--optimizer", default=None, choices=FAMILIES,
@@ -268,13 +269,16 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
                        f"{FAMILY_DEFAULTS['adamw'][key]:g})")
     q.add_argument("--warmups", default=None, metavar="F[,F...]",
                    help="with --optimizer: warmup lengths of the grid as fractions of -T in "
-                   f"[0, 1), rounded to whole steps (None: {','.join(f'{w:g}' for w in WARMUPS)})")
+                   "[0, 1), rounded to whole steps, each below -T (None: "
+                   f"{','.join(f'{w:g}' for w in WARMUPS)})")
     q.add_argument("--lr-min", type=float, default=None,
-                   help="with --optimizer: smallest peak η of the log grid (with --lr-max; "
+                   help="with --optimizer: smallest peak η of the log grid and of the "
+                   "refinement (with --lr-max; "
                    "None: sgd the κ grid, adamw "
                    f"{ADAM_LEARNING_RATE_RANGE[0]:g})")
     q.add_argument("--lr-max", type=float, default=None,
-                   help="with --optimizer: largest peak η of the log grid (None: sgd the κ "
+                   help="with --optimizer: largest peak η of the log grid and of the "
+                   "refinement (None: sgd the κ "
                    f"grid, adamw {ADAM_LEARNING_RATE_RANGE[1]:g})")
     q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
                    help="jax.grad evaluations refining the best grid point in (log η, m) (with "
