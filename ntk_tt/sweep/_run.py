@@ -276,9 +276,9 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     runs = _read_json(runs_path, [])
     mine = len(runs)
 
-    def record(finished: bool) -> None:
+    def record(finished: bool) -> None:  # its rows are in rows/ until a report gathers them
         runs[mine:] = [{"seconds": time.perf_counter() - t0,
-                        "rows_written": len(table.done_ids() - done), "finished": finished}]
+                        "rows_written": len(table.row_ids() - done), "finished": finished}]
         _write_json(runs_path, runs)
 
     def noted(message: str) -> None:

@@ -117,10 +117,15 @@ class ResultsTable:
                              "remove it (rows/ is consolidated again).") from None
         return frame if "row_id" in frame.columns else None
 
+    def row_ids(self) -> set[str]:
+        """Ids of the rows written to ``rows/`` (temporary files of a killed write are
+        ignored); not those only in ``results.parquet``, which is not read."""
+        return {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
+
     def done_ids(self) -> set[str]:
-        """Ids of the rows already written to ``rows/`` or in ``results.parquet``
-        (temporary files of a killed write are ignored)."""
-        ids = {p.stem for p in self.rows_dir.glob("*.json") if not p.name.startswith(".")}
+        """Ids of the rows already written to ``rows/`` (:meth:`row_ids`) or in
+        ``results.parquet``."""
+        ids = self.row_ids()
         table = self._consolidated()
         return ids if table is None else ids | set(table["row_id"])
 
