@@ -1,6 +1,7 @@
 """Data loader, task sampler and preprocessing on the vendored real images."""
 
 import pathlib
+import warnings
 
 import jax
 import numpy as np
@@ -45,8 +46,15 @@ def test_task_sampler_is_seeded_disjoint_and_relabelled(flowers):
 
 
 def test_held_out_is_capped_by_what_is_left(flowers):
-    t = ntk_tt.sample_task(flowers, num_classes=2, per_class=190, test_per_class=50,
-                           key=jax.random.key(0))
+    with pytest.warns(UserWarning, match=r"10 held-out images per class, fewer than the "
+                      r"test_per_class = 50 asked for: a chosen class has 200 images"):
+        t = ntk_tt.sample_task(flowers, num_classes=2, per_class=190, test_per_class=50,
+                               key=jax.random.key(0))
+    assert len(t.y_test) == 2 * 10
+    with warnings.catch_warnings():  # exactly what is left: no warning
+        warnings.simplefilter("error")
+        t = ntk_tt.sample_task(flowers, num_classes=2, per_class=190, test_per_class=10,
+                               key=jax.random.key(0))
     assert len(t.y_test) == 2 * 10
 
 

@@ -164,8 +164,9 @@ def check_normalisation(images, input_shape, mean, std) -> None:
 
 def check_task_args(data, num_classes, per_class, test_per_class, key) -> None:
     """The argument types :func:`ntk_tt.sample_task` needs before its own checks: ``data`` a
-    :class:`ntk_tt.Dataset` (images, labels, class_names), the counts integers (K, n ≥ 1,
-    test_per_class ≥ 0) and ``key`` a jax random key (not None).
+    :class:`ntk_tt.Dataset` (images, labels, class_names) with one integer label in
+    [0, len(class_names)) per image, the counts integers (K, n ≥ 1, test_per_class ≥ 0) and
+    ``key`` a jax random key (not None).
 
     Raises:
       ValueError: naming the argument.
@@ -173,6 +174,17 @@ def check_task_args(data, num_classes, per_class, test_per_class, key) -> None:
     if not all(hasattr(data, a) for a in ("images", "labels", "class_names")):
         raise ValueError(f"data must be an ntk_tt.Dataset (ntk_tt.load_dataset(...)), got "
                          f"{_describe(data)}.")
+    labels, k_all = np.asarray(data.labels), len(data.class_names)
+    if len(data.images) != len(labels):
+        raise ValueError(f"the dataset's images ({len(data.images)}) and labels ({len(labels)}) "
+                         "differ in length; give one label per image.")
+    if labels.dtype.kind not in "iu" or labels.ndim != 1:
+        raise ValueError(f"the dataset's labels have dtype {labels.dtype} and shape "
+                         f"{labels.shape}; expected integer class indices, shape (N,).")
+    if len(labels) and (labels.min() < 0 or labels.max() >= k_all):
+        raise ValueError(f"the dataset's labels must be integers in [0, K) with K = "
+                         f"len(class_names) = {k_all}; got values from {labels.min()} to "
+                         f"{labels.max()}.")
     for name, value, low in (("num_classes", num_classes, 2), ("per_class", per_class, 1),
                              ("test_per_class", test_per_class, 0)):
         # (K < 2 and n < 1 have sample_task's own messages)
