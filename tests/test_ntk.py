@@ -133,6 +133,9 @@ def test_top_eigenvalues_match_dense_eigh(x64):
     np.testing.assert_allclose(top, eig[:4], rtol=1e-8)
     with pytest.raises(ValueError, match="k must be"):
         ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 15, key=jax.random.key(0))
+    for bad in (None, 0, "0", np.arange(3)):  # JAX's own TypeErrors before
+        with pytest.raises(ValueError, match="key must be"):
+            ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 4, key=bad)
 
 
 def test_memory_guard_fails_before_any_jacobian(monkeypatch):

@@ -273,7 +273,8 @@ def divergence_boundary(
     Returns:
       :class:`WhatIfGrid` of numpy arrays: ``diverged``, ``training_time`` (optimiser steps),
       ``final_loss``, ``test_accuracy``, ``beyond_edge``, ``outcome`` of shape (G_m, G_η),
-      ``kappa`` (G_η,), ``boundary`` (G_m,) (the largest grid η below the first diverged one),
+      ``kappa`` (G_η,), ``boundary`` (G_m,) (the largest grid η below the first one called
+      "diverges", a recovered spike above 10·L_0 or κ ≥ 68 included: ``WhatIfGrid``),
       ``boundary_inside`` and ``monotone`` (G_m,).
 
     Raises:

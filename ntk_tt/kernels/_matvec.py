@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse.linalg as sla
 
+from ntk_tt.data._inputs import check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.kernels._blocks import output_dtype
 
@@ -91,8 +92,12 @@ def ntk_top_eigenvalues(
       The k largest eigenvalues of the (N·C, N·C) kernel, descending.
 
     Raises:
-      ValueError: bad model/input, or k outside [1, N·C).
+      ValueError: ``key`` not a jax random key, bad model/input, or k outside [1, N·C).
     """
+    if key is None:
+        raise ValueError("key must be a jax random key (the Lanczos start vector); pass "
+                         "key=jax.random.key(seed).")
+    check_key(key)
     n, c = check_model(apply_fn, params, x)
     if not isinstance(k, (int, np.integer)) or not 1 <= k < n * c:
         raise ValueError(
