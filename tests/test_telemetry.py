@@ -229,7 +229,11 @@ def test_json_round_trip(default_run, tmp_path):
     assert len(back) == 2 and len(path.read_text().splitlines()) == 2
     _equal(back[0], tele)
     _equal(back[1], odd)
-    ntk_tt.save_telemetry(path, tele)
+    with pytest.raises(ValueError, match=r"runs.jsonl exists; pass overwrite=True to "
+                                         r"replace it.*Nothing was written"):
+        ntk_tt.save_telemetry(path, tele)  # used to replace the two runs silently
+    assert len(ntk_tt.load_telemetry(path)) == 2
+    ntk_tt.save_telemetry(path, tele, overwrite=True)
     _equal(ntk_tt.load_telemetry(path)[0], tele)
     with pytest.raises(ValueError, match=r"telemetry path .*: folder .*nowhere' does not "
                                          r"exist; create it first"):

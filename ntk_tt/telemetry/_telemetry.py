@@ -287,9 +287,11 @@ def _decode(a: float | str | None) -> float:
     return math.nan if a is None else float(a)
 
 
-def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> None:
+def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
+                   overwrite: bool = False) -> None:
     """Write one or several runs to ``path`` as JSON Lines (one :meth:`Telemetry.to_dict`
-    row a line, standard JSON: no NaN literals). Overwrites ``path``.
+    row a line, standard JSON: no NaN literals). An existing file is replaced only with
+    ``overwrite=True`` (as ``save_checkpoint`` and the CLI's ``--overwrite``).
 
     Args:
       path: the ``.jsonl`` file to write.
@@ -299,8 +301,8 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
     Raises:
       ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
         swapped; its type named); ``runs`` is not a Telemetry or a sequence of them (the first
-        other item's index and type named); ``path``'s folder does not exist. Nothing is
-        written then.
+        other item's index and type named); ``path``'s folder does not exist; ``path``
+        exists and ``overwrite`` is not True. Nothing is written then.
     """
     path = file_path(path, "telemetry", "save_telemetry('runs.jsonl', [run.telemetry]); nothing "
                      "was written")
@@ -313,6 +315,9 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry]) -> N
                              f"ntk_tt.finetune(..., telemetry=True)), one or a list of them; "
                              f"{where} is {a_type(r)}. Nothing was written.")
     require_folder(path, "telemetry")
+    if path.exists() and overwrite is not True:
+        raise ValueError(f"telemetry path {path} exists; pass overwrite=True to replace it, or "
+                         "give a new file name. Nothing was written.")
     with open(path, "w", encoding="utf-8") as fh:
         for r in runs:
             fh.write(json.dumps(r.to_dict(), allow_nan=False) + "\n")
