@@ -48,6 +48,7 @@ def test_params_are_trainable_leaves_only_and_stats_get_no_gradient():
 def test_eval_mode_makes_samples_independent_and_uses_frozen_stats():
     model, x = _bn_model()
     apply_fn, params = ntk_tt.from_nnx(model)
+    assert model.bn.use_running_average is False  # the caller's module stays in train mode
     np.testing.assert_allclose(apply_fn(params, x)[:2], apply_fn(params, x[:2]), rtol=1e-6)
     h = model.lin1(x)
     bn = model.bn

@@ -40,12 +40,13 @@ def check_weights(params, name: str = "params") -> None:
 def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
     """Split a flax NNX module into a pure ``(apply_fn, params)`` pair.
 
-    The module is put in evaluation mode first (``module.eval()``), so batch-norm layers use
-    their frozen running statistics and dropout is off: a sample's output never depends on its
-    batch. ``params`` holds the trainable ``nnx.Param`` leaves only; every other state
-    (batch-norm statistics, RNG counters) is closed over by ``apply_fn`` as a constant and is
-    therefore never differentiated (METHOD.md §1: statistics frozen in prediction and in the
-    real run).
+    A copy of the module (``nnx.clone``: the same weight arrays) is put in evaluation mode
+    (``.eval()``), so batch-norm layers use their frozen running statistics and dropout is
+    off: a sample's output never depends on its batch. ``module`` itself keeps its mode (to
+    go on training it with nnx). ``params`` holds the trainable ``nnx.Param`` leaves only;
+    every other state (batch-norm statistics, RNG counters) is closed over by ``apply_fn`` as
+    a constant and is therefore never differentiated (METHOD.md §1: statistics frozen in
+    prediction and in the real run).
 
     Args:
       module: a flax NNX module mapping a batch ``x`` of shape (N, ...) to logits (N, C).
@@ -62,6 +63,7 @@ def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
             f"from_nnx expects a flax.nnx.Module, got {type(module).__name__}; for other "
             "libraries write apply_fn(params, x) -> logits yourself."
         )
+    module = nnx.clone(module)  # the caller's module keeps its train/eval mode
     module.eval()
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
 
