@@ -141,7 +141,7 @@ def _outcome(args, parser) -> int:
         tlo, thi = r["t_eps_0.1_interval"]
         print(f"run {i}: {r['observed_updates']} of {r['steps']} updates observed "
               f"({r['predictor']} predictor)\n"
-              f"  final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
+              f"  predicted final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
               f"{lo:.3f}–{hi:.3f})\n"
               f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
               f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
