@@ -140,20 +140,33 @@ def _outcome(args, parser) -> int:
         lo, hi = r["test_accuracy_interval"]
         tlo, thi = r["t_eps_0.1_interval"]
         print(f"run {i}: {r['observed_updates']} of {r['steps']} updates observed "
-              f"({r['predictor']} predictor)\n"
-              f"  predicted final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
+              f"({r['predictor']} predictor)")
+        if r.get("out_of_domain"):  # first: it qualifies every number below
+            print(_outside_corpus(r["out_of_domain"]))
+        print(f"  predicted final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
               f"{lo:.3f}–{hi:.3f})\n"
               f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
               f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
               + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f})"
                  if r["p_diverged"] < 0.5 else
                  "  loss T_0.1: none expected (the run will likely diverge)"))
-        if r.get("out_of_domain"):
-            print(_outside_corpus(r["out_of_domain"]))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(out, indent=1))
+    if args.json_path:  # standard JSON, as save_telemetry: NaN -> null, ±inf -> "inf"/"-inf"
+        Path(args.json_path).write_text(json.dumps(_json_ready(out), indent=1,
+                                                   allow_nan=False))
         print(f"json: {args.json_path}")
     return 0
+
+
+def _json_ready(x):
+    """``x`` with every float through the telemetry files' encoding (NaN → None, ±∞ →
+    "inf" / "-inf"), so ``json.dumps(..., allow_nan=False)`` writes standard JSON."""
+    from ntk_tt.telemetry._telemetry import _encode
+
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_ready(v) for v in x]
+    return _encode(x) if isinstance(x, float) else x
 
 
 def _outside_corpus(flags: list[dict]) -> str:

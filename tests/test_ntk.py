@@ -136,6 +136,11 @@ def test_top_eigenvalues_match_dense_eigh(x64):
     for bad in (None, 0, "0", np.arange(3)):  # JAX's own TypeErrors before
         with pytest.raises(ValueError, match="key must be"):
             ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 4, key=bad)
+    with pytest.raises(ValueError, match=r"got 2 raw keys .*keys\[0\]"):
+        ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, 4,
+                                   key=jax.random.split(jax.random.PRNGKey(0), 2))
+    with pytest.raises(ValueError, match="k must be"):  # a bool is not a count (scipy's error)
+        ntk_tt.ntk_top_eigenvalues(apply_fn, params, x, True, key=jax.random.key(0))
 
 
 def test_memory_guard_fails_before_any_jacobian(monkeypatch):

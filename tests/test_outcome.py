@@ -443,10 +443,11 @@ def test_shipped_predictors_know_their_corpus_and_flag_another_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     blocks = proc.stdout.split("run 2:")
     assert "outside the corpus" not in blocks[0]
-    line = next(s for s in blocks[1].splitlines() if "outside the corpus" in s)
+    line = blocks[1].splitlines()[1]  # right under the run's header: it qualifies the rest
     assert line.startswith("  outside the corpus the predictor was fitted on: ")
     assert f"loss0 = {l0:.4g} (corpus " in line and line.endswith("extrapolations")
-    out = json.loads((tmp_path / "out.json").read_text())
+    out = json.loads((tmp_path / "out.json").read_text(),  # standard JSON: no Infinity / NaN
+                     parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     assert out[0]["out_of_domain"] == []
     assert "loss0" in [f["feature"] for f in out[1]["out_of_domain"]]
 
@@ -484,3 +485,15 @@ def test_a_real_run_of_another_model_is_flagged():
     outside = {name for name, (lo, hi, _) in domain.items() if not lo <= feats[name] <= hi}
     assert {f["feature"] for f in out["out_of_domain"]} == outside
     assert "snap0_dead_relu_fraction" in outside and run.test_accuracy > 0.8
+
+
+def test_outcome_json_is_standard_json():
+    """``ntk-tt outcome --json`` encodes non-finite floats as the telemetry files do: a corpus
+    range bound of +inf (diverged runs' gradients) was written as the literal Infinity."""
+    from ntk_tt._cli_commands import _json_ready
+
+    got = _json_ready([{"high": float("inf"), "low": -float("inf"), "by": float("nan"),
+                        "x": (1.5, 2), "name": "grad_max"}])
+    assert got == [{"high": "inf", "low": "-inf", "by": None, "x": [1.5, 2],
+                    "name": "grad_max"}]
+    json.dumps(got, allow_nan=False)

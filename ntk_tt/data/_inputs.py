@@ -99,6 +99,11 @@ def check_key(key: Any, name: str = "key") -> None:
         return
     if dtype is not None and jnp.dtype(dtype) == jnp.uint32 and np.shape(key) == (2,):
         return
+    if dtype is not None and jnp.dtype(dtype) == jnp.uint32 and np.shape(key)[-1:] == (2,):
+        raise ValueError(
+            f"{name} must be a single jax random key, got {np.size(key) // 2} raw keys (shape "
+            f"{np.shape(key)}, e.g. from jax.random.split(jax.random.PRNGKey(seed))); pass "
+            f"one of them, e.g. {name}=keys[0], or jax.vmap over the keys.")
     raise ValueError(
         f"{name} must be a jax random key, got {_describe(key)}"
         + (f" with dtype {dtype}" if dtype is not None else "")

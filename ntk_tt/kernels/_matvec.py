@@ -99,7 +99,7 @@ def ntk_top_eigenvalues(
                          "key=jax.random.key(seed).")
     check_key(key)
     n, c = check_model(apply_fn, params, x)
-    if not isinstance(k, (int, np.integer)) or not 1 <= k < n * c:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k < n * c:
         raise ValueError(
             f"k must be an integer with 1 <= k < N·C = {n * c}, got {k!r}; for all eigenvalues "
             "use jnp.linalg.eigvalsh(empirical_ntk(...))."
