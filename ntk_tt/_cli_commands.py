@@ -133,6 +133,8 @@ def _outcome(args, parser) -> int:
             except ValueError as err:
                 raise ValueError(f"run {i}: {err}") from None
             res["predictor"] = "ntk" if model.ntk else "telemetry"
+            if have == tele.steps:  # the whole run is in the file: what it did, beside
+                res["observed"] = _observed(tele)
             out.append(res)
     except ValueError as err:
         fail(str(err))
@@ -143,6 +145,11 @@ def _outcome(args, parser) -> int:
               f"({r['predictor']} predictor)")
         if r.get("out_of_domain"):  # first: it qualifies every number below
             print(_outside_corpus(r["out_of_domain"]))
+        if r.get("observed"):
+            o = r["observed"]
+            print(f"  observed (the file holds the finished run): final training loss "
+                  f"{o['final_loss']:.4g}, outcome {o['outcome']}; the predictions below use "
+                  f"its first {r['observed_updates']} updates only")
         print(f"  predicted final held-out accuracy {r['test_accuracy']:.3f} (90 % interval "
               f"{lo:.3f}–{hi:.3f})\n"
               f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
@@ -155,6 +162,19 @@ def _outcome(args, parser) -> int:
                                                    allow_nan=False))
         print(f"json: {args.json_path}")
     return 0
+
+
+def _observed(tele) -> dict:
+    """A finished run's own ending: its last training loss and its outcome by the rule of
+    ``ntk_tt.dynamics._divergence`` (the curve as computed: non-finite from ``stopped_at``)."""
+    import numpy as np
+
+    from ntk_tt.dynamics._divergence import OUTCOMES, outcome
+
+    loss = np.asarray(tele.loss, np.float64).copy()
+    if tele.stopped_at >= 0:
+        loss[tele.stopped_at:] = np.inf
+    return {"final_loss": float(tele.loss[-1]), "outcome": OUTCOMES[int(outcome(loss)[0])]}
 
 
 def _json_ready(x):

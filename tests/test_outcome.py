@@ -290,6 +290,16 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     assert text.count("4 of 40 updates observed") == 2 and "P(diverges)" in text
     got = json.loads(out.read_text())
     assert len(got) == 2 and all(0 <= g["p_failed"] <= 1 for g in got)
+    for row, g in zip(rows[:2], got, strict=True):  # finished runs: their own ending beside
+        loss = np.array([np.inf if v is None or v == "inf" else float(v)
+                         for v in row["telemetry"]["loss"]])
+        tail = loss[1:]
+        want = ("diverges" if row["outcome"]["diverged"] or np.any(tail > 10 * loss[0])
+                else "catapult" if np.any(tail > loss[0]) else "converges")
+        assert g["observed"] == {"final_loss": pytest.approx(loss[-1]), "outcome": want}
+        assert (f"observed (the file holds the finished run): final training loss "
+                f"{loss[-1]:.4g}, outcome {want}; the predictions below use its first 4 "
+                "updates only") in text
     with pytest.raises(SystemExit):  # an existing --json is refused
         main(["outcome", str(runs), "--predictor", str(tmp_path / "p.json.gz"), "--json",
               str(out)])
