@@ -290,8 +290,6 @@ def rank_one_fix(ak, y):
     q = r @ hk.head_kernel.T                     # per-sample q_i (N, F)
     g_all = r / n
     zp = _backbone_step(hp.backbone, hp.mixing, jnp.arange(n), g_all, hk.head_kernel, q / n, n)
-    zpt = None if hp.backbone_test is None else (hp.backbone_test @ g_all) @ (
-        hk.head_kernel.T @ hp.mixing)
     alpha = jnp.sum((q / n) * zp)
     gam0, gam1 = table.calibration
     per_sample = jnp.diagonal(hp.backbone) * jnp.einsum("if,fg,ig->i", q, hp.mixing, q)
@@ -301,7 +299,7 @@ def rank_one_fix(ak, y):
     across_fix = jnp.mean(per_fix) - gam0 * alpha
     gam1_fix = across_w / across_fix
     tab = table._replace(calibration=jnp.stack([jnp.ones_like(gam0), gam1_fix]))
-    return {"zp": zp, "zpt": zpt, "alpha": alpha, "gam0": float(gam0),
+    return {"zp": zp, "alpha": alpha, "gam0": float(gam0),
             "gam1": float(gam1), "gam1_fix": float(gam1_fix), "table": tab}
 
 
@@ -350,111 +348,51 @@ def logit_fix(ak, data, opt, bsz, g0sq, sigma2):
             "coord": coord, "back": back, "proj": proj}
 
 
-def make_logit_core(fix):
-    """``_adam_core`` with the backbone's step through the logit-exact K' (fix B)."""
-    th4, coord, back, proj = fix["th4"], fix["coord"], fix["back"], fix["proj"]
-
-    def kernel_step(kp, idx, q):
-        return kp[:, idx] @ (q - q @ proj) + jnp.einsum(
-            "icjd,jd->ic", th4[:, :, idx, :], q @ coord) @ back
-
+def patched_core(kp_step, fixed_table):
+    """``_adam_core`` with K_P's action Σ_{j∈idx} K_P(·, j) q_j replaced by ``kp_step(kernel,
+    mixing, idx, g, w, q, rows)`` (K_h's action, for z and the norms, kept) and the drift
+    table by ``fixed_table``: the original core re-traced with ``_backbone_step`` swapped for K_P
+    only. Training set only (no held-out kernel)."""
     orig_step = aha._backbone_step
-
-    core0 = aha._adam_core.__wrapped__ if hasattr(aha._adam_core, "__wrapped__") else None
+    core0 = aha._adam_core.__wrapped__
 
     @partial(jax.jit, static_argnames="loss")
     def core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None):
         if hp.backbone_test is not None:
-            raise ValueError("logit fix: training set only")
-        # the original core, with K_P's action replaced (K_h's, for z, kept) and the table
-        aha._backbone_step = lambda kernel, mixing, idx, g, w, q, rows: (
-            kernel_step(kernel, idx, q) if kernel is hp.backbone
-            else orig_step(kernel, mixing, idx, g, w, q, rows))
+            raise ValueError("patched core: training set only")
+        aha._backbone_step = lambda kernel, *rest: (
+            kp_step(kernel, *rest) if kernel is hp.backbone else orig_step(kernel, *rest))
         try:
             return core0(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss,
-                         table=fix["table"])
+                         table=fixed_table)
         finally:
             aha._backbone_step = orig_step
 
     return core
 
 
+def make_logit_core(fix):
+    """``_adam_core`` with the backbone's step through the logit-exact K' (fix B)."""
+    th4, coord, back, proj = fix["th4"], fix["coord"], fix["back"], fix["proj"]
+
+    def kp_step(kp, mixing, idx, g, w, q, rows):
+        return kp[:, idx] @ (q - q @ proj) + jnp.einsum(
+            "icjd,jd->ic", th4[:, :, idx, :], q @ coord) @ back
+
+    return patched_core(kp_step, fix["table"])
+
+
 def make_fixed_core(fix):
-    """A drop-in ``_adam_core`` with the backbone's step through K' (module docstring 3)."""
-    zp_tr, zp_te, alpha, gam0 = fix["zp"], fix["zpt"], fix["alpha"], fix["gam0"]
-    corr = 1.0 - gam0
+    """``_adam_core`` with the backbone's step through K' = K_P − (1 − γ_0) z_P z_Pᵀ/α
+    (fix A, :func:`rank_one_fix`) and its recalibrated table."""
+    zp, alpha, corr = fix["zp"], fix["alpha"], 1.0 - fix["gam0"]
+    orig_step = aha._backbone_step
 
-    @partial(jax.jit, static_argnames="loss")
-    def core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None):
-        table = fix["table"]
-        steps, bsz = batches.shape
-        n = hk.features.shape[0]
-        dtype = hk.features.dtype
-        lrs = optimizer.learning_rates(steps).astype(dtype)
-        b1, b2 = (jnp.asarray(v, dtype) for v in (optimizer.momentum, optimizer.b2))
-        eps, wd = (jnp.asarray(v, dtype) for v in (optimizer.eps, optimizer.weight_decay))
-        f0 = hk.features @ hk.head_kernel + hk.head_bias
-        g_all = logit_residual(f0, y, loss) / n
-        q_all = g_all @ hk.head_kernel.T
-        z = _backbone_step(hk.backbone, hk.mixing, jnp.arange(n), g_all, hk.head_kernel,
-                           q_all, n)
-        big_g = jnp.sum(q_all * z)
-        tiny = jnp.finfo(dtype).tiny
-        decay = a_h is not None
+    def kp_step(kp, mixing, idx, g, w, q, rows):
+        return (orig_step(kp, mixing, idx, g, w, q, rows)
+                - corr * zp * jnp.sum(zp[idx] * q) / alpha)
 
-        def adam_head(p, mom, var, grad, c1, c2, lr):
-            mom = b1 * mom + (1 - b1) * grad
-            var = b2 * var + (1 - b2) * grad**2
-            direction = (mom / c1) / (jnp.sqrt(var / c2) + eps)
-            if decay:
-                direction = direction + wd * p
-            return p - lr * direction, mom, var
-
-        def backbone(phi, big_m, kernel, zp, mu, idx, g, w, q, tangent, scale, lr):
-            big_m = b1 * big_m + (1 - b1) * _backbone_step(kernel, hp.mixing, idx, g, w, q,
-                                                           phi.shape[0])
-            direction = (big_m - corr * zp * mu / alpha) * scale
-            if decay:
-                direction = direction + wd * (tangent + phi)
-            return phi - lr * direction, big_m
-
-        def step(carry, inputs):
-            s, mu = carry
-            idx, lr, t = inputs
-            c1, c2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
-            hb = (hk.features + s.phi)[idx]
-            g = logit_residual(hb @ s.w + s.b, y[idx], loss) / bsz
-            q = g @ s.w.T
-            w, mw, vw = adam_head(s.w, s.mw, s.vw, hb.T @ g, c1, c2, lr)
-            b, mb, vb = adam_head(s.b, s.mb, s.vb, jnp.sum(g, axis=0), c1, c2, lr)
-            along = jnp.sum(q * z[idx]) / big_g
-            rest = jnp.maximum(quadratic_form(hk, idx, q) - along**2 * big_g, 0.0)
-            rho, size = drift_scale(table, s.rho, along, rest, big_g, b2, c2, tiny)
-            scale = size / c1
-            mu = b1 * mu + (1 - b1) * jnp.sum(zp_tr[idx] * q)
-            phi, big_m = backbone(s.phi, s.big_m, hp.backbone, zp_tr, mu, idx, g, s.w, q, a_h,
-                                  scale, lr)
-            phit, big_mt = s.phit, s.big_mt
-            if phit is not None:
-                phit, big_mt = backbone(phit, big_mt, hp.backbone_test, zp_te, mu, idx, g, s.w,
-                                        q, a_h_test, scale, lr)
-            s = aha.AdamHeadState(w, b, mw, vw, mb, vb, phi, big_m, rho, phit, big_mt)
-            return (s, mu), aha.head_logits(hk, w, b, phi, phit)
-
-        zf = jnp.zeros_like(hk.features)
-        zt = None if hk.features_test is None else jnp.zeros_like(hk.features_test)
-        w0, b0 = hk.head_kernel, hk.head_bias
-        s0 = aha.AdamHeadState(w0, b0, jnp.zeros_like(w0), jnp.zeros_like(w0),
-                               jnp.zeros_like(b0), jnp.zeros_like(b0), zf, zf,
-                               jnp.zeros(2, dtype), zt, zt)
-        ts = jnp.arange(steps, dtype=dtype)
-        _, (fs, fts) = jax.lax.scan(step, (s0, jnp.zeros((), dtype)), (batches, lrs, ts))
-        f0l, ft0 = aha.head_logits(hk, w0, b0, zf, zt)
-        fs = jnp.concatenate([f0l[None], fs])
-        fts = None if ft0 is None else jnp.concatenate([ft0[None], fts])
-        return fs, fts
-
-    return core
+    return patched_core(kp_step, fix["table"])
 
 
 def predict_fixed(data, opt, spec, key, ak, num_paths):
@@ -484,6 +422,12 @@ def predict(data, opt, spec, key, ak, num_paths):
                               steps=spec.steps, head=data.split, key=key,
                               num_paths=num_paths, head_kernel=ak)
     return np.asarray(pred.loss, float)
+
+
+def record(res: dict, name: str, curve: np.ndarray) -> np.ndarray:
+    """``res[name]`` = the curve's (T_0.1, T_0.4), ``res[name + "_final"]`` its last loss."""
+    res[name], res[name + "_final"] = t_eps(curve), float(curve[-1])
+    return curve
 
 
 def stored():
@@ -779,12 +723,8 @@ def main():
                    "stored_pred_final": float(rows[rid]["pred_loss"][-1])}
             fixinfo = rank_one_fix(ak, data.y)
             res["gamma"] = [fixinfo["gam0"], fixinfo["gam1"], fixinfo["gam1_fix"]]
-            p1 = predict(data, opt, spec, key, ak, 1)
-            res["pred_1path"] = t_eps(p1)
-            res["pred_1path_final"] = float(p1[-1])
-            pf = predict_fixed(data, opt, spec, key, ak, 1)
-            res["fixed_1path"] = t_eps(pf)
-            res["fixed_1path_final"] = float(pf[-1])
+            p1 = record(res, "pred_1path", predict(data, opt, spec, key, ak, 1))
+            pf = record(res, "fixed_1path", predict_fixed(data, opt, spec, key, ak, 1))
             if not summary.get("noop_checked"):  # the patch mechanism: a no-op patch = original
                 noop = dict(fixinfo, gam0=1.0, table=ak.drift)
                 orig = aha._adam_core
@@ -800,18 +740,12 @@ def main():
             orig = aha._adam_core
             aha._adam_core = make_logit_core(lf)
             try:
-                pl = predict(data, opt, spec, key, ak, 1)
+                pl = record(res, "logitfix_1path", predict(data, opt, spec, key, ak, 1))
             finally:
                 aha._adam_core = orig
-            res["logitfix_1path"] = t_eps(pl)
-            res["logitfix_1path_final"] = float(pl[-1])
             if bsz is not None and not QUICK:
-                p8 = predict(data, opt, spec, key, ak, 8)
-                res["pred_8path"] = t_eps(p8)
-                res["pred_8path_final"] = float(p8[-1])
-                pf8 = predict_fixed(data, opt, spec, key, ak, 8)
-                res["fixed_8path"] = t_eps(pf8)
-                res["fixed_8path_final"] = float(pf8[-1])
+                record(res, "pred_8path", predict(data, opt, spec, key, ak, 8))
+                record(res, "fixed_8path", predict_fixed(data, opt, spec, key, ak, 8))
             dg = None
             if (peak, bsz) in diag_rows:
                 dg = {"ak": ak, "g0sq": g0sq, "sigma2": sigma2, "g0": g0}
