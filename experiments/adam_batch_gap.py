@@ -11,7 +11,8 @@ T = 150, peak ∈ {1e-3, 1e-4}, B ∈ {50, N}:
 2. Along the reference's own path (B = 50 and GD, peak 1e-3) the backbone's first-order loss
    decrease per step, ⟨∇_θ L_full, d_t⟩, exact (Adam's m̂/(√v̂ + ε)) against the predictor's
    formulas evaluated on the same state, split into its factors.
-3. Candidate fixes (monkeypatched copies of ``_adam_core``), T_ε with and without.
+3. Candidate fixes (``_adam_core`` re-traced with K_P's action swapped,
+   :func:`patched_core`), T_ε with and without.
 
     python experiments/adam_batch_gap.py [--out DIR]    # everything, ~5 min on 2 CPU cores
         # (--quick: only B = 50, peak 1e-3; --kronecker: the Kronecker K_h, K_P form)
