@@ -540,8 +540,7 @@ def predict_logitfix(data, opt, spec, key, ak, num_paths, core):
 def benchmark_task(spec, task, rows):
     """Every AdamW row of ``task``: the sweep's prediction (recomputed) and the logit fix's,
     with the sweep's num_paths (8 for B < N, 1 for GD), and the kernel timings."""
-    from ntk_tt.sweep._targets import target_columns
-    key, n = _task_key(task), task.num_train
+    n = task.num_train
     t0 = time.perf_counter()
     data = load_task(task, SweepSpec(datasets=(task.dataset,), per_class=(task.per_class,),
                                      seeds=(task.seed,), checkpoint=spec.checkpoint))
@@ -566,8 +565,19 @@ def benchmark_task(spec, task, rows):
         aks[bsz], cores[bsz], gams[tag] = ak, make_logit_core(lf), lf["gam"]
         print(f"  {tag}: Adam kernel {c_ak:.1f}/{w_ak:.1f}s (cold/warm), logit fix "
               f"{c_lf:.1f}/{w_lf:.1f}s, γ' = {lf['gam']}", flush=True)
+    out = before_after_rows(spec, task, data, lam, rows, aks, cores)
+    timing["task_total"] = time.perf_counter() - t0
+    return {"rows": out, "timing": timing, "gamma_logit_fix": gams}
+
+
+def before_after_rows(spec, task, data, lam, rows, aks, cores):
+    """The AdamW rows of ``task``: the sweep's prediction recomputed ("before", with the
+    ``AdamKernel`` ``aks[B]``) and with ``_adam_core`` swapped for ``cores[B]`` ("after"),
+    the sweep's num_paths (8 for B < N, 1 for GD), scored with :func:`score_curves` against
+    the stored real curve of ``rows``."""
+    key, n = _task_key(task), task.num_train
     out = []
-    for cfg in cfgs:
+    for cfg in (c for c in spec.configs(task) if c.family == "adamw_cosine"):
         opt = spec.optimizer(cfg, lam, n)
         paths = spec.num_paths if cfg.batch_size else 1
         rid = row_id(task, cfg)
@@ -575,22 +585,12 @@ def benchmark_task(spec, task, rows):
         before = predict(data, opt, spec, key, aks[cfg.batch_size], paths)
         after = predict_logitfix(data, opt, spec, key, aks[cfg.batch_size], paths,
                                  cores[cfg.batch_size])
-        real = np.asarray(r["real_loss"], float)
         rec = {"row_id": rid, "task_id": task.id, "optimizer": "gd" if cfg.batch_size is None
                else "sgd", "peak": cfg.peak, "weight_decay": cfg.weight_decay,
-               "real_diverged": bool(r["real_diverged"]),
                "max_abs_dloss_vs_stored": float(np.max(np.abs(before - r["pred_loss"])))}
-        for name, curve in (("real", real), ("before", before), ("after", after),
-                            ("stored", np.asarray(r["pred_loss"], float))):
-            div = bool(r["real_diverged"]) if name == "real" else not np.all(np.isfinite(curve))
-            rec[f"{name}_diverged"] = div
-            for e in EPS_T:
-                t = np.nan if div else float(ntk_tt.training_time(curve, e))
-                rec[f"{name}_T{e:g}"] = t if t >= 0 else np.nan
-            tc = target_columns(real, curve, bool(r["real_diverged"]), div)
-            for q in (0.5, 0.25):
-                rec[f"{name}_L{q:g}"] = tc[f"pred_steps_loss{q:g}"]
-                rec[f"real_L{q:g}"] = tc[f"real_steps_loss{q:g}"]
+        rec |= score_curves({"real": np.asarray(r["real_loss"], float), "before": before,
+                             "after": after, "stored": np.asarray(r["pred_loss"], float)},
+                            bool(r["real_diverged"]))
         for e in EPS_T:
             rec[f"stored_col_T{e:g}"] = float(r[f"pred_T{e:g}"])
         for q in (0.5, 0.25):
@@ -601,8 +601,27 @@ def benchmark_task(spec, task, rows):
               f"before {rec['before_T0.1']:.0f}/{rec['before_T0.4']:.0f} after "
               f"{rec['after_T0.1']:.0f}/{rec['after_T0.4']:.0f} real {rec['real_T0.1']:.0f}/"
               f"{rec['real_T0.4']:.0f}  max|Δ| {rec['max_abs_dloss_vs_stored']:.1e}", flush=True)
-    timing["task_total"] = time.perf_counter() - t0
-    return {"rows": out, "timing": timing, "gamma_logit_fix": gams}
+    return out
+
+
+def score_curves(curves: dict, real_diverged: bool) -> dict:
+    """Per named loss curve (``curves["real"]`` the real run's): ``{name}_diverged``,
+    ``{name}_T0.1`` / ``_T0.4`` (NaN when diverged or never reached) and the steps to the
+    absolute losses 0.5·L_0 and 0.25·L_0 of the real curve (``{name}_L0.5`` / ``_L0.25``,
+    the sweep's ``target_columns``), with ``real_diverged`` the real run's outcome."""
+    from ntk_tt.sweep._targets import target_columns
+    rec = {}
+    for name, curve in curves.items():
+        div = real_diverged if name == "real" else not np.all(np.isfinite(curve))
+        rec[f"{name}_diverged"] = div
+        for e in EPS_T:
+            t = np.nan if div else float(ntk_tt.training_time(curve, e))
+            rec[f"{name}_T{e:g}"] = t if t >= 0 else np.nan
+        tc = target_columns(curves["real"], curve, real_diverged, div)
+        for q in (0.5, 0.25):
+            rec[f"{name}_L{q:g}"] = tc[f"pred_steps_loss{q:g}"]
+            rec[f"real_L{q:g}"] = tc[f"real_steps_loss{q:g}"]
+    return rec
 
 
 def _rel(pred, real):
@@ -675,8 +694,9 @@ def benchmark(datasets=BENCH_TARGETS):
         for target in ("T_eps", "L_star"):
             for side in ("before", "after"):
                 s = b[f"{target}_{side}"]
-                line.append(f"{target} {side} n={s['n']} p95 {100 * s['p95']:.1f}% "
-                            f"med {100 * (s['median_signed'] or np.nan):+.1f}%")
+                if s["n"]:
+                    line.append(f"{target} {side} n={s['n']} p95 {100 * s['p95']:.1f}% "
+                                f"med {100 * (s['median_signed'] or np.nan):+.1f}%")
         print(" | ".join(line))
     for t, d in summary["timing"].items():
         print(t, {k: round(v, 2) for k, v in d.items()})
