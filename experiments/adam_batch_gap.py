@@ -658,6 +658,19 @@ def bench_stats(recs):
     return out
 
 
+def print_stats(stats: dict) -> None:
+    """One line per group of :func:`bench_stats`: p95 and signed median before / after."""
+    for g, b in stats.items():
+        line = [f"{g:14s}"]
+        for target in ("T_eps", "L_star"):
+            for side in ("before", "after"):
+                s = b[f"{target}_{side}"]
+                if s["n"]:
+                    line.append(f"{target} {side} n={s['n']} p95 {100 * s['p95']:.1f}% "
+                                f"med {100 * (s['median_signed'] or np.nan):+.1f}%")
+        print(" | ".join(line))
+
+
 def benchmark(datasets=BENCH_TARGETS):
     OUT.mkdir(parents=True, exist_ok=True)
     spec = OptimSpec(datasets=datasets, per_class=(50,))
@@ -689,15 +702,7 @@ def benchmark(datasets=BENCH_TARGETS):
                "gamma_logit_fix": {t: d["gamma_logit_fix"] for t, d in done.items()}}
     (OUT / "benchmark_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(repro, indent=1))
-    for g, b in summary["stats"].items():
-        line = [f"{g:14s}"]
-        for target in ("T_eps", "L_star"):
-            for side in ("before", "after"):
-                s = b[f"{target}_{side}"]
-                if s["n"]:
-                    line.append(f"{target} {side} n={s['n']} p95 {100 * s['p95']:.1f}% "
-                                f"med {100 * (s['median_signed'] or np.nan):+.1f}%")
-        print(" | ".join(line))
+    print_stats(summary["stats"])
     for t, d in summary["timing"].items():
         print(t, {k: round(v, 2) for k, v in d.items()})
 

@@ -56,6 +56,7 @@ from adam_batch_gap import (  # noqa: E402
     BENCH_TARGETS,
     before_after_rows,
     bench_stats,
+    print_stats,
     stored,
 )
 
@@ -155,15 +156,7 @@ def main(argv=None):
                "max_abs_dloss_before_vs_stored": max(r["max_abs_dloss_vs_stored"] for r in recs),
                "stats": bench_stats(recs)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    for g, b in summary["stats"].items():
-        line = [f"{g:14s}"]
-        for target in ("T_eps", "L_star"):
-            for side in ("before", "after"):
-                s = b[f"{target}_{side}"]
-                if s["n"]:
-                    line.append(f"{target} {side} n={s['n']} p95 {100 * s['p95']:.1f}% "
-                                f"med {100 * (s['median_signed'] or np.nan):+.1f}%")
-        print(" | ".join(line))
+    print_stats(summary["stats"])
 
 
 if __name__ == "__main__":
