@@ -12,6 +12,17 @@ OUT/coverage.csv (one line per grouping × held-out set × ε, with ``pooled`` o
 the pooled lines. The predictor is the sweep's headline one:
 when SWEEP_DIR/summary.json records a promoted primary (``--report --primary``), the same
 relabelling is applied to the table first.
+
+    python experiments/intervals.py OPT_DIR [OPT_DIR ...] --family adamw_cosine [--out DIR]
+
+does the same for one optimiser family of the optimiser benchmark (``optimizer_sweep.py``
+tables, e.g. ``experiments/results/optimizers experiments/results/optimizers_750``; their
+rows pooled), grouped by the optimiser (gd / sgd) or pooled, since Adam's step has no κ̃:
+OUT/coverage_<family>.csv and OUT/calibrator_<family>.json (by optimiser, fitted on every
+set; ``ntk_tt/assets/intervals_adamw.json`` is the adamw_cosine one). The table's predictor
+``pred_kernel`` "head_aware_adam:isotropic" is recorded as ``Prediction.kernel`` reads it
+(method "head_aware_adam", kernel "isotropic"), κ̃ = κ/(1 − β₁) (unused by these groupings)
+and the schedule as warmup_cosine (the benchmark's families are warmup + cosine).
 """
 
 from __future__ import annotations
@@ -23,13 +34,27 @@ import pathlib
 import pandas as pd
 
 from ntk_tt import fit_intervals
-from ntk_tt.prediction._intervals import residuals
+from ntk_tt.prediction._intervals_fit import residuals
 from ntk_tt.sweep._errors import epsilons
 from ntk_tt.sweep._summary import promote
 from ntk_tt.sweep._table import read_table
 
 GROUPINGS = {"kappa": ("kappa",), "kappa+eps": ("kappa", "eps"),
              "kappa+eps+optimizer": ("kappa", "eps", "optimizer"), "none": ()}
+FAMILY_GROUPINGS = {"eps": ("eps",), "eps+optimizer": ("eps", "optimizer"),
+                    "optimizer": ("optimizer",), "none": ()}
+
+
+def family_table(dirs, family: str) -> pd.DataFrame:
+    """The rows of ``family`` in the optimiser-benchmark tables of ``dirs``, in the columns
+    ``fit_intervals`` reads (module docstring)."""
+    frame = pd.concat([pd.read_parquet(pathlib.Path(d) / "results.parquet") for d in dirs])
+    frame = frame[frame["family"] == family].reset_index(drop=True)
+    if frame.empty:
+        raise SystemExit(f"no {family!r} row in {dirs}")
+    method, kernel = zip(*(k.split(":", 1) for k in frame["pred_kernel"]), strict=True)
+    return frame.assign(pred_method=method, pred_kernel=kernel, schedule="warmup_cosine",
+                        nesterov=False, kappa_eff=frame["kappa"] / (1 - frame["momentum"]))
 
 
 def held_out_cases(train: pd.DataFrame, test: pd.DataFrame, level: float,
@@ -68,17 +93,26 @@ def summarise(cases: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("sweep_dir", help="sweep directory holding results.parquet")
+    p.add_argument("sweep_dir", nargs="+", help="sweep directory holding results.parquet "
+                   "(several: optimiser-benchmark directories with --family)")
     p.add_argument("--level", type=float, default=0.9)
     p.add_argument("--out", default="experiments/results/intervals")
+    p.add_argument("--family", help="an optimiser-benchmark family, e.g. adamw_cosine")
     args = p.parse_args(argv)
-    frame = read_table(args.sweep_dir)
-    summary = pathlib.Path(args.sweep_dir) / "summary.json"
-    primary = json.loads(summary.read_text()).get("primary") if summary.exists() else None
-    if primary and primary["promoted_variant"]:
-        frame = promote(frame, primary["promoted_variant"], primary["demoted_primary_as"])
+    if args.family:
+        frame, groupings, tag = family_table(args.sweep_dir, args.family), FAMILY_GROUPINGS, \
+            f"_{args.family}"
+        fit_by = ("optimizer",)
+    elif len(args.sweep_dir) > 1:
+        raise SystemExit("give one sweep directory (several only with --family)")
+    else:
+        frame, groupings, tag, fit_by = read_table(args.sweep_dir[0]), GROUPINGS, "", ("kappa",)
+        summary = pathlib.Path(args.sweep_dir[0]) / "summary.json"
+        primary = json.loads(summary.read_text()).get("primary") if summary.exists() else None
+        if primary and primary["promoted_variant"]:
+            frame = promote(frame, primary["promoted_variant"], primary["demoted_primary_as"])
     tables = []
-    for name, by in GROUPINGS.items():
+    for name, by in groupings.items():
         cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
                                           frame[frame["dataset"] == d], args.level, by)
                            for d in sorted(frame["dataset"].unique())])
@@ -87,12 +121,13 @@ def main(argv=None) -> None:
     table = table[["grouping", *table.columns.drop("grouping")]]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "coverage.csv", index=False, float_format="%.4f")
-    fit_intervals(frame, args.level).save(out / "calibrator.json")
+    table.to_csv(out / f"coverage{tag}.csv", index=False, float_format="%.4f")
+    fit_intervals(frame, args.level, by=fit_by).save(out / f"calibrator{tag}.json")
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"level {args.level:g}; wrote {out / 'coverage.csv'} and {out / 'calibrator.json'}")
+    print(f"level {args.level:g}; wrote {out / f'coverage{tag}.csv'} and "
+          f"{out / f'calibrator{tag}.json'}")
 
 
 if __name__ == "__main__":

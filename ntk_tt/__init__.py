@@ -77,7 +77,7 @@ _EXPORTS = {
     "CalibrationRangeWarning": "ntk_tt.prediction._intervals_range",
     "IntervalCalibrator": "ntk_tt.prediction._intervals",
     "default_calibrator": "ntk_tt.prediction._intervals",
-    "fit_intervals": "ntk_tt.prediction._intervals",
+    "fit_intervals": "ntk_tt.prediction._intervals_fit",
     "intervals": "ntk_tt.prediction._intervals",
     "BeyondEdgeWarning": "ntk_tt.dynamics._predict_kernel",
     "LinearRegimeWarning": "ntk_tt.dynamics._regime",

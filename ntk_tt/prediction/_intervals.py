@@ -45,7 +45,6 @@ from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     check_ranges,
     prediction_messages,
     range_messages,
-    rule_source,
 )
 from ntk_tt.prediction._result import Prediction
 
@@ -53,7 +52,8 @@ FORMAT = "ntk_tt.intervals/1"
 KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
-_ASSET = pathlib.Path(__file__).resolve().parents[1] / "assets" / "intervals.json"
+_ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
+           for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"))}
 
 
 def _check_level(level) -> float:
@@ -229,87 +229,21 @@ class IntervalCalibrator:
             raise wrong from None
 
 
-def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(r, keep)``: log(real T_ε / predicted T_ε) per row of a sweep table, and the mask of
-    rows where it is defined (neither side diverged, both T_ε finite and > 0); r is NaN
-    elsewhere. ``frame``: the sweep table (``ntk_tt.sweep._table.read_table``)."""
-    real, pred = (frame[f"{side}_T{eps:g}"].to_numpy(float) for side in ("real", "pred"))
-    keep = (~frame["real_diverged"].to_numpy(bool) & ~frame["pred_diverged"].to_numpy(bool)
-            & np.isfinite(real) & np.isfinite(pred) & (real > 0) & (pred > 0))
-    r = np.full(len(frame), np.nan)
-    r[keep] = np.log(real[keep] / pred[keep])
-    return r, keep
-
-
-def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = MIN_COUNT,
-                  kappa_edges=KAPPA_EDGES) -> IntervalCalibrator:
-    """Fit a T_ε interval calibrator on a benchmark sweep table.
-
-    Args:
-      frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
-        ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
-        every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
-        ``dataset``, ``pred_method``, ``pred_kernel``, ``num_train``, ``steps`` (N, T:
-        [min, max] over the rows with a residual) and ``schedule``, ``weight_decay``,
-        ``nesterov`` (absent: the constant-η sweep's "constant", 0, False), recorded in
-        ``source``.
-      level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
-        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
-      kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
-
-    Returns:
-      :class:`IntervalCalibrator` holding every defined residual, grouped.
+@functools.lru_cache(maxsize=2)
+def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
+    """A shipped calibrator (90 %). ``rule`` "sgd": the default head-aware predictor's
+    (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
+    ``experiments/results/sweep/results.parquet``; "adam": the fast AdamW predictor's
+    (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
+    benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``).
 
     Raises:
-      ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
-        "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
-        columns missing, or no defined residual; ``frame`` not a pandas DataFrame.
+      ValueError: ``rule`` not "sgd" or "adam".
     """
-    import pandas as pd
-
-    if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"fit_intervals takes the sweep's results table as a pandas DataFrame"
-                         f" (pd.read_parquet('.../results.parquet')), got {type(frame).__name__}.")
-    level = _check_level(level)
-    edges = _check_edges(kappa_edges)
-    by = tuple(by)
-    if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
-        raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
-    if not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be a positive int, got {min_count!r}.")
-    eps_all = sorted(float(c[len("real_T"):]) for c in frame.columns if c.startswith("real_T"))
-    need = {"kappa_eff", "optimizer", "real_diverged", "pred_diverged",
-            *(f"pred_T{e:g}" for e in eps_all)}
-    missing = sorted(need - set(frame.columns)) + ([] if eps_all else ["real_T<eps>"])
-    if missing:
-        raise ValueError(f"the table lacks columns {missing}: pass a sweep results table.")
-    bins = [kappa_bin(k, edges) for k in frame["kappa_eff"].to_numpy(float)]
-    opts = frame["optimizer"].astype(str).to_numpy()
-    groups: dict = {}
-    used = np.zeros(len(frame), bool)  # rows with a residual: the N and T calibrated
-    for e in eps_all:
-        r, keep = residuals(frame, e)
-        used |= keep
-        for i in np.flatnonzero(keep):
-            groups.setdefault((bins[i], f"{e:g}", opts[i]), []).append(float(r[i]))
-    if not groups:
-        raise ValueError("no row with a defined real and predicted T_eps: nothing to fit.")
-    source = {"rows": len(frame), "residuals": sum(len(v) for v in groups.values()),
-              **{c: sorted(map(str, frame[c].unique())) for c in
-                 ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
-              **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
-                 if f in frame.columns for v in [frame[f].to_numpy(float)[used]]},
-              **rule_source(frame, used)}
-    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
-                              groups={k: tuple(sorted(v)) for k, v in groups.items()},
-                              source=source)
-
-
-@functools.lru_cache(maxsize=1)
-def default_calibrator() -> IntervalCalibrator:
-    """The shipped calibrator (``ntk_tt/assets/intervals.json``, 90 %), fitted on the
-    committed benchmark table ``experiments/results/sweep/results.parquet``."""
-    return IntervalCalibrator.load(_ASSET)
+    if rule not in _ASSETS:
+        raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor's update "
+                         f"rule), got {rule!r}.")
+    return IntervalCalibrator.load(_ASSETS[rule])
 
 
 def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
@@ -351,8 +285,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     ``prediction.hyperparameters``.
 
     Args:
-      prediction: from :func:`ntk_tt.predict`. calibrator: None = :func:`default_calibrator`.
-      level: 1 − α, None = the calibrator's level (0.9 for the shipped one).
+      prediction: from :func:`ntk_tt.predict`. calibrator: None = the shipped one of the
+        prediction's predictor, :func:`default_calibrator` ``("adam")`` for the fast AdamW
+        predictor (``kernel`` "head_aware_adam:..."), ``("sgd")`` otherwise.
+      level: 1 − α, None = the calibrator's level (0.9 for the shipped ones).
 
     Returns:
       ``{"loss": {ε: (lo, hi) or None}, "error": {ε: None}, "warnings": [str]}`` in steps, for the
@@ -360,14 +296,16 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       "steps"; T_ε ≤ T by definition, so no coverage is lost); None where T̂_ε is undefined (or
       the prediction diverged); the benchmark table measures loss-curve T_ε only, so error-curve
       T_ε have no calibrated interval (None). All None when the prediction was not made by the
-      predictor the residuals are of (:func:`calibrated_for`): the shipped calibrator's are the
-      default head-aware predictor's (``kernel`` "head_aware:isotropic", discrete recursion,
-      cross-entropy), not the frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if
-      an interval is given, one message per N or T (``hyperparameters`` "num_train", "steps")
-      outside the calibration table's range (:meth:`IntervalCalibrator.range_warnings`) and per
-      update-rule field ("schedule", "weight_decay", "nesterov"; the shipped table's: constant η,
-      λ = 0, heavy-ball) outside the table's (``_intervals_range.prediction_messages``); [] for a
-      calibrator recording none.
+      predictor the residuals are of (:func:`calibrated_for`): the shipped calibrators' are the
+      default head-aware predictor's (``kernel`` "head_aware:isotropic") and the fast AdamW
+      predictor's ("head_aware_adam:isotropic"), discrete recursion, cross-entropy; not the
+      frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given,
+      one message per N or T (``hyperparameters`` "num_train", "steps") outside the
+      calibration table's range (:meth:`IntervalCalibrator.range_warnings`) and per
+      update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate"; the
+      constant-η table's: constant η, λ = 0, heavy-ball; the AdamW table's: warmup + cosine,
+      λ = 0.01–0.1, peak η = 1e-4–1e-3) outside the table's
+      (``_intervals_range.prediction_messages``); [] for a calibrator recording none.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -383,7 +321,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
         raise ValueError(f"calibrator must be an IntervalCalibrator (IntervalCalibrator.load("
                          f"path)) or None (the shipped one), got {a_type(calibrator)}.")
     level = None if level is None else _check_level(level)
-    cal, tt = default_calibrator() if calibrator is None else calibrator, prediction.training_time
+    tt = prediction.training_time
+    adam = str(prediction.kernel).startswith("head_aware_adam:")
+    cal = default_calibrator("adam" if adam else "sgd") if calibrator is None else calibrator
     if not calibrated_for(prediction, cal):
         return {"loss": dict.fromkeys(tt["loss"]), "error": dict.fromkeys(tt["error"]),
                 "warnings": []}

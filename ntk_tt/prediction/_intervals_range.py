@@ -4,11 +4,13 @@ prediction's.
 A calibrator (:class:`ntk_tt.IntervalCalibrator`) may record, in its ``source``,
 ``"num_train"`` and ``"steps"``: the [min, max] N and T (optimiser steps) of the benchmark
 rows that gave it residuals (:func:`ntk_tt.fit_intervals`), and their update rule:
-``"schedule"`` (the schedule names), ``"weight_decay"`` ([min, max] λ) and ``"nesterov"``
-(the flags seen). A prediction outside them gets an interval whose coverage was never
-measured: :func:`prediction_messages` says so, and :func:`ntk_tt.intervals` warns
-:class:`CalibrationRangeWarning`. Calibrators written before a field was recorded flag
-nothing for it.
+``"schedule"`` (the schedule names), ``"weight_decay"`` ([min, max] λ), ``"nesterov"``
+(the flags seen) and, for a table of the optimiser benchmark (a ``peak_learning_rate``
+column), ``"learning_rate"`` ([min, max] peak η: Adam's step has no κ̃ to group by). A
+prediction outside them gets an interval whose coverage was never measured:
+:func:`prediction_messages` says so, and :func:`ntk_tt.intervals` warns
+:class:`CalibrationRangeWarning`. Calibrators written before a field was recorded flag nothing
+for it.
 """
 
 from __future__ import annotations
@@ -61,26 +63,37 @@ def rule_source(frame, used) -> dict:
         return frame[name].to_numpy()[used] if name in frame.columns else np.array([default])
 
     decay = col("weight_decay", 0.0).astype(float)
-    return {"schedule": sorted(set(map(str, col("schedule", "constant")))),
-            "weight_decay": [float(decay.min()), float(decay.max())],
-            "nesterov": sorted(set(map(bool, col("nesterov", False))))}
+    out = {"schedule": sorted(set(map(str, col("schedule", "constant")))),
+           "weight_decay": [float(decay.min()), float(decay.max())],
+           "nesterov": sorted(set(map(bool, col("nesterov", False))))}
+    if "peak_learning_rate" in frame.columns:
+        peak = frame["peak_learning_rate"].to_numpy(float)[used]
+        out["learning_rate"] = [float(peak.min()), float(peak.max())]
+    return out
 
 
 def prediction_messages(source: dict, hyper: dict) -> list[str]:
     """:func:`range_messages` of a prediction's ``hyperparameters`` (N, T), then one message
-    per update-rule field ("schedule", "weight_decay", "nesterov") that ``source`` records and
-    the prediction's value lies outside of; a field absent on either side is not checked."""
+    per update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate") that
+    ``source`` records and the prediction's value lies outside of; a field absent on either
+    side is not checked."""
     out = range_messages(source, hyper.get("num_train"), hyper.get("steps"))
-    schedule, decay, nesterov = (hyper.get(k) for k in ("schedule", "weight_decay", "nesterov"))
+    schedule, decay, nesterov, peak = (hyper.get(k) for k in (
+        "schedule", "weight_decay", "nesterov", "learning_rate"))
     if schedule is not None and "schedule" in source and schedule not in source["schedule"]:
         out.append(f"the {schedule} learning-rate schedule is outside the calibration table's "
                    f"({', '.join(source['schedule'])}) {EXTRAPOLATION}")
     if decay is not None and "weight_decay" in source:
         lo, hi = source["weight_decay"]
-        if not lo <= decay <= hi:
+        if not _inside(decay, lo, hi):
             shown = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
             out.append(f"weight decay λ = {decay:g} is outside the calibration table's "
                        f"λ = {shown} {EXTRAPOLATION}")
+    if peak is not None and "learning_rate" in source:
+        lo, hi = source["learning_rate"]
+        if not _inside(peak, lo, hi):
+            out.append(f"the peak learning rate η = {peak:g} is outside the calibration "
+                       f"table's η = {lo:g}–{hi:g} {EXTRAPOLATION}")
     if nesterov is not None and "nesterov" in source and bool(nesterov) not in source["nesterov"]:
         kind = "Nesterov" if nesterov else "heavy-ball"
         out.append(f"{kind} momentum is outside the calibration table's (nesterov = "
@@ -88,17 +101,24 @@ def prediction_messages(source: dict, hyper: dict) -> list[str]:
     return out
 
 
+def _inside(v, lo, hi) -> bool:
+    """lo <= v <= hi up to float32 rounding (hyperparameters are stored as the optimiser's
+    float32 leaves: η = 1e-3 reads 0.0010000000475)."""
+    return lo - 1e-6 * abs(lo) <= v <= hi + 1e-6 * abs(hi)
+
+
 def check_ranges(path, source: dict) -> None:
     """ValueError unless each recorded range of a calibrator file's ``source`` ("num_train",
-    "steps", "weight_decay") is a [min, max] pair of numbers with min <= max, "schedule" a list
-    of names and "nesterov" a list of true/false (an absent one is fine: an older file)."""
+    "steps", "weight_decay", "learning_rate") is a [min, max] pair of numbers with min <= max,
+    "schedule" a list of names and "nesterov" a list of true/false (an absent one is fine: an
+    older file)."""
     for field, kind in (("schedule", str), ("nesterov", bool)):
         r = source.get(field, [])
         if not (isinstance(r, list) and all(isinstance(v, kind) for v in r)):
             raise ValueError(f"{path}: source[{field!r}] must be a list of "
                              f"{'names' if kind is str else 'true/false'}, got "
                              f"{json.dumps(r)[:60]}; fix or delete it, or refit.")
-    for field in (*(f for f, _, _ in RANGES), "weight_decay"):
+    for field in (*(f for f, _, _ in RANGES), "weight_decay", "learning_rate"):
         if field not in source:
             continue
         r = source[field]

@@ -1,0 +1,94 @@
+"""Fitting a T_ε interval calibrator (:class:`ntk_tt.IntervalCalibrator`) on a benchmark table:
+the residuals log(real T_ε / predicted T_ε) of its rows, grouped as the module
+:mod:`ntk_tt.prediction._intervals` describes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ntk_tt.prediction._intervals import (
+    _FIELDS,
+    KAPPA_EDGES,
+    MIN_COUNT,
+    IntervalCalibrator,
+    _check_edges,
+    _check_level,
+    kappa_bin,
+)
+from ntk_tt.prediction._intervals_range import rule_source
+
+
+def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(r, keep)``: log(real T_ε / predicted T_ε) per row of a sweep table, and the mask of
+    rows where it is defined (neither side diverged, both T_ε finite and > 0); r is NaN
+    elsewhere. ``frame``: the sweep table (``ntk_tt.sweep._table.read_table``)."""
+    real, pred = (frame[f"{side}_T{eps:g}"].to_numpy(float) for side in ("real", "pred"))
+    keep = (~frame["real_diverged"].to_numpy(bool) & ~frame["pred_diverged"].to_numpy(bool)
+            & np.isfinite(real) & np.isfinite(pred) & (real > 0) & (pred > 0))
+    r = np.full(len(frame), np.nan)
+    r[keep] = np.log(real[keep] / pred[keep])
+    return r, keep
+
+
+def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = MIN_COUNT,
+                  kappa_edges=KAPPA_EDGES) -> IntervalCalibrator:
+    """Fit a T_ε interval calibrator on a benchmark sweep table.
+
+    Args:
+      frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
+        ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
+        every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
+        ``dataset``, ``pred_method``, ``pred_kernel``, ``num_train``, ``steps`` (N, T:
+        [min, max] over the rows with a residual) and ``schedule``, ``weight_decay``,
+        ``nesterov`` (absent: the constant-η sweep's "constant", 0, False), recorded in
+        ``source``.
+      level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
+        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
+      kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
+
+    Returns:
+      :class:`IntervalCalibrator` holding every defined residual, grouped.
+
+    Raises:
+      ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
+        "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
+        columns missing, or no defined residual; ``frame`` not a pandas DataFrame.
+    """
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"fit_intervals takes the sweep's results table as a pandas DataFrame"
+                         f" (pd.read_parquet('.../results.parquet')), got {type(frame).__name__}.")
+    level = _check_level(level)
+    edges = _check_edges(kappa_edges)
+    by = tuple(by)
+    if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
+        raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
+    if not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be a positive int, got {min_count!r}.")
+    eps_all = sorted(float(c[len("real_T"):]) for c in frame.columns if c.startswith("real_T"))
+    need = {"kappa_eff", "optimizer", "real_diverged", "pred_diverged",
+            *(f"pred_T{e:g}" for e in eps_all)}
+    missing = sorted(need - set(frame.columns)) + ([] if eps_all else ["real_T<eps>"])
+    if missing:
+        raise ValueError(f"the table lacks columns {missing}: pass a sweep results table.")
+    bins = [kappa_bin(k, edges) for k in frame["kappa_eff"].to_numpy(float)]
+    opts = frame["optimizer"].astype(str).to_numpy()
+    groups: dict = {}
+    used = np.zeros(len(frame), bool)  # rows with a residual: the N and T calibrated
+    for e in eps_all:
+        r, keep = residuals(frame, e)
+        used |= keep
+        for i in np.flatnonzero(keep):
+            groups.setdefault((bins[i], f"{e:g}", opts[i]), []).append(float(r[i]))
+    if not groups:
+        raise ValueError("no row with a defined real and predicted T_eps: nothing to fit.")
+    source = {"rows": len(frame), "residuals": sum(len(v) for v in groups.values()),
+              **{c: sorted(map(str, frame[c].unique())) for c in
+                 ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
+              **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
+                 if f in frame.columns for v in [frame[f].to_numpy(float)[used]]},
+              **rule_source(frame, used)}
+    return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
+                              groups={k: tuple(sorted(v)) for k, v in groups.items()},
+                              source=source)
