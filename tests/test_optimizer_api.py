@@ -141,6 +141,17 @@ def test_errors_before_work():
     # the constant-η keywords are sgd(η) without decay: the same training as optimizer=sgd(η)
     same = ntk_tt.finetune(linear_apply, params, x, y, learning_rate=0.01, steps=3)
     ntk_tt.compare(pred, same)
+    # a fresh user: a weight-decayed prediction against the shorthand run was a KeyError
+    # ('decoupled'), the other way round the ValueError below; both orders now say it
+    decayed = ntk_tt.sgd(0.01, weight_decay=1e-3)
+    pred_wd = ntk_tt.predict(linear_apply, params, x, y, optimizer=decayed, steps=3)
+    run_wd = ntk_tt.finetune(linear_apply, params, x, y, optimizer=decayed, steps=3)
+    for p, r, said in ((pred_wd, same, "predicted 0.001, fine-tuned 0.0"),
+                       (pred, run_wd, "predicted 0.0, fine-tuned 0.001")):
+        with pytest.raises(ValueError, match=f"describe different training \\(weight_decay: "
+                                             f"{said}\\)"):
+            ntk_tt.compare(p, r)
+    ntk_tt.compare(pred_wd, run_wd)
 
 
 def test_learning_rates_that_do_not_descend_are_refused():

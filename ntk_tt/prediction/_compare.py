@@ -180,15 +180,18 @@ def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
         same = a == b if isinstance(a, str) else np.isclose(float(a), float(b), rtol=1e-6,
                                                            atol=0)
         if not same:
-            wrong.append(f"{names.get(theirs, mine)}: predicted {a!r}, fine-tuned {b!r}")
+            wrong.append(f"{names.get(theirs, mine)}: predicted {_shown(a)}, fine-tuned "
+                         f"{_shown(b)}")
         if mine == "num_train" and not same:
             break  # a different training set: the batch-size default differs too
     # the rest of the rule: schedule, weight decay, Adam (issue 27)
     real = (optimizer_hyperparameters(run.optimizer, run.steps, run.num_train)
             if run.optimizer is not None else _constant_sgd(run.learning_rate))
     said = hp if "optimizer" in hp else _constant_sgd(hp["learning_rate"])
-    keys = OPTIMIZER_KEYS + (("decoupled",) if said["weight_decay"] else ())
-    wrong += [f"{name}: predicted {said[name]!r}, fine-tuned {real[name]!r}"
+    # coupled or decoupled only matters when both decay (the shorthand has no such key)
+    keys = OPTIMIZER_KEYS + (("decoupled",) if said["weight_decay"] and real["weight_decay"]
+                             else ())
+    wrong += [f"{name}: predicted {_shown(said[name])}, fine-tuned {_shown(real[name])}"
               for name in keys if not _same(said[name], real[name])]
     if wrong:
         raise ValueError("the prediction and the fine-tuning run describe different training ("
@@ -209,7 +212,7 @@ def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
 L0_RTOL = 1e-3
 
 
-# what an optimiser adds to (η_peak, m, Nesterov, B); "decoupled" matters only with decay
+# what an optimiser adds to (η_peak, m, Nesterov, B); "decoupled" matters only when both decay
 OPTIMIZER_KEYS = ("optimizer", "schedule", "schedule_parameters", "learning_rate_mean",
                   "learning_rate_last", "weight_decay", "b2", "eps")
 
@@ -220,6 +223,14 @@ def _constant_sgd(learning_rate) -> dict:
     return {"optimizer": "sgd", "schedule": "constant", "schedule_parameters": {"value": lr},
             "learning_rate_mean": lr, "learning_rate_last": lr, "weight_decay": 0.0,
             "b2": None, "eps": None}
+
+
+def _shown(v) -> str:
+    """``repr`` with floats to 7 significant digits: a float32 leaf's η = 1e-3 reads 0.001, not
+    0.0010000000474974513 (dicts entry by entry)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(x)}" for k, x in v.items()) + "}"
+    return repr(float(f"{v:.7g}")) if isinstance(v, float) else repr(v)
 
 
 def _same(a, b) -> bool:
