@@ -101,6 +101,34 @@ def test_adam_predictions_warn_beyond_the_linear_regime_and_record_the_travel():
     assert "weight_travel" not in pred.hyperparameters
 
 
+def test_adam_predictions_abstain_beyond_unit_travel():
+    """A fresh user: AdamW at ρ = 23 was predicted to reach loss 0 ("catapult", divergence
+    "no") while the real run was destroyed. Beyond UNKNOWN_TRAVEL (ρ = 1; measured by
+    experiments/adam_travel_edge.py) the outcome and the divergence verdict are "unknown",
+    the reason names ρ and the warning says the prediction abstains; below it the curve's own
+    call stands. The curves and T_ε are kept either way."""
+    from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
+
+    model, apply_fn, params, x, y = _problem()
+    head = ntk_tt.split_head(model)
+    rms = ntk_tt.weight_travel([1.0], head[1]) ** -1  # rms(θ_0)
+    for rho in (0.5 * UNKNOWN_TRAVEL, 3.0 * UNKNOWN_TRAVEL):
+        with pytest.warns(ntk_tt.LinearRegimeWarning) as said:
+            pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adam(rho * rms / T),
+                                  steps=T, head=head)
+        assert pred.hyperparameters["weight_travel"] == pytest.approx(rho, rel=1e-5)
+        abstains = rho > UNKNOWN_TRAVEL
+        assert ("the prediction abstains" in str(said[0].message)) == abstains
+        assert np.all(np.isfinite(pred.loss)) and np.isfinite(pred.training_time["loss"][0.1])
+        if abstains:
+            assert (pred.outcome, pred.divergence, pred.spike_step) == ("unknown", "unknown",
+                                                                        None)
+            assert pred.divergence_reason.startswith(
+                f"Adam's weight travel ρ = Σ η_t / rms(θ_0) = {rho:.3g} > 1")
+        else:
+            assert pred.outcome in ("converges", "catapult") and pred.divergence == "no"
+
+
 
 def _adam_setup():
     """The tiny MLP's split and the AdamKernel of a full-batch AdamW without decay (the kernel

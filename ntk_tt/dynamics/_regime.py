@@ -17,6 +17,14 @@ than predicted, then accelerates and ends far lower (median final loss 0.6× the
 at ρ = 0.17, 0.07× at 0.58). :data:`LINEAR_TRAVEL` is that measured threshold, not a law:
 other backbones and schedules may leave the regime earlier or later (at N = 750 the same
 ρ = 0.058 gave p95 23 %).
+
+Beyond :data:`UNKNOWN_TRAVEL` (ρ = 1: the backbone's weights may move by more than their own
+RMS) a prediction abstains: its outcome is "unknown" (``ntk_tt.predict``). On the shipped
+checkpoint with flowers5 (N = 50, AdamW warmup + cosine, T = 60; ``python
+experiments/adam_travel_edge.py``) the predictor called "converges" within 22 % of the real
+T_0.1 at ρ = 0.23 and 0.70, and at ρ = 2.3, 7.0 and 23 predicted the loss falling to 2e-4,
+2e-6 and 2e-9, while the real runs spiked (catapult: T_0.1 59 and 86 % later than predicted)
+or were destroyed (ρ = 23: a spike above 10·L_0, then the loss of a uniform guess, ln K).
 """
 
 from __future__ import annotations
@@ -37,9 +45,15 @@ benchmark" has the measurements it rests on."""
 class LinearRegimeWarning(BeyondEdgeWarning):
     """An Adam-family prediction whose schedule lets the backbone's weights move by more than
     :data:`LINEAR_TRAVEL` of their RMS (ρ = Σ η_t / rms(θ_0)): the real run can leave the
-    linearised regime, where its loss falls later and then far lower than predicted. A
+    linearised regime (on the benchmark its loss fell later, then lower than predicted; beyond
+    :data:`UNKNOWN_TRAVEL` runs spiked or were destroyed, and the prediction abstains). A
     subclass of :class:`BeyondEdgeWarning`, so ``ntk-tt predict`` prints it as a warning line
     and its ``--json`` report keeps it."""
+
+
+UNKNOWN_TRAVEL = 1.0
+"""ρ above which an Adam prediction's outcome is "unknown" (module docstring: between the
+largest ρ measured to converge as predicted, 0.70, and the smallest measured not to, 2.3)."""
 
 
 def weight_travel(learning_rates, params) -> float:
@@ -147,12 +161,21 @@ def _is_weight(leaf) -> bool:
 
 
 def warn_travel(travel: float, stacklevel: int) -> None:
-    """:class:`LinearRegimeWarning` when ``travel`` (ρ) exceeds :data:`LINEAR_TRAVEL`."""
-    if travel > LINEAR_TRAVEL:
-        warnings.warn(
-            f"Adam's schedule lets the backbone's weights move by up to ρ = Σ η_t / rms(θ_0) = "
-            f"{travel:.2g} of their RMS, beyond the linearised regime (ρ > {LINEAR_TRAVEL:g}, "
-            "measured on the optimiser benchmark): the real run's loss can fall later and then "
-            "far lower than predicted (there T_ε was 26-37 % off at the 95th percentile, "
-            "against 18 % below it); check it with a short real run, or lower the peak "
-            "learning rate or the steps.", LinearRegimeWarning, stacklevel=stacklevel)
+    """:class:`LinearRegimeWarning` when ``travel`` (ρ) exceeds :data:`LINEAR_TRAVEL`; beyond
+    :data:`UNKNOWN_TRAVEL` it says the prediction abstains."""
+    if travel > UNKNOWN_TRAVEL:
+        what = (f" Beyond ρ = {UNKNOWN_TRAVEL:g} the prediction abstains (outcome \"unknown\"):"
+                " real runs measured there spiked or were destroyed while the linearised "
+                "model's loss fell to 0, so whether this run trains, stalls or diverges is not "
+                "predicted.")
+    elif travel > LINEAR_TRAVEL:
+        what = (" On the optimiser benchmark (ρ up to 0.58) T_ε was then 26-37 % off at the "
+                "95th percentile, against 18 % below 0.07: the real loss fell later, then lower.")
+    else:
+        return
+    warnings.warn(
+        f"Adam's schedule lets the backbone's weights move by up to ρ = Σ η_t / rms(θ_0) = "
+        f"{travel:.2g} of their RMS, beyond the linearised regime (ρ > {LINEAR_TRAVEL:g}): the "
+        f"real loss curve can depart from the predicted one.{what} Check it with a short real "
+        "run, or lower the peak learning rate or the steps.", LinearRegimeWarning,
+        stacklevel=stacklevel)

@@ -48,7 +48,7 @@ from ntk_tt.dynamics._checks import check_adam_kernel, check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
-from ntk_tt.dynamics._regime import warn_travel, weight_travel
+from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL, warn_travel, weight_travel
 from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 from ntk_tt.prediction._predict import (
     DEFAULT_SKETCH_DIM,
@@ -193,7 +193,10 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     if adam:
         hyper["weight_travel"] = weight_travel(optimizer.learning_rates(int(steps)), head[1])
         warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call
-    return with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
+    pred = with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
+    if adam and hyper["weight_travel"] > UNKNOWN_TRAVEL and pred.outcome != "diverges":
+        pred = pred._replace(outcome="unknown", spike_step=None)  # abstains (_regime)
+    return pred
 
 
 def _tangents(fn, params, x, x_test, decay):

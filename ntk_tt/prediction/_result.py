@@ -10,6 +10,7 @@ import numpy as np
 
 from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._targets import curve_targets
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
@@ -45,7 +46,8 @@ class Prediction(NamedTuple):
     outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
       "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
       real runs measured diverged), "unknown" (κ beyond the edge and a predictor that cannot
-      blow up there: frozen kernel with cross-entropy, or ODE/SDE), else "catapult" (the
+      blow up there: frozen kernel with cross-entropy, or ODE/SDE; or an Adam prediction
+      whose weight travel ρ exceeds ``_regime.UNKNOWN_TRAVEL`` = 1), else "catapult" (the
       predicted curve rises above L_0 and recovers) or "converges"; the first step above L_0
       (None if none). None only for a Prediction built by hand.
     divergence (property): the call as a verdict on the real run, "yes" (outcome
@@ -127,6 +129,13 @@ class Prediction(NamedTuple):
             return "; ".join(why) + ", though the predicted curve did not end above L_0"
         if self.divergence != "unknown":
             return None
+        travel = self.hyperparameters.get("weight_travel") or 0.0
+        if travel > UNKNOWN_TRAVEL:
+            return (f"Adam's weight travel ρ = Σ η_t / rms(θ_0) = {travel:.3g} > "
+                    f"{UNKNOWN_TRAVEL:g}: the backbone's weights may move by more than their "
+                    "RMS, where real runs measured spiked or were destroyed while the "
+                    "linearised model's loss fell to 0; lower the peak learning rate or the "
+                    "steps for a verdict")
         return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
                 "edge and the prediction did not diverge: the linearised model cannot tell "
                 "whether the real run diverges (README, \"Diverged means\"); lower the learning "
