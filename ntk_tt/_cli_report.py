@@ -28,8 +28,14 @@ def _predicted_verdict(r: dict):
     """The prediction's call on the real run for the report's last line (its ``divergence``,
     ``ntk_tt.dynamics._divergence.call``): True / False, True with why when the predicted
     curve itself did not diverge (κ ≥ 68), or "unknown" with why (beyond the stability edge,
-    a predictor that cannot blow up there)."""
+    a predictor that cannot blow up there; or Adam's weight travel ρ > 1)."""
+    from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL  # after the work: JAX is loaded
+
     said = r["predicted"].get("divergence")
+    travel = r["predicted"].get("hyperparameters", {}).get("weight_travel") or 0.0
+    if said == "unknown" and travel > UNKNOWN_TRAVEL:
+        return (f"unknown (Adam's weight travel ρ = {travel:.2g} > {UNKNOWN_TRAVEL:g}: the "
+                "linearised model cannot tell)")
     if said == "unknown":
         return "unknown (beyond the stability edge: the linearised model cannot tell)"
     if said is None:  # a report written before the call existed

@@ -56,8 +56,9 @@ def brute_force(s, predict_one, adam):
         p = predict_one(ntk_tt.warmup_cosine(float(peak), float(w), T))
         t = first_hit(p.loss, s.target)
         steps.append(t)
+        # Adam has no κ edge; beyond weight travel ρ = 1 predict abstains (outcome "unknown")
         ok.append(math.isfinite(t) and not bool(p.diverged)
-                  and (adam or not bool(p.beyond_edge)))
+                  and (p.outcome != "unknown" if adam else not bool(p.beyond_edge)))
         curves[peak, w] = np.asarray(p.loss)
     return grid, np.array(steps), np.array(ok), curves
 
@@ -120,24 +121,32 @@ def test_sgdw_suggestion_is_the_brute_force_argmin_of_predict():
 
 def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
     """AdamW (head-aware fast Adam predictor, GD), η_peak on a log grid: as above, without
-    the refinement (its compile is the file's dearest; the SGD test checks it); Adam rows are
-    never beyond the (SGD) edge."""
+    the refinement (its compile is the file's dearest; the SGD test checks it). Adam has no κ
+    edge: its rows are beyond_edge where the weight travel ρ > 1, where predict abstains
+    (outcome "unknown"; here peak 0.06, ρ ≈ 2.2, the only peak to reach 0.6·L_0), and their
+    ρ is predict's own ``hyperparameters["weight_travel"]``."""
     model, apply_fn, params, x, y = problem()
     head = ntk_tt.split_head(model)
     opt = ntk_tt.adamw(1e-3, 0.9, 0.99, weight_decay=1e-2)
-    s = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=0.4, target_kind="fraction",
-                       steps=T, optimizer=opt, num_kappas=2, learning_rate_range=(0.0173, 0.3),
+    s = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=0.72, target_kind="fraction",
+                       steps=T, optimizer=opt, num_kappas=3, learning_rate_range=(0.01, 0.06),
                        warmups=(0.0, 0.2), refine_steps=0, seconds_per_step={None: 0.02})
     assert s.predictor == "head_aware_adam:isotropic"
     grid = s.grid[s.grid.source == "grid"]
-    assert np.allclose(np.unique(grid.learning_rate), [0.0173, 0.3], rtol=1e-6)
-    assert not s.grid.beyond_edge.any()
+    assert np.allclose(np.unique(grid.learning_rate), [0.01, 0.06 ** 0.5 * 0.1, 0.06],
+                       rtol=1e-6)
+    assert (grid.beyond_edge == (grid.weight_travel > 1)).all()
+    assert grid.beyond_edge.any() and not grid.beyond_edge.all()
 
     def predict_one(sched):
         o = ntk_tt.adamw(sched, 0.9, 0.99, weight_decay=1e-2)
         return ntk_tt.predict(apply_fn, params, x, y, optimizer=o, steps=T, head=head)
 
+    for _, row in grid.iterrows():
+        p = predict_one(ntk_tt.warmup_cosine(row.learning_rate, row.warmup, T))
+        assert row.weight_travel == pytest.approx(p.hyperparameters["weight_travel"], rel=1e-5)
     grid, steps, ok, curves = brute_force(s, predict_one, adam=True)
+    assert np.isfinite(steps[grid.beyond_edge.to_numpy()]).any()  # reached, not admissible
     assert np.array_equal(np.nan_to_num(steps, nan=-1), grid.steps.fillna(-1))
     assert np.array_equal(ok, grid.admissible.to_numpy()) and ok.any() and not ok.all()
     assert s.found and s.grid_best["steps"] == steps[ok].min()
@@ -148,10 +157,11 @@ def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
     # κ, m and an edge that Adam does not have (a second fresh user); the same compiled grid
     with pytest.warns(TargetNotReachedWarning):
         none = ntk_tt.suggest(apply_fn, params, x, y, head=head, target=1e-6,
-                              target_kind="fraction", steps=T, optimizer=opt, num_kappas=2,
-                              learning_rate_range=(0.0173, 0.3), warmups=(0.0, 0.2),
+                              target_kind="fraction", steps=T, optimizer=opt, num_kappas=3,
+                              learning_rate_range=(0.01, 0.06), warmups=(0.0, 0.2),
                               refine_steps=0, seconds_per_step={None: 0.02})
-    assert not none.found and "without predicted divergence (lowest final loss" in none.reason
+    assert not none.found and ("without predicted divergence or weight travel ρ > 1 (lowest "
+                               "final loss") in none.reason
     assert "peak η = " in none.reason and "κ" not in none.reason and "edge" not in none.reason
 
 

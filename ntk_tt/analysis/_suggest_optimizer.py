@@ -15,7 +15,9 @@ on the soft time to the target, differentiating the exact schedule (η_t is diff
 w except at t = w). The schedule's softplus relaxation (``smoothing`` > 0) is not used: it
 gives η_t < 0 for warmups shorter than ``smoothing``, and templates with it are refused.
 Admissible: the prediction does not diverge and, for SGD, κ_peak is within the heavy-ball
-(Nesterov) edge; Adam has no such edge (its call comes from the curve). Memory: the grid holds
+(Nesterov) edge; for Adam, which has no κ edge, the weight travel ρ = Σ η_t / rms(θ_0) is at
+most ``_regime.UNKNOWN_TRAVEL`` = 1, beyond which ``predict`` abstains (the row's
+``weight_travel``; beyond it the row is ``beyond_edge``). Memory: the grid holds
 every configuration's logits at once, (peaks × warmups × paths × (T_max + 1) × N × C) numbers.
 """
 
@@ -178,12 +180,34 @@ def _kappa_edge(unit: Optimizer, loss: str) -> float:
     return float(_edge(float(unit.momentum), unit.nesterov, loss))
 
 
-def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge) -> dict:
+def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge,
+             travel=None) -> dict:
+    """A grid or refinement row; ``travel``: (η_peak, w) ↦ Adam's ρ (None for SGD)."""
+    from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
+
     row = _row(b, n, peak, float(unit.momentum), lam, out, i, sps, loss, source)
-    beyond = row["kappa"] > kappa_edge
+    rho = None if travel is None else travel(peak, w)
+    beyond = row["kappa"] > kappa_edge or (rho is not None and rho > UNKNOWN_TRAVEL)
     return row | {"warmup": w, "beyond_edge": bool(beyond),
                   "admissible": math.isfinite(row["steps"]) and not row["diverged"]
-                  and not beyond}
+                  and not beyond} | ({} if rho is None else {"weight_travel": rho})
+
+
+def _travel(unit: Optimizer, head, steps):
+    """(η_peak, w) ↦ ρ = η_peak·Σ_t schedule_at(unit, 1, w)_t / rms(θ_0) for Adam (the
+    schedule is linear in η_peak), None for SGD."""
+    if unit.rule != "adam":
+        return None
+    from ntk_tt.dynamics._regime import backbone_rms
+
+    rms, sums = backbone_rms(head[1]), {}
+
+    def travel(peak, w):
+        if w not in sums:
+            sums[w] = float(np.sum(np.asarray(schedule_at(unit, 1.0, w).learning_rates(steps),
+                                              np.float64)))
+        return peak * sums[w] / rms if rms > 0 else math.inf
+    return travel
 
 
 def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, steps, lo, hi,
@@ -238,7 +262,7 @@ def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, 
     peaks = np.geomspace(lr_lo, lr_hi, num_kappas)
     pp, ww = (a.ravel() for a in np.meshgrid(peaks, np.asarray(spec["warmups"]),
                                              indexing="ij"))
-    kappa_edge = _kappa_edge(unit, loss)
+    kappa_edge, travel = _kappa_edge(unit, loss), _travel(unit, head, steps)
     run = np.array([evaluate_beyond_edge or not p * lam / n > kappa_edge for p in pp])
     static = dict(kind=kind, traced=traced, loss=loss)
     target_j, tau_j = jnp.asarray(target_abs, dtype), jnp.asarray(tau, dtype)
@@ -256,7 +280,7 @@ def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, 
     for i in range(len(pp)):
         if run[i]:
             row = _opt_row(unit, b, n, float(pp[i]), float(ww[i]), lam, out, j, sps[b], loss,
-                           "grid", kappa_edge)
+                           "grid", kappa_edge, travel)
             curves[id(row)] = np.asarray(out.loss[j])
             j += 1
         else:
@@ -272,7 +296,8 @@ def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, 
         choice, refinement, timings["refine"] = _refine(
             best, data, unit, static, lam, n, target_j, tau_j, dtype, refine_steps,
             math.log(lr_hi / lr_lo) / (num_kappas - 1) if num_kappas > 1 else 0.5,
-            spec["warmups"], sps[b], loss, kappa_edge, rows, curves, compiled, (lr_lo, lr_hi))
+            spec["warmups"], sps[b], loss, kappa_edge, rows, curves, compiled, (lr_lo, lr_hi),
+            travel)
         bar.update()
     return rows, ranked, best, choice, curves, refinement, sps, name, lam
 
@@ -314,7 +339,7 @@ def _step_seconds(apply_fn, params, x, y, optimizer, loss, key) -> float:
 
 
 def _refine(best, data, unit, static, lam, n, target, tau, dtype, budget, step_log, warmups,
-            sps, loss, kappa_edge, rows, curves, compiled, lr_range):
+            sps, loss, kappa_edge, rows, curves, compiled, lr_range, travel=None):
     """``_descend`` in (log η_peak, w) from the best grid point: scaled by (grid spacing of
     log η_peak, smallest warmup gap (1 step if one warmup)); η_peak in [η_best·e^(∓10 cells)]
     ∩ ``lr_range`` (the grid's η_peak range: the user's learning_rate_range, or kappa_range
@@ -341,7 +366,7 @@ def _refine(best, data, unit, static, lam, n, target, tau, dtype, budget, step_l
     def make_row(u, ev):
         peak = min(max(math.exp(u[0]), lr_range[0]), lr_range[1])  # e^(log hi) may pass hi
         return _opt_row(unit, best["b"], n, peak, float(u[1]), lam, _one(ev), 0, sps, loss,
-                        "refine", kappa_edge)
+                        "refine", kappa_edge, travel)
 
     return _descend(best, [log_best, best["warmup"]], evaluate, lambda _: fixed, scale,
                     budget, make_row, ("log_learning_rate", "warmup"), rows, curves)

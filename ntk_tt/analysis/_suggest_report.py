@@ -48,8 +48,9 @@ class Suggestion:
       soft_steps, final_loss, diverged (non-finite, ending above L_0 or spiking above 10·L_0),
       beyond_edge, admissible, source, evaluated (False: a
       grid point beyond the stability edge, not predicted; its steps etc. are NaN); with
-      ``optimizer=`` also warmup (steps), learning_rate and kappa are the peak's, and Adam
-      rows are never beyond_edge (κ does not measure Adam's stability).
+      ``optimizer=`` also warmup (steps), learning_rate and kappa are the peak's; Adam rows
+      (κ does not measure Adam's stability) have weight_travel ρ and are beyond_edge where
+      ρ > 1 (``_regime.UNKNOWN_TRAVEL``: ``predict`` abstains there).
     seconds_per_step: {B (None = GD): seconds per real step}, measured or as given.
     refinement: one dict per refinement evaluation (log η, m (``optimizer=``: log peak η,
       warmup), soft steps, steps, accepted).
@@ -143,7 +144,7 @@ _COLUMNS = ("batch_size", "gd", "momentum", "learning_rate", "kappa", "kappa_eff
 
 
 def _columns(rows) -> tuple:
-    return _COLUMNS + (("warmup",) if rows and "warmup" in rows[0] else ())
+    return _COLUMNS + tuple(c for c in ("warmup", "weight_travel") if rows and c in rows[0])
 
 
 def _frame(rows, columns=_COLUMNS):
@@ -174,7 +175,7 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         adam = bool(rows) and optimizer_of(rows[0]).rule == "adam"  # no κ edge for Adam
         why = (f"no configuration of the grid reaches the target loss {target_abs:.4g} within "
                f"T_max = {steps_max} steps without predicted divergence"
-               + ("" if adam else " or κ beyond the stability edge"))
+               + (" or weight travel ρ > 1" if adam else " or κ beyond the stability edge"))
         if closest is not None and adam:
             why += (f" (lowest final loss {closest['final_loss']:.4g} at peak η = "
                     f"{closest['learning_rate']:.3g}, warmup {closest['warmup']:g} steps)")
@@ -295,8 +296,10 @@ def format_suggestion(r: dict) -> str:
     edge = sum(row["beyond_edge"] for row in grid)
     div = sum(row["diverged"] and not row["beyond_edge"] for row in grid)
     skipped = sum(not row.get("evaluated", True) for row in grid)
+    where = ("beyond weight travel ρ = 1" if any("weight_travel" in row for row in grid)
+             else "beyond the stability edge")
     lines.append(f"admissible: {ok} of {len(grid)} grid configurations reach the target "
-                 f"({edge} beyond the stability edge"
+                 f"({edge} {where}"
                  + (f", {skipped} of them not predicted" if skipped else "")
                  + f", {div} more diverged, "
                  f"{len(grid) - ok - edge - div} too slow)")
