@@ -393,6 +393,10 @@ def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
         with pytest.raises(ValueError, match="learning_rate must be finite and > 0"):
             run(-1.0, 0.0)
     assert "jit / vmap" in REASONS[INVALID]
+    # README: "ntk_tt.REASONS names every code"; a fresh user's REASONS[0] was a KeyError
+    codes = np.asarray(swept.training_time_code)
+    assert set(REASONS) == set(range(8)) and all(int(c) in REASONS for c in codes.ravel())
+    assert REASONS[0].startswith("defined")
     ms_bad = jnp.array([0.0, 1.0])  # m = 1 is outside [0, 1) too
     swept = jax.jit(jax.vmap(runs["frozen"]))(jnp.array([0.5, 0.5]), ms_bad)
     assert np.isnan(np.asarray(swept.loss)[1]).all() and np.isfinite(swept.loss[0]).all()

@@ -58,7 +58,7 @@ def divergence_reason(outcome, diverged, kappa) -> str | None:
 
 def time_reason(code) -> str | None:
     """Why T_ε is NaN (``REASONS`` of its ``training_time_code``); None when defined."""
-    return REASONS.get(int(code))
+    return REASONS[int(code)] if int(code) else None
 
 
 def verdict(result) -> str:

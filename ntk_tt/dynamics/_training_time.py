@@ -28,6 +28,7 @@ from ntk_tt._options import _describe, check_real
 OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID, CALLED_DIVERGES = \
     range(8)
 REASONS = {
+    OK: "defined: the first step of the smoothed curve within epsilon * (L_0 - L_T) of L_T",
     NON_FINITE: "curve has NaN or inf entries",
     NOT_DECREASING: "curve is flat or rising: L_0 - L_T is not clearly positive",
     NOT_SETTLED: "no step comes within epsilon * (L_0 - L_T) of L_T",
@@ -193,7 +194,7 @@ def training_time_report(curve, epsilon, *, window: int | None = None
     curve = _check(curve, epsilon, 1 if window is None else window)
     window = curve_window(curve.shape[0]) if window is None else window
     t, code = training_time_array(curve, epsilon, window)
-    return float(t), REASONS.get(int(code))
+    return float(t), REASONS[int(code)] if int(code) else None
 
 
 def training_time(curve, epsilon, *, window: int | None = None) -> float:
