@@ -241,6 +241,13 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "loss": [1.0]}))
     with pytest.raises(ValueError, match="row 1: telemetry row fields differ"):
         load_runs(path)
+    # a fresh user gave `ntk-tt outcome` an `ntk-tt predict --json` report: it said "schema
+    # version None ... re-record the run", which would not help
+    path.write_text(json.dumps({"status": "complete", "predicted": {}, "task": {}}))
+    with pytest.raises(ValueError, match=r"row 1: not a telemetry row \(no schema_version; keys "
+                                         r"\['predicted', 'status', 'task'\]\): give a file "
+                                         "that ntk_tt.save_telemetry wrote"):
+        load_runs(path)
     path.write_text("")
     with pytest.raises(ValueError, match="holds no runs"):
         load_runs(path)

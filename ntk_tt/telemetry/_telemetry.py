@@ -148,7 +148,7 @@ class Telemetry:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-          ValueError: not a dict, another ``schema_version``, missing / unknown fields, a
+          ValueError: not a dict, no or another ``schema_version``, missing / unknown fields, a
             scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train``,
             ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
             arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
@@ -159,8 +159,10 @@ class Telemetry:
         if not isinstance(row, dict):
             raise ValueError(f"a telemetry row must be a JSON object (dict), got "
                              f"{type(row).__name__}.")
-        version = row.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if "schema_version" not in row:  # e.g. an ntk-tt predict --json report
+            raise ValueError(f"not a telemetry row (no schema_version; keys {sorted(row)[:5]}):"
+                             " give a file that ntk_tt.save_telemetry wrote.")
+        if (version := row["schema_version"]) != SCHEMA_VERSION:
             raise ValueError(f"telemetry schema_version {version!r} is not the supported "
                              f"{SCHEMA_VERSION}; re-record the run with this ntk_tt.")
         names = {f.name for f in dataclasses.fields(cls)}
