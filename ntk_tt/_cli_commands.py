@@ -224,7 +224,7 @@ def _predict(args, parser, run: dict) -> int:
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
     from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
-    from ntk_tt.prediction._job import predict_task
+    from ntk_tt.prediction._job import PACKAGE, predict_task
 
     def keep(early: dict) -> None:  # formatted now: an interruption only prints it
         run["prediction"] = format_report(early, interrupted=True)
@@ -232,8 +232,10 @@ def _predict(args, parser, run: dict) -> int:
 
     run.update(json_path=opts["json_path"], progress=opts["progress"], working=True)
     try:
-        with warnings.catch_warnings():  # the report prints it (predicted.warnings)
+        with warnings.catch_warnings():  # the report prints them (predicted.warnings)
             warnings.simplefilter("ignore", BeyondEdgeWarning)
+            warnings.filterwarnings("ignore", category=UserWarning,  # raised in the package
+                                    module=re.escape(str(PACKAGE)))
             report = predict_task(**opts, on_prediction=keep)
     except ValueError as err:
         if "early" in run and not opts["json_path"]:  # failed after the prediction: keep it

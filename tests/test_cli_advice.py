@@ -229,3 +229,18 @@ def test_a_figure_that_cannot_be_written_loses_no_result(task, tmp_path, capsys,
     assert r["status"] == "complete" and r["real"] is not None and r["figure"] is None
     assert r["figure_error"] == "could not write f.png: No space left on device."
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no half PNG, no temp
+
+
+def test_cli_prints_a_package_user_warning_as_a_warning_line(task, tmp_path):
+    """A fresh user: ``--subset`` with under 4 samples per class printed Python's raw
+    "…/_predict_subset.py:113: UserWarning: …" and its source line on stderr; every warning the
+    package raises is now a "warning:" line and in ``predicted.warnings``, and none escapes."""
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        code, out, r = _cli(task, tmp_path, ["-T", str(T), "--lr", str(LR), "--subset", "6",
+                                             "--subset-method", "nystrom"])
+    assert code == 0
+    said = [w for w in r["predicted"]["warnings"] if w.startswith("the subset of N' = 6")]
+    assert len(said) == 1 and "2 of each of the K = 3 classes" in said[0]
+    assert f"warning: {said[0]}" in out.splitlines()
+    assert not [w for w in escaped if "subset of N'" in str(w.message)]

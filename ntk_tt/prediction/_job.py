@@ -189,6 +189,18 @@ def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
     return report
 
 
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def reported(w: warnings.WarningMessage) -> bool:
+    """Whether a warning of ``predict`` goes into the report's ``predicted.warnings`` (and is a
+    "warning:" line of ``ntk-tt predict``): a :class:`BeyondEdgeWarning`, or any other
+    ``UserWarning`` raised inside the package (e.g. a subset with under 4 samples per class)."""
+    return issubclass(w.category, BeyondEdgeWarning) or (
+        issubclass(w.category, UserWarning) and Path(w.filename).resolve().is_relative_to(
+            PACKAGE))
+
+
 def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
                  progress: bool = True, overwrite=False, on_prediction=None,
                  **options) -> dict[str, Any]:
@@ -244,8 +256,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       ``figure`` (the path written, None without one or when it could not be written:
       then ``figure_error`` says why, and the rest of the report and the JSON are whole),
       ``predicted`` (training_time,
-      wall_clock, kappa, warnings: the BeyondEdgeWarnings ``predict`` raised, re-raised
-      after it, ...), ``real`` (None without
+      wall_clock, kappa, warnings: the warnings ``predict`` raised that :func:`reported`
+      keeps, re-raised after it, ...), ``real`` (None without
       ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
       absolute targets, predicted vs real: ``predict``'s ``steps_to_target``; None without
       ``verify``), ``curve_distance``,
@@ -317,7 +329,7 @@ def _work(o, verify, json_file, progress, on_prediction=None):
                            targets=targets, **hyper)
         for w in caught:  # the caller's filters decide (ntk-tt ignores BeyondEdgeWarning)
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        noted = [str(w.message) for w in caught if issubclass(w.category, BeyondEdgeWarning)]
+        noted = [str(w.message) for w in caught if reported(w)]
         if "weight_travel" in pred.hyperparameters:  # Adam's ρ beside the rule it belongs to
             described["optimizer"]["weight_travel"] = float(pred.hyperparameters["weight_travel"])
         bar.update()
@@ -353,7 +365,7 @@ def _work(o, verify, json_file, progress, on_prediction=None):
                             "finetune": None},
                 "diverged": {"predicted": pred.diverged, "real": None},
             }
-        body["predicted"]["warnings"] = noted  # the prediction's BeyondEdgeWarnings
+        body["predicted"]["warnings"] = noted  # the prediction's warnings (reported)
         bar.update()
     except BaseException:
         bar.leave = False  # clear the bar: the caller's message starts a clean line
