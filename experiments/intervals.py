@@ -18,11 +18,13 @@ relabelling is applied to the table first.
 does the same for one optimiser family of the optimiser benchmark (``optimizer_sweep.py``
 tables, e.g. ``experiments/results/optimizers experiments/results/optimizers_750``; their
 rows pooled), grouped by the optimiser (gd / sgd) or pooled, since Adam's step has no κ̃:
-OUT/coverage_<family>.csv and OUT/calibrator_<family>.json (by optimiser, fitted on every
+OUT/coverage_<family>.csv, OUT/calibrator_<family>.json (by optimiser, fitted on every
 set; ``ntk_tt/assets/intervals_adamw.json`` is the adamw_cosine one). The table's predictor
 ``pred_kernel`` "head_aware_adam:isotropic" is recorded as ``Prediction.kernel`` reads it
 (method "head_aware_adam", kernel "isotropic"), κ̃ = κ/(1 − β₁) (unused by these groupings)
-and the schedule as warmup_cosine (the benchmark's families are warmup + cosine).
+and the schedule as warmup_cosine (the benchmark's families are warmup + cosine). It also
+writes OUT/stretch_<family>.json (:func:`stretch_check`: T_ε p95 with a constant time-stretch
+fitted leaving each set out; reported, not applied).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import argparse
 import json
 import pathlib
 
+import numpy as np
 import pandas as pd
 
 from ntk_tt import fit_intervals
@@ -91,6 +94,34 @@ def summarise(cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def stretch_check(frame: pd.DataFrame, eps=(0.1, 0.4)) -> dict:
+    """T_ε p95 / median of |T̂ − T|/T over ε ∈ ``eps`` (the headline's) as predicted and with
+    T̂ stretched by exp(median log residual of the other target sets): what a constant
+    time-stretch fitted leaving each set out would do (reported, not applied)."""
+    def logres(sub):
+        r = np.concatenate([np.log(sub[f"real_T{e:g}"] / sub[f"pred_T{e:g}"]).to_numpy(float)
+                            for e in eps])
+        return r[np.isfinite(r)]
+
+    def rel(sub, shift):
+        real = np.concatenate([sub[f"real_T{e:g}"].to_numpy(float) for e in eps])
+        pred = np.concatenate([sub[f"pred_T{e:g}"].to_numpy(float) for e in eps]) * np.exp(shift)
+        ok = np.isfinite(real) & np.isfinite(pred)
+        return np.abs(pred[ok] - real[ok]) / np.maximum(real[ok], 1.0)
+
+    shifts, before, after = {}, [], []
+    for d in sorted(frame["dataset"].unique()):
+        shifts[d] = float(np.median(logres(frame[frame["dataset"] != d])))
+        held = frame[frame["dataset"] == d]
+        before.append(rel(held, 0.0))
+        after.append(rel(held, shifts[d]))
+    b, a = np.concatenate(before), np.concatenate(after)
+    return {"eps": list(eps), "cases": int(b.size), "shift_log_by_held_out": shifts,
+            "p95_as_predicted": float(np.percentile(b, 95)), "median_as_predicted":
+            float(np.median(b)), "p95_stretched": float(np.percentile(a, 95)),
+            "median_stretched": float(np.median(a))}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweep_dir", nargs="+", help="sweep directory holding results.parquet "
@@ -122,6 +153,12 @@ def main(argv=None) -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"coverage{tag}.csv", index=False, float_format="%.4f")
+    if args.family:
+        stretch = stretch_check(frame)
+        (out / f"stretch{tag}.json").write_text(json.dumps(stretch, indent=1))
+        print(f"constant time-stretch left out: T_ε p95 {stretch['p95_as_predicted']:.1%} → "
+              f"{stretch['p95_stretched']:.1%}, median {stretch['median_as_predicted']:.1%} → "
+              f"{stretch['median_stretched']:.1%} (not applied)")
     fit_intervals(frame, args.level, by=fit_by).save(out / f"calibrator{tag}.json")
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(

@@ -1,6 +1,7 @@
 """T_ε intervals of the fast AdamW predictor: the shipped calibrator fitted on the optimiser
 benchmark's AdamW rows, chosen for an Adam prediction, and its recorded update rule."""
 
+import json
 import math
 import pathlib
 import sys
@@ -132,5 +133,12 @@ def test_family_mode_of_the_leave_one_set_out_script(script, tmp_path):
     cal = ntk_tt.IntervalCalibrator.load(tmp_path / "calibrator_adamw_cosine.json")
     assert cal.by == ("optimizer",) and cal.source["pred_method"] == ["head_aware_adam"]
     assert cal.source["learning_rate"] == [1e-4, 1e-3]
+    # the reported constant stretch: the held-out sets' shift is the others' median log
+    # residual, here drawn around −0.1, and it makes the median error smaller
+    stretch = json.loads((tmp_path / "stretch_adamw_cosine.json").read_text())
+    assert set(stretch["shift_log_by_held_out"]) == {"a", "b", "c"}
+    assert all(abs(v + 0.1) < 0.05 for v in stretch["shift_log_by_held_out"].values())
+    assert stretch["cases"] == 3 * 24 * 2  # the adamw rows × ε ∈ {0.1, 0.4}
+    assert stretch["median_stretched"] < stretch["median_as_predicted"]
     with pytest.raises(SystemExit, match="no 'adam' row"):
         script.main([str(tmp_path / "opt"), "--family", "adam", "--out", str(tmp_path)])
