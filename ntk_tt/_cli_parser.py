@@ -273,12 +273,12 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
                    f"{','.join(f'{w:g}' for w in WARMUPS)})")
     q.add_argument("--lr-min", type=float, default=None,
                    help="with --optimizer: smallest peak η of the log grid and of the "
-                   "refinement (with --lr-max; "
+                   "refinement (sgd: with --lr-max; "
                    "None: sgd the κ grid, adamw "
                    f"{ADAM_LEARNING_RATE_RANGE[0]:g})")
     q.add_argument("--lr-max", type=float, default=None,
                    help="with --optimizer: largest peak η of the log grid and of the "
-                   "refinement (None: sgd the κ "
+                   "refinement (sgd: with --lr-min; None: sgd the κ "
                    f"grid, adamw {ADAM_LEARNING_RATE_RANGE[1]:g})")
     q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
                    help="jax.grad evaluations refining the best grid point in (log η, m) (with "

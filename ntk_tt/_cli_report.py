@@ -210,15 +210,16 @@ def _ratio(r: dict) -> str:
 
 
 def _interval(pred: dict, curve: str, eps: str) -> str:
-    """The 90 % interval of a predicted T_ε as "lo–hi" whole steps (widened outwards; an
-    unbounded side is 0 or ∞), "n/a" when there is none (error curve, undefined T_ε, or a
-    report written before intervals existed)."""
+    """The 90 % interval of a predicted T_ε as "lo–hi" whole steps (widened outwards, past
+    float rounding: 17.999995 reads 18; an unbounded side is 0 or ∞), "n/a" when there is none
+    (error curve, undefined T_ε, an abstaining prediction, or a report written before
+    intervals existed)."""
     iv = (pred.get("interval_90") or {}).get(curve, {}).get(eps)
     if iv is None:
         return "n/a"
     lo, hi = iv
-    return (f"{0 if lo is None else math.floor(lo)}–"
-            f"{'∞' if hi is None else math.ceil(hi)}")
+    return (f"{0 if lo is None else math.floor(lo * (1 + 1e-6))}–"
+            f"{'∞' if hi is None else math.ceil(hi * (1 - 1e-6))}")
 
 
 def _g(value) -> str:

@@ -143,17 +143,18 @@ def _lr_range(o, rest, family):
     given = [k for k in ("lr_min", "lr_max") if o[k] is not None]
     kappa = [k for k in ("kappa_min", "kappa_max") if k in rest]
     if family == "adamw" and kappa:
-        raise ValueError(f"{_named(kappa)} size SGD's grid (κ = η·λ_max/N); AdamW's is "
-                         "--lr-min/--lr-max (peak learning rates).")
+        raise ValueError(f"{_named(kappa)} {'sizes' if len(kappa) == 1 else 'size'} SGD's grid "
+                         "(κ = η·λ_max/N); AdamW's is --lr-min/--lr-max (peak learning rates).")
     if given and kappa:
         raise ValueError("give --kappa-min/--kappa-max (κ grid) or --lr-min/--lr-max (peak η "
                          "grid), not both.")
-    if len(given) == 1:
-        raise ValueError("give both lr_min (--lr-min) and lr_max (--lr-max), or neither.")
+    if len(given) == 1 and family != "adamw":  # AdamW takes the other from its default
+        raise ValueError("with sgd give both lr_min (--lr-min) and lr_max (--lr-max) for a "
+                         "peak-η grid, or neither for the κ grid.")
     if not given and family != "adamw":
         return None
-    lo, hi = (ADAM_LEARNING_RATE_RANGE if not given else
-              (_number(o, k, 0.0, math.inf) for k in ("lr_min", "lr_max")))
+    lo, hi = (_number(o, k, 0.0, math.inf) if o[k] is not None else default
+              for k, default in zip(("lr_min", "lr_max"), ADAM_LEARNING_RATE_RANGE, strict=True))
     num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
     if not 0 < lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):
         raise ValueError(f"lr_min, lr_max (--lr-min, --lr-max) must satisfy 0 < min <= max "

@@ -101,8 +101,25 @@ def test_adamw_interval_flags_a_peak_or_decay_outside_the_table():
         f"the peak learning rate η = 0.01 is outside the calibration table's "
         f"η = 0.0001–0.001 {TAIL}"]
     assert len(said) == 2 and out["loss"][0.1] is not None
-    with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'sgd'\]"):
-        ntk_tt.default_calibrator("adamw")
+    for bad in ("adamw", ["sgd"], {"rule": "adam"}, None):  # a list was a TypeError
+        with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'sgd'\]"):
+            ntk_tt.default_calibrator(bad)
+
+
+def test_no_interval_for_an_abstaining_prediction_and_numpy_levels():
+    """A second fresh user: a prediction that abstains (outcome "unknown", Adam's ρ > 1) got a
+    90 % interval; a NumPy level was refused. The CLI read a bound of 17.999995 as 17."""
+    from ntk_tt._cli_report import _interval
+
+    pred = adam_prediction(adamw(), {0.1: 60.0})
+    out = ntk_tt.intervals(pred._replace(outcome="unknown"))
+    assert out == {"loss": {0.1: None}, "error": {0.1: None}, "warnings": []}
+    assert ntk_tt.intervals(pred, level=np.float32(0.8))["loss"] == ntk_tt.intervals(
+        pred, level=0.8)["loss"]
+    report = {"interval_90": {"loss": {"0.4": [17.999995541023257, 42.0000004]}}}
+    assert _interval(report, "loss", "0.4") == "18–42"
+    report["interval_90"]["loss"]["0.4"] = [17.5, 41.2]
+    assert _interval(report, "loss", "0.4") == "17–42"  # widened outwards
 
 
 def test_family_mode_of_the_leave_one_set_out_script(script, tmp_path):

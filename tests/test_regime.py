@@ -120,9 +120,11 @@ def test_adam_predictions_abstain_beyond_unit_travel():
         abstains = rho > UNKNOWN_TRAVEL
         assert ("the prediction abstains" in str(said[0].message)) == abstains
         assert np.all(np.isfinite(pred.loss)) and np.isfinite(pred.training_time["loss"][0.1])
+        assert bool(pred.beyond_edge) == abstains  # Adam's edge is ρ, not κ
         if abstains:
             assert (pred.outcome, pred.divergence, pred.spike_step) == ("unknown", "unknown",
                                                                         None)
+            assert all(v is None for v in ntk_tt.intervals(pred)["loss"].values())
             assert pred.divergence_reason.startswith(
                 f"Adam's weight travel ρ = Σ η_t / rms(θ_0) = {rho:.3g} > 1")
         else:

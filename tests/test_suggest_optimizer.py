@@ -145,6 +145,7 @@ def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
     for _, row in grid.iterrows():
         p = predict_one(ntk_tt.warmup_cosine(row.learning_rate, row.warmup, T))
         assert row.weight_travel == pytest.approx(p.hyperparameters["weight_travel"], rel=1e-5)
+        assert row.outcome == p.outcome and row.beyond_edge == bool(p.beyond_edge)
     grid, steps, ok, curves = brute_force(s, predict_one, adam=True)
     assert np.isfinite(steps[grid.beyond_edge.to_numpy()]).any()  # reached, not admissible
     assert np.array_equal(np.nan_to_num(steps, nan=-1), grid.steps.fillna(-1))
@@ -319,8 +320,14 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "sgd", "-m", "0,0.9"], "is the template's one momentum"),
     (["--optimizer", "sgd", "-B", "N,50"], "is the template's one batch size"),
     (["--b1", "0.8"], "give optimizer (--optimizer sgd|adamw) too"),
-    (["--optimizer", "adamw", "--kappa-min", "0.1"], "size SGD's grid"),
-    (["--optimizer", "sgd", "--lr-min", "0.1"], "give both lr_min (--lr-min) and lr_max"),
+    (["--optimizer", "adamw", "--kappa-min", "0.1"], "sizes SGD's grid"),
+    (["--optimizer", "sgd", "--lr-min", "0.1"], "with sgd give both lr_min (--lr-min) and "
+                                                 "lr_max"),
+    # a second fresh user: AdamW's one bound alone takes the other's default (-h shows both)
+    (["--optimizer", "adamw", "--lr-max", "1e-5"], "0 < min <= max (min == max exactly when "
+                                                   "--num-kappas is 1), got 0.0001, 1e-05"),
+    (["--optimizer", "adamw", "--lr-max", "nan"], "lr_max (--lr-max) must be in [0, inf), got "
+                                                  "nan"),
     (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
      "not both"),
     (["--optimizer", "adamw", "--warmups", "0,1"], "warmups (--warmups) entries must be"),
@@ -422,3 +429,15 @@ def test_one_peak_learning_rate_is_accepted_for_the_eta_grid():
     _, rest = split_optimizer_options({"optimizer": "sgd", "num_kappas": 1})
     with pytest.raises(ValueError, match=r"num_kappas .*\(1 exactly when min == max"):
         check_suggest_job(rest)
+
+
+def test_adamw_one_peak_bound_takes_the_other_from_its_default():
+    """``-h`` gives --lr-min and --lr-max each an AdamW default, so one alone is the range
+    [given, default] or [default, given] (a second fresh user was told to give both)."""
+    from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, _lr_range
+
+    lo, hi = ADAM_LEARNING_RATE_RANGE
+    assert _lr_range({"lr_min": None, "lr_max": 0.01}, {}, "adamw") == (lo, 0.01)
+    assert _lr_range({"lr_min": 1e-3, "lr_max": None}, {}, "adamw") == (1e-3, hi)
+    assert _lr_range({"lr_min": None, "lr_max": None}, {}, "adamw") == (lo, hi)
+    assert _lr_range({"lr_min": None, "lr_max": None}, {}, "sgd") is None

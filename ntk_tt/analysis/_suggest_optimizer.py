@@ -188,9 +188,11 @@ def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge,
     row = _row(b, n, peak, float(unit.momentum), lam, out, i, sps, loss, source)
     rho = None if travel is None else travel(peak, w)
     beyond = row["kappa"] > kappa_edge or (rho is not None and rho > UNKNOWN_TRAVEL)
+    abstains = {} if rho is None or rho <= UNKNOWN_TRAVEL or row["outcome"] == "diverges" \
+        else {"outcome": "unknown", "spike_step": -1}  # as predict says there
     return row | {"warmup": w, "beyond_edge": bool(beyond),
                   "admissible": math.isfinite(row["steps"]) and not row["diverged"]
-                  and not beyond} | ({} if rho is None else {"weight_travel": rho})
+                  and not beyond} | ({} if rho is None else {"weight_travel": rho}) | abstains
 
 
 def _travel(unit: Optimizer, head, steps):

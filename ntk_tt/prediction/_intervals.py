@@ -57,7 +57,8 @@ _ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
 
 
 def _check_level(level) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)) \
+            or not 0 < level < 1:
         raise ValueError(f"level must be a number in (0, 1) (e.g. 0.9), got {level!r}.")
     return float(level)
 
@@ -229,7 +230,6 @@ class IntervalCalibrator:
             raise wrong from None
 
 
-@functools.lru_cache(maxsize=2)
 def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     """A shipped calibrator (90 %). ``rule`` "sgd": the default head-aware predictor's
     (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
@@ -240,9 +240,14 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     Raises:
       ValueError: ``rule`` not "sgd" or "adam".
     """
-    if rule not in _ASSETS:
+    if not isinstance(rule, str) or rule not in _ASSETS:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor's update "
-                         f"rule), got {rule!r}.")
+                         f"rule; 'adam' for AdamW too), got {rule!r}.")
+    return _shipped(rule)
+
+
+@functools.lru_cache(maxsize=2)
+def _shipped(rule: str) -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSETS[rule])
 
 
@@ -295,7 +300,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       ε of ``prediction.training_time``, each bound capped at the horizon T (``hyperparameters``
       "steps"; T_ε ≤ T by definition, so no coverage is lost); None where T̂_ε is undefined (or
       the prediction diverged); the benchmark table measures loss-curve T_ε only, so error-curve
-      T_ε have no calibrated interval (None). All None when the prediction was not made by the
+      T_ε have no calibrated interval (None). All None when the prediction abstains (outcome
+      "unknown": beyond the edge it can see, e.g. Adam's weight travel ρ > 1) or was not made by the
       predictor the residuals are of (:func:`calibrated_for`): the shipped calibrators' are the
       default head-aware predictor's (``kernel`` "head_aware:isotropic") and the fast AdamW
       predictor's ("head_aware_adam:isotropic"), discrete recursion, cross-entropy; not the
@@ -324,7 +330,7 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     tt = prediction.training_time
     adam = str(prediction.kernel).startswith("head_aware_adam:")
     cal = default_calibrator("adam" if adam else "sgd") if calibrator is None else calibrator
-    if not calibrated_for(prediction, cal):
+    if not calibrated_for(prediction, cal) or prediction.outcome == "unknown":  # abstains
         return {"loss": dict.fromkeys(tt["loss"]), "error": dict.fromkeys(tt["error"]),
                 "warnings": []}
     hp = prediction.hyperparameters

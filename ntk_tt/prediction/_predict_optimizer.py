@@ -28,8 +28,10 @@ predictors. The summary (divergence, outcome, T_ε and reasons) is the one of
 ``predict_from_kernel`` / ``predict_head_aware``, with κ = η_peak·λ_max(Θ_0)/N from the
 schedule's PEAK learning rate over the T steps (its largest step: the one that decides
 stability for SGD) and the edge of momentum m. For Adam, κ is the plain-GD number with
-η_peak: Adam's step is η/√v̂ per parameter, so κ and ``beyond_edge`` do not measure Adam's
-stability, and its call comes from the predicted curve (or κ ≥ 68).
+η_peak: Adam's step is η/√v̂ per parameter, so κ does not measure Adam's stability; its
+``beyond_edge`` is the weight travel ρ = Σ η_t / rms(θ_0) > 1 (``_regime.UNKNOWN_TRAVEL``),
+where its outcome is "unknown", and otherwise its call comes from the predicted curve (or
+κ ≥ 68).
 """
 
 from __future__ import annotations
@@ -194,8 +196,11 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         hyper["weight_travel"] = weight_travel(optimizer.learning_rates(int(steps)), head[1])
         warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call
     pred = with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
-    if adam and hyper["weight_travel"] > UNKNOWN_TRAVEL and pred.outcome != "diverges":
-        pred = pred._replace(outcome="unknown", spike_step=None)  # abstains (_regime)
+    if adam:  # κ does not measure Adam's stability: its edge is the weight travel (_regime)
+        beyond = hyper["weight_travel"] > UNKNOWN_TRAVEL
+        pred = pred._replace(beyond_edge=beyond)
+        if beyond and pred.outcome != "diverges":
+            pred = pred._replace(outcome="unknown", spike_step=None)  # abstains
     return pred
 
 

@@ -42,7 +42,8 @@ class Prediction(NamedTuple):
       final rise above L_0 began (None if not diverged).
     spiked_at: first step the loss exceeded 10·L_0 (None if never); with ``diverged`` False
       the curve spiked and recovered, and its call is still "diverges" (below): no T_ε.
-    kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge.
+    kappa: η·λ_max(Θ)/N; beyond_edge: κ beyond the linear model's stability edge (for an Adam
+      prediction: its weight travel ρ beyond ``_regime.UNKNOWN_TRAVEL`` = 1).
     outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
       "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
       real runs measured diverged), "unknown" (κ beyond the edge and a predictor that cannot
