@@ -244,3 +244,21 @@ def test_cli_prints_a_package_user_warning_as_a_warning_line(task, tmp_path):
     assert len(said) == 1 and "2 of each of the K = 3 classes" in said[0]
     assert f"warning: {said[0]}" in out.splitlines()
     assert not [w for w in escaped if "subset of N'" in str(w.message)]
+
+
+def test_cli_refuses_a_sketch_larger_than_the_model(task, tmp_path, capsys):
+    """A fresh user's --sketch-dim 200000 on the 120,901-parameter model ran for minutes (the
+    API only warns): once the model is loaded, before any kernel, a sketch dimension above D
+    is one error line naming D, exit status 2."""
+    d = ntk_tt.num_params(task[1])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
+        mp.setattr("ntk_tt.kernels._sketch.sketched_ntk", None)  # no kernel may start
+        mp.chdir(tmp_path)
+        with pytest.raises(SystemExit) as stop:
+            main(["predict", "--no-progress", "-K", "3", "-n", "8", "-T", str(T), "--lr",
+                  str(LR), "--figure", "", "--kernel", "sketch", "--sketch-dim", str(d + 1)])
+    assert stop.value.code == 2
+    assert (f"ntk-tt: error: sketch_dim (--sketch-dim) {d + 1} exceeds the model's D = {d} "
+            "parameters") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -300,6 +300,12 @@ def _work(o, verify, json_file, progress, on_prediction=None):
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")},
         need_test=bool(o["accuracy_targets"]))
+    d = num_params(params)
+    if o["kernel"] == "sketch" and resolve_predictor(o) == "linear" and o["sketch_dim"] > d:
+        raise ValueError(f"sketch_dim (--sketch-dim) {o['sketch_dim']} exceeds the model's "
+                         f"D = {d} parameters: that sketch costs more than the exact kernel "
+                         "and is still an estimate; use --kernel exact, or --sketch-dim <= "
+                         f"{d // 2}.")
     opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which
