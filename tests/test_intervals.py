@@ -421,9 +421,10 @@ def test_intervals_flag_an_update_rule_the_calibration_table_lacks(tmp_path):
     tail = "(the T_ε intervals are an extrapolation there: their coverage is not measured)"
     assert out["warnings"] == [
         f"the warmup_cosine learning-rate schedule is outside the calibration table's "
-        f"(constant) {tail}",
+        f"schedules (constant) {tail}",
         f"weight decay λ = 0.01 is outside the calibration table's λ = 0 {tail}",
-        f"Nesterov momentum is outside the calibration table's (nesterov = [False]) {tail}"]
+        f"Nesterov momentum is outside the calibration table's (heavy-ball momentum only) "
+        f"{tail}"]
     kappa_eff = 1.0 / (1.0 - odd.hyperparameters["momentum"])  # κ̃ = κ/(1 − m), m = 0.9
     assert len(said) == 3 and out["loss"][0.1] == cal.interval(40.0, kappa_eff, 0.1, "gd")
     # a table that has the columns records them: λ inside [0, 0.02] is not flagged

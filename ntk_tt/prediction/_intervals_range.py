@@ -82,7 +82,7 @@ def prediction_messages(source: dict, hyper: dict) -> list[str]:
         "schedule", "weight_decay", "nesterov", "learning_rate"))
     if schedule is not None and "schedule" in source and schedule not in source["schedule"]:
         out.append(f"the {schedule} learning-rate schedule is outside the calibration table's "
-                   f"({', '.join(source['schedule'])}) {EXTRAPOLATION}")
+                   f"schedules ({', '.join(source['schedule'])}) {EXTRAPOLATION}")
     if decay is not None and "weight_decay" in source:
         lo, hi = source["weight_decay"]
         if not _inside(decay, lo, hi):
@@ -96,8 +96,9 @@ def prediction_messages(source: dict, hyper: dict) -> list[str]:
                        f"table's η = {lo:g}–{hi:g} {EXTRAPOLATION}")
     if nesterov is not None and "nesterov" in source and bool(nesterov) not in source["nesterov"]:
         kind = "Nesterov" if nesterov else "heavy-ball"
-        out.append(f"{kind} momentum is outside the calibration table's (nesterov = "
-                   f"{source['nesterov']}) {EXTRAPOLATION}")
+        seen = " and ".join("Nesterov" if v else "heavy-ball" for v in source["nesterov"])
+        out.append(f"{kind} momentum is outside the calibration table's ({seen} momentum "
+                   f"only) {EXTRAPOLATION}")
     return out
 
 
