@@ -431,8 +431,10 @@ def record(res: dict, name: str, curve: np.ndarray) -> np.ndarray:
     return curve
 
 
-def stored():
-    d = pd.read_parquet(ROOT / "experiments/results/optimizers/results.parquet")
+def stored(table="experiments/results/optimizers"):
+    """{row id: row} of an optimiser-benchmark table (a folder holding results.parquet,
+    relative to the repository)."""
+    d = pd.read_parquet(ROOT / table / "results.parquet")
     return {r["row_id"]: r for r in d.to_dict("records")}
 
 

@@ -5,8 +5,9 @@ The fast predictor (``ntk_tt.predict`` with an ``AdamKernel``) approximates, in 
 space, Adam(W) on the head-aware linearised model f = (h_0 + J_h(θ − θ_0))W + b. Running that
 model's Adam exactly in weight space (optax on (θ, W, b), the real run's batch order; the
 "head-aware reference" of ``experiments/adam_batch_gap.py``) on every committed AdamW row of
-the optimiser benchmark (``experiments/results/optimizers``, N = 250, four target sets) splits
-the predictor's error into
+the optimiser benchmark (``experiments/results/optimizers``, N = 250, four target sets; or of
+another table with ``--per-class`` and ``--table``, e.g. N = 750) splits the predictor's error
+into
 
 - the reference against the real run: the ceiling of any predictor of that model, and
 - the fast predictor against the reference: its own approximation.
@@ -15,6 +16,8 @@ T_ε (ε ∈ {0.1, 0.4}) and the steps to the absolute losses 0.5·L_0 and 0.25�
 the sweep's rule (``adam_batch_gap._rel``); the fast predictor's curve is the stored one.
 
     python experiments/adam_ceiling.py [--out DIR] [DATASET ...]   # ~15 min on 2 CPU cores
+    python experiments/adam_ceiling.py --per-class 150 --table experiments/results/optimizers_750
+        --out DIR cifar10_test                     # N = 750, one target set (~15 min)
 
 Writes DIR/rows.json (resumes per task) and DIR/summary.json (default /tmp/adam_ceiling).
 """
@@ -110,10 +113,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("datasets", nargs="*", default=list(BENCH_TARGETS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/adam_ceiling"))
+    ap.add_argument("--per-class", type=int, default=50, help="the tasks' images per class")
+    ap.add_argument("--table", default="experiments/results/optimizers",
+                    help="the optimiser-benchmark folder holding those rows")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = OptimSpec(datasets=tuple(args.datasets), per_class=(50,))
-    rows = stored()
+    spec = OptimSpec(datasets=tuple(args.datasets), per_class=(args.per_class,))
+    rows = stored(args.table)
     path = args.out / "rows.json"
     done = json.loads(path.read_text()) if path.exists() else {}
     for task in spec.tasks():
