@@ -32,10 +32,7 @@ import time
 
 import numpy as np
 
-import ntk_tt
-from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
-from ntk_tt.sweep._grid import SweepSpec
-from ntk_tt.sweep._load import _task_key, load_task
+from ntk_tt.sweep._load import _task_key
 from ntk_tt.sweep._optimizers import OptimSpec, row_id
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -43,6 +40,7 @@ from adam_batch_gap import (  # noqa: E402
     BENCH_TARGETS,
     EPS_T,
     _rel,
+    build,
     reference,
     score_curves,
     stored,
@@ -55,9 +53,7 @@ TARGETS = (("T_eps", [f"T{e:g}" for e in EPS_T]), ("L_star", ["L0.5", "L0.25"]))
 def score_task(spec, task, rows):
     key, n = _task_key(task), task.num_train
     t0 = time.perf_counter()
-    data = load_task(task, SweepSpec(datasets=(task.dataset,), per_class=(task.per_class,),
-                                     seeds=(task.seed,), checkpoint=spec.checkpoint))
-    lam = float(initial_eigenvalues(ntk_tt.head_aware_kernel(data.split, data.x))[1])
+    data, _, lam = build(spec, task)
     out = []
     for cfg in (c for c in spec.configs(task) if c.family == "adamw_cosine"):
         opt = spec.optimizer(cfg, lam, n)

@@ -46,9 +46,6 @@ import numpy as np
 import ntk_tt
 from ntk_tt.dynamics import _adam_head_aware as aha
 from ntk_tt.dynamics._adam_drift import _on_grid
-from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
-from ntk_tt.sweep._grid import SweepSpec
-from ntk_tt.sweep._load import load_task
 from ntk_tt.sweep._optimizers import OptimSpec
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -56,6 +53,7 @@ from adam_batch_gap import (  # noqa: E402
     BENCH_TARGETS,
     before_after_rows,
     bench_stats,
+    build,
     print_stats,
     stored,
 )
@@ -97,10 +95,7 @@ def path_form_core():
 def score_task(spec, task, rows, core):
     n = task.num_train
     t0 = time.perf_counter()
-    data = load_task(task, SweepSpec(datasets=(task.dataset,), per_class=(task.per_class,),
-                                     seeds=(task.seed,), checkpoint=spec.checkpoint))
-    hk = ntk_tt.head_aware_kernel(data.split, data.x)
-    lam = float(initial_eigenvalues(hk)[1])
+    data, hk, lam = build(spec, task)
     cfgs = [c for c in spec.configs(task) if c.family == "adamw_cosine"]
     aks = {}
     for bsz in dict.fromkeys(c.batch_size for c in cfgs):

@@ -99,9 +99,7 @@ def stretch_check(frame: pd.DataFrame, eps=(0.1, 0.4)) -> dict:
     T̂ stretched by exp(median log residual of the other target sets): what a constant
     time-stretch fitted leaving each set out would do (reported, not applied)."""
     def logres(sub):
-        r = np.concatenate([np.log(sub[f"real_T{e:g}"] / sub[f"pred_T{e:g}"]).to_numpy(float)
-                            for e in eps])
-        return r[np.isfinite(r)]
+        return np.concatenate([r[keep] for r, keep in (residuals(sub, e) for e in eps)])
 
     def rel(sub, shift):
         real = np.concatenate([sub[f"real_T{e:g}"].to_numpy(float) for e in eps])

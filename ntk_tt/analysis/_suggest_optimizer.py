@@ -200,7 +200,7 @@ def _travel(unit: Optimizer, head, steps):
     schedule is linear in η_peak), None for SGD."""
     if unit.rule != "adam":
         return None
-    from ntk_tt.dynamics._regime import backbone_rms
+    from ntk_tt.dynamics._regime import _ratio, backbone_rms
 
     rms, sums = backbone_rms(head[1]), {}
 
@@ -208,7 +208,7 @@ def _travel(unit: Optimizer, head, steps):
         if w not in sums:
             sums[w] = float(np.sum(np.asarray(schedule_at(unit, 1.0, w).learning_rates(steps),
                                               np.float64)))
-        return peak * sums[w] / rms if rms > 0 else math.inf
+        return _ratio(peak * sums[w], rms)
     return travel
 
 
