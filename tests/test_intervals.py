@@ -235,6 +235,22 @@ def test_intervals_are_capped_at_the_horizon():
     assert out[0.4] == cal.interval(20.0, 12.0, 0.4, "gd") and out[0.4][1] < 150.0
 
 
+def test_a_level_the_table_cannot_resolve_is_said():
+    """n pooled residuals give finite conformal bounds up to level 1 − 2/(n + 1) exactly
+    (⌈(n + 1)(1 − α/2)⌉ <= n); above it the interval is (0, T), and ``intervals`` says so."""
+    cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(8), 20), by=("kappa",))
+    n = sum(len(r) for r in cal.groups.values())
+    pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, steps=150)
+    edge = 1 - 2 / (n + 1)
+    ok = ntk_tt.intervals(pred, cal, level=edge)
+    assert 0 < ok["loss"][0.1][0] < 40.0 < ok["loss"][0.1][1] < 150.0
+    assert not any("residuals" in w for w in ok["warnings"])
+    with pytest.warns(ntk_tt.CalibrationRangeWarning, match=f"more residuals .*\\({n}, all"):
+        out = ntk_tt.intervals(pred, cal, level=1 - 1.5 / (n + 1))
+    assert out["loss"][0.1] == (0.0, 150.0)
+    assert any(f"levels up to {edge:.3f}" in w for w in out["warnings"])
+
+
 @pytest.mark.skipif(not (SWEEP / "results.parquet").exists(), reason="no committed table")
 def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     from ntk_tt.sweep._summary import promote

@@ -311,7 +311,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate"; the
       constant-η table's: constant η, λ = 0, heavy-ball; the AdamW table's: warmup + cosine,
       λ = 0.01–0.1, peak η = 1e-4–1e-3) outside the table's
-      (``_intervals_range.prediction_messages``); [] for a calibrator recording none.
+      (``_intervals_range.prediction_messages``), and one when ``level`` is above what the
+      table's residuals resolve (level > 1 − 2/(n + 1) for n residuals, all pooled: the bounds
+      are then 0 and T); [] for a calibrator recording none.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -336,11 +338,24 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
-    loss = {}
+    loss, unresolved = {}, None
     for eps, t in tt["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level, steps=hp.get("steps"))
         loss[eps] = None if math.isnan(lo) else (lo, hi)
+        _, n, qlo, qhi = cal._pick(kappa_eff, eps, opt, level)
+        if loss[eps] is not None and not (math.isfinite(qlo) and math.isfinite(qhi)):
+            unresolved = n
     said = prediction_messages(cal.source, hp) if any(loss.values()) else []
+    if unresolved is not None:
+        said.append(_level_message(cal.level if level is None else level, unresolved))
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
     return {"loss": loss, "error": dict.fromkeys(tt["error"]), "warnings": said}
+
+
+def _level_message(level: float, n: int) -> str:
+    """The note for a level the calibration table cannot resolve: a finite conformal bound
+    from n residuals needs ⌈(n + 1)(1 − α/2)⌉ <= n, i.e. level <= 1 − 2/(n + 1)."""
+    return (f"level {level:g} needs more residuals than the calibration table has ({n}, all "
+            f"pooled): its bounds are 0 and the horizon T, so the interval says nothing; "
+            f"levels up to {1 - 2 / (n + 1):.3f} are resolved")
