@@ -132,6 +132,43 @@ def test_adam_predictions_abstain_beyond_unit_travel():
 
 
 
+def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
+    """κ ≥ 68 calls a constant-η SGD run "diverges" whatever its curve (measured on SGD runs);
+    κ does not measure Adam's stability, so an Adam prediction at κ = 100 and ρ = 0.02 (inputs
+    ×1000: a large kernel, small Adam steps) is its own curve's outcome (the reference:
+    ``_divergence.outcome`` of the predicted loss), while SGD at the same η is "diverges".
+    Beyond ρ = 1 an Adam prediction abstains unless its own curve blew up (then "diverges",
+    as its warning says)."""
+    from ntk_tt.dynamics._divergence import OUTCOMES, outcome
+
+    model, apply_fn, params, x, y = _problem()
+    head = ntk_tt.split_head(model)
+    big = 1000.0 * x
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.adam(1e-3), steps=T,
+                               head=head)
+        eta = 100.0 / (float(probe.kappa) / 1e-3)
+        adam = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.adam(eta), steps=T,
+                              head=head)
+        sgd = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.sgd(eta), steps=T,
+                             head=head)
+    assert adam.kappa == pytest.approx(100.0, rel=1e-4) and sgd.kappa == pytest.approx(100.0,
+                                                                                     rel=1e-4)
+    assert adam.hyperparameters["weight_travel"] < 0.1 and not adam.diverged
+    own = OUTCOMES[int(outcome(jnp.asarray(adam.loss)).outcome)]
+    assert adam.outcome == own != "diverges" and adam.divergence == "no"
+    assert adam.divergence_reason is None
+    assert not sgd.diverged and sgd.outcome == "diverges" and "≥ 68" in sgd.divergence_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blown = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adam(30.0), steps=T,
+                               head=head)
+    assert blown.diverged and blown.hyperparameters["weight_travel"] > 1
+    assert (blown.outcome, blown.divergence) == ("diverges", "yes")
+    assert blown.divergence_reason.startswith("the predicted loss diverged")
+
+
 def _adam_setup():
     """The tiny MLP's split and the AdamKernel of a full-batch AdamW without decay (the kernel
     depends on ε, B and the loss, not on the schedule: one kernel serves every peak)."""

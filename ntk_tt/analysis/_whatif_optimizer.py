@@ -178,7 +178,7 @@ def summarise_run(kind, fs, fts, y, y_test, optimizer, peak, psd, lams, *, loss)
     return _summarise(fs, fts, y, y_test, size, peak,
                       jnp.asarray(optimizer.momentum, fs.dtype), lams,
                       nesterov=optimizer.nesterov, loss=loss, stochastic=fs.shape[0] > 1,
-                      frozen=kind == "plain")
+                      frozen=kind == "plain", kappa_rule=optimizer.rule != "adam")
 
 
 @partial(jax.jit, static_argnames=("kind", "names", "warm", "traced", "test_traced", "loss",

@@ -22,7 +22,7 @@ SGD (B < N) runs ``num_paths`` batch orders, path 0 = ``ntk_tt.batch_indices(key
 (the order of ``ntk_tt.finetune(optimizer=)`` with the same key); the curves are their mean
 with 5–95 % bands. κ = η_peak·λ_max(Θ_0)/N with the schedule's peak η_t over the T steps and
 the stability edge of momentum m (for Adam the plain-GD number, which does not measure Adam's
-stability: its call comes from the curve, or κ ≥ 68).
+stability: its call comes from the curve alone, not κ ≥ 68).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 _summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
-                                                "frozen", "continuous"))
+                                                "frozen", "continuous", "kappa_rule"))
 
 
 def check_run(optimizer, n: int, steps, method="discrete", noise_features=None,
@@ -158,7 +158,7 @@ def _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, size, loss, fro
                     m=optimizer.momentum,
                     lams=lams, nesterov=optimizer.nesterov, loss=loss,
                     stochastic=fs.shape[0] > 1 or method == "sde", frozen=frozen,
-                    continuous=method in ("ode", "sde"))
+                    continuous=method in ("ode", "sde"), kappa_rule=optimizer.rule != "adam")
 
 
 def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete", key=None,

@@ -336,12 +336,14 @@ def _mean_band(paths, stochastic):
 
 
 def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
-               frozen=False, continuous=False):
+               frozen=False, continuous=False, kappa_rule=True):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
     ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to. ``frozen``: the
     curves are of a frozen kernel (``predict_from_kernel``), whose cross-entropy T_ε beyond the
     stability edge is undefined (``BEYOND_EDGE``); ``continuous``: of the ODE/SDE (the call
-    abstains beyond the edge for both, ``_divergence.cannot_diverge``)."""
+    abstains beyond the edge for both, ``_divergence.cannot_diverge``). ``kappa_rule``: κ ≥
+    ``KAPPA_MAX`` calls "diverges" whatever the curve (False for Adam, whose stability κ does
+    not measure: its call is its curve's)."""
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
@@ -366,7 +368,7 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     t_eps = jnp.where(diverged, jnp.nan, t_eps)
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
     beyond = beyond_edge(kappa, m, nesterov, loss)
-    said = call(paths_outcome(raw, loss_c), kappa,
+    said = call(paths_outcome(raw, loss_c), kappa if kappa_rule else jnp.zeros_like(kappa),
                 beyond & cannot_diverge(frozen, loss, continuous))
     if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there
         blind = beyond & ~diverged

@@ -164,10 +164,10 @@ def warn_travel(travel: float, stacklevel: int) -> None:
     """:class:`LinearRegimeWarning` when ``travel`` (ρ) exceeds :data:`LINEAR_TRAVEL`; beyond
     :data:`UNKNOWN_TRAVEL` it says the prediction abstains."""
     if travel > UNKNOWN_TRAVEL:
-        what = (f" Beyond ρ = {UNKNOWN_TRAVEL:g} the prediction abstains (outcome \"unknown\"):"
-                " real runs measured there spiked or were destroyed while the linearised "
-                "model's loss fell to 0, so whether this run trains, stalls or diverges is not "
-                "predicted.")
+        what = (f" Beyond ρ = {UNKNOWN_TRAVEL:g} the prediction abstains (outcome \"unknown\") "
+                "unless its own curve diverges: real runs measured there spiked or were "
+                "destroyed while the linearised model's loss fell to 0, so whether this run "
+                "trains, stalls or diverges is not predicted.")
     elif travel > LINEAR_TRAVEL:
         what = (" On the optimiser benchmark (ρ up to 0.58) T_ε was then 26-37 % off at the "
                 "95th percentile, against 18 % below 0.07: the real loss fell later, then lower.")

@@ -30,8 +30,8 @@ schedule's PEAK learning rate over the T steps (its largest step: the one that d
 stability for SGD) and the edge of momentum m. For Adam, κ is the plain-GD number with
 η_peak: Adam's step is η/√v̂ per parameter, so κ does not measure Adam's stability; its
 ``beyond_edge`` is the weight travel ρ = Σ η_t / rms(θ_0) > 1 (``_regime.UNKNOWN_TRAVEL``),
-where its outcome is "unknown", and otherwise its call comes from the predicted curve (or
-κ ≥ 68).
+where its outcome is "unknown" unless its curve diverges, and otherwise its call comes from
+the predicted curve (not κ ≥ 68, which was measured on constant-η SGD runs).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     if adam:  # κ does not measure Adam's stability: its edge is the weight travel (_regime)
         beyond = hyper["weight_travel"] > UNKNOWN_TRAVEL
         pred = pred._replace(beyond_edge=beyond)
-        if beyond and pred.outcome != "diverges":
+        if beyond and pred.outcome != "diverges":  # its own curve blew up: that call stands
             pred = pred._replace(outcome="unknown", spike_step=None)  # abstains
     return pred
 

@@ -46,9 +46,10 @@ class Prediction(NamedTuple):
       prediction: its weight travel ρ beyond ``_regime.UNKNOWN_TRAVEL`` = 1).
     outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
       "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
-      real runs measured diverged), "unknown" (κ beyond the edge and a predictor that cannot
-      blow up there: frozen kernel with cross-entropy, or ODE/SDE; or an Adam prediction
-      whose weight travel ρ exceeds ``_regime.UNKNOWN_TRAVEL`` = 1), else "catapult" (the
+      real constant-η runs measured diverged; not for Adam), "unknown" (κ beyond the edge
+      and a predictor that cannot blow up there: frozen kernel with cross-entropy, or
+      ODE/SDE; or an Adam prediction whose weight travel ρ exceeds
+      ``_regime.UNKNOWN_TRAVEL`` = 1 and whose curve does not diverge), else "catapult" (the
       predicted curve rises above L_0 and recovers) or "converges"; the first step above L_0
       (None if none). None only for a Prediction built by hand.
     divergence (property): the call as a verdict on the real run, "yes" (outcome
@@ -124,7 +125,8 @@ class Prediction(NamedTuple):
                 why.append(f"the predicted loss spiked above 10·L_0 at step {self.spiked_at}, "
                            "and every real run measured that did was destroyed (README, "
                            "\"Diverged means\")")
-            if self.kappa >= KAPPA_MAX:
+            if self.kappa >= KAPPA_MAX and self.hyperparameters.get("optimizer") not in (
+                    "adam", "adamw"):  # Adam's call is its curve's (κ is not its edge)
                 why.append(f"κ = η·λ_max/N = {self.kappa:.3g} ≥ {KAPPA_MAX:g}, where the real "
                            "runs measured diverged (136 of 144; README, \"Diverged means\")")
             return "; ".join(why) + ", though the predicted curve did not end above L_0"
