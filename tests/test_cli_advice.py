@@ -246,19 +246,24 @@ def test_cli_prints_a_package_user_warning_as_a_warning_line(task, tmp_path):
     assert not [w for w in escaped if "subset of N'" in str(w.message)]
 
 
-def test_cli_refuses_a_sketch_larger_than_the_model(task, tmp_path, capsys):
+@pytest.mark.parametrize("given", [True, False])
+def test_cli_refuses_a_sketch_larger_than_the_model(task, tmp_path, capsys, given):
     """A fresh user's --sketch-dim 200000 on the 120,901-parameter model ran for minutes (the
     API only warns): once the model is loaded, before any kernel, a sketch dimension above D
-    is one error line naming D, exit status 2."""
+    is one error line naming D, exit status 2. Without --sketch-dim the default D' = 256 is
+    checked (a later fresh user: a TypeError traceback comparing None with D)."""
     d = ntk_tt.num_params(task[1])
+    assert d < 256  # the tiny model: the default sketch exceeds it
+    flags = ["--sketch-dim", str(d + 1)] if given else []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
         mp.setattr("ntk_tt.kernels._sketch.sketched_ntk", None)  # no kernel may start
         mp.chdir(tmp_path)
         with pytest.raises(SystemExit) as stop:
             main(["predict", "--no-progress", "-K", "3", "-n", "8", "-T", str(T), "--lr",
-                  str(LR), "--figure", "", "--kernel", "sketch", "--sketch-dim", str(d + 1)])
+                  str(LR), "--figure", "", "--kernel", "sketch", *flags])
     assert stop.value.code == 2
-    assert (f"ntk-tt: error: sketch_dim (--sketch-dim) {d + 1} exceeds the model's D = {d} "
-            "parameters") in capsys.readouterr().err
+    shown = f"{d + 1}" if given else "256 (the default)"
+    assert (f"ntk-tt: error: sketch_dim (--sketch-dim) {shown} exceeds the model's D = {d} "
+            f"parameters") in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

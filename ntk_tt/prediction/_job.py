@@ -28,7 +28,7 @@ from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
 from ntk_tt.prediction._job_optimizer import job_optimizer
-from ntk_tt.prediction._predict import predict
+from ntk_tt.prediction._predict import DEFAULT_SKETCH_DIM, predict
 from ntk_tt.prediction._report_file import (
     COMPLETE,
     RUNNING,
@@ -301,11 +301,13 @@ def _work(o, verify, json_file, progress, on_prediction=None):
                              "per_class", "test_per_class", "seed", "resize", "head_scale")},
         need_test=bool(o["accuracy_targets"]))
     d = num_params(params)
-    if o["kernel"] == "sketch" and resolve_predictor(o) == "linear" and o["sketch_dim"] > d:
-        raise ValueError(f"sketch_dim (--sketch-dim) {o['sketch_dim']} exceeds the model's "
+    sketch = DEFAULT_SKETCH_DIM if o["sketch_dim"] is None else o["sketch_dim"]
+    if o["kernel"] == "sketch" and resolve_predictor(o) == "linear" and sketch > d:
+        given = "" if o["sketch_dim"] is not None else " (the default)"
+        raise ValueError(f"sketch_dim (--sketch-dim) {sketch}{given} exceeds the model's "
                          f"D = {d} parameters: that sketch costs more than the exact kernel "
-                         "and is still an estimate; use --kernel exact, or --sketch-dim <= "
-                         f"{d // 2}.")
+                         f"and is still an estimate; use --kernel exact, or --sketch-dim <= "
+                         f"{d} (it saves work up to D/2 = {d // 2}).")
     opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which
