@@ -202,6 +202,11 @@ def test_core_vmaps_over_learning_rate_and_momentum():
     (dict(y=jnp.zeros((N, C), jnp.int32)), "labels"),
     (dict(y=jnp.full((N,), C)), r"\[0, 3\)"),
     (dict(x_test=jnp.zeros((2, DIN))), "y_test"),
+    # a fresh user's B = 10.5 and True ran with B = 10 and 1; nesterov="no" ran Nesterov
+    (dict(batch_size=10.5, key=jax.random.key(0)), r"batch_size must satisfy .*\(an int\)"),
+    (dict(batch_size=True, key=jax.random.key(0)), r"batch_size must satisfy .*\(an int\)"),
+    (dict(nesterov="no", momentum=0.5), "nesterov must be True or False"),
+    (dict(nesterov=1, momentum=0.5), "nesterov must be True or False"),
 ])
 def test_bad_input_raises_value_error(kwargs, match):
     params, x, y = problem()

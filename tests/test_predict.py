@@ -131,6 +131,7 @@ def test_min_eigenvalue_found_under_a_cluster_near_zero(neg, clamped):
      (dict(batch_size=True), "batch_size must satisfy .*(an int)"),
      (dict(batch_size=2.5), "batch_size must satisfy .*(an int)"),
      (dict(batch_size="8"), "batch_size must satisfy .*(an int)"),
+     (dict(nesterov="no", momentum=0.5), "nesterov must be True or False"),
      (dict(steps=0), "steps"), (dict(method="euler"), "method"), (dict(loss="hinge"), "loss"),
      (dict(kernel="random"), "kernel"), (dict(batch_size=5), "key"),
      (dict(method="closed_form"), "closed_form"), (dict(num_paths=0), "num_paths"),

@@ -189,10 +189,16 @@ def solve_dtype_fields(hk):
 
 
 def flag(value, name: str = "nesterov") -> bool:
-    """``bool(value)``; ValueError for a traced flag (it picks a compiled update rule)."""
+    """``bool(value)`` of True, False (a 0-d boolean array too) or None (False); ValueError for
+    anything else (the string "no" is truthy) and for a traced flag (it picks a compiled
+    update rule)."""
     if isinstance(value, jax.core.Tracer):
         raise ValueError(f"{name} picks the update rule and cannot be traced (jit / vmap / "
                          f"grad): sweep learning_rate and momentum, and call once per {name}.")
+    if value is not None and not isinstance(value, (bool, np.bool_)) and not (
+            isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0
+            and np.asarray(value).dtype == bool):  # a concrete jnp.array(True) is a bool
+        raise ValueError(f"{name} must be True or False (or None: False), got {value!r}.")
     return bool(value)
 
 

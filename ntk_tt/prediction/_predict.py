@@ -210,7 +210,8 @@ def predict(
         coupling the samples of a batch, η or m not a real number (a string included), a key
         that is not ``jax.random.key(seed)``, labels not matching N or C or (training
         labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
-        m ∉ [0, 1) (or 0 with Nesterov), B ∉ [1, N], steps < 1, unknown method / loss /
+        m ∉ [0, 1) (or 0 with Nesterov), nesterov not True / False / None, B ∉ [1, N],
+        steps < 1, unknown method / loss /
         kernel, missing key,
         ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,

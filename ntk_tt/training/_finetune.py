@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
-from ntk_tt.data._batches import batch_indices
+from ntk_tt.data._batches import batch_indices, check_sizes
 from ntk_tt.data._inputs import _concrete, as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_nesterov, check_two_classes, flag
@@ -196,7 +196,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         (training labels of one class included), x or y not arrays (lists of numbers are
         converted), η or m not a real scalar (a string, or an array such as a per-step
         schedule: use optimizer=) or traced (jit / vmap / grad), η ≤ 0, m ∉ [0, 1), Nesterov
-        with m = 0, steps < 1, B ∉ [1, N], missing key for SGD or a key that is not
+        with m = 0, nesterov not True / False / None, steps < 1, B not an int in [1, N]
+        (10.5 or True included), missing key for SGD or a key that is not
         ``jax.random.key(seed)``, unknown loss, x_test without y_test, record_test_curves
         without x_test, telemetry neither a bool nor a :class:`ntk_tt.TelemetrySpec`,
         ``TelemetrySpec.features`` not returning (N, F).
@@ -240,6 +241,7 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
                          "and y_test too.")
     if optimizer is not None:
         batch_size = optimizer.batch_size
+    check_sizes(steps, batch_size, n)  # B = 10.5 or True was truncated to 10 or 1
     b = n if batch_size is None else int(batch_size)
     batches = batch_indices(key, n, b, steps)
     x = jnp.asarray(x)
