@@ -93,7 +93,8 @@ def _outcome(args, parser) -> int:
     if args.fraction is not None and not 0.0 <= args.fraction <= 1.0:
         fail(f"--fraction must be in [0, 1], got {args.fraction}.")
     if not os.path.isfile(args.runs):
-        fail(f"runs file {args.runs!r} does not exist (or is not a file).")
+        what = "is a directory" if os.path.isdir(args.runs) else "does not exist (or is not a file)"
+        fail(f"runs file {args.runs!r} {what}: give the JSON Lines file of telemetry rows.")
     named = args.predictor in ("auto", "telemetry", "ntk")
     if args.json_path:  # the checks of predict's and suggest's --json (a file is created)
         from ntk_tt._output_paths import check_outputs

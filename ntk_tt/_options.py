@@ -160,7 +160,8 @@ def _check_batch_sizes(batch_sizes, n: int) -> list[int | None]:
                              f"[1, N = {n}], got {b!r}.")
         b = None if b is None or b == n else int(b)
         if b in out:
-            raise ValueError(f"batch_sizes {list(batch_sizes)!r} names a batch size twice "
+            shown = ", ".join("N" if v is None else str(v) for v in batch_sizes)
+            raise ValueError(f"batch_sizes ({shown}) names a batch size twice "
                              f"(None and N = {n} are both full-batch GD); give each once.")
         out.append(b)
     return out

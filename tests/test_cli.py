@@ -1055,6 +1055,7 @@ BEFORE_JAX = [
     (["suggest", "--dataset", "TMP/missing.npz"], "dataset file not found"),
     (["suggest", "--checkpoint", "TMP/nope"], "is not a directory written by"),
     (["outcome", "TMP/runs.jsonl"], "runs file 'TMP/runs.jsonl' does not exist"),
+    (["outcome", "TMP"], "runs file 'TMP' is a directory: give the JSON Lines file"),
     (["outcome", "TMP", "--fraction", "2"], "--fraction must be in [0, 1], got 2.0"),
 ]
 

@@ -251,7 +251,8 @@ def format_suggestion(r: dict) -> str:
             + f", λ = {cfg['weight_decay']:g}), peak η = "
             f"{s['learning_rate']:.4g}, warmup {s['warmup']:.3g} steps, cosine to T_max")
     lines.append(
-        f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted steps to "
+        f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted "
+        f"step{'' if s['steps'] == 1 else 's'} to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
     if s.get("outcome") == "catapult":  # a fresh user: predict's 32 orders smoothed it away
