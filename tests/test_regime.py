@@ -160,6 +160,13 @@ def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
     assert adam.outcome == own != "diverges" and adam.divergence == "no"
     assert adam.divergence_reason is None
     assert not sgd.diverged and sgd.outcome == "diverges" and "≥ 68" in sgd.divergence_reason
+    # sensitivities(optimizer=) makes the same calls from the same kernels
+    ak = ntk_tt.adam_head_aware_kernel(head, big, y, ntk_tt.adam(eta))
+    s_adam = ntk_tt.sensitivities(ak, y, optimizer=ntk_tt.adam(eta), steps=T)
+    assert OUTCOMES[int(s_adam.outcome)] == own and s_adam.divergence_reason is None
+    hk = ntk_tt.head_aware_kernel(head, big)
+    s_sgd = ntk_tt.sensitivities(hk, y, optimizer=ntk_tt.sgd(eta), steps=T)
+    assert s_sgd.divergence == "yes" and "≥ 68" in s_sgd.divergence_reason
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         blown = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adam(30.0), steps=T,

@@ -40,12 +40,12 @@ import jax.numpy as jnp
 from ntk_tt._schedules import Schedule
 from ntk_tt.analysis._whatif_core import (
     _clamped,
+    divergence_reason,
     is_blind,
     measure,
     settle,
     training_time_reason,
     verdict,
-    verdict_reason,
 )
 from ntk_tt.dynamics._adam_head_aware import _adam_core
 from ntk_tt.dynamics._optim_head_aware import _head_sgd_core
@@ -99,7 +99,8 @@ class OptimizerSensitivities(NamedTuple):
     outcome: jax.Array
 
     divergence = property(verdict)
-    divergence_reason = property(verdict_reason)
+    divergence_reason = property(lambda self: divergence_reason(
+        self.outcome, self.diverged, 0.0 if "b1" in self.hyperparameters else self.kappa))
     training_time_reason = property(training_time_reason)
 
 
