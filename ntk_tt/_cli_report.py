@@ -7,6 +7,8 @@ import re
 
 from ntk_tt._options_optimizer import describe_optimizer
 
+ADAM_KAPPA = " (plain GD's number: Adam's edge is its weight travel ρ)"
+
 
 def _fmt(v, unit=""):
     return "undefined" if v is None else f"{v:.1f}{unit}" if unit else f"{v:g}"
@@ -267,7 +269,9 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
         f"images: {'×'.join(map(str, t['image_shape']))} → "
         f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
-        f"κ = η·λ_max/N = {_g(pred['kappa'])}; {r['seconds']['predict']:.1f} s "
+        f"κ = η·λ_max/N = {_g(pred['kappa'])}"
+        f"{ADAM_KAPPA if str(pred['kernel']).startswith('head_aware_adam') else ''}; "
+        f"{r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
     ]
     if r.get("optimizer"):  # a report written before the optimiser options has none

@@ -211,6 +211,11 @@ def test_adamw_run_reports_its_weight_travel_and_warns_beyond_the_linear_regime(
     said = [w for w in r["predicted"]["warnings"] if w.startswith("Adam's schedule")]
     assert len(said) == 1 and f"ρ = Σ η_t / rms(θ_0) = {rho:.2g}" in said[0]
     assert f"warning: {said[0]}" in out.splitlines()
+    # κ is printed with what it is for Adam (a fresh user read it as Adam's stability)
+    line = next(ln for ln in out.splitlines() if ln.startswith("prediction: "))
+    kappa = r["predicted"]["kappa"]
+    assert f"κ = η·λ_max/N = {kappa:.3g} (plain GD's number: Adam's edge is its weight " \
+        "travel ρ); " in line
 
 
 def test_suggest_adamw_reports_the_choices_weight_travel(task, tmp_path):
