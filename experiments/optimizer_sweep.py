@@ -24,6 +24,9 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
 only the predictions are recomputed (rows record ``real_source``).
 
+Ctrl-C ends it with one ``optimizer_sweep.py: interrupted`` line saying how many finished rows
+are kept (exit status 130); a row file damaged from outside is one error line naming it.
+
 Every option is checked before anything is written (the datasets loaded, ``--out`` a
 directory or missing, its ``spec.json`` the same grid): an error is one
 ``optimizer_sweep.py: error:`` line, exit status 2.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import sys
 import time
@@ -195,8 +199,26 @@ def _figure(frame, path: pathlib.Path) -> None:
 
 
 def main(argv=None) -> None:
+    """Run (or resume, or with ``--report`` only report) the benchmark of the command line.
+    Exit status 0 done, 2 bad input or a damaged row file (one ``optimizer_sweep.py: error:``
+    line), 130 interrupted (Ctrl-C: one line saying how many finished rows are kept)."""
     args, spec = parse(argv)
     out = pathlib.Path(args.out)
+    try:
+        _run(args, spec, out)
+    except KeyboardInterrupt:
+        kept = sum(not p.name.startswith(".") for p in (out / "rows").glob("*.json"))
+        sys.stdout.flush()
+        sys.stderr.write(f"\noptimizer_sweep.py: interrupted; {kept} finished row(s) kept in "
+                         f"{out / 'rows'}: run the same command to resume\n")
+        sys.stderr.flush()
+        os._exit(130)  # JAX threads interrupted mid-work can crash the interpreter's teardown
+    except ValueError as err:
+        sys.stderr.write(f"optimizer_sweep.py: error: {err}\n")
+        sys.exit(2)
+
+
+def _run(args, spec, out: pathlib.Path) -> None:
     if not args.report:
         table = ResultsTable(out)
         (out / "spec.json").write_text(json.dumps(args.grid, indent=1) + "\n")

@@ -267,3 +267,47 @@ def test_adam_grid_flags_set_the_grid_and_bad_values_are_one_line(tmp_path, caps
         line = refused(module, ["--out", str(out), "--preset", "smoke", *args], capsys)
         assert message in line
     assert not out.exists()
+
+
+def test_a_damaged_row_file_is_one_line_naming_it(tmp_path, capsys):
+    """A row file cut short from outside (rows are written atomically) made --report and the
+    resume end in a JSONDecodeError traceback; now one error line names the file and says
+    how to redo that row (delete it), exit status 2."""
+    module = experiment_script("optimizer_sweep")
+    out = tmp_path / "out"
+    table = ResultsTable(out)
+    table.write_row({"row_id": "a", "x": 1})
+    path = next((out / "rows").glob("*.json"))
+    path.write_text(path.read_text()[:5])
+    with pytest.raises(ValueError, match=f"row file {path} is damaged .*delete it"):
+        table.load_rows()
+    with pytest.raises(SystemExit) as ended:
+        module.main(["--out", str(out), "--report"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"optimizer_sweep.py: error: row file {path} is damaged")
+    assert err.count("\n") == 1
+
+
+def test_an_interrupted_benchmark_is_one_line_and_keeps_its_rows(tmp_path, capsys,
+                                                                monkeypatch):
+    """Ctrl-C printed a 19-frame KeyboardInterrupt traceback; now one line says how many
+    finished rows are kept and that the same command resumes, exit status 130."""
+    module = experiment_script("optimizer_sweep")
+    out = tmp_path / "out"
+
+    def interrupted(task, spec, table, **_):
+        table.write_row({"row_id": "done", "x": 1})
+        raise KeyboardInterrupt
+
+    def exited(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(module, "run_task", interrupted)
+    monkeypatch.setattr(module.os, "_exit", exited)
+    with pytest.raises(SystemExit) as ended:
+        module.main(["--out", str(out), "--preset", "smoke"])
+    assert ended.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"optimizer_sweep.py: interrupted; 1 finished row(s) kept in {out / 'rows'}: "
+                   "run the same command to resume")

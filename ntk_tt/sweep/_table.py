@@ -146,9 +146,20 @@ class ResultsTable:
         _atomic_write(path, json.dumps(_jsonable(row)).encode())
 
     def load_rows(self) -> pd.DataFrame:
-        """All written rows as a DataFrame (one row each), sorted by ``row_id``."""
+        """All written rows as a DataFrame (one row each), sorted by ``row_id``.
+
+        Raises:
+          ValueError: a row file that is not JSON (rows are written atomically, so only
+            outside damage does that), naming it: delete it and the resume redoes that row.
+        """
         paths = sorted(p for p in self.rows_dir.glob("*.json") if not p.name.startswith("."))
-        records = [json.loads(p.read_text()) for p in paths]
+        records = []
+        for p in paths:
+            try:
+                records.append(json.loads(p.read_text()))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
+                                 "command again: that row is redone") from None
         frame = pd.DataFrame.from_records(records)
         return frame.sort_values("row_id").reset_index(drop=True) if len(frame) else frame
 
