@@ -207,7 +207,7 @@ def main(argv=None) -> None:
     try:
         _run(args, spec, out)
     except KeyboardInterrupt:
-        kept = sum(not p.name.startswith(".") for p in (out / "rows").glob("*.json"))
+        kept = len(ResultsTable(out).row_ids())
         sys.stdout.flush()
         sys.stderr.write(f"\noptimizer_sweep.py: interrupted; {kept} finished row(s) kept in "
                          f"{out / 'rows'}: run the same command to resume\n")

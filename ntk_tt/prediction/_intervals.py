@@ -342,9 +342,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     for eps, t in tt["loss"].items():
         lo, hi = cal.interval(t, kappa_eff, eps, opt, level, steps=hp.get("steps"))
         loss[eps] = None if math.isnan(lo) else (lo, hi)
-        _, n, qlo, qhi = cal._pick(kappa_eff, eps, opt, level)
-        if loss[eps] is not None and not (math.isfinite(qlo) and math.isfinite(qhi)):
-            unresolved = n
+        if lo == 0.0:  # T̂·exp(−inf): too few residuals even pooled (both bounds infinite)
+            unresolved = cal.group(kappa_eff, eps, opt, level)[1]
     said = prediction_messages(cal.source, hp) if any(loss.values()) else []
     if unresolved is not None:
         said.append(_level_message(cal.level if level is None else level, unresolved))
