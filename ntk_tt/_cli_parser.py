@@ -6,6 +6,7 @@ import argparse
 import difflib
 
 from ntk_tt._defaults import DEFAULTS
+from ntk_tt._options import BACKBONES
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
 
 DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical NTK, without "
@@ -124,9 +125,10 @@ def _parser() -> argparse.ArgumentParser:
                    "linearised, Θ frozen at w0 (paper Sec. 3); auto: head_aware unless "
                    "--method/--kernel ask for what only linear has")
     q.add_argument("--backbone", default=d["backbone"],
-                   choices=("isotropic", "kronecker", "exact"),
+                   choices=BACKBONES,
                    help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
-                   "(N·F)² (small N only)")
+                   "(N·F)² (small N only), subspace: exact on the features' 16 leading "
+                   "principal directions, (N·16)² (constant-η SGD family only)")
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "
                    "many times (one kernel each)")

@@ -179,8 +179,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in BACKBONES:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if backbone not in BACKBONES or backbone == "subspace":
+        raise ValueError(f"backbone must be one of {BACKBONES[:3]} for Adam (its "
+                         f"preconditioned kernel has no subspace form), got {backbone!r}.")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
@@ -192,7 +193,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
     elif not isinstance(hk, HeadAwareKernel) or (hk.mixing is None) != (backbone == "exact") \
-            or (hk.features_test is None) != (x_test is None):
+            or hk.basis is not None or (hk.features_test is None) != (x_test is None):
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
                          "(x and x_test), or None to build it here.")
     feature_fn, bparams, w0, b0 = split

@@ -137,11 +137,12 @@ def head_sgd_step(state: SgdHeadState, idx, lr, hk: HeadAwareKernel, y, optimize
     decay = a_h is not None
     w, uw = move(state.w, state.uw, hb.T @ g, state.w if decay else None)
     b, ub = move(state.b, state.ub, jnp.sum(g, axis=0), state.b if decay else None)
-    dphi = _backbone_step(hk.backbone, hk.mixing, idx, g, state.w, q, n)
+    dphi = _backbone_step(hk.backbone, hk.mixing, idx, g, state.w, q, n, hk.basis)
     phi, vphi = move(state.phi, state.vphi, dphi, a_h + state.phi if decay else None)
     phit, vphit = state.phit, state.vphit
     if phit is not None:
-        dphit = _backbone_step(hk.backbone_test, hk.mixing, idx, g, state.w, q, phit.shape[0])
+        dphit = _backbone_step(hk.backbone_test, hk.mixing, idx, g, state.w, q, phit.shape[0],
+                               hk.basis)
         phit, vphit = move(phit, vphit, dphit, a_h_test + phit if decay else None)
     return SgdHeadState(w, b, phi, uw, ub, vphi, phit, vphit)
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ntk_tt._options import BACKBONES
+from ntk_tt._options import BACKBONES, SUBSPACE_DIM
 from ntk_tt.data._model import check_model
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
@@ -44,9 +44,11 @@ class HeadAwareKernel(NamedTuple):
 
     features: h_0 (N, F) at the pre-trained backbone. head_kernel: W_0 (F, C). head_bias:
     b_0 (C,). backbone: the feature kernel, either Kronecker k_b (N, N) (then ``mixing`` S is
-    (F, F)) or exact K_h (N·F, N·F) sample-major (then ``mixing`` is None).
-    features_test (N_test, F), backbone_test (N_test, N) or (N_test·F, N·F): held-out
-    inputs, or None.
+    (F, F)), exact K_h (N·F, N·F) sample-major (``mixing`` and ``basis`` None), or exact on a
+    feature subspace, K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z) (N·k, N·k) sample-major (``basis`` Z (F, k)
+    with orthonormal columns, ``mixing`` None: the features move in span(Z) only).
+    features_test (N_test, F), backbone_test (N_test, N), (N_test·F, N·F) or
+    (N_test·k, N·k): held-out inputs, or None.
     """
 
     features: jax.Array
@@ -56,6 +58,7 @@ class HeadAwareKernel(NamedTuple):
     mixing: jax.Array | None
     features_test: jax.Array | None = None
     backbone_test: jax.Array | None = None
+    basis: jax.Array | None = None
 
 
 class _Identity(nnx.Module):
@@ -131,9 +134,28 @@ def _diagonal_blocks(feature_fn, backbone_params, x):
     return jax.lax.scan(add, jnp.zeros((h.shape[1],) * 2, h.dtype), x)[0]
 
 
+def feature_basis(features: jax.Array, k: int) -> jax.Array:
+    """Z (F, k): the k leading right singular vectors of the centred features h_0 − mean(h_0)
+    (N, F), orthonormal columns: the feature directions a ``"subspace"`` kernel moves."""
+    centred = features - jnp.mean(features, axis=0)
+    return jnp.linalg.svd(centred, full_matrices=False)[2][:k].T
+
+
+@dataclass(frozen=True, eq=False)
+class _Projected:
+    """``feature_fn(params, x) @ Z`` (N, k): the features' coordinates in span(Z)."""
+
+    feature_fn: Any
+    basis: jax.Array
+
+    def __call__(self, p, xx):
+        return self.feature_fn(p, xx) @ self.basis
+
+
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
-                      key: jax.Array | None = None) -> HeadAwareKernel:
+                      key: jax.Array | None = None,
+                      subspace_dim: int = SUBSPACE_DIM) -> HeadAwareKernel:
     """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
     backbone_params, head_kernel, head_bias)`` (:func:`split_head`) on inputs ``x`` (N, ...).
 
@@ -141,12 +163,17 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     NTK (``traced_kernel`` (N, N) if already computed, else built here) and S from the feature
     kernel's diagonal blocks on ``mixing_samples`` inputs drawn with ``key`` (the first ones if
     ``key`` is None). ``"isotropic"``: the same with S = I_F. ``"exact"``: the full feature
-    kernel K_h (N·F, N·F), F²/C² times the cost of Θ (small N only).
-    ``x_test`` (N_test, ...): also the held-out cross kernel (``traced_kernel_test``
-    (N_test, N) if given).
+    kernel K_h (N·F, N·F), F²/C² times the cost of Θ (small N only). ``"subspace"``: K_h
+    exactly on the k = min(``subspace_dim``, F) leading principal directions Z (F, k) of the centred
+    training features h_0 (their right singular vectors), K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z)
+    (N·k, N·k), k²/C² times the cost of Θ; the features move in span(Z) only (issue 26:
+    on the full preset's GD rows at N = 50 and 250 it reproduces the exact feature kernel's
+    T_ε; README "Error budget"). ``x_test`` (N_test, ...): also the held-out cross kernel
+    (``traced_kernel_test`` (N_test, N) if given).
 
     Raises:
-      ValueError: unknown ``backbone``, ``mixing_samples`` < 1, kernels of the wrong shape or
+      ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an
+        int >= 1, kernels of the wrong shape or
         with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that ``feature_fn`` cannot
         take (``check_model``'s messages, before any kernel work), or (Kronecker and isotropic,
         concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
@@ -160,6 +187,10 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     if isinstance(mixing_samples, bool) or not isinstance(mixing_samples, int) \
             or mixing_samples < 1:
         raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
+    if isinstance(subspace_dim, bool) or not isinstance(subspace_dim, int | np.integer) \
+            or subspace_dim < 1:
+        raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
+                         f"{subspace_dim!r}.")
     if not isinstance(split, tuple | list) or len(split) != 4:
         size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
         raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
@@ -176,6 +207,12 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         kh = empirical_ntk(feature_fn, bparams, x)
         kht = None if x_test is None else empirical_ntk(feature_fn, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
+    if backbone == "subspace":
+        z = feature_basis(h0, min(int(subspace_dim), f))  # k ≥ F: every direction (exact)
+        projected = _Projected(feature_fn, z)
+        kz = empirical_ntk(projected, bparams, x)
+        kzt = None if x_test is None else empirical_ntk(projected, bparams, x_test, x)
+        return HeadAwareKernel(h0, w0, b0, kz, None, h0t, kzt, z)
 
     apply_fn, params = _WithHead(feature_fn), (bparams, w0, b0)
     tk = (empirical_ntk(apply_fn, params, x, trace_logits=True)
@@ -204,8 +241,10 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
 
 
 def backbone_kind(hk: HeadAwareKernel) -> str:
-    """Which ``backbone`` built ``hk``: "exact" (no mixing), "isotropic" (S = I_F) or
-    "kronecker" (a measured S)."""
+    """Which ``backbone`` built ``hk``: "exact" (no mixing), "subspace" (a basis Z),
+    "isotropic" (S = I_F) or "kronecker" (a measured S)."""
+    if hk.basis is not None:
+        return "subspace"
     if hk.mixing is None:
         return "exact"
     eye = np.eye(np.shape(hk.mixing)[0])
@@ -252,9 +291,10 @@ def initial_kernel(hk: HeadAwareKernel) -> jax.Array:
     head = jnp.kron(head_kernel_part(hk.features, hk.features), jnp.eye(c, dtype=w.dtype))
     if hk.mixing is not None:
         back = jnp.kron(hk.backbone, w.T @ hk.mixing @ w)
-    else:
-        kh = hk.backbone.reshape(n, f, n, f)
-        back = jnp.einsum("fc,ifjg,gd->icjd", w, kh, w).reshape(n * c, n * c)
+    else:  # exact: K_h (N·F)², or K_Z (N·k)² seen through Zᵀ W_0
+        wz = w if hk.basis is None else hk.basis.T @ w
+        kh = hk.backbone.reshape(n, wz.shape[0], n, wz.shape[0])
+        back = jnp.einsum("fc,ifjg,gd->icjd", wz, kh, wz).reshape(n * c, n * c)
     return head + back
 
 
@@ -267,7 +307,15 @@ def check_head_aware(hk: HeadAwareKernel, n: int, c: int) -> None:
         raise ValueError(
             f"head_kernel must be (F, C) = ({f}, {c}) and head_bias ({c},), got "
             f"{np.shape(hk.head_kernel)} and {np.shape(hk.head_bias)}.")
-    want = (n, n) if hk.mixing is not None else (n * f, n * f)
+    k = f
+    if hk.basis is not None:
+        k = np.shape(hk.basis)[-1]
+        if hk.mixing is not None or np.ndim(hk.basis) != 2 or not 1 <= k <= f \
+                or np.shape(hk.basis)[0] != f:
+            raise ValueError(f"basis must be (F, k) = ({f}, k) with 1 <= k <= F and mixing "
+                             f"None, got {np.shape(hk.basis)} (mixing "
+                             f"{'set' if hk.mixing is not None else 'None'}).")
+    want = (n, n) if hk.mixing is not None else (n * k, n * k)
     if np.shape(hk.backbone) != want:
         raise ValueError(f"backbone kernel must be {want}, got {np.shape(hk.backbone)}.")
     if hk.mixing is not None and np.shape(hk.mixing) != (f, f):

@@ -119,7 +119,9 @@ def predict(
     ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
     chooses the feature kernel ("isotropic", the default and the best measured: K_h(i, j) =
     k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
-    the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only); ``kernel``
+    the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only;
+    "subspace": the feature kernel exact on the features' 16 leading principal directions,
+    (N·16)²); ``kernel``
     "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
 
     ``subset=N'`` predicts the MSE loss of full-batch GD on all N samples from the
@@ -165,7 +167,8 @@ def predict(
         Θ at w0, Sec. 3) or "head_aware". head: ``(feature_fn, backbone_params, head_kernel
         (F, C), head_bias (C,))`` from ``ntk_tt.split_head(model)``, with
         ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
-        backbone: "kronecker" | "isotropic" | "exact" (head-aware feature kernel).
+        backbone: "kronecker" | "isotropic" | "exact" | "subspace" (head-aware feature
+          kernel; ``ntk_tt.head_aware_kernel``; "subspace" not for Adam or segments > 1).
         segments: head-aware only: > 1 re-linearises the backbone along the predicted path
           that many times (``ntk_tt.predict_head_aware_refreshed``: one kernel per segment,
           one path; SGD follows the real run's batch order ``key``).

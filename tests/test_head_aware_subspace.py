@@ -1,0 +1,127 @@
+"""The "subspace" feature kernel (issue 26): K_h exact on the features' leading principal
+directions Z, against optax training of the head-aware model whose feature displacement is
+projected on span(Z), brute-force Jacobians, and the exact feature kernel (k = F)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dynamics_helpers import brute_ntk, train_optax
+from test_head_aware import HYPER, STEPS, N, _batches, _problem
+
+import ntk_tt
+from ntk_tt.dynamics._fspace import curves
+from ntk_tt.dynamics._predict_head_aware import predict_head_aware
+from ntk_tt.kernels._head_aware import (
+    backbone_kind,
+    feature_basis,
+    head_aware_kernel,
+    initial_kernel,
+    split_head,
+)
+
+K = 2  # of F = 4 features
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def _projected_model(model, x):
+    """Reference (apply_fn, params): f = (h_0 + (J_h Δθ) Z Zᵀ) W + b with Z the k = K leading
+    principal directions of the training features; J_h Δθ by jax.jvp."""
+    feature_fn, bparams, w0, b0 = split_head(model)
+    z = feature_basis(feature_fn(bparams, x), K)
+
+    def apply_fn(p, xx):
+        delta = jax.tree.map(jnp.subtract, p["theta"], bparams)
+        h0, dh = jax.jvp(lambda q: feature_fn(q, xx), (bparams,), (delta,))
+        return (h0 + dh @ z @ z.T) @ p["w"] + p["b"]
+
+    return apply_fn, {"theta": bparams, "w": w0, "b": b0}
+
+
+@pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER)
+def test_subspace_equals_projected_weight_space_training(x64, lr, m, nesterov, b, loss):
+    """tanh backbone, k = 2 of F = 4: the function-space recursion on K_Z reproduces optax
+    training of the head-aware model with its feature displacement projected on span(Z),
+    training and held-out curves; the projection matters (the exact kernel differs)."""
+    model, x, y, xt, yt = _problem(True, seed=1)
+    key = jax.random.key(5)
+    hk = head_aware_kernel(split_head(model), x, xt, backbone="subspace", subspace_dim=K)
+    out = predict_head_aware(hk, y, learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
+                             nesterov=nesterov, loss=loss, key=key, num_paths=2, y_test=yt)
+    apply_fn, params = _projected_model(model, x)
+    real = train_optax(apply_fn, params, x, y, _batches(key, b), jnp.concatenate([x, xt]),
+                       lr, m, nesterov=nesterov, loss=loss)
+    want = curves(real[:, :N], y, loss)[0]
+    np.testing.assert_allclose(out.loss_paths[0], want, rtol=1e-9, atol=1e-12)
+    if b == N:
+        np.testing.assert_allclose(out.test_loss, curves(real[:, N:], yt, loss)[0],
+                                   rtol=1e-9, atol=1e-12)
+    exact = predict_head_aware(head_aware_kernel(split_head(model), x, backbone="exact"), y,
+                               learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
+                               nesterov=nesterov, loss=loss, key=key, num_paths=2)
+    assert np.max(np.abs(exact.loss_paths[0] - want)) > 1e-6
+
+
+def test_subspace_kernel_is_the_projected_feature_kernel(x64):
+    """K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z) from brute-force Jacobians; Θ_0 of the subspace model is
+    the brute-force NTK of the projected reference model; Z has orthonormal columns."""
+    model, x, *_ = _problem(True, seed=2)
+    split = split_head(model)
+    hk = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    z = np.asarray(hk.basis)
+    np.testing.assert_allclose(z.T @ z, np.eye(K), atol=1e-12)
+    f = z.shape[0]
+    kh = np.asarray(brute_ntk(split[0], split[1], x)).reshape(N, f, N, f)
+    want = np.einsum("ak,iajb,bl->ikjl", z, kh, z).reshape(N * K, N * K)
+    np.testing.assert_allclose(hk.backbone, want, rtol=1e-9, atol=1e-12)
+    apply_fn, params = _projected_model(model, x)
+    np.testing.assert_allclose(initial_kernel(hk), brute_ntk(apply_fn, params, x),
+                               rtol=1e-9, atol=1e-10)
+    assert backbone_kind(hk) == "subspace"
+
+
+def test_all_directions_are_the_exact_kernel(x64):
+    """k = F spans every feature direction: the same curves as backbone='exact'."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    key, (lr, m, nesterov, b, loss) = jax.random.key(7), HYPER[2]
+    kw = dict(learning_rate=lr, momentum=m, steps=STEPS, batch_size=b, nesterov=nesterov,
+              loss=loss, key=key, num_paths=2)
+    full = head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=4)
+    exact = head_aware_kernel(split_head(model), x, backbone="exact")
+    np.testing.assert_allclose(predict_head_aware(full, y, **kw).loss_paths,
+                               predict_head_aware(exact, y, **kw).loss_paths, rtol=1e-9)
+
+
+def test_predict_labels_the_subspace_kernel(x64):
+    model, x, y, _, _ = _problem(True, seed=1)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.2, steps=STEPS,
+                          head=split_head(model), backbone="subspace")
+    assert pred.kernel == "head_aware:subspace"
+    # the default k = 16 exceeds F = 4: every feature direction, so the exact kernel's curve
+    exact = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.2, steps=STEPS,
+                           head=split_head(model), backbone="exact")
+    np.testing.assert_allclose(pred.loss, exact.loss, rtol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.0, None])
+def test_bad_subspace_dim(x64, bad):
+    model, x, *_ = _problem(True)
+    with pytest.raises(ValueError, match="subspace_dim must be an int >= 1"):
+        head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=bad)
+
+
+def test_subspace_is_refused_where_it_has_no_form(x64):
+    """Adam's preconditioned kernel and the re-linearised predictor refuse it, before work."""
+    model, x, y, _, _ = _problem(True)
+    split = split_head(model)
+    with pytest.raises(ValueError, match="no subspace form"):
+        ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), backbone="subspace")
+    with pytest.raises(ValueError, match="not re-linearised"):
+        ntk_tt.predict_head_aware_refreshed(split, x, y, segments=2, learning_rate=0.1,
+                                            steps=4, backbone="subspace")
