@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _dynamics_helpers import brute_ntk, train_optax
+from _dynamics_helpers import brute_ntk, train_optax, train_tx
 from test_head_aware import HYPER, STEPS, N, _batches, _problem
 
 import ntk_tt
@@ -120,8 +120,44 @@ def test_subspace_is_refused_where_it_has_no_form(x64):
     """Adam's preconditioned kernel and the re-linearised predictor refuse it, before work."""
     model, x, y, _, _ = _problem(True)
     split = split_head(model)
-    with pytest.raises(ValueError, match="no subspace form"):
+    with pytest.raises(ValueError, match="Adam's backbone must be one of"):
         ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), backbone="subspace")
-    with pytest.raises(ValueError, match="not re-linearised"):
+    sub = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    with pytest.raises(ValueError, match="not a subspace one: no Adam form"):
+        ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), hk=sub)
+    with pytest.raises(ValueError, match="subspace backbone is not re-linearised"):
         ntk_tt.predict_head_aware_refreshed(split, x, y, segments=2, learning_rate=0.1,
                                             steps=4, backbone="subspace")
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_weight_decay_moves_the_features_in_the_subspace(x64, decoupled):
+    """Weight decay (decoupled and L2, momentum, minibatches, a schedule): the decay's
+    feature-space term J_h θ is projected on span(Z) as the kernel is; the curves equal optax
+    training of the projected model with the same optimiser."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    key = jax.random.key(9)
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(0.3, 5, STEPS), 0.5, weight_decay=0.5,
+                     decoupled=decoupled, batch_size=4)
+    split = split_head(model)
+    hk = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    a_h = ntk_tt.weight_tangent(split[0], split[1], x)
+    out = predict_head_aware(hk, y, optimizer=opt, steps=STEPS, key=key, num_paths=2, a_h=a_h)
+    apply_fn, params = _projected_model(model, x)
+    real = train_tx(apply_fn, params, x, y, opt.to_optax(), _batches(key, 4), x,
+                    "cross_entropy")
+    np.testing.assert_allclose(out.loss_paths[0], curves(real, y, "cross_entropy")[0],
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_every_direction_when_there_are_fewer_samples_than_features(x64):
+    """N = 3 < F = 4: the centred features have rank ≤ 2, and k = F still spans every
+    direction, so the curve is the exact kernel's."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    x, y = x[:3], y[:3]
+    kw = dict(learning_rate=1.0, steps=STEPS, num_paths=1)
+    full = head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=4)
+    assert full.basis.shape == (4, 4)
+    exact = head_aware_kernel(split_head(model), x, backbone="exact")
+    np.testing.assert_allclose(predict_head_aware(full, y, **kw).loss,
+                               predict_head_aware(exact, y, **kw).loss, rtol=1e-9)

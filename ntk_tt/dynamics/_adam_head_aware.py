@@ -179,9 +179,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in BACKBONES or backbone == "subspace":
-        raise ValueError(f"backbone must be one of {BACKBONES[:3]} for Adam (its "
-                         f"preconditioned kernel has no subspace form), got {backbone!r}.")
+    if backbone not in BACKBONES[:3]:  # "subspace": no preconditioned (Adam) form
+        raise ValueError(f"Adam's backbone must be one of {BACKBONES[:3]}, got {backbone!r}.")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
@@ -192,10 +191,11 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
-    elif not isinstance(hk, HeadAwareKernel) or (hk.mixing is None) != (backbone == "exact") \
-            or hk.basis is not None or (hk.features_test is None) != (x_test is None):
+    elif not isinstance(hk, HeadAwareKernel) or hk.basis is not None or (hk.mixing is None) \
+            != (backbone == "exact") or (hk.features_test is None) != (x_test is None):
+        why = "" if getattr(hk, "basis", None) is None else " (not a subspace one: no Adam form)"
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
-                         "(x and x_test), or None to build it here.")
+                         f"(x and x_test){why}, or None to build it here.")
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)
     y = check_labels(y, n, w0.shape[1])

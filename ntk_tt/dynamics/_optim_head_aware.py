@@ -83,6 +83,9 @@ def validate_head(hk, y, optimizer, *, rules, where, loss, a_h, a_h_test):
         a_h_test = check_tangent(a_h_test, hk.features_test.shape[0], f, "a_h_test", dtype)
     else:
         a_h_test = None
+    if hk.basis is not None:  # a subspace kernel's features move in span(Z): so does decay's
+        a_h, a_h_test = (None if a is None else a @ hk.basis @ hk.basis.T
+                         for a in (a_h, a_h_test))
     return hk, y, a_h, a_h_test, with_decay
 
 

@@ -34,9 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ntk_tt._options import BACKBONES, SUBSPACE_DIM
+from ntk_tt._options import BACKBONES
 from ntk_tt.data._model import check_model
 from ntk_tt.kernels._structured import contract, structured_jacobian
+
+SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
 
 
 class HeadAwareKernel(NamedTuple):
@@ -135,10 +137,12 @@ def _diagonal_blocks(feature_fn, backbone_params, x):
 
 
 def feature_basis(features: jax.Array, k: int) -> jax.Array:
-    """Z (F, k): the k leading right singular vectors of the centred features h_0 − mean(h_0)
-    (N, F), orthonormal columns: the feature directions a ``"subspace"`` kernel moves."""
-    centred = features - jnp.mean(features, axis=0)
-    return jnp.linalg.svd(centred, full_matrices=False)[2][:k].T
+    """Z (F, k), k ≤ F: the k leading right singular vectors of the centred features
+    h_0 − mean(h_0) (N, F), orthonormal columns: the feature directions a ``"subspace"`` kernel
+    moves. Past the features' rank (≤ N − 1) the columns complete an orthonormal basis of
+    R^F, so k = F spans every direction (the exact kernel) even when N < F."""
+    centred = features - jnp.mean(features, axis=0)  # rank ≤ N − 1: beyond it, F − rank more
+    return jnp.linalg.svd(centred, full_matrices=True)[2][:k].T  # orthonormal directions
 
 
 @dataclass(frozen=True, eq=False)

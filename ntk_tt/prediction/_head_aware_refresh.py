@@ -117,9 +117,9 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments:
         raise ValueError(f"segments must be an int >= 1, got {segments!r}.")
     if backbone == "subspace":
-        raise ValueError("backbone='subspace' is not re-linearised (its feature basis would "
-                         "change at every segment): use segments=1, or backbone='isotropic', "
-                         "'kronecker' or 'exact'.")
+        raise ValueError("the subspace backbone is not re-linearised (its feature basis "
+                         "would change at every segment): use one segment, or the isotropic, "
+                         "kronecker or exact backbone.")
     if isinstance(steps, int) and segments > steps:
         raise ValueError(f"segments ({segments}) must not exceed steps ({steps}).")
     if optimizer is not None:
