@@ -59,22 +59,29 @@ def _t(curve) -> dict[str, float | None]:
     return out
 
 
-def collect(path: str) -> None:
-    df = pd.read_parquet(eb.SWEEP)
-    df = df[df.kappa_eff < 13]
+def pending_tasks(path: str, frame: pd.DataFrame):
+    """Per task of the sweep rows ``frame`` (smallest N first): its rows not yet in the
+    JSON-lines file ``path``, the :class:`Task` and its loaded data (tasks with none left are
+    skipped, so an interrupted run resumes)."""
     try:
         done = {json.loads(line)["row_id"] for line in open(path)}
     except FileNotFoundError:
         done = set()
+    for _, group in sorted(frame.groupby("task_id"), key=lambda g: g[1].num_train.iloc[0]):
+        group = group[~group.row_id.isin(done)]
+        if not len(group):
+            continue
+        r0 = group.iloc[0]
+        task = Task(r0.dataset, int(r0.per_class), int(r0.seed))
+        yield group, task, load_task(task, SweepSpec(datasets=(task.dataset,),
+                                                     per_class=(task.per_class,),
+                                                     seeds=(task.seed,)))
+
+
+def collect(path: str) -> None:
+    df = pd.read_parquet(eb.SWEEP)
     with open(path, "a") as out:
-        for _, group in df.groupby("task_id"):
-            group = group[~group.row_id.isin(done)]
-            if not len(group):
-                continue
-            r0 = group.iloc[0]
-            task = Task(r0.dataset, int(r0.per_class), int(r0.seed))
-            data = load_task(task, SweepSpec(datasets=(task.dataset,),
-                                             per_class=(task.per_class,), seeds=(task.seed,)))
+        for group, task, data in pending_tasks(path, df[df.kappa_eff < 13]):
             key = _task_key(task)
             traced = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x,
                                           trace_logits=True)
@@ -119,6 +126,20 @@ def _stats(cases) -> str:
             f"({100 * np.median(_errors(cases, signed=True)):+.1f})")
 
 
+def print_groups(rows, names, label=str) -> None:
+    """Per optimiser and curve name: p95 / mean (signed median) over all rows, by κ̃ and by
+    N (:func:`_stats`)."""
+    for opt in ("gd", "sgd"):
+        part = [r for r in rows if r["optimizer"] == opt]
+        groups = {**{f"κ̃ {k}": [r for r in part if round(r["kappa_eff"]) == k]
+                     for k in (1, 4, 12)},
+                  **{f"N {n}": [r for r in part if r["num_train"] == n] for n in (50, 250, 750)}}
+        print(f"--- {opt} ({len(part)} rows): p95 / mean (signed median), %")
+        for a in names:
+            print(f"{label(a)}: all {_stats([(r, a) for r in part])}; " + "; ".join(
+                f"{g} {_stats([(r, a) for r in rs])}" for g, rs in groups.items() if rs))
+
+
 RULES = {"p95": lambda e: np.quantile(e, 0.95), "mean": np.mean, "median": np.median}
 
 
@@ -132,15 +153,7 @@ def report(path: str) -> None:
                 if r[a][e] is not None and r["stored"][s][e] is not None)
     print(f"{len(rows)} rows; α = 0 / 1 against the committed default / Kronecker variant: "
           f"largest T_ε difference {check:g} steps")
-    for opt in ("gd", "sgd"):
-        part = [r for r in rows if r["optimizer"] == opt]
-        groups = {**{f"κ̃ {k}": [r for r in part if round(r["kappa_eff"]) == k]
-                     for k in (1, 4, 12)},
-                  **{f"N {n}": [r for r in part if r["num_train"] == n] for n in (50, 250, 750)}}
-        print(f"--- {opt} ({len(part)} rows): p95 / mean (signed median), %")
-        for a in names:
-            print(f"α = {a}: all {_stats([(r, a) for r in part])}; " + "; ".join(
-                f"{g} {_stats([(r, a) for r in rs])}" for g, rs in groups.items() if rs))
+    print_groups(rows, names, lambda a: f"α = {a}")
     sets = sorted({r["dataset"] for r in rows})
     for menu in (names, ["0", "0.5", "1"]):
         for rule, f in RULES.items():
