@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _dynamics_helpers import brute_ntk, train_optax, train_tx
+from _scripts import experiment_script
 from test_head_aware import HYPER, STEPS, N, _batches, _problem
 
 import ntk_tt
@@ -161,3 +162,18 @@ def test_every_direction_when_there_are_fewer_samples_than_features(x64):
     exact = head_aware_kernel(split_head(model), x, backbone="exact")
     np.testing.assert_allclose(predict_head_aware(full, y, **kw).loss,
                                predict_head_aware(exact, y, **kw).loss, rtol=1e-9)
+
+
+def test_nested_blocks_are_the_smaller_subspace_kernel(x64, monkeypatch):
+    """experiments/feature_subspace.py reads k < k_max off one kernel: the leading (k × k)
+    blocks of K_Z and Z's first k columns equal the kernel built for k itself."""
+    from _scripts import EXPERIMENTS
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    fs = experiment_script("feature_subspace")
+    model, x, *_ = _problem(True, seed=2)
+    big = head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=4)
+    small = head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=K)
+    got = fs.nested(big, K)
+    np.testing.assert_allclose(got.basis, small.basis, atol=1e-12)
+    np.testing.assert_allclose(got.backbone, small.backbone, rtol=1e-9, atol=1e-12)
