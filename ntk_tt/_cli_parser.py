@@ -127,8 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--backbone", default=d["backbone"],
                    choices=BACKBONES,
                    help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
-                   "(N·F)² (small N only), subspace: exact on the features' 16 leading "
-                   "principal directions, (N·16)² (not with Adam/AdamW or --segments > 1)")
+                   "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
+                   "leading principal directions, (N·k)² (not with Adam/AdamW or --segments "
+                   "> 1)")
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "
                    "many times (one kernel each)")

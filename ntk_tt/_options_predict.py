@@ -214,3 +214,7 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
     if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
         raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
                          "drop them or use --predictor head_aware.")
+    if o["backbone"] == "subspace" and seg != 1:
+        raise ValueError("backbone (--backbone) subspace is not re-linearised (its feature "
+                         "basis would change at every segment): drop --segments, or use "
+                         "--backbone isotropic, kronecker or exact.")

@@ -179,8 +179,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in BACKBONES[:3]:  # "subspace": no preconditioned (Adam) form
-        raise ValueError(f"Adam's backbone must be one of {BACKBONES[:3]}, got {backbone!r}.")
+    if backbone not in BACKBONES[:3]:
+        raise ValueError(f"Adam's backbone must be one of {BACKBONES[:3]} (the preconditioned "
+                         f"kernel has no subspace form), got {backbone!r}.")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \

@@ -98,7 +98,7 @@ def head_aware_sgd_trajectory(hk: HeadAwareKernel, y, optimizer: Optimizer, *, s
     respect to a schedule's peak and warmup work (the kernel is shared).
 
     Args:
-      hk: :class:`ntk_tt.HeadAwareKernel` (isotropic, Kronecker or exact feature kernel).
+      hk: :class:`ntk_tt.HeadAwareKernel` (isotropic, Kronecker, exact or subspace feature kernel).
       y: labels (N,). optimizer: ``ntk_tt.sgd(...)``. steps: T updates (static).
       key: minibatch order (B < N), the order of ``ntk_tt.finetune`` with the same key.
       a_h: J_h θ_0 (N, F) on the training inputs, a_h_test (N_test, F) on the held-out ones
