@@ -33,7 +33,8 @@ import time
 import error_budget as eb
 import numpy as np
 import pandas as pd
-from feature_shrinkage import EPS, pending_tasks, print_groups
+from feature_shrinkage import _t as times
+from feature_shrinkage import pending_tasks, print_groups
 from kernel_growth import grown_curve
 
 import ntk_tt
@@ -44,17 +45,16 @@ KS = (8, 16, 24)
 
 
 def nested(hk, k: int):
-    """The k-direction subspace kernel from one of more directions: Z's first k columns and
+    """The k-direction subspace kernel from one with more directions: Z's first k columns and
     K_Z's leading (k × k) blocks (the principal directions are nested)."""
     n, kmax = hk.features.shape[0], hk.basis.shape[1]
     blocks = hk.backbone.reshape(n, kmax, n, kmax)[:, :k, :, :k].reshape(n * k, n * k)
     return hk._replace(backbone=blocks, basis=hk.basis[:, :k])
 
 
-def _t(curve) -> dict[str, float | None]:
-    out = {e: (None if not np.all(np.isfinite(curve)) else
-               float(ntk_tt.training_time(np.asarray(curve), float(e)))) for e in EPS}
-    return out | {"outcome": OUTCOMES[int(outcome(np.asarray(curve)).outcome)]}
+def _t(curve) -> dict:
+    """feature_shrinkage's T_ε per ε, and the curve's outcome."""
+    return times(curve) | {"outcome": OUTCOMES[int(outcome(np.asarray(curve)).outcome)]}
 
 
 def collect(path: str, per_class, edge: bool = False) -> None:

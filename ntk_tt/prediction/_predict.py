@@ -120,8 +120,8 @@ def predict(
     chooses the feature kernel ("isotropic", the default and the best measured: K_h(i, j) =
     k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
     the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only;
-    "subspace": the feature kernel exact on the features' 16 leading principal directions,
-    (N·16)²); ``kernel``
+    "subspace": the feature kernel exact on the features' k = min(16, F) leading principal
+    directions, (N·k)²); ``kernel``
     "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
 
     ``subset=N'`` predicts the MSE loss of full-batch GD on all N samples from the
