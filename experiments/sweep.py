@@ -99,7 +99,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="sweep directory (created; resumed if present)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="session")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="the grid (default: session)")
     p.add_argument("--smoke", action="store_true", help="same as --preset smoke")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figures")
     p.add_argument("--primary", nargs=2, metavar=("VARIANT", "DEMOTED"),
@@ -126,12 +126,21 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
                    help="reuse the identical real fine-tunes of the sweep in DIR (same task, "
                         "configuration and η); only the predictions are recomputed")
     args = p.parse_args(argv)
-    spec = PRESETS["smoke" if args.smoke else args.preset]
+    if args.smoke and args.preset not in (None, "smoke"):
+        _error(p, f"--smoke is --preset smoke; it cannot be combined with --preset "
+                  f"{args.preset} (give one of them).")
+    spec = PRESETS["smoke" if args.smoke else args.preset or "session"]
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
                  if getattr(args, f.name, None) is not None}
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
     try:  # every check before anything is written
         spec = dataclasses.replace(spec, **overrides)  # SweepSpec checks its grid
+        unused = [f"--{f}" for f in ("edge-momenta", "edge-batch-sizes")
+                  if getattr(args, f.replace("-", "_")) is not None]
+        if unused and not spec.edge_kappas:
+            raise ValueError(f"{' and '.join(unused)} set the edge rows' grid, but this grid "
+                             "has no edge rows: add --edge-kappas (e.g. --edge-kappas 24 48 "
+                             "96) or drop them.")
         check_out(args.out)
         out = pathlib.Path(args.out)
         if args.report and not ((out / TABLE_NAME).exists() or any(out.glob("rows/*.json"))):

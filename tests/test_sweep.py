@@ -753,6 +753,14 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--batch-sizes", "N", "20"], "B = 20 is not below N = 20"),
     (["--edge-kappas", "8", "--edge-batch-sizes", "30"],
      "SweepSpec.edge_batch_sizes (--edge-batch-sizes) B = 30 is not below N = 20"),
+    # these three ran: the smoke grid, seed -1, edge options that no row used
+    (["--preset", "full"], "--smoke is --preset smoke; it cannot be combined with --preset "
+                           "full (give one of them)"),
+    (["--seeds", "-1"], "SweepSpec.seeds (--seeds) must be integers >= 0"),
+    (["--edge-momenta", "0.9"], "--edge-momenta set the edge rows' grid, but this grid has no "
+                                "edge rows: add --edge-kappas"),
+    (["--edge-momenta", "0.9", "--edge-batch-sizes", "10"],
+     "--edge-momenta and --edge-batch-sizes set the edge rows' grid"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,
