@@ -313,6 +313,11 @@ def test_telemetry_files_and_records_are_checked_with_file_and_line(default_run,
                                              + where + r".*Nothing was written"):
             ntk_tt.save_telemetry(out, runs)
         assert not out.exists()
+    for empty in ([], ()):  # wrote an empty file, which ntk-tt outcome then refused
+        with pytest.raises(ValueError, match=r"save_telemetry got no runs \(an empty sequence\); "
+                                             "nothing was written"):
+            ntk_tt.save_telemetry(out, empty)
+        assert not out.exists()
     ntk_tt.save_telemetry(out, (t for t in [default_run.telemetry]))  # any iterable
     assert len(ntk_tt.load_telemetry(out)) == 1
     with pytest.raises(ValueError, match=r"telemetry path .* is a directory; give a file name"):

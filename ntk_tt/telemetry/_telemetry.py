@@ -303,8 +303,8 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
     Raises:
       ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
         swapped; its type named); ``runs`` is not a Telemetry or a sequence of them (the first
-        other item's index and type named); ``path``'s folder does not exist; ``path``
-        exists and ``overwrite`` is not True. Nothing is written then.
+        other item's index and type named) or an empty sequence; ``path``'s folder does not
+        exist; ``path`` exists and ``overwrite`` is not True. Nothing is written then.
     """
     path = file_path(path, "telemetry", "save_telemetry('runs.jsonl', [run.telemetry]); nothing "
                      "was written")
@@ -316,6 +316,8 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
             raise ValueError(f"save_telemetry writes Telemetry records (the .telemetry of "
                              f"ntk_tt.finetune(..., telemetry=True)), one or a list of them; "
                              f"{where} is {a_type(r)}. Nothing was written.")
+    if not runs:  # an empty file would only be refused later, by ntk-tt outcome
+        raise ValueError("save_telemetry got no runs (an empty sequence); nothing was written.")
     require_folder(path, "telemetry")
     if path.exists() and overwrite is not True:
         raise ValueError(f"telemetry path {path} exists; pass overwrite=True to replace it, or "
@@ -337,8 +339,7 @@ def json_line(path: str | Path, number: int, line: str) -> Any:
 
 
 def load_telemetry(path: str | Path) -> list[Telemetry]:
-    """Read the runs written by :func:`save_telemetry`, in order (a list, empty for an empty
-    file).
+    """Read the runs written by :func:`save_telemetry`, in order (a list; [] for an empty file).
 
     Raises:
       ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
@@ -379,8 +380,7 @@ def truncate(telemetry: Telemetry, k: int) -> Telemetry:
         ``Telemetry.from_dict``); k not an int in [0, number of recorded updates].
     """
     if not isinstance(telemetry, Telemetry):
-        raise ValueError(f"truncate takes a Telemetry (finetune(..., telemetry=True).telemetry, "
-                         f"or Telemetry.from_dict(row)), got {type(telemetry).__name__}.")
+        raise ValueError(f"truncate takes a Telemetry (a run's .telemetry): {a_type(telemetry)}")
     observed = len(telemetry.loss) - 1
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= observed:
         raise ValueError(f"k must be an int in [0, {observed}], got {k!r}.")
