@@ -92,9 +92,9 @@ def test_head_aware_sgd_and_adamw_cells_are_predict_head_aware():
                           weight_decay=0.05, decoupled=False, batch_size=4)
 
     lrs = [0.05, 0.5, 5.0]
-    grid = ntk_tt.divergence_boundary(hk, y, optimizer=sgd(1.0, 0.5), momenta=[0.3, 0.8],
-                                      learning_rates=lrs, steps=T, key=key, num_paths=2,
-                                      y_test=yt, a=tangents["a_h"], a_test=tangents["a_h_test"])
+    grid = sgd_grid = ntk_tt.divergence_boundary(
+        hk, y, optimizer=sgd(1.0, 0.5), momenta=[0.3, 0.8], learning_rates=lrs, steps=T,
+        key=key, num_paths=2, y_test=yt, a=tangents["a_h"], a_test=tangents["a_h_test"])
     _check_cells(grid, lambda p, m: ntk_tt.predict_head_aware(
         hk, y, optimizer=sgd(p, m), steps=T, key=key, num_paths=2, y_test=yt, **tangents))
 
@@ -108,6 +108,9 @@ def test_head_aware_sgd_and_adamw_cells_are_predict_head_aware():
     _check_cells(grid, lambda p, b1: ntk_tt.predict_head_aware(
         ak, y, optimizer=adamw(p, b1), steps=T, y_test=yt, **tangents), adam=True)
     assert np.isfinite(grid.final_loss).all() and grid.final_loss[1, 1] < 0.9 * np.log(C)
+    # its figure's y axis names β₁ (it said "momentum m"); SGD grids keep m
+    assert ntk_tt.plot_whatif(grid).axes[0].get_ylabel() == "Adam β₁"
+    assert grid.momentum_name == "Adam β₁" and sgd_grid.momentum_name == "momentum m"
 
 
 def test_a_callable_schedule_is_scaled_to_each_peak():

@@ -466,7 +466,8 @@ def test_divergence_boundary_prints_plain_numbers_and_keeps_its_types():
     text = repr(grid)
     assert "np." not in text and "array(" not in text and "dtype" not in text, text
     assert text.startswith("WhatIfGrid(learning_rates=[ 0.5, 50. ], momenta=[0. , 0.5]"), text
-    assert "boundary=[0.5, 0.5]" in text and text.endswith("epsilon=0.1, steps=20)"), text
+    assert "boundary=[0.5, 0.5]" in text, text
+    assert text.endswith("epsilon=0.1, steps=20, momentum_name='momentum m')"), text
     assert str(grid) == text
     assert type(grid.steps) is int and type(grid.epsilon) is float
     assert all(isinstance(grid[i], np.ndarray) for i in range(11))

@@ -302,7 +302,8 @@ def divergence_boundary(
         return _as_grid(lrs, ms, optimizer_grid(
             kernel, y, optimizer, lrs, ms, steps=steps, epsilon=epsilon, key=key,
             y_test=y_test, f0=f0, kernel_test=kernel_test, f0_test=f0_test, a=a, a_test=a_test,
-            loss=loss, num_paths=num_paths, window=window), epsilon, steps)
+            loss=loss, num_paths=num_paths, window=window), epsilon, steps,
+            "momentum m" if optimizer.rule == "sgd" else "Adam β₁")
     kind, data, y, y_test, batch_size, _ = _prepare(
         kernel, y, f0=f0, kernel_test=kernel_test, f0_test=f0_test, y_test=y_test,
         learning_rate=float(lrs[0]), momentum=float(ms[0]), steps=steps,
@@ -321,7 +322,7 @@ def divergence_boundary(
         epsilon, steps)
 
 
-def _as_grid(lrs, ms, cells, epsilon, steps) -> WhatIfGrid:
+def _as_grid(lrs, ms, cells, epsilon, steps, momentum_name="momentum m") -> WhatIfGrid:
     """The :class:`WhatIfGrid` of a core's (diverged, T_ε, L_T, accuracy, κ, beyond_edge,
     outcome)."""
     div, t, lt, acc, kappa, edge, said = (np.asarray(v) for v in cells)
@@ -329,4 +330,5 @@ def _as_grid(lrs, ms, cells, epsilon, steps) -> WhatIfGrid:
     return WhatIfGrid(
         learning_rates=lrs, momenta=ms, diverged=div, training_time=t, final_loss=lt,
         test_accuracy=acc, kappa=kappa[0], beyond_edge=edge, outcome=said, boundary=boundary,
-        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps))
+        boundary_inside=inside, monotone=monotone, epsilon=float(epsilon), steps=int(steps),
+        momentum_name=momentum_name)

@@ -164,6 +164,8 @@ class WhatIfGrid(NamedTuple):
       the grid). monotone: bool (G_m,), no grid η above the first diverging one recovers
       (False flags e.g. SGD noise or a cross-entropy catapult at that m).
     epsilon: the ε of ``training_time`` (a Python float). steps: T (a Python int).
+    momentum_name: what ``momenta`` are, for labels: "momentum m", or "Adam β₁" for an
+      Adam-family ``optimizer=`` grid.
 
     Printed (``repr``), arrays show as plain numbers ``[0.01, 0.1]`` (numpy's summary for
     large ones), not ``array(...)`` / ``np.float64(...)``; the fields stay numpy arrays.
@@ -183,6 +185,7 @@ class WhatIfGrid(NamedTuple):
     monotone: np.ndarray
     epsilon: float
     steps: int
+    momentum_name: str = "momentum m"
 
     def __repr__(self) -> str:
         def show(v):

@@ -13,7 +13,8 @@ from ntk_tt.dynamics._divergence import DIVERGES
 def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     """Heat map of the predicted T_ε over η × m with the predicted divergence boundary.
 
-    x axis: learning rate η (log scale); y axis: momentum m; colour: T_ε in optimiser steps
+    x axis: learning rate η (log scale); y axis: momentum m (Adam's β₁ for an Adam
+    grid: ``grid_result.momentum_name``); colour: T_ε in optimiser steps
     (``grid_result.training_time``), cells predicted to diverge grey (``diverged`` or the
     call "diverges", as the boundary), cells where T_ε is otherwise undefined (flat, not
     settled, beyond a frozen cross-entropy Θ's edge) left white; the boundary (per m, the
@@ -69,7 +70,7 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     ax.set_xlim(x_edges[0], x_edges[-1])
     ax.set_ylim(y_edges[0], y_edges[-1])
     ax.set_xlabel("learning rate η (log scale)")
-    ax.set_ylabel("momentum m")
+    ax.set_ylabel(grid_result.momentum_name)
     ax.set_title(f"predicted T_{grid_result.epsilon:g} (loss, steps of {grid_result.steps}); "
                  "grey: predicted to diverge", fontsize=9)
     ax.legend(loc="lower left", fontsize=8)
