@@ -282,15 +282,23 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
     for other in (dict(kernel="exact"), dict(kernel="traced:subset150:power_law"),
                   dict(kernel="head_aware:isotropic:refresh4"), dict(method="ode"),
                   dict(loss="mse")):
-        out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
-        assert out == {"loss": dict.fromkeys(times), "error": dict.fromkeys(times),
-                       "warnings": []}, other
+        with pytest.warns(CalibrationRangeWarning) as said:  # it said nothing of why
+            out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
+        why = ("no T_ε interval: the calibration table's residuals are of the "
+               "head_aware:isotropic predictor (discrete recursion, cross-entropy), this "
+               "prediction is ")
+        assert out["loss"] == dict.fromkeys(times) and out["error"] == dict.fromkeys(times)
+        assert len(out["warnings"]) == 1 and out["warnings"][0].startswith(why), out
+        assert [str(w.message) for w in said] == out["warnings"]
     unnamed = ntk_tt.fit_intervals(synthetic(np.random.default_rng(10), 20))
     assert "pred_method" not in unnamed.source
     pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, kernel="exact")
     assert ntk_tt.intervals(pred, unnamed)["loss"][0.1] == unnamed.interval(40.0, 1.0, 0.1, "gd")
-    assert ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, loss="mse"),
-                            unnamed)["loss"][0.1] is None
+    with pytest.warns(CalibrationRangeWarning, match="residuals are of discrete-recursion "
+                      r"predictions .* this prediction is .*\(discrete, mse\); fit a calibrator"):
+        out = ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, loss="mse"),
+                               unnamed)
+    assert out["loss"][0.1] is None
 
 
 def test_leave_one_set_out_script(tmp_path):
@@ -404,10 +412,14 @@ def test_intervals_inside_the_calibration_table_are_not_flagged():
         for n in (50, 120, 250):  # the range's ends included
             out = ntk_tt.intervals(fake_prediction(1.0, 0.0, n, {0.1: 40.0}, num_train=n), cal)
             assert out["warnings"] == [] and out["loss"][0.1] is not None
-        # no interval given (a predictor the residuals are not of, an undefined T_ε): no flag
-        for pred in (fake_prediction(1.0, 0.0, 9000, {0.1: 40.0}, num_train=9000, loss="mse"),
-                     fake_prediction(1.0, 0.0, 9000, {0.1: math.nan}, num_train=9000)):
-            assert ntk_tt.intervals(pred, cal)["warnings"] == []
+        # no interval given for an undefined T_ε: no range flag
+        pred = fake_prediction(1.0, 0.0, 9000, {0.1: math.nan}, num_train=9000)
+        assert ntk_tt.intervals(pred, cal)["warnings"] == []
+    # nor for a predictor the residuals are not of: only the note that says why
+    mse = fake_prediction(1.0, 0.0, 9000, {0.1: 40.0}, num_train=9000, loss="mse")
+    with pytest.warns(CalibrationRangeWarning):
+        said = ntk_tt.intervals(mse, cal)["warnings"]
+    assert len(said) == 1 and said[0].startswith("no T_ε interval"), said
 
 
 def test_intervals_flag_an_update_rule_the_calibration_table_lacks(tmp_path):

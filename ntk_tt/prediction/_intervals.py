@@ -313,7 +313,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       λ = 0.01–0.1, peak η = 1e-4–1e-3) outside the table's
       (``_intervals_range.prediction_messages``), and one when ``level`` is above what the
       table's residuals resolve (level > 1 − 2/(n + 1) for n residuals, all pooled: the bounds
-      are then 0 and T); [] for a calibrator recording none.
+      are then 0 and T); [] for a calibrator recording none; when every interval is None
+      because the prediction abstains or is not of the calibrator's predictor, one message
+      saying which.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -333,8 +335,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     adam = str(prediction.kernel).startswith("head_aware_adam:")
     cal = default_calibrator("adam" if adam else "sgd") if calibrator is None else calibrator
     if not calibrated_for(prediction, cal) or prediction.outcome == "unknown":  # abstains
+        said = [_abstain_message(prediction, cal)]
+        warnings.warn(said[0], CalibrationRangeWarning, stacklevel=2)
         return {"loss": dict.fromkeys(tt["loss"]), "error": dict.fromkeys(tt["error"]),
-                "warnings": []}
+                "warnings": said}
     hp = prediction.hyperparameters
     kappa_eff = float(prediction.kappa) / (1.0 - float(hp["momentum"]))
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
@@ -350,6 +354,22 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
     return {"loss": loss, "error": dict.fromkeys(tt["error"]), "warnings": said}
+
+
+def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
+    """Why :func:`intervals` gives no interval: the prediction abstains, or the calibrator's
+    residuals are of another predictor."""
+    if prediction.outcome == "unknown":
+        return ("no T_ε interval: the prediction abstains (outcome unknown: "
+                f"{prediction.divergence_reason})")
+    names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
+             for k in cal.source.get("pred_kernel") or []]
+    of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
+    loss = prediction.hyperparameters.get("loss", "cross_entropy")
+    return (f"no T_ε interval: the calibration table's residuals are of {of} "
+            f"(discrete recursion, cross-entropy), this prediction is {prediction.kernel} "
+            f"({prediction.method}, {loss}); fit a calibrator on a sweep of this predictor "
+            "(ntk_tt.fit_intervals) to get one")
 
 
 def _level_message(level: float, n: int) -> str:
