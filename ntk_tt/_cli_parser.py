@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
                    "leading principal directions, (N·k)² (not with Adam/AdamW or --segments "
                    "> 1)")
+    q.add_argument("--subspace-dim", type=int, default=d["subspace_dim"], metavar="K",
+                   help="with --backbone subspace: its k feature directions (default 16; "
+                   "cost grows as k²)")
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "
                    "many times (one kernel each)")

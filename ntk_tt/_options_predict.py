@@ -27,6 +27,8 @@ from ntk_tt._options_optimizer import check_optimizer_options
 from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs, dataset_input
 
+SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
+
 
 def check_options(o: dict[str, Any]) -> None:
     """Fail fast on the options of :func:`ntk_tt.predict_task`, before loading anything (and
@@ -214,7 +216,31 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
     if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
         raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
                          "drop them or use --predictor head_aware.")
+    if o["subspace_dim"] is not None:
+        check_subspace_dim(o["subspace_dim"], o["backbone"])
     if o["backbone"] == "subspace" and seg != 1:
         raise ValueError("backbone (--backbone) subspace is not re-linearised (its feature "
                          "basis would change at every segment): drop --segments, or use "
                          "--backbone isotropic, kronecker or exact.")
+
+
+def check_subspace_dim(subspace_dim, backbone: str = "subspace", head_kernel=None) -> int:
+    """``subspace_dim`` as an int k (None: ``SUBSPACE_DIM``), for ``backbone`` (the
+    ``predict`` / ``ntk-tt predict --subspace-dim`` check: k sets the ``"subspace"`` kernel
+    only, and a given ``head_kernel`` has its own).
+
+    Raises:
+      ValueError: k not an int >= 1; k given with another backbone or with a head_kernel.
+    """
+    if subspace_dim is None:
+        return SUBSPACE_DIM
+    if not _is_int(subspace_dim) or subspace_dim < 1:
+        raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
+                         f"{subspace_dim!r}.")
+    if backbone != "subspace" or head_kernel is not None:
+        raise ValueError(f"subspace_dim (--subspace-dim) sets the k of backbone='subspace' "
+                         f"when its kernel is built here; got backbone={backbone!r}"
+                         + (" and a head_kernel (built with its own k)" if head_kernel
+                            is not None else "") + ": drop subspace_dim, or use "
+                         "backbone='subspace' without head_kernel.")
+    return int(subspace_dim)

@@ -61,6 +61,8 @@ BEFORE_JAX = [
      "backbone (--backbone) subspace has no Adam form"),
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
+    (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of backbone='subspace'"),
+    (["--backbone", "subspace", "--subspace-dim", "0"], "subspace_dim must be an int >= 1"),
 ]
 
 

@@ -110,7 +110,29 @@ def test_predict_labels_the_subspace_kernel(x64):
     np.testing.assert_allclose(pred.loss, exact.loss, rtol=1e-9)
 
 
-@pytest.mark.parametrize("bad", [0, -3, True, 2.0, None])
+def test_predict_takes_the_subspace_dimension(x64):
+    """predict(subspace_dim=k) is the recursion on head_aware_kernel(subspace_dim=k) (it had
+    no way to set k); k given where it sets nothing is refused before any kernel work."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    split = split_head(model)
+    kw = dict(learning_rate=0.2, steps=STEPS, head=split)
+    pred = ntk_tt.predict(apply_fn, params, x, y, backbone="subspace", subspace_dim=K, **kw)
+    hk = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    np.testing.assert_allclose(pred.loss, predict_head_aware(
+        hk, y, learning_rate=0.2, steps=STEPS).loss, rtol=1e-12)
+    full = ntk_tt.predict(apply_fn, params, x, y, backbone="subspace", **kw)  # k = 16 ≥ F
+    assert np.max(np.abs(pred.loss - full.loss)) > 1e-6  # k = 2 of F = 4 is another kernel
+    sgd = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.sgd(0.2, 0.5), steps=STEPS,
+                         head=split, backbone="subspace", subspace_dim=K)
+    np.testing.assert_allclose(sgd.loss, predict_head_aware(
+        hk, y, learning_rate=0.2, momentum=0.5, steps=STEPS).loss, rtol=1e-9)
+    for bad in (dict(backbone="isotropic"), dict(backbone="subspace", head_kernel=hk)):
+        with pytest.raises(ValueError, match="subspace_dim .* sets the k of backbone="):
+            ntk_tt.predict(apply_fn, params, x, y, subspace_dim=K, **kw, **bad)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.0, "8"])
 def test_bad_subspace_dim(x64, bad):
     model, x, *_ = _problem(True)
     with pytest.raises(ValueError, match="subspace_dim must be an int >= 1"):

@@ -35,10 +35,9 @@ import numpy as np
 from flax import nnx
 
 from ntk_tt._options import BACKBONES
+from ntk_tt._options_predict import SUBSPACE_DIM, check_subspace_dim
 from ntk_tt.data._model import check_model
 from ntk_tt.kernels._structured import contract, structured_jacobian
-
-SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
 
 
 class HeadAwareKernel(NamedTuple):
@@ -159,7 +158,7 @@ class _Projected:
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
                       key: jax.Array | None = None,
-                      subspace_dim: int = SUBSPACE_DIM) -> HeadAwareKernel:
+                      subspace_dim: int | None = SUBSPACE_DIM) -> HeadAwareKernel:
     """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
     backbone_params, head_kernel, head_bias)`` (:func:`split_head`) on inputs ``x`` (N, ...).
 
@@ -177,7 +176,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
 
     Raises:
       ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an
-        int >= 1, kernels of the wrong shape or
+        int >= 1 (None: ``SUBSPACE_DIM``), kernels of the wrong shape or
         with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that ``feature_fn`` cannot
         take (``check_model``'s messages, before any kernel work), or (Kronecker and isotropic,
         concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
@@ -191,10 +190,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     if isinstance(mixing_samples, bool) or not isinstance(mixing_samples, int) \
             or mixing_samples < 1:
         raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
-    if isinstance(subspace_dim, bool) or not isinstance(subspace_dim, int | np.integer) \
-            or subspace_dim < 1:
-        raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
-                         f"{subspace_dim!r}.")
+    subspace_dim = check_subspace_dim(subspace_dim)  # None: SUBSPACE_DIM
     if not isinstance(split, tuple | list) or len(split) != 4:
         size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
         raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "

@@ -214,8 +214,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     method=)``, any method for SGD, the discrete recursion for Adam, and, with ``verify``,
     fine-tuned with ``finetune(optimizer=)`` of the same :class:`ntk_tt.Optimizer`, except
     constant-η SGD without decay, which goes through the constant-η keywords, the same rule),
-    loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale,
-    predictor, backbone, segments, subset (N': predict the MSE loss of full-batch SGD without
+    loss, method, kernel, sketch_dim, num_paths, seed, resize, head_scale, predictor,
+    backbone, subspace_dim, segments, subset (N': predict the MSE loss of full-batch SGD without
     weight decay, any schedule and momentum, from a subset's kernel, App. D; held-out curves
     are then not predicted), subset_method ("power_law" | "nystrom"),
     loss_targets (L*), error_targets (training error e*), accuracy_targets (held-out accuracy
@@ -332,7 +332,8 @@ def _work(o, verify, json_file, progress, on_prediction=None):
                            kernel=o["kernel"], sketch_dim=o["sketch_dim"],
                            num_paths=o["num_paths"], key=key, x_test=held_out[0],
                            y_test=held_out[1], predictor=resolve_predictor(o), head=head,
-                           backbone=o["backbone"], segments=o["segments"],
+                           backbone=o["backbone"], subspace_dim=o["subspace_dim"],
+                           segments=o["segments"],
                            subset=o["subset"], subset_method=o["subset_method"],
                            targets=targets, **hyper)
         for w in caught:  # the caller's filters decide (ntk-tt ignores BeyondEdgeWarning)

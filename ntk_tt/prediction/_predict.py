@@ -14,6 +14,7 @@ import numpy as np
 
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
+from ntk_tt._options_predict import check_subspace_dim
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model
@@ -101,6 +102,7 @@ def predict(
     x_test=None, y_test=None, predictor: str = "auto", head=None,
     backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
     subset_method: str = "power_law", targets=None, optimizer=None, head_kernel=None,
+    subspace_dim: int | None = None,
 ) -> Prediction:
     """Predict fine-tuning curves and T_ε of ``apply_fn`` at ``params`` without training.
 
@@ -169,6 +171,8 @@ def predict(
         ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
         backbone: "kronecker" | "isotropic" | "exact" | "subspace" (head-aware feature
           kernel; ``ntk_tt.head_aware_kernel``; "subspace" not for Adam or segments > 1).
+        subspace_dim: with ``backbone="subspace"``, its k feature directions (an int ≥ 1;
+          None: ``SUBSPACE_DIM`` = 16; measured k = 8 / 16 / 24 in README "Error budget").
         segments: head-aware only: > 1 re-linearises the backbone along the predicted path
           that many times (``ntk_tt.predict_head_aware_refreshed``: one kernel per segment,
           one path; SGD follows the real run's batch order ``key``).
@@ -218,6 +222,8 @@ def predict(
         kernel, missing key,
         ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
+        ``subspace_dim`` without ``backbone="subspace"`` or with ``head_kernel`` (built with
+        its own k) or not an int ≥ 1,
         a head-aware prediction without ``head`` or with a method other than the discrete
         recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
         ``subset`` with anything but MSE full-batch GD or a full-batch SGD-family optimizer
@@ -229,6 +235,7 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
+    sub_k = check_subspace_dim(subspace_dim, backbone, head_kernel)
     if is_traced((learning_rate, momentum)):
         raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
                          "the values), so learning_rate and momentum cannot be traced (jit / "
@@ -264,7 +271,7 @@ def predict(
             method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
             segments=segments, subset=subset, subset_method=subset_method, targets=targets,
-            head_kernel=head_kernel)
+            head_kernel=head_kernel, subspace_dim=sub_k)
     momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n,  # subset=: its own Nesterov advice
@@ -319,7 +326,8 @@ def predict(
         from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 
         hk = head_kernel if head_kernel is not None else timed_stage(
-            seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone, key=keys[0])
+            seconds, "kernel", head_aware_kernel, head, x, x_test, backbone=backbone, key=keys[0],
+            subspace_dim=sub_k)
         out = timed_stage(seconds, "solve", predict_head_aware, hk, y, learning_rate=learning_rate,
                      momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov,
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)

@@ -82,9 +82,10 @@ def _check(optimizer, n, steps, method, subset_method, segments, loss) -> int:
 def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, loss,
                            method, kernel, sketch_dim, num_paths, key, x_test, y_test, predictor,
                            head, backbone, segments, subset, subset_method,
-                           targets, head_kernel=None) -> Prediction:
+                           targets, head_kernel=None, subspace_dim=16) -> Prediction:
     """:func:`ntk_tt.predict` with ``optimizer=`` (module docstring). Arguments as there,
-    already checked up to the labels and ``targets`` ({curve: targets}); ``shape``: (N, C) of
+    already checked up to the labels and ``targets`` ({curve: targets}), ``subspace_dim`` an
+    int k; ``shape``: (N, C) of
     the model's logits. ``seconds`` has the stages "kernel", "logits" (f0 and J·θ0) and
     "solve"; :func:`ntk_tt.predict` adds "setup", "compile" and "total".
 
@@ -163,7 +164,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
             if isinstance(head_kernel, AdamKernel):
                 return head_kernel
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
-                head, x, x_test, backbone=backbone, key=kernel_key)
+                head, x, x_test, backbone=backbone, key=kernel_key, subspace_dim=subspace_dim)
             return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
                                            loss=loss, hk=hk, key=kernel_key) if adam else hk)
 
