@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="D' of the random projection; only with --kernel sketch or --method sde "
                    "(default there: 256)")
     q.add_argument("--num-paths", type=int, default=d["num_paths"],
-                   help="SGD noise paths averaged (with -B < N)")
+                   help="SGD batch orders (or SDE paths) averaged, with -B < N; path 0 is "
+                   "the --verify run's order (same --seed), so 1 predicts that very run")
     for flag, dest, what in (
             ("--loss-target", "loss_targets", "mean training loss L* > 0"),
             ("--error-target", "error_targets", "training error rate e* in [0, 1]"),
