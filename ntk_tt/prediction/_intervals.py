@@ -39,6 +39,7 @@ import warnings
 import numpy as np
 
 from ntk_tt._options import a_type, file_path
+from ntk_tt._options_predict import NO_INTERVAL
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
@@ -360,13 +361,13 @@ def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
     """Why :func:`intervals` gives no interval: the prediction abstains, or the calibrator's
     residuals are of another predictor."""
     if prediction.outcome == "unknown":
-        return ("no T_ε interval: the prediction abstains (outcome unknown: "
+        return (f"{NO_INTERVAL}: the prediction abstains (outcome unknown: "
                 f"{prediction.divergence_reason})")
     names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
              for k in cal.source.get("pred_kernel") or []]
     of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
     loss = prediction.hyperparameters.get("loss", "cross_entropy")
-    return (f"no T_ε interval: the calibration table's residuals are of {of} "
+    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of} "
             f"(discrete recursion, cross-entropy), this prediction is {prediction.kernel} "
             f"({prediction.method}, {loss}); fit a calibrator on a sweep of this predictor "
             "(ntk_tt.fit_intervals) to get one")
