@@ -2,10 +2,12 @@
 targets and cost on the full preset's main grid, and minibatch rows predicted on the real
 run's own batch order.
 
-    python experiments/subspace_preset.py --out OUT.jsonl [--per-class 10 50 150]
+    python experiments/subspace_preset.py --out OUT.jsonl [--per-class 10 50 150] [--table DIR]
     python experiments/subspace_preset.py --out OUT.jsonl --report [--json SUMMARY.json]
+        [--table DIR]
 
-For every task of the committed full preset (``experiments/results/sweep``) with κ̃ ≤ 12 rows
+For every task of the committed full preset (``experiments/results/sweep``, or another sweep
+directory ``--table``, e.g. of unseen tasks: ``sweep.py --seeds 1``) with κ̃ ≤ 12 rows
 it builds the default's isotropic head-aware kernel and ``backbone="subspace"`` (k =
 ``ntk_tt._options_predict.SUBSPACE_DIM``), timed side by side as a user pays them
 (``ntk_tt.head_aware_kernel``), and predicts every row with ``ntk_tt.predict_head_aware``,
@@ -46,6 +48,7 @@ from ntk_tt.sweep._compile import _compiled, _timed
 from ntk_tt.sweep._errors import _pooled_stats, t_col
 from ntk_tt.sweep._load import _task_key
 from ntk_tt.sweep._predictions import _t_eps
+from ntk_tt.sweep._table import read_table
 from ntk_tt.sweep._targets import absolute_targets
 
 PREDICTORS = ("default", "subspace", "default_own", "subspace_own")
@@ -83,8 +86,8 @@ def _curve(x) -> list:
     return [float(f"{v:.7g}") for v in np.asarray(x, np.float64)]
 
 
-def collect(path: str, per_class) -> None:
-    df = pd.read_parquet(eb.SWEEP)
+def collect(path: str, per_class, table) -> None:
+    df = read_table(table)
     df = df[(df.kappa_eff < 13) & df.per_class.isin(per_class)]
     for group, task, data in pending_tasks(path, df):
         key = _task_key(task)
@@ -142,12 +145,12 @@ def _p95(frame) -> str:
     return f"{100 * s['p95']:.1f} % ({100 * s['median_signed']:+.1f}, n {s['n']})"
 
 
-def report(path: str, json_out: str | None) -> None:
+def report(path: str, json_out: str | None, table) -> None:
     rows = {}
     for line in open(path):
         r = json.loads(line)
         rows[r["row_id"]] = r
-    df = pd.read_parquet(eb.SWEEP)
+    df = read_table(table)
     df = df[df.row_id.isin(rows)].reset_index(drop=True)
     summary = {"rows": len(df), "definition": __doc__.split("\n\n")[2].strip()}
     print(f"{len(df)} rows; T_ε p95 pooled over ε ∈ {{0.1, 0.4}} (signed median, pairs)")
@@ -200,11 +203,13 @@ def main(argv=None) -> None:
     p.add_argument("--per-class", type=int, nargs="+", default=[10, 50, 150])
     p.add_argument("--report", action="store_true")
     p.add_argument("--json", help="with --report: also write the figures to this JSON file")
+    p.add_argument("--table", default=eb.SWEEP.parent,
+                   help="the sweep directory whose rows are predicted (default: the full preset)")
     a = p.parse_args(argv)
     if a.report:
-        report(a.out, a.json)
+        report(a.out, a.json, a.table)
     else:
-        collect(a.out, a.per_class)
+        collect(a.out, a.per_class, a.table)
 
 
 if __name__ == "__main__":
