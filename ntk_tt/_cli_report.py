@@ -254,7 +254,8 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
     so is an N or T outside the range the 90 % intervals were calibrated on
     (``ntk_tt.intervals``'s CalibrationRangeWarning, e.g. "warning: N = 2000 training samples
     is outside the calibration table's N = 50–750 (...)"); why a prediction has no interval
-    at all (``ntk_tt.intervals``' note) is a "note:" line.
+    at all (``ntk_tt.intervals``' note) is a "note:" line, unless it calls divergence (said
+    on its own line).
     An undefined T_ε has its short reason at the end of its row; a diverged prediction or
     real run is said in words, and comparisons it makes meaningless are not printed as
     numbers. A report of the prediction alone (no real run and ``predicted.wall_clock``
@@ -280,8 +281,10 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
         lines.append(f"optimiser: {describe_optimizer(r['optimizer'])}")
     noted = pred.get("warnings") or []  # the prediction's BeyondEdgeWarnings, with flags
     lines += ["warning: " + re.sub(r"method='(\w+)'", r"--method \1", w) for w in noted]
+    said_diverges = pred["diverged"] or _called_divergent(pred)  # said on its own line
     lines += [("note: " if w.startswith(NO_INTERVAL) else "warning: ") + w  # no interval: n/a
-              for w in pred.get("interval_warnings") or []]
+              for w in pred.get("interval_warnings") or []
+              if not (said_diverges and w.startswith(NO_INTERVAL))]
     if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
         # (a warning of the prediction says it better; a call of divergence has its own line)
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "

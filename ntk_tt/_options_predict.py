@@ -217,8 +217,15 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                          f"{o['method']!r} and kernel {o['kernel']!r}; use --predictor linear "
                          "for other methods or a sketch.")
     if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
-        raise ValueError("--segments and --backbone apply to the head-aware predictor only; "
-                         "drop them or use --predictor head_aware.")
+        given = [f for f, on in ((f"--segments {seg}", seg != 1),
+                                 (f"--backbone {o['backbone']}", o["backbone"] != "isotropic"))
+                 if on]
+        why = ("--predictor linear" if o["predictor"] == "linear" else "--subset"
+               if o.get("subset") is not None else f"--method {o['method']}"
+               if method != "discrete" else "--kernel sketch")
+        raise ValueError(f"{' and '.join(given)} apply to the head-aware predictor only, and "
+                         f"{why} selects the linear predictor (only it has that option): drop "
+                         f"{' and '.join(given)}, or drop {why}.")
     if o["subspace_dim"] is not None:
         check_subspace_dim(o["subspace_dim"], o["backbone"])
     if o["backbone"] == "subspace" and seg != 1:
@@ -240,10 +247,12 @@ def check_subspace_dim(subspace_dim, backbone: str = "subspace", head_kernel=Non
     if not _is_int(subspace_dim) or subspace_dim < 1:
         raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
                          f"{subspace_dim!r}.")
-    if backbone != "subspace" or head_kernel is not None:
-        raise ValueError(f"subspace_dim (--subspace-dim) sets the k of backbone='subspace' "
-                         f"when its kernel is built here; got backbone={backbone!r}"
-                         + (" and a head_kernel (built with its own k)" if head_kernel
-                            is not None else "") + ": drop subspace_dim, or use "
-                         "backbone='subspace' without head_kernel.")
+    if backbone != "subspace":
+        raise ValueError(f"subspace_dim (--subspace-dim) sets the k of the subspace backbone "
+                         f"(backbone='subspace', --backbone subspace) only, got backbone "
+                         f"{backbone!r}: drop it, or choose the subspace backbone.")
+    if head_kernel is not None:
+        raise ValueError("subspace_dim sets the k of a subspace kernel built by predict; the "
+                         "head_kernel given was built with its own k (head_aware_kernel(..., "
+                         "subspace_dim=k)): drop subspace_dim.")
     return int(subspace_dim)

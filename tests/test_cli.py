@@ -203,6 +203,20 @@ def test_beyond_edge_warning_and_held_out_note(tmp_path, capsys):
     assert "(predicted: diverged)" in out.out
 
 
+def test_a_prediction_without_interval_says_why(tmp_path, capsys):
+    """--predictor linear: the interval column is n/a, and a note: line says why (the
+    shipped residuals are the head-aware predictor's); it said nothing."""
+    js = tmp_path / "r.json"
+    code, out = run_cli(["--dataset", grey_digits(tmp_path), "-K", "2", "-n", "3", "-T", "4",
+                         "--predictor", "linear", "--json", str(js), "--figure", ""], capsys)
+    r = json.loads(js.read_text())
+    assert code == 0 and not r["predicted"]["diverged"]
+    notes = [ln for ln in out.out.splitlines() if ln.startswith("note: no T_ε interval")]
+    assert notes == ["note: " + w for w in r["predicted"]["interval_warnings"]]
+    assert len(notes) == 1 and "this prediction's kernel is exact" in notes[0], notes
+    assert all(v is None for v in r["predicted"]["interval_90"]["loss"].values())
+
+
 def test_help_names_default_figure_and_npz_format(capsys):
     with pytest.raises(SystemExit):
         main(["predict", "-h"])

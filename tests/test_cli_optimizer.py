@@ -61,7 +61,15 @@ BEFORE_JAX = [
      "backbone (--backbone) subspace has no Adam form"),
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
-    (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of backbone='subspace'"),
+    (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of the subspace "
+                              "backbone (backbone='subspace', --backbone subspace) only, got "
+                              "backbone 'isotropic'"),
+    # a fresh user: this refusal sent them to --predictor head_aware, which then refused
+    # --kernel sketch; it now names what chose the linear predictor
+    (["--backbone", "subspace", "--kernel", "sketch"],
+     "--backbone subspace apply to the head-aware predictor only, and --kernel sketch selects "
+     "the linear predictor (only it has that option): drop --backbone subspace, or drop "
+     "--kernel sketch"),
     (["--backbone", "subspace", "--subspace-dim", "0"], "subspace_dim must be an int >= 1"),
 ]
 

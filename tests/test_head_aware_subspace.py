@@ -127,9 +127,16 @@ def test_predict_takes_the_subspace_dimension(x64):
                          head=split, backbone="subspace", subspace_dim=K)
     np.testing.assert_allclose(sgd.loss, predict_head_aware(
         hk, y, learning_rate=0.2, momentum=0.5, steps=STEPS).loss, rtol=1e-9)
-    for bad in (dict(backbone="isotropic"), dict(backbone="subspace", head_kernel=hk)):
-        with pytest.raises(ValueError, match="subspace_dim .* sets the k of backbone="):
+    for bad, said in ((dict(backbone="isotropic"), "only, got backbone 'isotropic'"),
+                      (dict(backbone="subspace", head_kernel=hk), "built with its own k")):
+        with pytest.raises(ValueError, match=f"subspace_dim .*{said}"):
             ntk_tt.predict(apply_fn, params, x, y, subspace_dim=K, **kw, **bad)
+    # the linear predictor has no feature kernel: a backbone there was silently unused
+    for linear in (dict(predictor="linear", head=split), {}):
+        with pytest.raises(ValueError, match="backbone='subspace' sets the head-aware "
+                                             "predictor's feature kernel; the linear"):
+            ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.2, steps=STEPS,
+                           backbone="subspace", **linear)
 
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.0, "8"])

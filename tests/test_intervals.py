@@ -285,8 +285,8 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
         with pytest.warns(CalibrationRangeWarning) as said:  # it said nothing of why
             out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
         why = ("no T_ε interval: the calibration table's residuals are of the "
-               "head_aware:isotropic predictor (discrete recursion, cross-entropy), this "
-               "prediction is ")
+               "head_aware:isotropic predictor (method discrete, loss cross_entropy); this "
+               "prediction's kernel is ")
         assert out["loss"] == dict.fromkeys(times) and out["error"] == dict.fromkeys(times)
         assert len(out["warnings"]) == 1 and out["warnings"][0].startswith(why), out
         assert [str(w.message) for w in said] == out["warnings"]
@@ -295,10 +295,18 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
     pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, kernel="exact")
     assert ntk_tt.intervals(pred, unnamed)["loss"][0.1] == unnamed.interval(40.0, 1.0, 0.1, "gd")
     with pytest.warns(CalibrationRangeWarning, match="residuals are of discrete-recursion "
-                      r"predictions .* this prediction is .*\(discrete, mse\); fit a calibrator"):
+                      r"predictions .* kernel is head_aware:isotropic \(method discrete, "
+                      r"loss mse\): fit"):
         out = ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, loss="mse"),
                                unnamed)
     assert out["loss"][0.1] is None
+    # a prediction that calls divergence has no T_ε: the note says so (it said nothing)
+    diverges = fake_prediction(1.0, 0.0, 100, {0.1: math.nan})._replace(outcome="diverges")
+    with pytest.warns(CalibrationRangeWarning):
+        out = ntk_tt.intervals(diverges)
+    assert out["loss"] == {0.1: None} and out["warnings"] == [
+        "no T_ε interval: the prediction calls divergence (outcome diverges: "
+        f"{diverges.divergence_reason}), so it has no T_ε to bound"]
 
 
 def test_leave_one_set_out_script(tmp_path):

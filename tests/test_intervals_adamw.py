@@ -117,7 +117,7 @@ def test_no_interval_for_an_abstaining_prediction_and_numpy_levels():
         out = ntk_tt.intervals(abstains)
     assert out["loss"] == {0.1: None} and out["error"] == {0.1: None}
     assert out["warnings"] == ["no T_ε interval: the prediction abstains (outcome unknown: "
-                               f"{abstains.divergence_reason})"]
+                               f"{abstains.divergence_reason}), so it has no T_ε to bound"]
     assert ntk_tt.intervals(pred, level=np.float32(0.8))["loss"] == ntk_tt.intervals(
         pred, level=0.8)["loss"]
     report = {"interval_90": {"loss": {"0.4": [17.999995541023257, 42.0000004]}}}

@@ -315,8 +315,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       (``_intervals_range.prediction_messages``), and one when ``level`` is above what the
       table's residuals resolve (level > 1 − 2/(n + 1) for n residuals, all pooled: the bounds
       are then 0 and T); [] for a calibrator recording none; when every interval is None
-      because the prediction abstains or is not of the calibrator's predictor, one message
-      saying which.
+      because the prediction abstains, calls divergence or is not of the calibrator's
+      predictor, one message saying which.
 
     Warns:
       CalibrationRangeWarning: (a :class:`ntk_tt.BeyondEdgeWarning`) each of "warnings".
@@ -335,7 +335,7 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     tt = prediction.training_time
     adam = str(prediction.kernel).startswith("head_aware_adam:")
     cal = default_calibrator("adam" if adam else "sgd") if calibrator is None else calibrator
-    if not calibrated_for(prediction, cal) or prediction.outcome == "unknown":  # abstains
+    if not calibrated_for(prediction, cal) or prediction.outcome in ("unknown", "diverges"):
         said = [_abstain_message(prediction, cal)]
         warnings.warn(said[0], CalibrationRangeWarning, stacklevel=2)
         return {"loss": dict.fromkeys(tt["loss"]), "error": dict.fromkeys(tt["error"]),
@@ -360,17 +360,18 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
 def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
     """Why :func:`intervals` gives no interval: the prediction abstains, or the calibrator's
     residuals are of another predictor."""
-    if prediction.outcome == "unknown":
-        return (f"{NO_INTERVAL}: the prediction abstains (outcome unknown: "
-                f"{prediction.divergence_reason})")
+    if prediction.outcome in ("unknown", "diverges"):
+        what = "abstains" if prediction.outcome == "unknown" else "calls divergence"
+        return (f"{NO_INTERVAL}: the prediction {what} (outcome {prediction.outcome}: "
+                f"{prediction.divergence_reason}), so it has no T_ε to bound")
     names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
              for k in cal.source.get("pred_kernel") or []]
     of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
     loss = prediction.hyperparameters.get("loss", "cross_entropy")
-    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of} "
-            f"(discrete recursion, cross-entropy), this prediction is {prediction.kernel} "
-            f"({prediction.method}, {loss}); fit a calibrator on a sweep of this predictor "
-            "(ntk_tt.fit_intervals) to get one")
+    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of} (method "
+            f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel} "
+            f"(method {prediction.method}, loss {loss}): fit a calibrator on a sweep of its "
+            "predictor (ntk_tt.fit_intervals) to get one")
 
 
 def _level_message(level: float, n: int) -> str:

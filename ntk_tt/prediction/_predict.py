@@ -222,6 +222,7 @@ def predict(
         kernel, missing key,
         ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
+        a backbone other than "isotropic" for the linear predictor (it would be unused),
         ``subspace_dim`` without ``backbone="subspace"`` or with ``head_kernel`` (built with
         its own k) or not an int ≥ 1,
         a head-aware prediction without ``head`` or with a method other than the discrete
@@ -361,6 +362,10 @@ def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
     if predictor == "linear" or (predictor == "auto" and head is None):
+        if backbone != "isotropic":  # it would be unused (the CLI refuses it too)
+            raise ValueError(f"backbone={backbone!r} sets the head-aware predictor's feature "
+                             "kernel; the linear predictor (predictor='linear', or no head=) "
+                             "has none: drop backbone, or pass head=ntk_tt.split_head(model).")
         return False
     if head is None:
         raise ValueError(

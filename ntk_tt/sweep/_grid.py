@@ -53,7 +53,7 @@ def check_positive(name: str, values) -> None:
     """
     if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
            or v <= 0 for v in values):
-        raise ValueError(f"{name} must be finite numbers > 0 (learning rates), got "
+        raise ValueError(f"{name} must be finite numbers > 0 (κ̃ values, or η for etas), got "
                          f"{tuple(values)}; give positive values.")
 
 
