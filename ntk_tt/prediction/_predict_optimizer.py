@@ -82,10 +82,10 @@ def _check(optimizer, n, steps, method, subset_method, segments, loss) -> int:
 def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, loss,
                            method, kernel, sketch_dim, num_paths, key, x_test, y_test, predictor,
                            head, backbone, segments, subset, subset_method,
-                           targets, head_kernel=None, subspace_dim=16) -> Prediction:
+                           targets, head_kernel=None, subspace_dim=None) -> Prediction:
     """:func:`ntk_tt.predict` with ``optimizer=`` (module docstring). Arguments as there,
     already checked up to the labels and ``targets`` ({curve: targets}), ``subspace_dim`` an
-    int k; ``shape``: (N, C) of
+    int k or None (``SUBSPACE_DIM``); ``shape``: (N, C) of
     the model's logits. ``seconds`` has the stages "kernel", "logits" (f0 and J·θ0) and
     "solve"; :func:`ntk_tt.predict` adds "setup", "compile" and "total".
 
