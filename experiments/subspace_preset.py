@@ -24,10 +24,11 @@ compilation (the sweep's rule):
 
 Rows resume per task (one JSON line per row with every curve, written when its task ends).
 ``--report`` puts each predictor's curves in place of the stored primary's and scores them
-with the sweep's own functions (``ntk_tt.sweep._summary.headline``,
+with the sweep's own functions (``ntk_tt.sweep._errors._pooled_stats``,
 ``ntk_tt.sweep._targets.absolute_targets``): T_ε p95 pooled over ε ∈ {0.1, 0.4} by
-optimiser, κ̃ and N; loss- and error-target p95; outcome agreement; and the cost ratio per
-task, fine-tune seconds of the task's main-grid rows ÷ (kernel + prediction seconds).
+optimiser, κ̃ and N; loss- and error-target p95; the share of rows whose diverged flag agrees
+with the real run's; and the cost ratio per task, fine-tune seconds of the task's main-grid
+rows ÷ (kernel + prediction seconds).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def report(path: str, json_out: str | None, table) -> None:
                                                     if len(v)))
         targets = absolute_targets(fr)
         entry["absolute_targets"] = {k: targets[k] for k in ("headline", "headline_error")}
-        entry["outcome_agreement"] = float(np.mean(fr.pred_diverged == fr.real_diverged))
+        entry["diverged_agreement"] = float(np.mean(fr.pred_diverged == fr.real_diverged))
         for k in ("headline", "headline_error"):
             print(f"{name:13s} {k}: p95 " + " / ".join(
                 f"{opt} {100 * h['p95']:.1f} % (n {h['n']})"
