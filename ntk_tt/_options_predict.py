@@ -28,6 +28,7 @@ from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs, dataset_input
 
 SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
+ADAM_BACKBONES = tuple(b for b in BACKBONES if b != "subspace")  # K_P has no subspace form
 # how ntk_tt.intervals' note for a prediction it gives no interval begins (the CLI prints that
 # note as a "note:" line, its range warnings as "warning:" lines)
 NO_INTERVAL = "no T_ε interval"
@@ -226,8 +227,7 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
         raise ValueError(f"{' and '.join(given)} apply to the head-aware predictor only, and "
                          f"{why} selects the linear predictor (only it has that option): drop "
                          f"{' and '.join(given)}, or drop {why}.")
-    if o["subspace_dim"] is not None:
-        check_subspace_dim(o["subspace_dim"], o["backbone"])
+    check_subspace_dim(o["subspace_dim"], o["backbone"])  # None: the default k, any backbone
     if o["backbone"] == "subspace" and seg != 1:
         raise ValueError("backbone (--backbone) subspace is not re-linearised (its feature "
                          "basis would change at every segment): drop --segments, or use "

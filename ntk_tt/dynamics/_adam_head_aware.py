@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._optimizer import Optimizer
-from ntk_tt._options import BACKBONES
+from ntk_tt._options_predict import ADAM_BACKBONES
 from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
@@ -179,8 +179,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in BACKBONES[:3]:
-        raise ValueError(f"Adam's backbone must be one of {BACKBONES[:3]} (the preconditioned "
+    if backbone not in ADAM_BACKBONES:
+        raise ValueError(f"Adam's backbone must be one of {ADAM_BACKBONES} (the preconditioned "
                          f"kernel has no subspace form), got {backbone!r}.")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
