@@ -54,7 +54,8 @@ KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
-           for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"))}
+           for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"),
+                              ("subspace", "intervals_subspace.json"))}
 
 
 def _check_level(level) -> float:
@@ -236,18 +237,23 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
     ``experiments/results/sweep/results.parquet``; "adam": the fast AdamW predictor's
     (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
-    benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``).
+    benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
+    "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k = 16
+    (``ntk_tt/assets/intervals_subspace.json``), fitted on its main-grid predictions (κ̃ ≤ 12)
+    of the constant-η benchmark and two sweeps of unseen tasks, grouped by ε
+    (``experiments/subspace_intervals.py``; README "Intervals").
 
     Raises:
-      ValueError: ``rule`` not "sgd" or "adam".
+      ValueError: ``rule`` not "sgd", "adam" or "subspace".
     """
     if not isinstance(rule, str) or rule not in _ASSETS:
-        raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor's update "
-                         f"rule; 'adam' for AdamW too), got {rule!r}.")
+        raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
+                         "default one, 'adam' Adam/AdamW's, 'subspace' backbone='subspace''s), "
+                         f"got {rule!r}.")
     return _shipped(rule)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _shipped(rule: str) -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSETS[rule])
 
@@ -259,6 +265,8 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
     the ``pred_method``/``pred_kernel`` pair(s) in ``calibrator.source`` (e.g. "head_aware" /
     "isotropic": ``Prediction.kernel`` "head_aware:isotropic"). A calibrator whose source does
     not name its predictor (a table without those columns) matches any discrete cross-entropy one.
+    One that records ``source["subspace_dim"]`` (the subspace kernel's k) matches a prediction
+    with that ``hyperparameters["subspace_dim"]`` only.
 
     Args:
       prediction: a :class:`ntk_tt.Prediction` (``method``, ``kernel``, and
@@ -280,7 +288,9 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
     methods, kernels = (calibrator.source.get(k) for k in ("pred_method", "pred_kernel"))
     if not methods or not kernels:
         return True
-    return prediction.kernel in {f"{m}:{k}" for m in methods for k in kernels}
+    dim = calibrator.source.get("subspace_dim")  # the subspace kernel's k, if it records one
+    return prediction.kernel in {f"{m}:{k}" for m in methods for k in kernels} and (
+        dim is None or hp.get("subspace_dim") == dim)
 
 
 def intervals(prediction, calibrator: IntervalCalibrator | None = None,
@@ -293,7 +303,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     Args:
       prediction: from :func:`ntk_tt.predict`. calibrator: None = the shipped one of the
         prediction's predictor, :func:`default_calibrator` ``("adam")`` for the fast AdamW
-        predictor (``kernel`` "head_aware_adam:..."), ``("sgd")`` otherwise.
+        predictor (``kernel`` "head_aware_adam:..."), ``("subspace")`` for the subspace
+        feature kernel ("head_aware:subspace"), ``("sgd")`` otherwise.
       level: 1 − α, None = the calibrator's level (0.9 for the shipped ones).
 
     Returns:
@@ -304,11 +315,13 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       T_ε have no calibrated interval (None). All None when the prediction abstains (outcome
       "unknown": beyond the edge it can see, e.g. Adam's weight travel ρ > 1) or was not made by the
       predictor the residuals are of (:func:`calibrated_for`): the shipped calibrators' are the
-      default head-aware predictor's (``kernel`` "head_aware:isotropic") and the fast AdamW
-      predictor's ("head_aware_adam:isotropic"), discrete recursion, cross-entropy; not the
+      default head-aware predictor's (``kernel`` "head_aware:isotropic"), the fast AdamW
+      predictor's ("head_aware_adam:isotropic") and the subspace one's ("head_aware:subspace"
+      with ``hyperparameters["subspace_dim"]`` 16), discrete recursion, cross-entropy; not the
       frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given,
       one message per N or T (``hyperparameters`` "num_train", "steps") outside the
-      calibration table's range (:meth:`IntervalCalibrator.range_warnings`) and per
+      calibration table's range (:meth:`IntervalCalibrator.range_warnings`), per κ̃ outside
+      a recorded κ̃ range (the subspace calibrator's: κ̃ ≤ 12), and per
       update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate"; the
       constant-η table's: constant η, λ = 0, heavy-ball; the AdamW table's: warmup + cosine,
       λ = 0.01–0.1, peak η = 1e-4–1e-3) outside the table's
@@ -333,8 +346,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
                          f"path)) or None (the shipped one), got {a_type(calibrator)}.")
     level = None if level is None else _check_level(level)
     tt = prediction.training_time
-    adam = str(prediction.kernel).startswith("head_aware_adam:")
-    cal = default_calibrator("adam" if adam else "sgd") if calibrator is None else calibrator
+    rule = ("adam" if str(prediction.kernel).startswith("head_aware_adam:") else
+            "subspace" if prediction.kernel == "head_aware:subspace" else "sgd")
+    cal = default_calibrator(rule) if calibrator is None else calibrator
     if not calibrated_for(prediction, cal) or prediction.outcome in ("unknown", "diverges"):
         said = [_abstain_message(prediction, cal)]
         warnings.warn(said[0], CalibrationRangeWarning, stacklevel=2)
@@ -349,7 +363,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
         loss[eps] = None if math.isnan(lo) else (lo, hi)
         if lo == 0.0:  # T̂·exp(−inf): too few residuals even pooled (both bounds infinite)
             unresolved = cal.group(kappa_eff, eps, opt, level)[1]
-    said = prediction_messages(cal.source, hp) if any(loss.values()) else []
+    said = (prediction_messages(cal.source, hp | {"kappa_eff": kappa_eff})
+            if any(loss.values()) else [])
     if unresolved is not None:
         said.append(_level_message(cal.level if level is None else level, unresolved))
     for message in said:

@@ -6,7 +6,9 @@ A calibrator (:class:`ntk_tt.IntervalCalibrator`) may record, in its ``source``,
 rows that gave it residuals (:func:`ntk_tt.fit_intervals`), and their update rule:
 ``"schedule"`` (the schedule names), ``"weight_decay"`` ([min, max] λ), ``"nesterov"``
 (the flags seen) and, for a table of the optimiser benchmark (a ``peak_learning_rate``
-column), ``"learning_rate"`` ([min, max] peak η: Adam's step has no κ̃ to group by). A
+column), ``"learning_rate"`` ([min, max] peak η: Adam's step has no κ̃ to group by), and
+``"kappa_eff"`` ([min, max] κ̃, recorded by ``experiments/subspace_intervals.py``: its
+table has no edge rows). A
 prediction outside them gets an interval whose coverage was never measured:
 :func:`prediction_messages` says so, and :func:`ntk_tt.intervals` warns
 :class:`CalibrationRangeWarning`. Calibrators written before a field was recorded flag nothing
@@ -74,10 +76,16 @@ def rule_source(frame, used) -> dict:
 
 def prediction_messages(source: dict, hyper: dict) -> list[str]:
     """:func:`range_messages` of a prediction's ``hyperparameters`` (N, T), then one message
-    per update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate") that
-    ``source`` records and the prediction's value lies outside of; a field absent on either
-    side is not checked."""
+    per field ("kappa_eff" κ̃ = κ/(1 − m), "schedule", "weight_decay", "nesterov", peak
+    "learning_rate") that ``source`` records and the prediction's value lies outside of; a
+    field absent on either side is not checked."""
     out = range_messages(source, hyper.get("num_train"), hyper.get("steps"))
+    kappa = hyper.get("kappa_eff")
+    if kappa is not None and "kappa_eff" in source:
+        lo, hi = source["kappa_eff"]
+        if not _inside(kappa, lo, hi):
+            out.append(f"κ̃ = {kappa:.3g} is outside the calibration table's κ̃ = "
+                       f"{lo:.3g}–{hi:.3g} {EXTRAPOLATION}")
     schedule, decay, nesterov, peak = (hyper.get(k) for k in (
         "schedule", "weight_decay", "nesterov", "learning_rate"))
     if schedule is not None and "schedule" in source and schedule not in source["schedule"]:
@@ -110,16 +118,16 @@ def _inside(v, lo, hi) -> bool:
 
 def check_ranges(path, source: dict) -> None:
     """ValueError unless each recorded range of a calibrator file's ``source`` ("num_train",
-    "steps", "weight_decay", "learning_rate") is a [min, max] pair of numbers with min <= max,
-    "schedule" a list of names and "nesterov" a list of true/false (an absent one is fine: an
-    older file)."""
+    "steps", "weight_decay", "learning_rate", "kappa_eff") is a [min, max] pair of numbers
+    with min <= max, "schedule" a list of names and "nesterov" a list of true/false (an
+    absent one is fine: an older file)."""
     for field, kind in (("schedule", str), ("nesterov", bool)):
         r = source.get(field, [])
         if not (isinstance(r, list) and all(isinstance(v, kind) for v in r)):
             raise ValueError(f"{path}: source[{field!r}] must be a list of "
                              f"{'names' if kind is str else 'true/false'}, got "
                              f"{json.dumps(r)[:60]}; fix or delete it, or refit.")
-    for field in (*(f for f, _, _ in RANGES), "weight_decay", "learning_rate"):
+    for field in (*(f for f, _, _ in RANGES), "weight_decay", "learning_rate", "kappa_eff"):
         if field not in source:
             continue
         r = source[field]

@@ -194,7 +194,7 @@ def predict(
 
     Returns:
       :class:`Prediction`; ``kernel`` is ``"head_aware:<backbone>"`` for the head-aware
-      predictor.
+      predictor; a subspace one records its k in ``hyperparameters["subspace_dim"]``.
 
     Warns:
       UserWarning: ``x`` is uint8, raw image pixels most likely: a pre-trained model expects
@@ -334,6 +334,8 @@ def predict(
                      loss=loss, key=keys[2], num_paths=num_paths, y_test=y_test)
         if head_kernel is not None:  # the label names the kernel actually used
             backbone = backbone_kind(head_kernel)
+        if hk.basis is not None:  # the subspace kernel's k (its intervals match on it)
+            hyper["subspace_dim"] = int(hk.basis.shape[1])
         return with_targets(_to_prediction(out, "discrete", f"head_aware:{backbone}", hyper,
                                            seconds), targets)
     k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel, d_sketch,

@@ -149,6 +149,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     kernel_key = None if key is None else jax.random.fold_in(key, 1)
     seconds = {"noise": 0.0}
     common = dict(steps=steps, loss=loss, key=key, num_paths=num_paths, y_test=y_test)
+    basis = None  # a subspace kernel's Z (F, k): its k is recorded (the intervals match on it)
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 
@@ -176,6 +177,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         if head_kernel is not None:  # the label names the kernel actually used
             backbone = backbone_kind(getattr(head_kernel, "hk", head_kernel))
         label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
+        basis = getattr(kernels, "basis", None)
     else:
         d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
         k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,
@@ -193,6 +195,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "loss": loss}
+    if basis is not None:
+        hyper["subspace_dim"] = int(basis.shape[1])
     if adam:
         hyper["weight_travel"] = weight_travel(optimizer.learning_rates(int(steps)), head[1])
         warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call

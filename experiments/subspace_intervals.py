@@ -1,0 +1,124 @@
+"""T_ε intervals for the subspace feature kernel (issue 26): the conformal calibrator of
+``ntk_tt.intervals`` fitted on the subspace predictor's residuals, and its coverage.
+
+    python experiments/subspace_intervals.py --set ROWS.jsonl DIR [--set ROWS2.jsonl DIR2 ...]
+        [--level 0.9] [--out experiments/results/intervals]
+
+Each ``--set ROWS.jsonl DIR`` is what ``subspace_preset.py --out ROWS.jsonl --table DIR``
+wrote for the sweep directory DIR (the committed full preset ``experiments/results/sweep``,
+or a sweep of other tasks, e.g. ``sweep.py --seeds 1``): every main-grid row (κ̃ ≤ 12)
+predicted with ``backbone="subspace"`` (k = ``ntk_tt._options_predict.SUBSPACE_DIM``), the
+sweep's key and batch orders. Its curves are put in place of the table's primary
+(``subspace_preset.frame_for``) and labelled as a ``predict(head=..., backbone="subspace")``
+prediction is (``pred_method`` "head_aware", ``pred_kernel`` "subspace"); the sets' rows are
+pooled. As ``experiments/intervals.py`` does for the default: coverage and median relative
+width leaving one target set out (all its tasks, of every set), for each grouping of
+``GROUPINGS`` (OUT/coverage_subspace.csv); the calibrator of ``BY`` fitted on every row
+(OUT/calibrator_subspace.json, recording k as ``source["subspace_dim"]`` and the κ̃ range
+as ``source["kappa_eff"]``, so a prediction beyond it is flagged;
+``ntk_tt/assets/intervals_subspace.json`` is a copy); and, with several sets, the calibrator
+fitted on the first set's rows alone applied to the others' (tasks it never saw:
+OUT/coverage_subspace_unseen.csv, per ε and pooled). The sets' subspace T_ε and diverged
+flags are written to ``--t-eps`` (``T_EPS``, committed): passed as every ``--set``'s ROWS in
+place of the curves, they give back the same calibrator (``tests/test_subspace_intervals.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import numpy as np
+import pandas as pd
+from intervals import GROUPINGS, held_out_cases, summarise
+from subspace_preset import EPS, frame_for
+
+from ntk_tt import fit_intervals
+from ntk_tt._options_predict import SUBSPACE_DIM
+from ntk_tt.prediction._intervals_fit import residuals
+from ntk_tt.sweep._errors import t_col
+from ntk_tt.sweep._table import read_table
+
+GROUPINGS = {**GROUPINGS, "eps": ("eps",)}
+T_EPS = "experiments/results/subspace_preset/t_eps.csv"  # the sets' T_ε, written by main
+BY = ("eps",)  # the shipped grouping: the closest to the level left out (README "Intervals")
+
+
+def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
+    """The rows of sweep ``table`` that ``rows_path`` predicted, with the subspace T_ε and
+    diverged flag as the primary's and the labels a subspace ``Prediction`` carries (module
+    docstring). ``rows_path``: a ``subspace_preset.py --out`` file, or the ``T_EPS`` table
+    (its rows of ``table``)."""
+    df = read_table(table)
+    cols = ["pred_diverged", *(t_col("pred", e) for e in EPS)]
+    if rows_path.endswith(".csv"):
+        short = pd.read_csv(rows_path)
+        short = short[short["table"] == table].drop(columns="table")
+    else:
+        rows = {}
+        for line in open(rows_path):
+            r = json.loads(line)
+            rows[r["row_id"]] = r
+        short = frame_for(df[df.row_id.isin(rows)].reset_index(drop=True), rows, "subspace")
+        short = short[["row_id", *cols]]
+    df = df.drop(columns=cols).merge(short, on="row_id")
+    if df.empty:
+        raise SystemExit(f"no row of {table} is in {rows_path}: pass the table it was run on")
+    return df.assign(pred_method="head_aware", pred_kernel="subspace",
+                     pred_diverged=df["pred_diverged"].astype(bool))
+
+
+def coverage(frame: pd.DataFrame, level: float) -> pd.DataFrame:
+    """Coverage leaving one target set out, per grouping (``intervals.summarise`` lines)."""
+    tables = []
+    for name, by in GROUPINGS.items():
+        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
+                                          frame[frame["dataset"] == d], level, by)
+                           for d in sorted(frame["dataset"].unique())])
+        tables.append(summarise(cases).assign(grouping=name))
+    table = pd.concat(tables)
+    return table[["grouping", *table.columns.drop("grouping")]]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--set", nargs=2, action="append", required=True, metavar=("ROWS", "DIR"),
+                   dest="sets", help="subspace_preset.py --out file and its sweep directory")
+    p.add_argument("--level", type=float, default=0.9)
+    p.add_argument("--out", default="experiments/results/intervals")
+    p.add_argument("--t-eps", default=T_EPS, help="where to write the sets' subspace T_ε "
+                   "(a --set ROWS from which the calibrator is refitted without the curves)")
+    args = p.parse_args(argv)
+    frames = [subspace_table(rows, table) for rows, table in args.sets]
+    frame = pd.concat(frames).reset_index(drop=True)
+    short = frame[["row_id", "pred_diverged", *(t_col("pred", e) for e in EPS)]]
+    short.assign(table=[t for f, (_, t) in zip(frames, args.sets, strict=True)
+                        for _ in range(len(f))]).to_csv(args.t_eps, index=False)
+    table = coverage(frame, args.level)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "coverage_subspace.csv", index=False, float_format="%.4f")
+    cal = fit_intervals(frame, args.level, by=BY)
+    cal.source["subspace_dim"] = SUBSPACE_DIM
+    used = np.any([residuals(frame, e)[1] for e in EPS], axis=0)  # rows with a residual
+    kappa = frame.loc[used, "kappa_eff"]  # the κ̃ the intervals were measured on (≤ 12)
+    cal.source["kappa_eff"] = [round(float(kappa.min()), 6), round(float(kappa.max()), 6)]
+    cal.save(out / "calibrator_subspace.json")
+    with pd.option_context("display.width", 120):
+        print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
+    if len(frames) > 1:
+        cases = held_out_cases(frames[0], pd.concat(frames[1:]), args.level, BY)
+        u = summarise(cases.assign(dataset="unseen"))
+        u = u[u["held_out"] == "pooled"].assign(fitted_on=args.sets[0][1])
+        u.to_csv(out / "coverage_subspace_unseen.csv", index=False, float_format="%.4f")
+        print(f"tasks of {[t for _, t in args.sets[1:]]}, calibrator fitted on "
+              f"{args.sets[0][1]} alone:")
+        print(u.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"level {args.level:g}; wrote {out / 'coverage_subspace.csv'} and "
+          f"{out / 'calibrator_subspace.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""T_ε intervals of the subspace feature kernel (issue 26): the shipped calibrator is the fit
+on the committed subspace predictions, a ``backbone="subspace"`` prediction gets its interval
+(the conformal quantiles of its ε group, by brute force), and one of another k gets none."""
+
+import json
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _scripts import EXPERIMENTS, experiment_script
+from flax import nnx
+
+import ntk_tt
+from ntk_tt.prediction._intervals import CalibrationRangeWarning
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+SETS = ["sweep", "sweep_unseen_n250", "sweep_unseen_n750"]
+
+
+class Net(nnx.Module):
+    """F = 16 tanh features (the shipped k) and a linear head."""
+
+    def __init__(self, rngs):
+        self.body = nnx.Linear(6, 16, rngs=rngs)
+        self.head = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.body(x)))
+
+
+def test_shipped_subspace_calibrator_is_the_fit_on_the_committed_predictions(tmp_path,
+                                                                           monkeypatch):
+    """experiments/subspace_intervals.py on the committed T_ε table and sweep tables gives back
+    the shipped file, grouped by ε, recording k = 16 and every task's N and T."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = experiment_script("subspace_intervals")
+    monkeypatch.chdir(ROOT)  # the T_ε table names its sweep directories from the root
+    t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
+    args = [a for s in SETS for a in ("--set", t_eps, f"experiments/results/{s}")]
+    script.main([*args, "--out", str(tmp_path), "--t-eps", str(tmp_path / "t.csv")])
+    fitted = ntk_tt.IntervalCalibrator.load(tmp_path / "calibrator_subspace.json")
+    shipped = ntk_tt.default_calibrator("subspace")
+    assert fitted.to_json() == shipped.to_json()
+    assert (tmp_path / "t.csv").read_text() == pathlib.Path(t_eps).read_text()
+    src = shipped.source
+    assert shipped.by == ("eps",) and src["subspace_dim"] == 16
+    assert (src["pred_method"], src["pred_kernel"]) == (["head_aware"], ["subspace"])
+    assert src["rows"] == 168 + 72 + 72 and src["num_train"] == [50, 750]
+    assert src["kappa_eff"] == [1.0, 12.0]  # main-grid rows only: beyond, a prediction is flagged
+    cov = (tmp_path / "coverage_subspace.csv").read_text()
+    assert "eps,pooled,all,936," in cov  # 312 rows × 3 ε, each left out with its target set
+
+
+def _problem():
+    model = Net(nnx.Rngs(3))
+    kx, ky = jax.random.split(jax.random.key(4))
+    x = jax.random.normal(kx, (50, 6))  # N and T inside the table's: no range note
+    y = jax.random.randint(ky, (50,), 0, 3)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    return apply_fn, params, x, y, ntk_tt.split_head(model)
+
+
+def _brute_interval(t, eps, steps):
+    """[T̂·exp(q_lo), T̂·exp(q_hi)] at 90 % from the shipped ε group, ranks by hand."""
+    cal = ntk_tt.default_calibrator("subspace")
+    r = np.sort([v for (_, e, _), res in cal.groups.items() if e == f"{eps:g}" for v in res])
+    rank = math.ceil((len(r) + 1) * 0.95)  # the ⌈(n + 1)(1 − α/2)⌉-th smallest / largest
+    return min(t * math.exp(r[len(r) - rank]), steps), min(t * math.exp(r[rank - 1]), steps)
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_a_subspace_prediction_gets_the_subspace_interval(optimizer):
+    apply_fn, params, x, y, split = _problem()
+    kw = dict(steps=150, head=split)
+    lr = 0.5 * 4.0 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.5, **kw).kappa
+    hyper = dict(optimizer=ntk_tt.sgd(lr)) if optimizer else dict(learning_rate=lr)
+    pred = ntk_tt.predict(apply_fn, params, x, y, backbone="subspace", **hyper, **kw)
+    assert 2.0 < pred.kappa < 8.0  # inside the table's κ̃ = 1–12 (κ is its kernel's: 3.9)
+    assert pred.kernel == "head_aware:subspace" and pred.hyperparameters["subspace_dim"] == 16
+    out = ntk_tt.intervals(pred)
+    times = {e: t for e, t in pred.training_time["loss"].items() if np.isfinite(t)}
+    assert times and out["warnings"] == []
+    for eps, t in times.items():
+        assert out["loss"][eps] == pytest.approx(_brute_interval(t, eps, 150), rel=1e-6)
+    iso = ntk_tt.predict(apply_fn, params, x, y, **hyper, **kw)
+    assert "subspace_dim" not in iso.hyperparameters  # and it keeps the default's intervals
+    assert ntk_tt.intervals(iso)["loss"] != out["loss"]
+    # beyond the table's κ̃ the interval is an extrapolation, and said to be
+    with pytest.warns(CalibrationRangeWarning) as said:
+        far = ntk_tt.intervals(pred._replace(kappa=24.0))
+    assert far["warnings"] == ["κ̃ = 24 is outside the calibration table's κ̃ = 1–12 (the T_ε "
+                               "intervals are an extrapolation there: their coverage is not "
+                               "measured)"] == [str(w.message) for w in said]
+    assert far["loss"] == out["loss"]  # ε-grouped: the same residuals
+
+
+def test_another_k_gets_no_interval():
+    """The residuals are of k = 16: a k = 4 prediction is another predictor; the note says so."""
+    apply_fn, params, x, y, split = _problem()
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.5, steps=150, head=split,
+                          backbone="subspace", subspace_dim=4)
+    assert pred.hyperparameters["subspace_dim"] == 4
+    cal = ntk_tt.default_calibrator("subspace")
+    assert not ntk_tt.calibrated_for(pred, cal)
+    with pytest.warns(CalibrationRangeWarning, match="no T_ε interval: the calibration "
+                      "table's residuals are of the head_aware:subspace predictor"):
+        out = ntk_tt.intervals(pred)
+    assert set(out["loss"].values()) == {None}
+
+
+def test_the_cli_prints_a_subspace_interval(tmp_path, capsys):
+    """ntk-tt predict --backbone subspace: the interval column and the report's interval_90
+    hold the subspace calibrator's interval (it said n/a), with the range notes of a tiny N."""
+    from test_cli import grey_digits, run_cli
+
+    js = tmp_path / "r.json"
+    code, out = run_cli(["--dataset", grey_digits(tmp_path), "-K", "2", "-n", "3", "-T", "4",
+                         "--backbone", "subspace", "--json", str(js), "--figure", ""], capsys)
+    r = json.loads(js.read_text())["predicted"]
+    assert code == 0 and r["kernel"] == "head_aware:subspace"
+    given = {e: v for e, v in r["interval_90"]["loss"].items() if v is not None}
+    assert given and not [ln for ln in out.out.splitlines() if "no T_ε interval" in ln]
+    assert any(w.startswith("N = 6 training samples is outside") for w in r["interval_warnings"])
+    t = r["training_time"]["loss"]
+    for eps, (lo, hi) in given.items():
+        assert (lo, hi) == pytest.approx(_brute_interval(t[eps], float(eps), 4), rel=1e-5)
