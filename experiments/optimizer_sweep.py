@@ -19,6 +19,8 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
         --families adamw_cosine             # one family only (or both, in the order given)
     python experiments/optimizer_sweep.py --out runs/peaks --per-class 50 \\
         --families adamw_cosine --adam-peaks 1.5e-4 2e-4 5e-4 --adam-decays 0.01
+    python experiments/optimizer_sweep.py --out runs/sub --families sgdm_cosine \\
+        --backbone subspace --reuse-real experiments/results/optimizers   # N = 250 rows
 
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
@@ -46,7 +48,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt.sweep._load import check_datasets
-from ntk_tt.sweep._optimizers import FAMILIES, OptimSpec, reusable_real, run_task
+from ntk_tt.sweep._optimizers import (
+    BENCH_BACKBONES,
+    FAMILIES,
+    OptimSpec,
+    reusable_real,
+    run_task,
+)
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers
 from ntk_tt.sweep._table import ResultsTable, check_out, read_table
 
@@ -73,6 +81,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
                         "1e-3)")
     p.add_argument("--adam-decays", nargs="+", type=float, metavar="LAMBDA",
                    help="AdamW weight decays (default: the preset's; full: 0.01 0.1)")
+    p.add_argument("--backbone", choices=BENCH_BACKBONES,
+                   help="feature kernel of the predictions (default isotropic, the default "
+                        "predictor; subspace: k = 16, with --families sgdm_cosine)")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
     p.add_argument("--reuse-real", metavar="DIR",
@@ -110,6 +121,11 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
     if args.families:
         spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
+    if args.backbone:
+        if args.report:
+            raise ValueError("--backbone sets the predictions to run; --report only reports "
+                             "the rows already there: drop it")
+        spec = dataclasses.replace(spec, backbone=args.backbone)
     flags = [f"--{n.replace('_', '-')}" for n in ("adam_peaks", "adam_decays")
              if getattr(args, n)]
     if flags and args.report:
@@ -143,6 +159,7 @@ def _grid(spec: OptimSpec, out: pathlib.Path) -> dict:
     try:
         old = json.loads(spec_path.read_text())
         old.setdefault("families", list(FAMILIES))  # written before the option existed
+        old.setdefault("backbone", "isotropic")  # the same
         if {k: v for k, v in old.items() if k not in tasks_keys} == \
                 {k: v for k, v in grid.items() if k not in tasks_keys}:
             return grid | {k: sorted(set(old[k]) | set(grid[k])) for k in tasks_keys}

@@ -14,10 +14,11 @@ from _scripts import experiment_script, refused
 
 import ntk_tt
 from ntk_tt.sweep._grid import SweepSpec, Task
-from ntk_tt.sweep._load import load_task
+from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._optimizers import (
     OptimConfig,
     OptimSpec,
+    RealRun,
     _reused,
     reusable_real,
     row_id,
@@ -97,6 +98,31 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
         assert _reused(old | change, opt, SPEC) is None
     with pytest.raises(ValueError, match="no rows/\\*.json and no results.parquet"):
         reusable_real(tmp_path / "empty")
+
+
+def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch):
+    """backbone="subspace": the row's prediction is ``ntk_tt.predict(..., backbone=
+    "subspace")`` of the same optimiser (η from the isotropic kernel's stored λ_max, so the
+    real run is the default benchmark's), labelled so. (The real run is stubbed.)"""
+    spec = dataclasses.replace(SPEC, families=("sgdm_cosine",), sgd_kappas=(4.0,),
+                               sgd_decays=(5e-4,), backbone="subspace")
+    cfg = OptimConfig("sgdm_cosine", 4.0, 5e-4, None)
+    real = np.linspace(2.0, 0.2, 9)
+    monkeypatch.setattr(ntk_tt, "finetune", lambda *a, **k: RealRun(
+        real, real / 4, False, {"finetune": 1.0}))
+    table = ResultsTable(tmp_path)
+    assert run_task(TASK, spec, table) == 1
+    table.consolidate()
+    row = read_table(tmp_path).iloc[0]
+    data = load_task(TASK, SweepSpec(datasets=("flowers5",), per_class=(2,), seeds=(0,)))
+    opt = spec.optimizer(cfg, row["lambda_max"], TASK.num_train)
+    want = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
+                          head=data.split, backbone="subspace", key=_task_key(TASK))
+    assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == "head_aware:subspace"
+    np.testing.assert_allclose(row["pred_loss"], want.loss, rtol=1e-5)
+    iso = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
+                         head=data.split, key=_task_key(TASK))
+    assert np.max(np.abs(iso.loss - want.loss)) > 1e-4  # another kernel, another curve
 
 
 def test_sgd_peak_from_effective_kappa_and_skipped_batch_sizes():
@@ -198,6 +224,8 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
     ({"families": ("adam",)}, "OptimSpec.families must be among"),
     ({"families": ()}, "OptimSpec.families is empty"),
     ({"sgd_kappas": (4.0, 4.0)}, "OptimSpec.sgd_kappas must be distinct"),
+    ({"backbone": "exact"}, "OptimSpec.backbone must be one of"),
+    ({"backbone": "subspace"}, "OptimSpec.backbone 'subspace' has no Adam form"),
 ])
 def test_spec_rejects_bad_grids(kwargs, message):
     """OptimSpec checked nothing: negative peaks or decays ran as given."""
@@ -311,3 +339,29 @@ def test_an_interrupted_benchmark_is_one_line_and_keeps_its_rows(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"optimizer_sweep.py: interrupted; 1 finished row(s) kept in {out / 'rows'}: "
                    "run the same command to resume")
+
+
+def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys, monkeypatch):
+    """--backbone subspace: the SGD family only, not with --report; a directory whose
+    spec.json predates the option (the committed benchmark's) is the isotropic grid."""
+    module = experiment_script("optimizer_sweep")
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
+    out = tmp_path / "out"
+    _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--backbone", "subspace",
+                            "--families", "sgdm_cosine"])
+    assert spec.backbone == "subspace" and spec.families == ("sgdm_cosine",)
+    for args, message in [([], "'subspace' has no Adam form"),
+                          (["--report"], "--backbone sets the predictions to run")]:
+        line = refused(module, ["--out", str(out), "--preset", "smoke", "--backbone",
+                                "subspace", *args], capsys)
+        assert message in line
+    assert not out.exists()
+    old = tmp_path / "old"
+    old.mkdir()
+    sgdm = ["--out", str(old), "--preset", "smoke", "--families", "sgdm_cosine"]
+    _, smoke = module.parse(sgdm)
+    recorded = {k: v for k, v in dataclasses.asdict(smoke).items() if k != "backbone"}
+    (old / "spec.json").write_text(json.dumps(recorded))
+    args, _ = module.parse(sgdm)
+    assert args.grid["backbone"] == "isotropic"
+    assert "holds another grid" in refused(module, [*sgdm, "--backbone", "subspace"], capsys)

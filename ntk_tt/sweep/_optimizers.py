@@ -42,6 +42,7 @@ from ntk_tt.sweep._table import ResultsTable, read_table
 from ntk_tt.sweep._targets import target_columns
 
 FAMILIES = ("sgdm_cosine", "adamw_cosine")
+BENCH_BACKBONES = ("isotropic", "subspace")  # the head-aware feature kernel of the predictions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +66,15 @@ class OptimConfig:
 class OptimSpec:
     """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
     (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
-    batch sizes (B ≥ N skipped), T = ``steps``.
+    batch sizes (B ≥ N skipped), T = ``steps``. ``backbone``: the head-aware feature kernel
+    of the predictions, "isotropic" (the default predictor) or "subspace" (k = 16; SGD
+    family only); κ̃ is set from the isotropic kernel's λ_max either way, so the real runs are
+    the same.
 
     Raises:
       ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
-        not in :data:`FAMILIES`; a peak (``sgd_kappas``, ``adam_peaks``) not a finite number
+        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES`, or "subspace"
+        with the adamw_cosine family; a peak (``sgd_kappas``, ``adam_peaks``) not a finite number
         > 0; a weight decay not finite and >= 0; a batch size not None or an integer >= 1;
         ``per_class`` < 2; ``steps`` < 1; ``sgd_momentum`` outside [0, 1);
         ``warmup_fraction`` outside [0, 1]; an ε outside (0, 1).
@@ -91,6 +96,7 @@ class OptimSpec:
     num_paths: int = 8
     checkpoint: str | None = None
     families: tuple[str, ...] = FAMILIES
+    backbone: str = "isotropic"
 
     def __post_init__(self):
         for name in ("datasets", "per_class", "seeds", "families"):
@@ -99,6 +105,13 @@ class OptimSpec:
         if any(f not in FAMILIES for f in self.families):
             raise ValueError(f"OptimSpec.families must be among {FAMILIES}, got "
                              f"{self.families}.")
+        if self.backbone not in BENCH_BACKBONES:
+            raise ValueError(f"OptimSpec.backbone must be one of {BENCH_BACKBONES}, got "
+                             f"{self.backbone!r}.")
+        if self.backbone == "subspace" and "adamw_cosine" in self.families:
+            raise ValueError("OptimSpec.backbone 'subspace' has no Adam form (the "
+                             "preconditioned kernel is isotropic only here): run the "
+                             "sgdm_cosine family alone.")
         if any(n < 2 for n in self.per_class):
             raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
         if self.steps < 1:
@@ -244,11 +257,16 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
     shape = (id(data.split[0]), data.x.shape)
     hk, kernel_seconds, warm_seconds = _kernel_times(
         lambda: ntk_tt.head_aware_kernel(data.split, data.x), ("head_aware", *shape))
-    lam = float(initial_eigenvalues(hk)[1])
+    lam = float(initial_eigenvalues(hk)[1])  # the isotropic kernel's λ_max sets κ̃ (η)
+    sgd_kernel = hk
+    if spec.backbone == "subspace":  # timed once: its projected features compile anew
+        sgd_kernel, seconds = _timed(lambda: ntk_tt.head_aware_kernel(data.split, data.x,
+                                                                     backbone="subspace"))
+        kernel_seconds, warm_seconds = kernel_seconds + seconds, warm_seconds + seconds
     adam_kernels: dict = {}
     for cfg in left:
         opt = spec.optimizer(cfg, lam, n)
-        kernel = hk
+        kernel = sgd_kernel
         if cfg.family == "adamw_cosine":
             if cfg.batch_size not in adam_kernels:
                 adam_kernels[cfg.batch_size], s, w = _kernel_times(lambda o=opt: (
