@@ -2,7 +2,7 @@
 ``ntk_tt.intervals`` fitted on the subspace predictor's residuals, and its coverage.
 
     python experiments/subspace_intervals.py --set ROWS.jsonl DIR [--set ROWS2.jsonl DIR2 ...]
-        [--level 0.9] [--out experiments/results/intervals]
+        [--schedule-set OPT_DIR ...] [--level 0.9] [--out experiments/results/intervals]
 
 Each ``--set ROWS.jsonl DIR`` is what ``subspace_preset.py --out ROWS.jsonl --table DIR``
 wrote for the sweep directory DIR (the committed full preset ``experiments/results/sweep``,
@@ -18,7 +18,11 @@ width leaving one target set out (all its tasks, of every set), for each groupin
 as ``source["kappa_eff"]``, so a prediction beyond it is flagged;
 ``ntk_tt/assets/intervals_subspace.json`` is a copy); and, with several sets, the calibrator
 fitted on the first set's rows alone applied to the others' (tasks it never saw:
-OUT/coverage_subspace_unseen.csv, per ε and pooled). The sets' subspace T_ε and diverged
+OUT/coverage_subspace_unseen.csv, per ε and pooled). Each ``--schedule-set DIR`` (an
+``optimizer_sweep.py --families sgdm_cosine --backbone subspace`` directory) adds its
+SGD-momentum + warmup-cosine + weight-decay rows to the pool, so the calibrator records those
+schedules and weight decays as calibrated; their own coverage, each target set left out of
+the fit, is OUT/coverage_subspace_schedules.csv. The sets' subspace T_ε and diverged
 flags are written to ``--t-eps`` (``T_EPS``, committed): passed as every ``--set``'s ROWS in
 place of the curves, they give back the same calibrator (``tests/test_subspace_intervals.py``).
 """
@@ -31,7 +35,7 @@ import pathlib
 
 import numpy as np
 import pandas as pd
-from intervals import GROUPINGS, held_out_cases, summarise
+from intervals import GROUPINGS, family_table, held_out_cases, summarise
 from subspace_preset import EPS, frame_for
 
 from ntk_tt import fit_intervals
@@ -69,6 +73,17 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
                      pred_diverged=df["pred_diverged"].astype(bool))
 
 
+def schedule_table(table: str) -> pd.DataFrame:
+    """The SGD-momentum + warmup-cosine rows of an optimiser-benchmark directory run with
+    ``--backbone subspace``, in the columns ``fit_intervals`` reads (``intervals.family_table``;
+    schedule "warmup_cosine", λ, heavy-ball; the peak η is not recorded: κ̃ sets it)."""
+    frame = family_table([table], "sgdm_cosine")
+    if set(frame["pred_kernel"]) != {"subspace"}:
+        raise SystemExit(f"{table} holds {sorted(set(frame['pred_kernel']))} predictions: "
+                         "pass a benchmark run with --backbone subspace")
+    return frame.drop(columns="peak_learning_rate")
+
+
 def coverage(frame: pd.DataFrame, level: float) -> pd.DataFrame:
     """Coverage leaving one target set out, per grouping (``intervals.summarise`` lines)."""
     tables = []
@@ -85,16 +100,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", nargs=2, action="append", required=True, metavar=("ROWS", "DIR"),
                    dest="sets", help="subspace_preset.py --out file and its sweep directory")
+    p.add_argument("--schedule-set", action="append", default=[], dest="schedule_sets",
+                   metavar="DIR", help="an optimizer_sweep.py --backbone subspace directory: "
+                   "its SGD-momentum + warmup-cosine rows join the pool")
     p.add_argument("--level", type=float, default=0.9)
     p.add_argument("--out", default="experiments/results/intervals")
     p.add_argument("--t-eps", default=T_EPS, help="where to write the sets' subspace T_ε "
                    "(a --set ROWS from which the calibrator is refitted without the curves)")
     args = p.parse_args(argv)
-    frames = [subspace_table(rows, table) for rows, table in args.sets]
-    frame = pd.concat(frames).reset_index(drop=True)
-    short = frame[["row_id", "pred_diverged", *(t_col("pred", e) for e in EPS)]]
+    frames = [subspace_table(rows, table).assign(schedule="constant", weight_decay=0.0,
+                                                 nesterov=False) for rows, table in args.sets]
+    constant = pd.concat(frames).reset_index(drop=True)
+    short = constant[["row_id", "pred_diverged", *(t_col("pred", e) for e in EPS)]]
     short.assign(table=[t for f, (_, t) in zip(frames, args.sets, strict=True)
                         for _ in range(len(f))]).to_csv(args.t_eps, index=False)
+    schedules = [schedule_table(d) for d in args.schedule_sets]
+    frame = pd.concat([constant, *schedules]).reset_index(drop=True)
     table = coverage(frame, args.level)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +129,15 @@ def main(argv=None) -> None:
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
+    if schedules:  # the schedule rows' own coverage, each target set left out of the fit
+        sched = pd.concat(schedules)
+        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
+                                          sched[sched["dataset"] == d], args.level, BY)
+                           for d in sorted(sched["dataset"].unique())])
+        sc = summarise(cases)
+        sc = sc[sc["held_out"] == "pooled"].assign(held_out="schedule rows")
+        sc.to_csv(out / "coverage_subspace_schedules.csv", index=False, float_format="%.4f")
+        print(sc.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if len(frames) > 1:
         cases = held_out_cases(frames[0], pd.concat(frames[1:]), args.level, BY)
         u = summarise(cases.assign(dataset="unseen"))

@@ -19,6 +19,7 @@ from ntk_tt.prediction._intervals import CalibrationRangeWarning
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 SETS = ["sweep", "sweep_unseen_n250", "sweep_unseen_n750"]
+SCHEDULES = ["optimizers_subspace", "optimizers_750_sgdm_subspace"]  # SGD-momentum, cosine
 
 
 class Net(nnx.Module):
@@ -34,13 +35,15 @@ class Net(nnx.Module):
 
 def test_shipped_subspace_calibrator_is_the_fit_on_the_committed_predictions(tmp_path,
                                                                            monkeypatch):
-    """experiments/subspace_intervals.py on the committed T_ε table and sweep tables gives back
-    the shipped file, grouped by ε, recording k = 16 and every task's N and T."""
+    """experiments/subspace_intervals.py on the committed T_ε table, sweep tables and
+    subspace optimiser-benchmark tables gives back the shipped file, grouped by ε, recording
+    k = 16, every task's N and T, and the schedules and weight decays calibrated."""
     monkeypatch.syspath_prepend(str(EXPERIMENTS))
     script = experiment_script("subspace_intervals")
     monkeypatch.chdir(ROOT)  # the T_ε table names its sweep directories from the root
     t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
     args = [a for s in SETS for a in ("--set", t_eps, f"experiments/results/{s}")]
+    args += [a for d in SCHEDULES for a in ("--schedule-set", f"experiments/results/{d}")]
     script.main([*args, "--out", str(tmp_path), "--t-eps", str(tmp_path / "t.csv")])
     fitted = ntk_tt.IntervalCalibrator.load(tmp_path / "calibrator_subspace.json")
     shipped = ntk_tt.default_calibrator("subspace")
@@ -49,10 +52,11 @@ def test_shipped_subspace_calibrator_is_the_fit_on_the_committed_predictions(tmp
     src = shipped.source
     assert shipped.by == ("eps",) and src["subspace_dim"] == 16
     assert (src["pred_method"], src["pred_kernel"]) == (["head_aware"], ["subspace"])
-    assert src["rows"] == 168 + 72 + 72 and src["num_train"] == [50, 750]
+    assert src["rows"] == 168 + 72 + 72 + 48 + 48 and src["num_train"] == [50, 750]
+    assert src["schedule"] == ["constant", "warmup_cosine"] and src["weight_decay"] == [0, 5e-4]
     assert src["kappa_eff"] == [1.0, 12.0]  # main-grid rows only: beyond, a prediction is flagged
     cov = (tmp_path / "coverage_subspace.csv").read_text()
-    assert "eps,pooled,all,936," in cov  # 312 rows × 3 ε, each left out with its target set
+    assert "eps,pooled,all,1224," in cov  # 408 rows × 3 ε, each left out with its target set
 
 
 def _problem():
@@ -128,3 +132,24 @@ def test_the_cli_prints_a_subspace_interval(tmp_path, capsys):
     t = r["training_time"]["loss"]
     for eps, (lo, hi) in given.items():
         assert (lo, hi) == pytest.approx(_brute_interval(t[eps], float(eps), 4), rel=1e-5)
+
+
+def test_a_scheduled_subspace_prediction_is_calibrated_and_a_larger_decay_is_flagged():
+    """SGD-momentum + warmup-cosine + λ = 5e-4 (the calibrated optimiser-benchmark rows): an
+    interval and no note; λ = 0.01 lies outside the table's λ = 0–5e-4 and is said."""
+    apply_fn, params, x, y, split = _problem()
+    kw = dict(steps=150, head=split, backbone="subspace")
+    peak = 0.05 * 0.4 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, **kw).kappa
+
+    def opt(decay):
+        return ntk_tt.sgd(ntk_tt.warmup_cosine(peak, 15, 150), momentum=0.9, weight_decay=decay)
+
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt(5e-4), **kw)
+    assert pred.kappa / (1 - 0.9) == pytest.approx(4.0, rel=1e-3)  # κ̃ = 4: inside the table's
+    out = ntk_tt.intervals(pred)
+    assert out["warnings"] == [] and any(out["loss"].values())
+    with pytest.warns(CalibrationRangeWarning, match="weight decay λ = 0.01 is outside the "
+                      "calibration table's λ = 0–0.0005"):
+        far = ntk_tt.intervals(ntk_tt.predict(apply_fn, params, x, y, optimizer=opt(0.01),
+                                              **kw))
+    assert any(far["loss"].values())

@@ -240,7 +240,8 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
     "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k = 16
     (``ntk_tt/assets/intervals_subspace.json``), fitted on its main-grid predictions (κ̃ ≤ 12)
-    of the constant-η benchmark and two sweeps of unseen tasks, grouped by ε
+    of the constant-η benchmark, two sweeps of unseen tasks and the optimiser benchmark's
+    SGD-momentum + warmup-cosine rows, grouped by ε
     (``experiments/subspace_intervals.py``; README "Intervals").
 
     Raises:
