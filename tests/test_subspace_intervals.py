@@ -1,10 +1,12 @@
 """T_ε intervals of the subspace feature kernel (issue 26): the shipped calibrator is the fit
 on the committed subspace predictions, a ``backbone="subspace"`` prediction gets its interval
-(the conformal quantiles of its ε group, by brute force), and one of another k gets none."""
+(the conformal quantiles of its ε group, by brute force), and one of another k gets none; its
+divergence call is flagged as the over-call it is at large κ."""
 
 import json
 import math
 import pathlib
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -153,3 +155,25 @@ def test_a_scheduled_subspace_prediction_is_calibrated_and_a_larger_decay_is_fla
         far = ntk_tt.intervals(ntk_tt.predict(apply_fn, params, x, y, optimizer=opt(0.01),
                                               **kw))
     assert any(far["loss"].values())
+
+
+def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
+    """backbone="subspace" calling "diverges" warns that its call over-calls catapults (the
+    edge rows: 19 of 33) and points to the default; the default's call does not warn so."""
+    from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+    from ntk_tt.prediction._result import SUBSPACE_OVERCALLS
+
+    apply_fn, params, x, y, split = _problem()
+    kw = dict(steps=150, head=split)
+    lr = 0.05 * 200.0 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, **kw).kappa
+    with pytest.warns(BeyondEdgeWarning) as said:
+        pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, backbone="subspace",
+                              **kw)
+    assert pred.outcome == "diverges" and pred.divergence == "yes"
+    noted = [w for w in said if str(w.message) == SUBSPACE_OVERCALLS]
+    assert len(noted) == 1 and noted[0].filename == __file__  # at the user's predict call
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        iso = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, **kw)
+    assert iso.outcome == "diverges"  # the same call, no over-call note
+    assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]

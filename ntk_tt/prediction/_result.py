@@ -4,12 +4,13 @@ kernel predictor's result (T_ε per ε with the reasons it is undefined)."""
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
-from ntk_tt.dynamics._predict_kernel import EPSILONS
+from ntk_tt.dynamics._predict_kernel import EPSILONS, BeyondEdgeWarning
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._targets import curve_targets
 from ntk_tt.dynamics._training_time import (
@@ -227,14 +228,32 @@ def account_seconds(seconds: dict, whole: Stopwatch) -> dict:
     return out | {"compile": whole.compile_seconds, "total": out["setup"] + named}
 
 
+SUBSPACE_OVERCALLS = (
+    "backbone='subspace' calls this run \"diverges\" from its own predicted curve, and that "
+    "call over-calls at large κ: of the 33 real runs that spiked and recovered (catapults) at "
+    "κ̃ = 32–96 on the benchmark's edge rows it called 19 \"diverges\", the default backbone "
+    "4 (README, \"The feature kernel is the error\"); predict with backbone='isotropic' for "
+    "the outcome")
+
+
+def warn_subspace_call(pred: Prediction, stacklevel: int) -> None:
+    """:data:`SUBSPACE_OVERCALLS` as a ``BeyondEdgeWarning`` when ``pred`` is a subspace
+    feature kernel's prediction (``kernel`` "head_aware:subspace") whose outcome is
+    "diverges"."""
+    if pred.kernel == "head_aware:subspace" and pred.outcome == "diverges":
+        warnings.warn(SUBSPACE_OVERCALLS, BeyondEdgeWarning, stacklevel=stacklevel + 1)
+
+
 def timed_prediction(fn):
     """Decorator: ``fn`` (:func:`ntk_tt.predict`) run under one ``Stopwatch``; its
-    :class:`Prediction`'s ``seconds`` completed by :func:`account_seconds`."""
+    :class:`Prediction`'s ``seconds`` completed by :func:`account_seconds`, and a subspace
+    prediction's divergence call flagged (:func:`warn_subspace_call`)."""
 
     @functools.wraps(fn)
     def timed(*args, **kwargs) -> Prediction:
         with Stopwatch() as whole:
             pred = fn(*args, **kwargs)
+        warn_subspace_call(pred, stacklevel=2)
         return pred._replace(seconds=account_seconds(pred.seconds, whole))
 
     return timed
