@@ -113,7 +113,9 @@ def test_another_k_gets_no_interval():
     cal = ntk_tt.default_calibrator("subspace")
     assert not ntk_tt.calibrated_for(pred, cal)
     with pytest.warns(CalibrationRangeWarning, match="no T_ε interval: the calibration "
-                      "table's residuals are of the head_aware:subspace predictor"):
+                      "table's residuals are of the head_aware:subspace predictor with k = 16 "
+                      "feature directions .*; this prediction's kernel is head_aware:subspace "
+                      "with k = 4 feature directions"):
         out = ntk_tt.intervals(pred)
     assert set(out["loss"].values()) == {None}
 

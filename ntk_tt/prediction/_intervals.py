@@ -43,6 +43,7 @@ from ntk_tt._options_predict import NO_INTERVAL
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
+    _level_message,
     check_ranges,
     prediction_messages,
     range_messages,
@@ -383,16 +384,11 @@ def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
     names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
              for k in cal.source.get("pred_kernel") or []]
     of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
-    loss = prediction.hyperparameters.get("loss", "cross_entropy")
-    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of} (method "
-            f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel} "
-            f"(method {prediction.method}, loss {loss}): fit a calibrator on a sweep of its "
-            "predictor (ntk_tt.fit_intervals) to get one")
-
-
-def _level_message(level: float, n: int) -> str:
-    """The note for a level the calibration table cannot resolve: a finite conformal bound
-    from n residuals needs ⌈(n + 1)(1 − α/2)⌉ <= n, i.e. level <= 1 − 2/(n + 1)."""
-    return (f"level {level:g} needs more residuals than the calibration table has ({n}, all "
-            f"pooled): its bounds are 0 and the horizon T, so the interval says nothing; "
-            f"levels up to {1 - 2 / (n + 1):.3f} are resolved")
+    hp = prediction.hyperparameters
+    k = cal.source.get("subspace_dim")  # the table's k, then the prediction's, if recorded
+    dims = ["" if k is None or d is None else f" with k = {d} feature directions"
+            for d in (k, hp.get("subspace_dim"))]
+    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of}{dims[0]} (method "
+            f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel}"
+            f"{dims[1]} (method {prediction.method}, loss {hp.get('loss', 'cross_entropy')}): "
+            "fit a calibrator on a sweep of its predictor (ntk_tt.fit_intervals) to get one")

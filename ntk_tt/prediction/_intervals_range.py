@@ -135,3 +135,11 @@ def check_ranges(path, source: dict) -> None:
             shown = json.dumps(r) if isinstance(r, list) and len(r) <= 2 else a_type(r)
             raise ValueError(f"{path}: source[{field!r}] must be a [min, max] pair of numbers "
                              f"with min <= max, got {shown}; fix or delete it, or refit.")
+
+
+def _level_message(level: float, n: int) -> str:
+    """The note for a level the calibration table cannot resolve: a finite conformal bound
+    from n residuals needs ⌈(n + 1)(1 − α/2)⌉ <= n, i.e. level <= 1 − 2/(n + 1)."""
+    return (f"level {level:g} needs more residuals than the calibration table has ({n}, all "
+            f"pooled): its bounds are 0 and the horizon T, so the interval says nothing; "
+            f"levels up to {1 - 2 / (n + 1):.3f} are resolved")
