@@ -125,6 +125,9 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         if args.report:
             raise ValueError("--backbone sets the predictions to run; --report only reports "
                              "the rows already there: drop it")
+        if args.backbone == "subspace" and "adamw_cosine" in spec.families:
+            raise ValueError("--backbone subspace predicts the SGD-momentum family only (the "
+                             "subspace kernel has no Adam form): add --families sgdm_cosine")
         spec = dataclasses.replace(spec, backbone=args.backbone)
     flags = [f"--{n.replace('_', '-')}" for n in ("adam_peaks", "adam_decays")
              if getattr(args, n)]
@@ -163,9 +166,12 @@ def _grid(spec: OptimSpec, out: pathlib.Path) -> dict:
         if {k: v for k, v in old.items() if k not in tasks_keys} == \
                 {k: v for k, v in grid.items() if k not in tasks_keys}:
             return grid | {k: sorted(set(old[k]) | set(grid[k])) for k in tasks_keys}
+        differ = sorted(k for k in grid.keys() | old.keys()
+                        if k not in tasks_keys and old.get(k) != grid.get(k))
     except (ValueError, AttributeError, KeyError, TypeError):  # not a grid's JSON object
-        pass
-    raise ValueError(f"{out} holds another grid ({spec_path}); resume it with the same "
+        differ = []
+    which = f" (it differs in {', '.join(differ)})" if differ else ""
+    raise ValueError(f"{out} holds another grid ({spec_path}){which}; resume it with the same "
                      "options or choose a new --out.")
 
 
@@ -257,6 +263,8 @@ def _run(args, spec, out: pathlib.Path) -> None:
                       f"(n = {s['n']}), signed median {med:+.1f} %")
     for name, fam in summary["families"].items():
         cost = fam["cost"]
+        if not cost.get("tasks"):  # a family this table has no rows of
+            continue
         print(f"cost {name:12s}: fine-tune / predict per task sweep "
               f"{cost.get('per_task_median_ratio', float('nan')):.1f}x (kernel compilation "
               f"included), {cost.get('per_task_median_ratio_compile_excluded', float('nan')):.1f}x"

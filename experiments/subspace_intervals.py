@@ -22,9 +22,11 @@ OUT/coverage_subspace_unseen.csv, per ε and pooled). Each ``--schedule-set DIR`
 ``optimizer_sweep.py --families sgdm_cosine --backbone subspace`` directory) adds its
 SGD-momentum + warmup-cosine + weight-decay rows to the pool, so the calibrator records those
 schedules and weight decays as calibrated; their own coverage, each target set left out of
-the fit, is OUT/coverage_subspace_schedules.csv. The sets' subspace T_ε and diverged
-flags are written to ``--t-eps`` (``T_EPS``, committed): passed as every ``--set``'s ROWS in
-place of the curves, they give back the same calibrator (``tests/test_subspace_intervals.py``).
+the fit, is OUT/coverage_subspace_schedules.csv. With ``--t-eps FILE`` the ``--set`` rows'
+subspace T_ε and diverged flags are written to FILE (``T_EPS`` is the committed one): passed
+as every ``--set``'s ROWS in place of the curves, they give back the same calibrator
+(``tests/test_subspace_intervals.py``). Every input is read before anything is written; a bad
+one is one ``subspace_intervals.py: error:`` line (exit status 2).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
     diverged flag as the primary's and the labels a subspace ``Prediction`` carries (module
     docstring). ``rows_path``: a ``subspace_preset.py --out`` file, or the ``T_EPS`` table
     (its rows of ``table``)."""
+    if not pathlib.Path(rows_path).is_file():
+        raise ValueError(f"--set {rows_path} {table}: {rows_path} is not a file (a "
+                         "subspace_preset.py --out file, or the T_ε table)")
     df = read_table(table)
     cols = ["pred_diverged", *(t_col("pred", e) for e in EPS)]
     if rows_path.endswith(".csv"):
@@ -68,7 +73,7 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
         short = short[["row_id", *cols]]
     df = df.drop(columns=cols).merge(short, on="row_id")
     if df.empty:
-        raise SystemExit(f"no row of {table} is in {rows_path}: pass the table it was run on")
+        raise ValueError(f"no row of {table} is in {rows_path}: pass the table it was run on")
     return df.assign(pred_method="head_aware", pred_kernel="subspace",
                      pred_diverged=df["pred_diverged"].astype(bool))
 
@@ -77,10 +82,16 @@ def schedule_table(table: str) -> pd.DataFrame:
     """The SGD-momentum + warmup-cosine rows of an optimiser-benchmark directory run with
     ``--backbone subspace``, in the columns ``fit_intervals`` reads (``intervals.family_table``;
     schedule "warmup_cosine", λ, heavy-ball; the peak η is not recorded: κ̃ sets it)."""
-    frame = family_table([table], "sgdm_cosine")
+    if "family" not in read_table(table).columns:
+        raise ValueError(f"--schedule-set {table} is not an optimizer_sweep.py directory (its "
+                         "table has no optimiser family)")
+    try:
+        frame = family_table([table], "sgdm_cosine")
+    except SystemExit as no_rows:  # family_table's own refusal
+        raise ValueError(str(no_rows)) from None
     if set(frame["pred_kernel"]) != {"subspace"}:
-        raise SystemExit(f"{table} holds {sorted(set(frame['pred_kernel']))} predictions: "
-                         "pass a benchmark run with --backbone subspace")
+        raise ValueError(f"--schedule-set {table} holds {sorted(set(frame['pred_kernel']))} "
+                         "predictions: pass a benchmark run with --backbone subspace")
     return frame.drop(columns="peak_learning_rate")
 
 
@@ -105,26 +116,31 @@ def main(argv=None) -> None:
                    "its SGD-momentum + warmup-cosine rows join the pool")
     p.add_argument("--level", type=float, default=0.9)
     p.add_argument("--out", default="experiments/results/intervals")
-    p.add_argument("--t-eps", default=T_EPS, help="where to write the sets' subspace T_ε "
-                   "(a --set ROWS from which the calibrator is refitted without the curves)")
+    p.add_argument("--t-eps", help=f"write the --set rows' subspace T_ε there (e.g. {T_EPS}, "
+                   "from which the calibrator is refitted without the curves)")
     args = p.parse_args(argv)
-    frames = [subspace_table(rows, table).assign(schedule="constant", weight_decay=0.0,
-                                                 nesterov=False) for rows, table in args.sets]
+    try:  # every input read before anything is written: one error line
+        frames = [subspace_table(rows, table).assign(schedule="constant", weight_decay=0.0,
+                                                     nesterov=False)
+                  for rows, table in args.sets]
+        schedules = [schedule_table(d) for d in args.schedule_sets]
+    except (ValueError, OSError) as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")
     constant = pd.concat(frames).reset_index(drop=True)
-    short = constant[["row_id", "pred_diverged", *(t_col("pred", e) for e in EPS)]]
-    short.assign(table=[t for f, (_, t) in zip(frames, args.sets, strict=True)
-                        for _ in range(len(f))]).to_csv(args.t_eps, index=False)
-    schedules = [schedule_table(d) for d in args.schedule_sets]
     frame = pd.concat([constant, *schedules]).reset_index(drop=True)
     table = coverage(frame, args.level)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "coverage_subspace.csv", index=False, float_format="%.4f")
     cal = fit_intervals(frame, args.level, by=BY)
     cal.source["subspace_dim"] = SUBSPACE_DIM
     used = np.any([residuals(frame, e)[1] for e in EPS], axis=0)  # rows with a residual
     kappa = frame.loc[used, "kappa_eff"]  # the κ̃ the intervals were measured on (≤ 12)
     cal.source["kappa_eff"] = [round(float(kappa.min()), 6), round(float(kappa.max()), 6)]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.t_eps:
+        short = constant[["row_id", "pred_diverged", *(t_col("pred", e) for e in EPS)]]
+        short.assign(table=[t for f, (_, t) in zip(frames, args.sets, strict=True)
+                            for _ in range(len(f))]).to_csv(args.t_eps, index=False)
+    table.to_csv(out / "coverage_subspace.csv", index=False, float_format="%.4f")
     cal.save(out / "calibrator_subspace.json")
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(

@@ -224,7 +224,8 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
         why = ("--predictor linear" if o["predictor"] == "linear" else "--subset"
                if o.get("subset") is not None else f"--method {o['method']}"
                if method != "discrete" else "--kernel sketch")
-        raise ValueError(f"{' and '.join(given)} apply to the head-aware predictor only, and "
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{' and '.join(given)} {verb} to the head-aware predictor only, and "
                          f"{why} selects the linear predictor (only it has that option): drop "
                          f"{' and '.join(given)}, or drop {why}.")
     check_subspace_dim(o["subspace_dim"], o["backbone"])  # None: the default k, any backbone

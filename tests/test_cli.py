@@ -255,8 +255,8 @@ def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, cap
     (["--nesterov", "-m", "0"], "Nesterov needs momentum > 0"),
     (["--predictor", "head_aware", "--method", "ode"], "uses the exact discrete recursion"),
     (["--predictor", "head_aware", "--kernel", "sketch"], "use --predictor linear"),
-    (["--predictor", "linear", "--segments", "3"], "apply to the head-aware predictor only"),
-    (["--method", "ode", "--backbone", "exact"], "apply to the head-aware predictor only"),
+    (["--predictor", "linear", "--segments", "3"], "applies to the head-aware predictor only"),
+    (["--method", "ode", "--backbone", "exact"], "applies to the head-aware predictor only"),
     (["--segments", "0"], "segments (--segments) must be an integer in [1, steps]"),
     (["--segments", "200"], "segments (--segments) must be an integer in [1, steps]"),
 ])

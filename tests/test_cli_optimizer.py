@@ -67,7 +67,7 @@ BEFORE_JAX = [
     # a fresh user: this refusal sent them to --predictor head_aware, which then refused
     # --kernel sketch; it now names what chose the linear predictor
     (["--backbone", "subspace", "--kernel", "sketch"],
-     "--backbone subspace apply to the head-aware predictor only, and --kernel sketch selects "
+     "--backbone subspace applies to the head-aware predictor only, and --kernel sketch selects "
      "the linear predictor (only it has that option): drop --backbone subspace, or drop "
      "--kernel sketch"),
     (["--backbone", "subspace", "--subspace-dim", "0"], "subspace_dim must be an int >= 1"),

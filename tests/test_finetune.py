@@ -146,7 +146,7 @@ def test_compare_refuses_a_run_with_other_hyperparameters():
                           momentum=0.5, key=key, num_paths=2)
     assert pred.hyperparameters == {"learning_rate": 0.1, "momentum": 0.5, "nesterov": False,
                                     "batch_size": 8, "steps": 4, "num_train": N,
-                                    "loss": "cross_entropy"}
+                                    "num_classes": C, "loss": "cross_entropy"}
     ntk_tt.compare(pred, run)  # same training: accepted
     other = ntk_tt.predict(mlp, params, x, y, learning_rate=0.2, steps=4, momentum=0.9)
     with pytest.raises(ValueError, match=r"learning_rate: predicted 0.2, fine-tuned 0.1.*"

@@ -206,3 +206,21 @@ def test_nested_blocks_are_the_smaller_subspace_kernel(x64, monkeypatch):
     got = fs.nested(big, K)
     np.testing.assert_allclose(got.basis, small.basis, atol=1e-12)
     np.testing.assert_allclose(got.backbone, small.backbone, rtol=1e-9, atol=1e-12)
+
+
+def test_a_backbone_other_than_the_given_kernels_is_refused(x64):
+    """predict(head_kernel=<isotropic>, backbone="subspace") ran the isotropic kernel and
+    said nothing (a fresh user's find); the default backbone, or the kernel's own, pass."""
+    model, x, y, _, _ = _problem(True, seed=1)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    split = split_head(model)
+    iso = head_aware_kernel(split, x)
+    kw = dict(learning_rate=0.2, steps=STEPS, head=split)
+    with pytest.raises(ValueError, match="backbone='subspace', but the head_kernel given is "
+                                         "a 'isotropic' kernel"):
+        ntk_tt.predict(apply_fn, params, x, y, head_kernel=iso, backbone="subspace", **kw)
+    assert ntk_tt.predict(apply_fn, params, x, y, head_kernel=iso, **kw).kernel == \
+        "head_aware:isotropic"
+    sub = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    assert ntk_tt.predict(apply_fn, params, x, y, head_kernel=sub, backbone="subspace",
+                          **kw).kernel == "head_aware:subspace"

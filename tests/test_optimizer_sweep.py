@@ -350,7 +350,8 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
     _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--backbone", "subspace",
                             "--families", "sgdm_cosine"])
     assert spec.backbone == "subspace" and spec.families == ("sgdm_cosine",)
-    for args, message in [([], "'subspace' has no Adam form"),
+    for args, message in [([], "predicts the SGD-momentum family only (the subspace kernel "
+                               "has no Adam form): add --families sgdm_cosine"),
                           (["--report"], "--backbone sets the predictions to run")]:
         line = refused(module, ["--out", str(out), "--preset", "smoke", "--backbone",
                                 "subspace", *args], capsys)
@@ -364,4 +365,5 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
     (old / "spec.json").write_text(json.dumps(recorded))
     args, _ = module.parse(sgdm)
     assert args.grid["backbone"] == "isotropic"
-    assert "holds another grid" in refused(module, [*sgdm, "--backbone", "subspace"], capsys)
+    line = refused(module, [*sgdm, "--backbone", "subspace"], capsys)
+    assert "holds another grid" in line and "(it differs in backbone)" in line

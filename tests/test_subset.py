@@ -360,7 +360,7 @@ def _cli_error(args, capsys, monkeypatch):
     (["--subset", "100", "--loss", "mse", "--predictor", "head_aware"],
      "drop --predictor head_aware"),
     (["--subset", "100", "--loss", "mse", "--segments", "3"],
-     "apply to the head-aware predictor only"),
+     "applies to the head-aware predictor only"),
     (["--subset-method", "nystrom"], "applies with subset (--subset N') only"),
 ])
 def test_cli_subset_errors_are_one_line_before_any_work(args, match, capsys, monkeypatch):

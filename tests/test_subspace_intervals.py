@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _scripts import EXPERIMENTS, experiment_script
+from _scripts import EXPERIMENTS, experiment_script, refused
 from flax import nnx
 
 import ntk_tt
@@ -25,11 +25,11 @@ SCHEDULES = ["optimizers_subspace", "optimizers_750_sgdm_subspace"]  # SGD-momen
 
 
 class Net(nnx.Module):
-    """F = 16 tanh features (the shipped k) and a linear head."""
+    """F = 16 tanh features (the shipped k) and a linear head of C = 5 (the tables')."""
 
     def __init__(self, rngs):
         self.body = nnx.Linear(6, 16, rngs=rngs)
-        self.head = nnx.Linear(16, 3, rngs=rngs)
+        self.head = nnx.Linear(16, 5, rngs=rngs)
 
     def __call__(self, x):
         return self.head(jnp.tanh(self.body(x)))
@@ -65,7 +65,7 @@ def _problem():
     model = Net(nnx.Rngs(3))
     kx, ky = jax.random.split(jax.random.key(4))
     x = jax.random.normal(kx, (50, 6))  # N and T inside the table's: no range note
-    y = jax.random.randint(ky, (50,), 0, 3)
+    y = jax.random.randint(ky, (50,), 0, 5)
     apply_fn, params = ntk_tt.from_nnx(model)
     return apply_fn, params, x, y, ntk_tt.split_head(model)
 
@@ -157,6 +157,31 @@ def test_a_scheduled_subspace_prediction_is_calibrated_and_a_larger_decay_is_fla
         far = ntk_tt.intervals(ntk_tt.predict(apply_fn, params, x, y, optimizer=opt(0.01),
                                               **kw))
     assert any(far["loss"].values())
+    # L2 decay in the loss (decoupled=False): the tables' decay is decoupled (a fresh user's
+    # find: it got an interval without a note)
+    l2 = ntk_tt.sgd(ntk_tt.warmup_cosine(peak, 15, 150), momentum=0.9, weight_decay=5e-4,
+                    decoupled=False)
+    with pytest.warns(CalibrationRangeWarning, match=r"L2 \(in the loss\) weight decay is "
+                      r"outside the calibration table's \(decoupled decay only\)"):
+        ntk_tt.intervals(ntk_tt.predict(apply_fn, params, x, y, optimizer=l2, **kw))
+
+
+def test_another_number_of_classes_is_flagged():
+    """The tables' tasks have C = 5 classes; a fresh user's C = 2 intervals covered 5 of 12
+    real T_ε without a note. Every shipped calibrator records C and flags another."""
+    model = Net(nnx.Rngs(3))
+    model.head = nnx.Linear(16, 2, rngs=nnx.Rngs(4))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    x = jax.random.normal(jax.random.key(4), (50, 6))
+    y = jnp.arange(50) % 2
+    for rule in ("sgd", "adam", "subspace"):
+        assert ntk_tt.default_calibrator(rule).source["num_classes"] == [5, 5]
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, steps=150,
+                          head=ntk_tt.split_head(model), backbone="subspace")
+    assert pred.hyperparameters["num_classes"] == 2
+    with pytest.warns(CalibrationRangeWarning, match="C = 2 classes is outside the calibration "
+                      "table's C = 5 "):
+        ntk_tt.intervals(pred)
 
 
 def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
@@ -179,3 +204,35 @@ def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
         iso = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, **kw)
     assert iso.outcome == "diverges"  # the same call, no over-call note
     assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]
+
+
+def test_bad_inputs_are_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
+    """A fresh user: a failing run had already rewritten the committed T_ε table (dropping
+    rows), and bad paths were tracebacks."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = experiment_script("subspace_intervals")
+    monkeypatch.chdir(ROOT)
+    t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
+    before = pathlib.Path(t_eps).read_text()
+    out = ["--out", str(tmp_path / "out"), "--t-eps", t_eps]
+    sweep = ["--set", t_eps, "experiments/results/sweep"]
+    for args, said in [
+            (["--set", str(tmp_path / "none.csv"), "experiments/results/sweep"], "is not a file"),
+            (["--set", t_eps, str(tmp_path / "nodir")], "no results table"),
+            ([*sweep, "--schedule-set", "experiments/results/sweep"],
+             "is not an optimizer_sweep.py directory"),
+            ([*sweep, "--schedule-set", "experiments/results/optimizers"],
+             "holds ['isotropic'] predictions: pass a benchmark run with --backbone subspace")]:
+        line = refused(script, [*args, *out], capsys)
+        assert said in line, line
+    assert not (tmp_path / "out").exists() and pathlib.Path(t_eps).read_text() == before
+
+
+def test_a_shipped_calibrator_edited_by_one_caller_is_not_edited_for_the_next():
+    """default_calibrator returned the cached object: setting its source["subspace_dim"]
+    to 8 made every later intervals() of a k = 16 prediction give none (a fresh user)."""
+    mine = ntk_tt.default_calibrator("subspace")
+    mine.source["subspace_dim"] = 8
+    mine.groups.clear()
+    again = ntk_tt.default_calibrator("subspace")
+    assert again.source["subspace_dim"] == 16 and again.groups

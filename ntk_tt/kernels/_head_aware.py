@@ -251,6 +251,21 @@ def backbone_kind(hk: HeadAwareKernel) -> str:
     return "isotropic" if np.array_equal(np.asarray(hk.mixing), eye) else "kronecker"
 
 
+def check_kernel_backbone(backbone: str, head_kernel) -> None:
+    """ValueError when ``backbone`` names another feature kernel than the ``head_kernel``
+    given (a :class:`ntk_tt.HeadAwareKernel`, or an Adam kernel holding one, ``.hk``): the
+    kernel decides, and a non-default ``backbone`` beside it was silently ignored (a fresh
+    user's find). The default "isotropic" and a kernel of another type pass (the type is
+    :func:`ntk_tt.dynamics._checks.check_head_kernel`'s to refuse)."""
+    hk = getattr(head_kernel, "hk", head_kernel)
+    if backbone == "isotropic" or not isinstance(hk, HeadAwareKernel):
+        return
+    if (kind := backbone_kind(hk)) != backbone:
+        raise ValueError(f"backbone={backbone!r}, but the head_kernel given is a {kind!r} "
+                         f"kernel (head_aware_kernel(..., backbone={kind!r})), which decides: "
+                         f"drop backbone, or build head_kernel with backbone={backbone!r}.")
+
+
 def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
     """ValueError when k_b cannot be read off the logit-summed Θ (concrete values only).
 

@@ -28,6 +28,7 @@ optimiser)), hence the default ``by=("kappa",)``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -174,10 +175,11 @@ class IntervalCalibrator:
         cap = math.inf if steps is None else float(steps)
         return min(t * math.exp(lo), cap), min(t * math.exp(hi), cap)
 
-    def range_warnings(self, num_train=None, steps=None) -> list[str]:
+    def range_warnings(self, num_train=None, steps=None, num_classes=None) -> list[str]:
         """:func:`ntk_tt.prediction._intervals_range.range_messages` of this calibrator: one
-        message per N = ``num_train`` or T = ``steps`` outside ``source``'s recorded range."""
-        return range_messages(self.source, num_train, steps)
+        message per N = ``num_train``, T = ``steps`` or C = ``num_classes`` outside
+        ``source``'s recorded range."""
+        return range_messages(self.source, num_train, steps, num_classes)
 
     def to_json(self) -> dict:
         """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
@@ -252,7 +254,7 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
                          "default one, 'adam' Adam/AdamW's, 'subspace' backbone='subspace''s), "
                          f"got {rule!r}.")
-    return _shipped(rule)
+    return copy.deepcopy(_shipped(rule))  # the caller's own: edits reach no later call
 
 
 @functools.lru_cache(maxsize=3)
@@ -321,9 +323,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       predictor's ("head_aware_adam:isotropic") and the subspace one's ("head_aware:subspace"
       with ``hyperparameters["subspace_dim"]`` 16), discrete recursion, cross-entropy; not the
       frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given,
-      one message per N or T (``hyperparameters`` "num_train", "steps") outside the
-      calibration table's range (:meth:`IntervalCalibrator.range_warnings`), per κ̃ outside
-      a recorded κ̃ range (the subspace calibrator's: κ̃ ≤ 12), and per
+      one message per N, T or C (``hyperparameters`` "num_train", "steps", "num_classes")
+      outside the calibration table's range (:meth:`IntervalCalibrator.range_warnings`), per
+      κ̃ outside a recorded κ̃ range (the subspace calibrator's: κ̃ ≤ 12), and per
       update-rule field ("schedule", "weight_decay", "nesterov", peak "learning_rate"; the
       constant-η table's: constant η, λ = 0, heavy-ball; the AdamW table's: warmup + cosine,
       λ = 0.01–0.1, peak η = 1e-4–1e-3) outside the table's

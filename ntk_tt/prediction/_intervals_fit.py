@@ -38,10 +38,10 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
       frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
         ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for
         every ε it holds (``ntk_tt.sweep._table.read_table(sweep_dir)``), optionally
-        ``dataset``, ``pred_method``, ``pred_kernel``, ``num_train``, ``steps`` (N, T:
-        [min, max] over the rows with a residual) and ``schedule``, ``weight_decay``,
-        ``nesterov`` (absent: the constant-η sweep's "constant", 0, False), recorded in
-        ``source``.
+        ``dataset``, ``pred_method``, ``pred_kernel``, ``num_train``, ``steps``,
+        ``num_classes`` (N, T, C: [min, max] over the rows with a residual) and ``schedule``,
+        ``weight_decay``, ``nesterov``, ``decoupled`` (absent: "constant", 0, False, True),
+        recorded in ``source``.
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
         "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
@@ -86,7 +86,7 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     source = {"rows": len(frame), "residuals": sum(len(v) for v in groups.values()),
               **{c: sorted(map(str, frame[c].unique())) for c in
                  ("dataset", "pred_method", "pred_kernel") if c in frame.columns},
-              **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps")
+              **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps", "num_classes")
                  if f in frame.columns for v in [frame[f].to_numpy(float)[used]]},
               **rule_source(frame, used)}
     return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,

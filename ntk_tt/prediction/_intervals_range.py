@@ -24,7 +24,8 @@ import numpy as np
 from ntk_tt._options import a_type, is_real
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 
-RANGES = (("num_train", "N", "training samples"), ("steps", "T", "steps"))
+RANGES = (("num_train", "N", "training samples"), ("steps", "T", "steps"),
+          ("num_classes", "C", "classes"))
 EXTRAPOLATION = "(the T_ε intervals are an extrapolation there: their coverage is not measured)"
 
 
@@ -32,16 +33,17 @@ class CalibrationRangeWarning(BeyondEdgeWarning):
     """A T_ε interval for an N or T outside the calibration table's (:func:`ntk_tt.intervals`)."""
 
 
-def range_messages(source: dict, num_train=None, steps=None) -> list[str]:
-    """One message per quantity, N = ``num_train`` or T = ``steps``, outside ``source``'s
-    recorded [min, max] ("N = 2000 training samples is outside the calibration table's
-    N = 50–750 (...)"); none for a quantity that is None or has no recorded range.
+def range_messages(source: dict, num_train=None, steps=None, num_classes=None) -> list[str]:
+    """One message per quantity, N = ``num_train``, T = ``steps`` or C = ``num_classes``,
+    outside ``source``'s recorded [min, max] ("N = 2000 training samples is outside the
+    calibration table's N = 50–750 (...)"); none for a quantity that is None or has no
+    recorded range.
 
     Raises:
-      ValueError: ``num_train`` or ``steps`` neither None nor a number.
+      ValueError: ``num_train``, ``steps`` or ``num_classes`` neither None nor a number.
     """
     out = []
-    for (field, sym, unit), v in zip(RANGES, (num_train, steps), strict=True):
+    for (field, sym, unit), v in zip(RANGES, (num_train, steps, num_classes), strict=True):
         if v is None:
             continue
         if not is_real(v):
@@ -59,15 +61,17 @@ def range_messages(source: dict, num_train=None, steps=None) -> list[str]:
 
 def rule_source(frame, used) -> dict:
     """The update rule of ``frame``'s rows where ``used`` (bool mask): "schedule" (sorted
-    names), "weight_decay" ([min, max] λ), "nesterov" (sorted flags). A column the table lacks
-    takes the constant-η benchmark sweep's value (its rows have none): "constant", 0, False."""
+    names), "weight_decay" ([min, max] λ), "nesterov" and "decoupled" (sorted flags). A column
+    the table lacks takes the benchmarks' value (their rows have none): "constant", 0, False,
+    True (``ntk_tt.sgd`` / ``adamw`` decay is decoupled)."""
     def col(name, default):
         return frame[name].to_numpy()[used] if name in frame.columns else np.array([default])
 
     decay = col("weight_decay", 0.0).astype(float)
     out = {"schedule": sorted(set(map(str, col("schedule", "constant")))),
            "weight_decay": [float(decay.min()), float(decay.max())],
-           "nesterov": sorted(set(map(bool, col("nesterov", False))))}
+           "nesterov": sorted(set(map(bool, col("nesterov", False)))),
+           "decoupled": sorted(set(map(bool, col("decoupled", True))))}
     if "peak_learning_rate" in frame.columns:
         peak = frame["peak_learning_rate"].to_numpy(float)[used]
         out["learning_rate"] = [float(peak.min()), float(peak.max())]
@@ -75,11 +79,12 @@ def rule_source(frame, used) -> dict:
 
 
 def prediction_messages(source: dict, hyper: dict) -> list[str]:
-    """:func:`range_messages` of a prediction's ``hyperparameters`` (N, T), then one message
-    per field ("kappa_eff" κ̃ = κ/(1 − m), "schedule", "weight_decay", "nesterov", peak
-    "learning_rate") that ``source`` records and the prediction's value lies outside of; a
-    field absent on either side is not checked."""
-    out = range_messages(source, hyper.get("num_train"), hyper.get("steps"))
+    """:func:`range_messages` of a prediction's ``hyperparameters`` (N, T, C), then one
+    message per field ("kappa_eff" κ̃ = κ/(1 − m), "schedule", "weight_decay", "decoupled"
+    when λ > 0, "nesterov", peak "learning_rate") that ``source`` records and the
+    prediction's value lies outside of; a field absent on either side is not checked."""
+    out = range_messages(source, hyper.get("num_train"), hyper.get("steps"),
+                         hyper.get("num_classes"))
     kappa = hyper.get("kappa_eff")
     if kappa is not None and "kappa_eff" in source:
         lo, hi = source["kappa_eff"]
@@ -97,6 +102,12 @@ def prediction_messages(source: dict, hyper: dict) -> list[str]:
             shown = f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
             out.append(f"weight decay λ = {decay:g} is outside the calibration table's "
                        f"λ = {shown} {EXTRAPOLATION}")
+        elif decay > 0 and "decoupled" in source and bool(
+                hyper.get("decoupled", True)) not in source["decoupled"]:
+            kind = "decoupled" if hyper.get("decoupled", True) else "L2 (in the loss)"
+            out.append(f"{kind} weight decay is outside the calibration table's "
+                       f"({' and '.join('decoupled' if v else 'L2' for v in source['decoupled'])}"
+                       f" decay only) {EXTRAPOLATION}")
     if peak is not None and "learning_rate" in source:
         lo, hi = source["learning_rate"]
         if not _inside(peak, lo, hi):
@@ -121,7 +132,7 @@ def check_ranges(path, source: dict) -> None:
     "steps", "weight_decay", "learning_rate", "kappa_eff") is a [min, max] pair of numbers
     with min <= max, "schedule" a list of names and "nesterov" a list of true/false (an
     absent one is fine: an older file)."""
-    for field, kind in (("schedule", str), ("nesterov", bool)):
+    for field, kind in (("schedule", str), ("nesterov", bool), ("decoupled", bool)):
         r = source.get(field, [])
         if not (isinstance(r, list) and all(isinstance(v, kind) for v in r)):
             raise ValueError(f"{path}: source[{field!r}] must be a list of "

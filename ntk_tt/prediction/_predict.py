@@ -28,6 +28,7 @@ from ntk_tt.dynamics._checks import (
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
+from ntk_tt.kernels._head_aware import check_kernel_backbone
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
@@ -226,7 +227,8 @@ def predict(
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a backbone other than "isotropic" for the linear predictor (it would be unused),
         ``subspace_dim`` without ``backbone="subspace"`` or with ``head_kernel`` (built with
-        its own k) or not an int ≥ 1,
+        its own k) or not an int ≥ 1, a non-default ``backbone`` other than the given
+        ``head_kernel``'s own,
         a head-aware prediction without ``head`` or with a method other than the discrete
         recursion or a sketched kernel, a ``head`` that does not reproduce ``apply_fn``,
         ``subset`` with anything but MSE full-batch GD or a full-batch SGD-family optimizer
@@ -239,6 +241,7 @@ def predict(
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
     sub_k = check_subspace_dim(subspace_dim, backbone, head_kernel)
+    check_kernel_backbone(backbone, head_kernel)
     if is_traced((learning_rate, momentum)):
         raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
                          "the values), so learning_rate and momentum cannot be traced (jit / "
@@ -312,7 +315,7 @@ def predict(
     seconds = {"noise": 0.0}
     hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
-             "num_train": int(n), "loss": loss}
+             "num_train": int(n), "num_classes": int(c), "loss": loss}
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 

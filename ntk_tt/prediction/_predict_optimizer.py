@@ -194,7 +194,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                           noise_features=feats, **common)
         label = kernel
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
-        "steps": int(steps), "num_train": int(n), "loss": loss}
+        "steps": int(steps), "num_train": int(n), "num_classes": int(c), "loss": loss}
     if basis is not None:
         hyper["subspace_dim"] = int(basis.shape[1])
     if adam:
