@@ -21,6 +21,8 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
         --families adamw_cosine --adam-peaks 1.5e-4 2e-4 5e-4 --adam-decays 0.01
     python experiments/optimizer_sweep.py --out runs/sub --families sgdm_cosine \\
         --backbone subspace --reuse-real experiments/results/optimizers   # N = 250 rows
+    python experiments/optimizer_sweep.py --out runs/unseen --per-class 50 --seeds 1 \\
+        --families sgdm_cosine           # tasks of another seed: other classes, images, head
 
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
@@ -74,6 +76,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--datasets", nargs="+")
     p.add_argument("--per-class", nargs="+", type=int)
+    p.add_argument("--seeds", nargs="+", type=int,
+                   help="task seeds (default 0): another seed draws other classes, images and "
+                        "head from the same sets, tasks nothing was built on")
     p.add_argument("--families", nargs="+", choices=FAMILIES,
                    help="optimiser families to run, in this order (default: all)")
     p.add_argument("--adam-peaks", nargs="+", type=float, metavar="ETA",
@@ -140,6 +145,10 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
     for name in ("adam_peaks", "adam_decays"):
         if getattr(args, name):
             spec = dataclasses.replace(spec, **{name: tuple(getattr(args, name))})
+    if args.seeds:
+        if any(v < 0 for v in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+            raise ValueError(f"--seeds must be distinct integers >= 0, got {args.seeds}")
+        spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
     if args.per_class:
         if any(n < 2 for n in args.per_class):
             raise ValueError(f"--per-class values must be integers >= 2, got {args.per_class}")

@@ -350,9 +350,15 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
     _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--backbone", "subspace",
                             "--families", "sgdm_cosine"])
     assert spec.backbone == "subspace" and spec.families == ("sgdm_cosine",)
+    _, unseen = module.parse(["--out", str(out), "--preset", "smoke", "--seeds", "1", "2"])
+    assert unseen.seeds == (1, 2) and [t.seed for t in unseen.tasks()] == [1, 2]
     for args, message in [([], "predicts the SGD-momentum family only (the subspace kernel "
                                "has no Adam form): add --families sgdm_cosine"),
-                          (["--report"], "--backbone sets the predictions to run")]:
+                          (["--report"], "--backbone sets the predictions to run"),
+                          (["--families", "sgdm_cosine", "--seeds", "-1"],
+                           "--seeds must be distinct integers >= 0"),
+                          (["--families", "sgdm_cosine", "--seeds", "1", "1"],
+                           "--seeds must be distinct integers >= 0")]:
         line = refused(module, ["--out", str(out), "--preset", "smoke", "--backbone",
                                 "subspace", *args], capsys)
         assert message in line
