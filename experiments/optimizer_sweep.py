@@ -146,8 +146,10 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         if getattr(args, name):
             spec = dataclasses.replace(spec, **{name: tuple(getattr(args, name))})
     if args.seeds:
-        if any(v < 0 for v in args.seeds) or len(set(args.seeds)) != len(args.seeds):
-            raise ValueError(f"--seeds must be distinct integers >= 0, got {args.seeds}")
+        if any(not 0 <= v < 2**32 for v in args.seeds) or len(set(args.seeds)) != len(
+                args.seeds):  # jax.random.key(2**32) is key(0): the same tasks again
+            raise ValueError(f"--seeds must be distinct integers in [0, 2**32), got "
+                             f"{args.seeds}")
         spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
     if args.per_class:
         if any(n < 2 for n in args.per_class):

@@ -61,14 +61,19 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
                          "subspace_preset.py --out file, or the T_ε table)")
     df = read_table(table)
     cols = ["pred_diverged", *(t_col("pred", e) for e in EPS)]
-    if rows_path.endswith(".csv"):
-        short = pd.read_csv(rows_path)
-        short = short[short["table"] == table].drop(columns="table")
-    else:
-        rows = {}
-        for line in open(rows_path):
-            r = json.loads(line)
-            rows[r["row_id"]] = r
+    try:
+        if rows_path.endswith(".csv"):
+            short = pd.read_csv(rows_path)
+            short = short[[_same(t, table) for t in short["table"]]].drop(columns="table")
+        else:
+            rows = {}
+            for line in open(rows_path):
+                r = json.loads(line)
+                rows[r["row_id"]] = r
+    except (ValueError, KeyError, UnicodeDecodeError) as err:  # JSON, CSV or text errors
+        raise ValueError(f"{rows_path} is not a subspace_preset.py --out file or a T_ε table "
+                         f"({type(err).__name__}: {err})") from None
+    if not rows_path.endswith(".csv"):
         short = frame_for(df[df.row_id.isin(rows)].reset_index(drop=True), rows, "subspace")
         short = short[["row_id", *cols]]
     df = df.drop(columns=cols).merge(short, on="row_id")
@@ -78,10 +83,18 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
                      pred_diverged=df["pred_diverged"].astype(bool))
 
 
+def _same(a: str, b: str) -> bool:
+    """Whether two spellings name one directory (trailing slash, relative or absolute)."""
+    return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
+
+
 def schedule_table(table: str) -> pd.DataFrame:
     """The SGD-momentum + warmup-cosine rows of an optimiser-benchmark directory run with
     ``--backbone subspace``, in the columns ``fit_intervals`` reads (``intervals.family_table``;
     schedule "warmup_cosine", λ, heavy-ball; the peak η is not recorded: κ̃ sets it)."""
+    if not (pathlib.Path(table) / "results.parquet").is_file():
+        raise ValueError(f"--schedule-set {table} holds no results.parquet (an "
+                         "optimizer_sweep.py --backbone subspace directory)")
     if "family" not in read_table(table).columns:
         raise ValueError(f"--schedule-set {table} is not an optimizer_sweep.py directory (its "
                          "table has no optimiser family)")
@@ -107,8 +120,30 @@ def coverage(frame: pd.DataFrame, level: float) -> pd.DataFrame:
     return table[["grouping", *table.columns.drop("grouping")]]
 
 
+def _check_outputs(args) -> None:
+    """ValueError for a ``--level`` outside (0, 1), a ``--t-eps`` that cannot be written, or
+    one that is a ``--set`` ROWS table holding tables this run does not read (rewriting it
+    would drop their rows)."""
+    if not 0.0 < args.level < 1.0:
+        raise ValueError(f"--level must lie in (0, 1) (e.g. 0.9), got {args.level}")
+    if args.t_eps is None:
+        return
+    t = pathlib.Path(args.t_eps)
+    if t.is_dir() or not t.parent.is_dir():
+        raise ValueError(f"--t-eps {t} must be a file in an existing folder")
+    for rows, _ in args.sets:
+        if t.exists() and t.resolve() == pathlib.Path(rows).resolve():
+            given = [d for r, d in args.sets if pathlib.Path(r).resolve() == t.resolve()]
+            held = set(pd.read_csv(t)["table"]) if rows.endswith(".csv") else set()
+            dropped = sorted(h for h in held if not any(_same(h, g) for g in given))
+            if dropped:
+                raise ValueError(f"--t-eps {t} is a --set table that also holds {dropped}, "
+                                 "which this run does not read: rewriting it would drop "
+                                 "their rows (give every table, or another --t-eps)")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--set", nargs=2, action="append", required=True, metavar=("ROWS", "DIR"),
                    dest="sets", help="subspace_preset.py --out file and its sweep directory")
     p.add_argument("--schedule-set", action="append", default=[], dest="schedule_sets",
@@ -120,6 +155,7 @@ def main(argv=None) -> None:
                    "from which the calibrator is refitted without the curves)")
     args = p.parse_args(argv)
     try:  # every input read before anything is written: one error line
+        _check_outputs(args)
         frames = [subspace_table(rows, table).assign(schedule="constant", weight_decay=0.0,
                                                      nesterov=False)
                   for rows, table in args.sets]

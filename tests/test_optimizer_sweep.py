@@ -356,9 +356,11 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
                                "has no Adam form): add --families sgdm_cosine"),
                           (["--report"], "--backbone sets the predictions to run"),
                           (["--families", "sgdm_cosine", "--seeds", "-1"],
-                           "--seeds must be distinct integers >= 0"),
+                           "--seeds must be distinct integers in [0, 2**32)"),
                           (["--families", "sgdm_cosine", "--seeds", "1", "1"],
-                           "--seeds must be distinct integers >= 0")]:
+                           "--seeds must be distinct integers in [0, 2**32)"),
+                          (["--families", "sgdm_cosine", "--seeds", str(2**32)],
+                           "--seeds must be distinct integers in [0, 2**32)")]:
         line = refused(module, ["--out", str(out), "--preset", "smoke", "--backbone",
                                 "subspace", *args], capsys)
         assert message in line

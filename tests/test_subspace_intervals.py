@@ -214,7 +214,7 @@ def test_bad_inputs_are_one_line_and_nothing_is_written(tmp_path, capsys, monkey
     monkeypatch.chdir(ROOT)
     t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
     before = pathlib.Path(t_eps).read_text()
-    out = ["--out", str(tmp_path / "out"), "--t-eps", t_eps]
+    out = ["--out", str(tmp_path / "out"), "--t-eps", str(tmp_path / "t.csv")]
     sweep = ["--set", t_eps, "experiments/results/sweep"]
     for args, said in [
             (["--set", str(tmp_path / "none.csv"), "experiments/results/sweep"], "is not a file"),
@@ -222,10 +222,12 @@ def test_bad_inputs_are_one_line_and_nothing_is_written(tmp_path, capsys, monkey
             ([*sweep, "--schedule-set", "experiments/results/sweep"],
              "is not an optimizer_sweep.py directory"),
             ([*sweep, "--schedule-set", "experiments/results/optimizers"],
-             "holds ['isotropic'] predictions: pass a benchmark run with --backbone subspace")]:
+             "holds ['isotropic'] predictions: pass a benchmark run with --backbone subspace"),
+            ([*sweep, "--schedule-set", str(tmp_path)], "holds no results.parquet")]:
         line = refused(script, [*args, *out], capsys)
         assert said in line, line
-    assert not (tmp_path / "out").exists() and pathlib.Path(t_eps).read_text() == before
+    assert not (tmp_path / "out").exists() and not (tmp_path / "t.csv").exists()
+    assert pathlib.Path(t_eps).read_text() == before
 
 
 def test_a_shipped_calibrator_edited_by_one_caller_is_not_edited_for_the_next():
@@ -236,3 +238,24 @@ def test_a_shipped_calibrator_edited_by_one_caller_is_not_edited_for_the_next():
     mine.groups.clear()
     again = ntk_tt.default_calibrator("subspace")
     assert again.source["subspace_dim"] == 16 and again.groups
+
+
+def test_a_t_eps_that_would_drop_rows_a_bad_level_and_other_spellings(tmp_path, capsys,
+                                                                      monkeypatch):
+    """A second fresh user: --t-eps onto the T_ε table with one --set of its three exited 0
+    and dropped 144 rows; --level 1.5 and an unwritable --t-eps were tracebacks after --out
+    was made; a trailing slash on the sweep directory matched no row."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    script = experiment_script("subspace_intervals")
+    monkeypatch.chdir(ROOT)
+    t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
+    before = pathlib.Path(t_eps).read_text()
+    one = ["--set", t_eps, "experiments/results/sweep", "--out", str(tmp_path / "out")]
+    for args, said in [(["--t-eps", t_eps], "rewriting it would drop their rows"),
+                       (["--level", "1.5"], "--level must lie in (0, 1)"),
+                       (["--t-eps", str(tmp_path / "no" / "t.csv")], "existing folder")]:
+        assert said in refused(script, [*one, *args], capsys)
+    assert not (tmp_path / "out").exists() and pathlib.Path(t_eps).read_text() == before
+    assert not (tmp_path / "t.csv").exists()
+    slash = script.subspace_table(t_eps, "experiments/results/sweep/")
+    assert len(slash) == len(script.subspace_table(t_eps, str(RESULTS / "sweep"))) == 168

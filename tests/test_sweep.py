@@ -756,7 +756,8 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     # these three ran: the smoke grid, seed -1, edge options that no row used
     (["--preset", "full"], "--smoke is --preset smoke; it cannot be combined with --preset "
                            "full (give one of them)"),
-    (["--seeds", "-1"], "SweepSpec.seeds (--seeds) must be integers >= 0"),
+    (["--seeds", "-1"], "SweepSpec.seeds (--seeds) must be integers in [0, 2**32)"),
+    (["--seeds", str(2**32)], "SweepSpec.seeds (--seeds) must be integers in [0, 2**32)"),
     (["--edge-momenta", "0.9"], "--edge-momenta set the edge rows' grid, but this grid has no "
                                 "edge rows: add --edge-kappas"),
     (["--edge-momenta", "0.9", "--edge-batch-sizes", "10"],

@@ -252,8 +252,8 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     """
     if not isinstance(rule, str) or rule not in _ASSETS:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
-                         "default one, 'adam' Adam/AdamW's, 'subspace' backbone='subspace''s), "
-                         f"got {rule!r}.")
+                         "default one, 'adam' the Adam/AdamW one, 'subspace' the subspace "
+                         f"backbone's), got {rule!r}.")
     return copy.deepcopy(_shipped(rule))  # the caller's own: edits reach no later call
 
 
@@ -388,8 +388,8 @@ def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
     of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
     hp = prediction.hyperparameters
     k = cal.source.get("subspace_dim")  # the table's k, then the prediction's, if recorded
-    dims = ["" if k is None or d is None else f" with k = {d} feature directions"
-            for d in (k, hp.get("subspace_dim"))]
+    dims = ["" if k is None or d is None else f" with k = {d} feature directions{cap}"
+            for d, cap in ((k, ""), (hp.get("subspace_dim"), " (k = min(subspace_dim, F))"))]
     return (f"{NO_INTERVAL}: the calibration table's residuals are of {of}{dims[0]} (method "
             f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel}"
             f"{dims[1]} (method {prediction.method}, loss {hp.get('loss', 'cross_entropy')}): "

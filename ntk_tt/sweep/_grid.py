@@ -158,7 +158,7 @@ class SweepSpec:
       ValueError: an empty required tuple or no learning rate at all; a sketch dimension < 1;
         a κ̃ or η (``kappas``,
         ``etas``, ``edge_kappas``) not a finite number > 0; a batch size not None or an
-        integer >= 1; ``per_class`` not integers >= 1; ``seeds`` not integers >= 0;
+        integer >= 1; ``per_class`` not integers >= 1; ``seeds`` not integers in [0, 2³²);
         ``steps`` < 1; a momentum outside
         [0, 1); an ε outside (0, 1); two values of a grid field that give the same row name
         (:func:`check_distinct`: ``per_class``, ``seeds``, batch sizes, momenta, κ̃, η,
@@ -205,9 +205,10 @@ class SweepSpec:
         if any(not _is_int(n) or n < 1 for n in self.per_class):
             raise ValueError(f"SweepSpec.per_class must be integers >= 1 (images per class), "
                              f"got {self.per_class}.")
-        if any(not _is_int(s) or s < 0 for s in self.seeds):
-            raise ValueError(f"SweepSpec.seeds (--seeds) must be integers >= 0 (they pick the "
-                             f"images and the batch order), got {self.seeds}.")
+        if any(not _is_int(s) or not 0 <= s < 2**32 for s in self.seeds):
+            raise ValueError(f"SweepSpec.seeds (--seeds) must be integers in [0, 2**32) (they "
+                             f"pick the images and the batch order; jax.random.key(2**32) is "
+                             f"key(0)), got {self.seeds}.")
         for name in ("momenta", "edge_momenta"):
             if any(not 0.0 <= m < 1.0 for m in getattr(self, name)):
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}.")
