@@ -192,17 +192,23 @@ def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
 
     apply_fn, params, x, y, split = _problem()
     kw = dict(steps=150, head=split)
-    lr = 0.05 * 200.0 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, **kw).kappa
+    lr = 0.05 * 30.0 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, **kw).kappa
     with pytest.warns(BeyondEdgeWarning) as said:
         pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, backbone="subspace",
                               **kw)
-    assert pred.outcome == "diverges" and pred.divergence == "yes"
+    assert pred.outcome == "diverges" and pred.diverged and pred.kappa < 68  # its curve's call
     noted = [w for w in said if str(w.message) == SUBSPACE_OVERCALLS]
     assert len(noted) == 1 and noted[0].filename == __file__  # at the user's predict call
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         iso = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, **kw)
     assert iso.outcome == "diverges"  # the same call, no over-call note
+    assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]
+    with warnings.catch_warnings(record=True) as seen:  # κ ≥ 68: the κ rule calls it, as
+        warnings.simplefilter("always")               # for the default: no note
+        far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr * 3, backbone="subspace",
+                             **kw)
+    assert far.kappa >= 68 and far.outcome == "diverges"
     assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]
 
 

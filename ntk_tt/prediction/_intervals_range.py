@@ -6,7 +6,8 @@ A calibrator (:class:`ntk_tt.IntervalCalibrator`) may record, in its ``source``,
 rows that gave it residuals (:func:`ntk_tt.fit_intervals`), and their update rule:
 ``"schedule"`` (the schedule names), ``"weight_decay"`` ([min, max] λ), ``"nesterov"``
 (the flags seen) and, for a table of the optimiser benchmark (a ``peak_learning_rate``
-column), ``"learning_rate"`` ([min, max] peak η: Adam's step has no κ̃ to group by), and
+column), ``"learning_rate"`` ([min, max] peak η: Adam's step has no κ̃ to group by),
+``"num_classes"`` ([min, max] C), ``"decoupled"`` (the weight-decay forms seen), and
 ``"kappa_eff"`` ([min, max] κ̃, recorded by ``experiments/subspace_intervals.py``: its
 table has no edge rows). A
 prediction outside them gets an interval whose coverage was never measured:
@@ -30,7 +31,8 @@ EXTRAPOLATION = "(the T_ε intervals are an extrapolation there: their coverage 
 
 
 class CalibrationRangeWarning(BeyondEdgeWarning):
-    """A T_ε interval for an N or T outside the calibration table's (:func:`ntk_tt.intervals`)."""
+    """A T_ε interval for an N, T, C, κ̃ or update rule outside the calibration table's
+    (:func:`ntk_tt.intervals`)."""
 
 
 def range_messages(source: dict, num_train=None, steps=None, num_classes=None) -> list[str]:
@@ -130,8 +132,8 @@ def _inside(v, lo, hi) -> bool:
 def check_ranges(path, source: dict) -> None:
     """ValueError unless each recorded range of a calibrator file's ``source`` ("num_train",
     "steps", "weight_decay", "learning_rate", "kappa_eff") is a [min, max] pair of numbers
-    with min <= max, "schedule" a list of names and "nesterov" a list of true/false (an
-    absent one is fine: an older file)."""
+    with min <= max, "schedule" a list of names and "nesterov" and "decoupled" lists of
+    true/false (an absent one is fine: an older file)."""
     for field, kind in (("schedule", str), ("nesterov", bool), ("decoupled", bool)):
         r = source.get(field, [])
         if not (isinstance(r, list) and all(isinstance(v, kind) for v in r)):

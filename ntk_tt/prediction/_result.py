@@ -239,8 +239,9 @@ SUBSPACE_OVERCALLS = (
 def warn_subspace_call(pred: Prediction, stacklevel: int) -> None:
     """:data:`SUBSPACE_OVERCALLS` as a ``BeyondEdgeWarning`` when ``pred`` is a subspace
     feature kernel's prediction (``kernel`` "head_aware:subspace") whose outcome is
-    "diverges"."""
-    if pred.kernel == "head_aware:subspace" and pred.outcome == "diverges":
+    "diverges" from its curve (κ below ``KAPPA_MAX``, where the κ rule does not decide)."""
+    if pred.kernel == "head_aware:subspace" and pred.outcome == "diverges" \
+            and pred.kappa < KAPPA_MAX:
         warnings.warn(SUBSPACE_OVERCALLS, BeyondEdgeWarning, stacklevel=stacklevel + 1)
 
 
