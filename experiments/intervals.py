@@ -79,6 +79,23 @@ def held_out_cases(train: pd.DataFrame, test: pd.DataFrame, level: float,
     return pd.DataFrame(out)
 
 
+def left_out_cases(frame: pd.DataFrame, level: float, by: tuple,
+                   test: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`held_out_cases` of each target set of ``test`` (default ``frame``), the
+    calibrator fitted on ``frame``'s other sets."""
+    test = frame if test is None else test
+    return pd.concat([held_out_cases(frame[frame["dataset"] != d], test[test["dataset"] == d],
+                                     level, by) for d in sorted(test["dataset"].unique())])
+
+
+def coverage(frame: pd.DataFrame, level: float, groupings: dict) -> pd.DataFrame:
+    """:func:`summarise` of :func:`left_out_cases` per grouping (name → ``by``), one
+    ``grouping`` column first."""
+    table = pd.concat([summarise(left_out_cases(frame, level, by)).assign(grouping=name)
+                       for name, by in groupings.items()])
+    return table[["grouping", *table.columns.drop("grouping")]]
+
+
 def summarise(cases: pd.DataFrame) -> pd.DataFrame:
     """Coverage and median relative width per held-out set × ε, per set, per ε and overall."""
     def line(held_out, eps, sub):
@@ -140,14 +157,7 @@ def main(argv=None) -> None:
         primary = json.loads(summary.read_text()).get("primary") if summary.exists() else None
         if primary and primary["promoted_variant"]:
             frame = promote(frame, primary["promoted_variant"], primary["demoted_primary_as"])
-    tables = []
-    for name, by in groupings.items():
-        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
-                                          frame[frame["dataset"] == d], args.level, by)
-                           for d in sorted(frame["dataset"].unique())])
-        tables.append(summarise(cases).assign(grouping=name))
-    table = pd.concat(tables)
-    table = table[["grouping", *table.columns.drop("grouping")]]
+    table = coverage(frame, args.level, groupings)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"coverage{tag}.csv", index=False, float_format="%.4f")

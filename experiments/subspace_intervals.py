@@ -37,7 +37,7 @@ import pathlib
 
 import numpy as np
 import pandas as pd
-from intervals import GROUPINGS, family_table, held_out_cases, summarise
+from intervals import GROUPINGS, coverage, family_table, held_out_cases, left_out_cases, summarise
 from subspace_preset import EPS, frame_for
 
 from ntk_tt import fit_intervals
@@ -84,7 +84,7 @@ def subspace_table(rows_path: str, table: str) -> pd.DataFrame:
 
 
 def _same(a: str, b: str) -> bool:
-    """Whether two spellings name one directory (trailing slash, relative or absolute)."""
+    """Whether two spellings name one path (trailing slash, relative or absolute)."""
     return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
 
 
@@ -108,18 +108,6 @@ def schedule_table(table: str) -> pd.DataFrame:
     return frame.drop(columns="peak_learning_rate")
 
 
-def coverage(frame: pd.DataFrame, level: float) -> pd.DataFrame:
-    """Coverage leaving one target set out, per grouping (``intervals.summarise`` lines)."""
-    tables = []
-    for name, by in GROUPINGS.items():
-        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
-                                          frame[frame["dataset"] == d], level, by)
-                           for d in sorted(frame["dataset"].unique())])
-        tables.append(summarise(cases).assign(grouping=name))
-    table = pd.concat(tables)
-    return table[["grouping", *table.columns.drop("grouping")]]
-
-
 def _check_outputs(args) -> None:
     """ValueError for a ``--level`` outside (0, 1), a ``--t-eps`` that cannot be written, or
     one that is a ``--set`` ROWS table holding tables this run does not read (rewriting it
@@ -131,15 +119,13 @@ def _check_outputs(args) -> None:
     t = pathlib.Path(args.t_eps)
     if t.is_dir() or not t.parent.is_dir():
         raise ValueError(f"--t-eps {t} must be a file in an existing folder")
-    for rows, _ in args.sets:
-        if t.exists() and t.resolve() == pathlib.Path(rows).resolve():
-            given = [d for r, d in args.sets if pathlib.Path(r).resolve() == t.resolve()]
-            held = set(pd.read_csv(t)["table"]) if rows.endswith(".csv") else set()
-            dropped = sorted(h for h in held if not any(_same(h, g) for g in given))
-            if dropped:
-                raise ValueError(f"--t-eps {t} is a --set table that also holds {dropped}, "
-                                 "which this run does not read: rewriting it would drop "
-                                 "their rows (give every table, or another --t-eps)")
+    given = [d for r, d in args.sets if t.exists() and _same(r, str(t))]  # tables read from t
+    held = set(pd.read_csv(t)["table"]) if given and t.suffix == ".csv" else set()
+    dropped = sorted(h for h in held if not any(_same(h, g) for g in given))
+    if dropped:
+        raise ValueError(f"--t-eps {t} is a --set table that also holds {dropped}, which "
+                         "this run does not read: rewriting it would drop their rows (give "
+                         "every table, or another --t-eps)")
 
 
 def main(argv=None) -> None:
@@ -164,7 +150,7 @@ def main(argv=None) -> None:
         p.exit(2, f"{p.prog}: error: {err}\n")
     constant = pd.concat(frames).reset_index(drop=True)
     frame = pd.concat([constant, *schedules]).reset_index(drop=True)
-    table = coverage(frame, args.level)
+    table = coverage(frame, args.level, GROUPINGS)
     cal = fit_intervals(frame, args.level, by=BY)
     cal.source["subspace_dim"] = SUBSPACE_DIM
     used = np.any([residuals(frame, e)[1] for e in EPS], axis=0)  # rows with a residual
@@ -182,11 +168,7 @@ def main(argv=None) -> None:
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
     if schedules:  # the schedule rows' own coverage, each target set left out of the fit
-        sched = pd.concat(schedules)
-        cases = pd.concat([held_out_cases(frame[frame["dataset"] != d],
-                                          sched[sched["dataset"] == d], args.level, BY)
-                           for d in sorted(sched["dataset"].unique())])
-        sc = summarise(cases)
+        sc = summarise(left_out_cases(frame, args.level, BY, pd.concat(schedules)))
         sc = sc[sc["held_out"] == "pooled"].assign(held_out="schedule rows")
         sc.to_csv(out / "coverage_subspace_schedules.csv", index=False, float_format="%.4f")
         print(sc.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -24,6 +24,15 @@ SETS = ["sweep", "sweep_unseen_n250", "sweep_unseen_n750"]
 SCHEDULES = ["optimizers_subspace", "optimizers_750_sgdm_subspace"]  # SGD-momentum, cosine
 
 
+@pytest.fixture
+def script(monkeypatch):
+    """experiments/subspace_intervals.py as a module, run from the repository root (the T_ε
+    table names its sweep directories from there)."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    monkeypatch.chdir(ROOT)
+    return experiment_script("subspace_intervals")
+
+
 class Net(nnx.Module):
     """F = 16 tanh features (the shipped k) and a linear head of C = 5 (the tables')."""
 
@@ -36,13 +45,10 @@ class Net(nnx.Module):
 
 
 def test_shipped_subspace_calibrator_is_the_fit_on_the_committed_predictions(tmp_path,
-                                                                           monkeypatch):
+                                                                           script):
     """experiments/subspace_intervals.py on the committed T_ε table, sweep tables and
     subspace optimiser-benchmark tables gives back the shipped file, grouped by ε, recording
     k = 16, every task's N and T, and the schedules and weight decays calibrated."""
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = experiment_script("subspace_intervals")
-    monkeypatch.chdir(ROOT)  # the T_ε table names its sweep directories from the root
     t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
     args = [a for s in SETS for a in ("--set", t_eps, f"experiments/results/{s}")]
     args += [a for d in SCHEDULES for a in ("--schedule-set", f"experiments/results/{d}")]
@@ -212,12 +218,9 @@ def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
     assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]
 
 
-def test_bad_inputs_are_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
+def test_bad_inputs_are_one_line_and_nothing_is_written(tmp_path, capsys, script):
     """A fresh user: a failing run had already rewritten the committed T_ε table (dropping
     rows), and bad paths were tracebacks."""
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = experiment_script("subspace_intervals")
-    monkeypatch.chdir(ROOT)
     t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
     before = pathlib.Path(t_eps).read_text()
     out = ["--out", str(tmp_path / "out"), "--t-eps", str(tmp_path / "t.csv")]
@@ -247,13 +250,10 @@ def test_a_shipped_calibrator_edited_by_one_caller_is_not_edited_for_the_next():
 
 
 def test_a_t_eps_that_would_drop_rows_a_bad_level_and_other_spellings(tmp_path, capsys,
-                                                                      monkeypatch):
+                                                                      script):
     """A second fresh user: --t-eps onto the T_ε table with one --set of its three exited 0
     and dropped 144 rows; --level 1.5 and an unwritable --t-eps were tracebacks after --out
     was made; a trailing slash on the sweep directory matched no row."""
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-    script = experiment_script("subspace_intervals")
-    monkeypatch.chdir(ROOT)
     t_eps = str(RESULTS / "subspace_preset" / "t_eps.csv")
     before = pathlib.Path(t_eps).read_text()
     one = ["--set", t_eps, "experiments/results/sweep", "--out", str(tmp_path / "out")]
