@@ -188,10 +188,6 @@ def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
     recursion for Adam."""
     why = (f"--optimizer {name}" if name != "sgd" else f"--schedule {kind.replace('_', '-')}"
            if kind != "constant" else "--weight-decay")  # the first thing that is not it
-    if o["backbone"] == "subspace" and name != "sgd":
-        raise ValueError(f"backbone (--backbone) subspace has no Adam form (the preconditioned "
-                         f"kernel is isotropic, kronecker or exact): use one of those with "
-                         f"--optimizer {name}, or --optimizer sgd.")
     if o["segments"] != 1 and name != "sgd":
         raise ValueError(f"segments (--segments) re-linearises the SGD-family recursion "
                          f"only: drop it with {why}.")

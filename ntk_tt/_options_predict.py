@@ -28,7 +28,6 @@ from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs, dataset_input
 
 SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
-ADAM_BACKBONES = tuple(b for b in BACKBONES if b != "subspace")  # K_P has no subspace form
 # how ntk_tt.intervals' note for a prediction it gives no interval begins (the CLI prints that
 # note as a "note:" line, its range warnings as "warning:" lines)
 NO_INTERVAL = "no T_ε interval"

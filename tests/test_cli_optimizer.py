@@ -57,8 +57,6 @@ BEFORE_JAX = [
     (["--optimizer", "adamw", "--segments", "2"], "segments (--segments) re-linearises"),
     (["--optimizer", "adamw", "--predictor", "linear"], "by the head-aware predictor only"),
     (["--optimizer", "adam", "--kernel", "sketch"], "by the head-aware predictor only"),
-    (["--optimizer", "adamw", "--backbone", "subspace"],
-     "backbone (--backbone) subspace has no Adam form"),
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
     (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of the subspace "

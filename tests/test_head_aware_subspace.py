@@ -147,14 +147,10 @@ def test_bad_subspace_dim(x64, bad):
 
 
 def test_subspace_is_refused_where_it_has_no_form(x64):
-    """Adam's preconditioned kernel and the re-linearised predictor refuse it, before work."""
+    """The re-linearised predictor refuses it, before work (Adam takes it:
+    tests/test_adam_subspace.py)."""
     model, x, y, _, _ = _problem(True)
     split = split_head(model)
-    with pytest.raises(ValueError, match="Adam's backbone must be one of"):
-        ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), backbone="subspace")
-    sub = head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
-    with pytest.raises(ValueError, match="not a subspace one: no Adam form"):
-        ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), hk=sub)
     with pytest.raises(ValueError, match="subspace backbone is not re-linearised"):
         ntk_tt.predict_head_aware_refreshed(split, x, y, segments=2, learning_rate=0.1,
                                             steps=4, backbone="subspace")

@@ -225,7 +225,6 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
     ({"families": ()}, "OptimSpec.families is empty"),
     ({"sgd_kappas": (4.0, 4.0)}, "OptimSpec.sgd_kappas must be distinct"),
     ({"backbone": "exact"}, "OptimSpec.backbone must be one of"),
-    ({"backbone": "subspace"}, "OptimSpec.backbone 'subspace' has no Adam form"),
 ])
 def test_spec_rejects_bad_grids(kwargs, message):
     """OptimSpec checked nothing: negative peaks or decays ran as given."""
@@ -342,7 +341,7 @@ def test_an_interrupted_benchmark_is_one_line_and_keeps_its_rows(tmp_path, capsy
 
 
 def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys, monkeypatch):
-    """--backbone subspace: the SGD family only, not with --report; a directory whose
+    """--backbone subspace: both families, not with --report; a directory whose
     spec.json predates the option (the committed benchmark's) is the isotropic grid."""
     module = experiment_script("optimizer_sweep")
     monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
@@ -350,11 +349,11 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
     _, spec = module.parse(["--out", str(out), "--preset", "smoke", "--backbone", "subspace",
                             "--families", "sgdm_cosine"])
     assert spec.backbone == "subspace" and spec.families == ("sgdm_cosine",)
+    _, both = module.parse(["--out", str(out), "--preset", "smoke", "--backbone", "subspace"])
+    assert both.backbone == "subspace" and "adamw_cosine" in both.families
     _, unseen = module.parse(["--out", str(out), "--preset", "smoke", "--seeds", "1", "2"])
     assert unseen.seeds == (1, 2) and [t.seed for t in unseen.tasks()] == [1, 2]
-    for args, message in [([], "predicts the SGD-momentum family only (the subspace kernel "
-                               "has no Adam form): add --families sgdm_cosine"),
-                          (["--report"], "--backbone sets the predictions to run"),
+    for args, message in [(["--report"], "--backbone sets the predictions to run"),
                           (["--families", "sgdm_cosine", "--seeds", "-1"],
                            "--seeds must be distinct integers in [0, 2**32)"),
                           (["--families", "sgdm_cosine", "--seeds", "1", "1"],

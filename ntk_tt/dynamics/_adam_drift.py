@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from jax.tree_util import Partial
 
 from ntk_tt.dynamics._noise import _add_sq_dev, _mean_grad, _scaled, _squared, _zeros
-from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
+from ntk_tt.kernels._head_aware import HeadAwareKernel, _Projected, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
 TABLE_SIZE = 257
@@ -154,12 +154,19 @@ def drift_factor(table: DriftTable, lam, lam_now):
 
 
 def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
-    """Σ_{i,j∈idx} q_iᵀ K_h(i, j) q_j for q (B, F): ‖J_hᵀ vec(Q)‖², Q = q on the rows idx."""
+    """Σ_{i,j∈idx} q_iᵀ K_h(i, j) q_j for q (B, F): ‖J_hᵀ vec(Q)‖², Q = q on the rows idx
+    (a subspace kernel: of q's part in span(Z), the features' only moving directions)."""
     if hk.mixing is not None:
         return jnp.sum(hk.backbone[idx][:, idx] * (q @ hk.mixing @ q.T))
-    n, f = hk.features.shape
-    block = hk.backbone.reshape(n, f, n, f)[idx][:, :, idx]  # (B, F, B, F)
+    q, (n, f) = feature_coords(hk, q), feature_coords(hk, hk.features).shape
+    block = hk.backbone.reshape(n, f, n, f)[idx][:, :, idx]  # (B, F, B, F) or (B, k, B, k)
     return jnp.einsum("ifjg,if,jg->", block, q, q)
+
+
+def feature_coords(hk: HeadAwareKernel, q) -> jax.Array:
+    """q (rows, F) in the coordinates of ``hk``'s full feature kernel: q itself, or q Z (rows, k)
+    for a subspace kernel (basis Z)."""
+    return q if hk.basis is None else q @ hk.basis
 
 
 def kernel_calibration(hp: HeadAwareKernel, q, g0sq, sigma2, vbar, eps) -> jax.Array:
@@ -184,9 +191,10 @@ def kernel_calibration(hp: HeadAwareKernel, q, g0sq, sigma2, vbar, eps) -> jax.A
     if hp.mixing is not None:
         per_sample = jnp.diagonal(hp.backbone) * jnp.einsum("if,fg,ig->i", q, hp.mixing, q)
     else:
-        f = q.shape[1]
+        qz = feature_coords(hp, q)
+        f = qz.shape[1]
         blocks = hp.backbone.reshape(n, f, n, f)[jnp.arange(n), :, jnp.arange(n)]  # (N, F, F)
-        per_sample = jnp.einsum("if,ifg,ig->i", q, blocks, q)
+        per_sample = jnp.einsum("if,ifg,ig->i", qz, blocks, qz)
     across_k = jnp.mean(per_sample) - along_k
     tiny = jnp.finfo(along_k.dtype).tiny
     gamma0 = jnp.where(along_k > tiny, along_w / jnp.maximum(along_k, tiny), 1.0)
@@ -219,11 +227,14 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
                    mixing_samples: int, key) -> HeadAwareKernel:
     """``hk`` with K_P = J_h diag(root²) J_hᵀ as its backbone kernel (and held-out cross
     kernel), in the form of ``backbone``: the NTK of θ' ↦ h(θ_0 + θ'·root) at θ' = 0
-    (through the head W_0 and divided by tr(W_0ᵀ S W_0) unless "exact")."""
+    (through the head W_0 and divided by tr(W_0ᵀ S W_0) unless "exact" or "subspace"; the
+    latter on ``hk``'s basis Z: (I ⊗ Zᵀ) K_P (I ⊗ Z))."""
     feature_fn, bparams, w0, _ = split
     zeros = _zeros(bparams)
     pre_features = Partial(_Preconditioned(feature_fn), bparams, root)
-    if backbone == "exact":
+    if backbone in ("exact", "subspace"):
+        if hk.basis is not None:
+            pre_features = _Projected(pre_features, hk.basis)
         kp = empirical_ntk(pre_features, zeros, x)
         kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
         return hk._replace(backbone=kp, backbone_test=kpt)

@@ -60,13 +60,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._optimizer import Optimizer
-from ntk_tt._options_predict import ADAM_BACKBONES
+from ntk_tt._options import BACKBONES
 from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
     _vbar,
     drift_scale,
     drift_table,
+    feature_coords,
     gradient_profiles,
     kernel_calibration,
     precond_kernel,
@@ -146,8 +147,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     per-sample gradients with ``profile="drift"``, all N for B < N with ``"frozen"``, none for
     frozen GD); then K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ in the form of ``backbone`` (as
     :func:`ntk_tt.head_aware_kernel`: "isotropic", "kronecker" with S_P from the
-    preconditioned feature kernel's diagonal blocks, or "exact"), from one more empirical NTK
-    (module docstring); with "drift" also the weight-space table of
+    preconditioned feature kernel's diagonal blocks, "exact", or "subspace" on ``hk``'s basis Z,
+    k = 16 if built here), from one more empirical NTK (module docstring); with "drift" also
+    the weight-space table of
     :mod:`ntk_tt.dynamics._adam_drift`.
 
     Args:
@@ -179,9 +181,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in ADAM_BACKBONES:
-        raise ValueError(f"Adam's backbone must be one of {ADAM_BACKBONES} (the preconditioned "
-                         f"kernel has no subspace form), got {backbone!r}.")
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
@@ -192,11 +193,11 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
-    elif not isinstance(hk, HeadAwareKernel) or hk.basis is not None or (hk.mixing is None) \
-            != (backbone == "exact") or (hk.features_test is None) != (x_test is None):
-        why = "" if getattr(hk, "basis", None) is None else " (not a subspace one: no Adam form)"
+    elif not isinstance(hk, HeadAwareKernel) or (hk.basis is not None) != (
+            backbone == "subspace") or (hk.mixing is None) != (backbone in ("exact", "subspace")) \
+            or (hk.features_test is None) != (x_test is None):
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
-                         f"(x and x_test){why}, or None to build it here.")
+                         f"(x and x_test), or None to build it here.")
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)
     y = check_labels(y, n, w0.shape[1])
@@ -299,11 +300,10 @@ def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
     n, f = hk.features.shape
     check_head_aware(hp, n, hk.head_bias.shape[0])
     if np.shape(hp.features) != (n, f) or (hp.features_test is None) != (
-            hk.features_test is None):
-        raise ValueError("ak.precond must be built on the inputs of ak.hk (the same training "
-                         "and held-out sets): use adam_head_aware_kernel.")
-    dtype = hk.features.dtype
-    return HeadAwareKernel(*(None if a is None else jnp.asarray(a, dtype) for a in hp))
+            hk.features_test is None) or np.shape(hp.basis) != np.shape(hk.basis):
+        raise ValueError("ak.precond must be built on the inputs and basis of ak.hk (the same "
+                         "training and held-out sets): use adam_head_aware_kernel.")
+    return HeadAwareKernel(*(None if a is None else jnp.asarray(a, hk.features.dtype) for a in hp))
 
 
 def _maybe_nonzero(value) -> bool:
@@ -312,15 +312,15 @@ def _maybe_nonzero(value) -> bool:
 
 def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Array:
     """E‖g_0‖² over the minibatch draw (module docstring): the scale of v̄ in function space."""
-    n, f = hk.features.shape
+    n = hk.features.shape[0]
     f0 = hk.features @ hk.head_kernel + hk.head_bias
     q = logit_residual(f0, y, loss) @ hk.head_kernel.T  # per-sample ∂ℓ_i/∂h_i (N, F)
     if hk.mixing is not None:
         pair = hk.backbone * (q @ hk.mixing @ q.T)
-    else:
-        pair = jnp.einsum("ifjg,if,jg->ij", hk.backbone.reshape(n, f, n, f), q, q)
-    diag, total = jnp.trace(pair), jnp.sum(pair)
-    bsz = batch_size
+    else:  # q Z (N, k) for a subspace kernel
+        q = feature_coords(hk, q)
+        pair = jnp.einsum("ifjg,if,jg->ij", hk.backbone.reshape(n, q.shape[1], n, -1), q, q)
+    diag, total, bsz = jnp.trace(pair), jnp.sum(pair), batch_size
     off = 0.0 if n == 1 else bsz * (bsz - 1) / (n * (n - 1)) * (total - diag)
     return (bsz / n * diag + off) / bsz**2
 
@@ -341,7 +341,7 @@ def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None
         g_all = logit_residual(f0, y, loss) / n
         q_all = g_all @ hk.head_kernel.T
         z = _backbone_step(hk.backbone, hk.mixing, jnp.arange(n), g_all, hk.head_kernel,
-                           q_all, n)
+                           q_all, n, hk.basis)
         big_g = jnp.sum(q_all * z)
     tiny = jnp.finfo(dtype).tiny
     decay = a_h is not None
@@ -356,7 +356,7 @@ def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None
 
     def backbone(phi, big_m, kernel, idx, g, w, q, tangent, scale, lr):
         big_m = b1 * big_m + (1 - b1) * _backbone_step(kernel, hp.mixing, idx, g, w, q,
-                                                       phi.shape[0])
+                                                       phi.shape[0], hp.basis)
         direction = big_m * scale
         if decay:
             direction = direction + wd * (tangent + phi)

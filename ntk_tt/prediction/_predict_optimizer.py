@@ -177,7 +177,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         if head_kernel is not None:  # the label names the kernel actually used
             backbone = backbone_kind(getattr(head_kernel, "hk", head_kernel))
         label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
-        basis = getattr(kernels, "basis", None)
+        basis = getattr(getattr(kernels, "hk", kernels), "basis", None)  # Adam: its .hk's
     else:
         d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
         k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,

@@ -67,17 +67,17 @@ class OptimSpec:
     """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
     (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
     batch sizes (B ≥ N skipped), T = ``steps``. ``backbone``: the head-aware feature kernel
-    of the predictions, "isotropic" (the default predictor) or "subspace" (k = 16; SGD
-    family only); κ̃ is set from the isotropic kernel's λ_max either way, so the real runs are
-    the same.
+    of the predictions, "isotropic" (the default predictor) or "subspace" (k = 16; both
+    families, Adam's K_P on the same basis); κ̃ is set from the isotropic kernel's λ_max
+    either way, so the real runs are the same.
 
     Raises:
       ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
-        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES`, or "subspace"
-        with the adamw_cosine family; a peak (``sgd_kappas``, ``adam_peaks``) not a finite number
-        > 0; a weight decay not finite and >= 0; a batch size not None or an integer >= 1;
-        ``per_class`` < 2; ``steps`` < 1; ``sgd_momentum`` outside [0, 1);
-        ``warmup_fraction`` outside [0, 1]; an ε outside (0, 1).
+        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES`; a peak
+        (``sgd_kappas``, ``adam_peaks``) not a finite number > 0; a weight decay not finite
+        and >= 0; a batch size not None or an integer >= 1; ``per_class`` < 2; ``steps`` <
+        1; ``sgd_momentum`` outside [0, 1); ``warmup_fraction`` outside [0, 1]; an ε outside
+        (0, 1).
     """
 
     datasets: tuple[str, ...]
@@ -108,10 +108,6 @@ class OptimSpec:
         if self.backbone not in BENCH_BACKBONES:
             raise ValueError(f"OptimSpec.backbone must be one of {BENCH_BACKBONES}, got "
                              f"{self.backbone!r}.")
-        if self.backbone == "subspace" and "adamw_cosine" in self.families:
-            raise ValueError("OptimSpec.backbone 'subspace' has no Adam form (the "
-                             "preconditioned kernel is isotropic only here): run the "
-                             "sgdm_cosine family alone.")
         if any(n < 2 for n in self.per_class):
             raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
         if self.steps < 1:
@@ -270,7 +266,8 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
         if cfg.family == "adamw_cosine":
             if cfg.batch_size not in adam_kernels:
                 adam_kernels[cfg.batch_size], s, w = _kernel_times(lambda o=opt: (
-                    ntk_tt.adam_head_aware_kernel(data.split, data.x, data.y, o, hk=hk)),
+                    ntk_tt.adam_head_aware_kernel(data.split, data.x, data.y, o, hk=sgd_kernel,
+                                                  backbone=spec.backbone)),
                     ("adam", *shape))
                 kernel_seconds, warm_seconds = kernel_seconds + s, warm_seconds + w
             kernel = adam_kernels[cfg.batch_size]
