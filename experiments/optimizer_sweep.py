@@ -199,15 +199,17 @@ def report(out: pathlib.Path, constant: str | None) -> dict:
 
 
 def _figure(frame, path: pathlib.Path) -> None:
-    """Predicted (dashed) vs real (solid) loss curves: one panel per family × GD/SGD, the
-    first task with rows there, every peak at the first weight decay."""
+    """Predicted (dashed) vs real (solid) loss curves: one panel per family of the table ×
+    GD/SGD, the first task with rows there, every peak at the first weight decay."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
-    for i, fam in enumerate(FAMILIES):
+    families = [f for f in FAMILIES if (frame["family"] == f).any()] or list(FAMILIES)
+    fig, axes = plt.subplots(len(families), 2, figsize=(10, 3.5 * len(families)),
+                             squeeze=False)
+    for i, fam in enumerate(families):
         for j, opt in enumerate(("gd", "sgd")):
             ax, rows = axes[i][j], frame[(frame["family"] == fam) & (frame["optimizer"] == opt)]
             if not len(rows):

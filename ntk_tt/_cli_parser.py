@@ -128,8 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=BACKBONES,
                    help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
                    "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
-                   "leading principal directions, (N·k)² (not with Adam/AdamW or --segments "
-                   "> 1)")
+                   "leading principal directions, (N·k)² (not with --segments > 1)")
     q.add_argument("--subspace-dim", type=int, default=d["subspace_dim"], metavar="K",
                    help="with --backbone subspace: its k feature directions (default 16; "
                    "cost grows as k²)")

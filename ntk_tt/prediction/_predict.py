@@ -120,7 +120,7 @@ def predict(
     kernel grows with the head as the real network's does, which the frozen Θ of
     ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
     ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
-    chooses the feature kernel ("isotropic", the default and the best measured: K_h(i, j) =
+    chooses the feature kernel ("isotropic", the default and the cheapest: K_h(i, j) =
     k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
     the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only;
     "subspace": the feature kernel exact on the features' k = min(16, F) leading principal
@@ -171,7 +171,7 @@ def predict(
         (F, C), head_bias (C,))`` from ``ntk_tt.split_head(model)``, with
         ``apply_fn(params, x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
         backbone: "kronecker" | "isotropic" | "exact" | "subspace" (head-aware feature
-          kernel; ``ntk_tt.head_aware_kernel``; "subspace" not for Adam or segments > 1).
+          kernel; ``ntk_tt.head_aware_kernel``; "subspace" not with segments > 1).
         subspace_dim: with ``backbone="subspace"``, its k feature directions (an int ≥ 1;
           None: ``SUBSPACE_DIM`` = 16; measured k = 8 / 16 / 24 in README "Error budget").
         segments: head-aware only: > 1 re-linearises the backbone along the predicted path
