@@ -158,9 +158,11 @@ def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
     (a subspace kernel: of q's part in span(Z), the features' only moving directions)."""
     if hk.mixing is not None:
         return jnp.sum(hk.backbone[idx][:, idx] * (q @ hk.mixing @ q.T))
-    q, (n, f) = feature_coords(hk, q), feature_coords(hk, hk.features).shape
-    block = hk.backbone.reshape(n, f, n, f)[idx][:, :, idx]  # (B, F, B, F) or (B, k, B, k)
-    return jnp.einsum("ifjg,if,jg->", block, q, q)
+    q = feature_coords(hk, q)
+    # q scattered into (N, F) (zero off the batch): one matrix-vector product with the whole
+    # kernel, never a gathered (B·F)² copy of it (at N·k = 12,000 a 576 MB copy per step)
+    full = jnp.zeros((hk.features.shape[0], q.shape[1]), q.dtype).at[idx].add(q).reshape(-1)
+    return full @ (hk.backbone @ full)
 
 
 def feature_coords(hk: HeadAwareKernel, q) -> jax.Array:
