@@ -134,3 +134,22 @@ def test_mismatched_subspace_kernels_are_refused(x64):
     with pytest.raises(ValueError, match="ak.precond must be built on the inputs and basis"):
         ntk_tt.head_aware_adam_trajectory(ak._replace(precond=other.precond), y, opt,
                                           steps=T, a_h=a_h)
+
+
+def test_a_plain_subspace_kernel_passed_for_adam_sets_k_p_form(x64):
+    """predict(optimizer=adamw, head_kernel=<a plain head-aware kernel>) without backbone=:
+    the kernel decides K_P's form too (a fresh user's find: a subspace kernel was refused as
+    "not the 'isotropic' kernel"; a Kronecker one got an isotropic K_P), so the curves equal
+    those of the Adam kernel built with that backbone."""
+    model, split, x, y, _, a_h, _ = _head_problem()
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(0.005, 3, T), weight_decay=0.1)
+    apply_fn, params = ntk_tt.from_nnx(model)
+    backbone = "subspace"
+    hk = ntk_tt.head_aware_kernel(split, x, backbone=backbone, subspace_dim=K)
+    pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=split,
+                          head_kernel=hk)
+    assert pred.kernel == f"head_aware_adam:{backbone}"
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone=backbone, hk=hk)
+    fs, _ = ntk_tt.head_aware_adam_trajectory(ak, y, opt, steps=T, a_h=a_h)
+    want = jax.vmap(lambda f: mean_loss(f, y, "cross_entropy"))(fs)
+    np.testing.assert_allclose(pred.loss, want, rtol=1e-8)

@@ -166,7 +166,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                 return head_kernel
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
                 head, x, x_test, backbone=backbone, key=kernel_key, subspace_dim=subspace_dim)
-            return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
+            kind = backbone if head_kernel is None else backbone_kind(hk)  # the kernel decides
+            return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=kind,
                                            loss=loss, hk=hk, key=kernel_key) if adam else hk)
 
         kernels = timed_stage(seconds, "kernel", build)
