@@ -536,3 +536,16 @@ def test_raw_uint8_pixels_are_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.1, steps=3)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(batch_size=4), "batch_size=4 < N = 12 draws minibatch orders: pass key="),
+    (dict(kernel="sketch"), "kernel='sketch' draws sketch directions: pass key="),
+])
+def test_missing_key_names_only_the_random_source_that_applies(kwargs, message):
+    """A fresh user's minibatch run without a key was told "kernel='exact', method='discrete',
+    batch_size=10 draws random numbers (sketch directions, Brownian paths or minibatch
+    orders)": the message names what is random in this call only."""
+    params, x, y = linear_problem(12)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.1, steps=3, **kwargs)

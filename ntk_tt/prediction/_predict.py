@@ -48,13 +48,12 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
             f"sketch_dim only applies to kernel='sketch' (and the SGD noise of method='sde'), "
             f"got sketch_dim={sketch_dim!r} with kernel={kernel!r}, method={method!r}: drop "
             "sketch_dim, or pass kernel='sketch' for a sketched kernel.")
-    random = kernel == "sketch" or method == "sde" or batch_size < n
-    if random and key is None:
-        raise ValueError(
-            f"kernel={kernel!r}, method={method!r}, batch_size={batch_size} draws random "
-            "numbers (sketch directions, Brownian paths or minibatch orders): pass "
-            "key=jax.random.key(seed)."
-        )
+    why = [w for w, on in (("kernel='sketch' draws sketch directions", kernel == "sketch"),
+                           ("method='sde' draws Brownian paths", method == "sde"),
+                           (f"batch_size={batch_size} < N = {n} draws minibatch orders",
+                            batch_size < n)) if on]
+    if why and key is None:  # only the sources that apply (a fresh user was told kernel='exact')
+        raise ValueError(f"{' and '.join(why)}: pass key=jax.random.key(seed).")
 
 
 def check_test(apply_fn, params, x_test, y_test, c):
