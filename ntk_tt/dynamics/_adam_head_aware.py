@@ -149,8 +149,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     :func:`ntk_tt.head_aware_kernel`: "isotropic", "kronecker" with S_P from the
     preconditioned feature kernel's diagonal blocks, "exact", or "subspace" on ``hk``'s basis Z,
     k = 16 if built here), from one more empirical NTK (module docstring); with "drift" also
-    the weight-space table of
-    :mod:`ntk_tt.dynamics._adam_drift`.
+    the weight-space table of :mod:`ntk_tt.dynamics._adam_drift`.
 
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
