@@ -275,10 +275,10 @@ def _run(args, spec, out: pathlib.Path) -> None:
         cost = fam["cost"]
         if not cost.get("tasks"):  # a family this table has no rows of
             continue
+        ratios = [cost.get(k, float("nan")) for k in (
+            "per_task_median_ratio", "per_task_median_ratio_compile_excluded")]
         # below 0.05 (a smoke table's tiny fine-tunes) two significant digits, not "0.0x"
-        ratios = [f"{r:.1f}" if not r < 0.05 else f"{r:.2g}"
-                  for r in (cost.get(k, float("nan")) for k in (
-                      "per_task_median_ratio", "per_task_median_ratio_compile_excluded"))]
+        ratios = [f"{r:.2g}" if r < 0.05 else f"{r:.1f}" for r in ratios]
         print(f"cost {name:12s}: fine-tune / predict per task sweep {ratios[0]}x (kernel "
               f"compilation included), {ratios[1]}x (excluded on both sides)")
 

@@ -55,7 +55,8 @@ import jax.numpy as jnp
 from jax.tree_util import Partial
 
 from ntk_tt.dynamics._noise import _add_sq_dev, _mean_grad, _scaled, _squared, _zeros
-from ntk_tt.kernels._head_aware import HeadAwareKernel, _Projected, _WithHead, feature_mixing
+from ntk_tt.dynamics._predict_head_aware import _feature_kernel_dot
+from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
 TABLE_SIZE = 257
@@ -158,11 +159,10 @@ def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
     (a subspace kernel: of q's part in span(Z), the features' only moving directions)."""
     if hk.mixing is not None:
         return jnp.sum(hk.backbone[idx][:, idx] * (q @ hk.mixing @ q.T))
-    q = feature_coords(hk, q)
-    # q scattered into (N, F) (zero off the batch): one matrix-vector product with the whole
-    # kernel, never a gathered (B·F)² copy of it (at N·k = 12,000 a 576 MB copy per step)
-    full = jnp.zeros((hk.features.shape[0], q.shape[1]), q.dtype).at[idx].add(q).reshape(-1)
-    return full @ (hk.backbone @ full)
+    # K_h vec(Q) by one matrix-vector product, never a gathered (B·F)² copy of the kernel
+    # (at N·k = 12,000 a 576 MB copy per step)
+    kq = _feature_kernel_dot(hk.backbone, None, idx, q, hk.features.shape[0], hk.basis)
+    return jnp.sum(q * kq[idx])
 
 
 def feature_coords(hk: HeadAwareKernel, q) -> jax.Array:
@@ -235,8 +235,9 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
     zeros = _zeros(bparams)
     pre_features = Partial(_Preconditioned(feature_fn), bparams, root)
     if backbone in ("exact", "subspace"):
-        if hk.basis is not None:
-            pre_features = _Projected(pre_features, hk.basis)
+        if hk.basis is not None:  # h Z, bound like W_0 below: one compiled program per network
+            pre_features = Partial(_Preconditioned(feature_fn, with_head=True), bparams, root,
+                                   hk.basis)
         kp = empirical_ntk(pre_features, zeros, x)
         kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
         return hk._replace(backbone=kp, backbone_test=kpt)

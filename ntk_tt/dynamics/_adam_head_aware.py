@@ -83,11 +83,13 @@ from ntk_tt.dynamics._regime import split_rms
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     _WithHead,
+    backbone_kind,
     check_head_aware,
     head_aware_kernel,
 )
 
 PROFILES = ("drift", "frozen")
+_SAME_FORM = {"exact": ("exact",), "subspace": ("subspace",)}  # else one k_b ⊗ S form
 
 
 class AdamKernel(NamedTuple):
@@ -192,9 +194,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
-    elif not isinstance(hk, HeadAwareKernel) or (hk.basis is not None) != (
-            backbone == "subspace") or (hk.mixing is None) != (backbone in ("exact", "subspace")) \
-            or (hk.features_test is None) != (x_test is None):
+    elif not isinstance(hk, HeadAwareKernel) or backbone_kind(hk) not in _SAME_FORM.get(
+            backbone, ("isotropic", "kronecker")) or (hk.features_test is None) != (x_test is None):
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
                          f"(x and x_test), or None to build it here.")
     feature_fn, bparams, w0, b0 = split

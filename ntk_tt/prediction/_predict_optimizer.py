@@ -160,14 +160,15 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         label = f"head_aware:{backbone}:refresh{segments}"
     elif head_aware:
         feature_fn, bparams = head[0], head[1]
+        if head_kernel is not None:  # the kernel decides K_P's form and names the label
+            backbone = backbone_kind(getattr(head_kernel, "hk", head_kernel))
 
         def build():
             if isinstance(head_kernel, AdamKernel):
                 return head_kernel
             hk = head_kernel if head_kernel is not None else head_aware_kernel(
                 head, x, x_test, backbone=backbone, key=kernel_key, subspace_dim=subspace_dim)
-            kind = backbone if head_kernel is None else backbone_kind(hk)  # the kernel decides
-            return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=kind,
+            return (adam_head_aware_kernel(head, x, y, optimizer, x_test, backbone=backbone,
                                            loss=loss, hk=hk, key=kernel_key) if adam else hk)
 
         kernels = timed_stage(seconds, "kernel", build)
@@ -175,8 +176,6 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                                     x_test, decay)
         out = timed_stage(seconds, "solve", head_aware_prediction, kernels, y, optimizer,
                           a_h=a_h, a_h_test=a_h_test, **common)
-        if head_kernel is not None:  # the label names the kernel actually used
-            backbone = backbone_kind(getattr(head_kernel, "hk", head_kernel))
         label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
         basis = getattr(getattr(kernels, "hk", kernels), "basis", None)  # Adam: its .hk's
     else:
