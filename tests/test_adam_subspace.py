@@ -39,8 +39,8 @@ def _lift(hk):
 
 def test_subspace_preconditioned_kernel_against_brute_force(x64):
     """K_P on span(Z): (I ⊗ Zᵀ) J_h P J_hᵀ (I ⊗ Z) with J_h by brute force and P = 1/(|g_0| + ε)
-    (GD); its calibration (γ_0, γ_1) is (1, 1) at k = F, where the subspace is every
-    direction, and not at k < F."""
+    (GD, ``min_ref_mix=0``; the default profile is tested on the exact K_P); its calibration
+    (γ_0, γ_1) is (1, 1) at k = F, where the subspace is every direction, and not at k < F."""
     _, split, x, y, _, _, _ = _head_problem()
     opt = ntk_tt.adamw(0.1, eps=1e-3)
     feature_fn, bparams, w0, b0 = split
@@ -53,7 +53,7 @@ def test_subspace_preconditioned_kernel_against_brute_force(x64):
     jz = jnp.einsum("ifd,fk->ikd", jh, z).reshape(N * K, -1)
     hk = ntk_tt.head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
     ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone="subspace", hk=hk,
-                                       variance_samples=N)
+                                       variance_samples=N, min_ref_mix=0)  # g_0²'s profile
     np.testing.assert_allclose(ak.precond.basis, z, rtol=1e-12)
     np.testing.assert_allclose(ak.precond.backbone, (jz * p_diag) @ jz.T, rtol=1e-10)
     assert np.max(np.abs(np.asarray(ak.drift.calibration) - 1.0)) > 0.01

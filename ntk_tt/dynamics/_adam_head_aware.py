@@ -36,14 +36,12 @@ METHOD.md §11. The model f = (h_0 + φ) W + b, φ = J_h (θ − θ_0) (METHOD.m
   L2 decay with Adam (λθ inside the elementwise moments) has no such form and is refused
   (``ntk_tt.linearised_reference`` handles it).
 
-Exact for GD at t = 0 and whenever every parameter's gradient stays proportional to its
-value at θ_0; the error comes from the gradient profile changing during training and, for
-SGD, from the realised minibatch's squared gradient against ρ_t·v̄. That error is large
-(README "Optimiser benchmark"), so the default (``profile="drift"``) lets the profile drift
-from g_0²'s to the per-sample variance's as the gradient turns away from g_0, which rescales
-the step K_P vec(Q̂_t) by a scalar from tabulated weight-space sums
-(:mod:`ntk_tt.dynamics._adam_drift`: the same kernels, plus σ² from 64 per-sample gradients,
-at GD too); ``profile="frozen"`` is the model above.
+This (``profile="frozen"``) is exact for GD at t = 0 and while every parameter's gradient
+stays proportional to its value at θ_0; its error, large (README "Optimiser benchmark"),
+comes from the profile changing and, for SGD, from the realised minibatch. The default
+``profile="drift"`` lets the profile drift from g_0²'s to the per-sample variance's as the
+gradient turns from g_0, a scalar on the step K_P vec(Q̂_t) from tabulated weight-space sums,
+with K_P built on a profile that mixes in the variance's (:mod:`ntk_tt.dynamics._adam_drift`).
 :func:`adam_head_aware_kernel` builds K_P like the isotropic head-aware kernel: the wrapped
 backbone θ' ↦ feature_fn(θ_0 + θ'·P^{1/2}) has Jacobian J_h P^{1/2} at θ' = 0, and its
 logit-summed NTK through the head W_0 is k_P·tr(W_0ᵀ S W_0) (no head term), so k_P is read
@@ -64,10 +62,11 @@ from ntk_tt._options import BACKBONES
 from ntk_tt._schedules import _concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
-    _vbar,
+    check_ref_mix,
     drift_scale,
     drift_table,
     feature_coords,
+    frozen_profile,
     gradient_profiles,
     kernel_calibration,
     precond_kernel,
@@ -75,14 +74,12 @@ from ntk_tt.dynamics._adam_drift import (
 )
 from ntk_tt.dynamics._checks import check_adam_kernel, check_labels
 from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
-from ntk_tt.dynamics._noise import _mean_grad, _squared, gradient_variance
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
 from ntk_tt.dynamics._regime import split_rms
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
-    _WithHead,
     backbone_kind,
     check_head_aware,
     head_aware_kernel,
@@ -140,7 +137,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
                            backbone: str = "isotropic", loss: str = "cross_entropy",
                            hk: HeadAwareKernel | None = None, mixing_samples: int = 32,
                            key: jax.Array | None = None, profile: str = "drift",
-                           variance_samples: int = 64) -> AdamKernel:
+                           variance_samples: int = 64,
+                           min_ref_mix: float | None = None) -> AdamKernel:
     """The kernels of the fast Adam predictor for a network split as ``(feature_fn,
     backbone_params, head_kernel, head_bias)`` (:func:`ntk_tt.split_head`).
 
@@ -163,6 +161,10 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         also draws the σ² subsample (evenly spaced inputs if None).
       profile: "drift" (second-moment profile drifting along the run) or "frozen".
       variance_samples: per-sample gradients for σ² with "drift" (all N if fewer).
+      min_ref_mix: with "drift", the smallest mix λ_ref of K_P's profile w(λ_ref), in [0, 1]
+        (None: :data:`~ntk_tt.dynamics._adam_drift.MIN_REF_MIX` for the "exact" and
+        "subspace" K_P, 0 for the others; 0 makes GD's first step exact but, with an exact
+        K_P, unstable at small N: :mod:`ntk_tt.dynamics._adam_drift`, "Reference profile").
 
     Returns:
       :class:`AdamKernel` (``drift`` set with ``profile="drift"``; ``weight_rms`` that of
@@ -170,7 +172,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
 
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
-        ``profile``, ``variance_samples`` not an int >= 2, a ``hk`` of another form or size,
+        ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
+        [0, 1], a ``hk`` of another form or size,
         backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
         every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
@@ -190,6 +193,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
                          f"σ²), got {variance_samples!r}.")
+    min_ref_mix = check_ref_mix(min_ref_mix, backbone)
     rms = split_rms(split)  # AdamKernel.weight_rms, ρ's scale (NaN weights: before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
@@ -205,9 +209,10 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if profile == "drift":
         g0sq, sigma2 = gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss,
                                          variance_samples, key)
-        table, vbar = drift_table(g0sq, sigma2, optimizer.eps, n, bsz, hk.features.dtype)
+        table, vbar = drift_table(g0sq, sigma2, optimizer.eps, n, bsz, hk.features.dtype,
+                                  min_ref_mix)
     else:
-        vbar = _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz)
+        vbar = frozen_profile(feature_fn, bparams, w0, b0, x, y, loss, bsz)
     root = _root(vbar, optimizer.eps)
     hp = precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples, key)
     if table is not None:  # the step's size from weight-space sums, not K_P's own forms
@@ -222,17 +227,6 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
 def _root(vbar, eps):
     """(√v̄ + ε)^(−1/2) per parameter: P^(1/2), one compiled program per network."""
     return jax.tree.map(lambda v: (jnp.sqrt(v) + eps) ** -0.5, vbar)
-
-
-def _second_moment(feature_fn, bparams, w0, b0, x, y, loss, bsz):
-    """v̄ = g_0² + σ²·(N − B)/(B(N − 1)) per backbone parameter (module docstring)."""
-    apply, params = _WithHead(feature_fn), (bparams, w0, b0)  # head entries dropped
-    n = x.shape[0]
-    g0sq = _squared(_mean_grad(apply, params, x, y, loss)[0])
-    if bsz == n:
-        return g0sq
-    var = gradient_variance(apply, params, x, y, loss=loss)[0]
-    return _vbar(g0sq, var, (n - bsz) / (bsz * (n - 1)))
 
 
 def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps: int,
