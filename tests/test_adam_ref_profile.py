@@ -38,6 +38,7 @@ def _predict(task, mix):
         warnings.simplefilter("ignore", ntk_tt.LinearRegimeWarning)  # ρ = 0.15 here
         pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=split,
                               head_kernel=ak)
+    assert pred.hyperparameters["reference_mix"] == pytest.approx(float(ak.drift.ref))
     return ak, np.asarray(pred.loss)
 
 
@@ -51,7 +52,8 @@ def test_the_default_reference_profile_follows_the_real_run_where_g0_alone_does_
     assert real[0] - real[-1] > 0.8 * real[0]  # it trained
     assert abs(loss[-1] - real[-1]) / real[-1] < 0.25
     assert np.max(np.abs(loss - real)) < 0.3
-    _, old = _predict(task, 0.0)
+    kernel0, old = _predict(task, 0.0)
+    assert float(kernel0.drift.ref) == 0.0  # GD: λ_B = 0
     assert abs(old[-1] - real[-1]) / real[-1] > 0.5  # the test has power: g_0² alone misses
 
 

@@ -94,7 +94,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
       ``kernel`` as ``predict``'s (``"head_aware_adam:<backbone>"`` for Adam) and
       ``hyperparameters`` = :func:`ntk_tt.training._optimizer_run.optimizer_hyperparameters`
       plus "steps", "num_train", "loss" and, for Adam, "weight_travel" (ρ = Σ η_t /
-      rms(θ_0) of the backbone, :func:`ntk_tt.dynamics._regime.weight_travel`).
+      rms(θ_0) of the backbone, :func:`ntk_tt.dynamics._regime.weight_travel`) and, with the
+      drifting profile, "reference_mix" (λ_ref of K_P's profile, ``AdamKernel.drift.ref``).
 
     Warns:
       LinearRegimeWarning: Adam with ρ > ``LINEAR_TRAVEL`` (``ntk_tt.dynamics._regime``).
@@ -199,6 +200,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         hyper["subspace_dim"] = int(basis.shape[1])
     if adam:
         hyper["weight_travel"] = weight_travel(optimizer.learning_rates(int(steps)), head[1])
+        if kernels.drift is not None:  # λ_ref of K_P's second-moment profile
+            hyper["reference_mix"] = float(kernels.drift.ref)
         warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call
     pred = with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
     if adam:  # κ does not measure Adam's stability: its edge is the weight travel (_regime)
