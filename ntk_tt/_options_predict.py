@@ -247,12 +247,12 @@ def check_subspace_dim(subspace_dim, backbone: str = "subspace", head_kernel=Non
     if not _is_int(subspace_dim) or subspace_dim < 1:
         raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
                          f"{subspace_dim!r}.")
+    if head_kernel is not None:  # first: choosing the subspace backbone would not help
+        raise ValueError("subspace_dim sets the k of a subspace kernel built by predict; the "
+                         "head_kernel given was built with its own k (head_aware_kernel(..., "
+                         "subspace_dim=k)): drop subspace_dim.")
     if backbone != "subspace":
         raise ValueError(f"subspace_dim (--subspace-dim) sets the k of the subspace backbone "
                          f"(backbone='subspace', --backbone subspace) only, got backbone "
                          f"{backbone!r}: drop it, or choose the subspace backbone.")
-    if head_kernel is not None:
-        raise ValueError("subspace_dim sets the k of a subspace kernel built by predict; the "
-                         "head_kernel given was built with its own k (head_aware_kernel(..., "
-                         "subspace_dim=k)): drop subspace_dim.")
     return int(subspace_dim)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ntk_tt
-from ntk_tt.dynamics._adam_drift import MIN_REF_MIX
+from ntk_tt.dynamics._adam_drift import MIN_REF_MIX, check_ref_mix
 from ntk_tt.prediction._job import load_task
 
 T = 40
@@ -58,8 +58,22 @@ def test_the_default_reference_profile_follows_the_real_run_where_g0_alone_does_
 
 
 def test_min_ref_mix_is_checked_before_the_kernels(task):
-    apply_fn, params, x, y, split, opt, hk, _ = task
-    for bad in (-0.1, 1.5, "half", True, float("nan")):
+    """Bad values are refused before any kernel (the model is never called); NumPy and JAX
+    scalars are numbers (a fresh user's find: np.float32(0.3) was refused as not one)."""
+    _, _, x, y, split, opt, hk, _ = task
+
+    def boom(p, xx):  # any model call fails: the refusals below come first
+        raise AssertionError("the model was called")
+
+    broken = (boom, *split[1:])
+    for bad in (-0.1, 1.5, "half", True, float("nan"), [0.3], 0.3 + 0j, np.array([0.3])):
         with pytest.raises(ValueError, match=r"min_ref_mix must be a number in \[0, 1\]"):
-            ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone="subspace", hk=hk,
+            ntk_tt.adam_head_aware_kernel(broken, x, y, opt, backbone="subspace", hk=hk,
                                           min_ref_mix=bad)
+    with pytest.raises(ValueError, match="min_ref_mix sets the drifting profile's K_P"):
+        ntk_tt.adam_head_aware_kernel(broken, x, y, opt, backbone="subspace", hk=hk,
+                                      profile="frozen", min_ref_mix=0.5)
+    for fine in (np.float32(0.3), jnp.asarray(0.3), np.int64(1), 0):
+        assert check_ref_mix(fine, "subspace") == pytest.approx(float(fine))
+    assert check_ref_mix(None, "subspace") == MIN_REF_MIX
+    assert check_ref_mix(None, "isotropic") == 0.0

@@ -127,8 +127,11 @@ def test_predict_takes_the_subspace_dimension(x64):
                          head=split, backbone="subspace", subspace_dim=K)
     np.testing.assert_allclose(sgd.loss, predict_head_aware(
         hk, y, learning_rate=0.2, momentum=0.5, steps=STEPS).loss, rtol=1e-9)
+    # with a kernel given, "drop subspace_dim" whatever the backbone (a fresh user was told to
+    # choose the subspace backbone first, then to drop subspace_dim)
     for bad, said in ((dict(backbone="isotropic"), "only, got backbone 'isotropic'"),
-                      (dict(backbone="subspace", head_kernel=hk), "built with its own k")):
+                      (dict(backbone="subspace", head_kernel=hk), "built with its own k"),
+                      (dict(head_kernel=hk), "built with its own k")):
         with pytest.raises(ValueError, match=f"subspace_dim .*{said}"):
             ntk_tt.predict(apply_fn, params, x, y, subspace_dim=K, **kw, **bad)
     # the linear predictor has no feature kernel: a backbone there was silently unused

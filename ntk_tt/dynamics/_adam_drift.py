@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.tree_util import Partial
 
 from ntk_tt.dynamics._noise import (
@@ -117,15 +118,20 @@ class DriftTable(NamedTuple):
     calibration: jax.Array
 
 
-def check_ref_mix(value, backbone: str) -> float:
+def check_ref_mix(value, backbone: str, profile: str = "drift") -> float:
     """``min_ref_mix`` as a float: None → :data:`MIN_REF_MIX` for the exact and subspace K_P,
     0 for the isotropic and Kronecker ones (whose logit-summed forms the calibration already
-    corrects: README "The subspace kernel with AdamW"). Raises ValueError unless a real
-    number in [0, 1] or None."""
+    corrects: README "The reference profile"). Raises ValueError unless a real number in
+    [0, 1] (Python, NumPy or JAX scalar) or None, or if given with ``profile="frozen"``
+    (whose v̄ has no mix)."""
     if value is None:
         return MIN_REF_MIX if backbone in ("exact", "subspace") else 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0.0 <= value <= 1.0:
+    if profile != "drift":
+        raise ValueError(f"min_ref_mix sets the drifting profile's K_P (profile='drift'); "
+                         f"profile={profile!r} has none: drop min_ref_mix or use "
+                         f"profile='drift'.")
+    if np.ndim(value) != 0 or np.asarray(value).dtype.kind not in "fiu" \
+            or not 0.0 <= float(value) <= 1.0:  # a bool's kind is "b": refused
         raise ValueError(f"min_ref_mix must be a number in [0, 1] (the smallest share of the "
                          f"per-sample variance's profile in K_P's) or None, got {value!r}.")
     return float(value)

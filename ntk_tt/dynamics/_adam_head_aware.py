@@ -173,7 +173,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
-        [0, 1], a ``hk`` of another form or size,
+        [0, 1] or given with "frozen", a ``hk`` of another form or size,
         backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
         every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
@@ -193,7 +193,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
                          f"σ²), got {variance_samples!r}.")
-    min_ref_mix = check_ref_mix(min_ref_mix, backbone)
+    min_ref_mix = check_ref_mix(min_ref_mix, backbone, profile)
     rms = split_rms(split)  # AdamKernel.weight_rms, ρ's scale (NaN weights: before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
