@@ -537,6 +537,14 @@ def test_drift_profile_sums_against_brute_force(x64):
     def p_of(lam):
         return 1 / (jnp.sqrt((1 - lam) * g2 + lam * big_g * s2 / s2.sum()) + eps)
 
+    # with a floor above λ_B: λ_ref = the floor, v̄ = κ·w(λ_ref), the table's sums unchanged
+    floored, vbar_f = drift_table(g0sq, sigma2, eps, N, bsz, F64, min_ref=0.9)
+    assert float(table.ref) < 0.9
+    np.testing.assert_allclose(floored.ref, 0.9)
+    np.testing.assert_allclose(flat(vbar_f), table.kappa * (0.1 * g2 + 0.9 * big_g * s2
+                                                            / s2.sum()), rtol=1e-10)
+    np.testing.assert_allclose(floored.along, table.along, rtol=1e-12)
+
     for k in (0, 40, 256):
         lam = table.grid[k]
         np.testing.assert_allclose([table.along[k], table.across[k]],

@@ -159,12 +159,13 @@ def gradient_profiles(feature_fn, bparams, w0, b0, x, y, loss: str, samples: int
 
 
 def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype,
-                min_ref: float = MIN_REF_MIX) -> tuple[DriftTable, object]:
+                min_ref: float = 0.0) -> tuple[DriftTable, object]:
     """(:class:`DriftTable`, v̄ pytree) from g_0² and σ² (pytrees).
 
     λ_B = c_BΣσ²/(‖g_0‖² + c_BΣσ²), c_B = (N − B)/(B(N − 1)), is the mix of the expected
     squared minibatch gradient g_0² + c_Bσ² = κ·w(λ_B); K_P is built at λ_ref = max(λ_B,
-    ``min_ref``) (:data:`MIN_REF_MIX`), v̄ = κ·w(λ_ref) (= g_0² + c_Bσ² when λ_B ≥ min_ref)."""
+    ``min_ref``) (``adam_head_aware_kernel`` passes :func:`check_ref_mix`'s), v̄ =
+    κ·w(λ_ref) (= g_0² + c_Bσ² when λ_B ≥ min_ref)."""
     c_b = 0.0 if bsz == n else (n - bsz) / (bsz * (n - 1))
     table = _table(g0sq, sigma2, eps, c_b, min_ref)
     return (jax.tree.map(lambda a: jnp.asarray(a, dtype), table),
