@@ -169,7 +169,7 @@ def drift_table(g0sq, sigma2, eps, n: int, bsz: int, dtype,
     c_b = 0.0 if bsz == n else (n - bsz) / (bsz * (n - 1))
     table = _table(g0sq, sigma2, eps, c_b, min_ref)
     return (jax.tree.map(lambda a: jnp.asarray(a, dtype), table),
-            _ref_profile(g0sq, sigma2, table.ref, table.kappa))
+            _ref_profile(g0sq, sigma2, c_b, min_ref))
 
 
 def frozen_profile(feature_fn, bparams, w0, b0, x, y, loss, bsz):
@@ -185,14 +185,19 @@ def frozen_profile(feature_fn, bparams, w0, b0, x, y, loss, bsz):
 
 
 @jax.jit
-def _ref_profile(g0sq, sigma2, lam, kappa):
-    """v̄ = κ·w(λ) = κ[(1 − λ) g_0² + λ‖g_0‖² σ²/Σσ²] per parameter (κ·g_0² when Σσ² = 0)."""
+def _ref_profile(g0sq, sigma2, c_b, min_ref):
+    """v̄ = κ·w(λ_ref) per parameter as the batch's v̄ plus the floor's share: g_0² + c_Bσ²
+    + κ(λ_ref − λ_B)(‖g_0‖²u − g_0²), u = σ²/Σσ² (= g_0²/‖g_0‖² when Σσ² = 0), so exactly
+    :func:`_vbar`'s when λ_B ≥ ``min_ref``."""
     leaves = jax.tree.leaves
     big_g = sum(jnp.sum(v) for v in leaves(g0sq))
     total = sum(jnp.sum(v) for v in leaves(sigma2))
+    noise = c_b * total
+    excess = jnp.maximum(min_ref - noise / (big_g + noise), 0.0) * (1.0 + noise / big_g)
     share = jnp.where(total > 0, big_g / jnp.where(total > 0, total, 1.0), 0.0)
-    lam = jnp.where(total > 0, lam, 0.0)
-    return jax.tree.map(lambda g, s: kappa * ((1 - lam) * g + lam * share * s), g0sq, sigma2)
+    return jax.tree.map(
+        lambda g, s: g + c_b * s + excess * jnp.where(total > 0, share * s - g, 0.0),
+        g0sq, sigma2)
 
 
 @jax.jit
