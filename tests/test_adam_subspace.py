@@ -136,6 +136,28 @@ def test_mismatched_subspace_kernels_are_refused(x64):
                                           steps=T, a_h=a_h)
 
 
+def test_an_hk_of_other_inputs_is_refused(x64, monkeypatch):
+    """An hk of the same size and form built on other images (its basis Z and features h_0
+    another set's) is refused before K_P is built; a head with other weights too."""
+    from ntk_tt.dynamics import _adam_head_aware
+
+    _, split, x, y, _, _, _ = _head_problem()
+    opt = ntk_tt.adamw(1e-3)
+    other = ntk_tt.head_aware_kernel(split, x[::-1], backbone="subspace", subspace_dim=K)
+    ntk_tt.adam_head_aware_kernel(split, x[::-1], y, opt, hk=other, backbone="subspace")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("K_P was built before the refusal")
+
+    monkeypatch.setattr(_adam_head_aware, "precond_kernel", refuse)
+    with pytest.raises(ValueError, match="hk was built for other inputs or another head.*"
+                       "features of x differ"):
+        ntk_tt.adam_head_aware_kernel(split, x, y, opt, hk=other, backbone="subspace")
+    moved = (split[0], split[1], split[2] * 1.5, split[3])
+    with pytest.raises(ValueError, match="head weights differ"):
+        ntk_tt.adam_head_aware_kernel(moved, x, y, opt, hk=other, backbone="subspace")
+
+
 def test_a_plain_subspace_kernel_passed_for_adam_sets_k_p_form(x64):
     """predict(optimizer=adamw, head_kernel=<a plain head-aware kernel>) without backbone=:
     the kernel decides K_P's form too (a fresh user's find: a subspace kernel was refused as

@@ -72,7 +72,7 @@ from ntk_tt.dynamics._adam_drift import (
     precond_kernel,
     quadratic_form,
 )
-from ntk_tt.dynamics._checks import check_adam_kernel, check_labels
+from ntk_tt.dynamics._checks import check_adam_kernel, check_kernel_inputs, check_labels
 from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
@@ -173,7 +173,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
-        [0, 1] or given with "frozen", a ``hk`` of another form or size,
+        [0, 1] or given with "frozen", a ``hk`` of another form or size or (concrete
+        weights) not built from this ``split`` on these ``x`` / ``x_test``,
         backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
         every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
@@ -202,6 +203,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
             backbone, ("isotropic", "kronecker")) or (hk.features_test is None) != (x_test is None):
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
                          f"(x and x_test), or None to build it here.")
+    elif rms is not None and not any(isinstance(v, jax.core.Tracer)
+                                     for v in jax.tree.leaves((split[2:], x, x_test))):
+        check_kernel_inputs(hk, split, x, x_test, name="hk")  # K_P on hk's basis and features
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)
     y = check_labels(y, n, w0.shape[1])
