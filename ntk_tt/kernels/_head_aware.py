@@ -144,15 +144,17 @@ def feature_basis(features: jax.Array, k: int) -> jax.Array:
     return jnp.linalg.svd(centred, full_matrices=True)[2][:k].T  # orthonormal directions
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class _Projected:
-    """``feature_fn(params, x) @ Z`` (N, k): the features' coordinates in span(Z)."""
+    """``(Z, params, x) ↦ feature_fn(params, x) @ Z`` (N, k): the features' coordinates in
+    span(Z), equal for the same ``feature_fn``. Bound to Z with ``jax.tree_util.Partial``, the
+    kernel's compiled Jacobian program is reused for every basis of the same shape (each
+    task, data set or call) instead of compiled per call around a fresh closure."""
 
     feature_fn: Any
-    basis: jax.Array
 
-    def __call__(self, p, xx):
-        return self.feature_fn(p, xx) @ self.basis
+    def __call__(self, basis, p, xx):
+        return self.feature_fn(p, xx) @ basis
 
 
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
@@ -209,7 +211,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
     if backbone == "subspace":
         z = feature_basis(h0, min(int(subspace_dim), f))  # k ≥ F: every direction (exact)
-        projected = _Projected(feature_fn, z)
+        projected = jax.tree_util.Partial(_Projected(feature_fn), z)
         kz = empirical_ntk(projected, bparams, x)
         kzt = None if x_test is None else empirical_ntk(projected, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kz, None, h0t, kzt, z)
