@@ -173,3 +173,26 @@ def test_adam_kernel_compiles_once_per_network(data):
     fresh = ntk_tt.adam_head_aware_kernel(head, x, y, other, xt)
     for a, b in zip(jax.tree.leaves(reused), jax.tree.leaves(fresh), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_subspace_kernel_compiles_once_per_network(data):
+    """A second subspace kernel of the same network on other inputs of the same size (another
+    basis Z) compiles nothing (it compiled its Jacobian program per call around a closure over
+    Z), and equals a kernel built with every compiled program dropped (no stale Z)."""
+    from ntk_tt.kernels import _ntk
+
+    x, _, xt, _ = data
+    head = ntk_tt.split_head(TanhHeadNet(8, C, rngs=nnx.Rngs(0)))
+    first = ntk_tt.head_aware_kernel(head, x, xt, backbone="subspace", subspace_dim=3)
+    other, other_test = x[::-1] * 0.5, xt[::-1] * 2.0
+    with Compiles() as seen:
+        reused = ntk_tt.head_aware_kernel(head, other, other_test, backbone="subspace",
+                                          subspace_dim=3)
+    assert seen.count == 0
+    assert not np.allclose(reused.basis, first.basis, atol=1e-3)
+    _ntk._COMPILED.clear()
+    jax.clear_caches()
+    fresh = ntk_tt.head_aware_kernel(head, other, other_test, backbone="subspace",
+                                     subspace_dim=3)
+    for a, b in zip(jax.tree.leaves(reused), jax.tree.leaves(fresh), strict=True):
+        np.testing.assert_array_equal(a, b)
