@@ -24,6 +24,10 @@ the sweep's rule (``adam_batch_gap._rel``); the fast predictor's curve is the st
 f = (h_0 + J_hΔθ + ½H_h[Δθ, Δθ])W + b (``backbone_order.taylor_reference``, nested
 ``jax.jvp``): how much of the ceiling's own error a quadratic backbone removes (for constant-η
 GD at N = 250 it took T_ε p95 from 10.6 to 7.5 %, issue 26). Records and summary say ``"order": 2``.
+``--order r1`` keeps only a rank-one quadratic term along the direction d of Adam's first
+full-batch step, ½(d·Δθ)²H_h[d, d] (``backbone_order.adam_direction``; one more jvp than
+order 1 in function space): whether the curvature that order 2 adds lies along that one
+direction (it does not: README "Beyond ρ = 0.07").
 
 Writes DIR/rows.json (resumes per task) and DIR/summary.json (default /tmp/adam_ceiling).
 """
@@ -51,13 +55,13 @@ from adam_batch_gap import (  # noqa: E402
     score_curves,
     stored,
 )
-from backbone_order import taylor_reference  # noqa: E402
+from backbone_order import adam_direction, taylor_reference  # noqa: E402
 
 SIDES = ("stored", "reference")
 TARGETS = (("T_eps", [f"T{e:g}" for e in EPS_T]), ("L_star", ["L0.5", "L0.25"]))
 
 
-def score_task(spec, task, rows, order: int = 1):
+def score_task(spec, task, rows, order: int | str = 1):
     key, n = _task_key(task), task.num_train
     t0 = time.perf_counter()
     data, _, lam = build(spec, task)
@@ -71,7 +75,9 @@ def score_task(spec, task, rows, order: int = 1):
                   "reference": np.asarray(
                       reference(data, opt, spec.steps, key)["loss"] if order == 1 else
                       taylor_reference(data.split, data.x, data.y, opt, steps=spec.steps,
-                                       key=key, order=2)["loss"], float)}
+                                       key=key, order=2, direction=None if order == 2 else
+                                       adam_direction(data.split, data.x, data.y,
+                                                      float(opt.eps)))["loss"], float)}
         rec = {"row_id": rid, "task_id": task.id,
                "optimizer": "gd" if cfg.batch_size is None else "sgd", "peak": cfg.peak,
                "weight_decay": cfg.weight_decay, "order": order}
@@ -120,8 +126,10 @@ def main(argv=None):
     ap.add_argument("datasets", nargs="*", default=list(BENCH_TARGETS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/adam_ceiling"))
     ap.add_argument("--per-class", type=int, default=50, help="the tasks' images per class")
-    ap.add_argument("--order", type=int, choices=(1, 2), default=1,
-                    help="the reference backbone's order in Δθ (1: linearised)")
+    ap.add_argument("--order", type=lambda v: v if v == "r1" else int(v),
+                    choices=(1, 2, "r1"), default=1,
+                    help="the reference backbone's order in Δθ (1: linearised; r1: order 2 "
+                         "rank one along Adam's first step)")
     ap.add_argument("--table", default="experiments/results/optimizers",
                     help="the optimiser-benchmark folder holding those rows")
     args = ap.parse_args(argv)

@@ -48,15 +48,24 @@ from ntk_tt.sweep._table import read_table
 EPSILONS = (0.1, 0.4)
 
 
-def taylor_features(feature_fn, bparams0, order: int):
+def taylor_features(feature_fn, bparams0, order: int, direction=None):
     """``h(θ, x)`` (N, F): the backbone features expanded around θ_0 to ``order`` (1 or 2) in
-    Δθ = θ − θ_0, by nested ``jax.jvp`` (never a Jacobian or Hessian)."""
+    Δθ = θ − θ_0, by nested ``jax.jvp`` (never a Jacobian or Hessian). With ``direction`` d (a
+    unit pytree like θ_0) and order 2, the quadratic term is rank one along d:
+    ½ (d·Δθ)² H_h[d, d] (equal to order 2 for Δθ ∥ d, to order 1 for Δθ ⊥ d)."""
 
     def h(theta, x):
         delta = jax.tree.map(jnp.subtract, theta, bparams0)
         if order == 1:
             h0, t1 = jax.jvp(lambda p: feature_fn(p, x), (bparams0,), (delta,))
             return h0 + t1
+        if direction is not None:
+            h0, t1 = jax.jvp(lambda p: feature_fn(p, x), (bparams0,), (delta,))
+            along = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(direction),
+                                                       jax.tree.leaves(delta), strict=True))
+            _, (_, t2) = jax.jvp(lambda p: jax.jvp(lambda q: feature_fn(q, x), (p,),
+                                                   (direction,)), (bparams0,), (direction,))
+            return h0 + t1 + 0.5 * along**2 * t2
         (h0, t1), (_, t2) = jax.jvp(
             lambda p: jax.jvp(lambda q: feature_fn(q, x), (p,), (delta,)), (bparams0,), (delta,))
         return h0 + t1 + 0.5 * t2
@@ -64,8 +73,18 @@ def taylor_features(feature_fn, bparams0, order: int):
     return h
 
 
+def adam_direction(split, x, y, eps: float, loss: str = "cross_entropy"):
+    """d = u/‖u‖, u = g_0/(|g_0| + ε): the direction of Adam's first full-batch step in the
+    backbone weights (g_0 the full-batch gradient at θ_0 with the head W_0, b_0)."""
+    feature_fn, bp0, w0, b0 = split
+    g = jax.grad(lambda p: mean_loss(feature_fn(p, x) @ w0 + b0, y, loss))(bp0)
+    u = jax.tree.map(lambda a: a / (jnp.abs(a) + eps), g)
+    norm = jnp.sqrt(sum(jnp.sum(a * a) for a in jax.tree.leaves(u)))
+    return jax.tree.map(lambda a: a / norm, u)
+
+
 def taylor_reference(split, x, y, optimizer: ntk_tt.Optimizer, *, steps: int, key=None,
-                     order: int = 2, loss: str = "cross_entropy") -> dict:
+                     order: int = 2, loss: str = "cross_entropy", direction=None) -> dict:
     """Train the head-aware model with an order-``order`` backbone exactly in weight space.
 
     Args:
@@ -74,6 +93,8 @@ def taylor_reference(split, x, y, optimizer: ntk_tt.Optimizer, *, steps: int, ke
         any :class:`ntk_tt.Optimizer` (its optax transformation, batch size and schedule).
       steps: T updates. key: the minibatch order's key (``ntk_tt.batch_indices``), as
         ``ntk_tt.finetune``. order: 1 or 2. loss: "cross_entropy" or "mse" (mean).
+      direction: with order 2, a unit pytree d like the backbone weights: the quadratic term
+        rank one along d (``taylor_features``), e.g. ``adam_direction``.
 
     Returns:
       {"loss": full-training-set mean loss after 0..T updates (T + 1,), held at its last
@@ -90,7 +111,7 @@ def taylor_reference(split, x, y, optimizer: ntk_tt.Optimizer, *, steps: int, ke
     x, y = jnp.asarray(x), jnp.asarray(y)
     n = x.shape[0]
     batches = ntk_tt.batch_indices(key, n, optimizer.batch_size or n, steps)
-    h = taylor_features(feature_fn, bp0, order)
+    h = taylor_features(feature_fn, bp0, order, direction)
     tx = optimizer.to_optax()
 
     def full_loss(params, xx, yy):

@@ -79,3 +79,28 @@ def test_order_must_be_one_or_two(problem):
     model, _, _, x, y = problem
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         bo.taylor_reference(ntk_tt.split_head(model), x, y, ntk_tt.sgd(0.1), steps=2, order=3)
+
+
+def test_rank_one_term_is_order_two_along_its_direction(problem):
+    """With a direction d, the features are order 2 for Δθ ∥ d and order 1 for Δθ ⊥ d (the
+    quadratic backbone's own features h(θ_0 + Δθ) are the order-2 reference, exact here);
+    ``adam_direction`` is the unit sign-like first Adam step, g_0/(|g_0| + ε) normalised."""
+    model, _, _, x, y = problem
+    feature_fn, bp0, w0, b0 = ntk_tt.split_head(model)
+    d = bo.adam_direction((feature_fn, bp0, w0, b0), x, y, 1e-8)
+    g = jax.grad(lambda p: mean_loss(feature_fn(p, x) @ w0 + b0, y, "cross_entropy"))(bp0)
+    flat_d, flat_g = (jnp.concatenate([a.ravel() for a in jax.tree.leaves(t)]) for t in (d, g))
+    np.testing.assert_allclose(jnp.linalg.norm(flat_d), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(flat_d * jnp.linalg.norm(flat_g / (jnp.abs(flat_g) + 1e-8)),
+                               flat_g / (jnp.abs(flat_g) + 1e-8), rtol=1e-10)
+    rank_one = bo.taylor_features(feature_fn, bp0, 2, direction=d)
+    one = bo.taylor_features(feature_fn, bp0, 1)
+    along = jax.tree.map(lambda p, a: p + 0.7 * a, bp0, d)
+    np.testing.assert_allclose(rank_one(along, x), feature_fn(along, x), rtol=1e-10, atol=1e-12)
+    leaves, tree = jax.tree.flatten(d)
+    other = jax.tree.unflatten(tree, [jax.random.normal(jax.random.key(5 + i), a.shape, a.dtype)
+                                      for i, a in enumerate(leaves)])
+    dot = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(other), leaves, strict=True))
+    ortho = jax.tree.map(lambda p, o, a: p + 0.7 * (o - dot * a), bp0, other, d)
+    np.testing.assert_allclose(rank_one(ortho, x), one(ortho, x), rtol=1e-10, atol=1e-12)
+    assert np.max(np.abs(feature_fn(ortho, x) - one(ortho, x))) > 1e-2  # curvature off d
