@@ -869,11 +869,13 @@ def test_the_watcher_prints_the_prediction_when_the_main_thread_goes_on(tiny_pre
     existed, not in the watcher)."""
     from ntk_tt.cli import GRACE_S
 
+    # the file is touched inside the try, so the signal cannot land before the loop drops it
     drop = ("import pathlib, time\n"
             "def finetune(*_, **__):\n"
-            "    pathlib.Path('fine-tuning').touch()\n"
             "    while True:\n"
-            "        try:\n            time.sleep(1)\n"
+            "        try:\n"
+            "            pathlib.Path('fine-tuning').touch()\n"
+            "            time.sleep(1)\n"
             "        except KeyboardInterrupt:\n            pass\n"
             "j.finetune = finetune\n")
     proc = start_program(["predict", "--verify", "--no-progress", *TINY_ARGS], tmp_path,
