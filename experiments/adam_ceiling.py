@@ -27,7 +27,7 @@ GD at N = 250 it took T_ε p95 from 10.6 to 7.5 %, issue 26). Records and summar
 ``--order r1`` keeps only a rank-one quadratic term along the direction d of Adam's first
 full-batch step, ½(d·Δθ)²H_h[d, d] (``backbone_order.adam_direction``; one more jvp than
 order 1 in function space): whether the curvature that order 2 adds lies along that one
-direction (it does not: README "Beyond ρ = 0.07").
+direction (README "A second-order backbone closes most of it").
 
 Writes DIR/rows.json (resumes per task) and DIR/summary.json (default /tmp/adam_ceiling).
 """

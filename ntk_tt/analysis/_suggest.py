@@ -230,7 +230,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
                              f"(features of shape {np.shape(head_kernel.features)}): build it "
                              "with ntk_tt.head_aware_kernel(head, x) on the same x, or drop "
                              "head_kernel.")
-        check_kernel_inputs(head_kernel, head, x)
+        check_kernel_inputs(head_kernel, head, x, rows=None)  # every row: a search's cost
 
     f0 = apply_fn(params, jnp.asarray(x))
     l0 = float(mean_loss(f0, y, loss))

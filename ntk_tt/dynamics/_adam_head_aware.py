@@ -205,7 +205,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
                          f"(x and x_test), or None to build it here.")
     elif rms is not None and not any(isinstance(v, jax.core.Tracer)
                                      for v in jax.tree.leaves((split[2:], x, x_test))):
-        check_kernel_inputs(hk, split, x, x_test, name="hk")  # K_P on hk's basis and features
+        check_kernel_inputs(hk, split, x, x_test, name="hk", rows=None)  # every row: K_P's cost
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)
     y = check_labels(y, n, w0.shape[1])

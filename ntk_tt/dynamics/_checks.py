@@ -322,13 +322,14 @@ CHECK_ROWS = 32
 recomputes: one small forward pass, against a kernel's O(N²) cost."""
 
 
-def check_kernel_inputs(hk, head, x, x_test=None, name: str = "head_kernel") -> None:
+def check_kernel_inputs(hk, head, x, x_test=None, name: str = "head_kernel",
+                        rows: int | None = CHECK_ROWS) -> None:
     """ValueError unless ``hk`` (a :class:`ntk_tt.HeadAwareKernel`) was built from this
     ``head`` = (feature_fn, backbone_params, W, b) on these inputs: its head W_0, b_0 equal
-    ``head``'s, and the features h_0 of ``CHECK_ROWS`` rows of ``x`` (and of ``x_test``)
-    spread over the set match ``feature_fn(backbone_params, rows)`` to 1e-3 of their largest
-    entry. A kernel of other inputs of the same shape (another data set, a reshuffled x)
-    gave silently wrong curves, from step 0 on."""
+    ``head``'s, and the features h_0 of ``rows`` rows of ``x`` (and of ``x_test``) spread over
+    the set (None: every row) match ``feature_fn(backbone_params, rows)`` to 1e-3 of their
+    largest entry. A kernel of other inputs of the same shape (another data set, a reshuffled
+    x) gave silently wrong curves, from step 0 on."""
     feature_fn, params, w, b = head
     fix = (f"{name} was built for other inputs or another head: rebuild it with "
            "ntk_tt.head_aware_kernel(head, x, x_test) for these, or pass None to build it")
@@ -338,10 +339,10 @@ def check_kernel_inputs(hk, head, x, x_test=None, name: str = "head_kernel") -> 
     for inputs, feats, what in ((x, hk.features, "x"), (x_test, hk.features_test, "x_test")):
         if inputs is None or feats is None:
             continue
-        rows = np.unique(np.linspace(0, len(inputs) - 1, min(CHECK_ROWS, len(inputs))
+        pick = np.unique(np.linspace(0, len(inputs) - 1, min(rows or len(inputs), len(inputs))
                                      ).round().astype(int))
-        got = np.asarray(feature_fn(params, jnp.asarray(inputs)[rows]), np.float64)
-        want = np.asarray(feats, np.float64)[rows]
+        got = np.asarray(feature_fn(params, jnp.asarray(inputs)[pick]), np.float64)
+        want = np.asarray(feats, np.float64)[pick]
         if got.shape != want.shape or not np.all(
                 np.abs(got - want) <= 1e-3 * max(1.0, float(np.max(np.abs(want))))):
             raise ValueError(f"{fix} (its features of {what} differ from the backbone's).")
