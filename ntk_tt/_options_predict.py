@@ -234,16 +234,18 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                          "--backbone isotropic, kronecker or exact.")
 
 
-def check_subspace_dim(subspace_dim, backbone: str = "subspace", head_kernel=None) -> int:
-    """``subspace_dim`` as an int k (None: ``SUBSPACE_DIM``), for ``backbone`` (the
-    ``predict`` / ``ntk-tt predict --subspace-dim`` check: k sets the ``"subspace"`` kernel
-    only, and a given ``head_kernel`` has its own).
+def check_subspace_dim(subspace_dim, backbone: str = "subspace",
+                       head_kernel=None) -> int | None:
+    """``subspace_dim`` as an int k (None: ``SUBSPACE_DIM`` for the subspace backbone, None
+    for another), for ``backbone`` (the ``predict`` / ``ntk-tt predict --subspace-dim`` /
+    ``head_aware_kernel`` check: k sets the ``"subspace"`` kernel only, and a given
+    ``head_kernel`` has its own).
 
     Raises:
       ValueError: k not an int >= 1; k given with another backbone or with a head_kernel.
     """
     if subspace_dim is None:
-        return SUBSPACE_DIM
+        return SUBSPACE_DIM if backbone == "subspace" else None
     if not _is_int(subspace_dim) or subspace_dim < 1:
         raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
                          f"{subspace_dim!r}.")

@@ -149,6 +149,15 @@ def test_bad_subspace_dim(x64, bad):
         head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=bad)
 
 
+@pytest.mark.parametrize("backbone", ["isotropic", "kronecker", "exact"])
+def test_subspace_dim_with_another_backbone_is_refused(x64, backbone):
+    """head_aware_kernel(subspace_dim=k) sets the subspace kernel's k only: with another
+    backbone it was silently ignored (a fresh user's find); predict refused it already."""
+    model, x, *_ = _problem(True)
+    with pytest.raises(ValueError, match=f"got backbone {backbone!r}: drop it"):
+        head_aware_kernel(split_head(model), x, backbone=backbone, subspace_dim=4)
+
+
 def test_subspace_is_refused_where_it_has_no_form(x64):
     """The re-linearised predictor refuses it, before work (Adam takes it:
     tests/test_adam_subspace.py)."""

@@ -42,6 +42,10 @@ def test_adam_kernel_and_suggest_compare_every_row(problem, monkeypatch):
     with pytest.raises(ValueError, match="hk was built for other inputs"):
         ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-2), hk=swapped)
 
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-2))
+    with pytest.raises(ValueError, match="of an AdamKernel pass its .hk"):
+        ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-2), hk=ak)
+
     def refuse(*_, **__):
         raise AssertionError("work started before the kernel was checked")
 
@@ -50,3 +54,20 @@ def test_adam_kernel_and_suggest_compare_every_row(problem, monkeypatch):
     with pytest.raises(ValueError, match="head_kernel was built for other inputs"):
         ntk_tt.suggest(apply_fn, params, x, y, head=split, head_kernel=swapped, target=0.5,
                        target_kind="fraction", steps=10)
+
+
+def test_kernel_construction_under_jit_or_vmap_is_refused_clearly(problem):
+    """The kernels are built from concrete arrays (host buffers): under jit / vmap the call
+    says so in one line instead of a TracerArrayConversionError from inside."""
+    _, split, x, y, _ = problem
+    feature_fn, bparams, w, b = split
+    with pytest.raises(ValueError, match=r"head_aware_kernel builds its kernels from concrete "
+                       r"arrays and cannot run under jax.jit, vmap or grad \(split is traced\)"):
+        jax.jit(lambda p: ntk_tt.head_aware_kernel((feature_fn, p, w, b), x).features)(bparams)
+    with pytest.raises(ValueError, match=r"adam_head_aware_kernel .* \(x is traced\)"):
+        jax.vmap(lambda xx: ntk_tt.adam_head_aware_kernel(split, xx, y, ntk_tt.adamw(1e-2))
+                 .hk.features)(x[None])
+    hk = ntk_tt.head_aware_kernel(split, x)
+    with pytest.raises(ValueError, match=r"\(hk is traced\)"):
+        jax.jit(lambda k: ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-2),
+                                                         hk=k).hk.features)(hk)

@@ -60,6 +60,7 @@ import numpy as np
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import BACKBONES
 from ntk_tt._schedules import _concrete
+from ntk_tt.data._model import check_concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
     check_ref_mix,
@@ -173,8 +174,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
-        [0, 1] or given with "frozen", a ``hk`` of another form or size or (concrete
-        weights) not built from this ``split`` on these ``x`` / ``x_test``,
+        [0, 1] or given with "frozen", a ``hk`` of another form or size or not built from
+        this ``split`` on these ``x`` / ``x_test``, a traced argument (jit, vmap, grad),
         backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
         every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
@@ -195,16 +196,17 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
                          f"σ²), got {variance_samples!r}.")
     min_ref_mix = check_ref_mix(min_ref_mix, backbone, profile)
+    check_concrete("adam_head_aware_kernel", split=split, x=x, x_test=x_test, y=y, hk=hk)
     rms = split_rms(split)  # AdamKernel.weight_rms, ρ's scale (NaN weights: before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
     elif not isinstance(hk, HeadAwareKernel) or backbone_kind(hk) not in _SAME_FORM.get(
             backbone, ("isotropic", "kronecker")) or (hk.features_test is None) != (x_test is None):
-        raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs "
-                         f"(x and x_test), or None to build it here.")
-    elif rms is not None and not any(isinstance(v, jax.core.Tracer)
-                                     for v in jax.tree.leaves((split[2:], x, x_test))):
+        raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs (x and "
+                         "x_test), or None to build it here" + (": of an AdamKernel pass its "
+                         ".hk." if isinstance(hk, AdamKernel) else "."))
+    elif rms is not None:  # a 4-tuple split (else head_aware_kernel below says why)
         check_kernel_inputs(hk, split, x, x_test, name="hk", rows=None)  # every row: K_P's cost
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)

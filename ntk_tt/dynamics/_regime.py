@@ -116,11 +116,9 @@ def backbone_rms(params) -> float:
 
 def split_rms(split) -> float | None:
     """:func:`backbone_rms` of ``split[1]`` (``split_head(model)``) for
-    ``AdamKernel.weight_rms``; None when a weight is traced (``jit`` over the kernel's
-    construction) or ``split`` is not a 4-tuple (``head_aware_kernel`` says why)."""
+    ``AdamKernel.weight_rms``; None when ``split`` is not a 4-tuple (``head_aware_kernel``
+    says why)."""
     if not isinstance(split, tuple | list) or len(split) != 4:
-        return None
-    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(split[1])):
         return None
     return backbone_rms(split[1])
 

@@ -35,8 +35,8 @@ import numpy as np
 from flax import nnx
 
 from ntk_tt._options import BACKBONES
-from ntk_tt._options_predict import SUBSPACE_DIM, check_subspace_dim
-from ntk_tt.data._model import check_model
+from ntk_tt._options_predict import check_subspace_dim
+from ntk_tt.data._model import check_concrete, check_model
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
 
@@ -160,7 +160,7 @@ class _Projected:
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
                       key: jax.Array | None = None,
-                      subspace_dim: int | None = SUBSPACE_DIM) -> HeadAwareKernel:
+                      subspace_dim: int | None = None) -> HeadAwareKernel:
     """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
     backbone_params, head_kernel, head_bias)`` (:func:`split_head`) on inputs ``x`` (N, ...).
 
@@ -178,10 +178,12 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
 
     Raises:
       ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an
-        int >= 1 (None: ``SUBSPACE_DIM``), kernels of the wrong shape or
+        int >= 1 (None: ``SUBSPACE_DIM``) or given with another backbone, kernels of the
+        wrong shape or
         with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that ``feature_fn`` cannot
-        take (``check_model``'s messages, before any kernel work), or (Kronecker and isotropic,
-        concrete values) a zero head or one so small that Θ's backbone share is below 10·eps
+        take (``check_model``'s messages, before any kernel work), a traced argument (no
+        ``jax.jit``, ``vmap`` or ``grad`` over the kernel's construction), or (Kronecker and
+        isotropic) a zero head or one so small that Θ's backbone share is below 10·eps
         of its largest entry: k_b would be 0/0 or rounding noise.
     """
     from ntk_tt.data._inputs import _check_finite
@@ -192,12 +194,14 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     if isinstance(mixing_samples, bool) or not isinstance(mixing_samples, int) \
             or mixing_samples < 1:
         raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
-    subspace_dim = check_subspace_dim(subspace_dim)  # None: SUBSPACE_DIM
+    subspace_dim = check_subspace_dim(subspace_dim, backbone)  # None: SUBSPACE_DIM for it
     if not isinstance(split, tuple | list) or len(split) != 4:
         size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
         raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
                          "backbone_params, head_kernel, head_bias), got "
                          f"{type(split).__name__}{size}.")
+    check_concrete("head_aware_kernel", split=split[1:], x=x, x_test=x_test,
+                   traced_kernel=traced_kernel, traced_kernel_test=traced_kernel_test)
     feature_fn, bparams, w0, b0 = split
     check_model(feature_fn, bparams, x, name="x (feature_fn inputs)")
     if x_test is not None:
@@ -269,18 +273,14 @@ def check_kernel_backbone(backbone: str, head_kernel) -> None:
 
 
 def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
-    """ValueError when k_b cannot be read off the logit-summed Θ (concrete values only).
+    """ValueError when k_b cannot be read off the logit-summed Θ.
 
     k_b = (Σ_c Θ − C(H Hᵀ + 1)) / tr(W_0ᵀ S W_0): with a zero head the backbone's share is
     zero and k_b is 0/0; with a tiny head the difference is below the float rounding of Σ_c Θ
     and k_b is rounding noise divided by a tiny trace (it then blows the prediction up). The
     share max|k_b|·tr / max|Σ_c Θ| must exceed 10·eps, i.e. k_b known to better than ~10 %.
     """
-    from ntk_tt.data._inputs import _concrete
-
-    tk, kbc = _concrete(traced_kernel), _concrete(kb)
-    if tk is None or kbc is None:
-        return
+    tk, kbc = np.asarray(traced_kernel), np.asarray(kb)
     fix = ("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head), "
            "or use backbone='exact' (small N) or the frozen-kernel predictor "
            "(predictor='linear')")
