@@ -200,7 +200,7 @@ def _adamw(head, factor):
 
 
 def test_an_adam_kernel_records_the_backbones_rms_weight():
-    _, _, _, y, head, ak = _adam_setup()
+    _, _, x, y, head, ak = _adam_setup()
     leaves = [np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(head[1])]
     assert ak.weight_rms == pytest.approx(np.sqrt(np.mean(np.concatenate(leaves) ** 2)),
                                           rel=1e-12)
@@ -216,10 +216,12 @@ def test_an_adam_kernel_records_the_backbones_rms_weight():
     with pytest.warns(ntk_tt.LinearRegimeWarning):
         eager = ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T).loss
     np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-5)
-    # weights traced while the kernel is built (jit over them): their RMS is unknown, None
-    seen = []
-    jax.jit(lambda p: seen.append(split_rms((head[0], p, *head[2:]))) or 0.0)(head[1])
-    assert seen == [None] and split_rms(head) == ak.weight_rms
+    # the kernel is built from concrete weights (jit over them is refused), so it always
+    # knows their RMS
+    assert split_rms(head) == ak.weight_rms
+    with pytest.raises(ValueError, match=r"\(split is traced\)"):
+        jax.jit(lambda p: ntk_tt.adam_head_aware_kernel((head[0], p, *head[2:]), x,
+                                                         y, opt).weight_rms)(head[1])
 
 
 @pytest.mark.parametrize("entry", ["predict_head_aware", "sensitivities"])
