@@ -179,12 +179,12 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     Raises:
       ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an
         int >= 1 (None: ``SUBSPACE_DIM``) or given with another backbone, kernels of the
-        wrong shape or
-        with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that ``feature_fn`` cannot
-        take (``check_model``'s messages, before any kernel work), a traced argument (no
-        ``jax.jit``, ``vmap`` or ``grad`` over the kernel's construction), or (Kronecker and
-        isotropic) a zero head or one so small that Θ's backbone share is below 10·eps
-        of its largest entry: k_b would be 0/0 or rounding noise.
+        wrong shape or with NaN/inf, ``split`` not a 4-tuple, ``x``/``x_test`` that
+        ``feature_fn`` cannot take (``check_model``'s messages, before any kernel work), a
+        traced argument (no ``jax.jit``, ``vmap`` or ``grad`` over the kernel's
+        construction), or (Kronecker and isotropic) a zero head or one so small that Θ's
+        backbone share is below 10·eps of its largest entry: k_b would be 0/0 or rounding
+        noise.
     """
     from ntk_tt.data._inputs import _check_finite
     from ntk_tt.kernels._ntk import empirical_ntk
