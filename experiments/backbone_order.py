@@ -56,11 +56,10 @@ def taylor_features(feature_fn, bparams0, order: int, direction=None):
 
     def h(theta, x):
         delta = jax.tree.map(jnp.subtract, theta, bparams0)
-        if order == 1:
+        if order == 1 or direction is not None:
             h0, t1 = jax.jvp(lambda p: feature_fn(p, x), (bparams0,), (delta,))
-            return h0 + t1
-        if direction is not None:
-            h0, t1 = jax.jvp(lambda p: feature_fn(p, x), (bparams0,), (delta,))
+            if order == 1:
+                return h0 + t1
             along = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(direction),
                                                        jax.tree.leaves(delta), strict=True))
             _, (_, t2) = jax.jvp(lambda p: jax.jvp(lambda q: feature_fn(q, x), (p,),

@@ -71,3 +71,12 @@ def test_kernel_construction_under_jit_or_vmap_is_refused_clearly(problem):
     with pytest.raises(ValueError, match=r"\(hk is traced\)"):
         jax.jit(lambda k: ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-2),
                                                          hk=k).hk.features)(hk)
+
+
+def test_a_split_that_is_not_a_4_tuple_is_refused_with_hk_given(problem):
+    """With hk given no head-aware kernel is built, so adam_head_aware_kernel checks the split
+    itself (it unpacked it with a bare Python error)."""
+    _, split, x, y, _ = problem
+    hk = ntk_tt.head_aware_kernel(split, x)
+    with pytest.raises(ValueError, match="split must be ntk_tt.split_head.*got tuple of length 3"):
+        ntk_tt.adam_head_aware_kernel(split[:3], x, y, ntk_tt.adamw(1e-2), hk=hk)

@@ -78,11 +78,12 @@ from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
 from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
-from ntk_tt.dynamics._regime import split_rms
+from ntk_tt.dynamics._regime import backbone_rms
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     backbone_kind,
     check_head_aware,
+    check_split,
     head_aware_kernel,
 )
 
@@ -155,8 +156,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
       optimizer: the Adam optimiser to predict (its ε and batch size set v̄ and P).
-      x_test: held-out inputs (N_test, ...) or None.
-      backbone: feature-kernel form of both kernels. loss: "cross_entropy" or "mse".
+      x_test: held-out inputs (N_test, ...) or None. backbone: feature-kernel form of both
+        kernels. loss: "cross_entropy" or "mse".
       hk: the plain head-aware kernel if already built (same inputs and ``backbone``).
       mixing_samples, key: as :func:`ntk_tt.head_aware_kernel` (Kronecker S, S_P); ``key``
         also draws the σ² subsample (evenly spaced inputs if None).
@@ -168,16 +169,15 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         K_P, unstable at small N: :mod:`ntk_tt.dynamics._adam_drift`, "Reference profile").
 
     Returns:
-      :class:`AdamKernel` (``drift`` set with ``profile="drift"``; ``weight_rms`` that of
-      ``split[1]``, None when its weights are traced).
+      :class:`AdamKernel` (``drift`` set with ``profile="drift"``; ``weight_rms`` split[1]'s).
 
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
-        [0, 1] or given with "frozen", a ``hk`` of another form or size or not built from
-        this ``split`` on these ``x`` / ``x_test``, a traced argument (jit, vmap, grad),
-        backbone weights (``split[1]``) with no floating-point leaf or with NaN or inf, and
-        every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
+        [0, 1] or given with "frozen", ``split`` not a 4-tuple, a ``hk`` of another form or
+        size or not built from this ``split`` on these ``x`` / ``x_test``, a traced argument
+        (jit, vmap, grad), backbone weights (``split[1]``) with no floating-point leaf or with
+        NaN or inf, and every error of :func:`ntk_tt.head_aware_kernel` — before the kernels.
     """
     check_optimizer(optimizer, ("adam",), where="adam_head_aware_kernel")
     check_l2_adam(optimizer)
@@ -187,17 +187,17 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     if not 1 <= bsz <= n:
         raise ValueError(f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {bsz}: "
                          "use a smaller batch size or batch_size=None (full batch).")
-    if backbone not in BACKBONES:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}.")
+    for name, value, known in (("backbone", backbone, BACKBONES), ("profile", profile, PROFILES)):
+        if value not in known:
+            raise ValueError(f"{name} must be one of {known}, got {value!r}.")
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
                          f"σ²), got {variance_samples!r}.")
     min_ref_mix = check_ref_mix(min_ref_mix, backbone, profile)
+    check_split(split)
     check_concrete("adam_head_aware_kernel", split=split, x=x, x_test=x_test, y=y, hk=hk)
-    rms = split_rms(split)  # AdamKernel.weight_rms, ρ's scale (NaN weights: before the work)
+    rms = backbone_rms(split[1])  # weight_rms, ρ's scale (NaN weights refused before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
@@ -206,7 +206,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs (x and "
                          "x_test), or None to build it here" + (": of an AdamKernel pass its "
                          ".hk." if isinstance(hk, AdamKernel) else "."))
-    elif rms is not None:  # a 4-tuple split (else head_aware_kernel below says why)
+    else:
         check_kernel_inputs(hk, split, x, x_test, name="hk", rows=None)  # every row: K_P's cost
     feature_fn, bparams, w0, b0 = split
     x = jnp.asarray(x)

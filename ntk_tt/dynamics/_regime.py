@@ -114,15 +114,6 @@ def backbone_rms(params) -> float:
     return float(np.sqrt(sum(float(np.sum(v ** 2)) for v in leaves) / size))
 
 
-def split_rms(split) -> float | None:
-    """:func:`backbone_rms` of ``split[1]`` (``split_head(model)``) for
-    ``AdamKernel.weight_rms``; None when ``split`` is not a 4-tuple (``head_aware_kernel``
-    says why)."""
-    if not isinstance(split, tuple | list) or len(split) != 4:
-        return None
-    return backbone_rms(split[1])
-
-
 def _ratio(total: float, rms: float) -> float:
     """ρ = Σ η_t / rms: ``inf`` for rms = 0 and Σ η_t > 0, 0 for Σ η_t = 0."""
     return total / rms if rms > 0 else (float("inf") if total > 0 else 0.0)

@@ -157,6 +157,15 @@ class _Projected:
         return self.feature_fn(p, xx) @ basis
 
 
+def check_split(split) -> None:
+    """ValueError unless ``split`` is a 4-tuple (or list) as :func:`split_head` returns."""
+    if not isinstance(split, tuple | list) or len(split) != 4:
+        size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
+        raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
+                         "backbone_params, head_kernel, head_bias), got "
+                         f"{type(split).__name__}{size}.")
+
+
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
                       key: jax.Array | None = None,
@@ -195,11 +204,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
             or mixing_samples < 1:
         raise ValueError(f"mixing_samples must be an int >= 1, got {mixing_samples!r}.")
     subspace_dim = check_subspace_dim(subspace_dim, backbone)  # None: SUBSPACE_DIM for it
-    if not isinstance(split, tuple | list) or len(split) != 4:
-        size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
-        raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
-                         "backbone_params, head_kernel, head_bias), got "
-                         f"{type(split).__name__}{size}.")
+    check_split(split)
     check_concrete("head_aware_kernel", split=split[1:], x=x, x_test=x_test,
                    traced_kernel=traced_kernel, traced_kernel_test=traced_kernel_test)
     feature_fn, bparams, w0, b0 = split
