@@ -154,19 +154,25 @@ def report(path: str) -> None:
     print(f"{len(rows)} rows; α = 0 / 1 against the committed default / Kronecker variant: "
           f"largest T_ε difference {check:g} steps")
     print_groups(rows, names, lambda a: f"α = {a}")
-    sets = sorted({r["dataset"] for r in rows})
     for menu in (names, ["0", "0.5", "1"]):
         for rule, f in RULES.items():
-            held, picks = [], []
-            for s in sets:  # one α for GD and SGD, chosen on the other three sets
-                train = [r for r in rows if r["dataset"] != s]
-                best = min(menu, key=lambda a, tr=train: f(_errors([(r, a) for r in tr])))
-                picks.append(best)
-                held += [(r, best) for r in rows if r["dataset"] == s]
-            print(f"leave one set out, α in {{{', '.join(menu)}}} by the {rule} (picks "
-                  f"{', '.join(picks)} for {', '.join(sets)}): " + ", ".join(
-                      f"{opt} {_stats([c for c in held if c[0]['optimizer'] == opt])}"
-                      for opt in ("gd", "sgd")))
+            print(f"leave one set out, α in {{{', '.join(menu)}}} by the {rule} "
+                  + leave_one_set_out(rows, menu, f))
+
+
+def leave_one_set_out(rows, menu, rule) -> str:
+    """One curve name of ``menu`` per target set, chosen by ``rule`` (errors → score) on the
+    other sets' rows (GD and SGD together) and scored on its own: "(picks …): gd …, sgd …"."""
+    sets = sorted({r["dataset"] for r in rows})
+    held, picks = [], []
+    for s in sets:
+        train = [r for r in rows if r["dataset"] != s]
+        best = min(menu, key=lambda a, tr=train: rule(_errors([(r, a) for r in tr])))
+        picks.append(best)
+        held += [(r, best) for r in rows if r["dataset"] == s]
+    return (f"(picks {', '.join(picks)} for {', '.join(sets)}): " + ", ".join(
+        f"{opt} {_stats([c for c in held if c[0]['optimizer'] == opt])}"
+        for opt in ("gd", "sgd")))
 
 
 def main(argv=None) -> None:
