@@ -30,10 +30,9 @@ Array = jax.Array
 
 def _number(value, name: str, positive: bool = False) -> Array:
     """``value`` as a float array leaf; one-line ValueError for non-numbers (bools, strings,
-    None) before any work. Tracers pass unchecked. The checks run on the concrete input,
-    and the leaf of a Python or NumPy number stays a concrete array inside ``jit`` (where a
-    plain ``jnp.asarray`` gives a tracer), so a schedule or optimiser built there keeps its
-    constants checkable."""
+    None) before any work. Tracers pass unchecked; a Python or NumPy number's leaf stays a
+    concrete array inside ``jit`` (a plain ``jnp.asarray`` gives a tracer), so a schedule or
+    optimiser built there keeps its constants checkable."""
     if isinstance(value, jax.core.Tracer):
         return value
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -109,10 +108,10 @@ class WarmupCosine(Schedule):
 
     def valid(self, steps: int) -> Array:
         """init, end in [0, peak]; a warmup ≥ 0 that ends before ``steps`` (when η rises);
-        decay_steps ≥ warmup."""
+        decay_steps ≥ max(warmup, 1)."""
         return (super().valid(steps) & _within_peak(self.peak, self.init, self.end)
                 & _warmup_ends(self.warmup, self.init < self.peak, steps)
-                & (self.decay_steps >= self.warmup))
+                & (self.decay_steps >= jnp.maximum(self.warmup, 1.0)))
 
 
 class WarmupStableDecay(Schedule):
@@ -156,10 +155,9 @@ class Exponential(Schedule):
 
 
 class FromCallable(Schedule):
-    """Any ``fn(step) -> η``: an optax schedule or a user's function (static: its numbers are
-    not leaves, so no ``jax.grad`` with respect to them through the schedule object). A call
-    raises ValueError when ``fn`` fails on a traced step or returns no real η per step
-    (:func:`_callable_rate`)."""
+    """Any ``fn(step) -> η``: an optax schedule or a user's function (static: no ``jax.grad``
+    w.r.t. its numbers through the schedule object). A call raises ValueError when ``fn``
+    fails on a traced step or returns no real η per step (:func:`_callable_rate`)."""
 
     fn: Callable = eqx.field(static=True)
 
@@ -286,12 +284,14 @@ def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
 
     Raises:
       ValueError: a non-number, peak <= 0, init or end outside [0, peak], warmup < 0,
-        decay_steps < warmup, smoothing < 0 or not finite.
+        decay_steps < max(warmup, 1) (η = end from step 1), smoothing < 0 or not finite.
     """
     leaves = (_number(peak, "peak", positive=True), _number(warmup, "warmup"),
               _number(decay_steps, "decay_steps"), _number(init, "init"), _number(end, "end"))
     _check_below_peak(peak, init=init, end=end)
     _check_order(warmup, decay_steps, "warmup", "decay_steps", smoothing)
+    if (d := _concrete(decay_steps)) is not None and d < 1:
+        raise ValueError(f"decay_steps must be >= 1 (the step the decay ends at), got {d}.")
     return WarmupCosine(*leaves, float(smoothing))
 
 

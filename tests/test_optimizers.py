@@ -198,6 +198,17 @@ def test_optimizer_built_under_jit_and_vmap_is_checked_and_traced(x64):
         jax.jit(lambda v: ntk_tt.warmup_cosine(v, 5, 2).peak)(0.1)
 
 
+def test_a_cosine_that_ends_at_step_0_is_refused_as_the_cli_refuses_it():
+    """A fresh user's find: ``warmup_cosine(0.1, 0, 0)`` was accepted (η = 0.1 at step 0,
+    then 0: a one-step run) while ``ntk-tt predict --decay-end 0`` is refused."""
+    for bad in (0, 0.5):
+        with pytest.raises(ValueError, match="decay_steps must be >= 1"):
+            ntk_tt.warmup_cosine(0.1, 0, bad)
+    np.testing.assert_allclose(ntk_tt.warmup_cosine(0.1, 0, 1)(jnp.arange(3)), [0.1, 0, 0])
+    valid = jax.jit(lambda d: ntk_tt.warmup_cosine(0.1, 0, d).valid(5))  # traced: INVALID
+    assert not valid(0.0) and valid(1.0)
+
+
 # --- recursion 1: frozen kernel, function space ---------------------------------------------
 
 def _train_real(apply_fn, params, x, y, opt, batches, x_eval, loss="cross_entropy"):
