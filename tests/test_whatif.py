@@ -342,6 +342,23 @@ def test_plot_whatif_returns_labelled_figure(mse_grid):
         ntk_tt.plot_whatif({"diverged": grid.diverged})
 
 
+def test_plot_whatif_draws_no_boundary_where_the_grid_has_none(mse_grid):
+    """A fresh user's find: with no diverging η in the grid, ``boundary`` is the largest grid
+    η (``boundary_inside`` False) and the plot drew it as the predicted divergence boundary."""
+    grid, p, lam = mse_grid
+    with jax.enable_x64(True):
+        low = ntk_tt.divergence_boundary(p["kernel"], p["y"], f0=p["f0"], momenta=MOMENTA,
+                                         learning_rates=np.array([0.1, 0.5]) * N / lam,
+                                         steps=30, loss="mse")
+    assert not low.boundary_inside.any()
+    ax = ntk_tt.plot_whatif(low).axes[0]
+    assert ax.get_lines() == [] and ax.get_legend() is None
+    assert "no η of the grid is predicted to diverge" in ax.get_title()
+    part = grid._replace(boundary_inside=np.array([True, False, True, True]))
+    xs = ntk_tt.plot_whatif(part).axes[0].get_lines()[0].get_xdata()
+    assert np.isnan(xs[1]) and np.array_equal(xs[[0, 2, 3]], grid.boundary[[0, 2, 3]])
+
+
 def _tiny():
     """Valid numpy inputs for the validation tests (no JAX work to build them)."""
     return dict(kernel=np.eye(N * 3), f0=np.zeros((N, 3)), y=np.arange(N) % 3)

@@ -18,11 +18,12 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     (``grid_result.training_time``), cells predicted to diverge grey (``diverged`` or the
     call "diverges", as the boundary), cells where T_ε is otherwise undefined (flat, not
     settled, beyond a frozen cross-entropy Θ's edge) left white; the boundary (per m, the
-    largest grid η below the first diverging one) is drawn as a line with markers. Uses
-    matplotlib's object API (no pyplot state, no backend change); a new figure has a colour
-    bar. What it shows is
-    defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; paper
-    Sec. 5, Alg. 1).
+    largest grid η below the first diverging one) is drawn as a line with markers, with a
+    gap at a momentum where no grid η diverges (``boundary_inside`` False; no line, and the
+    title says so, when none does). Uses matplotlib's object API (no pyplot state, no
+    backend change); a new figure has a colour bar (unless no cell has a T_ε). What it shows
+    is defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε;
+    paper Sec. 5, Alg. 1).
 
     Args:
       grid_result: a :class:`ntk_tt.WhatIfGrid` from :func:`ntk_tt.divergence_boundary`.
@@ -63,18 +64,22 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     if div.any():
         ax.pcolormesh(x_edges, y_edges, np.ma.masked_where(~div, np.ones(shape)),
                       cmap=ListedColormap(["0.7"]), shading="flat")
-    b = np.asarray(grid_result.boundary, float)
-    ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
-            label="predicted divergence boundary")
+    inside = np.asarray(grid_result.boundary_inside, bool)
+    if inside.any():  # a momentum with no diverging η has no boundary in the grid: a gap
+        b = np.where(inside, np.asarray(grid_result.boundary, float), np.nan)
+        ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
+                label="predicted divergence boundary")
     ax.set_xscale("log")
     ax.set_xlim(x_edges[0], x_edges[-1])
     ax.set_ylim(y_edges[0], y_edges[-1])
     ax.set_xlabel("learning rate η (log scale)")
     ax.set_ylabel(grid_result.momentum_name)
     ax.set_title(f"predicted T_{grid_result.epsilon:g} (loss, steps of {grid_result.steps}); "
-                 "grey: predicted to diverge", fontsize=9)
-    ax.legend(loc="lower left", fontsize=8)
-    if new:
+                 + ("grey: predicted to diverge" if inside.any() else
+                    "no η of the grid is predicted to diverge"), fontsize=9)
+    if inside.any():
+        ax.legend(loc="lower left", fontsize=8)
+    if new and np.isfinite(t).any():
         fig.colorbar(mesh, ax=ax, label="predicted T_ε (optimiser steps)")
     return fig
 
