@@ -151,6 +151,9 @@ def test_prepare_same_size_is_exact_normalisation():
     ((2, 32, 32, 3), dict(pixels=-100.0), r"finite pixel values in \[0, 255\]"),
     ((2, 32, 32, 3), dict(pixels=np.nan), r"finite pixel values in \[0, 255\]"),
     ((2, 32, 32, 3), dict(input_shape=(32, 32)), r"input_shape must be the model's \(H, W, C\)"),
+    # a fourth: a zero or fractional size gave an empty (N, 0, 32, 3) array
+    ((2, 32, 32, 3), dict(input_shape=(0, 32, 3)), r"three integers >= 1, got \(0, 32, 3\)"),
+    ((2, 32, 32, 3), dict(input_shape=(32.5, 32, 3)), r"three integers >= 1"),
 ])
 def test_prepare_rejects_mismatching_images(shape, kwargs, match):
     kwargs = dict(kwargs)

@@ -208,6 +208,10 @@ def test_errors(x64):
         head_aware_kernel(split_head(model), x, backbone="sketch")
     with pytest.raises(ValueError, match="nnx.Linear attribute `head`"):
         split_head(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+    bare = Net(False, rngs=nnx.Rngs(0))  # a fresh user: the message said "name it `head`"
+    bare.head = nnx.Linear(F, C, use_bias=False, param_dtype=F64, rngs=nnx.Rngs(1))
+    with pytest.raises(ValueError, match=r"without a bias \(use_bias=False\).*use_bias=True"):
+        split_head(bare)
     hk = head_aware_kernel(split_head(model), x, backbone="isotropic")
     bad = HeadAwareKernel(hk.features, hk.head_kernel, hk.head_bias, hk.backbone[:-1],
                           hk.mixing)
@@ -257,6 +261,30 @@ def test_predict_head_aware_errors_before_work(x64):
     ]:
         with pytest.raises(ValueError, match=msg):
             ntk_tt.predict(apply_fn, params, x, y, **kw, **extra)
+
+
+class _HeadNotLast(nnx.Module):
+    """A layer after ``head``: ``split_head`` cannot see it; ``predict`` must say so."""
+
+    def __init__(self, *, rngs):
+        self.body = nnx.Linear(D, F, param_dtype=F64, rngs=rngs)
+        self.head = nnx.Linear(F, C, param_dtype=F64, rngs=rngs)
+        self.post = nnx.Linear(C, C, param_dtype=F64, rngs=rngs)
+
+    def __call__(self, x):
+        return self.post(self.head(self.body(x)))
+
+
+def test_a_layer_after_the_head_is_refused_in_one_line(x64):
+    """A fresh user's find: the features (F) reached ``post`` (C inputs) and predict raised
+    a raw ``dot_general`` TypeError instead of its 'does not reproduce' message."""
+    _, x, y, _, _ = _problem(False)
+    model = _HeadNotLast(rngs=nnx.Rngs(0))
+    apply_fn, params = ntk_tt.from_nnx(model)
+    with pytest.raises(ValueError, match=r"does not reproduce apply_fn.*fails \(.*\): does "
+                                         r"a layer follow `head`\?.*last layer"):
+        ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), learning_rate=0.1,
+                       steps=3)
 
 
 @pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER[1:3])

@@ -348,7 +348,8 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
       images: uint8 (N, H, W, C) or (N, H, W), values 0..255 (float images must be in the
         same 0..255 units, not [0, 1]).
       input_shape: the model's (H', W', C') (stored with the checkpoint).
-      mean, std: per-channel statistics of the pre-training images in [0, 1] units, shape (C',).
+      mean, std: per-channel statistics of the pre-training images in [0, 1] units, shape (C',)
+        (or one value for every channel, shape () or (1,)).
       resize: resize H×W to H'×W' (bilinear, antialiased) when they differ, e.g. 28 → 32 px.
 
     Returns:
@@ -356,11 +357,12 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
 
     Raises:
       ValueError: channels neither C' nor 1 (grey, repeated to C'; channels-first images
-        are said to be); mean or std not of shape (C',); H×W ≠ H'×W' with
-        ``resize=False``; float images whose largest value is ≤ 1 ([0, 1] units: they would be
-        divided by 255 twice); pixels outside [0, 255] or not finite; ``input_shape`` not
-        three numbers; mean or std not finite, std ≤ 0, or either above 1 (0..255 units);
-        one image of shape ``input_shape`` without a batch axis (pass ``images[None]``).
+        are said to be); mean or std of a shape other than (C',) or () / (1,) (one value
+        for every channel); H×W ≠ H'×W' with ``resize=False``; float images whose largest
+        value is ≤ 1 ([0, 1] units: divided by 255 twice); pixels outside [0, 255] or not
+        finite; ``input_shape`` not three integers >= 1; mean or std not finite, std ≤ 0,
+        or either above 1 (0..255 units); one image of shape ``input_shape`` without a batch
+        axis (pass ``images[None]``).
     """
     check_normalisation(images, input_shape, mean, std)
     x = np.asarray(images)

@@ -141,8 +141,9 @@ def check_normalisation(images, input_shape, mean, std) -> None:
     Raises:
       ValueError: naming the argument and what to pass instead.
     """
-    if len(tuple(input_shape)) != 3:
-        raise ValueError(f"input_shape must be the model's (H, W, C), three numbers, got "
+    if len(tuple(input_shape)) != 3 or not all(
+            isinstance(v, int | np.integer) and v >= 1 for v in tuple(input_shape)):
+        raise ValueError(f"input_shape must be the model's (H, W, C), three integers >= 1, got "
                          f"{tuple(input_shape)}; e.g. (32, 32, 3) (the checkpoint's meta).")
     x = np.asarray(images)
     if x.shape == tuple(input_shape):  # (H, W, C) would be read as H grey W×C images

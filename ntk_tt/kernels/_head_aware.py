@@ -81,7 +81,11 @@ def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
     from ntk_tt.data._model import from_nnx
 
     head = getattr(model, "head", None)
-    if not isinstance(head, nnx.Linear) or head.bias is None:
+    if isinstance(head, nnx.Linear) and head.bias is None:
+        raise ValueError(f"split_head: the `head` of {type(model).__name__} is an nnx.Linear "
+                         "without a bias (use_bias=False); the head-aware predictor needs W "
+                         "and b: build it with use_bias=True (ntk_tt.replace_head does).")
+    if not isinstance(head, nnx.Linear):
         raise ValueError(
             f"split_head (the head-aware predictor) needs a model whose classifier is an "
             f"nnx.Linear attribute `head` with a bias, got {type(model).__name__}; name the "
@@ -155,6 +159,27 @@ class _Projected:
 
     def __call__(self, basis, p, xx):
         return self.feature_fn(p, xx) @ basis
+
+
+def check_head_reproduces(split, apply_fn, params, x) -> None:
+    """ValueError unless ``split`` (:func:`split_head`) gives ``apply_fn`` on 4 inputs of x:
+    ``feature_fn(backbone_params, x) @ head_kernel + head_bias`` (a layer after ``head``, or
+    another model's split, fails here in one line, not in a raw shape error)."""
+    feature_fn, bparams, w, b = split
+    xs = jnp.asarray(x)[:4]
+    f = np.asarray(apply_fn(params, xs))
+    why = "differs from apply_fn(params, x)"
+    try:
+        g = np.asarray(feature_fn(bparams, xs) @ w + b)
+    except (TypeError, ValueError) as err:  # e.g. a layer after `head` gets the features
+        g, why = None, f"fails ({str(err).splitlines()[0]}): does a layer follow `head`?"
+    if g is None or g.shape != f.shape \
+            or not np.allclose(g, f, rtol=1e-4, atol=1e-4 * (1 + np.abs(f).max())):
+        raise ValueError(
+            f"head does not reproduce apply_fn: feature_fn(backbone_params, x) @ head_kernel + "
+            f"head_bias {why}; the head must be the model's last layer, model(x) = "
+            "features(x) @ W + b: split the same model you predict (ntk_tt.split_head(model) "
+            "after replace_head).") from None
 
 
 def check_split(split) -> None:

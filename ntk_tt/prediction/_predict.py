@@ -28,7 +28,7 @@ from ntk_tt.dynamics._checks import (
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
-from ntk_tt.kernels._head_aware import check_kernel_backbone
+from ntk_tt.kernels._head_aware import check_head_reproduces, check_kernel_backbone
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
@@ -387,13 +387,5 @@ def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params
     if not (isinstance(head, tuple) and len(head) == 4 and callable(head[0])):
         raise ValueError("head must be (feature_fn, backbone_params, head_kernel, head_bias) "
                          "as returned by ntk_tt.split_head(model).")
-    feature_fn, bparams, w, b = head
-    xs = jax.numpy.asarray(x)[:4]
-    f = np.asarray(apply_fn(params, xs))
-    g = np.asarray(feature_fn(bparams, xs) @ w + b)
-    if g.shape != f.shape or not np.allclose(g, f, rtol=1e-4, atol=1e-4 * (1 + np.abs(f).max())):
-        raise ValueError(
-            "head does not reproduce apply_fn: feature_fn(backbone_params, x) @ head_kernel + "
-            "head_bias differs from apply_fn(params, x); split the same model you predict "
-            "(ntk_tt.split_head(model) after replace_head).")
+    check_head_reproduces(head, apply_fn, params, x)
     return True
