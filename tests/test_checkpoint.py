@@ -274,7 +274,10 @@ def test_save_checkpoint_checks_meta_as_load_does_and_takes_numpy(tmp_path):
                        (META | {"input_shape": [32, 32, 1]},
                         r"mean .*expected 1 finite numbers \(one per input channel, input_shape "
                         r"\[32, 32, 1\]; they disagree: input_shape or mean is wrong\)"),
-                       (META | {"note": object()}, "JSON values .*type object")]:
+                       (META | {"note": object()}, "JSON values .*type object"),
+                       # a fresh user: saved, then `ntk-tt predict --checkpoint` refused it
+                       (META | {"mean": [120.0] * 3}, r"mean \[120.0, .*looks like 0\.\.255"),
+                       (META | {"std": [0.0, 0.2, 0.2]}, "std must be finite and > 0")]:
         with pytest.raises(ValueError, match=said + ".*fix meta before saving"):
             ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
         assert not list(tmp_path.iterdir())

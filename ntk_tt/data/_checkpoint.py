@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from ntk_tt._options import a_type
-from ntk_tt.data._inputs import check_save_path, json_number, reason
+from ntk_tt.data._inputs import check_normalisation, check_save_path, json_number, reason
 from ntk_tt.data._model import input_shape_problem
 from ntk_tt.models import ResNet18, SmallResNet
 
@@ -58,15 +59,11 @@ def _ignore_orbax_noise(previous):
 
 @contextmanager
 def _quiet():
-    """Silence orbax's absl warnings and the asyncio tracebacks of a failed read.
-
-    A damaged checkpoint leaves orbax's background futures to complete later, possibly
-    seconds after the read returned, against its closed event loop, and coroutines holding
-    the read error to be collected later; each prints a traceback ("Event loop is closed",
-    "Exception ignored in: <coroutine ...>") through ``sys.unraisablehook``. Those (and only
-    those, :func:`_orbax_noise`) are dropped from the first read on, and asyncio's logger
-    stays silenced after a failure, so that nothing follows the caller's one-line error.
-    """
+    """Silence orbax's absl warnings and the asyncio tracebacks of a failed read: a damaged
+    checkpoint leaves orbax's futures (against its closed event loop, seconds later) and
+    coroutines holding the read error to print tracebacks through ``sys.unraisablehook``;
+    those (only those, :func:`_orbax_noise`) are dropped from the first read on, and asyncio's
+    logger stays silenced after a failure, so nothing follows the caller's one-line error."""
     if not getattr(sys.unraisablehook, "ntk_tt_quiet", False):
         sys.unraisablehook = _ignore_orbax_noise(sys.unraisablehook)
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
@@ -112,8 +109,10 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
                      if isinstance(v, list) and len(v) != shape[2] else "")
             raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} finite numbers "
                              f"(one per input channel, input_shape {shape!r}{count}); {fix}.")
-    if not all(s > 0 for s in meta["std"]):
-        raise ValueError(f"{where} has std {meta['std']!r}; every value must be > 0; {fix}.")
+    try:  # std > 0, and both in [0, 1] units: what prepare_images will need of them
+        check_normalisation(np.zeros((1, *shape), np.uint8), shape, meta["mean"], meta["std"])
+    except ValueError as err:
+        raise ValueError(f"{where}: {str(err).rstrip('.')}; {fix}.") from None
     if not isinstance(meta.get("kwargs", {}), dict):
         raise ValueError(f"{where} has kwargs {meta['kwargs']!r}; expected a JSON object of "
                          f"constructor arguments; {fix}.")
