@@ -37,7 +37,12 @@ import numpy as np
 
 from ntk_tt._options import file_path
 from ntk_tt._output_paths import require_folder
-from ntk_tt.telemetry._outcome_domain import _domain, feature_domain, out_of_domain
+from ntk_tt.telemetry._outcome_domain import (
+    _domain,
+    feature_domain,
+    loss_out_of_domain,
+    out_of_domain,
+)
 from ntk_tt.telemetry._outcome_features import (
     DEFAULT_KS,
     REGRESSION,
@@ -48,8 +53,9 @@ from ntk_tt.telemetry._outcome_features import (
     check_rows,
     dataset,
     outcome_features,
+    run_labels,
 )
-from ntk_tt.telemetry._outcome_fit import _lgbm_params, fit_models, predict_models
+from ntk_tt.telemetry._outcome_fit import _lgbm_params, check_fit_labels, fit_models, predict_models
 from ntk_tt.telemetry._telemetry import Telemetry, truncate
 
 FORMAT_VERSION = 1
@@ -60,7 +66,8 @@ class OutcomePredictor:
     """Fitted gradient-boosted outcome models: one per target (see module docstring).
 
     ``ntk``: whether the NTK prediction's features are inputs. ``intervals``: per regression
-    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``domain``:
+    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``info``:
+    counts, settings and ``loss_names``, the losses of the fitting runs. ``domain``:
     {column: [low, high, missing]} of the fitting rows (:func:`feature_domain`), or None for
     a file written before domains were kept (then nothing is flagged).
     """
@@ -92,11 +99,14 @@ class OutcomePredictor:
         has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps``
         T, and ``out_of_domain``: the inputs
         outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
-        [] when none, None when the predictor keeps no domain). A flagged run's numbers are
-        extrapolations: the trees answer as for the nearest corpus runs.
+        first ``loss_is_mse`` when the run's loss is not the fitting runs',
+        :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no domain).
+        A flagged run's numbers are extrapolations: the trees answer as for the nearest
+        corpus runs.
 
         Raises:
-          ValueError: a predictor with NTK features given no ``prediction``; k out of range.
+          ValueError: a predictor with NTK features given no ``prediction``; k out of range;
+            a telemetry :meth:`ntk_tt.Telemetry.from_dict` would refuse.
         """
         if self.ntk and prediction is None:
             raise ValueError("this outcome predictor uses the NTK prediction's features: pass "
@@ -129,8 +139,9 @@ class OutcomePredictor:
             "p_above_median": p["above_median"],
             f"t_eps_{T_EPS}": t_eps,
             f"t_eps_{T_EPS}_interval": band,
-            "out_of_domain": None if self.domain is None else out_of_domain(feats,
-                                                                             self.domain),
+            "out_of_domain": None if self.domain is None else (
+                loss_out_of_domain(telemetry.loss_name, self.info)
+                + out_of_domain(feats, self.domain)),
         }
 
     def save(self, path: str | pathlib.Path) -> None:
@@ -227,10 +238,22 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
         ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a dict,
         lacks a field it needs (the first such row is named, with the fields it lacks) or has
         a numeric field (kappa_eff, momentum, per_class, steps, batch_size) that is not a
-        real number (row and field named), all before any fitting.
+        real number (row and field named); fewer runs than ``folds``, fewer than 20 rows
+        (runs × ``ks``), or a classification target (diverged, failed, above_median) whose
+        runs are all of one class (:func:`check_fit_labels`), all before any featurising or
+        fitting (a :class:`Dataset`: before any fitting); a row's telemetry that
+        :meth:`ntk_tt.Telemetry.from_dict` refuses.
     """
     check_fit_args(level, folds)
-    data = rows if isinstance(rows, Dataset) else dataset(check_rows(rows), ks=ks, ntk=ntk)
+    if isinstance(rows, Dataset):
+        data = rows
+        check_fit_labels(data.y, data.meta["run_id"], len(data.x), folds)
+    else:
+        rows = check_rows(rows)
+        lab = run_labels(rows)  # cheap: the featurising and fitting come after the checks
+        check_fit_labels({t: np.asarray([lb[t] for lb in lab]) for t in TARGETS},
+                         np.asarray([r["run_id"] for r in rows]), len(rows) * len(ks), folds)
+        data = dataset(rows, ks=ks, ntk=ntk)
     models, consts = fit_models(data.x, data.y, seed)
     runs = np.unique(data.meta["run_id"])
     rng = np.random.default_rng(seed)
@@ -252,8 +275,10 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
             if r.size:
                 q = min(1.0, math.ceil((r.size + 1) * level) / r.size)
                 intervals[t][f"{float(frac):g}"] = float(np.quantile(r, q))
+    losses = data.meta.get("loss_name")
     info = {"runs": int(len(runs)), "rows": int(len(fold)), "level": level, "seed": seed,
-            "lightgbm": _lgbm_params(seed)}
+            "lightgbm": _lgbm_params(seed),
+            "loss_names": None if losses is None else sorted({str(n) for n in losses})}
     return OutcomePredictor(data.columns, ntk, tuple(float(k) for k in ks), models, consts,
                             intervals, info, feature_domain(data.x, data.columns))
 

@@ -3,7 +3,7 @@
 A predictor keeps the range of every input over the rows it was fitted on
 (:func:`feature_domain`: smallest and largest value, and whether any was missing); a run
 whose inputs leave it (:func:`out_of_domain`: another model, data set or number of classes,
-a prefix longer than the fitted ones) is flagged in
+a prefix longer than the fitted ones; :func:`loss_out_of_domain`: another loss) is flagged in
 :meth:`ntk_tt.OutcomePredictor.predict`, since trees do not extrapolate: they answer as for
 the nearest corpus runs.
 """
@@ -66,6 +66,27 @@ def out_of_domain(features: dict[str, float], domain: dict[str, list]) -> list[d
         e["by"], e["relative"] = (None if not math.isfinite(e[k]) else e[k]
                                   for k in ("by", "relative"))
     return flagged
+
+
+def fitted_losses(info: dict) -> list[str] | None:
+    """The losses (``loss_name``) of the runs a predictor was fitted on, from its ``info``:
+    ``info["loss_names"]``; a file written before they were kept holds none and was fitted
+    on the issue-11 corpus, all cross-entropy runs; None: unknown (fitted on a
+    :class:`ntk_tt.telemetry._outcome_features.Dataset` without them)."""
+    return info.get("loss_names", ["cross_entropy"])
+
+
+def loss_out_of_domain(loss_name: str, info: dict) -> list[dict]:
+    """[one flag] when a run's loss is not among those the predictor was fitted on
+    (:func:`fitted_losses`), else []: an input ``loss_is_mse`` (1 for MSE, 0 for
+    cross-entropy) outside the fitting runs' range, in the form of :func:`out_of_domain`."""
+    names = fitted_losses(info)
+    if not isinstance(names, list) or not names or loss_name in names:
+        return []
+    seen = [float(n == "mse") for n in names]
+    value = float(loss_name == "mse")
+    return [{"feature": "loss_is_mse", "value": value, "low": min(seen), "high": max(seen),
+             "by": 1.0, "relative": None}]
 
 
 def _domain(doc, columns: Sequence[str]) -> dict[str, list] | None:

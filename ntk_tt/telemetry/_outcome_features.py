@@ -184,10 +184,29 @@ def labels(row: dict) -> dict[str, float]:
     }
 
 
+def run_labels(rows: Sequence[dict]) -> list[dict[str, float]]:
+    """Every target of each corpus row (:func:`labels`, and ``above_median``: the run's final
+    held-out accuracy beats the median over the runs of its task in ``rows``).
+
+    Raises:
+      ValueError: no rows.
+    """
+    if not rows:
+        raise ValueError("no corpus rows given.")
+    lab = [labels(r) for r in rows]
+    by_task: dict[str, list[float]] = {}
+    for r, lb in zip(rows, lab, strict=True):
+        by_task.setdefault(r["task_id"], []).append(lb["test_accuracy"])
+    med = {t: float(np.nanmedian(v)) for t, v in by_task.items()}
+    return [lb | {"above_median": float(lb["test_accuracy"] > med[r["task_id"]])}
+            for r, lb in zip(rows, lab, strict=True)]
+
+
 @dataclasses.dataclass
 class Dataset:
     """Feature matrix of corpus rows × prefixes: ``x`` (R, F) with ``columns``, ``y`` target
-    name → (R,), and per-row ``groups``: run id, task id, dataset, config id (B, m, κ̃)."""
+    name → (R,), and per-row ``meta``: run id, task id, dataset, config id (B, m, κ̃), prefix
+    fraction and the run's ``loss_name``."""
 
     x: np.ndarray
     columns: list[str]
@@ -205,21 +224,14 @@ def dataset(rows: Sequence[dict], *, ks: Sequence[float] = DEFAULT_KS, ntk: bool
     Raises:
       ValueError: no rows, or a fraction outside [0, 1].
     """
-    if not rows:
-        raise ValueError("no corpus rows given.")
     if any(not 0.0 <= f <= 1.0 for f in ks):
         raise ValueError(f"prefix fractions must lie in [0, 1], got {tuple(ks)}.")
+    lab = run_labels(rows)
     tele = [Telemetry.from_dict(r["telemetry"]) for r in rows]
-    lab = [labels(r) for r in rows]
-    by_task: dict[str, list[float]] = {}
-    for r, lb in zip(rows, lab, strict=True):
-        by_task.setdefault(r["task_id"], []).append(lb["test_accuracy"])
-    med = {t: float(np.nanmedian(v)) for t, v in by_task.items()}
     feats, ys, meta = [], {n: [] for n in TARGETS}, {n: [] for n in
                                                    ("run_id", "task_id", "dataset", "config",
-                                                    "k_frac")}
+                                                    "k_frac", "loss_name")}
     for r, t, lb in zip(rows, tele, lab, strict=True):
-        lb = lb | {"above_median": float(lb["test_accuracy"] > med[r["task_id"]])}
         for frac in ks:
             k = min(prefix_length(t, frac), observed_updates(t))
             feats.append(outcome_features(t, k, r.get("prediction") if ntk else None))
@@ -228,7 +240,8 @@ def dataset(rows: Sequence[dict], *, ks: Sequence[float] = DEFAULT_KS, ntk: bool
             cfg = f"{r['optimizer']}{r['batch_size'] if r['optimizer'] == 'sgd' else ''}-" \
                   f"n{r['per_class']}-m{r['momentum']:g}-k{r['kappa_eff']:g}"
             for n, v in (("run_id", r["run_id"]), ("task_id", r["task_id"]),
-                         ("dataset", r["dataset"]), ("config", cfg), ("k_frac", frac)):
+                         ("dataset", r["dataset"]), ("config", cfg), ("k_frac", frac),
+                         ("loss_name", t.loss_name)):
                 meta[n].append(v)
     columns = list(feats[0])
     x = np.asarray([[f.get(c, math.nan) for c in columns] for f in feats], np.float64)

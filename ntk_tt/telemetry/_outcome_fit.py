@@ -13,11 +13,48 @@ import numpy as np
 
 from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS
 
+MIN_LEAF = 10  # LightGBM's min_child_samples: a split needs 2 · MIN_LEAF fitting rows
+
+# the classification targets, and what a run of class 1 does (for messages)
+_CLASSES = {"diverged": "diverge", "failed": "fail", "above_median": "beat their task's median"}
+
 
 def _lgbm_params(seed: int) -> dict[str, Any]:
-    return dict(n_estimators=150, learning_rate=0.1, num_leaves=7, min_child_samples=10,
+    return dict(n_estimators=150, learning_rate=0.1, num_leaves=7, min_child_samples=MIN_LEAF,
                 subsample=0.8, subsample_freq=1, colsample_bytree=0.8, reg_lambda=1.0,
                 random_state=seed, n_jobs=1, deterministic=True, verbose=-1)
+
+
+def check_fit_labels(y: dict[str, np.ndarray], run_ids: np.ndarray, rows: int,
+                     folds: int) -> None:
+    """What :func:`ntk_tt.fit_outcome` needs of its corpus before fitting anything: at least
+    ``folds`` runs (one per cross-validation fold), at least 2 · ``MIN_LEAF`` featurised
+    ``rows`` (runs × prefix fractions; fewer and no tree can split), and runs of both classes
+    of every classification target (else its model would be a constant, e.g. P(diverged) = 0
+    for every run). ``y``: target → labels, ``run_ids``: the run of each label.
+
+    Raises:
+      ValueError: the first of these that fails, with the counts and the fix.
+    """
+    run_ids = np.asarray(run_ids)
+    runs = len(np.unique(run_ids))
+    if runs < folds:
+        raise ValueError(f"fit_outcome got {runs} runs, fewer than folds = {folds}: every "
+                         "cross-validation fold needs a run; give more corpus rows or fewer "
+                         "folds.")
+    if rows < 2 * MIN_LEAF:
+        raise ValueError(f"fit_outcome got {rows} rows (runs × prefix fractions), fewer than "
+                         f"{2 * MIN_LEAF}: its trees need {MIN_LEAF} rows a leaf and could not "
+                         "split at all; give more corpus rows or more prefix fractions (ks).")
+    for target, verb in _CLASSES.items():
+        ones = len(np.unique(run_ids[np.asarray(y[target]) == 1]))
+        if ones in (0, runs):
+            raise ValueError(
+                f"fit_outcome needs runs of both classes of {target!r}, but {ones} of the "
+                f"{runs} runs {verb}: its classifier would give every run P = "
+                f"{ones / runs:.0f}; add runs that {'do not ' if ones else ''}{verb}"
+                + (" (e.g. larger learning rates)" if target == "diverged" and not ones
+                   else "") + ".")
 
 
 def _fit_one(target: str, x: np.ndarray, y: np.ndarray, seed: int):

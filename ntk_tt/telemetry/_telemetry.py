@@ -15,8 +15,10 @@ Hyperparameters (scalars): ``learning_rate`` η (float), ``momentum`` m (float),
 ``nesterov`` (bool), ``batch_size`` B (int), ``steps`` T (int), ``num_train`` N (int),
 ``num_classes`` C (int), ``loss`` ("cross_entropy" | "mse"), ``snr_samples`` s (int: the
 per-sample gradients behind ``grad_snr``, min(B, spec.snr_samples)), ``stopped_at`` (int: the
-first step whose loss or parameters were non-finite, −1 for none; from it on the per-step
+first step whose loss or parameters were non-finite, ≥ 1, −1 for none; from it on the per-step
 fields hold their last finite values, as the run's curves, and the gradient fields are NaN).
+Norms and the held-out metrics are finite until the run blows up (loss above L_0, or the
+update that went non-finite); which values are refused: ``ntk_tt.telemetry._telemetry_checks``.
 
 Per step, (T+1,), index t = after t updates:
   ``loss``: full-training-set mean loss (the run's curve, nats for cross-entropy).
@@ -63,16 +65,18 @@ import numpy as np
 
 from ntk_tt._options import a_type, file_path
 from ntk_tt._output_paths import require_folder
+from ntk_tt.telemetry._telemetry_checks import (
+    _PER_STEP,
+    _PER_UPDATE,
+    _SCALARS,
+    _SNAPSHOT,
+    _check_lengths,
+    _check_scalars,
+    _check_values,
+)
 
 SCHEMA_VERSION = 1
 DEFAULT_SNAPSHOTS = (0, 1, 2, 5, 10, 20, 50)
-
-_SCALARS = ("learning_rate", "momentum", "nesterov", "batch_size", "steps", "num_train",
-            "num_classes", "loss_name", "snr_samples", "stopped_at")
-_PER_STEP = ("loss", "accuracy", "weight_distance", "weight_norm", "head_norm")
-_PER_UPDATE = ("grad_norm", "grad_snr")
-_SNAPSHOT = ("max_prob_mean", "saturated_fraction", "dead_relu_fraction", "test_loss",
-             "test_accuracy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,12 +153,16 @@ class Telemetry:
 
         Raises:
           ValueError: not a dict, no or another ``schema_version``, missing / unknown fields, a
-            scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train``,
-            ``num_classes`` ≥ 1 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known), or
-            arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
+            scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train`` ≥ 1
+            and ``num_classes`` ≥ 2 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known),
+            or arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
             per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k), a
             training loss or accuracy not finite, a loss < 0 or an accuracy outside [0, 1],
-            ``stopped_at`` > k, ``snapshot_steps`` not increasing (``_check_values``).
+            ``stopped_at`` 0 or > k, per-step values that change from ``stopped_at`` on or
+            gradient values after it, a negative norm, distance, SNR or held-out loss, a
+            fraction or held-out accuracy outside [0, 1], a non-finite norm, gradient
+            statistic or snapshot before the run blew up (unless not measured: NaN),
+            ``snapshot_steps`` not increasing (the rules: ``ntk_tt.telemetry._telemetry_checks``).
         """
         if not isinstance(row, dict):
             raise ValueError(f"a telemetry row must be a JSON object (dict), got "
@@ -192,89 +200,16 @@ class Telemetry:
 
 def check_telemetry(telemetry: Telemetry) -> None:
     """The checks of :meth:`Telemetry.from_dict` (scalars, lengths, values) on a Telemetry
-    built another way (the constructor, ``dataclasses.replace``): ValueError naming the field.
+    built another way (the constructor, ``dataclasses.replace``).
+
+    Raises:
+      ValueError: naming the field, for what :meth:`Telemetry.from_dict` refuses.
     """
     kw = {f.name: getattr(telemetry, f.name) for f in dataclasses.fields(telemetry)}
     kw = {k: v.item() if isinstance(v, np.generic) else v for k, v in kw.items()}
     _check_scalars(kw)
     _check_lengths(kw)
     _check_values(kw)
-
-
-def _check_values(kw: dict) -> None:
-    """ValueErrors for impossible values: a non-finite training loss or accuracy (a run holds
-    its last finite values from ``stopped_at`` on), a loss below 0, an accuracy outside
-    [0, 1] (the held-out ones may be NaN: not measured), ``stopped_at`` past the recorded
-    updates, ``snapshot_steps`` not increasing."""
-    for f, lo, hi in (("loss", 0.0, math.inf), ("test_loss", 0.0, math.inf),
-                      ("accuracy", 0.0, 1.0), ("test_accuracy", 0.0, 1.0)):
-        v = np.asarray(kw[f], np.float64)
-        bad = (v < lo) | (v > hi) | (False if f.startswith("test") else ~np.isfinite(v))
-        if bad.any():
-            i = int(np.argmax(bad))
-            held = "" if np.isfinite(v[i]) else (" (a diverged run holds its last finite "
-                                                 "value from stopped_at on)")
-            raise ValueError(f"telemetry field {f!r} must lie in [{lo:g}, {hi:g}]"
-                             f"{' where measured' if f.startswith('test') else ''}, got "
-                             f"{v[i]:g} at step {i}{held}.")
-    k = len(kw["loss"]) - 1
-    if kw["stopped_at"] > k:
-        raise ValueError(f"telemetry field 'stopped_at' is {kw['stopped_at']}, past the {k} "
-                         "recorded updates; it is the first non-finite step, or -1.")
-    if np.any(np.diff(kw["snapshot_steps"]) <= 0):
-        raise ValueError(f"telemetry field 'snapshot_steps' must increase, got "
-                         f"{np.asarray(kw['snapshot_steps']).tolist()}.")
-
-
-def _check_scalars(kw: dict) -> None:
-    """ValueErrors for hyperparameters of the wrong type or range (:meth:`Telemetry.from_dict`)."""
-    for k in ("steps", "batch_size", "num_train", "num_classes", "snr_samples"):
-        v = kw[k]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"telemetry field {k!r} must be an int >= 1, got {v!r}.")
-    if isinstance(kw["stopped_at"], bool) or not isinstance(kw["stopped_at"], int) \
-            or kw["stopped_at"] < -1:
-        raise ValueError(f"telemetry field 'stopped_at' must be an int >= -1, got "
-                         f"{kw['stopped_at']!r}.")
-    for k, ok in (("learning_rate", lambda v: v > 0), ("momentum", lambda v: 0 <= v < 1)):
-        v = kw[k]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                or not ok(v):
-            raise ValueError(f"telemetry field {k!r} must be a finite number "
-                             f"{'> 0' if k == 'learning_rate' else 'in [0, 1)'}, got {v!r}.")
-    if not isinstance(kw["nesterov"], bool):
-        raise ValueError(f"telemetry field 'nesterov' must be true or false, got "
-                         f"{kw['nesterov']!r}.")
-    if kw["loss_name"] not in ("cross_entropy", "mse"):
-        raise ValueError(f"telemetry field 'loss_name' must be 'cross_entropy' or 'mse', got "
-                         f"{kw['loss_name']!r}.")
-    if kw["batch_size"] > kw["num_train"]:
-        raise ValueError(f"telemetry batch_size {kw['batch_size']} exceeds num_train "
-                         f"{kw['num_train']}.")
-
-
-def _check_lengths(kw: dict) -> None:
-    """ValueErrors for arrays whose lengths disagree (:meth:`Telemetry.from_dict`)."""
-    k = len(kw["loss"]) - 1
-    if not 0 <= k <= kw["steps"]:
-        raise ValueError(f"telemetry 'loss' must have 1 to steps + 1 = {kw['steps'] + 1} "
-                         f"entries (after 0 … k updates), got {k + 1}.")
-    for f in _PER_STEP:
-        if len(kw[f]) != k + 1:
-            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, 'loss' "
-                             f"{k + 1}: per-step fields must have equal lengths.")
-    for f in _PER_UPDATE:
-        if len(kw[f]) != k:
-            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries; a run of {k} "
-                             "recorded updates has one per update.")
-    n = len(kw["snapshot_steps"])
-    for f in _SNAPSHOT:
-        if len(kw[f]) != n:
-            raise ValueError(f"telemetry field {f!r} has {len(kw[f])} entries, "
-                             f"'snapshot_steps' {n}: snapshot fields must have equal lengths.")
-    if n and (kw["snapshot_steps"].min() < 0 or kw["snapshot_steps"].max() > k):
-        raise ValueError(f"telemetry snapshot_steps must lie in [0, {k}] (the recorded "
-                         f"updates), got {kw['snapshot_steps'].tolist()}.")
 
 
 def _encode(a: float) -> float | str | None:

@@ -1,0 +1,123 @@
+"""What the outcome predictors refuse or flag about their corpus and inputs: a loss other
+than the fitting runs' is out of domain (the shipped corpus is all cross-entropy), and
+``fit_outcome`` refuses a corpus too small for its trees or folds, or with one class of a
+classification target (it fitted silently and then said P(diverged) = 0 for every run)."""
+
+import dataclasses
+import gzip
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from test_outcome import _corpus
+
+import ntk_tt.telemetry._outcome as outcome_module
+from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor, fit_outcome
+from ntk_tt.telemetry._outcome_features import TARGETS, dataset, run_labels
+from ntk_tt.telemetry._outcome_fit import check_fit_labels
+from ntk_tt.telemetry._telemetry import Telemetry
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "experiments" / "results" / "telemetry" / "corpus.jsonl.gz"
+
+
+def _with_loss(rows, name):
+    return [dict(r, telemetry=dict(r["telemetry"], loss_name=name)) for r in rows]
+
+
+def test_a_loss_other_than_the_corpus_s_is_out_of_domain(tmp_path, capsys):
+    """The shipped predictor (fitted on cross-entropy runs; its file keeps no loss names)
+    flags an MSE run first and not a cross-entropy one; a predictor fitted on MSE runs keeps
+    its loss names through save/load and flags a cross-entropy run; a mixed corpus flags
+    neither; so does ntk-tt outcome's line."""
+    from ntk_tt.cli import main
+
+    rows = _corpus(40)
+    ce = Telemetry.from_dict(rows[0]["telemetry"])
+    mse = dataclasses.replace(ce, loss_name="mse")
+    shipped = default_outcome_predictor()
+    assert "loss_names" not in shipped.info
+    assert all(f["feature"] != "loss_is_mse" for f in shipped.predict(ce, k=4)["out_of_domain"])
+    flag = shipped.predict(mse, k=4)["out_of_domain"][0]
+    assert flag == {"feature": "loss_is_mse", "value": 1.0, "low": 0.0, "high": 0.0,
+                    "by": 1.0, "relative": None}
+    fitted = fit_outcome(_with_loss(rows, "mse"), ntk=False, ks=(0.1,), folds=2)
+    fitted.save(tmp_path / "p.json")
+    back = OutcomePredictor.load(tmp_path / "p.json")
+    assert back.info["loss_names"] == ["mse"]
+    assert back.predict(mse, k=4)["out_of_domain"] == []
+    assert back.predict(ce, k=4)["out_of_domain"][0] == {
+        "feature": "loss_is_mse", "value": 0.0, "low": 1.0, "high": 1.0, "by": 1.0,
+        "relative": None}
+    mixed = fit_outcome(rows[:20] + _with_loss(rows[20:], "mse"), ntk=False, ks=(0.1,),
+                        folds=2)
+    assert mixed.info["loss_names"] == ["cross_entropy", "mse"]
+    for t in (ce, mse):
+        assert all(f["feature"] != "loss_is_mse" for f in mixed.predict(t, k=4)["out_of_domain"])
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(mse.to_dict()) + "\n")
+    assert main(["outcome", str(runs), "--updates", "4", "--predictor", "telemetry"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("  outside the corpus the predictor was fitted on: loss_is_mse = 1 "
+                           "(corpus 0 to 0)")
+
+
+@pytest.mark.parametrize("pick, kw, match", [
+    ("none_diverged", {}, r"^fit_outcome needs runs of both classes of 'diverged', but 0 of "
+                          r"the 30 runs diverge: its classifier would give every run P = 0; "
+                          r"add runs that diverge \(e\.g\. larger learning rates\)\.$"),
+    ("all_diverged", {}, r"^fit_outcome needs runs of both classes of 'diverged', but 7 of the "
+                         r"7 runs diverge: its classifier would give every run P = 1; add runs "
+                         r"that do not diverge\.$"),
+    ("all_failed", {}, r"both classes of 'failed', but 30 of the 30 runs fail: its classifier "
+                       r"would give every run P = 1; add runs that do not fail\.$"),
+    ("few_runs", {"folds": 5}, r"^fit_outcome got 3 runs, fewer than folds = 5: every "
+                               r"cross-validation fold needs a run; give more corpus rows or "
+                               r"fewer folds\.$"),
+    ("few_runs", {"ks": (0.1,)}, r"^fit_outcome got 3 rows \(runs × prefix fractions\), fewer "
+                                 r"than 20: its trees need 10 rows a leaf and could not split "
+                                 r"at all; give more corpus rows or more prefix fractions "
+                                 r"\(ks\)\.$"),
+])
+def test_fit_outcome_refuses_a_corpus_it_cannot_learn_from(pick, kw, match, monkeypatch):
+    """Refused from the rows' labels, before any featurising (``dataset`` is never called)
+    or fitting; the same for an already featurised Dataset."""
+    rows = _corpus(200)
+    div = [r for r in rows if r["outcome"]["diverged"]]
+    keep = [r for r in rows if not r["outcome"]["diverged"]]
+    chosen = {"none_diverged": keep[:30], "all_diverged": div[:7], "few_runs": rows[:3],
+              "all_failed": [dict(r, outcome=dict(r["outcome"], failed=True))
+                             for r in div[:5] + keep[:25]]}[pick]
+    data = dataset(chosen, ks=kw.get("ks", (0.0, 0.05, 0.1, 0.2)), ntk=False)
+    args = {"ntk": False, "folds": 2} | kw
+    with pytest.raises(ValueError, match=match):
+        fit_outcome(data, **args)
+    monkeypatch.setattr(outcome_module, "dataset", lambda *a, **k: pytest.fail("featurised"))
+    with pytest.raises(ValueError, match=match):
+        fit_outcome(chosen, **args)
+
+
+def test_a_corpus_of_both_classes_still_fits_and_learns_divergence():
+    """The smallest corpus the checks let through fits, and its classifier tells a diverging
+    run from one that trains (the refused five-row corpus said 0.0 for both)."""
+    rows = _corpus(40)
+    labels = [r["outcome"]["diverged"] for r in rows]
+    assert 0 < sum(labels) < len(rows)
+    p = fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+    div = Telemetry.from_dict(rows[labels.index(True)]["telemetry"])
+    ok = Telemetry.from_dict(rows[labels.index(False)]["telemetry"])
+    assert p.predict(div, k=4)["p_diverged"] > 0.5 > p.predict(ok, k=4)["p_diverged"]
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="no committed telemetry corpus")
+def test_the_shipped_corpus_passes_the_fit_checks():
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    lab = run_labels(rows)
+    y = {t: np.asarray([lb[t] for lb in lab]) for t in TARGETS}
+    ids = np.asarray([r["run_id"] for r in rows])
+    check_fit_labels(y, ids, len(rows) * 4, 5)  # fit_outcome's defaults: 4 ks, 5 folds
+    assert {r["telemetry"]["loss_name"] for r in rows} == {"cross_entropy"}
+    with pytest.raises(ValueError, match="0 of the 5 runs diverge"):  # its first five
+        check_fit_labels({t: v[:5] for t, v in y.items()}, ids[:5], 20, 5)
