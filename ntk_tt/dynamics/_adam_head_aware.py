@@ -241,9 +241,9 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
     """Logits of the head-aware model trained by Adam/AdamW, predicted in function space.
 
     Head exact, backbone by the drifting (``ak.drift``) or frozen rescaled-diagonal
-    preconditioner (module docstring). Pure and jittable: ``vmap`` over the optimiser's array
-    leaves (η schedule, β₁, β₂, λ) shares ``ak``; ``ak`` itself depends on ε and the batch
-    size (through v̄), so build it for those.
+    preconditioner (module docstring; METHOD.md §11). Pure and jittable: ``vmap`` over the
+    optimiser's array leaves (η schedule, β₁, β₂, λ) shares ``ak``; ``ak`` depends on ε and
+    the batch size (through v̄), so build it for those.
 
     Args:
       ak: :class:`AdamKernel` (:func:`adam_head_aware_kernel`). y: labels (N,).

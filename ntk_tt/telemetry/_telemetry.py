@@ -308,7 +308,8 @@ def truncate(telemetry: Telemetry, k: int) -> Telemetry:
 
     Per-step fields keep t = 0 … k (k + 1 entries), per-update fields updates 1 … k (k
     entries), snapshots those at steps ≤ k; ``stopped_at`` becomes −1 unless the run stopped
-    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
+    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept. Source: the
+    prefix an early-telemetry predictor may read (METHOD.md §9; arXiv 2608.03709).
 
     Raises:
       ValueError: ``telemetry`` not a :class:`Telemetry` (a run's ``.telemetry``, or
