@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from ntk_tt._options import a_type
-from ntk_tt.data._inputs import check_normalisation, check_save_path, json_number, reason
+from ntk_tt.data._inputs import check_save_path, check_statistics, json_number, reason
 from ntk_tt.data._model import input_shape_problem
 from ntk_tt.models import ResNet18, SmallResNet
 
@@ -110,7 +109,7 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
             raise ValueError(f"{where} has {key} {v!r}; expected {shape[2]} finite numbers "
                              f"(one per input channel, input_shape {shape!r}{count}); {fix}.")
     try:  # std > 0, and both in [0, 1] units: what prepare_images will need of them
-        check_normalisation(np.zeros((1, *shape), np.uint8), shape, meta["mean"], meta["std"])
+        check_statistics(meta["mean"], meta["std"])
     except ValueError as err:
         raise ValueError(f"{where}: {str(err).rstrip('.')}; {fix}.") from None
     if not isinstance(meta.get("kwargs", {}), dict):

@@ -157,6 +157,12 @@ def check_normalisation(images, input_shape, mean, std) -> None:
         raise ValueError("images must be finite pixel values in [0, 255] (uint8, or float in "
                          "the same units); got values outside it (or NaN / inf, or not "
                          "numbers).")
+    check_statistics(mean, std)
+
+
+def check_statistics(mean, std) -> None:
+    """ValueError unless ``mean`` is finite and ``std`` finite > 0, both in [0, 1] units (what
+    :func:`ntk_tt.prepare_images` and a checkpoint's meta need)."""
     for name, stat in (("mean", mean), ("std", std)):
         s = np.asarray(stat, np.float64)
         if not np.all(np.isfinite(s)) or (name == "std" and np.any(s <= 0)):
