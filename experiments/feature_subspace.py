@@ -71,20 +71,27 @@ def collect(path: str, per_class, edge: bool = False) -> None:
                                            subspace_dim=max(KS))
             big.backbone.block_until_ready()
             seconds = {"isotropic": t1 - t0, "subspace": time.perf_counter() - t1}
-            kernels = {f"k{k}": nested(big, k) for k in KS}
-            for row in group.itertuples():
-                res = {"row_id": row.row_id, "dataset": row.dataset,
-                       "optimizer": row.optimizer, "num_train": int(row.num_train),
-                       "kappa_eff": float(row.kappa_eff), "momentum": float(row.momentum),
-                       "kernel_seconds": seconds, "real": _t(row.real_loss),
-                       "default": _t(row.pred_loss), "real_outcome": row.real_outcome,
-                       "default_outcome": row.pred_outcome}
-                res |= {name: _t(grown_curve(hk, data.y, row, 0.0, _task_key(task)))
-                        for name, hk in kernels.items()}
-                out.write(json.dumps(res) + "\n")
-                out.flush()
-                print(row.row_id, {n: res[n]["0.1"] for n in ["default", *kernels]}, "real",
-                      res["real"]["0.1"], flush=True)
+            write_rows(out, group, task, data, {f"k{k}": nested(big, k) for k in KS},
+                       kernel_seconds=seconds, outcomes=True)
+
+
+def write_rows(out, group, task, data, kernels: dict, kernel_seconds, outcomes=False) -> None:
+    """One JSON line per sweep row of ``group`` (written as it ends, so a run resumes): the
+    row's identity, the real and the stored default's T_ε (and outcomes), and each kernel's
+    curve's :func:`_t`, predicted as the sweep predicts the row (:func:`grown_curve`, a = 0)."""
+    for row in group.itertuples():
+        res = {"row_id": row.row_id, "dataset": row.dataset, "optimizer": row.optimizer,
+               "num_train": int(row.num_train), "kappa_eff": float(row.kappa_eff),
+               "momentum": float(row.momentum), "kernel_seconds": kernel_seconds,
+               "real": _t(row.real_loss), "default": _t(row.pred_loss)}
+        if outcomes:
+            res |= {"real_outcome": row.real_outcome, "default_outcome": row.pred_outcome}
+        res |= {name: _t(grown_curve(hk, data.y, row, 0.0, _task_key(task)))
+                for name, hk in kernels.items()}
+        out.write(json.dumps(res) + "\n")
+        out.flush()
+        print(row.row_id, {n: res[n]["0.1"] for n in ["default", *kernels]}, "real",
+              res["real"]["0.1"], flush=True)
 
 
 def report(path: str) -> None:

@@ -39,12 +39,10 @@ import jax
 import jax.numpy as jnp
 import pandas as pd
 from feature_shrinkage import pending_tasks, print_groups
-from feature_subspace import _t
-from kernel_growth import grown_curve
+from feature_subspace import write_rows
 
 from ntk_tt.kernels._head_aware import HeadAwareKernel, _Projected, feature_basis
 from ntk_tt.kernels._ntk import empirical_ntk
-from ntk_tt.sweep._load import _task_key
 
 NAMES = ("p4", "p8", "p16", "head5", "head5p3", "head5p11", "diag16")
 
@@ -86,18 +84,7 @@ def collect(path: str, per_class) -> None:
     with open(path, "a") as out:
         for group, task, data in pending_tasks(path, df):
             kern, seconds = kernels(data.split, data.x)
-            for row in group.itertuples():
-                res = {"row_id": row.row_id, "dataset": row.dataset,
-                       "optimizer": row.optimizer, "num_train": int(row.num_train),
-                       "kappa_eff": float(row.kappa_eff), "momentum": float(row.momentum),
-                       "kernel_seconds": seconds, "real": _t(row.real_loss),
-                       "default": _t(row.pred_loss)}
-                res |= {name: _t(grown_curve(hk, data.y, row, 0.0, _task_key(task)))
-                        for name, hk in kern.items()}
-                out.write(json.dumps(res) + "\n")
-                out.flush()
-                print(row.row_id, {n: res[n]["0.1"] for n in ["default", *NAMES]}, "real",
-                      res["real"]["0.1"], flush=True)
+            write_rows(out, group, task, data, kern, kernel_seconds=seconds)
 
 
 def main(argv=None) -> None:
