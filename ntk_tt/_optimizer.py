@@ -41,6 +41,9 @@ class Optimizer(eqx.Module):
     ``momentum`` (SGD's m; Adam's β₁), ``b2`` and ``eps`` (Adam), ``weight_decay`` λ,
     ``decoupled`` (static: decoupled decay or L2 in the loss), ``nesterov`` (static, SGD),
     ``batch_size`` (static: None = full batch, N).
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11; README "Optimisers"): one description for
+    the predictors and for the real run, which trains with its optax transformation.
     """
 
     rule: str = eqx.field(static=True)
@@ -111,6 +114,9 @@ def sgd(learning_rate, momentum=0.0, *, nesterov: bool = False, weight_decay=0.0
         λ/2·‖θ‖² in the loss.
       batch_size: B (None: full batch, GD).
 
+    Source: ntk_tt's own (issue 27; METHOD.md §11); the rule is optax's ``trace`` (heavy
+    ball / Nesterov), with decoupled decay as SGDW (Loshchilov & Hutter 2019).
+
     Raises:
       ValueError: one line naming a bad argument (e.g. nesterov=True with momentum 0, a
         callable learning rate that cannot take one step argument), before any work; when
@@ -125,6 +131,9 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, *, weight_decay=0.0,
     """Adam (optax ``adam``), with L2 weight decay in the loss when ``weight_decay`` > 0
     (use :func:`adamw` for decoupled decay; the predictors refuse Adam with L2 decay, which
     enters the elementwise moments).
+
+    Source: Kingma & Ba 2015 (the rule, as optax ``adam``); the description is ntk_tt's own
+    (issue 27; METHOD.md §11).
 
     Args:
       learning_rate: η_t, as :func:`sgd` (a number, a schedule, or a callable step -> η).
@@ -147,6 +156,9 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, *, weight_decay=1e-4,
           batch_size: int | None = None) -> Optimizer:
     """AdamW (optax ``adamw``: decoupled weight decay θ ← θ − η_t·λθ beside the Adam step,
     Loshchilov & Hutter 2019).
+
+    Source: Loshchilov & Hutter 2019 (the rule, as optax ``adamw``); the description is
+    ntk_tt's own (issue 27; METHOD.md §11).
 
     Args:
       learning_rate, b1, b2, eps, batch_size: as :func:`adam`. weight_decay: λ >= 0,

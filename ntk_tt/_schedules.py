@@ -17,13 +17,14 @@ tends to the exact schedule as smoothing → 0 (0 = exact, the default).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ntk_tt._schedule_checks import _callable_rate, _check_arity, _fn_name, _real_array
 
 Array = jax.Array
 
@@ -56,7 +57,9 @@ def _concrete(value) -> float | None:
 
 
 class Schedule(eqx.Module):
-    """Base class: ``schedule(step) -> η`` for an int (array) ``step`` (broadcasts)."""
+    """Base class: ``schedule(step) -> η`` for an int (array) ``step`` (broadcasts).
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11; README "Optimisers")."""
 
     def __call__(self, step) -> Array:
         raise NotImplementedError
@@ -157,7 +160,7 @@ class Exponential(Schedule):
 class FromCallable(Schedule):
     """Any ``fn(step) -> η``: an optax schedule or a user's function (static: no ``jax.grad``
     w.r.t. its numbers through the schedule object). A call raises ValueError when ``fn``
-    fails on a traced step or returns no real η per step (:func:`_callable_rate`)."""
+    fails on a traced step or returns no real η per step (``_schedule_checks._callable_rate``)."""
 
     fn: Callable = eqx.field(static=True)
 
@@ -178,52 +181,6 @@ class FromCallable(Schedule):
         """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
         program would be rebuilt for every new callable (an optax schedule made per call)."""
         return _eager_values(self, int(steps))
-
-
-def _fn_name(fn) -> str:  # for messages: a function's name, or a callable's type
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def _real_array(value, what: str, got: str, asarray=np.asarray):
-    """``value`` as a real (float or integer) array, else one ValueError "{what}, got ..."."""
-    try:
-        arr = asarray(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{what}, got {got}.") from err
-    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
-        raise ValueError(f"{what}, got dtype {arr.dtype}.")
-    return arr
-
-
-def _callable_rate(out, step, fn) -> Array:
-    """``fn(step)``'s value ``out`` as a float array, after a ValueError when it is not real
-    numbers (a string, None, a bool, complex) or not one η per step (its shape must broadcast
-    to ``step``'s). Type, dtype and shape only (static: also under jit / vmap)."""
-    what = (f"the learning-rate schedule {_fn_name(fn)} must return a real number η for each "
-            "step (step -> η)")
-    arr = _real_array(out, what, f"{out!r:.80} ({type(out).__name__})", jnp.asarray)
-    shape = jnp.shape(step)
-    tail = shape[len(shape) - arr.ndim:] if arr.ndim <= len(shape) else None
-    if tail is None or any(a not in (1, b) for a, b in zip(arr.shape, tail, strict=True)):
-        raise ValueError(f"{what}, got shape {arr.shape} for a step of shape {shape}: give "
-                         "one η per step, e.g. lambda t: 0.1 * 0.99 ** t.")
-    return arr.astype(jnp.result_type(float))
-
-
-def _check_arity(fn, name: str) -> None:
-    """ValueError when the callable ``fn`` cannot be called with one positional argument (the
-    step); a callable without a readable signature (a NumPy ufunc) is left to its first call."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind(0)
-    except TypeError as err:
-        raise ValueError(
-            f"{name} must be a callable of one argument, the step count (step -> η); "
-            f"{_fn_name(fn)}{sig} cannot be called with one ({err}): e.g. lambda t: 0.1 * "
-            "0.99 ** t, or a number for a constant η.") from None
 
 
 def _within_peak(peak, *values) -> Array:
@@ -260,6 +217,8 @@ def constant(value) -> Constant:
     """A constant learning rate: η_t = ``value`` at every optimiser step t = 0, 1, ...
     (optax ``constant_schedule(value)``; a plain number as a learning rate means the same).
 
+    Source: ntk_tt's own (issue 27; METHOD.md §11); optax's ``constant_schedule``.
+
     Args:
       value: η > 0, a real scalar (Python, NumPy or JAX number; a tracer under ``jit`` /
         ``vmap`` / ``grad``), per step: w ← w − η·g, g the gradient of the mean minibatch
@@ -282,6 +241,9 @@ def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
     ``decay_steps`` (optax ``warmup_cosine_decay_schedule``'s convention: ``decay_steps``
     counts the warmup). Every number is a leaf (``jax.grad`` w.r.t. peak and warmup).
 
+    Source: ntk_tt's own (issue 27; METHOD.md §11); optax's ``warmup_cosine_decay_schedule``
+    at an integer warmup, the warmup differentiable (module docstring).
+
     Raises:
       ValueError: a non-number, peak <= 0, init or end outside [0, peak], warmup < 0,
         decay_steps < max(warmup, 1) (η = end from step 1), smoothing < 0 or not finite.
@@ -300,6 +262,8 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
     """Warmup (``warmup`` steps) – stable (``peak`` until ``decay_start``) – linear decay to
     ``end`` over ``decay_steps`` steps.
 
+    Source: ntk_tt's own (issue 27; METHOD.md §11): the warmup–stable–decay (WSD) shape.
+
     Raises:
       ValueError: a non-number, peak <= 0, end outside [0, peak], warmup < 0, decay_start <
         warmup, decay_steps < 0, smoothing < 0 or not finite.
@@ -317,6 +281,8 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
 def exponential(init, rate) -> Exponential:
     """η_t = init·rate^t (rate per step, e.g. 0.99): a decay, rate in (0, 1] (``ntk-tt
     predict --decay-rate``'s range).
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11); optax's ``exponential_decay(init, 1, rate)``.
 
     Raises:
       ValueError: a non-number, init <= 0, rate <= 0 (a negative rate flips η_t's sign) or
@@ -339,6 +305,8 @@ def schedule(value) -> Schedule:
     A callable is called with the step as an int array (traced: η_0 … η_{T−1} are computed
     under ``jax.vmap``), so it must use ``jax.numpy`` operations, and return one real η per
     step.
+
+    Source: none (a utility: ntk_tt's schedule constructor, issue 27).
 
     Raises:
       ValueError: anything else (a string, None, an array of per-step values v: use ``lambda

@@ -141,6 +141,9 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
     flowers, 30 GD steps), while at 0.1 the head-only kernel misses the backbone's growing
     contribution (gap 10–32 % at κ = 2–8); at 0.3 the gap was 5–7 % (κ = 1–4).
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5 (the pre-trained backbone with a
+    new linear head for the target task); METHOD.md §8. The scale 0.3 is ntk_tt's, measured.
+
     Args:
       model: an NNX module with an ``nnx.Linear`` attribute ``head``.
       num_classes: C ≥ 2, the number of target classes.

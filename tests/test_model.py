@@ -57,6 +57,20 @@ def test_eval_mode_makes_samples_independent_and_uses_frozen_stats():
     np.testing.assert_allclose(apply_fn(params, x), expected, rtol=1e-5)
 
 
+def test_num_params_refuses_what_is_not_weights():
+    """A model passed as the weights counted its batch-norm statistics and RNG state too (a
+    flax module is a pytree), and None, a string or a string leaf gave 0 or 1 silently: each
+    is one ValueError naming the argument (or the leaf) and from_nnx. Weights still count,
+    an empty pytree as 0 (check_model's "holds no parameters" error is unchanged)."""
+    model, _ = _bn_model()
+    for bad, match in ((model, "got _BNNet"), (None, "got NoneType"), ("w", "got str"),
+                       ({"w": jnp.ones(3), "name": "fc"}, r"leaf \['name'\] \(str\)")):
+        with pytest.raises(ValueError, match=match + ".*from_nnx"):
+            ntk_tt.num_params(bad)
+    assert ntk_tt.num_params({"w": jnp.ones((2, 3)), "b": np.zeros(3), "s": 1.0}) == 10
+    assert ntk_tt.num_params({}) == 0
+
+
 def test_ntk_of_batchnorm_model_matches_jacobian_over_params_only():
     model, x = _bn_model()
     apply_fn, params = ntk_tt.from_nnx(model)

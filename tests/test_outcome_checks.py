@@ -121,3 +121,36 @@ def test_the_shipped_corpus_passes_the_fit_checks():
     assert {r["telemetry"]["loss_name"] for r in rows} == {"cross_entropy"}
     with pytest.raises(ValueError, match="0 of the 5 runs diverge"):  # its first five
         check_fit_labels({t: v[:5] for t, v in y.items()}, ids[:5], 20, 5)
+
+
+def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
+    """The public model-level calls took anything: a y of lists compared ``list == 1`` as one
+    bool, so the accuracy regressor silently fitted the last row only; a missing target, rows
+    of another length or a wrong x gave a raw KeyError or IndexError. Each is now one
+    ValueError naming the argument; a well-formed (x, y) still fits and predicts."""
+    from ntk_tt.telemetry._outcome_fit import fit_models, predict_models
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    y = {t: (rng.uniform(size=60) < 0.4).astype(float) for t in TARGETS}
+    y["test_accuracy"], y["log_t_eps"] = rng.uniform(size=60), rng.normal(size=60)
+    bad_fits = [(x[:, 0], y, r"x, the feature matrix \(R, F\)"),
+                (x[:0], {t: v[:0] for t, v in y.items()}, "R >= 1 rows"),
+                (np.full((60, 3), "a"), y, "real numbers"),
+                (x, [1.0, 2.0], "y, a dict target"),
+                (x, {t: v for t, v in y.items() if t != "failed"}, r"y\['failed'\].*got none"),
+                (x, dict(y, diverged=y["diverged"][:5]), r"y\['diverged'\].*shape \(5,\)")]
+    for xs, ys, match in bad_fits:
+        with pytest.raises(ValueError, match=match):
+            fit_models(xs, ys)
+    models, consts = fit_models(x, {t: list(v) for t, v in y.items()})  # lists: now arrays
+    same = fit_models(x, y)
+    p = predict_models(models, consts, x[:4])
+    np.testing.assert_allclose(p["test_accuracy"], predict_models(*same, x[:4])["test_accuracy"])
+    assert set(p) == set(TARGETS) and all(v.shape == (4,) for v in p.values())
+    for args, match in [(({}, consts, x), r"models as fit_models returns it.*lacks"),
+                        ((models, {k: v for k, v in consts.items() if k != "acc_diverged"}, x),
+                         r"consts .*lacks \['acc_diverged'\]"),
+                        ((models, consts, x[:, :2].ravel()), r"x, the feature matrix")]:
+        with pytest.raises(ValueError, match=match):
+            predict_models(*args)

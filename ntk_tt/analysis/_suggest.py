@@ -59,7 +59,9 @@ LINEAR_KERNELS = ("exact", "traced")
 class TargetNotReachedWarning(UserWarning):
     """:func:`suggest` found no admissible configuration reaching the target within the step
     budget: its :class:`Suggestion` has ``found`` False and None choice fields; the message
-    (= ``Suggestion.reason``) says what to try. ``ntk-tt suggest`` says it and exits 1."""
+    (= ``Suggestion.reason``) says what to try. ``ntk-tt suggest`` says it and exits 1.
+
+    Source: ntk_tt's own (README "Choosing hyperparameters without training")."""
 
 
 def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolute",
@@ -84,6 +86,9 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     improves; projected onto ``kappa_range`` (as η; with ``optimizer=``, η_peak onto the grid's
     range, ``learning_rate_range`` when given) below the stability edge, so the suggestion lies
     in the range asked for.
+
+    Source: ntk_tt's own search (README "Choosing hyperparameters without training") on the
+    predicted curves (METHOD.md §2, §10, §11) and the wall-clock time of METHOD.md §6.
 
     Example:
       >>> s = ntk_tt.suggest(apply_fn, params, x, y, head=ntk_tt.split_head(model),
@@ -303,6 +308,9 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
     refine_steps, num_paths, loss, predictor, top; and the optimiser search
     (``ntk_tt._options_suggest.split_optimizer_options``): optimizer ("sgd" | "adamw" | None),
     weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
+
+    Source: none (the ``ntk-tt suggest`` job around :func:`suggest`; README "Choosing
+    hyperparameters without training").
 
     Warns:
       TargetNotReachedWarning: as :func:`suggest`, when nothing reaches the target (the report

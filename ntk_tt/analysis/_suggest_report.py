@@ -69,6 +69,8 @@ class Suggestion:
     outcome: the choice's predicted outcome, "converges" or "catapult" (its mean curve rises
       above L_0, at ``spike_step``, then falls: the predictor is least reliable there); None
       when not found. ``grid`` has both columns per configuration (None / −1 if not predicted).
+
+    Source: ntk_tt's own (README "Choosing hyperparameters without training").
     """
 
     found: bool

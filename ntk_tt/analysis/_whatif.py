@@ -95,6 +95,9 @@ def sensitivities(
     ``warmup_smoothing`` steps, default 0.25); values and the other derivatives are of the
     schedule as given.
 
+    Source: ntk_tt's own (issue 13; README "What-if"): exact forward-mode derivatives of the
+    predictors of METHOD.md §2, §10, §11 and of the smooth T_ε of METHOD.md §6.
+
     Args:
       kernel: Θ (N·C, N·C) sample-major or (N, N) logit-summed (then ``f0`` is required), or
         a :class:`ntk_tt.HeadAwareKernel` (then ``f0``, ``kernel_test``, ``f0_test`` must be
@@ -256,6 +259,9 @@ def divergence_boundary(
     rms(θ_0) is not checked here (no ``LinearRegimeWarning``, unlike :func:`sensitivities`
     and ``predict``): peaks with ρ > 0.07 lie outside the linearised regime the fast Adam
     predictor is measured in, and their curves are less reliable.
+
+    Source: ntk_tt's own (issue 13; README "What-if"): the predictors of METHOD.md §2, §10,
+    §11 on an η × m grid, with the divergence rule of METHOD.md §2.
 
     Args:
       kernel, y, steps, batch_size, key, y_test, f0, kernel_test, f0_test, nesterov, loss,

@@ -107,6 +107,8 @@ class Sensitivities(NamedTuple):
     divergence, divergence_reason, training_time_reason (properties): the call as "yes" /
       "no" / "unknown" (as ``Prediction.divergence``), why it is "yes" without ``diverged``
       or "unknown" (None otherwise), and why T_ε is NaN (None when defined).
+
+    Source: ntk_tt's own (issue 13; README "What-if").
     """
 
     learning_rate: jax.Array
@@ -169,6 +171,8 @@ class WhatIfGrid(NamedTuple):
 
     Printed (``repr``), arrays show as plain numbers ``[0.01, 0.1]`` (numpy's summary for
     large ones), not ``array(...)`` / ``np.float64(...)``; the fields stay numpy arrays.
+
+    Source: ntk_tt's own (issue 13; README "What-if").
     """
 
     learning_rates: np.ndarray

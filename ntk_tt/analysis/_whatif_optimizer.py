@@ -81,6 +81,8 @@ class OptimizerSensitivities(NamedTuple):
     kappa: η_peak·λ_max(Θ_0)/N with the largest η_t over the T steps; beyond_edge: κ beyond
       the linear model's edge for m (for Adam, as ``predict(optimizer=)``, the plain-GD number:
       it does not measure Adam's stability).
+
+    Source: ntk_tt's own (issues 13 and 27; README "What-if"; METHOD.md §11).
     """
 
     hyperparameters: dict

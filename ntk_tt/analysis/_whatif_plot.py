@@ -21,9 +21,11 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     largest grid η below the first diverging one) is drawn as a line with markers, with a
     gap at a momentum where no grid η diverges (``boundary_inside`` False; no line, and the
     title says so, when none does). Uses matplotlib's object API (no pyplot state, no
-    backend change); a new figure has a colour bar (unless no cell has a T_ε). What it shows
-    is defined in METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε;
-    paper Sec. 5, Alg. 1).
+    backend change); a new figure has a colour bar (unless no cell has a T_ε).
+
+    Source: ntk_tt's own figure (issue 13; README "What-if"); what it shows is defined in
+    METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; Zancato et al.
+    2020, Sec. 5, Alg. 1).
 
     Args:
       grid_result: a :class:`ntk_tt.WhatIfGrid` from :func:`ntk_tt.divergence_boundary`.

@@ -17,6 +17,9 @@ def batch_indices(key: jax.Array | None, n: int, batch_size: int, steps: int) ->
     (``batch_size == n``) uses ``arange(n)`` at every step and ignores ``key``, so a GD run
     does not depend on the key.
 
+    Source: ntk_tt's own: the index sets B_t of the exact minibatch recursion (METHOD.md §2),
+    shared by the SGD predictor and :func:`ntk_tt.finetune` so both see the same batches.
+
     Args:
       key: a ``jax.random`` key; may be ``None`` only when ``batch_size == n``.
       n: number of training samples N.

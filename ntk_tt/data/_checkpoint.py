@@ -258,9 +258,8 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
 
 
 def _check_meta_builds(meta: dict[str, Any], state) -> None:
-    """ValueError unless meta's model (what load_checkpoint rebuilds) has the arrays of
-    ``state`` with their shapes: a model saved after ``replace_head`` with the old meta wrote a
-    checkpoint that load_checkpoint then refused."""
+    """ValueError unless meta's model (what load_checkpoint rebuilds) has ``state``'s arrays
+    and shapes (a model saved after ``replace_head`` with the old meta: load_checkpoint refused)."""
     try:
         abstract = _abstract(meta)
     except Exception as err:  # bad constructor arguments in meta["kwargs"], num_classes, ...
@@ -308,18 +307,19 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     Returns:
       The absolute checkpoint path.
 
+    Source: none (a utility: the checkpoint format that :func:`load_checkpoint` reads).
+
     Raises:
-      ValueError: ``path`` not a str or os.PathLike (checked first: e.g. the arguments
-        swapped; its type named); ``meta`` is not a dict or lacks a required key;
-        ``meta["architecture"]`` is not one of the known architectures (the message names it,
-        the model's class, the known ones and the way out), or is not the model's class;
-        meta's model (its num_classes, input channels, kwargs) does not have the model's
-        arrays and shapes (e.g. the old meta after ``replace_head``; an input_shape with other
-        channels than the model's names input_shape and the channels the model takes), or
-        cannot take one input of meta's input_shape (shrunk to nothing by its layers: NaN
-        logits); ``path`` a file, in a missing folder, a folder holding other files, or a
-        checkpoint without ``overwrite=True`` (:func:`check_save_path`); all checked before
-        anything is written.
+      ValueError: ``path`` not a str or os.PathLike (checked first, its type named: e.g. the
+        arguments swapped); ``meta`` not a dict of JSON values, lacking a required key or
+        with a malformed one (:func:`_check_meta`); ``meta["architecture"]`` not a known
+        architecture (the message names it, the model's class, the known ones and the way
+        out) or not the model's class; meta's model (num_classes, input channels, kwargs) not
+        buildable or without the model's arrays and shapes (e.g. the old meta after
+        ``replace_head``; other input channels name input_shape and those the model takes),
+        or unable to take one input of meta's input_shape (shrunk to nothing: NaN logits);
+        ``path`` a file, in a missing folder, a folder holding other files, or a checkpoint
+        without ``overwrite=True`` (:func:`check_save_path`); all before anything is written.
     """
     known = ", ".join(sorted(ARCHITECTURES))
     if not isinstance(path, (str, os.PathLike)):  # e.g. the arguments swapped: before any work
@@ -367,6 +367,8 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
     The shipped checkpoint is a :class:`~ntk_tt.models.SmallResNet` pre-trained on CIFAR-10
     (provenance, command and accuracy in ``ntk_tt/assets/README.md``). The model is built
     abstractly (shapes only, nothing compiled), so loading costs the read of the weights.
+
+    Source: none (a utility; the shipped model stands in for METHOD.md §8's ImageNet ResNets).
 
     Returns:
       ``(model, meta)``: the NNX module with its pre-trained head (use

@@ -28,6 +28,7 @@ import numpy as np
 from ntk_tt._options import SHARED_FILES, VENDORED_FILES
 from ntk_tt._output_paths import is_dataset_path
 from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args, dataset_name
+from ntk_tt.data._npz_checks import _check_images, _check_labels
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 VENDORED = {name: ASSETS / "data" / file for name, file in VENDORED_FILES.items()}
@@ -36,7 +37,10 @@ SHARED = SHARED_FILES  # short name → file name in shared_data_dir()
 
 class Dataset(NamedTuple):
     """images uint8 (N, H, W, C) (float in [0, 255] if an .npz stores float); labels int64
-    (N,) indexing ``class_names``."""
+    (N,) indexing ``class_names``.
+
+    Source: none (the container :func:`load_dataset` returns).
+    """
 
     images: np.ndarray
     labels: np.ndarray
@@ -45,7 +49,11 @@ class Dataset(NamedTuple):
 
 class Task(NamedTuple):
     """A sampled task: K classes relabelled 0..K−1, n training images per class (grouped by
-    class), and a held-out split (``x_test``/``y_test``, possibly empty) from the same classes."""
+    class), and a held-out split (``x_test``/``y_test``, possibly empty) from the same classes.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, App. B (the task protocol);
+    METHOD.md §8.
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -61,7 +69,18 @@ def shared_data_dir() -> Path:
 
 
 def known_datasets() -> list[str]:
-    """Short names loadable right now (vendored ones always; shared ones when present)."""
+    """Short names loadable right now (vendored ones always; shared ones when present).
+
+    Returns:
+      The vendored names (sorted), then those of :data:`SHARED` whose file is in
+      :func:`shared_data_dir`: the short names :func:`load_dataset` accepts.
+
+    Source: none (a utility).
+
+    Raises:
+      Nothing of its own (it takes no argument); PermissionError (an OSError) if the shared
+      data folder cannot be searched (from :meth:`pathlib.Path.is_file`).
+    """
     shared = [k for k, f in SHARED.items() if (shared_data_dir() / f).is_file()]
     return sorted(VENDORED) + shared
 
@@ -80,65 +99,6 @@ def _prepared_version(folder: Path) -> Path | None:
 NPZ_FORMAT = ("an .npz archive (numpy.savez) with keys images (uint8, N×H×W×C or N×H×W; float "
               "in [0, 255] is accepted too), labels (integers in [0, K), N) and class_names "
               "(K strings)")
-
-
-def _check_images(path: Path, images: np.ndarray) -> np.ndarray:
-    """Images of an .npz file: (N, H, W) or (N, H, W, C), uint8 or numbers in [0, 255].
-
-    Float images must be in 0..255 units, like uint8: a float array whose largest value is
-    ≤ 1 is taken to be in [0, 1] units and rejected (it would reach the model divided by 255
-    twice, as near-black inputs). Integer and float images are kept as they are.
-    """
-    where = f"images of {path}"
-    if images.ndim not in (3, 4):
-        raise ValueError(f"{where} have shape {images.shape}; expected (N, H, W, C) or (N, H, W) "
-                         "(grey), e.g. uint8 (N, 32, 32, 3).")
-    if len(images) == 0:
-        raise ValueError(f"{where} are empty (shape {images.shape}); store at least one image "
-                         "per class.")
-    kind = images.dtype.kind
-    if kind not in "uif":
-        raise ValueError(f"{where} have dtype {images.dtype}; store uint8 pixel values in "
-                         "[0, 255] (or float in [0, 255]).")
-    if images.dtype == np.uint8:
-        return images
-    lo, hi = images.min(), images.max()
-    if kind == "f" and not np.isfinite(images).all():
-        raise ValueError(f"{where} contain NaN or infinite values; store finite uint8 pixel "
-                         "values in [0, 255].")
-    if lo < 0 or hi > 255:
-        raise ValueError(f"{where} have values in [{lo}, {hi}], outside [0, 255]; store uint8 "
-                         "pixel values in [0, 255] (or float in [0, 255]).")
-    if kind == "f" and hi <= 1:
-        raise ValueError(f"{where} are float with max {hi}, i.e. in [0, 1] units, but [0, 255] "
-                         "is expected (they would be divided by 255 twice); store uint8 in "
-                         "[0, 255] (e.g. np.round(images * 255).astype(np.uint8)) or float "
-                         "in [0, 255].")
-    return images
-
-
-def _check_labels(path: Path, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Labels of an .npz file as int64 (N,), each a class index in [0, num_classes)."""
-    where = f"labels of {path}"
-    if labels.ndim != 1:
-        hint = (" (one-hot? store labels.argmax(1))" if labels.ndim == 2 else "")
-        raise ValueError(f"{where} have shape {labels.shape}; expected one integer class index "
-                         f"per image, shape (N,){hint}.")
-    kind = labels.dtype.kind
-    if kind not in "uif":
-        raise ValueError(f"{where} have dtype {labels.dtype}; store integer indices into "
-                         "class_names (0 for class_names[0], ...), and the names in class_names.")
-    if kind == "f":
-        bad = labels[~(np.isfinite(labels) & (labels == np.round(labels)))]
-        if len(bad):
-            raise ValueError(f"{where} are float with non-integer values (e.g. {bad[0]}); store "
-                             "integer class indices in [0, K) with K = len(class_names).")
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(
-            f"{where} must be integers in [0, K) with K = len(class_names) = {num_classes}; got "
-            f"values from {labels.min():g} to {labels.max():g}: fix the labels or list every "
-            "class in class_names.")
-    return labels.astype(np.int64)
 
 
 def _load_npz(path: Path) -> Dataset:
@@ -215,6 +175,8 @@ def load_dataset(name: str | os.PathLike, *, split: str = "train",
         split other than "train" for them).
       data_dir: TFDS data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
 
+    Source: none (a utility: the loader of the three places in the module docstring).
+
     An ``.npz`` file's images are uint8, or any integer or float numbers in [0, 255] (kept
     as stored). Float images whose largest value is ≤ 1 are taken to be in [0, 1] units and
     rejected: multiply them by 255 (or store uint8). Labels may be stored as floats if every
@@ -270,12 +232,15 @@ def load_dataset(name: str | os.PathLike, *, split: str = "train",
 
 def sample_task(data: Dataset, *, num_classes: int = 5, per_class: int = 150,
                 test_per_class: int = 50, key: jax.Array) -> Task:
-    """Sample K random classes × n images per class, plus a held-out split (paper Sec. 5).
+    """Sample K random classes × n images per class, plus a held-out split.
 
     Classes are drawn without replacement from the classes with at least ``per_class`` images
     and relabelled 0..K−1 in ascending original-label order. Within each class the images are
     permuted once (from ``key``); the first n train, the next ``min(test_per_class, smallest
     remainder)`` are held out, so every class has the same count in both splits.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, App. B (the task protocol);
+    METHOD.md §8.
 
     Args:
       data: the dataset to sample from.
@@ -351,6 +316,9 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
       mean, std: per-channel statistics of the pre-training images in [0, 1] units, shape (C',)
         (or one value for every channel, shape () or (1,)).
       resize: resize H×W to H'×W' (bilinear, antialiased) when they differ, e.g. 28 → 32 px.
+
+    Source: none (a utility: the pre-training input normalisation; no augmentation, as
+    METHOD.md §1 requires of both the prediction and the real run).
 
     Returns:
       float32 (N, H', W', C') array ``(images / 255 − mean) / std``.

@@ -59,8 +59,10 @@ def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
     off: a sample's output never depends on its batch. ``module`` itself keeps its mode (to
     go on training it with nnx). ``params`` holds the trainable ``nnx.Param`` leaves only;
     every other state (batch-norm statistics, RNG counters) is closed over by ``apply_fn`` as
-    a constant and is therefore never differentiated (METHOD.md §1: statistics frozen in
-    prediction and in the real run).
+    a constant and is therefore never differentiated.
+
+    Source: none (ntk_tt's one adapter); eval mode as METHOD.md §1 requires (batch-norm
+    statistics frozen in the prediction and in the real run).
 
     Args:
       module: a flax NNX module mapping a batch ``x`` of shape (N, ...) to logits (N, C).
@@ -88,8 +90,23 @@ def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
 
 
 def num_params(params: Any) -> int:
-    """Total number of scalars D in a parameter pytree."""
-    return int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)))
+    """Total number of scalars D in a parameter pytree: its leaves' sizes summed (0 for an
+    empty pytree such as ``{}``).
+
+    Source: none (a utility: D of METHOD.md, Notation).
+
+    Raises:
+      ValueError: ``params`` not weights (None, a string, a flax module: pass
+        ``ntk_tt.from_nnx(model)[1]``), or a leaf that is not an array or a number.
+    """
+    check_weights(params)
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    for path, leaf in leaves:
+        if not (hasattr(leaf, "dtype") or isinstance(leaf, (int, float, complex))):
+            raise ValueError(f"params leaf {jax.tree_util.keystr(path)} "
+                             f"({type(leaf).__name__}) is not an array or a number; pass the "
+                             "weights alone (ntk_tt.from_nnx(model) returns them).")
+    return int(sum(np.size(leaf) for _, leaf in leaves))
 
 
 def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> tuple[int, int]:

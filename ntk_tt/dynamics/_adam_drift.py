@@ -75,6 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import Partial
 
+from ntk_tt.dynamics._losses import logit_residual
 from ntk_tt.dynamics._noise import (
     _add_sq_dev,
     _mean_grad,
@@ -257,6 +258,22 @@ def feature_coords(hk: HeadAwareKernel, q) -> jax.Array:
     """q (rows, F) in the coordinates of ``hk``'s full feature kernel: q itself, or q Z (rows, k)
     for a subspace kernel (basis Z)."""
     return q if hk.basis is None else q @ hk.basis
+
+
+def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Array:
+    """E‖g_0‖² over the minibatch draw (:mod:`ntk_tt.dynamics._adam_head_aware`'s docstring):
+    the scale of v̄ in function space."""
+    n = hk.features.shape[0]
+    f0 = hk.features @ hk.head_kernel + hk.head_bias
+    q = logit_residual(f0, y, loss) @ hk.head_kernel.T  # per-sample ∂ℓ_i/∂h_i (N, F)
+    if hk.mixing is not None:
+        pair = hk.backbone * (q @ hk.mixing @ q.T)
+    else:  # q Z (N, k) for a subspace kernel
+        q = feature_coords(hk, q)
+        pair = jnp.einsum("ifjg,if,jg->ij", hk.backbone.reshape(n, q.shape[1], n, -1), q, q)
+    diag, total, bsz = jnp.trace(pair), jnp.sum(pair), batch_size
+    off = 0.0 if n == 1 else bsz * (bsz - 1) / (n * (n - 1)) * (total - diag)
+    return (bsz / n * diag + off) / bsz**2
 
 
 def kernel_calibration(hp: HeadAwareKernel, q, g0sq, sigma2, vbar, eps) -> jax.Array:

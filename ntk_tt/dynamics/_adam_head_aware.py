@@ -66,7 +66,7 @@ from ntk_tt.dynamics._adam_drift import (
     check_ref_mix,
     drift_scale,
     drift_table,
-    feature_coords,
+    expected_norm0,
     frozen_profile,
     gradient_profiles,
     kernel_calibration,
@@ -105,7 +105,11 @@ class AdamKernel(NamedTuple):
     rms(θ_0) = ‖θ_0‖/√D of the backbone over its floating-point leaves
     (:func:`ntk_tt.dynamics._regime.backbone_rms`): ``predict_head_aware`` and
     ``sensitivities`` check Adam's weight travel ρ = Σ η_t / weight_rms with it (None: not
-    checked)."""
+    checked).
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "Adam, approximate"), after the rescaled
+    diagonal of Zancato et al. 2020 (arXiv 2008.12478), Sec. 4.
+    """
 
     hk: HeadAwareKernel
     precond: HeadAwareKernel
@@ -152,6 +156,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     preconditioned feature kernel's diagonal blocks, "exact", or "subspace" on ``hk``'s basis Z,
     k = 16 if built here), from one more empirical NTK (module docstring); with "drift" also
     the weight-space table of :mod:`ntk_tt.dynamics._adam_drift`.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "Adam, approximate"), after the rescaled
+    diagonal of Zancato et al. 2020 (arXiv 2008.12478), Sec. 4.
 
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
@@ -241,9 +248,12 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
     """Logits of the head-aware model trained by Adam/AdamW, predicted in function space.
 
     Head exact, backbone by the drifting (``ak.drift``) or frozen rescaled-diagonal
-    preconditioner (module docstring; METHOD.md §11). Pure and jittable: ``vmap`` over the
-    optimiser's array leaves (η schedule, β₁, β₂, λ) shares ``ak``; ``ak`` depends on ε and
-    the batch size (through v̄), so build it for those.
+    preconditioner (module docstring). Pure and jittable: ``vmap`` over the optimiser's array
+    leaves (η schedule, β₁, β₂, λ) shares ``ak``; ``ak`` depends on ε and the batch size
+    (through v̄), so build it for those.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "Adam, approximate"), after the rescaled
+    diagonal of Zancato et al. 2020 (arXiv 2008.12478), Sec. 4.
 
     Args:
       ak: :class:`AdamKernel` (:func:`adam_head_aware_kernel`). y: labels (N,).
@@ -308,21 +318,6 @@ def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:
 
 def _maybe_nonzero(value) -> bool:
     return isinstance(value, jax.core.Tracer) or np.ndim(value) != 0 or float(value) != 0.0
-
-
-def expected_norm0(hk: HeadAwareKernel, y, batch_size: int, loss: str) -> jax.Array:
-    """E‖g_0‖² over the minibatch draw (module docstring): the scale of v̄ in function space."""
-    n = hk.features.shape[0]
-    f0 = hk.features @ hk.head_kernel + hk.head_bias
-    q = logit_residual(f0, y, loss) @ hk.head_kernel.T  # per-sample ∂ℓ_i/∂h_i (N, F)
-    if hk.mixing is not None:
-        pair = hk.backbone * (q @ hk.mixing @ q.T)
-    else:  # q Z (N, k) for a subspace kernel
-        q = feature_coords(hk, q)
-        pair = jnp.einsum("ifjg,if,jg->ij", hk.backbone.reshape(n, q.shape[1], n, -1), q, q)
-    diag, total, bsz = jnp.trace(pair), jnp.sum(pair), batch_size
-    off = 0.0 if n == 1 else bsz * (bsz - 1) / (n * (n - 1)) * (total - diag)
-    return (bsz / n * diag + off) / bsz**2
 
 
 @partial(jax.jit, static_argnames="loss")

@@ -71,6 +71,9 @@ def mean_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
     The loss that :func:`ntk_tt.finetune` trains on and :func:`ntk_tt.predict` predicts.
     Usable under ``jit`` / ``vmap`` / ``grad`` (there the labels' values are not checked).
 
+    Source: METHOD.md, Notation (one loss convention, mean over samples, for the predictor
+    and the real run); the normalisation is ntk_tt's (module docstring).
+
     Args:
       logits: f, float (N, C), one row of C logits per sample.
       y: integer class labels (N,), in [0, C).
@@ -89,6 +92,9 @@ def error_rate(logits: jax.Array, y: jax.Array) -> jax.Array:
     as ``jnp.argmax``). The error curve of :func:`ntk_tt.predict` and
     :func:`ntk_tt.finetune`. Usable under ``jit`` / ``vmap`` (labels' values unchecked
     there).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε on the training
+    error as well as the loss); METHOD.md §6.
 
     Args:
       logits: f, float (N, C).

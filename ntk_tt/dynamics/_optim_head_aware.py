@@ -97,6 +97,9 @@ def head_aware_sgd_trajectory(hk: HeadAwareKernel, y, optimizer: Optimizer, *, s
     Pure and jittable; ``vmap`` over the optimiser's array leaves and ``jax.grad`` with
     respect to a schedule's peak and warmup work (the kernel is shared).
 
+    Source: ntk_tt's own (issues 9 and 27; METHOD.md §10, §11 "SGD, exact"): the head-aware
+    model of §10 under the exact SGD-family recursion of §11.
+
     Args:
       hk: :class:`ntk_tt.HeadAwareKernel` (isotropic, Kronecker, exact or subspace feature kernel).
       y: labels (N,). optimizer: ``ntk_tt.sgd(...)``. steps: T updates (static).

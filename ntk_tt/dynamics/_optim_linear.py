@@ -44,7 +44,10 @@ from ntk_tt.dynamics._losses import check_loss, logit_residual
 
 
 def weight_tangent(fn, params, x) -> jax.Array:
-    """J(x)·θ0: the network's tangent along its own weights, one ``jax.jvp`` (METHOD.md §11).
+    """J(x)·θ0: the network's tangent along its own weights, one ``jax.jvp``.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "SGD, exact": the a = J θ0 that weight
+    decay acts through in function space).
 
     Args:
       fn: ``fn(params, x) -> out`` (an ``apply_fn``, or a backbone ``feature_fn``).
@@ -265,6 +268,9 @@ def sgd_trajectory(kernel, f0, y, optimizer: Optimizer, *, steps: int, key=None,
     over the optimiser's array leaves (e.g. ``jax.vmap(lambda lr: sgd_trajectory(...,
     ntk_tt.sgd(lr, 0.9), steps=T)[0])``) and ``jax.grad`` reaches the schedule's peak and
     warmup.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "SGD, exact"), extending the exact discrete
+    recursions of METHOD.md §2 (whose continuous limit is Zancato et al. 2020's eq. (1)).
 
     Args:
       kernel: Θ (N·C, N·C) sample-major, or (N, N) logit-summed (used as (Θ/C) ⊗ I_C).

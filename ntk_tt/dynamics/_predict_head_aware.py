@@ -259,6 +259,9 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
     the loss is the MEAN over samples. SGD path 0 uses ``ntk_tt.batch_indices(key, N, B,
     steps)``, the batch order of a real run with the same key.
 
+    Source: ntk_tt's own (issue 9; METHOD.md §10, "Head-aware model"; with ``optimizer``
+    §11); T_ε as Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (METHOD.md §6).
+
     Args:
       hk: :class:`HeadAwareKernel` (:func:`ntk_tt.head_aware_kernel`). y: labels (N,).
       learning_rate, momentum, steps, batch_size, nesterov, loss, key, num_paths: as

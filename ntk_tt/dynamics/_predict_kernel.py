@@ -85,16 +85,17 @@ class KernelPrediction(NamedTuple):
       curve's 1 "catapult" (it rises above its L_0) or 0 "converges". spike_step: int32, the
       first step above L_0 (of the earliest diverging path when it diverges), −1 if none.
     divergence (property): int32 verdict on the real run, ``_divergence.VERDICTS[code]``:
-      1 "yes" (outcome "diverges"), 2 "unknown" (outcome "unknown"), else 0 "no". The
-      frozen-kernel cross-entropy prediction (``predict_from_kernel``) beyond the edge has no
-      T_ε either (NaN, code ``BEYOND_EDGE``): that recursion cannot blow up, so its curve
-      there says nothing of whether the real run converges.
+      1 "yes" (outcome "diverges"), 2 "unknown" (outcome "unknown"), else 0 "no". A frozen
+      cross-entropy kernel's prediction beyond the edge has no T_ε either (NaN, code
+      ``BEYOND_EDGE``): that recursion cannot blow up, so its curve says nothing there.
     min_eigenvalue: smallest eigenvalue estimate of Θ; clamped: negative ones set to 0.
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``
       (``CALLED_DIVERGES`` wherever ``outcome`` is "diverges" but the curve did not diverge).
     Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, or m ∉ [0, 1) cannot be refused: that
     prediction's curves, κ and T_ε are NaN, code ``INVALID``, not diverged, outcome "unknown".
+
+    Source: ntk_tt's own container of :func:`predict_from_kernel`'s result (METHOD.md §2, §6).
     """
 
     loss: jax.Array
@@ -156,7 +157,9 @@ def predict_from_kernel(
     num_paths=32, kernel_test=None, f0_test=None, y_test=None, optimizer=None, a=None,
     a_test=None,
 ) -> KernelPrediction:
-    """Predicted fine-tuning curves and T_ε of the linearised model, from Θ (Secs. 3–5).
+    """Predicted fine-tuning curves and T_ε of the linearised model, from Θ.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Secs. 3–5, eq. (1); METHOD.md §2, §3, §6.
 
     Args:
       kernel: empirical NTK Θ (N·C, N·C), sample-major; or (N, N) logit-SUMMED, used as
@@ -184,9 +187,8 @@ def predict_from_kernel(
       loss: "cross_entropy" or "mse" (mean over samples).
       method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
         η/(1 − m)), "sde" (diffrax, SGD noise), or "auto" (see ``resolve_method``).
-      key: jax.random key for the minibatch orders (discrete SGD; seed 0 uses
-        ``batch_indices(key, N, B, steps)``, the order of a real run with the same key) or the
-        Brownian paths (SDE).
+      key: jax.random key for the SDE's Brownian paths or the discrete SGD batch orders:
+        seed 0 uses ``batch_indices(key, N, B, steps)``, a real run's with the same key.
       noise_features: (N·C, D') SDE noise features J·diag(σ_w)·P/√D'.
       num_paths: seeds / Brownian paths for stochastic methods.
       kernel_test: cross kernel Θ(x_test, x), (N_test·C, N·C) or (N_test, N) summed.
@@ -261,8 +263,7 @@ def predict_from_kernel(
 
 def warn_method_edges(out, method: str, momentum) -> None:
     """The warnings of a prediction ``out`` whose ``method`` cannot show the real run's
-    instability: ODE/SDE beyond the stability edge, the closed form with momentum beyond its
-    effective-learning-rate model's edge."""
+    instability (ODE/SDE beyond the edge; closed form with m beyond its η/(1 − m) model's)."""
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
     if method == "closed_form":
@@ -272,7 +273,9 @@ def warn_method_edges(out, method: str, momentum) -> None:
 class BeyondEdgeWarning(UserWarning):
     """A continuous-time (ODE/SDE) prediction at κ beyond the stability edge, or a closed form
     with momentum beyond its effective-learning-rate model's own edge: its curve and T_ε are
-    not trustworthy. ``ntk-tt predict`` prints its own warning line instead."""
+    not trustworthy. ``ntk-tt predict`` prints its own warning line instead.
+
+    Source: ntk_tt's own (the linear model's stability edge, METHOD.md §2, §3)."""
 
 
 def _warn_effective_edge(kappa, momentum) -> None:
@@ -377,8 +380,7 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     called = (said.outcome == DIVERGES) & ~diverged  # a run called divergent: no T_ε
     t_eps = jnp.where(called, jnp.nan, t_eps)
     codes = jnp.where(called, CALLED_DIVERGES, codes).astype(jnp.int32)
-    # traced η or m (jit / vmap) escape the eager checks: an invalid one is no divergence
-    # but a NaN prediction, code INVALID, outcome "unknown" (code 3)
+    # an invalid traced η or m (no eager check): no divergence, NaN, INVALID, "unknown" (3)
     bad = ~(jnp.isfinite(lr) & (lr > 0) & (m >= 0) & (m < 1))
     nan, none = partial(_unless, bad, jnp.nan), partial(_unless, bad, -1)
     return KernelPrediction(

@@ -48,7 +48,10 @@ class LinearRegimeWarning(BeyondEdgeWarning):
     linearised regime (on the benchmark its loss fell later, then lower than predicted; beyond
     :data:`UNKNOWN_TRAVEL` runs spiked or were destroyed, and the prediction abstains). A
     subclass of :class:`BeyondEdgeWarning`, so ``ntk-tt predict`` prints it as a warning line
-    and its ``--json`` report keeps it."""
+    and its ``--json`` report keeps it.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11; README "Where the Adam predictor holds"):
+    the threshold is measured, not derived."""
 
 
 UNKNOWN_TRAVEL = 1.0
@@ -58,6 +61,9 @@ largest ρ measured to converge as predicted, 0.70, and the smallest measured no
 
 def weight_travel(learning_rates, params) -> float:
     """ρ = Σ_t η_t / rms(θ_0): Adam's bound on the backbone's relative weight change.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11, "Where the Adam predictor holds"), after
+    the lazy-regime measure of Chizat, Oyallon & Bach 2019 and Lee et al. 2019.
 
     Args:
       learning_rates: η_t ≥ 0 for the T steps (T,) (``Optimizer.learning_rates(T)``), per

@@ -60,6 +60,9 @@ def steps_to_target_array(curve: jax.Array, target, window: int = 5):
     traced (``jax.vmap(steps_to_target_array, (None, 0))(curve, targets)`` for several);
     ``window`` is static. No value checks (see :func:`steps_to_target`).
 
+    Source: ntk_tt's own (README "Steps to an absolute target"), smoothed as T_ε is
+    (METHOD.md §6; Zancato et al. 2020, Sec. 5, Alg. 1).
+
     Raises:
       ValueError: ``curve`` not 1-D with >= 1 entry or ``target`` not a scalar (static
         shapes; vmap over targets for several).
@@ -116,6 +119,9 @@ def steps_to_target_report(curve, target, *, window: int = 5) -> tuple[float, st
     for a curve with NaN or inf entries or one that does not reach the target
     (:data:`TARGET_REASONS`). Eager, like :func:`steps_to_target`.
 
+    Source: ntk_tt's own (README "Steps to an absolute target"), smoothed as T_ε is
+    (METHOD.md §6; Zancato et al. 2020, Sec. 5, Alg. 1).
+
     Raises:
       ValueError: as :func:`steps_to_target`.
     """
@@ -126,6 +132,9 @@ def steps_to_target_report(curve, target, *, window: int = 5) -> tuple[float, st
 
 def steps_to_target(curve, target, *, window: int = 5) -> float:
     """First step t at which the smoothed curve is ≤ ``target`` (module docstring), in steps.
+
+    Source: ntk_tt's own (README "Steps to an absolute target"), smoothed as T_ε is
+    (METHOD.md §6; Zancato et al. 2020, Sec. 5, Alg. 1).
 
     Args:
       curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = optimiser

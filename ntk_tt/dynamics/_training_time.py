@@ -159,6 +159,9 @@ def training_time_array(curve: jax.Array, epsilon, window: int = 5):
     ``window`` is static. No value checks (see :func:`training_time`): an ε outside (0, 1)
     or NaN gives NaN with code ``INVALID``, as an invalid traced hyperparameter does.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε); METHOD.md §6, made
+    precise by ntk_tt (module docstring).
+
     Raises:
       ValueError: ``curve`` not 1-D or ``epsilon`` not a scalar (shapes are static: one ε per
         call; ``jax.vmap`` over ε for several).
@@ -185,6 +188,9 @@ def training_time_report(curve, epsilon, *, window: int | None = None
     a curve with NaN or inf entries, a flat or rising curve, or one that never comes within
     ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε); METHOD.md §6, made
+    precise by ntk_tt (module docstring).
+
     Raises:
       ValueError: curve not numbers (a string, an array of strings, a ragged list, booleans:
         the message names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g.
@@ -199,6 +205,9 @@ def training_time_report(curve, epsilon, *, window: int | None = None
 
 def training_time(curve, epsilon, *, window: int | None = None) -> float:
     """T_ε = first step t with |L̃_t − L_T| ≤ ε·(L_0 − L_T) (module docstring), in steps.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε); METHOD.md §6, made
+    precise by ntk_tt (module docstring).
 
     Args:
       curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = steps.
@@ -261,6 +270,9 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     curve only: mask it with the prediction's ``training_time_code`` (a prediction beyond the
     stability edge, or called diverged, has no T_ε though its curve may fall).
 
+    Source: ntk_tt's own differentiable relaxation (for :func:`ntk_tt.sensitivities`) of the
+    T_ε of Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1; METHOD.md §6.
+
     Args:
       curve: 1-D curve (steps + 1,). epsilon: in (0, 1) (traceable). window: static.
       temperature: τ > 0, relative to ε·drop.
@@ -288,6 +300,9 @@ def wall_clock_time(steps, seconds_per_step):
     """Wall-clock training time = T_ε (steps) × measured seconds per optimiser step.
 
     Works on scalars or arrays; NaN (undefined T_ε) stays NaN.
+
+    Source: METHOD.md §6: T_ε × time per step, the combination that Zancato et al. 2020
+    (arXiv 2008.12478) suggest but do not make.
 
     Raises:
       ValueError: ``steps`` or ``seconds_per_step`` not numbers (a string such as ``"0.5"``

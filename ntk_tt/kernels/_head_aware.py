@@ -50,6 +50,8 @@ class HeadAwareKernel(NamedTuple):
     with orthonormal columns, ``mixing`` None: the features move in span(Z) only).
     features_test (N_test, F), backbone_test (N_test, N), (N_test·F, N·F) or
     (N_test·k, N·k): held-out inputs, or None.
+
+    Source: ntk_tt's own (issue 9; METHOD.md §10; the subspace form issue 26).
     """
 
     features: jax.Array
@@ -74,6 +76,9 @@ def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
     x) -> h`` (N, F) is the model with its head replaced by the identity (eval mode, as
     :func:`ntk_tt.from_nnx`), ``head_kernel`` (F, C) and ``head_bias`` (C,) the head's
     weights, so ``model(x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
+
+    Source: ntk_tt's own (issue 9; METHOD.md §10): the f = h W + b split of the head-aware
+    model.
 
     Raises:
       ValueError: the model has no ``nnx.Linear`` attribute ``head`` with a bias.
@@ -209,6 +214,9 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     k = 16 brings the full preset's constant-η T_ε p95 from 22.7 / 23.0 % to 9.9 / 15.6 %,
     GD / SGD; README "Error budget"). ``x_test`` (N_test, ...): also the held-out cross kernel
     (``traced_kernel_test`` (N_test, N) if given).
+
+    Source: ntk_tt's own (issue 9; METHOD.md §10, the head-aware model and its feature
+    kernels; "subspace" issue 26), built from the empirical NTK of Zancato et al. 2020, eq. (2).
 
     Raises:
       ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an

@@ -19,6 +19,8 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
     ``jax.jvp``: the Jacobian is never formed. Fine-tuning the linear model by gradient descent
     gives exactly the function-space dynamics driven by the empirical NTK Θ = J Jᵀ.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 3; METHOD.md §1.
+
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
       params0: the pre-trained parameter pytree w0 (trainable leaves only).

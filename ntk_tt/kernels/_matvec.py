@@ -48,6 +48,9 @@ def ntk_vector_product(apply_fn: ApplyFn, params: Any, x: Any):
     once per ``apply_fn`` and shape. For Lanczos (``ntk_top_eigenvalues``) and for N too large
     for the (N·C)² kernel (METHOD.md §5).
 
+    Source: ntk_tt's own matrix-free route (METHOD.md §5: Θ never formed) to the Θ = J Jᵀ of
+    Zancato et al. 2020 (arXiv 2008.12478), eq. (2).
+
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
       params: parameter pytree.
@@ -80,6 +83,9 @@ def ntk_top_eigenvalues(
     :func:`ntk_vector_product`; the Lanczos start vector is drawn from ``key``. Cost: a few
     times k Θ·v products, each about three forward passes over the N inputs. Paper Prop. 2 /
     METHOD.md §4: these set the fastest decay rates of the loss.
+
+    Source: ntk_tt's own (Lanczos on :func:`ntk_vector_product`); the eigenvalues' role is
+    Prop. 2 of Zancato et al. 2020 (arXiv 2008.12478); METHOD.md §4.
 
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).

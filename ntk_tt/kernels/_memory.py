@@ -19,6 +19,8 @@ class NTKMemoryError(MemoryError, ValueError):
 
     Subclasses both ``MemoryError`` and ``ValueError``, so either ``except`` clause catches it.
     Raised before any Jacobian is computed.
+
+    Source: none (ntk_tt's own guard; the kernel's costs are those of METHOD.md §5).
     """
 
 
@@ -33,6 +35,8 @@ def _bytes(value) -> int:
 
 def available_memory(memory_limit: int | None = None) -> int:
     """Bytes available for a kernel computation.
+
+    Source: none (a utility).
 
     Args:
       memory_limit: explicit limit in bytes; wins over everything else.

@@ -319,6 +319,9 @@ def empirical_ntk(
     Jacobian function); the kernel it returns then goes into jitted, vmapped
     :func:`ntk_tt.predict_from_kernel` calls.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), eq. (2), Sec. 4; METHOD.md §5. The
+    structured contractions follow Novak et al. 2022, Sec. 4.
+
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
       params: parameter pytree (trainable leaves only), D numbers in total.

@@ -89,6 +89,9 @@ def sharded_empirical_ntk(
     and the default mesh spans ``jax.devices()`` (all hosts); the result is then a global array
     (gather it with ``jax.experimental.multihost_utils.process_allgather``).
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), eq. (2); METHOD.md §5. The sharding is
+    ntk_tt's own (README "Larger N from a subset (App. D) and sharded kernels").
+
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).
       params: parameter pytree (replicated on every device).

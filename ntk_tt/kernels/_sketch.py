@@ -40,6 +40,8 @@ class SketchedNTK(NamedTuple):
 
     Attributes:
       features: (N·C, D') array ``J·diag(s)·P/√D'``, rows sample-major (``i*C + c``).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4 (random projection); METHOD.md §5.
     """
 
     features: jax.Array
@@ -177,6 +179,9 @@ def sketched_ntk(
     ``empirical_ntk``) and projects them; "auto" picks the one with fewer estimated FLOPs
     (:func:`choose_route`). Peak memory: the (N·C, D') features, one (DIRECTION_BLOCK × D)
     block of P, and for "reverse" a (block_size·C × D) Jacobian block — never D × D'.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4 (random projection, Achlioptas'
+    directions); METHOD.md §5.
 
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` of shape (N, C).

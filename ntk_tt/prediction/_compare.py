@@ -245,6 +245,9 @@ def _same(a, b) -> bool:
 def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
     """Put a prediction and the real fine-tuning run it predicts side by side.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5 (the error |T̂_ε − T_ε|, relative
+    to T_ε); METHOD.md §6. The other entries are ntk_tt's own.
+
     Args:
       prediction: from :func:`ntk_tt.predict` (same task, hyperparameters, steps and key).
       run: from :func:`ntk_tt.finetune`.

@@ -28,9 +28,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.special import logsumexp
 
 from ntk_tt.dynamics._checks import check_gram
+from ntk_tt.prediction._spectrum_linalg import (
+    _check_finite,
+    _check_range,
+    _eig,
+    _operator,
+    _tail_exponent,
+)
 from ntk_tt.prediction._spectrum_sgd import (
     check_real_field,
     check_spectrum_optimizer,
@@ -45,6 +51,9 @@ class Spectrum(NamedTuple):
     eigenvalues: μ_k = λ_k / N, shape (K,), descending; K = N·C (full Θ) or N (traced Θ,
       eigenvalues of Θ_tr / C). projections: p_k = (v_k · δy)², shape (K,), Σ_k p_k = ‖δy‖².
     num_samples: N, the number of samples the loss is averaged over.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Prop. 2 (the eigenvalues and projections
+    that set an MSE curve); METHOD.md §4, §7.
     """
 
     eigenvalues: jax.Array
@@ -52,41 +61,10 @@ class Spectrum(NamedTuple):
     num_samples: int
 
 
-def _operator(kernel, residual, name):
-    """(matrix acting on the sample-major residual, traced flag) after shape checks."""
-    if np.ndim(residual) != 2:
-        raise ValueError(
-            f"{name}'s residual must be f0 − onehot(y) of shape (N, C), got shape "
-            f"{np.shape(residual)}."
-        )
-    n, c = np.shape(residual)
-    shape = tuple(np.shape(kernel))
-    if shape == (n * c, n * c):
-        return np.asarray(kernel, np.float64), False
-    if shape == (n, n):
-        return np.asarray(kernel, np.float64) / c, True
-    raise ValueError(
-        f"{name} must be ({n * c}, {n * c}) (full Θ) or ({n}, {n}) (trace_logits=True) for a "
-        f"residual of shape ({n}, {c}), got {shape}."
-    )
-
-
-def _check_finite(name, value):
-    if not np.all(np.isfinite(np.asarray(value))):
-        raise ValueError(f"{name} contains NaN or inf; recompute it before extrapolating.")
-
-
-def _eig(mat, residual, traced):
-    """Descending eigenvalues and projections p_k of a symmetric PSD operator (float64)."""
-    lam, v = np.linalg.eigh(0.5 * (mat + mat.T))
-    lam, v = np.maximum(lam[::-1], 0.0), v[:, ::-1]
-    a = v.T @ (residual if traced else residual.reshape(-1))
-    p = np.sum(a**2, axis=1) if traced else a**2
-    return lam, p
-
-
 def kernel_spectrum(kernel, residual) -> Spectrum:
     """Exact normalised spectrum and residual projections of a kernel (Prop. 2, METHOD.md §4).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Prop. 2; METHOD.md §4.
 
     Args:
       kernel: Θ on N samples, (N·C, N·C) sample-major or (N, N) logit-summed.
@@ -110,20 +88,10 @@ def kernel_spectrum(kernel, residual) -> Spectrum:
     return Spectrum(jnp.asarray(lam / n, dtype), jnp.asarray(p, dtype), n)
 
 
-def _check_range(fit_range, size):
-    lo, hi = fit_range
-    for v in (lo, hi):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"fit_range must be two integers (lo, hi), got {fit_range!r}.")
-    if not 1 <= lo < hi <= size:
-        raise ValueError(
-            f"fit_range (lo, hi) must satisfy 1 <= lo < hi <= {size} (1-based eigenvalue "
-            f"indices, inclusive), got {fit_range!r}."
-        )
-
-
 def fit_power_law(eigenvalues, fit_range) -> tuple[float, float]:
     """Least-squares fit of log μ_k = log c − s log k over k = lo..hi (App. D, METHOD.md §7).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), App. D (λ_k ≈ c·k^(−s)); METHOD.md §7.
 
     Args:
       eigenvalues: descending normalised eigenvalues μ_k, shape (K,); index k is 1-based.
@@ -151,25 +119,6 @@ def fit_power_law(eigenvalues, fit_range) -> tuple[float, float]:
     return float(np.exp(intercept)), float(-slope)
 
 
-def _tail_exponent(anchor, k0, size, target):
-    """b with Σ_{k=k0}^{size} anchor·(k/k0)^(−b) = target, by bisection (the sum falls with b)."""
-    logk = np.log(np.arange(k0, size + 1, dtype=np.float64) / k0)
-
-    def total(b):
-        return np.log(anchor) + logsumexp(-b * logk)
-
-    lo, hi, goal = -50.0, 200.0, np.log(target)
-    if not total(hi) <= goal <= total(lo):
-        raise ValueError(
-            f"no power-law tail from k0 = {k0} to K = {size} carries the missing residual mass "
-            f"{target:.4g} from the anchor p_k0 = {anchor:.4g}; choose another k0."
-        )
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if total(mid) > goal else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
 def extrapolate_spectrum(
     kernel_subset, residual_subset, residual_full, *, k0=None, fit_range=None,
     slope_correction=0.0,
@@ -190,6 +139,9 @@ def extrapolate_spectrum(
     (a·k0^(−b) = the rescaled p'_k0), with b solved so that Σ_k p_k = ‖δy‖² of the FULL set
     exactly (so the predicted L_0 is exact).
     With N = N' the subset's own exact spectrum is returned (nothing to extrapolate).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4, App. D; METHOD.md §7, with
+    ntk_tt's measured changes (top μ'_k kept, p'_k rescaled by ‖δy‖²/‖δy'‖², α = 0).
 
     Args:
       kernel_subset: Θ' on the N' subset samples, (N'·C, N'·C) or (N', N') traced.
@@ -272,6 +224,9 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
     v_k = B q_k / √λ_k. The residual mass outside their span, ‖δy‖² − Σ_k p_k, is one more
     entry with eigenvalue 0 (it does not decay), so Σ_k p_k = ‖δy‖² and L_0 is exact. Exact
     when the landmarks span Θ's column space (e.g. X' = X, or rank Θ ≤ K').
+
+    Source: Williams & Seeger 2001 (the Nyström method): ntk_tt's alternative to App. D of
+    Zancato et al. 2020 (arXiv 2008.12478); METHOD.md §7.
 
     Args:
       kernel_cross: Θ(X, X'), (N·C, N'·C) sample-major or (N, N') traced.
@@ -359,6 +314,9 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     each mode follows the optimiser's exact scalar recursion instead, with the schedule's η_t
     and heavy-ball or Nesterov momentum (:mod:`ntk_tt.prediction._spectrum_sgd`, METHOD.md §7);
     ``sgd(η)`` (constant, m = 0) gives the ``learning_rate=η`` curve bit for bit.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Prop. 2, in discrete time; METHOD.md §7
+    (with ``optimizer``, ntk_tt's own: issue 27, METHOD.md §7 and §11).
 
     Args:
       spectrum: :class:`Spectrum` (μ_k = λ_k / N, p_k, N).

@@ -87,6 +87,9 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
     linear in its weights (then it is the network trained by ``optimizer.to_optax()``);
     ``segments=1`` is ``ntk_tt.predict(..., head=split, optimizer=, num_paths=1)``.
 
+    Source: ntk_tt's own (issue 9; METHOD.md §10, "Evolving kernel without jumps"; with
+    ``optimizer``, issue 27 and METHOD.md §11).
+
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
       segments: int ≥ 1, at most ``steps``. optimizer: an SGD-family ``ntk_tt.Optimizer``

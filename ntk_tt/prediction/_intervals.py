@@ -40,10 +40,10 @@ import warnings
 import numpy as np
 
 from ntk_tt._options import a_type, file_path
-from ntk_tt._options_predict import NO_INTERVAL
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
+    _abstain_message,
     _level_message,
     check_ranges,
     prediction_messages,
@@ -115,6 +115,9 @@ class IntervalCalibrator:
     float, natural-log units)}. source: where it was fitted (rows, target sets, predictor;
     "num_train", "steps": [min, max] N and T; "schedule", "weight_decay", "nesterov": the
     update rule, ``_intervals_range.rule_source``; each absent from older fits).
+
+    Source: split conformal prediction (Vovk, Gammerman & Shafer 2005; Lei et al. 2018),
+    Mondrian per group, on ntk_tt's benchmark residuals (README "Calibrated intervals for T_ε").
     """
 
     level: float
@@ -247,6 +250,8 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     SGD-momentum + warmup-cosine rows, grouped by ε
     (``experiments/subspace_intervals.py``; README "Intervals").
 
+    Source: ntk_tt's own fits (README "Calibrated intervals for T_ε").
+
     Raises:
       ValueError: ``rule`` not "sgd", "adam" or "subspace".
     """
@@ -271,6 +276,8 @@ def calibrated_for(prediction, calibrator: IntervalCalibrator) -> bool:
     not name its predictor (a table without those columns) matches any discrete cross-entropy one.
     One that records ``source["subspace_dim"]`` (the subspace kernel's k) matches a prediction
     with that ``hyperparameters["subspace_dim"]`` only.
+
+    Source: none (a utility of :func:`intervals`).
 
     Args:
       prediction: a :class:`ntk_tt.Prediction` (``method``, ``kernel``, and
@@ -303,6 +310,9 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
 
     κ̃ = ``prediction.kappa``/(1 − m) and the optimiser (gd when B = N, else sgd) come from
     ``prediction.hyperparameters``.
+
+    Source: split conformal prediction (Vovk, Gammerman & Shafer 2005; Lei et al. 2018) on
+    ntk_tt's benchmark residuals (module docstring; README "Calibrated intervals for T_ε").
 
     Args:
       prediction: from :func:`ntk_tt.predict`. calibrator: None = the shipped one of the
@@ -374,23 +384,3 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     for message in said:
         warnings.warn(message, CalibrationRangeWarning, stacklevel=2)
     return {"loss": loss, "error": dict.fromkeys(tt["error"]), "warnings": said}
-
-
-def _abstain_message(prediction, cal: IntervalCalibrator) -> str:
-    """Why :func:`intervals` gives no interval: the prediction abstains, or the calibrator's
-    residuals are of another predictor."""
-    if prediction.outcome in ("unknown", "diverges"):
-        what = "abstains" if prediction.outcome == "unknown" else "calls divergence"
-        return (f"{NO_INTERVAL}: the prediction {what} (outcome {prediction.outcome}: "
-                f"{prediction.divergence_reason}), so it has no T_ε to bound")
-    names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
-             for k in cal.source.get("pred_kernel") or []]
-    of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
-    hp = prediction.hyperparameters
-    k = cal.source.get("subspace_dim")  # the table's k, then the prediction's, if recorded
-    dims = ["" if k is None or d is None else f" with k = {d} feature directions{cap}"
-            for d, cap in ((k, ""), (hp.get("subspace_dim"), " (k = min(subspace_dim, F))"))]
-    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of}{dims[0]} (method "
-            f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel}"
-            f"{dims[1]} (method {prediction.method}, loss {hp.get('loss', 'cross_entropy')}): "
-            "fit a calibrator on a sweep of its predictor (ntk_tt.fit_intervals) to get one")

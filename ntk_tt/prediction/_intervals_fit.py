@@ -34,6 +34,9 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
                   kappa_edges=KAPPA_EDGES) -> IntervalCalibrator:
     """Fit a T_ε interval calibrator on a benchmark sweep table.
 
+    Source: split conformal prediction (Vovk, Gammerman & Shafer 2005; Lei et al. 2018) on
+    ntk_tt's benchmark table (README "Calibrated intervals for T_ε").
+
     Args:
       frame: pandas DataFrame with the sweep table's columns ``kappa_eff``, ``optimizer``,
         ``real_diverged``, ``pred_diverged``, ``real_T<ε>`` and ``pred_T<ε>`` (steps) for

@@ -13,7 +13,8 @@ table has no edge rows). A
 prediction outside them gets an interval whose coverage was never measured:
 :func:`prediction_messages` says so, and :func:`ntk_tt.intervals` warns
 :class:`CalibrationRangeWarning`. Calibrators written before a field was recorded flag nothing
-for it.
+for it. The other notes of :func:`ntk_tt.intervals` are here too: a level the table cannot
+resolve, and why a prediction gets no interval.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import numpy as np
 
 from ntk_tt._options import a_type, is_real
+from ntk_tt._options_predict import NO_INTERVAL
 from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 
 RANGES = (("num_train", "N", "training samples"), ("steps", "T", "steps"),
@@ -32,7 +34,9 @@ EXTRAPOLATION = "(the T_ε intervals are an extrapolation there: their coverage 
 
 class CalibrationRangeWarning(BeyondEdgeWarning):
     """A T_ε interval for an N, T, C, κ̃ or update rule outside the calibration table's
-    (:func:`ntk_tt.intervals`)."""
+    (:func:`ntk_tt.intervals`).
+
+    Source: ntk_tt's own (README "Calibrated intervals for T_ε")."""
 
 
 def range_messages(source: dict, num_train=None, steps=None, num_classes=None) -> list[str]:
@@ -156,3 +160,23 @@ def _level_message(level: float, n: int) -> str:
     return (f"level {level:g} needs more residuals than the calibration table has ({n}, all "
             f"pooled): its bounds are 0 and the horizon T, so the interval says nothing; "
             f"levels up to {1 - 2 / (n + 1):.3f} are resolved")
+
+
+def _abstain_message(prediction, cal) -> str:
+    """Why :func:`ntk_tt.intervals` gives no interval to ``prediction``: it abstains, or the
+    residuals of ``cal`` (an :class:`ntk_tt.IntervalCalibrator`) are of another predictor."""
+    if prediction.outcome in ("unknown", "diverges"):
+        what = "abstains" if prediction.outcome == "unknown" else "calls divergence"
+        return (f"{NO_INTERVAL}: the prediction {what} (outcome {prediction.outcome}: "
+                f"{prediction.divergence_reason}), so it has no T_ε to bound")
+    names = [f"{m}:{k}" for m in cal.source.get("pred_method") or []
+             for k in cal.source.get("pred_kernel") or []]
+    of = f"the {' / '.join(names)} predictor" if names else "discrete-recursion predictions"
+    hp = prediction.hyperparameters
+    k = cal.source.get("subspace_dim")  # the table's k, then the prediction's, if recorded
+    dims = ["" if k is None or d is None else f" with k = {d} feature directions{cap}"
+            for d, cap in ((k, ""), (hp.get("subspace_dim"), " (k = min(subspace_dim, F))"))]
+    return (f"{NO_INTERVAL}: the calibration table's residuals are of {of}{dims[0]} (method "
+            f"discrete, loss cross_entropy); this prediction's kernel is {prediction.kernel}"
+            f"{dims[1]} (method {prediction.method}, loss {hp.get('loss', 'cross_entropy')}): "
+            "fit a calibrator on a sweep of its predictor (ntk_tt.fit_intervals) to get one")

@@ -235,6 +235,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     one worked is not replaced: this run's figure is kept beside it as ``name.1.png`` (``.2``,
     ...), and ``report["figure"]`` says where.
 
+    Source: none (the ``ntk-tt predict`` job around :func:`ntk_tt.predict`; README "The main job").
+
     Args:
       overwrite: True replaces existing outputs, False refuses them (before any work); or a
         list naming those that may be replaced, e.g. ``("figure",)``

@@ -46,6 +46,9 @@ class ReferenceRun(NamedTuple):
     own; the last step always the linear model's); test_logits (T + 1, N_test, C) or None.
     params: the final weights θ_T. stopped_at: the first update whose loss was non-finite
     (from there the curves hold the last finite values, as ``ntk_tt.finetune``), or None.
+
+    Source: ntk_tt's own (issue 27; METHOD.md §11): the linearised model of Zancato et al.
+    2020 (arXiv 2008.12478), Sec. 3, trained in weight space.
     """
 
     loss: np.ndarray
@@ -72,6 +75,9 @@ def linearised_reference(apply_fn: ApplyFn, params: Any, x, y, optimizer: Optimi
     linear step from θ_{T−1} (no re-linearisation after the last update: off by second
     order in θ_T − θ_{T−1}). K measures how often a linearised model must be refreshed to
     follow the real run (issues 26 and 27, ``experiments/relinearise.py``).
+
+    Source: ntk_tt's own (issues 26 and 27; METHOD.md §1, §11): the linearised model of
+    Zancato et al. 2020 (arXiv 2008.12478), Sec. 3, trained in weight space.
 
     Args:
       apply_fn, params: the network and its pre-trained weights θ_0 (``ntk_tt.from_nnx``).

@@ -145,6 +145,9 @@ def predict(
     needs ``head``);
     :func:`ntk_tt.prediction._predict_optimizer.predict_with_optimizer`, METHOD.md §11.
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Secs. 3–5 and App. D (METHOD.md §1–§7);
+    the head-aware predictor and the optimisers are ntk_tt's own (METHOD.md §10, §11).
+
     Example:
       >>> pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=1e-3, steps=150)
       >>> pred.training_time["loss"][0.1]          # T_0.1 in steps (NaN if undefined)

@@ -80,6 +80,9 @@ class Prediction(NamedTuple):
       reason in steps_to_target_reasons[curve][target] (never reached within T, or, as for
       T_ε, the prediction diverged, is called divergent, or cannot tell beyond the stability
       edge).
+
+    Source: ntk_tt's own container of :func:`ntk_tt.predict`'s result (T_ε: METHOD.md §6;
+    the divergence rule and outcome: METHOD.md §2).
     """
 
     loss: np.ndarray

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
+from ntk_tt._options import _is_int
 from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_labels
@@ -63,6 +64,8 @@ class SubsetPrediction(NamedTuple):
       "logits" (f0 on all N samples), "spectrum", "curve" (curve and T_ε), "total" (from the
       call to the result, validation included); "compile" is all JAX compilation during the
       call (tracing, lowering, XLA), excluded from every other entry.
+
+    Source: ntk_tt's own container (the App. D prediction of METHOD.md §7).
     """
 
     loss: np.ndarray
@@ -80,10 +83,6 @@ class SubsetPrediction(NamedTuple):
     subset_size: int
     hyperparameters: dict
     seconds: dict
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 class PowerLawFitError(ValueError):
@@ -247,7 +246,7 @@ def predict_from_subset(
 ) -> SubsetPrediction:
     """Predict the mean MSE loss curve of full-batch training and T_ε on N samples from N'.
 
-    Paper Sec. 4 / App. D, METHOD.md §7. Steps: (1) draw a class-balanced subset X' of
+    Steps: (1) draw a class-balanced subset X' of
     N' = ``subset_size`` samples (N'/K per class, from ``key``); (2) the logit-summed empirical
     NTK ``empirical_ntk(apply_fn, params, x_subset, trace_logits=True)`` (N', N') — for
     ``method="nystrom"`` instead the cross kernel Θ(X, X') (N, N'), computed as
@@ -262,6 +261,8 @@ def predict_from_subset(
     The traced kernel acts as (Θ_tr / C) ⊗ I_C, as ``predict(..., kernel="traced")``.
 
     Cost: power law N'²·C·D kernel work plus N forward passes; Nyström N·N'·C·D (never N²).
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4, App. D; METHOD.md §7.
 
     Args:
       apply_fn, params: the pre-trained model with its new head, ``apply_fn(params, x)`` →

@@ -70,6 +70,8 @@ class OutcomePredictor:
     counts, settings and ``loss_names``, the losses of the fitting runs. ``domain``:
     {column: [low, high, missing]} of the fitting rows (:func:`feature_domain`), or None for
     a file written before domains were kept (then nothing is flagged).
+
+    Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
     """
 
     columns: list[str]
@@ -97,12 +99,11 @@ class OutcomePredictor:
         ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 %
         interval (None and [None, None] when ``p_diverged`` ≥ 0.5: a run expected to diverge
         has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps``
-        T, and ``out_of_domain``: the inputs
-        outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
-        first ``loss_is_mse`` when the run's loss is not the fitting runs',
-        :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no domain).
-        A flagged run's numbers are extrapolations: the trees answer as for the nearest
-        corpus runs.
+        T, and ``out_of_domain``: the inputs outside the range of the corpus the predictor was
+        fitted on (:func:`out_of_domain`; first ``loss_is_mse`` when the run's loss is not the
+        fitting runs', :func:`loss_out_of_domain`; [] when none, None when the predictor keeps
+        no domain). A flagged run's numbers are extrapolations: the trees answer as for the
+        nearest corpus runs.
 
         Raises:
           ValueError: a predictor with NTK features given no ``prediction``; k out of range;
@@ -233,6 +234,8 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     The 90 % (``level``) intervals come from ``folds``-fold out-of-fold residuals, folds
     grouped by run (every prefix of a run in one fold), per prefix fraction.
 
+    Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
+
     Raises:
       ValueError: no rows; ``level`` not a number in (0, 1); ``folds`` not an integer >= 2;
         ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a dict,
@@ -290,8 +293,10 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     squares (``scipy.optimize.curve_fit``) and keeps the better fit; with k < 3 it
     extrapolates the last log-linear step. Returns the extrapolated final loss relative to
     L_0 (``loss_T_rel``; ∞ when the prefix is non-finite) and the T_0.1 of the extrapolated
-    curve in steps (``t_eps``, NaN where undefined). The baseline issue 11 asks the outcome
-    predictors to beat (README: "Telemetry and outcome prediction").
+    curve in steps (``t_eps``, NaN where undefined).
+
+    Source: ntk_tt's own: the baseline issue 11 asks the outcome predictors to beat (README
+    "Telemetry and outcome prediction"; METHOD.md §9).
 
     Raises:
       ValueError: k not in [0, recorded updates] (:func:`ntk_tt.truncate`).
@@ -384,8 +389,10 @@ def default_outcome_predictor(ntk: bool = False) -> OutcomePredictor:
     """The shipped predictor fitted on the issue-11 corpus (``ntk_tt/assets``): the
     telemetry-only one (``ntk=False``) or the one that also reads the NTK prediction.
 
+    Source: ntk_tt's own fits (issue 11) of the method of arXiv 2608.03709; METHOD.md §9.
+
     Raises:
-      FileNotFoundError: the asset is missing from this installation.
+      ValueError: the asset is missing (not a file) or damaged (:meth:`OutcomePredictor.load`).
     """
     from importlib.resources import files
 

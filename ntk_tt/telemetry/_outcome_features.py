@@ -140,6 +140,9 @@ def outcome_features(telemetry: Telemetry, k: int | None = None, prediction: dic
              ) -> dict[str, float]:
     """The outcome predictor's inputs from the first ``k`` updates of a run.
 
+    Source: the early-telemetry signals of arXiv 2608.03709 (METHOD.md §9); the NTK
+    prediction's features (the closed loop) are ntk_tt's own (issue 11).
+
     Args:
       telemetry: the run's :class:`ntk_tt.Telemetry` (whole or already a prefix).
       k: updates to use (default: all it has); the row is truncated first, so nothing later

@@ -7,6 +7,7 @@ diverge, mixed with the divergence classifier's probability.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,24 @@ def _predict_one(target: str, model, x: np.ndarray, constant: float) -> np.ndarr
     return model.predict_proba(x)[:, 1]
 
 
+def _shown(value) -> str:
+    """``value`` for a message: an array's shape and dtype, else its type."""
+    shape, kind = getattr(value, "shape", None), getattr(value, "dtype", None)
+    return type(value).__name__ if shape is None else f"shape {shape}, dtype {kind}"
+
+
+def _check_features(x, where: str) -> np.ndarray:
+    """``x`` as an array after a ValueError unless it is (R, F) real numbers with R >= 1."""
+    try:
+        arr = np.asarray(x)
+    except ValueError:  # a ragged nested list
+        arr = None
+    if arr is None or arr.ndim != 2 or arr.dtype.kind not in "biuf" or len(arr) == 0:
+        raise ValueError(f"{where} needs x, the feature matrix (R, F) of real numbers with "
+                         f"R >= 1 rows (an outcome Dataset's .x), got {_shown(x)}.")
+    return arr
+
+
 def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
                ) -> tuple[dict[str, Any], dict[str, float]]:
     """One LightGBM model per target on features ``x`` (R, F) and labels ``y`` (target →
@@ -93,7 +112,26 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
     diverged training runs (near chance). A diverged run's accuracy is set by the divergence,
     not by its hyperparameters' smooth trend, and the classifier sees that from the first
     steps (measured on the corpus: README).
+
+    Source: arXiv 2608.03709 (gradient-boosted trees on early telemetry; METHOD.md §9); the
+    targets and the hurdle model are ntk_tt's own (issue 11).
+
+    Raises:
+      ValueError: ``x`` not an (R, F) array of real numbers with R >= 1 rows; ``y`` not a
+        mapping with real labels of shape (R,) for every target of ``TARGETS`` (the first
+        missing or malformed one named). All before any fitting.
     """
+    x = _check_features(x, "fit_models")
+    if not isinstance(y, Mapping):
+        raise ValueError(f"fit_models needs y, a dict target → labels (R,) for the targets "
+                         f"{TARGETS} (an outcome Dataset's .y), got {_shown(y)}.")
+    for t in TARGETS:
+        label = np.asarray(y[t]) if t in y else None
+        if label is None or label.shape != (len(x),) or label.dtype.kind not in "biuf":
+            raise ValueError(f"fit_models needs y[{t!r}], real labels of shape ({len(x)},) "
+                             f"(one per row of x; NaN = unknown), got "
+                             f"{'none' if label is None else _shown(label)}.")
+    y = {t: np.asarray(y[t]) for t in TARGETS}
     div = y["diverged"] == 1
     models, consts = {}, {}
     for t in TARGETS:
@@ -113,7 +151,23 @@ def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarr
                    ) -> dict[str, np.ndarray]:
     """Predictions (R,) per target from :func:`fit_models`' output: final accuracy (the
     hurdle mixture, clipped to [0, 1]) and log(T_0.1/T) values, probabilities for the
-    classification targets."""
+    classification targets.
+
+    Source: arXiv 2608.03709 (METHOD.md §9); the hurdle mixture is ntk_tt's own (issue 11).
+
+    Raises:
+      ValueError: ``models`` or ``consts`` not the dicts :func:`fit_models` returns (a target,
+        or ``consts["acc_diverged"]``, missing); ``x`` not an (R, F) array of real numbers
+        with R >= 1 rows; from LightGBM, ``x`` with another number of features F than the
+        models were fitted on.
+    """
+    x = _check_features(x, "predict_models")
+    need = {"models": (models, TARGETS), "consts": (consts, (*TARGETS, "acc_diverged"))}
+    for name, (value, keys) in need.items():
+        missing = [k for k in keys if k not in value] if isinstance(value, Mapping) else keys
+        if missing:
+            raise ValueError(f"predict_models needs {name} as fit_models returns it (models, "
+                             f"consts = fit_models(x, y)): {_shown(value)} lacks {missing}.")
     out = {t: _predict_one(t, models[t], x, consts[t]) for t in TARGETS}
     p = out["diverged"]
     acc = np.clip(out["test_accuracy"], 0.0, 1.0)

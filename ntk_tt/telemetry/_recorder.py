@@ -23,6 +23,9 @@ def model_features(model) -> Callable[[Any, jax.Array], jax.Array]:
     a linear ``head`` (:func:`ntk_tt.split_head`); ``params`` are the full model's
     (``ntk_tt.from_nnx(model)[1]``), the head's entry is dropped.
 
+    Source: none (a utility for the dead-ReLU fraction, one of the activation signals of
+    arXiv 2608.03709; METHOD.md §9).
+
     Raises:
       ValueError: ``model`` is not an NNX module with an ``nnx.Linear`` attribute ``head``
         with a bias (the split :func:`ntk_tt.split_head` makes), naming the telemetry

@@ -91,6 +91,9 @@ class TelemetrySpec:
     snr_samples: at most this many per-sample gradients (≥ 2) per update for ``grad_snr``;
       they are held at once (memory: snr_samples × the number of parameters).
     saturation: max-probability threshold of ``saturated_fraction``, in (0, 1).
+
+    Source: the early-telemetry signals of arXiv 2608.03709 (METHOD.md §9), as ntk_tt records
+    them (issue 11).
     """
 
     features: Callable[[Any, jax.Array], jax.Array] | None = None
@@ -111,7 +114,11 @@ class TelemetrySpec:
 @dataclasses.dataclass(frozen=True)
 class Telemetry:
     """One run's telemetry; fields, shapes and units in the module docstring
-    (:mod:`ntk_tt.telemetry._telemetry`). Arrays are numpy float64 (``snapshot_steps`` int64)."""
+    (:mod:`ntk_tt.telemetry._telemetry`). Arrays are numpy float64 (``snapshot_steps`` int64).
+
+    Source: the early-telemetry signals of arXiv 2608.03709 (METHOD.md §9), as ntk_tt records
+    them (issue 11).
+    """
 
     learning_rate: float
     momentum: float
@@ -230,6 +237,8 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
     row a line, standard JSON: no NaN literals). An existing file is replaced only with
     ``overwrite=True`` (as ``save_checkpoint`` and the CLI's ``--overwrite``).
 
+    Source: none (a utility: the JSON Lines form of :class:`Telemetry`).
+
     Args:
       path: the ``.jsonl`` file to write.
       runs: a :class:`Telemetry` (``ntk_tt.finetune(..., telemetry=True).telemetry``) or a
@@ -276,6 +285,8 @@ def json_line(path: str | Path, number: int, line: str) -> Any:
 def load_telemetry(path: str | Path) -> list[Telemetry]:
     """Read the runs written by :func:`save_telemetry`, in order (a list; [] for an empty file).
 
+    Source: none (a utility: the reader of :func:`save_telemetry`'s files).
+
     Raises:
       ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
         schema version or with other fields (see :meth:`Telemetry.from_dict`); a file that is
@@ -308,8 +319,9 @@ def truncate(telemetry: Telemetry, k: int) -> Telemetry:
 
     Per-step fields keep t = 0 … k (k + 1 entries), per-update fields updates 1 … k (k
     entries), snapshots those at steps ≤ k; ``stopped_at`` becomes −1 unless the run stopped
-    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept. Source: the
-    prefix an early-telemetry predictor may read (METHOD.md §9; arXiv 2608.03709).
+    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
+
+    Source: the prefix an early-telemetry predictor may read (arXiv 2608.03709; METHOD.md §9).
 
     Raises:
       ValueError: ``telemetry`` not a :class:`Telemetry` (a run's ``.telemetry``, or

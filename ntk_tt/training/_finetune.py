@@ -86,6 +86,9 @@ class FineTuneRun:
     None. ``optimizer``: the :class:`ntk_tt.Optimizer` of ``finetune(optimizer=...)``, else
     None (constant-η SGD); with one, ``learning_rate`` is its peak η_t over the steps,
     ``momentum`` its m (Adam: β₁).
+
+    Source: ntk_tt's own container of a real run, measured as the prediction is (Zancato et
+    al. 2020 (arXiv 2008.12478), Sec. 5; METHOD.md §2 "Divergence", §6, §8).
     """
 
     loss: np.ndarray
@@ -156,6 +159,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     sequence ``ntk_tt.batch_indices(key, N, B, steps)`` (GD, B = N, ignores ``key``), curves of
     ``steps + 1`` entries in units of optimiser steps. The time per step is measured on
     ``min(5, steps)`` warm training steps without evaluation; compile time is reported apart.
+
+    Source: the real fine-tuning that Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, compare
+    their predictions with (METHOD.md §1, §8); telemetry: arXiv 2608.03709 (METHOD.md §9).
 
     Args:
       apply_fn, params: the model, e.g. from :func:`ntk_tt.from_nnx`.
@@ -348,7 +354,9 @@ def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     ``optimizer.batch_size``), runs 5 warm steps from a fresh optimiser state on the first
     batches of ``ntk_tt.batch_indices(key, N, B, 5)`` and returns their mean wall time in
     seconds; compile time is excluded. Multiply a predicted T_ε by it for the predicted
-    wall-clock time (METHOD.md §6). ``x`` (N, ...), ``y`` (N,) int labels.
+    wall-clock time. ``x`` (N, ...), ``y`` (N,) int labels.
+
+    Source: METHOD.md §6 (wall-clock time = T_ε × measured time per step).
 
     Raises:
       ValueError: as :func:`finetune`: ``optimizer`` with any of learning_rate, momentum,

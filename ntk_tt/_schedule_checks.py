@@ -1,0 +1,60 @@
+"""Type checks of learning-rate schedules (split from :mod:`ntk_tt._schedules`): a number
+given for a schedule's leaf, and a callable schedule ``step -> η``'s signature and values.
+Each raises one ValueError naming the argument and the accepted forms.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def _fn_name(fn) -> str:  # for messages: a function's name, or a callable's type
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _real_array(value, what: str, got: str, asarray=np.asarray):
+    """``value`` as a real (float or integer) array, else one ValueError "{what}, got ..."."""
+    try:
+        arr = asarray(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}, got {got}.") from err
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise ValueError(f"{what}, got dtype {arr.dtype}.")
+    return arr
+
+
+def _callable_rate(out, step, fn) -> Array:
+    """``fn(step)``'s value ``out`` as a float array, after a ValueError when it is not real
+    numbers (a string, None, a bool, complex) or not one η per step (its shape must broadcast
+    to ``step``'s). Type, dtype and shape only (static: also under jit / vmap)."""
+    what = (f"the learning-rate schedule {_fn_name(fn)} must return a real number η for each "
+            "step (step -> η)")
+    arr = _real_array(out, what, f"{out!r:.80} ({type(out).__name__})", jnp.asarray)
+    shape = jnp.shape(step)
+    tail = shape[len(shape) - arr.ndim:] if arr.ndim <= len(shape) else None
+    if tail is None or any(a not in (1, b) for a, b in zip(arr.shape, tail, strict=True)):
+        raise ValueError(f"{what}, got shape {arr.shape} for a step of shape {shape}: give "
+                         "one η per step, e.g. lambda t: 0.1 * 0.99 ** t.")
+    return arr.astype(jnp.result_type(float))
+
+
+def _check_arity(fn, name: str) -> None:
+    """ValueError when the callable ``fn`` cannot be called with one positional argument (the
+    step); a callable without a readable signature (a NumPy ufunc) is left to its first call."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(0)
+    except TypeError as err:
+        raise ValueError(
+            f"{name} must be a callable of one argument, the step count (step -> η); "
+            f"{_fn_name(fn)}{sig} cannot be called with one ({err}): e.g. lambda t: 0.1 * "
+            "0.99 ** t, or a number for a constant η.") from None

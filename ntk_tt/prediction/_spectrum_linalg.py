@@ -1,0 +1,74 @@
+"""The spectrum predictors' linear algebra and argument checks (split from
+:mod:`ntk_tt.prediction._extrapolate`, whose module docstring states the method): the operator
+a full or traced kernel acts as, its eigendecomposition with the residual's projections, and
+the power-law tail that carries the missing residual mass (App. D, METHOD.md §7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logsumexp
+
+
+def _operator(kernel, residual, name):
+    """(matrix acting on the sample-major residual, traced flag) after shape checks."""
+    if np.ndim(residual) != 2:
+        raise ValueError(
+            f"{name}'s residual must be f0 − onehot(y) of shape (N, C), got shape "
+            f"{np.shape(residual)}."
+        )
+    n, c = np.shape(residual)
+    shape = tuple(np.shape(kernel))
+    if shape == (n * c, n * c):
+        return np.asarray(kernel, np.float64), False
+    if shape == (n, n):
+        return np.asarray(kernel, np.float64) / c, True
+    raise ValueError(
+        f"{name} must be ({n * c}, {n * c}) (full Θ) or ({n}, {n}) (trace_logits=True) for a "
+        f"residual of shape ({n}, {c}), got {shape}."
+    )
+
+
+def _check_finite(name, value):
+    if not np.all(np.isfinite(np.asarray(value))):
+        raise ValueError(f"{name} contains NaN or inf; recompute it before extrapolating.")
+
+
+def _eig(mat, residual, traced):
+    """Descending eigenvalues and projections p_k of a symmetric PSD operator (float64)."""
+    lam, v = np.linalg.eigh(0.5 * (mat + mat.T))
+    lam, v = np.maximum(lam[::-1], 0.0), v[:, ::-1]
+    a = v.T @ (residual if traced else residual.reshape(-1))
+    p = np.sum(a**2, axis=1) if traced else a**2
+    return lam, p
+
+
+def _check_range(fit_range, size):
+    lo, hi = fit_range
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"fit_range must be two integers (lo, hi), got {fit_range!r}.")
+    if not 1 <= lo < hi <= size:
+        raise ValueError(
+            f"fit_range (lo, hi) must satisfy 1 <= lo < hi <= {size} (1-based eigenvalue "
+            f"indices, inclusive), got {fit_range!r}."
+        )
+
+
+def _tail_exponent(anchor, k0, size, target):
+    """b with Σ_{k=k0}^{size} anchor·(k/k0)^(−b) = target, by bisection (the sum falls with b)."""
+    logk = np.log(np.arange(k0, size + 1, dtype=np.float64) / k0)
+
+    def total(b):
+        return np.log(anchor) + logsumexp(-b * logk)
+
+    lo, hi, goal = -50.0, 200.0, np.log(target)
+    if not total(hi) <= goal <= total(lo):
+        raise ValueError(
+            f"no power-law tail from k0 = {k0} to K = {size} carries the missing residual mass "
+            f"{target:.4g} from the anchor p_k0 = {anchor:.4g}; choose another k0."
+        )
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total(mid) > goal else (lo, mid)
+    return 0.5 * (lo + hi)
