@@ -68,6 +68,14 @@ def test_gradient_variance_matches_brute_force():
     np.testing.assert_allclose(flat, _per_sample_grads(params, x, y).var(0), rtol=1e-10)
 
 
+@pytest.mark.parametrize("block_size", [0, -3, 2.5, True])
+def test_gradient_variance_refuses_a_block_size_below_one(block_size):
+    """block_size=0 raised range()'s raw error and a negative one returned zeros."""
+    params, x, y, *_ = _problem(11, 5)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+        ntk_tt.gradient_variance(linear_apply, params, x, y, block_size=block_size)
+
+
 def test_diffusion_covariance_equals_brute_force():
     n, batch, lr = 8, 3, 0.2
     params, x, y, kernel, f0, _ = _problem(n, 5)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._losses import check_loss, mean_loss
@@ -60,6 +61,9 @@ def gradient_variance(
 ) -> Any:
     """Per-parameter variance σ_w² of the per-sample loss gradients at ``params`` (two-pass).
 
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4 ("Computing the noise"): the
+    diagonal of Σ in eq. (3); METHOD.md §2.
+
     Args:
       apply_fn, params: the model at the pre-trained weights w0.
       x: inputs (N, ...). y: integer labels (N,).
@@ -70,9 +74,14 @@ def gradient_variance(
       A pytree like ``params``: population variance (divided by N) of ∂ℓ_i/∂w.
 
     Raises:
-      ValueError: bad model/inputs (see ``check_model``), labels of wrong shape, unknown loss.
+      ValueError: bad model/inputs (see ``check_model``), labels of wrong shape, unknown loss,
+        ``block_size`` not an integer >= 1; all before any gradient.
     """
     check_loss(loss)
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1 (samples per per-sample-gradient "
+                         f"block), got {block_size!r}.")
     n, _ = check_model(apply_fn, params, x)
     y = jnp.asarray(y)
     if y.shape != (n,):
@@ -94,6 +103,9 @@ def noise_features(
 
     Uses :func:`ntk_tt.sketched_ntk` with ``param_scale = σ_w`` (Achlioptas directions drawn
     from ``key``); E[G Gᵀ] = J diag(σ_w²) Jᵀ, the paper's diagonal noise in function space.
+
+    Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4: eq. (3)'s diagonal noise through
+    the random projection of the same section; METHOD.md §2, §5.
 
     Raises:
       ValueError: as :func:`gradient_variance` and ``sketched_ntk``.
