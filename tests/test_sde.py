@@ -142,3 +142,18 @@ def test_noise_rescaling_lets_the_loss_keep_falling():
     # plateau: the constant-noise loss barely moves over the last third
     assert float(without[-1]) > 0.7 * float(without[2 * steps // 3])
     assert float(with_r[-1]) < 0.5 * float(with_r[2 * steps // 3])
+
+
+@pytest.mark.parametrize("bad", [{"sketch_dim": 0}, {"key": None}])
+def test_noise_features_checks_the_sketch_before_the_gradients(monkeypatch, bad):
+    """A bad sketch_dim or key was found only after the per-sample gradients were computed."""
+    from ntk_tt.dynamics import _noise
+
+    def no_gradients(*a, **k):
+        raise AssertionError("gradient_variance ran before the sketch's arguments were checked")
+
+    monkeypatch.setattr(_noise, "gradient_variance", no_gradients)
+    params, x, y, *_ = _problem(6, 5)
+    kw = {"sketch_dim": 8, "key": jax.random.key(0)} | bad
+    with pytest.raises(ValueError, match="sketch_dim must be|key must be"):
+        ntk_tt.noise_features(linear_apply, params, x, y, **kw)

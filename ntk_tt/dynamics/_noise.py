@@ -107,11 +107,24 @@ def noise_features(
     Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4: eq. (3)'s diagonal noise through
     the random projection of the same section; METHOD.md §2, §5.
 
+    Args:
+      apply_fn, params: the model at the pre-trained weights w0.
+      x: inputs (N, ...). y: integer labels (N,).
+      sketch_dim: D' >= 1, the number of random directions (columns of G).
+      key: a ``jax.random`` key drawing the directions P.
+      loss: "cross_entropy" or "mse" (the per-sample loss of :func:`gradient_variance`).
+
+    Returns:
+      G (N·C, D'), rows sample-major (sample i's C logits together).
+
     Raises:
-      ValueError: as :func:`gradient_variance` and ``sketched_ntk``.
+      ValueError: as :func:`gradient_variance` and ``sketched_ntk`` (``sketch_dim`` not an
+        integer >= 1, ``key`` not a jax.random key: both before the gradients).
     """
     from ntk_tt import sketched_ntk
+    from ntk_tt.kernels._sketch import _check_args
 
+    _check_args(params, sketch_dim, key, "achlioptas", "auto", None)
     sigma = jax.tree.map(jnp.sqrt, gradient_variance(apply_fn, params, x, y, loss=loss))
     return sketched_ntk(apply_fn, params, x, sketch_dim=sketch_dim, key=key,
                         param_scale=sigma).features
