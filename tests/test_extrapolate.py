@@ -237,3 +237,105 @@ def test_curve_from_spectrum_refuses_bad_spectrum_values(field, value, match):
                                                                  steps=10))(ok)
     np.testing.assert_allclose(curve, ntk_tt.predict_curve_from_spectrum(ok, learning_rate=0.1,
                                                                          steps=10), rtol=1e-6)
+
+
+@pytest.mark.parametrize("rcond", [1.0, 10.0, 0.0, -1e-6, np.nan, "1e-6", np.array([1e-6])])
+def test_nystrom_rcond_outside_0_1_is_one_line(rcond):
+    """A fresh user: rcond = 1.0 or 10.0 dropped every eigenvalue of Θ_MM and numpy raised
+    "zero-size array to reduction operation maximum"; now a ValueError naming (0, 1)."""
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    r = np.ones((20, 2))
+    match = (r"^rcond must be a real number" if isinstance(rcond, str) else
+             r"^rcond must be in \(0, 1\) .*>= 1 drops them all\), got "
+             + ("ndarray of shape \\(1,\\)" if np.ndim(rcond) else ""))
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.nystrom_spectrum(kern[:, :5], kern[:5, :5], r, rcond=rcond)
+    with pytest.raises(ValueError, match=r"^kernel_subset has trace <= 0"):
+        ntk_tt.nystrom_spectrum(np.zeros((20, 5)), np.zeros((5, 5)), r)
+    assert ntk_tt.nystrom_spectrum(kern[:, :5], kern[:5, :5], r, rcond=0.5).num_samples == 20
+
+
+def test_lists_of_numbers_are_converted_and_non_numbers_are_named():
+    """A fresh user: K.tolist() gave a raw TypeError 'Cannot determine dtype of [[101.69…'
+    (printing the data). Lists of numbers now give what the arrays give; non-numbers one
+    'must hold numbers' line, never the contents."""
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    r_sub, r_full = _normal(jax.random.key(1), (20, 2)), _normal(jax.random.key(2), (40, 2))
+    cross = np.vstack([kern[:, :5], kern[:5, :5] + 0.1])
+    calls = {
+        "extrapolate": (ntk_tt.extrapolate_spectrum, (kern, r_sub, r_full)),
+        "nystrom": (ntk_tt.nystrom_spectrum, (cross[:20], kern[:5, :5], r_sub)),
+        "kernel": (ntk_tt.kernel_spectrum, (kern, r_sub)),
+    }
+    for fn, args in calls.values():
+        want, got = fn(*args), fn(*(a.tolist() for a in args))
+        for a, b in zip(want[:2], got[:2], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert want.num_samples == got.num_samples
+        for i in range(len(args)):
+            bad = list(args)
+            bad[i] = np.full(np.shape(args[i]), "abc").tolist()
+            with pytest.raises(ValueError, match=r"must hold numbers, got a list of shape "
+                                                 r"\(\d+, \d+\) whose entries are not all "
+                                                 r"numbers") as err:
+                fn(*bad)
+            assert "abc" not in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("alpha", [-5.0, -1e-3, np.inf, np.nan, "0.1", np.array([0.1])])
+def test_negative_slope_correction_is_refused(alpha):
+    """A fresh user: α = −5 made the tail rise (largest μ 4.1e6 from μ'_1 ≈ 4) and the loss
+    diverge; the correction steepens the slope (α >= 0, METHOD.md §7), so α < 0 is refused."""
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    match = (r"^slope_correction must be a real number" if isinstance(alpha, str) else
+             r"^slope_correction α must be finite and >= 0 \(it steepens the tail")
+    with pytest.raises(ValueError, match=match):
+        ntk_tt.extrapolate_spectrum(kern, np.ones((20, 2)), np.ones((40, 2)),
+                                    slope_correction=alpha)
+
+
+def test_an_extrapolated_tail_can_start_above_the_kept_head():
+    """α >= 0 and s >= 0 (a descending spectrum) keep the tail falling from k0 on, but a head
+    flat up to k0 and falling fast beyond (concave in log-log) makes the fit overshoot at k0:
+    μ_2 = 4.1 > μ_1 = 1 here. So the largest eigenvalue is max μ_k (what κ uses), not μ_1."""
+    n = 30
+    k = np.arange(1, n + 1, dtype=np.float64)
+    mu = np.where(k <= 10, 1.0, np.exp(-(k - 10)))
+    v = _orthogonal(jax.random.key(0), n)
+    kern = (v * (2 * n * mu)) @ v.T  # traced, C = 2: the spectrum of Θ/C is mu
+    sp = ntk_tt.extrapolate_spectrum(kern, _normal(jax.random.key(1), (n, 2)),
+                                     _normal(jax.random.key(2), (60, 2)), k0=2)
+    eig = np.asarray(sp.eigenvalues)
+    np.testing.assert_allclose(eig[0], 1.0, rtol=1e-5)
+    assert eig.max() > 4 * eig[0] and np.all(np.diff(eig[1:]) <= 0)
+
+
+@pytest.mark.parametrize("source", ["extrapolate", "nystrom"])
+def test_curve_from_spectrum_is_differentiable_and_vmappable_in_eta(source):
+    """A fresh user: jax.grad / vmap over learning_rate gave a raw TracerArrayConversionError.
+    The constant-η curve is a sum of exponentials in η: grad equals a central difference,
+    vmap and jit equal the eager calls, a traced η ≤ 0 or NaN gives NaN (it cannot be
+    refused), and a gradient at η·μ_k = 1 exactly is finite."""
+    with jax.enable_x64(True):
+        kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+        r_sub, r_full = _normal(jax.random.key(1), (20, 2)), _normal(jax.random.key(2), (40, 2))
+        cross = np.vstack([kern[:, :6], _normal(jax.random.key(3), (20, 6))])
+        sp = (ntk_tt.extrapolate_spectrum(kern, r_sub, r_full) if source == "extrapolate"
+              else ntk_tt.nystrom_spectrum(cross, kern[:6, :6], r_full))
+        lr0 = 1.0 / float(np.max(sp.eigenvalues))
+
+        def curve(lr):
+            return ntk_tt.predict_curve_from_spectrum(sp, learning_rate=lr, steps=10)
+
+        for lr in (0.3 * lr0, 1.5 * lr0):
+            g = jax.grad(lambda e: curve(e)[-1])(lr)
+            h = 1e-6 * lr
+            fd = (curve(lr + h)[-1] - curve(lr - h)[-1]) / (2 * h)
+            np.testing.assert_allclose(g, fd, rtol=1e-5)
+        assert np.all(np.isfinite(jax.jacrev(curve)(lr0)))  # (1 − η μ_1)² = 0 at t = 0
+        lrs = jnp.array([0.2, 0.7, 1.9]) * lr0
+        batched = jax.jit(jax.vmap(curve))(lrs)
+        for row, lr in zip(batched, lrs, strict=True):
+            np.testing.assert_allclose(row, curve(float(lr)), rtol=1e-12)
+        bad = jax.vmap(curve)(jnp.array([0.5 * lr0, 0.0, -lr0, jnp.nan]))
+        assert np.all(np.isfinite(bad[0])) and np.all(np.isnan(bad[1:]))

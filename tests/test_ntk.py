@@ -245,6 +245,31 @@ def test_bad_inputs_raise_value_error():
         ntk_tt.empirical_ntk(apply_fn, params, x, x[0])
 
 
+def test_traced_arguments_are_refused_in_one_line_before_any_work(monkeypatch):
+    """A fresh user: jax.jit / grad / vmap over empirical_ntk gave a raw
+    TracerArrayConversionError; it builds Θ from concrete arrays (memory plan, host buffers),
+    so a traced params, x or x2 is refused as head_aware_kernel does, before any work."""
+    apply_fn, params, x = setup("mlp")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("kernel work started")
+
+    monkeypatch.setattr(ntk_module, "check_model", no_work)
+    monkeypatch.setattr(ntk_module, "_plan", no_work)
+    for name, call in (
+            ("x", lambda: jax.jit(lambda xx: ntk_tt.empirical_ntk(apply_fn, params, xx))(x)),
+            ("x2", lambda: jax.vmap(lambda xx: ntk_tt.empirical_ntk(apply_fn, params, x,
+                                                                    xx[None]))(x)),
+            ("params", lambda: jax.grad(lambda p: ntk_tt.empirical_ntk(apply_fn, p, x).sum())(
+                params))):
+        with pytest.raises(ValueError, match=rf"^empirical_ntk builds its kernels from concrete "
+                                             rf"arrays and cannot run under jax.jit, vmap or "
+                                             rf"grad \({name} is traced\): .*\(predict_from_"
+                                             rf"kernel\) over the hyperparameters") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
 def test_structured_dense_leaves_are_detected_and_tied_weights_fall_back(x64):
     apply_fn, params, x = setup("mlp")
     jac = structured_jacobian(apply_fn, params, x)

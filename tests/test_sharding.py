@@ -44,3 +44,28 @@ def test_one_device_and_bad_mesh():
         ntk_tt.sharded_empirical_ntk(apply_fn, params, x, mesh=mesh2d)
     with pytest.raises(ValueError, match="x2"):
         ntk_tt.sharded_empirical_ntk(apply_fn, params, x, np.ones((3, 5)))
+
+
+def test_traced_arguments_are_refused_in_one_line_before_any_work(monkeypatch):
+    """A fresh user: jax.jit over sharded_empirical_ntk gave a raw TracerArrayConversionError;
+    it pads and places concrete arrays, so a traced params, x or x2 is refused in one line."""
+    import ntk_tt.kernels._sharding as sharding
+
+    apply_fn, params, x = setup("mlp", 5)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("kernel work started")
+
+    monkeypatch.setattr(sharding, "check_model", no_work)
+    for name, call in (
+            ("x", lambda: jax.jit(lambda xx: ntk_tt.sharded_empirical_ntk(apply_fn, params,
+                                                                          xx))(x)),
+            ("x2", lambda: jax.jit(lambda xx: ntk_tt.sharded_empirical_ntk(apply_fn, params, x,
+                                                                           xx))(x)),
+            ("params", lambda: jax.grad(lambda p: ntk_tt.sharded_empirical_ntk(
+                apply_fn, p, x).sum())(params))):
+        with pytest.raises(ValueError, match=rf"^sharded_empirical_ntk builds its kernels from "
+                                             rf"concrete arrays .*\({name} is traced\): .*"
+                                             rf"\(predict_from_kernel\)") as err:
+            call()
+        assert "\n" not in str(err.value)

@@ -107,6 +107,23 @@ def test_nystrom_exact_from_a_subset_when_it_spans_the_kernel():
     np.testing.assert_allclose(p.kappa, 1.5, rtol=1e-8)
 
 
+def test_kappa_and_beyond_edge_use_the_largest_eigenvalue_of_the_spectrum_used(monkeypatch):
+    """κ was η·μ_1 of the predicted spectrum, but an extrapolated tail can start above the kept
+    head (a subset spectrum flat up to k0 = 2, falling fast beyond: μ_2 ≈ 4·μ_1); at
+    η = 1/μ_1 the curve diverged while κ said 1 and beyond_edge False. Now κ = η·max μ_k."""
+    apply_fn, params, x, y = _task(n=60)
+    k = np.arange(1, 31, dtype=np.float64)
+    v = np.linalg.qr(np.random.default_rng(0).normal(size=(30, 30)))[0]
+    kern = (v * (3 * 30 * np.where(k <= 10, 1.0, np.exp(-(k - 10))))) @ v.T  # Θ_tr, C = 3
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", lambda *a, **kw: kern)
+    p = ntk_tt.predict_from_subset(apply_fn, params, x, y, subset_size=30, learning_rate=1.0,
+                                   steps=50, key=jax.random.key(0), k0=2)
+    eig = np.asarray(p.spectrum.eigenvalues)
+    np.testing.assert_allclose(eig[0], 1.0, rtol=1e-5)
+    assert eig.max() > 4 and p.kappa == pytest.approx(float(eig.max()))
+    assert p.beyond_edge and p.diverged
+
+
 def test_residual_in_blocks_and_block_size_do_not_change_the_result(task):
     apply_fn, params, x, y, lr, _ = task
     r = residual_in_blocks(apply_fn, params, x, y, 1000)
@@ -139,6 +156,9 @@ def test_residual_in_blocks_and_block_size_do_not_change_the_result(task):
     (dict(k0=31), r"k0 must be an integer in \[1, N'\] = \[1, 30\]"),
     (dict(fit_range=(5, 40)), "fit_range"),
     (dict(rcond=0.0), "rcond must be"),
+    (dict(method="nystrom", rcond=2.0), r"^rcond must be in \(0, 1\) .*got 2\.0; e\.g\. 1e-6"),
+    (dict(rcond=1.0), r"^rcond must be in \(0, 1\)"),
+    (dict(slope_correction=-5.0), r"^slope_correction α must be finite and >= 0 \(it steepens"),
     (dict(forward_block_size=0), "forward_block_size must be"),
 ])
 def test_bad_input_is_refused_before_any_kernel_work(kwargs, match, monkeypatch):

@@ -37,18 +37,19 @@ def check_weights(params, name: str = "params") -> None:
                          "(apply_fn, params) of a flax model.")
 
 
-def check_concrete(where: str, **trees) -> None:
+def check_concrete(where: str, *, takes: str = "predict_head_aware, or predict(head_kernel=)",
+                   **trees) -> None:
     """ValueError when a leaf of one of ``trees`` (name=pytree) is traced: ``where`` builds a
     kernel from concrete arrays (host buffers, planned memory), so it cannot run under
-    ``jax.jit``, ``vmap`` or ``grad``; the predictors that take the kernel are the jittable
-    part."""
+    ``jax.jit``, ``vmap`` or ``grad``; the predictors that take the kernel (``takes``, named
+    in the message) are the jittable part."""
     for name, tree in trees.items():
         if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(tree)):
             raise ValueError(
                 f"{where} builds its kernels from concrete arrays and cannot run under "
                 f"jax.jit, vmap or grad ({name} is traced): build it once outside the "
-                "transformation and jit or vmap the predictor that takes it (predict_head_aware"
-                ", or predict(head_kernel=)) over the hyperparameters instead.")
+                f"transformation and jit or vmap the predictor that takes it ({takes}) over "
+                "the hyperparameters instead.")
 
 
 def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:

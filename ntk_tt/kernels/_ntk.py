@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._inputs import as_array
-from ntk_tt.data._model import ApplyFn, check_model, num_params
+from ntk_tt.data._model import ApplyFn, check_concrete, check_model, num_params
 from ntk_tt.kernels import _structured
 from ntk_tt.kernels._blocks import (
     _block_jacobian,
@@ -315,9 +315,9 @@ def empirical_ntk(
     equal size (the last one padded as little as possible), and warns when that is a single
     sample (≈ N²/2 Jacobian recomputations).
 
-    Call it outside ``jax.jit`` (it checks inputs on concrete values and compiles its own
-    Jacobian function); the kernel it returns then goes into jitted, vmapped
-    :func:`ntk_tt.predict_from_kernel` calls.
+    Call it outside ``jax.jit``, ``vmap`` and ``grad`` (it checks inputs on concrete values,
+    plans memory and compiles its own Jacobian function; traced arguments are refused); the
+    kernel it returns then goes into jitted, vmapped :func:`ntk_tt.predict_from_kernel` calls.
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), eq. (2), Sec. 4; METHOD.md §5. The
     structured contractions follow Novak et al. 2022, Sec. 4.
@@ -337,8 +337,9 @@ def empirical_ntk(
 
     Raises:
       ValueError: bad ``x``/``x2``/params/``apply_fn`` output (see ``check_model``),
-        ``block_size`` ≤ 0, ``trace_logits`` not True / False (e.g. the string "yes"), or
-        ``x2`` giving a different number of logits.
+        ``block_size`` ≤ 0, ``trace_logits`` not True / False (e.g. the string "yes"),
+        ``x2`` giving a different number of logits, or a traced ``params`` / ``x`` / ``x2``
+        (called under ``jax.jit``, ``vmap`` or ``grad``), before any work.
       NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when Θ, the Jacobian blocks and
         the activations of one chunk (at ``block_size``, or at 1 when automatic) exceed the
         available memory; raised after compiling the Jacobian function, before any Jacobian
@@ -347,6 +348,7 @@ def empirical_ntk(
     Warns:
       UserWarning: the automatic block size is 1 because of the memory limit.
     """
+    check_concrete("empirical_ntk", takes="predict_from_kernel", params=params, x=x, x2=x2)
     check_block_size(block_size)
     trace_logits = check_trace_logits(trace_logits)
     x = as_array(x, "x")

@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.data._model import ApplyFn, check_concrete, check_model
 from ntk_tt.kernels._blocks import check_trace_logits
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
@@ -106,9 +106,12 @@ def sharded_empirical_ntk(
 
     Raises:
       ValueError: ``trace_logits`` not True or False; bad x / x2 / params / ``apply_fn``
-        output (``check_model``), x2 giving a different number of logits, or a mesh that is
-        not a 1-D ``Mesh``.
+        output (``check_model``), x2 giving a different number of logits, a mesh that is
+        not a 1-D ``Mesh``, or a traced ``params`` / ``x`` / ``x2`` (called under
+        ``jax.jit``, ``vmap`` or ``grad``: it pads and places concrete arrays), before any work.
     """
+    check_concrete("sharded_empirical_ntk", takes="predict_from_kernel", params=params, x=x,
+                   x2=x2)
     trace_logits = check_trace_logits(trace_logits)
     mesh = _check_mesh(mesh)
     n, c = check_model(apply_fn, params, x)

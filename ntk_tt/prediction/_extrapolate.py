@@ -29,13 +29,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import is_real
+from ntk_tt.data._inputs import as_array
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_linalg import (
     _check_finite,
     _check_range,
     _eig,
     _operator,
+    _shown,
     _tail_exponent,
+    check_rcond,
+    check_slope_correction,
 )
 from ntk_tt.prediction._spectrum_sgd import (
     check_real_field,
@@ -48,7 +53,8 @@ from ntk_tt.prediction._spectrum_sgd import (
 class Spectrum(NamedTuple):
     """Normalised eigenvalues and residual projections of an N-sample kernel (mean MSE loss).
 
-    eigenvalues: μ_k = λ_k / N, shape (K,), descending; K = N·C (full Θ) or N (traced Θ,
+    eigenvalues: μ_k = λ_k / N, shape (K,), descending but for an extrapolated tail that
+      starts above the kept head (take max μ_k, not μ_1); K = N·C (full Θ) or N (traced Θ,
       eigenvalues of Θ_tr / C). projections: p_k = (v_k · δy)², shape (K,), Σ_k p_k = ‖δy‖².
     num_samples: N, the number of samples the loss is averaged over.
 
@@ -75,9 +81,11 @@ def kernel_spectrum(kernel, residual) -> Spectrum:
       (float rounding of Θ = J Jᵀ) are clamped to zero.
 
     Raises:
-      ValueError: shapes that do not match, non-finite entries, or a kernel that is not
-        symmetric (or has a negative diagonal entry): not an empirical NTK Θ = J Jᵀ.
+      ValueError: arguments that are not arrays or lists of numbers, shapes that do not match,
+        non-finite entries, or a kernel that is not symmetric (or has a negative diagonal
+        entry): not an empirical NTK Θ = J Jᵀ.
     """
+    kernel, residual = as_array(kernel, "kernel"), as_array(residual, "residual")
     mat, traced = _operator(kernel, residual, "kernel")
     _check_finite("kernel", mat)
     check_gram(kernel)
@@ -138,6 +146,8 @@ def extrapolate_spectrum(
     of samples) are kept for k < k0; from k0 on the tail is a·k^(−b), continuous at k0
     (a·k0^(−b) = the rescaled p'_k0), with b solved so that Σ_k p_k = ‖δy‖² of the FULL set
     exactly (so the predicted L_0 is exact).
+    The tail falls from k0 on (s ≥ 0 for descending μ'_k, α ≥ 0) but can start above μ'_1
+    where the fit overshoots at k0 (a head flat up to k0): the largest μ_k is max μ_k.
     With N = N' the subset's own exact spectrum is returned (nothing to extrapolate).
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 4, App. D; METHOD.md §7, with
@@ -152,18 +162,23 @@ def extrapolate_spectrum(
         well-resolved part).
       fit_range: ``(lo, hi)`` inclusive 1-based indices of the fit; default (k0, K'/2): the
         lower half of the subset spectrum falls off faster than a power law (finite N').
-      slope_correction: α (finite), added slope per unit of N/N' − 1.
+      slope_correction: α >= 0 (finite), added slope per unit of N/N' − 1 (it steepens the
+        tail; α < 0 would make it rise).
 
     Returns:
       :class:`Spectrum` of K entries for N samples.
 
     Raises:
-      ValueError: mismatched shapes, N < N', non-finite inputs, a ``kernel_subset`` that
-        is not symmetric (or has a negative diagonal entry: not Θ = J Jᵀ), bad k0 /
-        fit_range / α, an all-zero ``residual_subset`` or ``residual_full`` when N > N'
+      ValueError: arguments that are not arrays or lists of numbers, mismatched shapes,
+        N < N', non-finite inputs, a ``kernel_subset`` that is not symmetric (or has a
+        negative diagonal entry: not Θ = J Jᵀ), bad k0 / fit_range, α < 0 or not finite,
+        an all-zero ``residual_subset`` or ``residual_full`` when N > N'
         (no residual to extrapolate), or no tail exponent reaching ‖δy‖² (raised after the
         eigendecomposition).
     """
+    kernel_subset, residual_subset, residual_full = (as_array(v, nm) for v, nm in (
+        (kernel_subset, "kernel_subset"), (residual_subset, "residual_subset"),
+        (residual_full, "residual_full")))
     mat, traced = _operator(kernel_subset, residual_subset, "kernel_subset")
     n_sub, c = np.shape(residual_subset)
     if np.ndim(residual_full) != 2 or np.shape(residual_full)[1] != c or (
@@ -178,8 +193,7 @@ def extrapolate_spectrum(
         raise ValueError(f"k0 must be an integer in [1, K'] = [1, {k_sub}], got {k0!r}.")
     fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
     _check_range(fit_range, k_sub)
-    if not np.isfinite(slope_correction):
-        raise ValueError(f"slope_correction must be finite, got {slope_correction!r}.")
+    check_slope_correction(slope_correction)
     for name, value in (("kernel_subset", mat), ("residual_subset", residual_subset),
                         ("residual_full", residual_full)):
         _check_finite(name, value)
@@ -232,14 +246,18 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
       kernel_cross: Θ(X, X'), (N·C, N'·C) sample-major or (N, N') traced.
       kernel_subset: Θ(X', X'), (N'·C, N'·C) or (N', N') traced (same layout).
       residual_full: δy on all N samples, (N, C).
-      rcond: relative cut-off (> 0) for the pseudo-inverse of Θ_MM.
+      rcond: relative cut-off in (0, 1) for the pseudo-inverse of Θ_MM.
 
     Returns:
       :class:`Spectrum` with K' + 1 entries (the last one eigenvalue 0).
 
     Raises:
-      ValueError: mismatched shapes or layouts, non-finite inputs, rcond ≤ 0.
+      ValueError: arguments that are not arrays or lists of numbers, mismatched shapes or
+        layouts, non-finite inputs, rcond not in (0, 1), a ``kernel_subset`` of trace ≤ 0.
     """
+    kernel_cross, kernel_subset, residual_full = (as_array(v, nm) for v, nm in (
+        (kernel_cross, "kernel_cross"), (kernel_subset, "kernel_subset"),
+        (residual_full, "residual_full")))
     if np.ndim(residual_full) != 2:
         raise ValueError(f"residual_full must be (N, C), got shape {np.shape(residual_full)}.")
     n, c = np.shape(residual_full)
@@ -252,14 +270,16 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
             f"kernel_cross must be ({n}, N') traced or ({n * c}, N'·C) full and kernel_subset "
             f"the matching square (N', N') or (N'·C, N'·C); got {shape_x} and {shape_s}."
         )
-    if not rcond > 0:
-        raise ValueError(f"rcond must be > 0, got {rcond!r}.")
+    check_rcond(rcond)
     for name, value in (("kernel_cross", kernel_cross), ("kernel_subset", kernel_subset),
                         ("residual_full", residual_full)):
         _check_finite(name, value)
     scale = c if traced else 1
     knm = np.asarray(kernel_cross, np.float64) / scale
     kmm = np.asarray(kernel_subset, np.float64) / scale
+    if not np.trace(kmm) > 0:
+        raise ValueError("kernel_subset has trace <= 0: Θ(X', X') = J Jᵀ has a diagonal >= 0, "
+                         "zero only without gradients; pass the landmarks' kernel itself.")
     sig, u = np.linalg.eigh(0.5 * (kmm + kmm.T))
     keep = sig > rcond * sig.max()
     b = knm @ (u[:, keep] / np.sqrt(sig[keep]))
@@ -313,14 +333,18 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     ``optimizer=ntk_tt.sgd(schedule, momentum, nesterov=...)`` (full batch, no weight decay)
     each mode follows the optimiser's exact scalar recursion instead, with the schedule's η_t
     and heavy-ball or Nesterov momentum (:mod:`ntk_tt.prediction._spectrum_sgd`, METHOD.md §7);
-    ``sgd(η)`` (constant, m = 0) gives the ``learning_rate=η`` curve bit for bit.
+    ``sgd(η)`` (constant, m = 0) gives the ``learning_rate=η`` curve bit for bit. With
+    ``learning_rate`` it is pure JAX in η and the spectrum: ``jit``, ``vmap`` and ``grad``
+    over η work (a traced η that is not finite and > 0 gives a NaN curve, as it is not
+    checked); a traced ``optimizer`` is refused.
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), Prop. 2, in discrete time; METHOD.md §7
     (with ``optimizer``, ntk_tt's own: issue 27, METHOD.md §7 and §11).
 
     Args:
       spectrum: :class:`Spectrum` (μ_k = λ_k / N, p_k, N).
-      learning_rate: η > 0 (scalar), constant-η GD; or None with ``optimizer``.
+      learning_rate: η > 0 (scalar, may be traced), constant-η GD; or None with
+        ``optimizer``.
       steps: T >= 1 optimiser steps.
       optimizer: an SGD-family :class:`ntk_tt.Optimizer` at full batch (``batch_size`` None
         or N) with ``weight_decay`` 0, instead of ``learning_rate``.
@@ -330,19 +354,23 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
       past a divergence under ``optimizer``).
 
     Raises:
-      ValueError: η not finite and > 0, steps not an integer >= 1; ``spectrum`` not a
-        :class:`Spectrum`, its eigenvalues and projections not 1-D of one length, complex or
-        not numbers (the field named), a NaN, inf or negative eigenvalue or projection
-        (checked when concrete, not under ``jit``), or
+      ValueError: η not a real scalar or (when concrete) not finite and > 0, steps not an
+        integer >= 1; ``spectrum`` not a :class:`Spectrum`, its eigenvalues and projections
+        not 1-D of one length, complex or not numbers (the field named), a NaN, inf or
+        negative eigenvalue or projection (checked when concrete, not under ``jit``), or
         num_samples not an int >= 1; with ``optimizer``: Adam, weight decay ≠ 0,
-        batch_size < N, ``learning_rate`` given too, or a bad schedule (all before any work).
+        batch_size < N, ``learning_rate`` given too, a bad schedule, or traced
+        hyperparameters (inside jit / vmap / grad) (all before any work).
     """
     _check_spectrum(spectrum)
     if optimizer is None:
-        if learning_rate is None or isinstance(learning_rate, (bool, str)) or np.ndim(
-                learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
+        dtype = getattr(learning_rate, "dtype", None)  # traced η: checked for type only
+        real = is_real(learning_rate) or (dtype is not None and np.ndim(learning_rate) == 0
+                                          and np.dtype(dtype).kind in "iuf")
+        if not real or not (isinstance(learning_rate, jax.core.Tracer) or (
+                np.isfinite(learning_rate) and learning_rate > 0)):
             raise ValueError(f"learning_rate must be a finite scalar > 0 (or pass "
-                             f"optimizer=ntk_tt.sgd(...)), got {learning_rate!r}.")
+                             f"optimizer=ntk_tt.sgd(...)), got {_shown(learning_rate)}.")
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
     else:
@@ -353,6 +381,9 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     mu, p = jnp.asarray(spectrum.eigenvalues), jnp.asarray(spectrum.projections)
     if learning_rate is None:  # a schedule or momentum: the per-mode recursion
         return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
+    eta = jnp.asarray(learning_rate, mu.dtype)  # traceable: jit / vmap / grad over η
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]
-    decay = ((1.0 - learning_rate * mu) ** 2) ** t  # base >= 0: no NaN at η·μ > 1
-    return decay @ p / (2 * spectrum.num_samples)
+    base = jnp.where(t == 0, 1.0, (1.0 - eta * mu) ** 2)  # >= 0: no NaN at η·μ > 1, and no
+    decay = base ** t  # NaN gradient of 0^0 at η·μ = 1
+    curve = decay @ p / (2 * spectrum.num_samples)
+    return jnp.where(jnp.isfinite(eta) & (eta > 0), curve, jnp.nan)  # a traced bad η: NaN

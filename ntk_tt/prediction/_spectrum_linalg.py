@@ -9,6 +9,13 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from ntk_tt._options import _describe, check_real
+
+
+def _shown(value) -> str:
+    """A scalar argument's repr, an array's type and shape (never its contents)."""
+    return repr(value) if np.ndim(value) == 0 else _describe(value)
+
 
 def _operator(kernel, residual, name):
     """(matrix acting on the sample-major residual, traced flag) after shape checks."""
@@ -27,6 +34,22 @@ def _operator(kernel, residual, name):
         f"{name} must be ({n * c}, {n * c}) (full Θ) or ({n}, {n}) (trace_logits=True) for a "
         f"residual of shape ({n}, {c}), got {shape}."
     )
+
+
+def check_slope_correction(alpha) -> None:
+    """ValueError unless α is a real scalar, finite and >= 0 (App. D's steepening term)."""
+    check_real(alpha, "slope_correction")
+    if np.ndim(alpha) or not (np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"slope_correction α must be finite and >= 0 (it steepens the tail as "
+                         f"N/N' grows; α < 0 makes it rise), got {_shown(alpha)}.")
+
+
+def check_rcond(rcond) -> None:
+    """ValueError unless ``rcond`` is a real scalar in (0, 1) (Nyström's cut-off)."""
+    check_real(rcond, "rcond")
+    if np.ndim(rcond) or not 0 < rcond < 1:
+        raise ValueError(f"rcond must be in (0, 1) (Θ_MM's eigenvalues below rcond·σ_max are "
+                         f"dropped; >= 1 drops them all), got {_shown(rcond)}; e.g. 1e-6.")
 
 
 def _check_finite(name, value):

@@ -33,6 +33,8 @@ from ntk_tt.kernels._ntk import empirical_ntk
 from ntk_tt.prediction._extrapolate import (
     Spectrum,
     _check_range,
+    check_rcond,
+    check_slope_correction,
     extrapolate_spectrum,
     nystrom_spectrum,
     predict_curve_from_spectrum,
@@ -217,12 +219,8 @@ def _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
                 raise ValueError(f"fit_range must be two integers (lo, hi), got "
                                  f"{fit_range!r}.")
             _check_range(fit_range, subset_size)
-        check_real(slope_correction, "slope_correction")
-        if not np.isfinite(slope_correction):
-            raise ValueError(f"slope_correction must be finite, got {slope_correction!r}.")
-    check_real(rcond, "rcond")
-    if not (np.isfinite(rcond) and rcond > 0):
-        raise ValueError(f"rcond must be a finite number > 0, got {rcond!r}.")
+        check_slope_correction(slope_correction)
+    check_rcond(rcond)
     if not _is_int(forward_block_size) or forward_block_size < 1:
         raise ValueError(f"forward_block_size must be an integer >= 1 (samples per forward "
                          f"pass), got {forward_block_size!r}.")
@@ -275,7 +273,7 @@ def predict_from_subset(
       key: ``jax.random.key(seed)`` for the subset draw (required).
       k0, fit_range, slope_correction: power law only (see :func:`ntk_tt.extrapolate_spectrum`;
         k0 ∈ [1, N'], default min(100, N'/4)).
-      rcond: Nyström only in effect: relative pseudo-inverse cut-off (> 0).
+      rcond: Nyström only in effect: relative pseudo-inverse cut-off in (0, 1).
       loss, batch_size, momentum: accepted only at "mse", None (or N) and None (or 0): the
         spectrum formula is for full-batch GD on the MSE loss; anything else is refused.
       forward_block_size: samples per forward pass for δy (≥ 1).
@@ -295,10 +293,10 @@ def predict_from_subset(
         momentum ≠ 0, a bad or missing key, bad x / y / model output (``check_model``),
         subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
         samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
-        k0 / fit_range out of range, rcond ≤ 0, forward_block_size < 1. After the
-        eigendecomposition, as :class:`PowerLawFitError` (a ValueError, the power-law fit's
-        message): no power-law projection tail reaching ‖δy‖² (choose another k0), or a
-        fit range reaching numerically zero eigenvalues.
+        k0 / fit_range out of range, slope_correction < 0, rcond not in (0, 1),
+        forward_block_size < 1. After the eigendecomposition, as :class:`PowerLawFitError` (a
+        ValueError, the power-law fit's message): no power-law projection tail reaching ‖δy‖²
+        (choose another k0), or a fit range reaching numerically zero eigenvalues.
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
 
     Warns:
@@ -388,7 +386,7 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
                  "momentum": 0.0}
     else:
         hyper = optimizer_hyperparameters(optimizer, steps, n) | run
-    kappa = hyper["learning_rate"] * float(spectrum.eigenvalues[0])  # the peak η_t
+    kappa = hyper["learning_rate"] * float(np.max(spectrum.eigenvalues))  # peak η_t, max μ_k
     beyond = bool(beyond_edge(kappa, hyper["momentum"], bool(hyper.get("nesterov")), "mse"))
     seconds["total"] = time.perf_counter() - start - seconds["compile"]
     return SubsetPrediction(
