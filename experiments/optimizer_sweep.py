@@ -71,7 +71,9 @@ PRESETS = {
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    from ntk_tt._cli_parser import Parser  # a negative number in any form is a value
+
+    p = Parser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--out", required=True, help="results directory (created; resumed)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--datasets", nargs="+")

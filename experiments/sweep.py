@@ -53,6 +53,7 @@ import pathlib  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 
+from ntk_tt._cli_parser import Parser  # noqa: E402
 from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts  # noqa: E402
 from ntk_tt.data._checkpoint import read_meta  # noqa: E402
 from ntk_tt.sweep import SweepSpec  # noqa: E402
@@ -87,8 +88,25 @@ PRESETS = {
 }
 
 
-def _batch(value: str) -> int | None:
-    return None if value.lower() in ("n", "gd", "none") else int(value)
+def batch_size(value: str) -> int | None:
+    """A ``--batch-sizes`` / ``--edge-batch-sizes`` entry: N (or gd, none; full-batch GD) →
+    None, an integer → itself (the grid refuses one < 1, naming the flag)."""
+    if value.lower() in ("n", "gd", "none"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a batch size: give N (full-batch "
+                                         "GD) or an integer >= 1, e.g. N 10") from None
+
+
+class _Parser(Parser):
+    """The script's parser: a negative number in any form (-1e-3) is a value, refused by the
+    grid's own check (``ntk_tt._cli_parser.Parser``), and argparse's errors (an unknown flag,
+    a value it cannot read) are one line too, without the usage block."""
+
+    def error(self, message: str) -> None:
+        _error(self, message)
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
@@ -97,7 +115,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     Raises:
       SystemExit: status 2 with one ``sweep.py: error:`` line for any bad option or dataset.
     """
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="sweep directory (created; resumed if present)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="the grid (default: session)")
     p.add_argument("--smoke", action="store_true", help="same as --preset smoke")
@@ -108,7 +126,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--datasets", nargs="+")
     p.add_argument("--per-class", nargs="+", type=int)
     p.add_argument("--seeds", nargs="+", type=int)
-    p.add_argument("--batch-sizes", nargs="+", type=_batch, help="N (= GD) or integers")
+    p.add_argument("--batch-sizes", nargs="+", type=batch_size, help="N (= GD) or integers")
     p.add_argument("--momenta", nargs="+", type=float)
     p.add_argument("--kappas", nargs="+", type=float, help="effective κ̃ values")
     p.add_argument("--etas", nargs="+", type=float, help="fixed learning rates η")
@@ -119,7 +137,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
                    help="extra κ̃ values at/past the stability edge (the divergence benchmark)")
     p.add_argument("--edge-momenta", nargs="+", type=float,
                    help="momenta of the edge rows (default 0)")
-    p.add_argument("--edge-batch-sizes", nargs="+", type=_batch,
+    p.add_argument("--edge-batch-sizes", nargs="+", type=batch_size,
                    help="batch sizes of the edge rows, N (= GD) or integers (default: "
                         "--batch-sizes)")
     p.add_argument("--reuse-real", metavar="DIR",
@@ -302,15 +320,22 @@ def _main(argv, state: dict) -> None:
         if "signal" in state:
             raise KeyboardInterrupt
 
-    if not args.report:
-        print(json.dumps(run_sweep(spec, args.out, reuse_from=args.reuse_real,
-                                   progress=progress)))
-    try:  # --report with --primary: the table's variants are known only now
-        summary = report(args.out, primary=None if args.primary is None else tuple(args.primary))
-    except ValueError as err:
-        print(f"sweep.py: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(_headline(summary))
+    def summarise(counts: dict | None = None) -> None:
+        if counts is not None:
+            print(json.dumps(counts))
+        try:  # --report with --primary: the table's variants are known only now
+            summary = report(args.out,
+                             primary=None if args.primary is None else tuple(args.primary))
+        except ValueError as err:
+            print(f"sweep.py: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(_headline(summary))
+
+    if args.report:
+        summarise()
+    else:  # the report is the invocation's last step: runs.json says finished once it is done
+        run_sweep(spec, args.out, reuse_from=args.reuse_real, progress=progress,
+                  finish=summarise)
 
 
 if __name__ == "__main__":

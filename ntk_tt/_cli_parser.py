@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import BACKBONES
@@ -11,6 +12,23 @@ from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZ
 
 DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical NTK, without "
                "training.")
+
+# a negative number (-0.001, -1e-3, -.5E+2, -inf) or a comma list starting with one
+# (-0.5,0.5) is a value, never a flag: argparse's own pattern (Python 3.11's) takes plain
+# decimals only, and read --lr-min -1e-3 as a flag missing its argument (the usage block and
+# "expected one argument") instead of passing -0.001 on to the range check
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?(,.*)?$|^-inf(inity)?$", re.I)
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that reads a negative number in any form
+    (:data:`NEGATIVE_NUMBER`) as an option's value; its subparsers are Parsers too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the pattern argparse itself matches arguments against to tell numbers from flags
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
 
 # ntk-tt predict's own figure: replaced by each run (no --overwrite needed); a --figure given
 # that exists is refused before any work unless --overwrite
@@ -95,7 +113,7 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
 def _parser() -> argparse.ArgumentParser:
     from ntk_tt import __version__
 
-    p = argparse.ArgumentParser(prog="ntk-tt", description=DESCRIPTION, allow_abbrev=False)
+    p = Parser(prog="ntk-tt", description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command")
     q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",

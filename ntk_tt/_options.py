@@ -2,13 +2,11 @@
 
 :func:`ntk_tt._options_predict.check_predict_job` (:func:`ntk_tt.predict_task`, ``ntk-tt
 predict``) and :func:`check_suggest_job` (:func:`ntk_tt.suggest_task`, ``ntk-tt suggest``)
-check every option value that plain Python and numpy can check (types, ranges, comma lists, choices,
-paths that must exist, output paths), so a bad value ends the CLI with one line at once,
-before JAX is imported and before any data or weights are read. The jobs call the same
-functions. The option names shared with the heavy modules (losses, methods, kernels,
-predictors, subset methods, step limits) are defined here, once, with the scalar checks, the
-task source, ``suggest``'s argument checks and the suggest job; the predict job's checks are
-``ntk_tt._options_predict``, the output paths' ``ntk_tt._output_paths``.
+check every option value that plain Python and numpy can check (types, ranges, comma lists,
+choices, paths that must exist, output paths), so a bad value ends the CLI with one line at
+once, before JAX is imported and any data or weights are read; the jobs call the same
+functions. Here: the option names and limits shared with the heavy modules, the scalar checks,
+the task source, ``suggest``'s argument checks and job (predict's: ``ntk_tt._options_predict``).
 """
 
 from __future__ import annotations
@@ -41,6 +39,8 @@ SUGGEST_MAX_STEPS = 10_000
 # log-spaced κ over the widest range are < 2 % apart
 MAX_PATHS, MAX_KAPPAS = 4096, 1024
 HEAD_SCALES = (1e-6, 1e6)  # --head-scale: float32 weights overflow beyond, vanish below
+# learning rates, κ, weight decay, ε, loss targets: at most this (inf in float32 beyond)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the short dataset names and their files (ntk_tt.data._data loads them): the vendored set in
 # ntk_tt/assets/data, the others in ../shared/data (or $NTK_TT_DATA_DIR). Each is one fixed
 # set, like an .npz path: the task sampler draws the training and held-out images from it,
@@ -192,9 +192,10 @@ def _check_target(target, target_kind) -> float:
     if target_kind == "fraction" and not 0.0 < t < 1.0:
         raise ValueError(f"target with target_kind='fraction' must be in (0, 1) (a fraction of "
                          f"the initial loss L_0), got {target!r}; e.g. target=0.5.")
-    if target_kind == "absolute" and not (math.isfinite(t) and t > 0):
-        raise ValueError(f"target (an absolute mean training loss) must be finite and > 0, got "
-                         f"{target!r}; or pass target_kind='fraction' with a value in (0, 1).")
+    if target_kind == "absolute" and not 0 < t <= FLOAT32_MAX:
+        raise ValueError(f"target (an absolute mean training loss) must be finite and > 0 (at "
+                         f"most {FLOAT32_MAX:.4g}, float32's largest), got {target!r}; or pass "
+                         "target_kind='fraction' with a value in (0, 1).")
     return t
 
 
@@ -208,9 +209,9 @@ def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, nu
         raise ValueError(f"kappa_range must be (min, max) of κ = η·λ_max/N, got "
                          f"{kappa_range!r}; e.g. (0.05, 50).")
     lo, hi = (_real_scalar(k, "kappa_range entry") for k in kappa_range)
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-        raise ValueError(f"kappa_range must satisfy 0 < min <= max (finite), got "
-                         f"{kappa_range!r}.")
+    if not 0 < lo <= hi <= FLOAT32_MAX:
+        raise ValueError(f"kappa_range must satisfy 0 < min <= max <= {FLOAT32_MAX:.4g} "
+                         f"(float32's largest), got {kappa_range!r}.")
     if not _is_int(num_kappas) or not 1 <= num_kappas <= MAX_KAPPAS or (
             num_kappas > 1 and lo == hi) or (num_kappas == 1 and lo != hi):
         raise ValueError(f"num_kappas must be an integer in [1, {MAX_KAPPAS}] (1 exactly when "
@@ -361,8 +362,7 @@ def check_task_options(o: dict) -> None:
         raise ValueError(f"predictor (--predictor) must be auto, head_aware or linear, got "
                          f"{o['predictor']!r}.")
     scale = o["head_scale"]
-    ok = not isinstance(scale, bool) and isinstance(scale, (int, float))
-    check_head_scale(float(scale) if ok else None, scale)
+    check_head_scale(float(scale) if is_real(scale) else None, scale)
     if o["checkpoint"] is not None:
         ck = Path(o["checkpoint"]).expanduser()
         if not ck.is_dir():

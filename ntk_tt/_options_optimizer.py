@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ntk_tt._options import _is_int, _real_or_none, resolve_method
+from ntk_tt._options import FLOAT32_MAX, _is_int, _real_or_none, resolve_method
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "warmup_stable_decay", "exponential")
@@ -100,14 +100,14 @@ def _check_values(o: dict[str, Any]) -> None:
         if v is not None and (not _is_int(v) or v < low):
             raise ValueError(f"{key} ({flag}) must be an integer >= {low} (optimiser steps), "
                              f"got {v!r}.")
-    lr = float(o["learning_rate"])
+    lr, top = float(o["learning_rate"]), f" (at most {FLOAT32_MAX:.4g}, float32's largest)"
     for key, flag, ok, want in (
             ("end_lr", "--end-lr", lambda v: 0 <= v <= lr, f"in [0, --lr = {lr:g}]"),
             ("decay_rate", "--decay-rate", lambda v: 0 < v <= 1, "in (0, 1] (η_t = η·R^t)"),
-            ("weight_decay", "--weight-decay", lambda v: v >= 0, ">= 0"),
+            ("weight_decay", "--weight-decay", lambda v: 0 <= v <= FLOAT32_MAX, ">= 0" + top),
             ("b1", "--b1", lambda v: 0 <= v < 1, "in [0, 1)"),
             ("b2", "--b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("adam_eps", "--adam-eps", lambda v: v > 0, "> 0")):
+            ("adam_eps", "--adam-eps", lambda v: 0 < v <= FLOAT32_MAX, "> 0" + top)):
         if o[key] is None:
             continue
         v = _real_or_none(o[key])

@@ -4,13 +4,13 @@ combinations and the output paths, before any data or weights are read."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import (
     BACKBONES,
+    FLOAT32_MAX,
     KERNELS,
     MAX_PATHS,
     MAX_STEPS,
@@ -61,9 +61,9 @@ def check_options(o: dict[str, Any]) -> None:
         raise ValueError(f"steps (-T) must be an integer >= 1 and <= {MAX_STEPS:,} (optimiser "
                          f"updates), got {steps!r}.")
     lr = _real_or_none(o["learning_rate"])
-    if lr is None or not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"learning_rate (--lr) must be a finite number > 0, got "
-                         f"{o['learning_rate']!r}.")
+    if lr is None or not 0 < lr <= FLOAT32_MAX:
+        raise ValueError(f"learning_rate (--lr) must be a finite number > 0 (at most "
+                         f"{FLOAT32_MAX:.4g}, float32's largest), got {o['learning_rate']!r}.")
     m = _real_or_none(o["momentum"])
     if m is None or not 0.0 <= m < 1.0:
         raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "

@@ -5,11 +5,10 @@ or momentum, batch size, and the grid of peak learning rates and warmups that
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
-from ntk_tt._options import _is_int, check_real
+from ntk_tt._options import FLOAT32_MAX, _is_int, check_real
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, _named_value
 
 WARMUPS = (0.0, 0.05, 0.1, 0.2)  # fractions of the step budget T_max
@@ -32,13 +31,15 @@ def _named(keys) -> str:
     return ", ".join(f"{k} ({_FLAG[k]})" for k in keys)
 
 
-def _number(o, name, low, high, closed_high=False) -> float:
+def _number(o, name, low, high=FLOAT32_MAX) -> float:
+    """``o[name]`` as a float in [low, high), or without ``high`` in [low, ``FLOAT32_MAX``]."""
     v = o[name]
     check_real(v, f"{name} ({_FLAG[name]})")
     v = float(v)
-    if not (math.isfinite(v) and low <= v and (v <= high if closed_high else v < high)):
-        raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:g}, {high:g}"
-                         f"{']' if closed_high else ')'}, got {v!r}.")
+    top = high == FLOAT32_MAX
+    if not (low <= v and (v <= high if top else v < high)):
+        bound = f"{high:.4g}] (float32's largest)" if top else f"{high:g})"
+        raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:g}, {bound}, got {v!r}.")
     return v
 
 
@@ -89,7 +90,7 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
                              "rate and warmup.")
         o["momentum"] = momenta[0]
     o = {k: (FAMILY_DEFAULTS[family].get(k) if o[k] is None else o[k]) for k in o}
-    out = {"optimizer": family, "weight_decay": _number(o, "weight_decay", 0.0, math.inf)}
+    out = {"optimizer": family, "weight_decay": _number(o, "weight_decay", 0.0)}
     for k in (("momentum",) if family == "sgd" else ("b1", "b2")):
         out[k] = _number(o, k, 0.0, 1.0)
     rest["momenta"] = (out["momentum"] if family == "sgd" else out["b1"],)
@@ -103,11 +104,16 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
         raise ValueError(f"warmups (--warmups) must be a non-empty list of fractions of the "
                          f"step budget in [0, 1), got {warm!r}; e.g. 0,0.05,0.1,0.2.")
     steps = rest.get("steps", SUGGEST_DEFAULTS["steps"])
+    seen = []
     for f in warm:
         check_real(f, "warmups (--warmups) entry")
         if not 0.0 <= float(f) < 1.0:
             raise ValueError(f"warmups (--warmups) entries must be fractions of the step "
                              f"budget in [0, 1), got {f!r}.")
+        if float(f) in seen:  # as -m (fractions that round to one warmup: that warmup once)
+            raise ValueError(f"warmups (--warmups) {list(warm)!r} names {float(f)} twice; give "
+                             "each once.")
+        seen.append(float(f))
         if _is_int(steps) and steps >= 1:  # a bad -T is check_suggest_job's to name
             warmup_steps(float(f), steps, cli=True)
     out["warmups"] = tuple(float(f) for f in warm)
@@ -153,7 +159,7 @@ def _lr_range(o, rest, family):
                          "peak-η grid, or neither for the κ grid.")
     if not given and family != "adamw":
         return None
-    lo, hi = (_number(o, k, 0.0, math.inf) if o[k] is not None else default
+    lo, hi = (_number(o, k, 0.0) if o[k] is not None else default
               for k, default in zip(("lr_min", "lr_max"), ADAM_LEARNING_RATE_RANGE, strict=True))
     num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
     if not 0 < lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ntk_tt._options import FLOAT32_MAX
+
 # the curves a target can be set on, named as the Prediction's attributes: mean losses (a
 # target L* > 0) and error rates (a target e* in [0, 1]); test_*: the held-out set
 TARGET_CURVES = ("loss", "error", "test_loss", "test_error")
@@ -107,10 +109,11 @@ def check_job_targets(o: dict[str, Any]) -> None:
         for v in values:
             x = _number(v)
             ok = x is not None and math.isfinite(x) and (
-                x > 0 if name == "loss_targets" else
+                0 < x <= FLOAT32_MAX if name == "loss_targets" else
                 0.0 <= x <= 1.0 if name == "error_targets" else 0.0 < x <= 1.0)
             if not ok:
-                what = {"loss_targets": "a mean training loss L* > 0",
+                what = {"loss_targets": f"a mean training loss L* > 0 (at most "
+                                        f"{FLOAT32_MAX:.4g}, float32's largest)",
                         "error_targets": "a training error rate in [0, 1], e.g. 0.1",
                         "accuracy_targets": "a held-out accuracy in (0, 1], e.g. 0.9"}[name]
                 raise ValueError(f"{name} ({flag}) entries must each be {what}, got {v!r}.")

@@ -1073,6 +1073,47 @@ BEFORE_JAX = [
     (["outcome", "TMP/runs.jsonl"], "runs file 'TMP/runs.jsonl' does not exist"),
     (["outcome", "TMP"], "runs file 'TMP' is a directory: give the JSON Lines file"),
     (["outcome", "TMP", "--fraction", "2"], "--fraction must be in [0, 1], got 2.0"),
+    # a fresh user: --lr-max 1e300 printed numpy's "overflow encountered in cast" and searched
+    # a grid up to float32 inf; every float option without a bound of its own stops at
+    # float32's largest
+    (["suggest", "--optimizer", "adamw", "--lr-max", "1e300"],
+     "lr_max (--lr-max) must be in [0, 3.403e+38] (float32's largest), got 1e+300."),
+    (["suggest", "--optimizer", "sgd", "--lr-min", "1", "--lr-max", "1e39"],
+     "lr_max (--lr-max) must be in [0, 3.403e+38] (float32's largest), got 1e+39."),
+    (["suggest", "--optimizer", "adamw", "--weight-decay", "1e300"],
+     "weight_decay (--weight-decay) must be in [0, 3.403e+38] (float32's largest)"),
+    (["suggest", "--kappa-max", "1e39"], "kappa_min, kappa_max (--kappa-min, --kappa-max) must "
+                                         "satisfy 0 < min <= max <= 3.403e+38 (float32's"),
+    (["suggest", "--target", "1e300", "--target-kind", "absolute"],
+     "must be finite and > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
+    (["predict", "--lr", "1e300"], "learning_rate (--lr) must be a finite number > 0 (at most "
+                                   "3.403e+38, float32's largest), got 1e+300."),
+    (["predict", "--optimizer", "adamw", "--weight-decay", "1e39"],
+     "weight_decay (--weight-decay) must be a finite number >= 0 (at most 3.403e+38, "
+     "float32's largest), got 1e+39."),
+    (["predict", "--optimizer", "adam", "--adam-eps", "1e39"],
+     "adam_eps (--adam-eps) must be a finite number > 0 (at most 3.403e+38, float32's"),
+    (["predict", "--loss-target", "0.5,1e300"], "loss_targets (--loss-target) entries must "
+     "each be a mean training loss L* > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
+    # the same user: a negative number in e-notation was taken for a flag (the usage block and
+    # "argument --lr-min: expected one argument"), while -0.0001 reached the range check
+    (["suggest", "--optimizer", "adamw", "--lr-min", "-1e-3"],
+     "lr_min (--lr-min) must be in [0, 3.403e+38] (float32's largest), got -0.001."),
+    (["suggest", "--optimizer", "adamw", "--weight-decay", "-1e-4"],
+     "weight_decay (--weight-decay) must be in [0, 3.403e+38] (float32's largest), got -0.0001"),
+    (["suggest", "--kappa-min", "-1E-3"], "(--kappa-min, --kappa-max) must satisfy 0 < min"),
+    (["suggest", "-m", "-1e-1,0.5"], "momenta (-m/--momenta) entries must be in [0, 1)"),
+    (["suggest", "--optimizer", "adamw", "--warmups", "-5e-2,0.1"],
+     "warmups (--warmups) entries must be fractions of the step budget in [0, 1), got -0.05."),
+    (["predict", "--schedule", "warmup-cosine", "--end-lr", "-1e-3"],
+     "end_lr (--end-lr) must be a finite number in [0, --lr = 0.002], got -0.001."),
+    (["predict", "--lr", "-2.5e-3"], "learning_rate (--lr) must be a finite number > 0"),
+    (["predict", "--optimizer", "adamw", "--b1", "-1e-1"], "b1 (--b1) must be a finite number "
+                                                          "in [0, 1), got -0.1."),
+    (["outcome", "TMP", "--fraction", "-1e-3"], "--fraction must be in [0, 1], got -0.001."),
+    # and --warmups 0.1,0.1 was kept once, silently, where -m 0.5,0.5 and -B N,N are refused
+    (["suggest", "--optimizer", "adamw", "--warmups", "0.1,0.1"],
+     "warmups (--warmups) [0.1, 0.1] names 0.1 twice; give each once."),
 ]
 
 
@@ -1089,6 +1130,27 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
         assert line.startswith("ntk-tt: error: "), (args, line)
         assert match.replace("TMP", str(tmp_path)) in line, (args, line)
         assert jax_imported is False, args
+
+
+@pytest.mark.parametrize("args, parsed", [
+    (["suggest", "--lr-min", "-1e-3"], {"lr_min": -1e-3}),
+    (["suggest", "--weight-decay", "-1E+2", "-n", "3"], {"weight_decay": -100.0, "per_class": 3}),
+    (["suggest", "--kappa-max", "-.5e1"], {"kappa_max": -5.0}),
+    (["suggest", "-m", "-1e-1,0.5", "-K", "4"], {"momenta": "-1e-1,0.5", "num_classes": 4}),
+    (["suggest", "-B", "-5,N"], {"batch_sizes": "-5,N"}),
+    (["predict", "--end-lr", "-1e-3", "-T", "7"], {"end_lr": -1e-3, "steps": 7}),
+    (["predict", "--lr", "-inf"], {"learning_rate": -float("inf")}),
+    (["outcome", "runs.jsonl", "--fraction", "-2e-1"], {"fraction": -0.2}),
+])
+def test_a_negative_number_in_any_form_is_a_value_not_a_flag(args, parsed):
+    """argparse reads only plain decimals (-0.001) as negative numbers: -1e-3 was taken for a
+    flag, and the command ended on "expected one argument" with its usage block. Every
+    subcommand's parser now takes any number (and a comma list starting with one) as a value,
+    and the short flags given beside it are still flags."""
+    from ntk_tt._cli_parser import parse
+
+    args_, _ = parse(args)
+    assert {k: getattr(args_, k) for k in parsed} == parsed
 
 
 def test_split_is_refused_where_it_would_be_ignored_only(tmp_path):

@@ -287,6 +287,9 @@ def test_adam_grid_flags_set_the_grid_and_bad_values_are_one_line(tmp_path, caps
     for args, message in [
             (["--adam-peaks", "0"], "adam_peaks must be finite"),
             (["--adam-decays", "nan"], "adam_decays must be finite"),
+            # a negative number in e-notation is a value, not a flag missing its argument
+            (["--adam-peaks", "-1e-3"], "adam_peaks must be finite"),
+            (["--adam-decays", "-1e-2"], "adam_decays must be finite"),
             # a fresh user: 1e-3 and 1.0000001e-3 name the same rows: a traceback after the work
             (["--adam-peaks", "1e-3", "1.0000001e-3"], "adam_peaks must be distinct"),
             (["--adam-peaks", "1e-3", "--report"], "--report only reports"),

@@ -527,6 +527,45 @@ def test_an_interrupted_invocation_records_its_seconds_up_to_the_interruption(tm
     assert entry["seconds"] >= 0.3 and entry["rows_written"] == 0 and not entry["finished"]
 
 
+@pytest.mark.parametrize("raised, status", [(KeyboardInterrupt(), 130),
+                                            (ValueError("no table"), 2)])
+def test_an_invocation_stopped_during_its_report_is_recorded_unfinished(tmp_path, capsys,
+                                                                        monkeypatch, raised,
+                                                                        status):
+    """A fresh user's SIGTERM after every row was written, while the report (summary.json,
+    figures) was being built: exit 143 and the ``terminated`` line, but the invocation's
+    entry in runs.json said ``finished: true``. The report is the invocation's last step: one
+    stopped (or failing) there is recorded unfinished; one that completes it is finished, and
+    its own summary already counts it so."""
+    module = experiment_script("sweep")
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--smoke"]
+    _, spec = module.parse(argv)
+    table = ResultsTable(out)  # every row done: the invocation goes straight to its report
+    for task, configs in plan(spec)[0]:
+        for c in configs:
+            table.write_row({"row_id": row_id(task, c), "value": 1.0})
+    seen = []  # the invocation's entry as each report reads it
+
+    def report(out_, primary=None):
+        seen.append(json.loads((out / "runs.json").read_text())[-1]["finished"])
+        if len(seen) == 1:
+            raise raised
+        return {}
+
+    monkeypatch.setattr(module, "report", report)
+    monkeypatch.setattr(module, "_headline", lambda summary: "headline")
+    with pytest.raises(SystemExit) as ended:
+        module.main(argv)
+    assert ended.value.code == status
+    assert capsys.readouterr().err.count("\n") == 1
+    assert [r["finished"] for r in json.loads((out / "runs.json").read_text())] == [False]
+    module.main(argv)  # the same command again: its report completes
+    assert capsys.readouterr().out.endswith("headline\n")
+    assert [r["finished"] for r in json.loads((out / "runs.json").read_text())] == [False, True]
+    assert seen == [True, True]
+
+
 def test_ctrl_c_or_sigterm_while_the_script_starts_is_one_line(tmp_path):
     """A fresh user: SIGINT in the first second (the imports) was a KeyboardInterrupt
     swallowed by an XLA callback, and the sweep then ran to its end with status 0, or an
@@ -562,7 +601,7 @@ def test_an_interrupt_dropped_by_a_callback_is_honoured_at_the_next_progress_lin
     module = experiment_script("sweep")
     state = {"signal": signal.SIGINT}  # what the guard's handler records
 
-    def sweep(spec, out, *, reuse_from=None, progress=print):
+    def sweep(spec, out, *, reuse_from=None, progress=print, finish=None):
         ResultsTable(out).write_row({"row_id": "done", "value": 1.0})
         progress("task: batch N: 1 rows written")
         raise AssertionError("the sweep went on after the interrupt")
@@ -762,6 +801,20 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
                                 "edge rows: add --edge-kappas"),
     (["--edge-momenta", "0.9", "--edge-batch-sizes", "10"],
      "--edge-momenta and --edge-batch-sizes set the edge rows' grid"),
+    # a fresh user: "invalid _batch value: 'abc'" (a private function's name) under the usage
+    # block; and a negative number in e-notation was taken for a flag ("expected at least one
+    # argument") instead of reaching the grid's check, which -0.001 reached
+    (["--batch-sizes", "abc"], "error: argument --batch-sizes: 'abc' is not a batch "
+                               "size: give N (full-batch GD) or an integer >= 1, e.g. N 10"),
+    (["--edge-kappas", "8", "--edge-batch-sizes", "N", "x"],
+     "argument --edge-batch-sizes: 'x' is not a batch size: give N (full-batch GD) or"),
+    (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["--kappas", "1", "-1e-3"], "SweepSpec.kappas must be finite numbers > 0 (κ̃ values, or "
+                                 "η for etas), got (1.0, -0.001)"),
+    (["--etas", "-1E-3"], "SweepSpec.etas must be finite numbers > 0"),
+    (["--edge-kappas", "-2.5e1"], "SweepSpec.edge_kappas must be finite numbers > 0"),
+    (["--momenta", "-1e-2"], "momenta must lie in [0, 1), got (-0.01,)"),
+    (["--edge-kappas", "8", "--edge-momenta", "-1e-1"], "must lie in [0, 1), got (-0.1,)"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,

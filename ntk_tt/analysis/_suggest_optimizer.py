@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._optimizer import Optimizer
-from ntk_tt._options import _real_scalar
+from ntk_tt._options import FLOAT32_MAX, _real_scalar
 from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, warmup_steps
 from ntk_tt._schedules import Constant, WarmupCosine, warmup_cosine
 from ntk_tt.analysis._suggest_curves import _summary
@@ -84,11 +84,14 @@ def check_search(optimizer: Optimizer, *, n, steps, key, head_aware, warmups, ka
     if isinstance(warmups, (str, bytes)) or not isinstance(warmups, Sequence) or not warmups:
         raise ValueError(f"warmups must be a non-empty list of fractions of steps in [0, 1), "
                          f"got {warmups!r}; e.g. warmups=(0, 0.05, 0.1, 0.2).")
-    grid = []
+    grid, given = [], []
     for f in warmups:
         f = _real_scalar(f, "warmups entry")
         if not 0.0 <= f < 1.0:
             raise ValueError(f"warmups entries must be fractions of steps in [0, 1), got {f!r}.")
+        if f in given:  # as momenta (fractions that round to one warmup: that warmup once)
+            raise ValueError(f"warmups {list(warmups)!r} names {f} twice; give each once.")
+        given.append(f)
         w = warmup_steps(f, steps)  # < steps: predict / finetune refuse a longer ramp
         grid += [w] if w not in grid else []
     lo, hi = ((0.0, 0.0) if isinstance(sched, Constant) else
@@ -109,9 +112,10 @@ def _check_range(rng, num):
         raise ValueError(f"learning_rate_range must be (min, max) of the peak learning rate, "
                          f"got {rng!r}; e.g. (1e-4, 1e-1).")
     lo, hi = (_real_scalar(v, "learning_rate_range entry") for v in rng)
-    if not (math.isfinite(hi) and 0 < lo <= hi) or (num == 1) != (lo == hi):
-        raise ValueError(f"learning_rate_range must satisfy 0 < min <= max (finite; min == max "
-                         f"exactly when num_kappas is 1), got {rng!r} with num_kappas {num}.")
+    if not 0 < lo <= hi <= FLOAT32_MAX or (num == 1) != (lo == hi):
+        raise ValueError(f"learning_rate_range must satisfy 0 < min <= max <= "
+                         f"{FLOAT32_MAX:.4g} (float32's largest; min == max exactly when "
+                         f"num_kappas is 1), got {rng!r} with num_kappas {num}.")
 
 
 def schedule_at(unit: Optimizer, peak, warmup) -> Optimizer:

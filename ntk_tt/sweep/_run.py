@@ -242,18 +242,23 @@ def check_resume(spec: SweepSpec, out) -> None:
 
 
 def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,
-              progress: Callable[[str], None] = print, reuse_from=None) -> dict:
+              progress: Callable[[str], None] = print, reuse_from=None,
+              finish: Callable[[dict], object] | None = None) -> dict:
     """Run (or resume) the grid into ``out``; finished rows are skipped, never recomputed.
 
     ``reuse_from``: an earlier sweep directory whose identical real runs are reused
     (:func:`reusable_runs`); rows record ``real_source`` ("fine-tuned" or "reused").
+    ``finish``: the invocation's last step, given the counts once every row is written
+    (``experiments/sweep.py``: the report); the invocation has finished when it returns.
 
     ``out/spec.json`` records the grid; resuming with a different grid is refused. Each
     invocation appends its entry to ``out/runs.json`` when it starts and rewrites it after
     every progress message (a task's predictions, each batch size's rows), when it is
     interrupted or fails, and at its end: ``seconds`` (wall time so far), ``rows_written``
-    (rows it has written, counted on disk), ``finished`` (False until it ends), so an
-    invocation stopped at any point keeps its seconds in ``sweep_wall_seconds``: up to the
+    (rows it has written, counted on disk), ``finished`` (False unless it ended with every
+    row and ``finish`` done; True while ``finish`` runs, so that a report made there counts
+    it finished, and False again if ``finish`` is interrupted or fails), so an invocation
+    stopped at any point keeps its seconds in ``sweep_wall_seconds``: up to the
     interruption (Ctrl-C, SIGTERM, an error), up to its last message after a SIGKILL.
 
     Returns:
@@ -294,11 +299,14 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
             if left:
                 written += run_task(task, left, spec, loader(task, spec), table,
                                     progress=noted, reuse=reuse)
+        counts = {"written": written, "already_present": present, "skipped": dict(skipped)}
+        record(True)
+        if finish is not None:
+            finish(counts)
     except BaseException:  # Ctrl-C / SIGTERM (a KeyboardInterrupt here) or an error
         record(False)
         raise
-    record(True)
-    return {"written": written, "already_present": present, "skipped": dict(skipped)}
+    return counts
 
 
 def report(out, *, primary: tuple[str, str] | None = None) -> dict:
