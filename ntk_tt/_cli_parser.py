@@ -14,10 +14,10 @@ DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical
                "training.")
 
 # a negative number (-0.001, -1e-3, -.5E+2, -inf) or a comma list starting with one
-# (-0.5,0.5) is a value, never a flag: argparse's own pattern (Python 3.11's) takes plain
-# decimals only, and read --lr-min -1e-3 as a flag missing its argument (the usage block and
+# (-0.5,0.5; -inf,0.5) is a value, never a flag: argparse's own pattern (Python 3.11's) takes
+# plain decimals only, and read --lr-min -1e-3 as a flag missing its argument (the usage block and
 # "expected one argument") instead of passing -0.001 on to the range check
-NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?(,.*)?$|^-inf(inity)?$", re.I)
+NEGATIVE_NUMBER = re.compile(r"^-((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf(inity)?)(,.*)?$", re.I)
 
 
 class Parser(argparse.ArgumentParser):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ntk_tt._options import FLOAT32_MAX, _is_int, _real_or_none, resolve_method
+from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY, _is_int, _real_or_none, resolve_method
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "warmup_stable_decay", "exponential")
@@ -107,7 +107,8 @@ def _check_values(o: dict[str, Any]) -> None:
             ("weight_decay", "--weight-decay", lambda v: 0 <= v <= FLOAT32_MAX, ">= 0" + top),
             ("b1", "--b1", lambda v: 0 <= v < 1, "in [0, 1)"),
             ("b2", "--b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("adam_eps", "--adam-eps", lambda v: 0 < v <= FLOAT32_MAX, "> 0" + top)):
+            ("adam_eps", "--adam-eps", lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
+             f"> 0 (in [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}], float32's normal range)")):
         if o[key] is None:
             continue
         v = _real_or_none(o[key])

@@ -11,6 +11,7 @@ from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import (
     BACKBONES,
     FLOAT32_MAX,
+    FLOAT32_TINY,
     KERNELS,
     MAX_PATHS,
     MAX_STEPS,
@@ -61,9 +62,10 @@ def check_options(o: dict[str, Any]) -> None:
         raise ValueError(f"steps (-T) must be an integer >= 1 and <= {MAX_STEPS:,} (optimiser "
                          f"updates), got {steps!r}.")
     lr = _real_or_none(o["learning_rate"])
-    if lr is None or not 0 < lr <= FLOAT32_MAX:
-        raise ValueError(f"learning_rate (--lr) must be a finite number > 0 (at most "
-                         f"{FLOAT32_MAX:.4g}, float32's largest), got {o['learning_rate']!r}.")
+    if lr is None or not FLOAT32_TINY <= lr <= FLOAT32_MAX:
+        raise ValueError(f"learning_rate (--lr) must be a finite number > 0 (in [{FLOAT32_TINY:.4g}"
+                         f", {FLOAT32_MAX:.4g}], float32's normal range), got "
+                         f"{o['learning_rate']!r}.")
     m = _real_or_none(o["momentum"])
     if m is None or not 0.0 <= m < 1.0:
         raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "

@@ -1086,13 +1086,19 @@ BEFORE_JAX = [
                                          "satisfy 0 < min <= max <= 3.403e+38 (float32's"),
     (["suggest", "--target", "1e300", "--target-kind", "absolute"],
      "must be finite and > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
-    (["predict", "--lr", "1e300"], "learning_rate (--lr) must be a finite number > 0 (at most "
-                                   "3.403e+38, float32's largest), got 1e+300."),
+    (["predict", "--lr", "1e300"], "learning_rate (--lr) must be a finite number > 0 (in "
+                                   "[1.175e-38, 3.403e+38], float32's normal range), got 1e+300."),
+    # a second fresh user: 1e-50 is 0 in float32: the run went on to "η 0", κ nan and
+    # T_ε undefined "under jit / vmap"
+    (["predict", "--lr", "1e-50"], "learning_rate (--lr) must be a finite number > 0 (in "
+                                   "[1.175e-38, 3.403e+38], float32's normal range), got 1e-50."),
+    (["predict", "--optimizer", "adam", "--adam-eps", "1e-50"],
+     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.175e-38, 3.403e+38]"),
     (["predict", "--optimizer", "adamw", "--weight-decay", "1e39"],
      "weight_decay (--weight-decay) must be a finite number >= 0 (at most 3.403e+38, "
      "float32's largest), got 1e+39."),
     (["predict", "--optimizer", "adam", "--adam-eps", "1e39"],
-     "adam_eps (--adam-eps) must be a finite number > 0 (at most 3.403e+38, float32's"),
+     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.175e-38, 3.403e+38], float32's"),
     (["predict", "--loss-target", "0.5,1e300"], "loss_targets (--loss-target) entries must "
      "each be a mean training loss L* > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
     # the same user: a negative number in e-notation was taken for a flag (the usage block and
@@ -1140,6 +1146,7 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
     (["suggest", "-B", "-5,N"], {"batch_sizes": "-5,N"}),
     (["predict", "--end-lr", "-1e-3", "-T", "7"], {"end_lr": -1e-3, "steps": 7}),
     (["predict", "--lr", "-inf"], {"learning_rate": -float("inf")}),
+    (["predict", "--loss-target", "-inf,0.5"], {"loss_targets": ["-inf,0.5"]}),
     (["outcome", "runs.jsonl", "--fraction", "-2e-1"], {"fraction": -0.2}),
 ])
 def test_a_negative_number_in_any_form_is_a_value_not_a_flag(args, parsed):

@@ -294,6 +294,16 @@ def test_negative_slope_correction_is_refused(alpha):
                                     slope_correction=alpha)
 
 
+def test_a_slope_correction_given_as_a_jax_scalar_is_the_float():
+    """α = jnp.array(0.5) raised JAX's "arrays are immutable" error (a second fresh user)."""
+    kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
+    r_sub, r_full = np.ones((20, 2)), np.ones((40, 2))
+    want = ntk_tt.extrapolate_spectrum(kern, r_sub, r_full, slope_correction=0.5)
+    got = ntk_tt.extrapolate_spectrum(kern, r_sub, r_full, slope_correction=jnp.array(0.5))
+    np.testing.assert_array_equal(got.eigenvalues, want.eigenvalues)
+    np.testing.assert_array_equal(got.projections, want.projections)
+
+
 def test_an_extrapolated_tail_can_start_above_the_kept_head():
     """α >= 0 and s >= 0 (a descending spectrum) keep the tail falling from k0 on, but a head
     flat up to k0 and falling fast beyond (concave in log-log) makes the fit overshoot at k0:

@@ -67,7 +67,12 @@ def test_num_params_refuses_what_is_not_weights():
                        ({"w": jnp.ones(3), "name": "fc"}, r"leaf \['name'\] \(str\)")):
         with pytest.raises(ValueError, match=match + ".*from_nnx"):
             ntk_tt.num_params(bad)
+    # a second fresh user: a string array, a bool leaf or True alone counted 1
+    for bad in ({"a": np.array(["x"])}, {"a": np.array([True])}, True):
+        with pytest.raises(ValueError, match="not a numeric array or a number"):
+            ntk_tt.num_params(bad)
     assert ntk_tt.num_params({"w": jnp.ones((2, 3)), "b": np.zeros(3), "s": 1.0}) == 10
+    assert ntk_tt.num_params({"h": jnp.ones(4, jnp.bfloat16), "i": np.int32(2)}) == 5
     assert ntk_tt.num_params({}) == 0
 
 

@@ -157,3 +157,12 @@ def test_noise_features_checks_the_sketch_before_the_gradients(monkeypatch, bad)
     kw = {"sketch_dim": 8, "key": jax.random.key(0)} | bad
     with pytest.raises(ValueError, match="sketch_dim must be|key must be"):
         ntk_tt.noise_features(linear_apply, params, x, y, **kw)
+
+
+def test_gradient_variance_refuses_labels_outside_the_classes():
+    """Labels >= C (no logit) returned all-zero variances silently (a second fresh user)."""
+    params, x, y, *_ = _problem(11, 5)
+    c = ntk_tt.data._model.check_model(linear_apply, params, x)[1]
+    for bad in (np.asarray(y) + c, np.full(len(y), -1), np.asarray(y) + 0.5):
+        with pytest.raises(ValueError, match=rf"integer class labels in \[0, {c}\)"):
+            ntk_tt.gradient_variance(linear_apply, params, x, bad)

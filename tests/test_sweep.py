@@ -810,7 +810,11 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
      "argument --edge-batch-sizes: 'x' is not a batch size: give N (full-batch GD) or"),
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["--kappas", "1", "-1e-3"], "SweepSpec.kappas must be finite numbers > 0 (κ̃ values, or "
-                                 "η for etas), got (1.0, -0.001)"),
+                                 "η for etas) in [1.175e-38, 3.403e+38] (float32's normal "
+                                 "range), got (1.0, -0.001)"),
+    # a fresh user: --kappas 3.5e38 (inf in float32) started a sweep; 1e-50 is 0 there
+    (["--kappas", "3.5e38"], "SweepSpec.kappas must be finite numbers > 0"),
+    (["--etas", "1e-50"], "SweepSpec.etas must be finite numbers > 0"),
     (["--etas", "-1E-3"], "SweepSpec.etas must be finite numbers > 0"),
     (["--edge-kappas", "-2.5e1"], "SweepSpec.edge_kappas must be finite numbers > 0"),
     (["--momenta", "-1e-2"], "momenta must lie in [0, 1), got (-0.01,)"),

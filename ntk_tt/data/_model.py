@@ -98,15 +98,18 @@ def num_params(params: Any) -> int:
 
     Raises:
       ValueError: ``params`` not weights (None, a string, a flax module: pass
-        ``ntk_tt.from_nnx(model)[1]``), or a leaf that is not an array or a number.
+        ``ntk_tt.from_nnx(model)[1]``), or a leaf that is not a numeric array or a number
+        (strings, booleans).
     """
     check_weights(params)
     leaves = jax.tree_util.tree_leaves_with_path(params)
     for path, leaf in leaves:
-        if not (hasattr(leaf, "dtype") or isinstance(leaf, (int, float, complex))):
+        numeric = (jnp.issubdtype(leaf.dtype, jnp.number) if hasattr(leaf, "dtype") else
+                   isinstance(leaf, (int, float, complex)) and not isinstance(leaf, bool))
+        if not numeric:  # strings, booleans, objects: not weights (bfloat16 is a number)
             raise ValueError(f"params leaf {jax.tree_util.keystr(path)} "
-                             f"({type(leaf).__name__}) is not an array or a number; pass the "
-                             "weights alone (ntk_tt.from_nnx(model) returns them).")
+                             f"({type(leaf).__name__}) is not a numeric array or a number; pass "
+                             "the weights alone (ntk_tt.from_nnx(model) returns them).")
     return int(sum(np.size(leaf) for _, leaf in leaves))
 
 

@@ -74,7 +74,8 @@ def gradient_variance(
       A pytree like ``params``: population variance (divided by N) of ∂ℓ_i/∂w.
 
     Raises:
-      ValueError: bad model/inputs (see ``check_model``), labels of wrong shape, unknown loss,
+      ValueError: bad model/inputs (see ``check_model``), labels of wrong shape or outside
+        [0, C), unknown loss,
         ``block_size`` not an integer >= 1; all before any gradient.
     """
     check_loss(loss)
@@ -82,10 +83,16 @@ def gradient_variance(
             or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1 (samples per per-sample-gradient "
                          f"block), got {block_size!r}.")
-    n, _ = check_model(apply_fn, params, x)
-    y = jnp.asarray(y)
-    if y.shape != (n,):
-        raise ValueError(f"y must be integer labels of shape ({n},), got {y.shape}.")
+    n, c = check_model(apply_fn, params, x)
+    labels = np.asarray(y)
+    if labels.shape != (n,):
+        raise ValueError(f"y must be integer labels of shape ({n},), got {labels.shape}.")
+    if labels.dtype.kind not in "iuf" or not np.all(
+            (labels == np.floor(labels)) & (labels >= 0) & (labels < c)):
+        raise ValueError(f"y must be integer class labels in [0, {c}) (the model has C = {c} "
+                         "outputs); a label outside it has no logit, and its gradient would "
+                         "be zero.")
+    y = jnp.asarray(labels)
     x = jnp.asarray(x)
     mean = _mean_grad(apply_fn, params, x, y, loss)
     total = _scaled(mean, 0.0)  # zeros placed like the gradients (no second compilation)

@@ -194,6 +194,7 @@ def extrapolate_spectrum(
     fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
     _check_range(fit_range, k_sub)
     check_slope_correction(slope_correction)
+    slope_correction = float(slope_correction)  # a 0-d jax array too (NumPy arithmetic below)
     for name, value in (("kernel_subset", mat), ("residual_subset", residual_subset),
                         ("residual_full", residual_full)):
         _check_finite(name, value)

@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY
 from ntk_tt._output_paths import is_dataset_path
 
 
@@ -46,15 +47,17 @@ def _is_int(value) -> bool:
 
 
 def check_positive(name: str, values) -> None:
-    """Refuse learning rates (κ̃ or η) that are not finite numbers > 0.
+    """Refuse learning rates (κ̃ or η) that are not finite numbers > 0 within float32's normal
+    range (``FLOAT32_TINY`` .. ``FLOAT32_MAX``: 1e-50 is 0 in float32, 1e39 inf).
 
     Raises:
       ValueError: naming ``name`` and the values.
     """
     if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
-           or v <= 0 for v in values):
-        raise ValueError(f"{name} must be finite numbers > 0 (κ̃ values, or η for etas), got "
-                         f"{tuple(values)}; give positive values.")
+           or not FLOAT32_TINY <= v <= FLOAT32_MAX for v in values):
+        raise ValueError(f"{name} must be finite numbers > 0 (κ̃ values, or η for etas) in "
+                         f"[{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}] (float32's normal range), "
+                         f"got {tuple(values)}; give positive values.")
 
 
 def check_batch_sizes(name: str, values) -> None:
