@@ -39,8 +39,7 @@ SUGGEST_MAX_STEPS = 10_000
 # log-spaced κ over the widest range are < 2 % apart
 MAX_PATHS, MAX_KAPPAS = 4096, 1024
 HEAD_SCALES = (1e-6, 1e6)  # --head-scale: float32 weights overflow beyond, vanish below
-# learning rates, κ, weight decay, ε, loss targets: at most MAX (inf in float32 beyond); η, ε > 0
-# at least TINY (float32's smallest normal; 1e-50 is 0 in float32)
+# η, κ, weight decay, ε, loss targets: at most MAX (inf in float32); η, ε at least TINY (1e-50 is 0)
 FLOAT32_MAX, FLOAT32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
 # the short dataset names and their files (ntk_tt.data._data loads them): the vendored set in
 # ntk_tt/assets/data, the others in ../shared/data (or $NTK_TT_DATA_DIR). Each is one fixed
