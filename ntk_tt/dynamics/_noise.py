@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import _is_int
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._losses import check_loss, mean_loss
 
@@ -79,8 +80,7 @@ def gradient_variance(
         ``block_size`` not an integer >= 1; all before any gradient.
     """
     check_loss(loss)
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
-            or block_size < 1:
+    if not _is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1 (samples per per-sample-gradient "
                          f"block), got {block_size!r}.")
     n, c = check_model(apply_fn, params, x)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ntk_tt._options import _describe
 from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS
 
 MIN_LEAF = 10  # LightGBM's min_child_samples: a split needs 2 · MIN_LEAF fitting rows
@@ -82,12 +83,6 @@ def _predict_one(target: str, model, x: np.ndarray, constant: float) -> np.ndarr
     return model.predict_proba(x)[:, 1]
 
 
-def _shown(value) -> str:
-    """``value`` for a message: an array's shape and dtype, else its type."""
-    shape, kind = getattr(value, "shape", None), getattr(value, "dtype", None)
-    return type(value).__name__ if shape is None else f"shape {shape}, dtype {kind}"
-
-
 def _check_features(x, where: str) -> np.ndarray:
     """``x`` as an array after a ValueError unless it is (R, F) real numbers with R >= 1."""
     try:
@@ -96,7 +91,7 @@ def _check_features(x, where: str) -> np.ndarray:
         arr = None
     if arr is None or arr.ndim != 2 or arr.dtype.kind not in "biuf" or len(arr) == 0:
         raise ValueError(f"{where} needs x, the feature matrix (R, F) of real numbers with "
-                         f"R >= 1 rows (an outcome Dataset's .x), got {_shown(x)}.")
+                         f"R >= 1 rows (an outcome Dataset's .x), got {_describe(x)}.")
     return arr
 
 
@@ -124,13 +119,13 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
     x = _check_features(x, "fit_models")
     if not isinstance(y, Mapping):
         raise ValueError(f"fit_models needs y, a dict target → labels (R,) for the targets "
-                         f"{TARGETS} (an outcome Dataset's .y), got {_shown(y)}.")
+                         f"{TARGETS} (an outcome Dataset's .y), got {_describe(y)}.")
     for t in TARGETS:
         label = np.asarray(y[t]) if t in y else None
         if label is None or label.shape != (len(x),) or label.dtype.kind not in "biuf":
             raise ValueError(f"fit_models needs y[{t!r}], real labels of shape ({len(x)},) "
                              f"(one per row of x; NaN = unknown), got "
-                             f"{'none' if label is None else _shown(label)}.")
+                             f"{'none' if label is None else _describe(label)}.")
     y = {t: np.asarray(y[t]) for t in TARGETS}
     div = y["diverged"] == 1
     models, consts = {}, {}
@@ -167,7 +162,7 @@ def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarr
         missing = [k for k in keys if k not in value] if isinstance(value, Mapping) else keys
         if missing:
             raise ValueError(f"predict_models needs {name} as fit_models returns it (models, "
-                             f"consts = fit_models(x, y)): {_shown(value)} lacks {missing}.")
+                             f"consts = fit_models(x, y)): {_describe(value)} lacks {missing}.")
     out = {t: _predict_one(t, models[t], x, consts[t]) for t in TARGETS}
     p = out["diverged"]
     acc = np.clip(out["test_accuracy"], 0.0, 1.0)
