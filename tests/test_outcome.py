@@ -189,7 +189,10 @@ def test_fit_outcome_refuses_one_row_non_numbers_and_bad_level_or_folds():
                       ({"level": 1.5}, r"^level must be a number in \(0, 1\).*got 1\.5\.$"),
                       ({"folds": "5"}, r"^folds must be an integer >= 2.*got a str \('5'\)\.$"),
                       ({"folds": 2.0}, r"^folds must be an integer >= 2.*got 2\.0\.$"),
-                      ({"folds": 1}, r"^folds must be an integer >= 2.*got 1\.$")):
+                      ({"folds": 1}, r"^folds must be an integer >= 2.*got 1\.$"),
+                      ({"seed": 1.5}, r"^fit_outcome needs seed, an integer in \[0, 2\*\*31\)"
+                                      r".*got 1\.5\.$"),
+                      ({"seed": -1}, r"^fit_outcome needs seed.*got -1\.$")):
         with pytest.raises(ValueError, match=match):
             fit_outcome(rows, **({"ntk": False, "ks": (0.1,), "folds": 2} | kw))
     gd = _corpus(6)  # a gd row's batch_size may be None

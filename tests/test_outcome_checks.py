@@ -143,6 +143,19 @@ def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
     for xs, ys, match in bad_fits:
         with pytest.raises(ValueError, match=match):
             fit_models(xs, ys)
+    # labels outside their target's range, and seeds LightGBM would take raw or refuse late
+    bad_labels = [("diverged", 2.0, r"y\['diverged'\] to be 0 or 1.*got 2\.0"),
+                  ("failed", -1.0, r"y\['failed'\] to be 0 or 1"),
+                  ("test_accuracy", 1.5, r"y\['test_accuracy'\] to be a fraction in \[0, 1\]"),
+                  ("log_t_eps", np.inf, r"y\['log_t_eps'\] to be a finite number.*inf")]
+    for target, value, match in bad_labels:
+        with pytest.raises(ValueError, match=match):
+            fit_models(x, dict(y, **{target: np.where(np.arange(60) == 7, value, y[target])}))
+    for seed in (1.5, True, -1, 2**31, "0"):
+        with pytest.raises(ValueError, match=r"fit_models needs seed, an integer in \[0, 2\*\*"):
+            fit_models(x, y, seed)
+    unknown = dict(y, diverged=np.where(np.arange(60) < 3, np.nan, y["diverged"]))
+    assert set(fit_models(x, unknown, np.int64(3))[0]) == set(TARGETS)  # NaN = unknown: kept
     models, consts = fit_models(x, {t: list(v) for t, v in y.items()})  # lists: now arrays
     same = fit_models(x, y)
     p = predict_models(models, consts, x[:4])

@@ -237,17 +237,17 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
 
     Raises:
-      ValueError: no rows; ``level`` not a number in (0, 1); ``folds`` not an integer >= 2;
-        ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a dict,
-        lacks a field it needs (the first such row is named, with the fields it lacks) or has
-        a numeric field (kappa_eff, momentum, per_class, steps, batch_size) that is not a
-        real number (row and field named); fewer runs than ``folds``, fewer than 20 rows
-        (runs × ``ks``), or a classification target (diverged, failed, above_median) whose
-        runs are all of one class (:func:`check_fit_labels`), all before any featurising or
-        fitting (a :class:`Dataset`: before any fitting); a row's telemetry that
-        :meth:`ntk_tt.Telemetry.from_dict` refuses.
+      ValueError: no rows; ``level`` not in (0, 1); ``folds`` not an integer >= 2; ``seed``
+        not one in [0, 2**31); ``rows`` a path, a single row (a dict) or not a sequence; a row
+        that is not a dict, lacks a field it needs (the first such row is named, with the
+        fields it lacks) or has a numeric field (kappa_eff, momentum, per_class, steps,
+        batch_size) that is not a real number (row and field named); fewer runs than
+        ``folds``, fewer than 20 rows (runs × ``ks``), or a classification target (diverged,
+        failed, above_median) whose runs are all of one class (:func:`check_fit_labels`), all
+        before any featurising or fitting (a :class:`Dataset`: before any fitting); a row's
+        telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
     """
-    check_fit_args(level, folds)
+    check_fit_args(level, folds, seed)
     if isinstance(rows, Dataset):
         data = rows
         check_fit_labels(data.y, data.meta["run_id"], len(data.x), folds)

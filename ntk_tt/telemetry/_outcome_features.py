@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ntk_tt._options import a_type, is_real
+from ntk_tt._options import _is_int, a_type, is_real
 from ntk_tt.telemetry._telemetry import Telemetry, check_telemetry, truncate
 
 TARGETS = ("test_accuracy", "diverged", "failed", "above_median", "log_t_eps")
@@ -267,15 +267,26 @@ def _shown(value) -> str:
     return a_type(value) + (f" ({value!r})" if short else "")
 
 
-def check_fit_args(level, folds) -> None:
-    """:func:`ntk_tt.fit_outcome`'s ``level`` a number in (0, 1) and ``folds`` an integer
-    >= 2 (ValueError naming the argument; a string such as "0.9" is refused)."""
+def check_fit_args(level, folds, seed) -> None:
+    """:func:`ntk_tt.fit_outcome`'s ``level`` a number in (0, 1), ``folds`` an integer >= 2
+    and ``seed`` one in [0, 2**31) (ValueError naming the argument; a string such as "0.9" is
+    refused)."""
     if not is_real(level) or not 0.0 < level < 1.0:
         raise ValueError(f"level must be a number in (0, 1), the intervals' coverage (e.g. "
                          f"level=0.9, not a string), got {_shown(level)}.")
     if not (is_real(folds) and isinstance(folds, (int, np.integer))) or folds < 2:
         raise ValueError(f"folds must be an integer >= 2, the number of cross-validation folds "
                          f"(e.g. folds=5, not a string), got {_shown(folds)}.")
+    check_seed(seed, "fit_outcome")
+
+
+def check_seed(seed, where: str) -> None:
+    """``seed`` an integer in [0, 2**31): LightGBM's ``random_state`` and the fold draw's
+    ``numpy.random.default_rng`` (ValueError naming ``where``; a float such as 1.5 or a bool is
+    refused, not passed on)."""
+    if not _is_int(seed) or not 0 <= seed < 2**31:
+        raise ValueError(f"{where} needs seed, an integer in [0, 2**31) (LightGBM's "
+                         f"random_state), got {seed!r}.")
 
 
 def check_rows(rows) -> list:

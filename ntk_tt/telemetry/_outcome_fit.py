@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._options import _describe
-from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS
+from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS, check_seed
 
 MIN_LEAF = 10  # LightGBM's min_child_samples: a split needs 2 · MIN_LEAF fitting rows
 
@@ -57,6 +57,25 @@ def check_fit_labels(y: dict[str, np.ndarray], run_ids: np.ndarray, rows: int,
                 f"{ones / runs:.0f}; add runs that {'do not ' if ones else ''}{verb}"
                 + (" (e.g. larger learning rates)" if target == "diverged" and not ones
                    else "") + ".")
+
+
+# what a label of each target may be (NaN = unknown, left out, for every target)
+_LABELS = {"test_accuracy": "a fraction in [0, 1]", "log_t_eps": "a finite number",
+           **{t: "0 or 1" for t in _CLASSES}}
+
+
+def _check_labels(target: str, label: np.ndarray) -> None:
+    known = label[~np.isnan(label)] if label.dtype.kind == "f" else label
+    if target == "test_accuracy":
+        bad = (known < 0) | (known > 1)
+    elif target == "log_t_eps":
+        bad = ~np.isfinite(known)
+    else:
+        bad = (known != 0) & (known != 1)
+    if bad.any():
+        raise ValueError(f"fit_models needs y[{target!r}] to be {_LABELS[target]} (or NaN = "
+                         f"unknown) for every row, got {float(known[bad][0])} (one of "
+                         f"{int(bad.sum())} such labels).")
 
 
 def _fit_one(target: str, x: np.ndarray, y: np.ndarray, seed: int):
@@ -114,8 +133,11 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
     Raises:
       ValueError: ``x`` not an (R, F) array of real numbers with R >= 1 rows; ``y`` not a
         mapping with real labels of shape (R,) for every target of ``TARGETS`` (the first
-        missing or malformed one named). All before any fitting.
+        missing or malformed one named), or with a label outside its target's range
+        (test_accuracy in [0, 1], log_t_eps finite, the classification targets 0 or 1; NaN
+        is allowed everywhere); ``seed`` not an integer in [0, 2**31). All before any fitting.
     """
+    check_seed(seed, "fit_models")
     x = _check_features(x, "fit_models")
     if not isinstance(y, Mapping):
         raise ValueError(f"fit_models needs y, a dict target → labels (R,) for the targets "
@@ -126,6 +148,7 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
             raise ValueError(f"fit_models needs y[{t!r}], real labels of shape ({len(x)},) "
                              f"(one per row of x; NaN = unknown), got "
                              f"{'none' if label is None else _describe(label)}.")
+        _check_labels(t, label)
     y = {t: np.asarray(y[t]) for t in TARGETS}
     div = y["diverged"] == 1
     models, consts = {}, {}
