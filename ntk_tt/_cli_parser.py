@@ -220,8 +220,13 @@ def _parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     """``(args, parser)`` of ``argv``. An unrecognised argument of a command (abbreviations
     are refused on purpose: ``--opt``) is that command's error, with its usage line and the
-    option meant when one is close (argparse's own reports the top-level usage)."""
+    option meant when one is close (argparse's own reports the top-level usage). Flags before
+    any command (``ntk-tt --lr 0.01``) are an error that says to name the command first."""
     parser = _parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        parser.error(f"name the command before its flags, e.g. 'ntk-tt predict "
+                     f"{' '.join(argv)}' (commands: predict, suggest, outcome; 'ntk-tt' alone "
+                     "runs predict --verify).")
     args, rest = parser.parse_known_args(argv)
     if rest:
         command = parser.commands.get(args.command, parser)

@@ -617,6 +617,19 @@ def test_version_and_help_need_no_jax(tmp_path, capsys):
     assert capsys.readouterr().out == f"ntk-tt {ntk_tt.__version__}\n"
 
 
+@pytest.mark.parametrize("argv", [["--lr", "-1e-3"], ["--lr", "0.01"], ["--verify"], ["-T", "5"]])
+def test_flags_before_any_command_say_to_name_the_command(argv, capsys):
+    """``ntk-tt --lr 0.01`` said "invalid choice: '0.01'" (argparse took the number for the
+    command): now one line that shows the command to type."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"ntk-tt: error: name the command before its flags, e.g. 'ntk-tt predict "
+                   f"{' '.join(argv)}' (commands: predict, suggest, outcome; 'ntk-tt' alone runs "
+                   "predict --verify).")
+
+
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
