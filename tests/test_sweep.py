@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -744,33 +745,39 @@ def test_a_table_consolidated_before_any_row_resumes_and_a_damaged_one_is_one_li
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"kappas": (-1.0,)}, "SweepSpec.kappas must be finite numbers > 0"),
-    ({"kappas": (4.0, 0.0)}, "SweepSpec.kappas must be finite numbers > 0"),
-    ({"etas": (float("nan"),)}, "SweepSpec.etas must be finite numbers > 0"),
-    ({"edge_kappas": (float("inf"),)}, "SweepSpec.edge_kappas must be finite numbers > 0"),
-    ({"batch_sizes": (None, 0)}, "SweepSpec.batch_sizes must be integers >= 1 or None"),
-    ({"batch_sizes": (2.5,)}, "SweepSpec.batch_sizes must be integers >= 1 or None"),
-    ({"edge_batch_sizes": (-3,)}, "SweepSpec.edge_batch_sizes must be integers >= 1 or None"),
-    ({"per_class": (0,)}, "SweepSpec.per_class must be integers >= 1"),
+    ({"kappas": (-1.0,)}, "SweepSpec.kappas (--kappas) must be finite numbers > 0"),
+    ({"kappas": (4.0, 0.0)}, "SweepSpec.kappas (--kappas) must be finite numbers > 0"),
+    ({"etas": (float("nan"),)}, "SweepSpec.etas (--etas) must be finite numbers > 0"),
+    ({"edge_kappas": (float("inf"),)},
+     "SweepSpec.edge_kappas (--edge-kappas) must be finite numbers > 0"),
+    ({"batch_sizes": (None, 0)}, "SweepSpec.batch_sizes (--batch-sizes) must be integers >= 1"),
+    ({"batch_sizes": (2.5,)}, "SweepSpec.batch_sizes (--batch-sizes) must be integers >= 1"),
+    ({"edge_batch_sizes": (-3,)},
+     "SweepSpec.edge_batch_sizes (--edge-batch-sizes) must be integers >= 1 or None"),
+    ({"steps": 0}, "SweepSpec.steps (--steps) must be >= 1, got 0."),
+    ({"momenta": (1.0,)}, "SweepSpec.momenta (--momenta) must lie in [0, 1), got (1.0,)"),
+    ({"seeds": ()}, "SweepSpec.seeds (--seeds) is empty"),
+    ({"kappas": (), "etas": ()}, "give kappas (--kappas) and/or etas (--etas)"),
+    ({"per_class": (0,)}, "SweepSpec.per_class (--per-class) must be integers >= 1"),
 ])
 def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, message):
     """Negative κ̃ ran the whole sweep at negative learning rates (a fresh user's finding)."""
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):  # each names its flag
         SweepSpec(**{"datasets": ("a",), "per_class": (10,), "seeds": (0,)} | kwargs)
     SweepSpec(datasets=("a",), per_class=(10,), seeds=(0,), batch_sizes=(None, 1),
               etas=(1e-3,), edge_kappas=(48.0,))  # the edges of what is allowed
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--kappas", "-1"], "SweepSpec.kappas must be finite numbers > 0"),
-    (["--etas", "0"], "SweepSpec.etas must be finite numbers > 0"),
-    (["--batch-sizes", "N", "0"], "SweepSpec.batch_sizes must be integers >= 1 or None"),
-    (["--momenta", "1.5"], "momenta must lie in [0, 1)"),
-    (["--steps", "0"], "SweepSpec.steps must be >= 1"),
+    (["--kappas", "-1"], "SweepSpec.kappas (--kappas) must be finite numbers > 0"),
+    (["--etas", "0"], "SweepSpec.etas (--etas) must be finite numbers > 0"),
+    (["--batch-sizes", "N", "0"], "SweepSpec.batch_sizes (--batch-sizes) must be integers >= 1"),
+    (["--momenta", "1.5"], "SweepSpec.momenta (--momenta) must lie in [0, 1)"),
+    (["--steps", "0"], "SweepSpec.steps (--steps) must be >= 1"),
     (["--reuse-real", "nowhere"], "--reuse-real 'nowhere' holds no results.parquet"),
     # a second fresh user: each was a traceback after spec.json and rows/ were written, or
     # (--primary) after the whole sweep had run
-    (["--sketch-dims", "0"], "SweepSpec.sketch_dims must be integers >= 1"),
+    (["--sketch-dims", "0"], "SweepSpec.sketch_dims (--sketch-dims) must be integers >= 1"),
     (["--checkpoint", "nowhere"], "checkpoint not found: 'nowhere'"),
     (["--primary", "foo", "bar"], "--primary 'foo' is not a variant this sweep records"),
     (["--report"], "--report rebuilds an existing sweep's summary"),
@@ -809,16 +816,18 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--edge-kappas", "8", "--edge-batch-sizes", "N", "x"],
      "argument --edge-batch-sizes: 'x' is not a batch size: give N (full-batch GD) or"),
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
-    (["--kappas", "1", "-1e-3"], "SweepSpec.kappas must be finite numbers > 0 (κ̃ values, or "
+    (["--kappas", "1", "-1e-3"], "SweepSpec.kappas (--kappas) must be finite numbers > 0 (κ̃ "
+                                 "values, or "
                                  "η for etas) in [1.175e-38, 3.403e+38] (float32's normal "
                                  "range), got (1.0, -0.001)"),
     # a fresh user: --kappas 3.5e38 (inf in float32) started a sweep; 1e-50 is 0 there
-    (["--kappas", "3.5e38"], "SweepSpec.kappas must be finite numbers > 0"),
-    (["--etas", "1e-50"], "SweepSpec.etas must be finite numbers > 0"),
-    (["--etas", "-1E-3"], "SweepSpec.etas must be finite numbers > 0"),
-    (["--edge-kappas", "-2.5e1"], "SweepSpec.edge_kappas must be finite numbers > 0"),
-    (["--momenta", "-1e-2"], "momenta must lie in [0, 1), got (-0.01,)"),
-    (["--edge-kappas", "8", "--edge-momenta", "-1e-1"], "must lie in [0, 1), got (-0.1,)"),
+    (["--kappas", "3.5e38"], "SweepSpec.kappas (--kappas) must be finite numbers > 0"),
+    (["--etas", "1e-50"], "SweepSpec.etas (--etas) must be finite numbers > 0"),
+    (["--etas", "-1E-3"], "SweepSpec.etas (--etas) must be finite numbers > 0"),
+    (["--edge-kappas", "-2.5e1"], "SweepSpec.edge_kappas (--edge-kappas) must be finite"),
+    (["--momenta", "-1e-2"], "(--momenta) must lie in [0, 1), got (-0.01,)"),
+    (["--edge-kappas", "8", "--edge-momenta", "-1e-1"],
+     "(--edge-momenta) must lie in [0, 1), got (-0.1,)"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,

@@ -191,40 +191,42 @@ class SweepSpec:
     def __post_init__(self):
         for name in ("datasets", "per_class", "seeds", "batch_sizes", "momenta", "epsilons"):
             if len(getattr(self, name)) == 0:
-                raise ValueError(f"SweepSpec.{name} is empty; give at least one value.")
+                raise ValueError(f"{_field(name)} is empty; give at least one value.")
         if not self.kappas and not self.etas:
-            raise ValueError("SweepSpec needs learning rates: give kappas and/or etas.")
+            raise ValueError("SweepSpec needs learning rates: give kappas (--kappas) and/or "
+                             "etas (--etas).")
         if self.steps < 1:
-            raise ValueError(f"SweepSpec.steps must be >= 1, got {self.steps}.")
+            raise ValueError(f"{_field('steps')} must be >= 1, got {self.steps}.")
         for name in ("kappas", "etas", "edge_kappas"):
-            check_positive(f"SweepSpec.{name}", getattr(self, name))
-        check_batch_sizes("SweepSpec.batch_sizes", self.batch_sizes)
-        check_batch_sizes("SweepSpec.edge_batch_sizes", self.edge_batch_sizes or ())
+            check_positive(_field(name), getattr(self, name))
+        check_batch_sizes(_field("batch_sizes"), self.batch_sizes)
+        check_batch_sizes(_field("edge_batch_sizes"), self.edge_batch_sizes or ())
         if any(not _is_int(d) or d < 1 for d in self.sketch_dims) or not _is_int(
                 self.noise_dim) or self.noise_dim < 0:
-            raise ValueError(f"SweepSpec.sketch_dims must be integers >= 1 and noise_dim an "
+            raise ValueError(f"{_field('sketch_dims')} must be integers >= 1 and noise_dim an "
                              f"integer >= 0 (sketch dimensions D'), got {self.sketch_dims} and "
                              f"{self.noise_dim}.")
         if any(not _is_int(n) or n < 1 for n in self.per_class):
-            raise ValueError(f"SweepSpec.per_class must be integers >= 1 (images per class), "
+            raise ValueError(f"{_field('per_class')} must be integers >= 1 (images per class), "
                              f"got {self.per_class}.")
         if any(not _is_int(s) or not 0 <= s < 2**32 for s in self.seeds):
-            raise ValueError(f"SweepSpec.seeds (--seeds) must be integers in [0, 2**32) (they "
+            raise ValueError(f"{_field('seeds')} must be integers in [0, 2**32) (they "
                              f"pick the images and the batch order; jax.random.key(2**32) is "
                              f"key(0)), got {self.seeds}.")
         for name in ("momenta", "edge_momenta"):
             if any(not 0.0 <= m < 1.0 for m in getattr(self, name)):
-                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}.")
+                raise ValueError(f"{_field(name)} must lie in [0, 1), got "
+                                 f"{getattr(self, name)}.")
         if self.edge_kappas and not self.edge_momenta:
-            raise ValueError("SweepSpec.edge_momenta is empty; give at least one value (0.0).")
+            raise ValueError(f"{_field('edge_momenta')} is empty; give at least one value "
+                             "(0.0).")
         if self.edge_batch_sizes is not None and not self.edge_batch_sizes:
-            raise ValueError("SweepSpec.edge_batch_sizes is empty; give None (= batch_sizes) "
+            raise ValueError(f"{_field('edge_batch_sizes')} is empty; give None (= batch_sizes) "
                              "or at least one value.")
         if any(not 0.0 < e < 1.0 for e in self.epsilons):
-            raise ValueError(f"epsilons must lie in (0, 1), got {self.epsilons}.")
+            raise ValueError(f"SweepSpec.epsilons must lie in (0, 1), got {self.epsilons}.")
         for name in _NAMED_ROWS:
-            check_distinct(f"SweepSpec.{name} (--{name.replace('_', '-')})",
-                           getattr(self, name) or ())
+            check_distinct(_field(name), getattr(self, name) or ())
 
     def tasks(self) -> list[Task]:
         """Tasks in run order: dataset size first (in ``per_class`` order), then target set."""
@@ -254,6 +256,12 @@ class SweepSpec:
 
 
 # the fields whose values name rows (Task.id, Config.id) or variants (sketch{D'})
+def _field(name: str) -> str:
+    """``SweepSpec.<name>`` and, where ``experiments/sweep.py`` has one, its flag."""
+    flag = f" (--{name.replace('_', '-')})" if name in (*_NAMED_ROWS, "datasets", "steps") else ""
+    return f"SweepSpec.{name}{flag}"
+
+
 _NAMED_ROWS = ("per_class", "seeds", "batch_sizes", "momenta", "kappas", "etas", "edge_kappas",
                "edge_momenta", "edge_batch_sizes", "sketch_dims")
 
@@ -274,7 +282,7 @@ def check_batch_below_n(spec: SweepSpec) -> None:
         big = [b for b in values if b is not None and b >= n]
         if big:
             raise ValueError(
-                f"SweepSpec.{name} (--{name.replace('_', '-')}) B = {big[0]} is not below "
+                f"{_field(name)} B = {big[0]} is not below "
                 f"N = {n} (classes × per_class = {spec.classes} × {max(spec.per_class)}, the "
                 f"largest task), so no task would run it (B >= N is skipped: B = N is GD, "
                 f"B > N impossible); give B < {n}, or N for gradient descent.")
