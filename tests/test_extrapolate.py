@@ -324,8 +324,8 @@ def test_an_extrapolated_tail_can_start_above_the_kept_head():
 def test_curve_from_spectrum_is_differentiable_and_vmappable_in_eta(source):
     """A fresh user: jax.grad / vmap over learning_rate gave a raw TracerArrayConversionError.
     The constant-η curve is a sum of exponentials in η: grad equals a central difference,
-    vmap and jit equal the eager calls, a traced η ≤ 0 or NaN gives NaN (it cannot be
-    refused), and a gradient at η·μ_k = 1 exactly is finite."""
+    vmap and jit equal the eager calls, a traced η ≤ 0 or NaN gives NaN, curve and gradient
+    (it cannot be refused), and a gradient at η·μ_k = 1 exactly is finite."""
     with jax.enable_x64(True):
         kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
         r_sub, r_full = _normal(jax.random.key(1), (20, 2)), _normal(jax.random.key(2), (40, 2))
@@ -349,3 +349,5 @@ def test_curve_from_spectrum_is_differentiable_and_vmappable_in_eta(source):
             np.testing.assert_allclose(row, curve(float(lr)), rtol=1e-12)
         bad = jax.vmap(curve)(jnp.array([0.5 * lr0, 0.0, -lr0, jnp.nan]))
         assert np.all(np.isfinite(bad[0])) and np.all(np.isnan(bad[1:]))
+        grads = jax.vmap(jax.grad(lambda e: curve(e)[-1]))(jnp.array([0.5 * lr0, 0.0, -lr0]))
+        assert np.isfinite(grads[0]) and np.all(np.isnan(grads[1:]))  # was 0 at a bad η

@@ -336,8 +336,8 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     and heavy-ball or Nesterov momentum (:mod:`ntk_tt.prediction._spectrum_sgd`, METHOD.md §7);
     ``sgd(η)`` (constant, m = 0) gives the ``learning_rate=η`` curve bit for bit. With
     ``learning_rate`` it is pure JAX in η and the spectrum: ``jit``, ``vmap`` and ``grad``
-    over η work (a traced η that is not finite and > 0 gives a NaN curve, as it is not
-    checked); a traced ``optimizer`` is refused.
+    over η work (a traced η that is not finite and > 0 gives a NaN curve and a NaN
+    gradient, as it is not checked); a traced ``optimizer`` is refused.
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), Prop. 2, in discrete time; METHOD.md §7
     (with ``optimizer``, ntk_tt's own: issue 27, METHOD.md §7 and §11).
@@ -383,8 +383,10 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     if learning_rate is None:  # a schedule or momentum: the per-mode recursion
         return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
     eta = jnp.asarray(learning_rate, mu.dtype)  # traceable: jit / vmap / grad over η
+    ok = jnp.isfinite(eta) & (eta > 0)
+    eta = eta + jnp.where(ok, 0.0, jnp.nan)  # a traced bad η: NaN gradient (where's is 0)
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]
     base = jnp.where(t == 0, 1.0, (1.0 - eta * mu) ** 2)  # >= 0: no NaN at η·μ > 1, and no
     decay = base ** t  # NaN gradient of 0^0 at η·μ = 1
     curve = decay @ p / (2 * spectrum.num_samples)
-    return jnp.where(jnp.isfinite(eta) & (eta > 0), curve, jnp.nan)  # a traced bad η: NaN
+    return jnp.where(ok, curve, jnp.nan)  # a traced bad η: NaN (L_0 too)
