@@ -27,6 +27,8 @@ from ntk_tt._options import _describe, check_real
 
 OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID, CALLED_DIVERGES = \
     range(8)
+"""The reason codes (ints 0-7) of a T_ε: ``OK`` defined, the others why it is not;
+``INVALID`` (6): a traced hyperparameter the eager checks would refuse (the T_ε is NaN)."""
 REASONS = {
     OK: "defined: the first step of the smoothed curve within epsilon * (L_0 - L_T) of L_T",
     NON_FINITE: "curve has NaN or inf entries",
@@ -45,6 +47,8 @@ REASONS = {
                      "runs measured diverged; see divergence_reason): no training time, though "
                      "the linearised curve, kept in the result, did not end above L_0",
 }
+"""Reason code → the sentence a result, the CLI and the sweep give for it (see the codes above;
+the sentences define T_ε's ε-rule of Zancato et al. 2020, Sec. 3, and ntk_tt's outcomes)."""
 
 
 def curve_window(length: int) -> int:
