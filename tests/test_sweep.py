@@ -346,12 +346,19 @@ def _sweep_env(cache: pathlib.Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def jax_cache(tmp_path_factory):
+    """One persistent compilation cache for this module's sweep subprocesses: the Ctrl-C test
+    reuses the SIGKILL test's executables for the groups they share (GD and B = 10)."""
+    return tmp_path_factory.mktemp("jax_cache")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, jax_cache):
     """The smoke preset (one task, its GD and B = 10 groups) killed with SIGKILL once its
     first group's rows are written, then resumed: the second process finishes the task."""
     out = tmp_path_factory.mktemp("sweep")
     rows = out / "rows"
-    env = _sweep_env(tmp_path_factory.mktemp("jax_cache"))
+    env = _sweep_env(jax_cache)
     t0 = time.perf_counter()
     # stderr to a file, not a pipe nobody reads while polling: a full pipe (progress bars,
     # JAX_LOG_COMPILES) would block the sweep before its first row and the loop forever
@@ -447,11 +454,12 @@ def _sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp_path):
+def test_ctrl_c_ends_in_one_line_keeps_the_rows_and_the_same_command_resumes(tmp_path,
+                                                                           jax_cache):
     """Ctrl-C was a ~100-line KeyboardInterrupt traceback (exit -2), SIGTERM a silent exit.
     Three batch sizes: two groups of rows are still to come when the first is written."""
     out, rows = tmp_path / "out", tmp_path / "out" / "rows"
-    env = _sweep_env(tmp_path / "jax_cache")
+    env = _sweep_env(jax_cache)
     command = _sweep(out, "--batch-sizes", "N", "10", "5")
     log = tmp_path / "interrupted.stderr"
     with log.open("wb") as err:
