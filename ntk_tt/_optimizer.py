@@ -114,6 +114,10 @@ def sgd(learning_rate, momentum=0.0, *, nesterov: bool = False, weight_decay=0.0
         λ/2·‖θ‖² in the loss.
       batch_size: B (None: full batch, GD).
 
+    Returns:
+      An :class:`Optimizer` with rule "sgd" (``to_optax()`` builds the optax transformation;
+      ``learning_rate`` becomes a :class:`ntk_tt.Schedule`, :func:`ntk_tt.schedule`).
+
     Source: ntk_tt's own (issue 27; METHOD.md §11); the rule is optax's ``trace`` (heavy
     ball / Nesterov), with decoupled decay as SGDW (Loshchilov & Hutter 2019).
 

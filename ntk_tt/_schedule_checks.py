@@ -1,6 +1,7 @@
 """Type checks of learning-rate schedules (split from :mod:`ntk_tt._schedules`): a number
 given for a schedule's leaf, and a callable schedule ``step -> η``'s signature and values.
-Each raises one ValueError naming the argument and the accepted forms.
+Each raises one ValueError naming the argument and the accepted forms. Also the traceable
+value checks of ``Schedule.valid`` (:func:`_within_peak`, :func:`_warmup_ends`).
 """
 
 from __future__ import annotations
@@ -58,3 +59,14 @@ def _check_arity(fn, name: str) -> None:
             f"{name} must be a callable of one argument, the step count (step -> η); "
             f"{_fn_name(fn)}{sig} cannot be called with one ({err}): e.g. lambda t: 0.1 * "
             "0.99 ** t, or a number for a constant η.") from None
+
+
+def _within_peak(peak, *values) -> Array:
+    """Every value in [0, peak] (a relative 1e-6 above passes, as
+    :func:`ntk_tt._schedules._check_below_peak`)."""
+    return jnp.all(jnp.array([(v >= 0) & (v <= peak * (1 + 1e-6)) for v in values]))
+
+
+def _warmup_ends(warmup, rises, steps: int) -> Array:
+    """warmup ≥ 0, and ⌈warmup⌉ < ``steps`` where η rises to its peak (``check_warmup``)."""
+    return (warmup >= 0) & (~jnp.asarray(rises) | (jnp.ceil(warmup) < steps))

@@ -24,7 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._schedule_checks import _callable_rate, _check_arity, _fn_name, _real_array
+from ntk_tt._schedule_checks import (
+    _callable_rate,
+    _check_arity,
+    _fn_name,
+    _real_array,
+    _warmup_ends,
+    _within_peak,
+)
 
 Array = jax.Array
 
@@ -183,16 +190,6 @@ class FromCallable(Schedule):
         return _eager_values(self, int(steps))
 
 
-def _within_peak(peak, *values) -> Array:
-    """Every value in [0, peak] (a relative 1e-6 above passes, as :func:`_check_below_peak`)."""
-    return jnp.all(jnp.array([(v >= 0) & (v <= peak * (1 + 1e-6)) for v in values]))
-
-
-def _warmup_ends(warmup, rises, steps: int) -> Array:
-    """warmup ≥ 0, and ⌈warmup⌉ < ``steps`` where η rises to its peak (``check_warmup``)."""
-    return (warmup >= 0) & (~jnp.asarray(rises) | (jnp.ceil(warmup) < steps))
-
-
 def _eager_values(sched: Schedule, steps: int) -> Array:
     return jax.vmap(sched)(jnp.arange(steps))
 
@@ -238,11 +235,21 @@ def constant(value) -> Constant:
 def warmup_cosine(peak, warmup, decay_steps, *, init=0.0, end=0.0,
                   smoothing: float = 0.0) -> WarmupCosine:
     """Linear warmup to ``peak`` over ``warmup`` steps, cosine decay to ``end`` at
-    ``decay_steps`` (optax ``warmup_cosine_decay_schedule``'s convention: ``decay_steps``
-    counts the warmup). Every number is a leaf (``jax.grad`` w.r.t. peak and warmup).
+    ``decay_steps`` (optax ``warmup_cosine_decay_schedule``'s convention).
 
     Source: ntk_tt's own (issue 27; METHOD.md §11); optax's ``warmup_cosine_decay_schedule``
     at an integer warmup, the warmup differentiable (module docstring).
+
+    Args:
+      peak: η at the end of the warmup (the largest η).
+      warmup: warmup length w in optimiser steps, a real number (0: start at ``peak``).
+      decay_steps: the step the cosine reaches ``end``, counted from 0 (warmup included).
+      init: η_0, where the warmup starts.
+      end: η from step ``decay_steps`` on.
+      smoothing: warmup relaxation width in steps (module docstring; static; 0: exact ramp).
+
+    Returns:
+      :class:`WarmupCosine`, its numbers float leaves (``jax.grad`` w.r.t. peak and warmup).
 
     Raises:
       ValueError: a non-number, peak <= 0, init or end outside [0, peak], warmup < 0,
@@ -264,6 +271,17 @@ def warmup_stable_decay(peak, warmup, decay_start, decay_steps, *, end=0.0,
 
     Source: ntk_tt's own (issue 27; METHOD.md §11): the warmup–stable–decay (WSD) shape.
 
+    Args:
+      peak: η of the stable phase.
+      warmup: length in optimiser steps of the linear warmup from 0.
+      decay_start: the step the decay starts at.
+      decay_steps: its length in steps (0: drop to ``end`` in one step).
+      end: η after the decay.
+      smoothing: as :func:`warmup_cosine`.
+
+    Returns:
+      :class:`WarmupStableDecay`, its numbers leaves as :func:`warmup_cosine`'s.
+
     Raises:
       ValueError: a non-number, peak <= 0, end outside [0, peak], warmup < 0, decay_start <
         warmup, decay_steps < 0, smoothing < 0 or not finite.
@@ -283,6 +301,13 @@ def exponential(init, rate) -> Exponential:
     predict --decay-rate``'s range).
 
     Source: ntk_tt's own (issue 27; METHOD.md §11); optax's ``exponential_decay(init, 1, rate)``.
+
+    Args:
+      init: η_0, the learning rate of step 0.
+      rate: the factor per optimiser step.
+
+    Returns:
+      :class:`Exponential`, init and rate its float array leaves (as :func:`warmup_cosine`'s).
 
     Raises:
       ValueError: a non-number, init <= 0, rate <= 0 (a negative rate flips η_t's sign) or
@@ -307,6 +332,13 @@ def schedule(value) -> Schedule:
     step.
 
     Source: none (a utility: ntk_tt's schedule constructor, issue 27).
+
+    Args:
+      value: the number, Schedule or callable.
+
+    Returns:
+      :class:`Constant` (:func:`constant`) for a number, ``value`` for a Schedule, else a
+      :class:`FromCallable` wrapping it.
 
     Raises:
       ValueError: anything else (a string, None, an array of per-step values v: use ``lambda

@@ -111,17 +111,17 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
       apply_fn, params: the model with its new head, ``apply_fn(params, x)`` → logits (N, C);
         its real training step is timed per batch size.
       x: training inputs (N, ...). y: integer labels (N,).
-      target: the target mean training loss (``target_kind="absolute"``, 0 < target < L_0) or
-        a fraction of L_0 in (0, 1) (``"fraction"``).
+      target, target_kind: the target mean training loss (``"absolute"``, 0 < target < L_0)
+        or a fraction of L_0 in (0, 1) (``"fraction"``).
       steps: the step budget T_max (optimiser updates).
       batch_sizes: candidate B (default (None,)): None (or N) = full-batch GD, integers in
         [1, N) = SGD with the batch order of ``ntk_tt.batch_indices`` (the predicted curve is
         the mean over ``num_paths`` orders, path 0 = the order a real run with ``key`` uses).
       head: ``ntk_tt.split_head(model)`` for the head-aware predictor (the default when given);
-        None = the frozen-kernel linear predictor (``kernel`` "exact" N·C×N·C or "traced").
+        None = the frozen-kernel linear predictor. kernel: its Θ, "exact" (N·C×N·C) or "traced".
       predictor: "auto", "head_aware" or "linear". backbone: head-aware feature kernel.
       momenta: heavy-ball m of the grid, each in [0, 1) (default (0, 0.5, 0.9, 0.95)).
-        kappa_range (default (0.05, 50)), num_kappas: the κ grid.
+        kappa_range, num_kappas: the κ grid's (min, max) (default (0.05, 50)) and size.
       refine_steps: gradient evaluations of the refinement (0: none). temperature: τ of the
         surrogate. loss: "cross_entropy" or "mse" (mean over samples). key: jax.random key
         (needed when some B < N). num_paths: SGD batch orders averaged.
@@ -297,20 +297,29 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
                  **options) -> dict:
     """``ntk-tt suggest`` as a call: load the task like ``ntk-tt predict`` (shipped checkpoint
     and vendored flowers5 by default, fresh seeded head), run :func:`suggest`, return a
-    JSON-ready report; ``json_path`` is claimed first (status "started", removed if the job
-    fails or is interrupted) and then holds the report (status "complete").
-
-    Options (defaults in ``ntk_tt._defaults.SUGGEST_DEFAULTS``): checkpoint, dataset,
-    data_dir, split, num_classes (K), per_class (n), seed, resize, head_scale, target,
-    target_kind, steps (T_max), batch_sizes (candidate B, None entries = GD; omitted or None:
-    ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50) without 50 when N = K·n
-    <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min, kappa_max, num_kappas,
-    refine_steps, num_paths, loss, predictor, top; and the optimiser search
-    (``ntk_tt._options_suggest.split_optimizer_options``): optimizer ("sgd" | "adamw" | None),
-    weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
+    JSON-ready report.
 
     Source: none (the ``ntk-tt suggest`` job around :func:`suggest`; README "Choosing
     hyperparameters without training").
+
+    Args:
+      json_path: None, or the report's JSON file (``~`` expanded): claimed first unless
+        ``overwrite`` (status "started", removed if the job fails or is interrupted), then
+        the report with status "complete".
+      progress: tqdm bars over :func:`suggest`'s stages.
+      overwrite: True replaces an existing ``json_path``; False (default) refuses it.
+      **options: the job's options (defaults in ``ntk_tt._defaults.SUGGEST_DEFAULTS``):
+        checkpoint, dataset, data_dir, split, num_classes (K), per_class (n), seed, resize,
+        head_scale, target, target_kind, steps (T_max), batch_sizes (candidate B, None entries
+        = GD; omitted or None: ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50)
+        without 50 when N = K·n <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min,
+        kappa_max, num_kappas, refine_steps, num_paths, loss, predictor, top; and the
+        optimiser search (``ntk_tt._options_suggest.split_optimizer_options``): optimizer
+        ("sgd" | "adamw" | None), weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
+
+    Returns:
+      The JSON-ready report (``json_path``'s, less ``status``): ``config``, ``task``, ``target``,
+      ``found``, ``reason``, ``suggestion`` (None unless found) and :func:`suggest`'s other results.
 
     Warns:
       TargetNotReachedWarning: as :func:`suggest`, when nothing reaches the target (the report

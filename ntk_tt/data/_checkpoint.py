@@ -11,11 +11,8 @@ it was pre-trained). :func:`read_checked` (and :func:`read_meta`) builds meta's 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from flax import nnx
 from ntk_tt._options import a_type
 from ntk_tt.data._inputs import check_save_path, check_statistics, json_number, reason
 from ntk_tt.data._model import input_shape_problem
+from ntk_tt.data._orbax_quiet import _quiet
 from ntk_tt.models import ResNet18, SmallResNet
 
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "assets" / "checkpoints"
@@ -34,49 +32,6 @@ ARCHITECTURES = {"SmallResNet": SmallResNet, "ResNet18": ResNet18}
 _FIX = "re-save it with ntk_tt.save_checkpoint, or omit it for the shipped one"
 _RESAVE = ("save the checkpoint again with the right input_shape (ntk_tt.save_checkpoint(path, "
            "model, dict(meta, input_shape=[H, W, C]), overwrite=True))")
-
-
-def _orbax_noise(unraisable) -> bool:
-    """A failed orbax read's late report: its background futures failing against the closed
-    event loop, or one of its coroutines collected with the read error still inside."""
-    err = unraisable.exc_value
-    if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
-        return True
-    code = getattr(unraisable.object, "cr_code", None)
-    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-
-
-def _ignore_orbax_noise(previous):
-    """An unraisable-exception hook that drops :func:`_orbax_noise` and passes on the rest."""
-    def hook(unraisable):
-        if not _orbax_noise(unraisable):
-            previous(unraisable)
-
-    hook.ntk_tt_quiet = True
-    return hook
-
-
-@contextmanager
-def _quiet():
-    """Silence orbax's absl warnings and the asyncio tracebacks of a failed read: a damaged
-    checkpoint leaves orbax's futures (against its closed event loop, seconds later) and
-    coroutines holding the read error to print tracebacks through ``sys.unraisablehook``;
-    those (only those, :func:`_orbax_noise`) are dropped from the first read on, and asyncio's
-    logger stays silenced after a failure, so nothing follows the caller's one-line error."""
-    if not getattr(sys.unraisablehook, "ntk_tt_quiet", False):
-        sys.unraisablehook = _ignore_orbax_noise(sys.unraisablehook)
-    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    except BaseException:
-        loggers.pop()  # asyncio's logger stays silent: the failed read's tasks end later
-        raise
-    finally:
-        for lg, level in zip(loggers, levels, strict=False):
-            lg.setLevel(level)
 
 
 def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]:
@@ -362,7 +317,7 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
 
 
 def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, dict[str, Any]]:
-    """Rebuild the pre-trained model stored at ``path`` (default: the shipped checkpoint).
+    """Rebuild the pre-trained model stored at ``path``.
 
     The shipped checkpoint is a :class:`~ntk_tt.models.SmallResNet` pre-trained on CIFAR-10
     (provenance, command and accuracy in ``ntk_tt/assets/README.md``). The model is built
@@ -370,9 +325,14 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
 
     Source: none (a utility; the shipped model stands in for METHOD.md §8's ImageNet ResNets).
 
+    Args:
+      path: the checkpoint directory (:func:`save_checkpoint` wrote it; str or os.PathLike),
+        or None (default) for the shipped checkpoint.
+
     Returns:
       ``(model, meta)``: the NNX module with its pre-trained head (use
-      :func:`ntk_tt.replace_head` for a target task) and the checkpoint's metadata.
+      :func:`ntk_tt.replace_head` for a target task) and the checkpoint's metadata (a dict:
+      architecture, kwargs, num_classes, input_shape [H, W, C], mean and std (C,), ...).
 
     Raises:
       ValueError: one line (nothing else is printed) if ``path`` is not a str, os.PathLike

@@ -91,10 +91,16 @@ def from_nnx(module: nnx.Module) -> tuple[ApplyFn, Any]:
 
 
 def num_params(params: Any) -> int:
-    """Total number of scalars D in a parameter pytree: its leaves' sizes summed (0 for an
-    empty pytree such as ``{}``).
+    """Total number of scalars D in a parameter pytree.
 
     Source: none (a utility: D of METHOD.md, Notation).
+
+    Args:
+      params: the weights, a pytree of numeric arrays or numbers (e.g.
+        ``ntk_tt.from_nnx(model)[1]``).
+
+    Returns:
+      D, a Python int: the leaves' sizes summed (0 for an empty pytree such as ``{}``).
 
     Raises:
       ValueError: ``params`` not weights (None, a string, a flax module: pass

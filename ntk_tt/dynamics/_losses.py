@@ -65,11 +65,11 @@ def per_sample_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
 
 
 def mean_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
-    """Mean loss over the N samples, L = (1/N) Σ_i ℓ_i: a scalar in the logits' dtype
-    (module docstring; METHOD.md, Notation): cross-entropy ℓ_i = −log softmax(f_i)_{y_i}
-    (nats), MSE ℓ_i = ½‖f_i − onehot(y_i)‖² summed over the C outputs (not divided by C).
-    The loss that :func:`ntk_tt.finetune` trains on and :func:`ntk_tt.predict` predicts.
-    Usable under ``jit`` / ``vmap`` / ``grad`` (there the labels' values are not checked).
+    """Mean loss over the N samples, L = (1/N) Σ_i ℓ_i (module docstring; METHOD.md,
+    Notation): cross-entropy ℓ_i = −log softmax(f_i)_{y_i} (nats), MSE ℓ_i =
+    ½‖f_i − onehot(y_i)‖² summed over the C outputs (not divided by C). The loss that
+    :func:`ntk_tt.finetune` trains on and :func:`ntk_tt.predict` predicts. Usable under
+    ``jit`` / ``vmap`` / ``grad`` (there the labels' values are not checked).
 
     Source: METHOD.md, Notation (one loss convention, mean over samples, for the predictor
     and the real run); the normalisation is ntk_tt's (module docstring).
@@ -78,6 +78,9 @@ def mean_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
       logits: f, float (N, C), one row of C logits per sample.
       y: integer class labels (N,), in [0, C).
       loss: "cross_entropy" or "mse".
+
+    Returns:
+      L, a scalar (shape ()) array in the logits' dtype.
 
     Raises:
       ValueError: an unknown ``loss``; logits not a float (N, C) array; labels not integers
@@ -88,10 +91,9 @@ def mean_loss(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
 
 def error_rate(logits: jax.Array, y: jax.Array) -> jax.Array:
     """Fraction of the N samples whose arg-max logit is not the label, (1/N) Σ_i
-    [argmax_c f_ic ≠ y_i]: a scalar in [0, 1] (1 − accuracy; ties go to the lowest class,
-    as ``jnp.argmax``). The error curve of :func:`ntk_tt.predict` and
-    :func:`ntk_tt.finetune`. Usable under ``jit`` / ``vmap`` (labels' values unchecked
-    there).
+    [argmax_c f_ic ≠ y_i] (1 − accuracy; ties go to the lowest class, as ``jnp.argmax``).
+    The error curve of :func:`ntk_tt.predict` and :func:`ntk_tt.finetune`. Usable under
+    ``jit`` / ``vmap`` (labels' values unchecked there).
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε on the training
     error as well as the loss); METHOD.md §6.
@@ -99,6 +101,10 @@ def error_rate(logits: jax.Array, y: jax.Array) -> jax.Array:
     Args:
       logits: f, float (N, C).
       y: integer class labels (N,), in [0, C).
+
+    Returns:
+      The error rate, a scalar (shape ()) float array in [0, 1] (JAX's default float dtype,
+      float32 unless x64).
 
     Raises:
       ValueError: logits not a float (N, C) array; labels not integers of shape (N,);

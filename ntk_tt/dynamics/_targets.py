@@ -116,15 +116,21 @@ def _valid_target(value: float) -> bool:
 
 def steps_to_target_report(curve, target, *, window: int = 5) -> tuple[float, str | None]:
     """Steps to target and the reason it is undefined (None when reached): ``(NaN, reason)``
-    for a curve with NaN or inf entries or one that does not reach the target
-    (:data:`TARGET_REASONS`). Eager, like :func:`steps_to_target`; it warns about nothing.
-
-    ``curve`` (steps + 1,), ``target`` (a mean loss L* or an error rate e*, in the curve's
-    units) and ``window`` as :func:`steps_to_target`; the value is in optimiser steps (a
-    Python float, 0.0 when the curve starts at or below the target).
+    for a curve with NaN or inf entries or one that does not reach the target. Eager, like
+    :func:`steps_to_target`; it warns about nothing.
 
     Source: ntk_tt's own (README "Steps to an absolute target"), smoothed as T_ε is
     (METHOD.md §6; Zancato et al. 2020, Sec. 5, Alg. 1).
+
+    Args:
+      curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = optimiser
+        steps taken.
+      target: the absolute target in the curve's units: a mean loss L* or an error rate e*.
+      window: odd centred moving-average width w (1 = the raw curve; default 5).
+
+    Returns:
+      ``(t, reason)``: t, optimiser steps as a Python float (0.0 when the curve starts at or
+      below the target; NaN when undefined); reason, a sentence of :data:`TARGET_REASONS`.
 
     Raises:
       ValueError: as :func:`steps_to_target`.

@@ -190,16 +190,27 @@ def training_time_report(curve, epsilon, *, window: int | None = None
                          ) -> tuple[float, str | None]:
     """T_ε in steps and the reason it is undefined (None when defined): ``(NaN, reason)`` for
     a curve with NaN or inf entries, a flat or rising curve, or one that never comes within
-    ε·drop of L_T (:data:`REASONS`). Eager, like :func:`training_time`.
+    ε·drop of L_T. Eager, like :func:`training_time`, but it warns about nothing.
 
     Source: Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1 (T_ε); METHOD.md §6, made
     precise by ntk_tt (module docstring).
 
+    Args:
+      curve: 1-D loss or error curve (steps + 1,), predicted or measured; index = optimiser
+        steps taken.
+      epsilon: ε in (0, 1), relative to the curve's drop L_0 − L_T.
+      window: odd centred moving-average width w (1 = no smoothing); None (default):
+        ``curve_window``'s, as :func:`training_time`.
+
+    Returns:
+      ``(t, reason)``: t, the Python float T_ε in optimiser steps of :func:`training_time`;
+      reason, a sentence of :data:`REASONS`.
+
     Raises:
       ValueError: curve not numbers (a string, an array of strings, a ragged list, booleans:
         the message names ``curve``) or not 1-D with ≥ 2 entries, ε not a real number (e.g.
-        the string "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or ε (under
-        jit / vmap / grad: use :func:`training_time_array`).
+        the string "0.1") or ∉ (0, 1), window not odd in [1, len(curve)]; a traced curve or
+        ε (under jit / vmap / grad: use :func:`training_time_array`).
     """
     curve = _check(curve, epsilon, 1 if window is None else window)
     window = curve_window(curve.shape[0]) if window is None else window
@@ -303,10 +314,18 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
 def wall_clock_time(steps, seconds_per_step):
     """Wall-clock training time = T_ε (steps) × measured seconds per optimiser step.
 
-    Works on scalars or arrays; NaN (undefined T_ε) stays NaN.
-
     Source: METHOD.md §6: T_ε × time per step, the combination that Zancato et al. 2020
     (arXiv 2008.12478) suggest but do not make.
+
+    Args:
+      steps: T_ε in optimiser steps, ≥ 0 or NaN (undefined): a number or an array (any
+        shape; a list, NumPy or JAX array; None entries read as NaN).
+      seconds_per_step: measured wall time of one optimiser step in seconds, finite ≥ 0: a
+        number or an array broadcasting with ``steps``.
+
+    Returns:
+      Seconds, ``steps × seconds_per_step`` as float64 NumPy (a ``np.float64`` for two
+      scalars, else the broadcast shape); NaN where ``steps`` is NaN.
 
     Raises:
       ValueError: ``steps`` or ``seconds_per_step`` not numbers (a string such as ``"0.5"``

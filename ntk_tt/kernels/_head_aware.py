@@ -26,7 +26,6 @@ k_b = tr_C Θ_b0 / tr(W_0ᵀ S W_0) (a logit-summed kernel suffices), with S = I
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -37,7 +36,7 @@ from flax import nnx
 from ntk_tt._options import BACKBONES
 from ntk_tt._options_predict import check_subspace_dim
 from ntk_tt.data._model import check_concrete, check_model
-from ntk_tt.kernels._structured import contract, structured_jacobian
+from ntk_tt.kernels._structured import _diagonal_blocks
 
 
 class HeadAwareKernel(NamedTuple):
@@ -72,13 +71,17 @@ class _Identity(nnx.Module):
 def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
     """Split an NNX model with a linear ``head`` into backbone features and the head.
 
-    Returns ``(feature_fn, backbone_params, head_kernel, head_bias)``: ``feature_fn(params,
-    x) -> h`` (N, F) is the model with its head replaced by the identity (eval mode, as
-    :func:`ntk_tt.from_nnx`), ``head_kernel`` (F, C) and ``head_bias`` (C,) the head's
-    weights, so ``model(x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
-
     Source: ntk_tt's own (issue 9; METHOD.md §10): the f = h W + b split of the head-aware
     model.
+
+    Args:
+      model: the NNX model to fine-tune (not modified: the backbone is a copy).
+
+    Returns:
+      ``(feature_fn, backbone_params, head_kernel, head_bias)``: ``feature_fn(params, x) -> h``
+      (N, F) is the model with its head replaced by the identity (eval mode, as
+      :func:`ntk_tt.from_nnx`), ``head_kernel`` (F, C) and ``head_bias`` (C,) the head's
+      weights, so ``model(x) = feature_fn(backbone_params, x) @ head_kernel + head_bias``.
 
     Raises:
       ValueError: the model has no ``nnx.Linear`` attribute ``head`` with a bias.
@@ -129,19 +132,6 @@ def feature_mixing(feature_fn, backbone_params, x: jax.Array) -> jax.Array:
     check_model(feature_fn, backbone_params, x, name="x (feature_fn inputs)")
     s = _diagonal_blocks(feature_fn, backbone_params, jnp.asarray(x))
     return s * (s.shape[0] / jnp.trace(s))
-
-
-@partial(jax.jit, static_argnums=0)
-def _diagonal_blocks(feature_fn, backbone_params, x):
-    """Σ_i K_h(i, i) (F, F): one sample's Jacobian at a time in one compiled scan. Only the M
-    diagonal blocks are needed, so the (M·F)² cross kernel (M·F·D work per entry row, 6×
-    slower at M = 32, F = 64) is never formed."""
-    def add(total, xi):
-        jac = structured_jacobian(feature_fn, backbone_params, xi[None])
-        return total + contract(jac, jac, False, symmetric=True), None
-
-    h = jax.eval_shape(feature_fn, backbone_params, x[:1])
-    return jax.lax.scan(add, jnp.zeros((h.shape[1],) * 2, h.dtype), x)[0]
 
 
 def feature_basis(features: jax.Array, k: int) -> jax.Array:
@@ -200,23 +190,36 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                       mixing_samples: int = 32, traced_kernel=None, traced_kernel_test=None,
                       key: jax.Array | None = None,
                       subspace_dim: int | None = None) -> HeadAwareKernel:
-    """Build the :class:`HeadAwareKernel` of a network split as ``(feature_fn,
-    backbone_params, head_kernel, head_bias)`` (:func:`split_head`) on inputs ``x`` (N, ...).
+    """Build the :class:`HeadAwareKernel` of a network split by :func:`split_head` on ``x``.
 
     ``backbone="kronecker"``: K_h(i, j) = k_b(i, j)·S with k_b from the logit-summed empirical
-    NTK (``traced_kernel`` (N, N) if already computed, else built here) and S from the feature
-    kernel's diagonal blocks on ``mixing_samples`` inputs drawn with ``key`` (the first ones if
-    ``key`` is None). ``"isotropic"``: the same with S = I_F. ``"exact"``: the full feature
-    kernel K_h (N·F, N·F), F²/C² times the cost of Θ (small N only). ``"subspace"``: K_h
-    exactly on the k = min(``subspace_dim``, F) leading principal directions Z (F, k) of the centred
-    training features h_0 (their right singular vectors), K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z)
-    (N·k, N·k), k²/C² times the cost of Θ; the features move in span(Z) only (issue 26:
-    k = 16 brings the full preset's constant-η T_ε p95 from 22.7 / 23.0 % to 9.9 / 15.6 %,
-    GD / SGD; README "Error budget"). ``x_test`` (N_test, ...): also the held-out cross kernel
-    (``traced_kernel_test`` (N_test, N) if given).
+    NTK and S from the feature kernel's diagonal blocks on ``mixing_samples`` inputs.
+    ``"isotropic"``: the same with S = I_F. ``"exact"``: the full feature kernel K_h (N·F,
+    N·F), F²/C² times the cost of Θ (small N only). ``"subspace"``: K_h exactly on the
+    k = min(``subspace_dim``, F) leading principal directions Z (F, k) of the centred training
+    features h_0 (their right singular vectors), K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z) (N·k, N·k), k²/C²
+    times the cost of Θ; the features move in span(Z) only (issue 26: k = 16 brings the full
+    preset's constant-η T_ε p95 from 22.7 / 23.0 % to 9.9 / 15.6 %, GD / SGD; README "Error
+    budget").
 
     Source: ntk_tt's own (issue 9; METHOD.md §10, the head-aware model and its feature
     kernels; "subspace" issue 26), built from the empirical NTK of Zancato et al. 2020, eq. (2).
+
+    Args:
+      split: ``(feature_fn, backbone_params, head_kernel, head_bias)`` from :func:`split_head`.
+      x: training inputs (N, ...) that ``feature_fn`` takes.
+      x_test: held-out inputs (N_test, ...) for the cross kernel, or None.
+      backbone: "isotropic" (default), "kronecker", "exact" or "subspace" (above).
+      mixing_samples: "kronecker": the number of inputs S is estimated on (at most N).
+      traced_kernel: "kronecker" / "isotropic": Σ_c Θ(x, x) (N, N) if already computed
+        (None: built here); the other backbones ignore it.
+      traced_kernel_test: likewise Σ_c Θ(x_test, x) (N_test, N).
+      key: "kronecker": ``jax.random`` key drawing the mixing inputs (None: the first ones).
+      subspace_dim: "subspace": k (None: ``SUBSPACE_DIM`` = 16).
+
+    Returns:
+      :class:`HeadAwareKernel` (fields and shapes there); its held-out fields are None
+      without ``x_test``.
 
     Raises:
       ValueError: unknown ``backbone``, ``mixing_samples`` < 1, ``subspace_dim`` not an

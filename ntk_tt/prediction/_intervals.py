@@ -239,18 +239,25 @@ class IntervalCalibrator:
 
 
 def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
-    """A shipped calibrator (90 %). ``rule`` "sgd": the default head-aware predictor's
-    (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
-    ``experiments/results/sweep/results.parquet``; "adam": the fast AdamW predictor's
-    (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
-    benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
-    "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k = 16
-    (``ntk_tt/assets/intervals_subspace.json``), fitted on its main-grid predictions (κ̃ ≤ 12)
-    of the constant-η benchmark, two sweeps of unseen tasks and the optimiser benchmark's
-    SGD-momentum + warmup-cosine rows, grouped by ε
-    (``experiments/subspace_intervals.py``; README "Intervals").
+    """A shipped calibrator (90 %).
 
     Source: ntk_tt's own fits (README "Calibrated intervals for T_ε").
+
+    Args:
+      rule: which predictor's. "sgd" (default): the default head-aware predictor's
+        (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
+        ``experiments/results/sweep/results.parquet``; "adam": the fast AdamW predictor's
+        (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
+        benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
+        "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k =
+        16 (``ntk_tt/assets/intervals_subspace.json``), fitted on its main-grid predictions
+        (κ̃ ≤ 12) of the constant-η benchmark, two sweeps of unseen tasks and the optimiser
+        benchmark's SGD-momentum + warmup-cosine rows, grouped by ε
+        (``experiments/subspace_intervals.py``; README "Intervals").
+
+    Returns:
+      An :class:`IntervalCalibrator`, the caller's own copy (editing it changes no later
+      call's).
 
     Raises:
       ValueError: ``rule`` not "sgd", "adam" or "subspace".

@@ -1,9 +1,8 @@
 """Early-telemetry outcome prediction (issue 11, METHOD.md §9; arXiv 2608.03709).
 
-From what a run has shown in its first k updates (its :class:`ntk_tt.Telemetry`, truncated
-by :func:`ntk_tt.telemetry._telemetry.truncate`), optionally with the head-aware NTK
-prediction of the same run made before training, gradient-boosted trees (LightGBM) predict
-how it ends:
+From what a run has shown in its first k updates (its :class:`ntk_tt.Telemetry`, truncated by
+:func:`ntk_tt.telemetry._telemetry.truncate`), optionally with the head-aware NTK prediction of the
+same run made before training, gradient-boosted trees (LightGBM) predict how it ends:
 
   ``test_accuracy``  final held-out accuracy in [0, 1] (regression; R²),
   ``diverged``       the run diverges (``ntk_tt.dynamics._divergence``: non-finite or L_T > L_0),
@@ -37,12 +36,7 @@ import numpy as np
 
 from ntk_tt._options import file_path
 from ntk_tt._output_paths import require_folder
-from ntk_tt.telemetry._outcome_domain import (
-    _domain,
-    feature_domain,
-    loss_out_of_domain,
-    out_of_domain,
-)
+from ntk_tt.telemetry._outcome_domain import feature_domain, loss_out_of_domain, out_of_domain
 from ntk_tt.telemetry._outcome_features import (
     DEFAULT_KS,
     REGRESSION,
@@ -66,10 +60,10 @@ class OutcomePredictor:
     """Fitted gradient-boosted outcome models: one per target (see module docstring).
 
     ``ntk``: whether the NTK prediction's features are inputs. ``intervals``: per regression
-    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``info``:
-    counts, settings and ``loss_names``, the losses of the fitting runs. ``domain``:
-    {column: [low, high, missing]} of the fitting rows (:func:`feature_domain`), or None for
-    a file written before domains were kept (then nothing is flagged).
+    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``info``: counts,
+    settings and ``loss_names``, the losses of the fitting runs. ``domain``: {column: [low, high,
+    missing]} of the fitting rows (:func:`feature_domain`), or None for a file written before
+    domains were kept (then nothing is flagged).
 
     Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
     """
@@ -95,15 +89,14 @@ class OutcomePredictor:
                 k: int | None = None) -> dict[str, Any]:
         """The predicted outcome of one run from its first k updates (default: all given).
 
-        Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (90 %),
-        ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 %
-        interval (None and [None, None] when ``p_diverged`` ≥ 0.5: a run expected to diverge
-        has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps``
-        T, and ``out_of_domain``: the inputs outside the range of the corpus the predictor was
-        fitted on (:func:`out_of_domain`; first ``loss_is_mse`` when the run's loss is not the
-        fitting runs', :func:`loss_out_of_domain`; [] when none, None when the predictor keeps
-        no domain). A flagged run's numbers are extrapolations: the trees answer as for the
-        nearest corpus runs.
+        Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (90 %), ``p_diverged``,
+        ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 % interval (None and
+        [None, None] when ``p_diverged`` ≥ 0.5: a run expected to diverge has no training time, as
+        ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps`` T, and ``out_of_domain``: the
+        inputs outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
+        first ``loss_is_mse`` when the run's loss is not the fitting runs',
+        :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no domain). A
+        flagged run's numbers are extrapolations: the trees answer as for the nearest corpus runs.
 
         Raises:
           ValueError: a predictor with NTK features given no ``prediction``; k out of range;
@@ -174,6 +167,9 @@ class OutcomePredictor:
         """
         import lightgbm as lgb
 
+        from ntk_tt.telemetry._outcome_domain import _domain
+        from ntk_tt.telemetry._outcome_fit import _Booster
+
         path = file_path(path, "outcome predictor", "OutcomePredictor.load('outcome.json.gz')")
         if not path.is_file():
             raise ValueError(f"{path} is not a file: give the path of an outcome predictor "
@@ -210,42 +206,34 @@ class OutcomePredictor:
         return out
 
 
-class _Booster:
-    """A loaded LightGBM booster behind the sklearn-style calls :class:`OutcomePredictor`
-    makes (``predict`` / ``predict_proba``)."""
-
-    def __init__(self, booster, target: str):
-        self.booster_ = booster
-        self.target = target
-
-    def predict(self, x):
-        return self.booster_.predict(x)
-
-    def predict_proba(self, x):
-        p = self.booster_.predict(x)
-        return np.stack([1 - p, p], axis=1)
-
-
 def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
                 ks: Sequence[float] = DEFAULT_KS, seed: int = 0, folds: int = 5,
                 level: float = 0.9) -> OutcomePredictor:
     """Fit the outcome predictor on corpus rows (or an already featurised :class:`Dataset`).
 
-    The 90 % (``level``) intervals come from ``folds``-fold out-of-fold residuals, folds
-    grouped by run (every prefix of a run in one fold), per prefix fraction.
-
     Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
 
+    Args:
+      rows: corpus rows (dicts: ``ntk_tt.sweep._corpus.read_corpus``), or a :class:`Dataset`
+        (then ``ntk`` and ``ks`` are only recorded: pass those it was built with).
+      ntk: whether the runs' NTK predictions (``row["prediction"]``) are inputs too.
+      ks: prefix fractions; each run is featurised after round(frac·T) updates.
+      seed: LightGBM's ``random_state`` and the folds' draw.
+      folds: the number of cross-validation folds, grouped by run (all its prefixes in one).
+      level: coverage of the split-conformal intervals (out-of-fold residuals per fraction).
+
+    Returns:
+      The fitted :class:`OutcomePredictor` (``models``, ``constants``: as :func:`fit_models`'s).
+
     Raises:
-      ValueError: no rows; ``level`` not in (0, 1); ``folds`` not an integer >= 2; ``seed``
-        not one in [0, 2**31); ``rows`` a path, a single row (a dict) or not a sequence; a row
-        that is not a dict, lacks a field it needs (the first such row is named, with the
-        fields it lacks) or has a numeric field (kappa_eff, momentum, per_class, steps,
-        batch_size) that is not a real number (row and field named); fewer runs than
-        ``folds``, fewer than 20 rows (runs × ``ks``), or a classification target (diverged,
-        failed, above_median) whose runs are all of one class (:func:`check_fit_labels`), all
-        before any featurising or fitting (a :class:`Dataset`: before any fitting); a row's
-        telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
+      ValueError: no rows; ``level`` not in (0, 1); ``folds`` not an integer >= 2; ``seed`` not one
+        in [0, 2**31); ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a
+        dict, lacks a field it needs (the first such row is named, with the fields it lacks) or has
+        a numeric field (kappa_eff, momentum, per_class, steps, batch_size) that is not a real
+        number (row and field named); fewer runs than ``folds``, fewer than 20 rows (runs × ``ks``),
+        or a classification target (diverged, failed, above_median) whose runs are all of one class
+        (:func:`check_fit_labels`), all before any featurising or fitting (a :class:`Dataset`:
+        before any fitting); a row's telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
     """
     check_fit_args(level, folds, seed)
     if isinstance(rows, Dataset):
@@ -291,12 +279,18 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
 
     Fits L(t) = c + a·exp(−b t) and L(t) = c + a·(t + 1)^(−b) (a, b ≥ 0, c ≥ 0) by least
     squares (``scipy.optimize.curve_fit``) and keeps the better fit; with k < 3 it
-    extrapolates the last log-linear step. Returns the extrapolated final loss relative to
-    L_0 (``loss_T_rel``; ∞ when the prefix is non-finite) and the T_0.1 of the extrapolated
-    curve in steps (``t_eps``, NaN where undefined).
+    extrapolates the last log-linear step.
 
     Source: ntk_tt's own: the baseline issue 11 asks the outcome predictors to beat (README
     "Telemetry and outcome prediction"; METHOD.md §9).
+
+    Args:
+      telemetry: one run's :class:`ntk_tt.Telemetry` (T = its ``steps``).
+      k: the number of updates observed (the prefix's length).
+
+    Returns:
+      {"loss_T_rel": extrapolated L_T / L_0, ∞ if the prefix is non-finite or the run stopped
+      in it; "t_eps": the extrapolated curve's T_0.1 in steps, NaN if undefined}.
 
     Raises:
       ValueError: k not in [0, recorded updates] (:func:`ntk_tt.truncate`).
@@ -386,10 +380,15 @@ def load_runs(path: str | pathlib.Path) -> Iterable[tuple[Telemetry, dict | None
 
 
 def default_outcome_predictor(ntk: bool = False) -> OutcomePredictor:
-    """The shipped predictor fitted on the issue-11 corpus (``ntk_tt/assets``): the
-    telemetry-only one (``ntk=False``) or the one that also reads the NTK prediction.
+    """The shipped predictor fitted on the issue-11 corpus (``ntk_tt/assets``).
 
     Source: ntk_tt's own fits (issue 11) of the method of arXiv 2608.03709; METHOD.md §9.
+
+    Args:
+      ntk: False: the telemetry-only one; True: the one that also reads the NTK prediction.
+
+    Returns:
+      The loaded :class:`OutcomePredictor`.
 
     Raises:
       ValueError: the asset is missing (not a file) or damaged (:meth:`OutcomePredictor.load`).

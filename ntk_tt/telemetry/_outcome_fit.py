@@ -114,11 +114,27 @@ def _check_features(x, where: str) -> np.ndarray:
     return arr
 
 
+class _Booster:
+    """A LightGBM booster that ``OutcomePredictor.load`` (:mod:`ntk_tt.telemetry._outcome`)
+    read, behind the sklearn-style calls :func:`predict_models` makes (``predict`` /
+    ``predict_proba``)."""
+
+    def __init__(self, booster, target: str):
+        self.booster_ = booster
+        self.target = target
+
+    def predict(self, x):
+        return self.booster_.predict(x)
+
+    def predict_proba(self, x):
+        p = self.booster_.predict(x)
+        return np.stack([1 - p, p], axis=1)
+
+
 def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
                ) -> tuple[dict[str, Any], dict[str, float]]:
-    """One LightGBM model per target on features ``x`` (R, F) and labels ``y`` (target →
-    (R,), NaN = unknown, left out): (models, constants). A target with fewer than 2 known
-    labels (or one class) gets no model and predicts its constant (mean label).
+    """One LightGBM model per target on features ``x`` and labels ``y``. A target with fewer
+    than 2 known labels (or one class) gets no model and predicts its constant (mean label).
 
     Final accuracy is a two-part (hurdle) model: the regressor is fitted on the runs that did
     not diverge, and :func:`predict_models` mixes it with the divergence classifier,
@@ -129,6 +145,18 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
 
     Source: arXiv 2608.03709 (gradient-boosted trees on early telemetry; METHOD.md §9); the
     targets and the hurdle model are ntk_tt's own (issue 11).
+
+    Args:
+      x: the feature matrix (R, F) (an outcome Dataset's ``.x``).
+      y: {target: labels (R,)} for every target of ``TARGETS`` (other keys are ignored); NaN =
+        unknown, left out of that target's fit.
+      seed: LightGBM's ``random_state``.
+
+    Returns:
+      ``(models, constants)``: models, target → fitted ``lightgbm.LGBMRegressor`` /
+      ``LGBMClassifier`` or None; constants, target → mean known label (test_accuracy: of the
+      runs that did not diverge, if any), and ``"acc_diverged"``: acc_div above (the
+      test_accuracy constant when no diverged run has a known accuracy).
 
     Raises:
       ValueError: ``x`` not an (R, F) array of real numbers with R >= 1 rows; ``y`` not a
@@ -167,11 +195,19 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
 
 def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarray
                    ) -> dict[str, np.ndarray]:
-    """Predictions (R,) per target from :func:`fit_models`' output: final accuracy (the
-    hurdle mixture, clipped to [0, 1]) and log(T_0.1/T) values, probabilities for the
-    classification targets.
+    """Predictions per target from :func:`fit_models`' output.
 
     Source: arXiv 2608.03709 (METHOD.md §9); the hurdle mixture is ntk_tt's own (issue 11).
+
+    Args:
+      models: target → model or None, as :func:`fit_models` returns them (or loaded boosters).
+      consts: its constants (target → constant, and ``"acc_diverged"``).
+      x: the feature matrix (R, F), its F columns those the models were fitted on.
+
+    Returns:
+      {target: (R,) float64} for every target of ``TARGETS``: final accuracy (the hurdle
+      mixture, clipped to [0, 1]) and log(T_0.1/T) values, probabilities of class 1 for the
+      classification targets.
 
     Raises:
       ValueError: ``models`` or ``consts`` not the dicts :func:`fit_models` returns (a target,

@@ -20,11 +20,19 @@ from ntk_tt.telemetry._telemetry import _SNAPSHOT, Telemetry, TelemetrySpec, sna
 
 def model_features(model) -> Callable[[Any, jax.Array], jax.Array]:
     """``features(params, x) -> h`` (N, F) for :class:`TelemetrySpec`, from an NNX model with
-    a linear ``head`` (:func:`ntk_tt.split_head`); ``params`` are the full model's
-    (``ntk_tt.from_nnx(model)[1]``), the head's entry is dropped.
+    a linear ``head`` (:func:`ntk_tt.split_head`).
 
     Source: none (a utility for the dead-ReLU fraction, one of the activation signals of
     arXiv 2608.03709; METHOD.md §9).
+
+    Args:
+      model: the NNX model that is fine-tuned, its classifier an ``nnx.Linear`` attribute
+        ``head`` with a bias.
+
+    Returns:
+      ``features(params, x)``: ``params`` the full model's (``ntk_tt.from_nnx(model)[1]``,
+      as ``apply_fn`` takes; the head's entry is dropped), x inputs (N, ...); gives the
+      head's inputs h, (N, F).
 
     Raises:
       ValueError: ``model`` is not an NNX module with an ``nnx.Linear`` attribute ``head``

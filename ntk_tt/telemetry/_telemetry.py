@@ -234,15 +234,19 @@ def _decode(a: float | str | None) -> float:
 def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
                    overwrite: bool = False) -> None:
     """Write one or several runs to ``path`` as JSON Lines (one :meth:`Telemetry.to_dict`
-    row a line, standard JSON: no NaN literals). An existing file is replaced only with
-    ``overwrite=True`` (as ``save_checkpoint`` and the CLI's ``--overwrite``).
+    row a line, in the order of ``runs``, standard JSON: no NaN literals).
 
     Source: none (a utility: the JSON Lines form of :class:`Telemetry`).
 
     Args:
-      path: the ``.jsonl`` file to write.
+      path: the ``.jsonl`` file to write (str or os.PathLike, ``~`` expanded).
       runs: a :class:`Telemetry` (``ntk_tt.finetune(..., telemetry=True).telemetry``) or a
         sequence (any iterable) of them.
+      overwrite: True replaces an existing file; False (default) refuses it (as
+        ``save_checkpoint`` and the CLI's ``--overwrite``).
+
+    Returns:
+      None (the file is the output; :func:`load_telemetry` reads it back).
 
     Raises:
       ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
@@ -287,6 +291,13 @@ def load_telemetry(path: str | Path) -> list[Telemetry]:
 
     Source: none (a utility: the reader of :func:`save_telemetry`'s files).
 
+    Args:
+      path: the JSON Lines file (str or os.PathLike, ``~`` expanded); blank lines skipped.
+
+    Returns:
+      list[Telemetry], one per non-blank line, each checked as :meth:`Telemetry.from_dict`
+      does (arrays float64; shapes in the module docstring).
+
     Raises:
       ValueError: naming ``path`` and the line: a line that is not JSON, or a row of another
         schema version or with other fields (see :meth:`Telemetry.from_dict`); a file that is
@@ -317,11 +328,16 @@ def load_telemetry(path: str | Path) -> list[Telemetry]:
 def truncate(telemetry: Telemetry, k: int) -> Telemetry:
     """The telemetry as known after the first k updates, nothing later.
 
-    Per-step fields keep t = 0 … k (k + 1 entries), per-update fields updates 1 … k (k
-    entries), snapshots those at steps ≤ k; ``stopped_at`` becomes −1 unless the run stopped
-    at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
-
     Source: the prefix an early-telemetry predictor may read (arXiv 2608.03709; METHOD.md §9).
+
+    Args:
+      telemetry: one run's :class:`Telemetry`.
+      k: the number of optimiser updates to keep (an int).
+
+    Returns:
+      A new :class:`Telemetry`: per-step fields t = 0 … k, (k + 1,); per-update fields
+      updates 1 … k, (k,); snapshots those at steps ≤ k; ``stopped_at`` −1 unless the run
+      stopped at a step ≤ k. Hyperparameters (``steps`` = the planned T included) are kept.
 
     Raises:
       ValueError: ``telemetry`` not a :class:`Telemetry` (a run's ``.telemetry``, or

@@ -29,14 +29,15 @@ from tqdm import tqdm
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
 from ntk_tt.data._batches import batch_indices, check_sizes
-from ntk_tt.data._inputs import _concrete, as_array, check_key, check_real
+from ntk_tt.data._inputs import _concrete, as_array, check_key
 from ntk_tt.data._model import ApplyFn, check_model
-from ntk_tt.dynamics._checks import check_nesterov, check_two_classes, flag
+from ntk_tt.dynamics._checks import check_nesterov, flag
 from ntk_tt.dynamics._losses import check_loss, error_rate
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.telemetry._recorder import Recorder
 from ntk_tt.telemetry._telemetry import Telemetry, TelemetrySpec
 from ntk_tt.training import _optimizer_run as optimizer_run
+from ntk_tt.training._finetune_checks import _check_hyper, _labels
 from ntk_tt.training._steps import (
     _evaluate_jit,
     _init_jit,
@@ -113,35 +114,6 @@ class FineTuneRun:
     test_loss: np.ndarray | None = dataclasses.field(default=None, repr=False)
     test_error: np.ndarray | None = dataclasses.field(default=None, repr=False)
     optimizer: Optimizer | None = dataclasses.field(default=None, repr=False)
-
-
-def _labels(y, n, c, name):
-    y = np.asarray(as_array(y, name))
-    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
-        hint = ("pass labels, not one-hot rows" if y.ndim == 2 else
-                "cast them to int, e.g. y.astype(int)" if y.shape == (n,) else
-                f"give one label per input ({n} inputs)")
-        raise ValueError(f"{name} must be integer class labels of shape ({n},), got "
-                         f"{y.dtype} {y.shape}; {hint}.")
-    if y.min() < 0 or y.max() >= c:
-        raise ValueError(f"{name} must lie in [0, {c}) for a {c}-output model, got "
-                         f"[{y.min()}, {y.max()}]; relabel or replace the head.")
-    if name == "y" and c >= 2:  # C = 1: a one-output MSE fit (cross-entropy is refused)
-        check_two_classes(y, name)
-    return jnp.asarray(y, jnp.int32)
-
-
-def _check_hyper(learning_rate, momentum) -> None:
-    """η and m must be real scalars: ValueError naming the argument otherwise (an array, e.g.
-    a per-step schedule, included)."""
-    for name, value in (("learning_rate", learning_rate), ("momentum", momentum)):
-        check_real(value, name)
-        if np.ndim(value) != 0:
-            raise ValueError(
-                f"{name} must be a scalar, one value for every step; got an array of shape "
-                f"{np.shape(value)}. For a per-step schedule use optimizer=ntk_tt.sgd("
-                f"ntk_tt.schedule(...)); else a scalar, e.g. "
-                f"{name}={0.01 if name == 'learning_rate' else 0.9}.")
 
 
 def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
@@ -351,12 +323,27 @@ def step_time(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
 
     Compiles the optimiser step of :func:`finetune` (same arguments and semantics: the
     constant-η ``optax.sgd`` of the four shorthand keywords, or ``optimizer.to_optax()`` on
-    ``optimizer.batch_size``), runs 5 warm steps from a fresh optimiser state on the first
-    batches of ``ntk_tt.batch_indices(key, N, B, 5)`` and returns their mean wall time in
-    seconds; compile time is excluded. Multiply a predicted T_ε by it for the predicted
-    wall-clock time. ``x`` (N, ...), ``y`` (N,) int labels.
+    ``optimizer.batch_size``) and times 5 warm steps from a fresh optimiser state on the
+    first batches of ``ntk_tt.batch_indices(key, N, B, 5)``, compile time excluded. Multiply a
+    predicted T_ε by it for the predicted wall-clock time.
 
     Source: METHOD.md §6 (wall-clock time = T_ε × measured time per step).
+
+    Args:
+      apply_fn: the model, ``apply_fn(params, x)`` → logits (N, C).
+      params: its weights (the step runs in their dtype).
+      x: training inputs (N, ...).
+      y: integer labels (N,).
+      learning_rate: η > 0, a real scalar (the constant-η SGD shorthand).
+      batch_size: B (None = N, gradient descent).
+      momentum: m ∈ [0, 1) (None: 0).
+      nesterov: optax's Nesterov form (None: False).
+      loss: "cross_entropy" or "mse", the mean over the minibatch.
+      key: ``jax.random.key(seed)`` of the batch order, required when B < N.
+      optimizer: an :class:`ntk_tt.Optimizer`, instead of the four shorthand keywords.
+
+    Returns:
+      Their mean wall time, a Python float in seconds per optimiser step.
 
     Raises:
       ValueError: as :func:`finetune`: ``optimizer`` with any of learning_rate, momentum,
