@@ -45,16 +45,6 @@ def test_every_public_function_has_a_raises_section():
 ARGS = re.compile(r"^Args:\n((?:[ \t]+\S.*\n?|\n)*)", re.M)
 LABEL = re.compile(r"(?:^[ \t]+|[.;] )((?:\*{0,2}\w+,\s+)*\*{0,2}\w+)(?: \([^()]*\))?:(?=\s)", re.M)
 RETURNS = re.compile(r"^(Returns|Yields):", re.M)
-# Documented elsewhere for now ("as :func:`...`", "other arguments as ..."): each entry must
-# still be missing, so that the list only shrinks.
-ARGS_TO_DO = {
-    "head_aware_sgd_trajectory": {"a_h_test"},
-    "predict_head_aware_refreshed": {"learning_rate", "momentum", "steps", "batch_size",
-                                     "nesterov", "loss", "key", "x_test", "y_test", "backbone",
-                                     "mixing_samples"},
-    "predict_task": {"verify", "figure_path", "json_path", "progress"},
-    "sensitivities": {"y_test", "f0", "kernel_test", "f0_test"},
-}
 
 
 def _undocumented(obj) -> set[str]:
@@ -71,11 +61,8 @@ def test_every_public_function_documents_its_args_and_returns():
     functions = {n: f for n, f in _public().items() if not inspect.isclass(f)}
     problems = []
     for name, f in sorted(functions.items()):
-        if params := sorted(_undocumented(f) - ARGS_TO_DO.get(name, set())):
+        if params := sorted(_undocumented(f)):
             problems.append(f"{name}: Args lacks {params}")
         if not RETURNS.search(inspect.getdoc(f) or ""):
             problems.append(f"{name}: no 'Returns:' (or 'Yields:') section")
     assert problems == [], f"{len(problems)} docstring gaps: {problems}"
-    done = {name: sorted(params - _undocumented(functions[name]))
-            for name, params in ARGS_TO_DO.items()}
-    assert not any(done.values()), f"documented now: drop them from ARGS_TO_DO: {done}"

@@ -117,8 +117,9 @@ def sensitivities(
       steps: T optimiser updates. epsilon: ε ∈ (0, 1), the fraction of the loss fall
         L_0 − L_T that defines T_ε. batch_size: B (None = N, full-batch GD).
       key: ``jax.random.key(seed)`` for the SGD batch orders (needed when B < N).
-      y_test (N_test,), f0 (N, C), kernel_test Θ(x_test, x) (N_test·C, N·C) or
-        (N_test, N), f0_test (N_test, C): as :func:`ntk_tt.predict_from_kernel`.
+      y_test, f0, kernel_test, f0_test: held-out labels (N_test,), initial logits (N, C),
+        Θ(x_test, x) (N_test·C, N·C) or (N_test, N), held-out initial logits (N_test, C): as
+        :func:`ntk_tt.predict_from_kernel`.
       nesterov, loss, num_paths: as :func:`ntk_tt.predict_from_kernel`.
       window: odd smoothing window of T_ε (as :func:`ntk_tt.training_time`).
       temperature: τ > 0 of :func:`ntk_tt.smooth_training_time`, relative to ε·drop.

@@ -104,7 +104,7 @@ def head_aware_sgd_trajectory(hk: HeadAwareKernel, y, optimizer: Optimizer, *, s
       hk: :class:`ntk_tt.HeadAwareKernel` (isotropic, Kronecker, exact or subspace feature kernel).
       y: labels (N,). optimizer: ``ntk_tt.sgd(...)``. steps: T updates (static).
       key: minibatch order (B < N), the order of ``ntk_tt.finetune`` with the same key.
-      a_h: J_h θ_0 (N, F) on the training inputs, a_h_test (N_test, F) on the held-out ones
+      a_h, a_h_test: J_h θ_0 on the training inputs (N, F) and on the held-out ones (N_test, F)
         (when ``hk`` has them): needed when weight_decay ≠ 0 (``weight_tangent(feature_fn,
         backbone_params, x)``).
       loss: "cross_entropy" or "mse". batches: (T, B) indices instead of the key's.

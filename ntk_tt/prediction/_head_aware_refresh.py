@@ -93,8 +93,11 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
     Args:
       split: ``ntk_tt.split_head(model)``. x: training inputs (N, ...). y: labels (N,).
       segments: int ≥ 1, at most ``steps``. optimizer: an SGD-family ``ntk_tt.Optimizer``
-        or None (then ``learning_rate``, ...). Other arguments as :func:`predict_head_aware`
-        and :func:`head_aware_kernel`; ``x_test``/``y_test`` optional held-out set.
+        or None (then ``learning_rate``, ...).
+      learning_rate, momentum, steps, batch_size, nesterov, loss, key: as
+        :func:`predict_head_aware` (steps: T optimiser updates in all, over every segment).
+      x_test, y_test: an optional held-out set (N_test, ...) and its labels (N_test,).
+      backbone, mixing_samples: as :func:`head_aware_kernel`, for every segment's kernel.
 
     Returns:
       :class:`ntk_tt.KernelPrediction` (κ and λ_min of the initial Θ_0; with an optimiser κ

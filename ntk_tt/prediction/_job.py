@@ -238,6 +238,8 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
     Source: none (the ``ntk-tt predict`` job around :func:`ntk_tt.predict`; README "The main job").
 
     Args:
+      verify: also fine-tune for real and compare. progress: progress bars on stderr.
+      figure_path, json_path: the figure (any matplotlib format) and the JSON report, or None.
       overwrite: True replaces existing outputs, False refuses them (before any work); or a
         list naming those that may be replaced, e.g. ``("figure",)``
         (:func:`ntk_tt._output_paths.replaceable`).
@@ -257,14 +259,12 @@ def predict_task(*, verify: bool = False, figure_path=None, json_path=None,
       ``weight_travel``, ρ = Σ η_t / rms(θ_0) of the backbone), ``status``,
       ``figure`` (the path written, None without one or when it could not be written:
       then ``figure_error`` says why, and the rest of the report and the JSON are whole),
-      ``predicted`` (training_time,
-      wall_clock, kappa, warnings: the warnings ``predict`` raised that :func:`reported`
-      keeps, re-raised after it, ...), ``real`` (None without
+      ``predicted`` (training_time, wall_clock, kappa, warnings: the warnings ``predict``
+      raised that :func:`reported` keeps, re-raised after it, ...), ``real`` (None without
       ``verify``), ``relative_error``, ``absolute_error``, ``target_error`` (steps to the
       absolute targets, predicted vs real: ``predict``'s ``steps_to_target``; None without
-      ``verify``), ``curve_distance``,
-      ``linearisation_gap``, ``seconds`` (predict, finetune, ratio, ...), ``diverged``,
-      ``curves``. Writes ``figure_path`` (any matplotlib format) and ``json_path``.
+      ``verify``), ``curve_distance``, ``linearisation_gap``, ``seconds`` (predict,
+      finetune, ratio, ...), ``diverged``, ``curves``; ``figure_path`` and ``json_path`` written.
 
     Raises:
       ValueError: one line for any bad input (unknown option, dataset, a split other than

@@ -17,9 +17,9 @@ corpus and the runs outside it: ``ntk_tt.telemetry._outcome_domain``. This modul
 fitted :class:`OutcomePredictor` (fit, predict, save, load), the shipped ones, the runs file
 reader and the parametric baseline.
 
-Uncertainty: each regression target carries a split-conformal 90 % interval (absolute
-residual quantile of out-of-fold predictions on the fitting corpus, per k); classification
-targets are probabilities.
+Uncertainty: each regression target carries a split-conformal interval of coverage ``level``
+(default 90 %; absolute residual quantile of out-of-fold predictions on the fitting corpus, per
+k); classification targets are probabilities.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import gzip
 import json
 import math
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -59,11 +59,11 @@ FORMAT_VERSION = 1
 class OutcomePredictor:
     """Fitted gradient-boosted outcome models: one per target (see module docstring).
 
-    ``ntk``: whether the NTK prediction's features are inputs. ``intervals``: per regression
-    target, {k fraction (str): half-width of the 90 % split-conformal interval}. ``info``: counts,
-    settings and ``loss_names``, the losses of the fitting runs. ``domain``: {column: [low, high,
-    missing]} of the fitting rows (:func:`feature_domain`), or None for a file written before
-    domains were kept (then nothing is flagged).
+    ``ntk``: whether the NTK prediction's features are inputs. ``intervals``: per regression target,
+    {k fraction (str): half-width of the split-conformal interval, coverage ``info["level"]``}.
+    ``info``: counts, settings and ``loss_names``, the losses of the fitting runs. ``domain``:
+    {column: [low, high, missing]} of the fitting rows (:func:`feature_domain`), or None for a file
+    written before domains were kept (then nothing is flagged).
 
     Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
     """
@@ -89,14 +89,15 @@ class OutcomePredictor:
                 k: int | None = None) -> dict[str, Any]:
         """The predicted outcome of one run from its first k updates (default: all given).
 
-        Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (90 %), ``p_diverged``,
-        ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps with its 90 % interval (None and
-        [None, None] when ``p_diverged`` ≥ 0.5: a run expected to diverge has no training time, as
-        ``ntk-tt outcome`` says), ``observed_updates`` k and ``steps`` T, and ``out_of_domain``: the
-        inputs outside the range of the corpus the predictor was fitted on (:func:`out_of_domain`;
-        first ``loss_is_mse`` when the run's loss is not the fitting runs',
-        :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no domain). A
-        flagged run's numbers are extrapolations: the trees answer as for the nearest corpus runs.
+        Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (coverage
+        ``info["level"]``), ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps
+        with its interval (None and [None, None] when ``p_diverged`` ≥ 0.5: a run expected to
+        diverge has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and
+        ``steps`` T, and ``out_of_domain``: the inputs outside the range of the corpus the predictor
+        was fitted on (:func:`out_of_domain`; first ``loss_is_mse`` when the run's loss is not the
+        fitting runs', :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no
+        domain). A flagged run's numbers are extrapolations: the trees answer as for the nearest
+        corpus runs.
 
         Raises:
           ValueError: a predictor with NTK features given no ``prediction``; k out of range;
@@ -330,11 +331,11 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     return {"loss_T_rel": float(curve[-1] / l0), "t_eps": training_time_report(curve, 0.1)[0]}
 
 
-def load_runs(path: str | pathlib.Path) -> Iterable[tuple[Telemetry, dict | None]]:
+def load_runs(path: str | pathlib.Path) -> list[tuple[Telemetry, dict | None]]:
     """Runs to predict from a JSON Lines (``.gz`` too) or JSON file: each line (or the JSON
     list's items, or the single object) either a bare telemetry row
     (:meth:`ntk_tt.Telemetry.to_dict`) or a corpus row ``{"telemetry": {...}, "prediction":
-    {...}}``. Yields (telemetry, prediction or None).
+    {...}}``. Returns the list of (telemetry, prediction or None), in file order.
 
     Raises:
       ValueError: unreadable JSON, or a row that is neither form (with its line number).
