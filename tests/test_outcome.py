@@ -23,7 +23,13 @@ from ntk_tt.telemetry._outcome import (
     parametric_baseline,
 )
 from ntk_tt.telemetry._outcome_domain import feature_domain, out_of_domain
-from ntk_tt.telemetry._outcome_features import TARGETS, check_rows, dataset, outcome_features
+from ntk_tt.telemetry._outcome_features import (
+    TARGETS,
+    check_rows,
+    dataset,
+    outcome_features,
+    run_labels,
+)
 from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -198,6 +204,57 @@ def test_fit_outcome_refuses_one_row_non_numbers_and_bad_level_or_folds():
     gd = _corpus(6)  # a gd row's batch_size may be None
     gd[0] |= {"optimizer": "gd", "batch_size": None}
     assert len(check_rows(gd)) == 6
+
+
+@pytest.mark.parametrize("path, value, match", [
+    (("outcome", "diverged"), "False", r"\['outcome'\]\['diverged'\] must be True or False, "
+                                       r"got a str \('False'\)"),
+    (("outcome", "diverged"), float("nan"), r"\['diverged'\] must be True or False, got nan"),
+    (("outcome", "failed"), 2.0, r"\['failed'\] must be True or False, got 2\.0"),
+    (("outcome", "test_accuracy"), 1.5, r"\['test_accuracy'\] must be a fraction in \[0, 1\]"),
+    (("outcome", "test_accuracy"), "0.5", r"\['test_accuracy'\] must be a fraction.*a str"),
+    (("outcome", "training_time", "0.1"), -5.0, r"\['0\.1'\] must be T_ε in steps within "
+                                                r"\[0, steps = 40\]"),
+    (("outcome", "training_time", "0.1"), 1e9, r"\['0\.1'\] must be T_ε.*got 1000000000\.0"),
+    (("steps",), 0, r"\['steps'\] must be a whole number >= 1, got 0"),
+    (("steps",), 7, r"\['steps'\] must be the telemetry's steps \(40\), got 7"),
+    (("kappa_eff",), -1.0, r"\['kappa_eff'\] must be a finite number > 0, got -1\.0"),
+    (("momentum",), 5.0, r"\['momentum'\] must be in \[0, 1\), got 5\.0"),
+    (("per_class",), -3, r"\['per_class'\] must be a whole number >= 1, got -3"),
+    (("batch_size",), 0, r"\['batch_size'\] must be a whole number >= 1 \(None for gd\)"),
+])
+def test_fit_outcome_refuses_row_values_out_of_range(path, value, match):
+    """A fresh user: diverged "False" (or NaN) was read as diverged = 1, T_0.1 = -5 or 1e9
+    steps of a 40-step run became a label, steps = 0 was a raw ZeroDivisionError, and a
+    negative κ̃, m = 5 or B = 0 were fitted. Each is now one line naming row and field, before
+    any featurising."""
+    rows = _corpus(6)
+    *parents, leaf = path
+    target = rows[3]
+    for key in parents:
+        target = target[key]
+    target[leaf] = value
+    with pytest.raises(ValueError, match=r"^rows\[3\](\['outcome'\])?(\['training_time'\])?"
+                                         + match):
+        fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+
+
+def test_unknown_accuracy_is_unknown_above_median_and_bad_ks_or_ntk_are_refused():
+    """An unknown (NaN) final accuracy gave above_median = 0, a firm label; ks="0.1" was a raw
+    TypeError, ks=(0.1, 0.1) duplicated every row, ntk="yes" was taken as True."""
+    rows = _corpus(6)
+    rows[2]["outcome"]["test_accuracy"] = float("nan")
+    labels = run_labels(rows)
+    assert np.isnan(labels[2]["above_median"])
+    assert all(lb["above_median"] in (0.0, 1.0) for i, lb in enumerate(labels) if i != 2)
+    for kw, match in (({"ks": "0.1"}, r"^ks must be a non-empty list of distinct prefix "
+                                      r"fractions in \[0, 1\].*got a str \('0\.1'\)"),
+                      ({"ks": (0.1, 0.1)}, r"^ks must be .*distinct"),
+                      ({"ks": ()}, r"^ks must be a non-empty list"),
+                      ({"ks": (0.1, 1.5)}, r"^ks must be .* in \[0, 1\]"),
+                      ({"ntk": "yes"}, r"^ntk must be True or False .*got a str \('yes'\)")):
+        with pytest.raises(ValueError, match=match):
+            fit_outcome(rows, **({"ntk": False, "ks": (0.1,), "folds": 2} | kw))
 
 
 def test_save_load_round_trip(tmp_path):

@@ -12,10 +12,9 @@ same run made before training, gradient-boosted trees (LightGBM) predict how it 
                      relative to the planned horizon T (undefined for diverged runs).
 
 The inputs and labels: ``ntk_tt.telemetry._outcome_features``; the boosted models (final
-accuracy a two-part model): ``ntk_tt.telemetry._outcome_fit``; the range of the fitting
-corpus and the runs outside it: ``ntk_tt.telemetry._outcome_domain``. This module holds the
-fitted :class:`OutcomePredictor` (fit, predict, save, load), the shipped ones, the runs file
-reader and the parametric baseline.
+accuracy a two-part model): ``ntk_tt.telemetry._outcome_fit``; the fitting corpus's range and
+the runs outside it: ``ntk_tt.telemetry._outcome_domain``. Here: :class:`OutcomePredictor`
+(fit, predict, save, load), the shipped ones, the runs file reader, the parametric baseline.
 
 Uncertainty: each regression target carries a split-conformal interval of coverage ``level``
 (default 90 %; absolute residual quantile of out-of-fold predictions on the fitting corpus, per
@@ -228,15 +227,17 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
 
     Raises:
       ValueError: no rows; ``level`` not in (0, 1); ``folds`` not an integer >= 2; ``seed`` not one
-        in [0, 2**31); ``rows`` a path, a single row (a dict) or not a sequence; a row that is not a
-        dict, lacks a field it needs (the first such row is named, with the fields it lacks) or has
-        a numeric field (kappa_eff, momentum, per_class, steps, batch_size) that is not a real
-        number (row and field named); fewer runs than ``folds``, fewer than 20 rows (runs × ``ks``),
+        in [0, 2**31); ``ks`` not distinct fractions in [0, 1]; ``ntk`` not a bool; ``rows`` a path,
+        a single row (a dict) or not a sequence; a row that is not a dict, lacks a field it needs
+        (the first such row is named, with the fields it lacks), has a numeric field (kappa_eff,
+        momentum, per_class, steps, batch_size) that is not a real number or out of range, or an
+        outcome of the wrong kind (diverged not a bool, accuracy outside [0, 1], T_ε outside [0,
+        steps]; row and field named); fewer runs than ``folds``, fewer than 20 rows (runs × ``ks``),
         or a classification target (diverged, failed, above_median) whose runs are all of one class
         (:func:`check_fit_labels`), all before any featurising or fitting (a :class:`Dataset`:
         before any fitting); a row's telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
     """
-    check_fit_args(level, folds, seed)
+    check_fit_args(level, folds, seed, ks, ntk)
     if isinstance(rows, Dataset):
         data = rows
         check_fit_labels(data.y, data.meta["run_id"], len(data.x), folds)
@@ -278,9 +279,8 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
 def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     """Extrapolate the observed training-loss prefix L_0..L_k to the horizon T.
 
-    Fits L(t) = c + a·exp(−b t) and L(t) = c + a·(t + 1)^(−b) (a, b ≥ 0, c ≥ 0) by least
-    squares (``scipy.optimize.curve_fit``) and keeps the better fit; with k < 3 it
-    extrapolates the last log-linear step.
+    Fits L(t) = c + a·exp(−b t) and L(t) = c + a·(t + 1)^(−b) (a, b ≥ 0, c ≥ 0) by least squares
+    (``scipy.optimize.curve_fit``), keeping the better; with k < 3, the last log-linear step.
 
     Source: ntk_tt's own: the baseline issue 11 asks the outcome predictors to beat (README
     "Telemetry and outcome prediction"; METHOD.md §9).

@@ -201,7 +201,8 @@ def run_labels(rows: Sequence[dict]) -> list[dict[str, float]]:
     for r, lb in zip(rows, lab, strict=True):
         by_task.setdefault(r["task_id"], []).append(lb["test_accuracy"])
     med = {t: float(np.nanmedian(v)) for t, v in by_task.items()}
-    return [lb | {"above_median": float(lb["test_accuracy"] > med[r["task_id"]])}
+    return [lb | {"above_median": math.nan if math.isnan(lb["test_accuracy"])
+                  else float(lb["test_accuracy"] > med[r["task_id"]])}
             for r, lb in zip(rows, lab, strict=True)]
 
 
@@ -267,10 +268,17 @@ def _shown(value) -> str:
     return a_type(value) + (f" ({value!r})" if short else "")
 
 
-def check_fit_args(level, folds, seed) -> None:
-    """:func:`ntk_tt.fit_outcome`'s ``level`` a number in (0, 1), ``folds`` an integer >= 2
-    and ``seed`` one in [0, 2**31) (ValueError naming the argument; a string such as "0.9" is
-    refused)."""
+def check_fit_args(level, folds, seed, ks=DEFAULT_KS, ntk=True) -> None:
+    """:func:`ntk_tt.fit_outcome`'s ``level`` a number in (0, 1), ``folds`` an integer >= 2,
+    ``seed`` one in [0, 2**31), ``ks`` distinct fractions in [0, 1] and ``ntk`` a bool
+    (ValueError naming the argument; a string such as "0.9" is refused)."""
+    if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable) or not (ks := list(ks)) \
+            or not all(is_real(f) and 0 <= f <= 1 for f in ks) or len(set(ks)) < len(ks):
+        raise ValueError(f"ks must be a non-empty list of distinct prefix fractions in [0, 1] "
+                         f"(e.g. ks=(0.0, 0.1)), got {_shown(ks)}.")
+    if not isinstance(ntk, (bool, np.bool_)):
+        raise ValueError(f"ntk must be True or False (use the NTK prediction's features), got "
+                         f"{_shown(ntk)}.")
     if not is_real(level) or not 0.0 < level < 1.0:
         raise ValueError(f"level must be a number in (0, 1), the intervals' coverage (e.g. "
                          f"level=0.9, not a string), got {_shown(level)}.")
@@ -327,4 +335,42 @@ def check_rows(rows) -> list:
                 raise ValueError(f"rows[{i}][{f!r}] must be a real number, got {_shown(r[f])}"
                                  f"; store {', '.join(_NUMERIC_FIELDS)} as numbers in the "
                                  "corpus rows (e.g. 0.5, not '0.5').")
+        _check_row_values(i, r)
     return rows
+
+
+def _whole(v) -> bool:
+    return math.isfinite(v) and v >= 1 and float(v).is_integer()
+
+
+# what each field of a corpus row must be (checked after the fields are known to be numbers)
+_RANGES = {"kappa_eff": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+           "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+           "per_class": (_whole, "a whole number >= 1"), "steps": (_whole, "a whole number >= 1"),
+           "batch_size": (_whole, "a whole number >= 1 (None for gd)")}
+
+
+def _check_row_values(i: int, r: dict) -> None:
+    """A corpus row's numbers in range and its outcome of the kinds :func:`labels` reads
+    (ValueError naming the row and the field; NaN or None = unknown accuracy or T_ε)."""
+    def refuse(field: str, value, want: str):
+        raise ValueError(f"rows[{i}]{field} must be {want}, got {_shown(value)}; a corpus row "
+                         "(ntk_tt.sweep._corpus.read_corpus) holds them so.")
+    for f, (ok, want) in _RANGES.items():
+        if r.get(f) is not None and not ok(r[f]):
+            refuse(f"[{f!r}]", r[f], want)
+    tele = r["telemetry"]
+    if isinstance(tele, dict) and is_real(tele.get("steps")) and tele["steps"] != r["steps"]:
+        refuse("['steps']", r["steps"], f"the telemetry's steps ({tele['steps']})")
+    o = r["outcome"]
+    for f in ("diverged", "failed"):
+        if not isinstance(o[f], (bool, np.bool_)) and o[f] not in (0, 1):
+            refuse(f"['outcome'][{f!r}]", o[f], "True or False")
+    acc = o["test_accuracy"]
+    if acc is not None and not (is_real(acc) and (math.isnan(acc) or 0 <= acc <= 1)):
+        refuse("['outcome']['test_accuracy']", acc, "a fraction in [0, 1] (None or NaN: unknown)")
+    t_eps = o["training_time"].get(T_EPS) if isinstance(o["training_time"], dict) else "?"
+    if t_eps is not None and not (is_real(t_eps) and (
+            not math.isfinite(t_eps) or 0 <= t_eps <= r["steps"])):
+        refuse(f"['outcome']['training_time'][{T_EPS!r}]", t_eps,
+               f"T_ε in steps within [0, steps = {r['steps']}], inf (not reached) or None/NaN")
