@@ -223,10 +223,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
     option meant when one is close (argparse's own reports the top-level usage). Flags before
     any command (``ntk-tt --lr 0.01``) are an error that says to name the command first."""
     parser = _parser()
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
-        parser.error(f"name the command before its flags, e.g. 'ntk-tt predict "
-                     f"{' '.join(argv)}' (commands: predict, suggest, outcome; 'ntk-tt' alone "
-                     "runs predict --verify).")
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version", "--"):
+        _flags_first(parser, argv)
     args, rest = parser.parse_known_args(argv)
     if rest:
         command = parser.commands.get(args.command, parser)
@@ -237,6 +235,27 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
         command.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     return args, parser
+
+
+def _flags_first(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """The error for flags given before the command: the command line to type instead (the
+    command named later in ``argv``, else the first of predict, suggest, outcome that has the
+    first flag), or, for a flag that command lacks, that it is unknown."""
+    flag = argv[0].split("=")[0]
+
+    def has(command: str) -> bool:
+        flags = [f for a in parser.commands[command]._actions for f in a.option_strings]
+        return any(flag == f or (len(f) == 2 and flag.startswith(f)) for f in flags)
+
+    named = [a for a in argv if a in parser.commands]
+    command = named[0] if named else next(filter(has, parser.commands), "predict")
+    rest = [a for a in argv if a != command] if named else argv
+    if not has(command):
+        parser.error(f"unrecognized argument {argv[0]!r}: give a command first (predict, "
+                     "suggest or outcome; 'ntk-tt COMMAND -h' lists its flags).")
+    parser.error(f"name the command before its flags, e.g. 'ntk-tt {command} "
+                 f"{' '.join(rest)}' (commands: predict, suggest, outcome; 'ntk-tt' alone "
+                 "runs predict --verify).")
 
 
 def _suggest_parser(sub) -> argparse.ArgumentParser:

@@ -617,17 +617,32 @@ def test_version_and_help_need_no_jax(tmp_path, capsys):
     assert capsys.readouterr().out == f"ntk-tt {ntk_tt.__version__}\n"
 
 
-@pytest.mark.parametrize("argv", [["--lr", "-1e-3"], ["--lr", "0.01"], ["--verify"], ["-T", "5"]])
-def test_flags_before_any_command_say_to_name_the_command(argv, capsys):
+@pytest.mark.parametrize("argv, typed", [
+    (["--lr", "-1e-3"], "predict --lr -1e-3"), (["--lr", "0.01"], "predict --lr 0.01"),
+    (["--verify"], "predict --verify"), (["-T5"], "predict -T5"),
+    (["--seed", "3", "suggest"], "suggest --seed 3"),
+    (["--json", "o.json", "outcome", "r.jsonl"], "outcome --json o.json r.jsonl"),
+    (["--lr-max=3"], "suggest --lr-max=3")])
+def test_flags_before_any_command_say_to_name_the_command(argv, typed, capsys):
     """``ntk-tt --lr 0.01`` said "invalid choice: '0.01'" (argparse took the number for the
-    command): now one line that shows the command to type."""
+    command): now one line that shows the command to type, the command named later in the
+    line if there is one (a second fresh user: '--seed 3 suggest' was told 'predict')."""
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"ntk-tt: error: name the command before its flags, e.g. 'ntk-tt predict "
-                   f"{' '.join(argv)}' (commands: predict, suggest, outcome; 'ntk-tt' alone runs "
-                   "predict --verify).")
+    assert err == (f"ntk-tt: error: name the command before its flags, e.g. 'ntk-tt {typed}' "
+                   "(commands: predict, suggest, outcome; 'ntk-tt' alone runs predict --verify).")
+
+
+@pytest.mark.parametrize("flag", ["-V", "--bogusflag", "--lr-max3"])
+def test_a_flag_no_command_has_is_called_unrecognized(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"ntk-tt: error: unrecognized argument {flag!r}: give a command first (predict, suggest "
+        "or outcome; 'ntk-tt COMMAND -h' lists its flags).")
 
 
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
