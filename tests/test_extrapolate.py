@@ -349,5 +349,7 @@ def test_curve_from_spectrum_is_differentiable_and_vmappable_in_eta(source):
             np.testing.assert_allclose(row, curve(float(lr)), rtol=1e-12)
         bad = jax.vmap(curve)(jnp.array([0.5 * lr0, 0.0, -lr0, jnp.nan]))
         assert np.all(np.isfinite(bad[0])) and np.all(np.isnan(bad[1:]))
-        grads = jax.vmap(jax.grad(lambda e: curve(e)[-1]))(jnp.array([0.5 * lr0, 0.0, -lr0]))
-        assert np.isfinite(grads[0]) and np.all(np.isnan(grads[1:]))  # was 0 at a bad η
+        etas = jnp.array([0.5 * lr0, 0.0, -lr0, jnp.nan, jnp.inf])
+        for diff in (jax.grad, jax.jacfwd):  # reverse and forward mode: was 0 at a bad η
+            grads = jax.vmap(diff(lambda e: curve(e)[-1]))(etas)
+            assert np.isfinite(grads[0]) and np.all(np.isnan(grads[1:])), diff

@@ -383,10 +383,9 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
     if learning_rate is None:  # a schedule or momentum: the per-mode recursion
         return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
     eta = jnp.asarray(learning_rate, mu.dtype)  # traceable: jit / vmap / grad over η
-    ok = jnp.isfinite(eta) & (eta > 0)
-    eta = eta + jnp.where(ok, 0.0, jnp.nan)  # a traced bad η: NaN gradient (where's is 0)
+    bad = jnp.where(jnp.isfinite(eta) & (eta > 0), 0.0, jnp.nan)  # a traced bad η: NaN
+    eta = eta + bad  # added, not selected with where: NaN derivatives in both modes
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]
     base = jnp.where(t == 0, 1.0, (1.0 - eta * mu) ** 2)  # >= 0: no NaN at η·μ > 1, and no
     decay = base ** t  # NaN gradient of 0^0 at η·μ = 1
-    curve = decay @ p / (2 * spectrum.num_samples)
-    return jnp.where(ok, curve, jnp.nan)  # a traced bad η: NaN (L_0 too)
+    return decay @ p / (2 * spectrum.num_samples) + bad  # L_0 NaN too
