@@ -32,15 +32,15 @@ from ntk_tt._schedule_checks import (
     _warmup_ends,
     _within_peak,
 )
+from ntk_tt.data._inputs import RATE_RANGE, is_rate
 
 Array = jax.Array
 
 
 def _number(value, name: str, positive: bool = False) -> Array:
     """``value`` as a float array leaf; one-line ValueError for non-numbers (bools, strings,
-    None) before any work. Tracers pass unchecked; a Python or NumPy number's leaf stays a
-    concrete array inside ``jit`` (a plain ``jnp.asarray`` gives a tracer), so a schedule or
-    optimiser built there keeps its constants checkable."""
+    None) before any work. Tracers pass unchecked; a number's leaf stays concrete inside ``jit``
+    (``jnp.asarray`` gives a tracer): a schedule built there keeps its constants checkable."""
     if isinstance(value, jax.core.Tracer):
         return value
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -48,9 +48,9 @@ def _number(value, name: str, positive: bool = False) -> Array:
     arr = _real_array(value, f"{name} must be a real number", type(value).__name__)
     if arr.ndim == 0 and not np.isfinite(float(arr)):
         raise ValueError(f"{name} must be finite, got {float(arr)}.")
-    if positive and arr.ndim == 0 and not float(arr) > 0:
-        raise ValueError(f"{name} must be > 0, got {float(arr)} (a learning rate <= 0 does not "
-                         "train, and a negative one ascends the loss).")
+    if positive and arr.ndim == 0 and not is_rate(arr):
+        raise ValueError(f"{name} must be {RATE_RANGE}, got {float(arr)} (a learning rate <= 0 "
+                         "does not train, and a negative one ascends the loss).")
     with jax.ensure_compile_time_eval():  # a constant stays concrete inside jit
         return jnp.asarray(arr, jnp.result_type(float))
 

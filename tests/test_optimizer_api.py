@@ -174,8 +174,10 @@ def test_learning_rates_that_do_not_descend_are_refused():
     for make in (lambda: ntk_tt.sgd(-0.1), lambda: ntk_tt.adamw(0.0),
                  lambda: ntk_tt.constant(-0.1), lambda: ntk_tt.warmup_cosine(-1e-3, 10, 100),
                  lambda: ntk_tt.warmup_stable_decay(0.0, 1, 2, 3),
-                 lambda: ntk_tt.exponential(0.1, -0.5), lambda: ntk_tt.exponential(-0.1, 0.9)):
-        with pytest.raises(ValueError, match="must be > 0, got"):
+                 lambda: ntk_tt.exponential(0.1, -0.5), lambda: ntk_tt.exponential(-0.1, 0.9),
+                 lambda: ntk_tt.sgd(1e-40)):  # subnormal: 0 in XLA's float32 (a fresh user)
+        with pytest.raises(ValueError, match=r"must be > 0 \(at least 1\.175e-38, float32's "
+                                             r"smallest normal number\), got"):
             make()
     for sched, what in ((ntk_tt.schedule(lambda t: jnp.nan * t), "η_0 = nan"),
                         (ntk_tt.schedule(lambda t: 0.1 - 0.1 * t), "η_2 = -0.1"),
@@ -184,6 +186,29 @@ def test_learning_rates_that_do_not_descend_are_refused():
         for fn in (ntk_tt.predict, ntk_tt.finetune):
             with pytest.raises(ValueError, match=f"finite and >= 0 at every step, got {what}"):
                 fn(boom, params, x, y, optimizer=ntk_tt.sgd(sched), steps=T)
+
+
+def test_a_subnormal_learning_rate_is_refused_everywhere_as_the_cli_does():
+    """A fresh user: learning_rate=1e-40 passed every API check ("> 0") and is 0 in float32:
+    predict reported κ = 0, predict_curve_from_spectrum an all-NaN curve eagerly and a flat
+    one under jit. Below float32's smallest normal number it is refused, as ``--lr`` is."""
+    params, x, y = linear_problem(n=N, dtype=jnp.float32)
+    kernel = jnp.eye(N)
+    spectrum = ntk_tt.Spectrum(jnp.array([4.0, 2.0]), jnp.array([1.0, 0.5]), 2)
+
+    def boom(p, xx):
+        raise AssertionError("the model was called")
+
+    calls = (lambda lr: ntk_tt.predict_from_kernel(kernel, jnp.zeros((N, int(y.max()) + 1)), y,
+                                                   learning_rate=lr, steps=3),
+             lambda lr: ntk_tt.finetune(boom, params, x, y, learning_rate=lr, steps=3),
+             lambda lr: ntk_tt.predict_curve_from_spectrum(spectrum, learning_rate=lr, steps=3))
+    for call in calls:
+        for lr in (1e-40, 1e-39, 0.0):
+            with pytest.raises(ValueError, match=r"learning_rate must be .*finite.* > 0 \(at least "
+                                                 r"1\.175e-38, float32's smallest normal"):
+                call(lr)
+    assert np.isfinite(calls[2](1.2e-38)).all()  # the smallest normal number itself passes
 
 
 def test_schedules_refuse_what_the_cli_refuses():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._batches import check_sizes
-from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
+from ntk_tt.data._inputs import RATE_RANGE, _check_finite, _concrete, as_array, check_real, is_rate
 from ntk_tt.dynamics._fspace import as_operator
 from ntk_tt.dynamics._losses import LOSSES, check_loss
 
@@ -38,8 +38,8 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -
                 "jax.vmap predict_from_kernel over it (one kernel, one compilation)."
             )
     lr, m = _concrete(learning_rate), _concrete(momentum)
-    if lr is not None and not (np.all(np.isfinite(lr)) and np.all(lr > 0)):
-        raise ValueError(f"learning_rate must be finite and > 0, got {learning_rate!r}.")
+    if lr is not None and not is_rate(lr):
+        raise ValueError(f"learning_rate must be finite and {RATE_RANGE}, got {learning_rate!r}.")
     if m is not None and not np.all((m >= 0) & (m < 1)):
         raise ValueError(
             f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."

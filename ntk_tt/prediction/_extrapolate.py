@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import is_real
-from ntk_tt.data._inputs import as_array
+from ntk_tt.data._inputs import RATE_RANGE, as_array, is_rate
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_linalg import (
     _check_finite,
@@ -369,8 +369,8 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
         real = is_real(learning_rate) or (dtype is not None and np.ndim(learning_rate) == 0
                                           and np.dtype(dtype).kind in "iuf")
         if not real or not (isinstance(learning_rate, jax.core.Tracer) or (
-                np.isfinite(learning_rate) and learning_rate > 0)):
-            raise ValueError(f"learning_rate must be a finite scalar > 0 (or pass "
+                is_rate(learning_rate))):
+            raise ValueError(f"learning_rate must be a finite scalar {RATE_RANGE} (or pass "
                              f"optimizer=ntk_tt.sgd(...)), got {_shown(learning_rate)}.")
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")

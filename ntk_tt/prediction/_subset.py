@@ -22,7 +22,7 @@ import numpy as np
 
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt._options import _is_int
-from ntk_tt.data._inputs import as_array, check_key, check_real
+from ntk_tt.data._inputs import RATE_RANGE, as_array, check_key, check_real, is_rate
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import beyond_edge, divergence
@@ -228,8 +228,9 @@ def _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
 
 def _check_lr_steps(learning_rate, steps):
     check_real(learning_rate, "learning_rate")
-    if np.ndim(learning_rate) != 0 or not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite scalar > 0, got {learning_rate!r}.")
+    if np.ndim(learning_rate) != 0 or not is_rate(learning_rate):
+        raise ValueError(f"learning_rate must be a finite scalar {RATE_RANGE}, got "
+                         f"{learning_rate!r}.")
     if not _is_int(steps) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1 (GD updates), got {steps!r}.")
 

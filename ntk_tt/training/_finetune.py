@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
 from ntk_tt.data._batches import batch_indices, check_sizes
-from ntk_tt.data._inputs import _concrete, as_array, check_key
+from ntk_tt.data._inputs import RATE_RANGE, _concrete, as_array, check_key, is_rate
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_nesterov, flag
 from ntk_tt.dynamics._losses import check_loss, error_rate
@@ -196,6 +196,11 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
                          "predict_from_kernel or ntk_tt.predict_head_aware under jit(vmap).")
     if optimizer is None:
         _check_hyper(learning_rate, momentum)
+        if not is_rate(learning_rate):
+            raise ValueError(f"learning_rate must be finite and {RATE_RANGE}, got "
+                             f"{learning_rate}.")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
         check_nesterov(nesterov, _concrete(momentum))
     else:
         optimizer_run.check_learning_rates(optimizer, steps)
@@ -204,10 +209,6 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
     n, c = check_model(apply_fn, params, x)
     y = _labels(y, n, c, "y")
     check_loss(loss, c)
-    if optimizer is None and not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}.")
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
     if (x_test is None) != (y_test is None):
         raise ValueError("pass both x_test and y_test, or neither.")
     if x_test is not None:
