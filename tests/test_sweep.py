@@ -863,6 +863,12 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
         line = refused(module, ["--out", str(out), "--smoke", *mode], capsys)
         assert f"'{out}' " in line and "not a directory" in line
     assert afile.read_text() == "keep me"
+    monkeypatch.chdir(tmp_path)  # a fresh user: --out '' ran the sweep into the current folder
+    for mode in ([], ["--report"]):
+        assert "--out is empty ('')" in refused(module, ["--out", "", "--smoke", *mode], capsys)
+    with pytest.raises(ValueError, match=r"--out is empty \(' '\)"):
+        ResultsTable(" ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
     other = tmp_path / "other"
     other.mkdir()
     _, smoke = module.parse(["--out", str(other), "--smoke"])

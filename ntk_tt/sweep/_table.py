@@ -54,8 +54,12 @@ def check_out(out: str | os.PathLike) -> None:
     ancestor is not a directory (a file, say).
 
     Raises:
-      ValueError: naming the path; give a directory (created if missing).
+      ValueError: naming the path; give a directory (created if missing). An empty path
+        (``--out ''``, which pathlib reads as the current folder) is refused too.
     """
+    if not str(out).strip():
+        raise ValueError(f"--out is empty ({str(out)!r}); give the sweep's directory, e.g. "
+                         "--out runs/sweep (created if missing; '.' for the current folder).")
     path = pathlib.Path(out)
     for parent in (path, *path.parents):
         if parent.exists() or parent.is_symlink():  # a dangling link: not a directory
