@@ -69,6 +69,12 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) 
     replace = replaceable(overwrite)
     given = [(what, path) for what, path in (("figure", figure_path), ("json", json_path))
              if path]
+    for what, path in given:  # first: an input is never an output, --overwrite or not
+        for name, source in inputs:
+            if source and Path(source).expanduser().resolve() == \
+                    Path(path).expanduser().resolve():
+                raise ValueError(f"{what} path {str(path)!r} is the {name} this command reads; "
+                                 "choose another path.")
     for what, path in given:
         target = Path(path).expanduser()
         if target.is_dir():
@@ -95,12 +101,6 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) 
             raise ValueError(f"{what} path {str(path)!r}: cannot create a file in folder "
                              f"{str(folder)!r} ({err.strerror or type(err).__name__}); "
                              "choose another path.") from None
-    for what, path in given:
-        for name, source in inputs:
-            if source and Path(source).expanduser().resolve() == \
-                    Path(path).expanduser().resolve():
-                raise ValueError(f"{what} path {str(path)!r} is the {name} this command reads; "
-                                 "choose another path.")
     if len(given) == 2 and (Path(figure_path).expanduser().resolve()
                             == Path(json_path).expanduser().resolve()):
         raise ValueError(f"the figure and the json report would both be written to "

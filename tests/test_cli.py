@@ -1306,9 +1306,9 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
     fake_npz(tmp_path, "victim.npz", np.zeros((20, 32, 32, 3), np.uint8))
     victim = tmp_path / "victim.npz"
     before = victim.read_bytes()
-    for flag in ("--json", "--figure"):
-        err = one_error_line(["--dataset", str(victim), flag, str(victim), "--overwrite"],
-                             capsys)
+    for flag, more in (("--json", ["--overwrite"]), ("--figure", ["--overwrite"]),
+                       ("--json", [])):  # without --overwrite: not "exists ... --overwrite"
+        err = one_error_line(["--dataset", str(victim), flag, str(victim), *more], capsys)
         assert f"{flag[2:]} path {str(victim)!r} is the dataset this command reads; choose " \
                "another path." in err, err
     runs = tmp_path / "runs.jsonl"
@@ -1318,6 +1318,9 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
     assert f"json path {str(runs)!r} is the runs file this command reads" in err, err
+    with pytest.raises(SystemExit):
+        main(["outcome", str(runs), "--json", str(runs)])
+    assert "is the runs file this command reads" in capsys.readouterr().err
     assert victim.read_bytes() == before and runs.read_text() == "{}\n"
 
 
