@@ -249,8 +249,8 @@ def check_subspace_dim(subspace_dim, backbone: str = "subspace",
     if subspace_dim is None:
         return SUBSPACE_DIM if backbone == "subspace" else None
     if not _is_int(subspace_dim) or subspace_dim < 1:
-        raise ValueError(f"subspace_dim must be an int >= 1 (feature directions), got "
-                         f"{subspace_dim!r}.")
+        raise ValueError(f"subspace_dim (--subspace-dim) must be an int >= 1 (feature "
+                         f"directions), got {subspace_dim!r}.")
     if head_kernel is not None:  # first: choosing the subspace backbone would not help
         raise ValueError("subspace_dim sets the k of a subspace kernel built by predict; the "
                          "head_kernel given was built with its own k (head_aware_kernel(..., "

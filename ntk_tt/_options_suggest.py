@@ -65,8 +65,10 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     if family is None:
         given = [k for k in OPTIMIZER_OPTIONS if o[k] is not None]
         if given:
-            raise ValueError(f"{_named(given)} set the optimizer template: give optimizer "
-                             f"(--optimizer sgd|adamw) too, or drop them.")
+            one = len(given) == 1
+            raise ValueError(f"{_named(given)} {'is an option' if one else 'are options'} of "
+                             "the optimizer template's search: give optimizer (--optimizer "
+                             f"sgd|adamw) too, or drop {'it' if one else 'them'}.")
         return {}, rest
     if family not in FAMILIES:
         raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got "

@@ -68,7 +68,8 @@ BEFORE_JAX = [
      "--backbone subspace applies to the head-aware predictor only, and --kernel sketch selects "
      "the linear predictor (only it has that option): drop --backbone subspace, or drop "
      "--kernel sketch"),
-    (["--backbone", "subspace", "--subspace-dim", "0"], "subspace_dim must be an int >= 1"),
+    (["--backbone", "subspace", "--subspace-dim", "0"],
+     "subspace_dim (--subspace-dim) must be an int >= 1"),
 ]
 
 

@@ -145,7 +145,7 @@ def test_predict_takes_the_subspace_dimension(x64):
 @pytest.mark.parametrize("bad", [0, -3, True, 2.0, "8"])
 def test_bad_subspace_dim(x64, bad):
     model, x, *_ = _problem(True)
-    with pytest.raises(ValueError, match="subspace_dim must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"subspace_dim \(--subspace-dim\) must be an int >= 1"):
         head_aware_kernel(split_head(model), x, backbone="subspace", subspace_dim=bad)
 
 

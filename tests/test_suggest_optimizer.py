@@ -325,7 +325,10 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "sgd", "--b1", "0.8"], "b1 (--b1): not an option of optimizer sgd"),
     (["--optimizer", "sgd", "-m", "0,0.9"], "is the template's one momentum"),
     (["--optimizer", "sgd", "-B", "N,50"], "is the template's one batch size"),
-    (["--b1", "0.8"], "give optimizer (--optimizer sgd|adamw) too"),
+    (["--b1", "0.8"], "b1 (--b1) is an option of the optimizer template's search: give "
+                      "optimizer (--optimizer sgd|adamw) too, or drop it."),
+    (["--lr-min", "1e-3", "--b2", "0.99"], "b2 (--b2), lr_min (--lr-min) are options of the "
+                                           "optimizer template's search"),
     (["--optimizer", "adamw", "--kappa-min", "0.1"], "sizes SGD's grid"),
     (["--optimizer", "sgd", "--lr-min", "0.1"], "with sgd give both lr_min (--lr-min) and "
                                                  "lr_max"),

@@ -201,11 +201,12 @@ class SweepSpec:
             check_positive(_field(name), getattr(self, name))
         check_batch_sizes(_field("batch_sizes"), self.batch_sizes)
         check_batch_sizes(_field("edge_batch_sizes"), self.edge_batch_sizes or ())
-        if any(not _is_int(d) or d < 1 for d in self.sketch_dims) or not _is_int(
-                self.noise_dim) or self.noise_dim < 0:
-            raise ValueError(f"{_field('sketch_dims')} must be integers >= 1 and noise_dim an "
-                             f"integer >= 0 (sketch dimensions D'), got {self.sketch_dims} and "
-                             f"{self.noise_dim}.")
+        if any(not _is_int(d) or d < 1 for d in self.sketch_dims):
+            raise ValueError(f"{_field('sketch_dims')} must be integers >= 1 (sketch "
+                             f"dimensions D'), got {self.sketch_dims}.")
+        if not _is_int(self.noise_dim) or self.noise_dim < 0:
+            raise ValueError(f"SweepSpec.noise_dim must be an integer >= 0 (the SGD noise "
+                             f"sketch's D'; 0: none), got {self.noise_dim!r}.")
         if any(not _is_int(n) or n < 1 for n in self.per_class):
             raise ValueError(f"{_field('per_class')} must be integers >= 1 (images per class), "
                              f"got {self.per_class}.")

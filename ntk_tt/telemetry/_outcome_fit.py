@@ -109,8 +109,9 @@ def _check_features(x, where: str) -> np.ndarray:
     except ValueError:  # a ragged nested list
         arr = None
     if arr is None or arr.ndim != 2 or arr.dtype.kind not in "biuf" or len(arr) == 0:
+        dtype = "" if arr is None or arr.dtype.kind in "biuf" else f" of dtype {arr.dtype}"
         raise ValueError(f"{where} needs x, the feature matrix (R, F) of real numbers with "
-                         f"R >= 1 rows (an outcome Dataset's .x), got {_describe(x)}.")
+                         f"R >= 1 rows (an outcome Dataset's .x), got {_describe(x)}{dtype}.")
     return arr
 
 
