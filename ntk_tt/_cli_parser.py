@@ -10,7 +10,7 @@ from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import BACKBONES
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
 
-DESCRIPTION = ("``ntk-tt``: predict fine-tuning training time from the empirical NTK, without "
+DESCRIPTION = ("ntk-tt: predict fine-tuning training time from the empirical NTK, without "
                "training.")
 
 # a negative number (-0.001, -1e-3, -.5E+2, -inf) or a comma list starting with one

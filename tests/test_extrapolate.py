@@ -232,6 +232,9 @@ def test_curve_from_spectrum_refuses_bad_spectrum_values(field, value, match):
             warnings.simplefilter("error")  # a complex spectrum gave a ComplexWarning first
             with pytest.raises(ValueError, match=match):
                 ntk_tt.predict_curve_from_spectrum(spec, steps=10, **kw)
+    empty = ntk_tt.Spectrum(np.zeros(0), np.zeros(0), 4)  # was an all-zero curve
+    with pytest.raises(ValueError, match=r"of one length K >= 1 .*got shapes \(0,\) and \(0,\)"):
+        ntk_tt.predict_curve_from_spectrum(empty, steps=10, learning_rate=0.1)
     ok = ntk_tt.Spectrum(**good)
     curve = jax.jit(lambda s: ntk_tt.predict_curve_from_spectrum(s, learning_rate=0.1,
                                                                  steps=10))(ok)

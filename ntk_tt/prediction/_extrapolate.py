@@ -299,7 +299,7 @@ def nystrom_spectrum(kernel_cross, kernel_subset, residual_full, *, rcond=1e-6) 
 
 def _check_spectrum(spectrum) -> None:
     """ValueError unless ``spectrum`` is a :class:`Spectrum` with N an int >= 1, two 1-D real
-    arrays of one length and (when concrete, not traced) finite values, μ_k >= 0, p_k >= 0."""
+    arrays of one length K >= 1 and (when concrete) finite values, μ_k >= 0, p_k >= 0."""
     if not isinstance(spectrum, Spectrum):
         raise ValueError(f"spectrum must be an ntk_tt.Spectrum (kernel_spectrum, "
                          f"extrapolate_spectrum), got {type(spectrum).__name__}.")
@@ -307,10 +307,11 @@ def _check_spectrum(spectrum) -> None:
     if not isinstance(n, jax.core.Tracer) and (isinstance(n, bool) or np.ndim(n) != 0 or (
             np.asarray(n).dtype.kind not in "iu") or n < 1):
         raise ValueError(f"spectrum.num_samples must be N, an int >= 1, got {n!r}.")
-    if np.ndim(mu) != 1 or np.shape(mu) != np.shape(p):
+    if np.ndim(mu) != 1 or np.shape(mu) != np.shape(p) or np.size(mu) == 0:
         raise ValueError(f"spectrum.eigenvalues and spectrum.projections must be 1-D of one "
-                         f"length K (one p_k = (v_k · δy)² per μ_k), got shapes {np.shape(mu)} "
-                         f"and {np.shape(p)}; build both from the same eigendecomposition.")
+                         f"length K >= 1 (one p_k = (v_k · δy)² per μ_k), got shapes "
+                         f"{np.shape(mu)} and {np.shape(p)}; build both from the same "
+                         "eigendecomposition.")
     for name, value in (("eigenvalues", mu), ("projections", p)):
         check_real_field(value, f"spectrum.{name}")
         if isinstance(value, jax.core.Tracer):
