@@ -1,7 +1,8 @@
 """Type checks of learning-rate schedules (split from :mod:`ntk_tt._schedules`): a number
 given for a schedule's leaf, and a callable schedule ``step -> η``'s signature and values.
 Each raises one ValueError naming the argument and the accepted forms. Also the traceable
-value checks of ``Schedule.valid`` (:func:`_within_peak`, :func:`_warmup_ends`).
+value checks of ``Schedule.valid`` (:func:`_within_peak`, :func:`_warmup_ends`), and the range
+of a learning rate (:func:`is_rate`, ``RATE_RANGE``: used by every eager η check).
 """
 
 from __future__ import annotations
@@ -12,7 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import FLOAT32_TINY
+
 Array = jax.Array
+
+# a learning rate's range: below float32's smallest normal number η is 0 in XLA's float32
+RATE_RANGE = f"> 0 (at least {FLOAT32_TINY:.4g}, float32's smallest normal number)"
+
+
+def is_rate(value) -> bool:
+    """Whether a concrete learning rate (scalar or array) is finite and >= ``FLOAT32_TINY``."""
+    v = np.asarray(value)
+    return bool(np.all(np.isfinite(v)) and np.all(v >= FLOAT32_TINY))
 
 
 def _fn_name(fn) -> str:  # for messages: a function's name, or a callable's type

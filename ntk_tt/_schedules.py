@@ -2,17 +2,16 @@
 
 A schedule's numbers (peak, warmup length, ...) are array leaves, so ``jit``, ``vmap`` and
 ``jax.grad`` act on them; a schedule is called with a step count (int array) and gives η at that
-step, the same value optax's ``scale_by_learning_rate`` uses for the update of that step (optax
-counts from 0). Any optax schedule or callable ``step -> η`` is accepted through :func:`schedule`
-(its numbers closed over, not leaves).
+step, the value optax's ``scale_by_learning_rate`` uses for that step's update (optax counts
+from 0). Any optax schedule or callable ``step -> η`` is accepted through :func:`schedule` (its
+numbers closed over, not leaves).
 
 Warmup length as a differentiable number (issue 27): the linear warmup is optax's,
 η_t = init + (peak − init)·min(1, t/w) (η_0 = init), written so that η_t is continuous in w
 and differentiable in w everywhere except at t = w: d η_t/d w = −(peak − init)·t/w² during
 the warmup, 0 after. ``smoothing`` > 0 replaces min(1, x) by the softplus relaxation
-s·softplus(x/s) − s·softplus((x − 1)/s), s = smoothing/w (``smoothing`` in steps), a smooth
-clip of x to [0, 1] that is smooth in w, stays in [0, 1] (η_t never leaves [init, peak]) and
-tends to the exact schedule as smoothing → 0 (0 = exact, the default).
+s·softplus(x/s) − s·softplus((x − 1)/s), s = smoothing/w (``smoothing`` in steps): a clip of x
+to [0, 1] smooth in w (η_t stays in [init, peak]), exact as smoothing → 0 (0, the default).
 """
 
 from __future__ import annotations
@@ -25,14 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._schedule_checks import (
+    RATE_RANGE,
     _callable_rate,
     _check_arity,
     _fn_name,
     _real_array,
     _warmup_ends,
     _within_peak,
+    is_rate,
 )
-from ntk_tt.data._inputs import RATE_RANGE, is_rate
 
 Array = jax.Array
 

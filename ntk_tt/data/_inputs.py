@@ -17,17 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import FLOAT32_TINY, _describe, a_type
+from ntk_tt._options import _describe, a_type
 from ntk_tt._options import check_real as check_real  # importable without JAX
-
-# a learning rate's range: below float32's smallest normal number η is 0 in XLA's float32
-RATE_RANGE = f"> 0 (at least {FLOAT32_TINY:.4g}, float32's smallest normal number)"
-
-
-def is_rate(value) -> bool:
-    """Whether a concrete learning rate (scalar or array) is finite and >= ``FLOAT32_TINY``."""
-    v = np.asarray(value)
-    return bool(np.all(np.isfinite(v)) and np.all(v >= FLOAT32_TINY))
 
 _NUMERIC = "biuf"  # numpy dtype kinds of bool, int, unsigned and float arrays
 

@@ -1,7 +1,6 @@
 """Argument checks of the kernel predictors: hyperparameters, labels, initial logits and the
-kernels themselves, raised as ValueErrors before any compiled work (values only when
-concrete, i.e. not traced). Shared by ``predict_from_kernel``, the head-aware predictor, the
-what-if analysis and ``predict``.
+kernels themselves, raised as ValueErrors before any compiled work (values only when concrete,
+not traced). Shared by ``predict_from_kernel``, the head-aware predictor, what-if and ``predict``.
 """
 
 from __future__ import annotations
@@ -10,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._schedule_checks import RATE_RANGE, is_rate
 from ntk_tt.data._batches import check_sizes
-from ntk_tt.data._inputs import RATE_RANGE, _check_finite, _concrete, as_array, check_real, is_rate
+from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
 from ntk_tt.dynamics._fspace import as_operator
 from ntk_tt.dynamics._losses import LOSSES, check_loss
 

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import is_real
-from ntk_tt.data._inputs import RATE_RANGE, as_array, is_rate
+from ntk_tt._schedule_checks import RATE_RANGE, is_rate
+from ntk_tt.data._inputs import as_array
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_linalg import (
     _check_finite,

@@ -22,7 +22,8 @@ import numpy as np
 
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt._options import _is_int
-from ntk_tt.data._inputs import RATE_RANGE, as_array, check_key, check_real, is_rate
+from ntk_tt._schedule_checks import RATE_RANGE, is_rate
+from ntk_tt.data._inputs import as_array, check_key, check_real
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import beyond_edge, divergence

@@ -28,8 +28,9 @@ from tqdm import tqdm
 
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
+from ntk_tt._schedule_checks import RATE_RANGE, is_rate
 from ntk_tt.data._batches import batch_indices, check_sizes
-from ntk_tt.data._inputs import RATE_RANGE, _concrete, as_array, check_key, is_rate
+from ntk_tt.data._inputs import _concrete, as_array, check_key
 from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.dynamics._checks import check_nesterov, flag
 from ntk_tt.dynamics._losses import check_loss, error_rate
