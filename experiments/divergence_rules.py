@@ -31,8 +31,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ntk_tt import read_corpus
 from ntk_tt.dynamics._divergence import DIVERGES, KAPPA_MAX, Outcome, call, outcome
-from ntk_tt.sweep._corpus import read_corpus
 from ntk_tt.sweep._table import read_table
 
 

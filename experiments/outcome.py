@@ -36,7 +36,7 @@ import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 from sklearn.metrics import r2_score, roc_auc_score
 
-from ntk_tt.sweep._corpus import read_corpus
+from ntk_tt import read_corpus
 from ntk_tt.telemetry._outcome import fit_outcome, parametric_baseline
 from ntk_tt.telemetry._outcome_features import DEFAULT_KS, Dataset, dataset
 from ntk_tt.telemetry._outcome_fit import fit_models, predict_models

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from ntk_tt.sweep._corpus import read_corpus
+from ntk_tt import read_corpus
 from ntk_tt.telemetry._outcome_domain import feature_domain
 from ntk_tt.telemetry._outcome_features import dataset
 

@@ -111,3 +111,33 @@ def test_shipped_outcome_predictor_reads_real_runs(tmp_path, capsys, kernel):
     assert out[0]["p_diverged"] > 0.9 and out[1]["p_diverged"] < 0.1
     assert out[0]["test_accuracy"] < out[1]["test_accuracy"]
     assert "will likely diverge" in capsys.readouterr().out
+
+
+def test_read_corpus_reads_both_forms_and_refuses_what_is_not_a_corpus(tmp_path):
+    """``ntk_tt.read_corpus`` (was private, and a mistyped path gave [] silently, a bad line a
+    raw JSONDecodeError): the directory form and a .jsonl.gz of the same rows read alike; a
+    missing path, a folder without runs/, an empty file and a line that is not a JSON object
+    are one ValueError naming the path (and line)."""
+    import gzip
+
+    rows = [{"run_id": f"r{i}", "value": i} for i in range(3)]
+    (tmp_path / "dir" / "runs").mkdir(parents=True)
+    for r in rows:
+        (tmp_path / "dir" / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    packed = tmp_path / "rows.jsonl.gz"
+    with gzip.open(packed, "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n\n" for r in rows))  # blank lines are skipped
+    assert ntk_tt.read_corpus(tmp_path / "dir") == rows == ntk_tt.read_corpus(str(packed))
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n[1, 2]\n')
+    (tmp_path / "broken.jsonl").write_text('{"a": 1}\n{"a": \n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "plain.gz").write_text("not gzip")
+    for path, match in ((tmp_path / "typo.jsonl.gz", r"typo\.jsonl\.gz' does not exist"),
+                        (tmp_path, r"is a directory without runs/"),
+                        (tmp_path / "bad.jsonl", r"bad\.jsonl, line 2: a corpus row is a JSON "
+                                                 r"object, got list"),
+                        (tmp_path / "broken.jsonl", r"broken\.jsonl, line 2: not JSON"),
+                        (tmp_path / "empty.jsonl", r"holds no rows"),
+                        (tmp_path / "plain.gz", r"plain\.gz: not a corpus file")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.read_corpus(path)

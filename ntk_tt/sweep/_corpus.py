@@ -292,19 +292,65 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
 
 def iter_corpus(out) -> Iterator[dict]:
     """The run rows of a corpus directory (``out/runs/*.json``, or a ``.jsonl`` / ``.jsonl.gz``
-    file of rows), in file-name order."""
+    file of rows), in file-name order; a line or file that is not a JSON object is a
+    ValueError naming it (see :func:`read_corpus`)."""
     path = pathlib.Path(out)
     if path.is_file():
         import gzip
 
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            yield from (json.loads(line) for line in fh if line.strip())
+        try:
+            with opener(path, "rt", encoding="utf-8") as fh:
+                for i, line in enumerate(fh, 1):
+                    if line.strip():
+                        yield _row(line, f"{path}, line {i}")
+        except (UnicodeDecodeError, OSError, EOFError) as err:  # gzip.BadGzipFile: an OSError
+            raise ValueError(f"{path}: not a corpus file (JSON Lines, .gz too): {err}.") from None
         return
     for p in sorted((path / "runs").glob("*.json")):
-        yield json.loads(p.read_text())
+        yield _row(p.read_text(), str(p))
 
 
-def read_corpus(out) -> list[dict]:
-    """All run rows of a corpus (see :func:`iter_corpus`)."""
-    return list(iter_corpus(out))
+def _row(text: str, where: str) -> dict:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not JSON ({err.msg}); a corpus row is one JSON object.") \
+            from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a corpus row is a JSON object, got {type(row).__name__}.")
+    return row
+
+
+def read_corpus(path) -> list[dict]:
+    """Every run row of a telemetry corpus, in order: the rows :func:`ntk_tt.fit_outcome` fits
+    on (``experiments/telemetry_corpus.py`` writes them; the packed corpus of README
+    "Telemetry and outcome prediction" is ``experiments/results/telemetry/corpus.jsonl.gz``).
+
+    Source: none (a utility: ntk_tt's corpus format, issue 11).
+
+    Args:
+      path: a corpus directory (its ``runs/*.json``, in file-name order) or a ``.jsonl`` /
+        ``.jsonl.gz`` file of rows (one JSON object per line).
+
+    Returns:
+      A list of dicts, one per run: ``telemetry`` (:meth:`ntk_tt.Telemetry.to_dict`),
+      ``prediction`` (the NTK prediction's curves) or None, ``outcome``, and the run's
+      configuration (``run_id``, ``task_id``, ``dataset``, ``optimizer``, ``batch_size``,
+      ``per_class``, ``momentum``, ``kappa_eff``, ``steps``).
+
+    Raises:
+      ValueError: ``path`` does not exist, is a directory without a ``runs/`` folder of rows,
+        or holds no rows; a line or file that is not one JSON object (named with its line).
+    """
+    where = pathlib.Path(path).expanduser()
+    if not where.exists():
+        raise ValueError(f"corpus {str(path)!r} does not exist; give a corpus directory or a "
+                         ".jsonl(.gz) file of rows.")
+    if where.is_dir() and not (where / "runs").is_dir():
+        raise ValueError(f"corpus {str(path)!r} is a directory without runs/: give the folder "
+                         "experiments/telemetry_corpus.py wrote, or a .jsonl(.gz) file.")
+    rows = list(iter_corpus(where))
+    if not rows:
+        raise ValueError(f"corpus {str(path)!r} holds no rows.")
+    return rows

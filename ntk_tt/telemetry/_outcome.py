@@ -214,7 +214,7 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
     Source: arXiv 2608.03709 (METHOD.md §9), with ntk_tt's targets and NTK features (issue 11).
 
     Args:
-      rows: corpus rows (dicts: ``ntk_tt.sweep._corpus.read_corpus``), or a :class:`Dataset`
+      rows: corpus rows (dicts: ``ntk_tt.read_corpus``), or a :class:`Dataset`
         (then ``ntk`` and ``ks`` are only recorded: pass those it was built with).
       ntk: whether the runs' NTK predictions (``row["prediction"]``) are inputs too.
       ks: prefix fractions; each run is featurised after round(frac·T) updates.

@@ -304,15 +304,15 @@ def check_rows(rows) -> list:
     if isinstance(rows, Mapping):
         raise ValueError("rows is a single dict (one corpus row?), but fit_outcome takes a list "
                          "of corpus rows: pass a list, e.g. fit_outcome([row, ...]) or the list "
-                         "ntk_tt.sweep._corpus.read_corpus(path) returns.")
+                         "ntk_tt.read_corpus(path) returns.")
     if isinstance(rows, (str, bytes, pathlib.PurePath)) or not isinstance(rows, Iterable):
         raise ValueError(f"rows must be a list of corpus rows (dicts), got {type(rows).__name__}"
-                         "; read a corpus file with ntk_tt.sweep._corpus.read_corpus(path).")
+                         "; read a corpus file with ntk_tt.read_corpus(path).")
     rows, bad = list(rows), []
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise ValueError(f"rows[{i}] is {type(r).__name__}, not a corpus row (a dict, as "
-                             "ntk_tt.sweep._corpus.read_corpus returns).")
+                             "ntk_tt.read_corpus returns).")
         lack = [f for f in _ROW_FIELDS if f not in r] + (
             ["batch_size"] if r.get("optimizer") == "sgd" and "batch_size" not in r else [])
         if "outcome" in r:
@@ -325,7 +325,7 @@ def check_rows(rows) -> list:
         raise ValueError(
             f"rows[{i}] lacks the field(s) {', '.join(lack)} that fit_outcome needs"
             + (f" ({more} more of the {len(rows)} rows lack fields too)" if more else "")
-            + f"; a corpus row (ntk_tt.sweep._corpus.read_corpus) holds {', '.join(_ROW_FIELDS)}"
+            + f"; a corpus row (ntk_tt.read_corpus) holds {', '.join(_ROW_FIELDS)}"
             f", batch_size (sgd), and outcome: {', '.join(_OUTCOME_FIELDS)}.")
     for i, r in enumerate(rows):
         for f in _NUMERIC_FIELDS:
@@ -355,7 +355,7 @@ def _check_row_values(i: int, r: dict) -> None:
     (ValueError naming the row and the field; NaN or None = unknown accuracy or T_ε)."""
     def refuse(field: str, value, want: str):
         raise ValueError(f"rows[{i}]{field} must be {want}, got {_shown(value)}; a corpus row "
-                         "(ntk_tt.sweep._corpus.read_corpus) holds them so.")
+                         "(ntk_tt.read_corpus) holds them so.")
     for f, (ok, want) in _RANGES.items():
         if r.get(f) is not None and not ok(r[f]):
             refuse(f"[{f!r}]", r[f], want)
