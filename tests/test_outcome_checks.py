@@ -152,6 +152,9 @@ def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
     for target, value, match in bad_labels:
         with pytest.raises(ValueError, match=match):
             fit_models(x, dict(y, **{target: np.where(np.arange(60) == 7, value, y[target])}))
+    with pytest.raises(ValueError, match=r"at least one known label of y\['test_accuracy'\], "
+                                         r"got NaN \(unknown\) in all 60 rows"):
+        fit_models(x, dict(y, test_accuracy=np.full(60, np.nan)))  # predicted NaN silently
     for seed in (1.5, True, -1, 2**31, "0"):
         with pytest.raises(ValueError, match=r"fit_models needs seed, an integer in \[0, 2\*\*"):
             fit_models(x, y, seed)

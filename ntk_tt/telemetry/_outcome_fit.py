@@ -66,6 +66,10 @@ _LABELS = {"test_accuracy": "a fraction in [0, 1]", "log_t_eps": "a finite numbe
 
 def _check_labels(target: str, label: np.ndarray) -> None:
     known = label[~np.isnan(label)] if label.dtype.kind == "f" else label
+    if known.size == 0 and target == "test_accuracy":  # (log_t_eps: NaN predicts "unknown")
+        raise ValueError(f"fit_models needs at least one known label of y[{target!r}], got "
+                         f"NaN (unknown) in all {label.size} rows: its model and constant would "
+                         "be NaN, and so every accuracy prediction.")
     if target == "test_accuracy":
         bad = (known < 0) | (known > 1)
     elif target == "log_t_eps":
@@ -164,7 +168,8 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
         mapping with real labels of shape (R,) for every target of ``TARGETS`` (the first
         missing or malformed one named), or with a label outside its target's range
         (test_accuracy in [0, 1], log_t_eps finite, the classification targets 0 or 1; NaN
-        is allowed everywhere); ``seed`` not an integer in [0, 2**31). All before any fitting.
+        is allowed, but not in every row of test_accuracy); ``seed`` not an integer in
+        [0, 2**31). All before any fitting.
     """
     check_seed(seed, "fit_models")
     x = _check_features(x, "fit_models")
