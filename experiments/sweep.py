@@ -324,7 +324,7 @@ def _main(argv, state: dict) -> None:
         if counts is not None:
             print(json.dumps(counts))
         try:  # --report with --primary: the table's variants are known only now
-            summary = report(args.out,
+            summary = report(args.out, last_step=counts is not None,
                              primary=None if args.primary is None else tuple(args.primary))
         except ValueError as err:
             print(f"sweep.py: error: {err}", file=sys.stderr)

@@ -255,11 +255,12 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     invocation appends its entry to ``out/runs.json`` when it starts and rewrites it after
     every progress message (a task's predictions, each batch size's rows), when it is
     interrupted or fails, and at its end: ``seconds`` (wall time so far), ``rows_written``
-    (rows it has written, counted on disk), ``finished`` (False unless it ended with every
-    row and ``finish`` done; True while ``finish`` runs, so that a report made there counts
-    it finished, and False again if ``finish`` is interrupted or fails), so an invocation
-    stopped at any point keeps its seconds in ``sweep_wall_seconds``: up to the
-    interruption (Ctrl-C, SIGTERM, an error), up to its last message after a SIGKILL.
+    (rows it has written, counted on disk), ``finished`` (False until it has every row and
+    ``finish`` has returned: an invocation stopped in any way during its report, ``kill -9``
+    included, stays unfinished; a report made in ``finish`` counts its own invocation
+    finished: :func:`report`'s ``last_step``), so an invocation stopped at any point keeps its
+    seconds in ``sweep_wall_seconds``: up to the interruption (Ctrl-C, SIGTERM, an error), up
+    to its last message after a SIGKILL.
 
     Returns:
       counts of rows written now, already present, and skipped (by reason).
@@ -300,24 +301,28 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
                 written += run_task(task, left, spec, loader(task, spec), table,
                                     progress=noted, reuse=reuse)
         counts = {"written": written, "already_present": present, "skipped": dict(skipped)}
-        record(True)
+        record(False)  # its seconds up to the report, still unfinished (even after kill -9)
         if finish is not None:
             finish(counts)
+        runs[mine]["finished"] = True  # the seconds the report counted (summary.json) kept
+        _write_json(runs_path, runs)
     except BaseException:  # Ctrl-C / SIGTERM (a KeyboardInterrupt here) or an error
         record(False)
         raise
     return counts
 
 
-def report(out, *, primary: tuple[str, str] | None = None) -> dict:
+def report(out, *, primary: tuple[str, str] | None = None, last_step: bool = False) -> dict:
     """Consolidate ``out/rows`` into the table, then write ``summary.json``, figures, Table 1.
 
     Everything is computed from the results table (plus the grid in ``spec.json`` for the
     skipped-row counts and the planned rows the table lacks, ``missing_rows``: > 0 for a
     sweep stopped before its end, and ``runs.json`` for the sweep's wall time).
     ``primary = (variant, name)`` reports the recorded variant as the primary prediction and
-    the sweep's primary as variant ``name`` (:func:`ntk_tt.sweep._summary.promote`). Returns
-    the summary.
+    the sweep's primary as variant ``name`` (:func:`ntk_tt.sweep._summary.promote`).
+    ``last_step``: the report is the last step of the invocation recorded last in
+    ``runs.json`` (:func:`run_sweep`'s ``finish``), which is counted finished. Returns the
+    summary.
     """
     table = ResultsTable(out)
     if table.done_ids():
@@ -337,7 +342,8 @@ def report(out, *, primary: tuple[str, str] | None = None) -> dict:
     meta["sweep_wall_seconds"] = sum(r["seconds"] for r in runs)
     meta["sweep_invocations"] = len(runs)
     # killed or interrupted ones: their seconds count up to their last progress message
-    meta["sweep_invocations_unfinished"] = sum(not r.get("finished", True) for r in runs)
+    meta["sweep_invocations_unfinished"] = sum(not r.get("finished", True) for r in runs) - (
+        last_step and bool(runs) and not runs[-1].get("finished", True))  # this invocation's
     # the key is always there (None: the table's own primary is the headline)
     meta["primary"] = {"promoted_variant": None, "demoted_primary_as": None}
     if primary is not None:
