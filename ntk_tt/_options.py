@@ -194,7 +194,7 @@ def _check_target(target, target_kind) -> float:
                          f"the initial loss L_0), got {target!r}; e.g. target=0.5.")
     if target_kind == "absolute" and not 0 < t <= FLOAT32_MAX:
         raise ValueError(f"target (an absolute mean training loss) must be finite and > 0 (at "
-                         f"most {FLOAT32_MAX:.4g}, float32's largest), got {target!r}; or pass "
+                         f"most {FLOAT32_MAX:.8g}, float32's largest), got {target!r}; or pass "
                          "target_kind='fraction' with a value in (0, 1).")
     return t
 
@@ -210,7 +210,7 @@ def _check_scalars(steps, kappa_range, num_kappas, refine_steps, temperature, nu
                          f"{kappa_range!r}; e.g. (0.05, 50).")
     lo, hi = (_real_scalar(k, "kappa_range entry") for k in kappa_range)
     if not 0 < lo <= hi <= FLOAT32_MAX:
-        raise ValueError(f"kappa_range must satisfy 0 < min <= max <= {FLOAT32_MAX:.4g} "
+        raise ValueError(f"kappa_range must satisfy 0 < min <= max <= {FLOAT32_MAX:.8g} "
                          f"(float32's largest), got {kappa_range!r}.")
     if not _is_int(num_kappas) or not 1 <= num_kappas <= MAX_KAPPAS or (
             num_kappas > 1 and lo == hi) or (num_kappas == 1 and lo != hi):

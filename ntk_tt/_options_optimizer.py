@@ -100,7 +100,7 @@ def _check_values(o: dict[str, Any]) -> None:
         if v is not None and (not _is_int(v) or v < low):
             raise ValueError(f"{key} ({flag}) must be an integer >= {low} (optimiser steps), "
                              f"got {v!r}.")
-    lr, top = float(o["learning_rate"]), f" (at most {FLOAT32_MAX:.4g}, float32's largest)"
+    lr, top = float(o["learning_rate"]), f" (at most {FLOAT32_MAX:.8g}, float32's largest)"
     for key, flag, ok, want in (
             ("end_lr", "--end-lr", lambda v: 0 <= v <= lr, f"in [0, --lr = {lr:g}]"),
             ("decay_rate", "--decay-rate", lambda v: 0 < v <= 1, "in (0, 1] (η_t = η·R^t)"),
@@ -108,7 +108,7 @@ def _check_values(o: dict[str, Any]) -> None:
             ("b1", "--b1", lambda v: 0 <= v < 1, "in [0, 1)"),
             ("b2", "--b2", lambda v: 0 <= v < 1, "in [0, 1)"),
             ("adam_eps", "--adam-eps", lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
-             f"> 0 (in [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}], float32's normal range)")):
+             f"> 0 (in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}], float32's normal range)")):
         if o[key] is None:
             continue
         v = _real_or_none(o[key])

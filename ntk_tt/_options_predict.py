@@ -63,8 +63,8 @@ def check_options(o: dict[str, Any]) -> None:
                          f"updates), got {steps!r}.")
     lr = _real_or_none(o["learning_rate"])
     if lr is None or not FLOAT32_TINY <= lr <= FLOAT32_MAX:
-        raise ValueError(f"learning_rate (--lr) must be a finite number > 0 (in [{FLOAT32_TINY:.4g}"
-                         f", {FLOAT32_MAX:.4g}], float32's normal range), got "
+        raise ValueError(f"learning_rate (--lr) must be a finite number > 0 (in [{FLOAT32_TINY:.8g}"
+                         f", {FLOAT32_MAX:.8g}], float32's normal range), got "
                          f"{o['learning_rate']!r}.")
     m = _real_or_none(o["momentum"])
     if m is None or not 0.0 <= m < 1.0:

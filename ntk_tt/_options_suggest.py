@@ -38,7 +38,7 @@ def _number(o, name, low, high=FLOAT32_MAX) -> float:
     v = float(v)
     top = high == FLOAT32_MAX
     if not (low <= v and (v <= high if top else v < high)):
-        bound = f"{high:.4g}] (float32's largest)" if top else f"{high:g})"
+        bound = f"{high:.8g}] (float32's largest)" if top else f"{high:g})"
         raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:g}, {bound}, got {v!r}.")
     return v
 

@@ -113,7 +113,7 @@ def check_job_targets(o: dict[str, Any]) -> None:
                 0.0 <= x <= 1.0 if name == "error_targets" else 0.0 < x <= 1.0)
             if not ok:
                 what = {"loss_targets": f"a mean training loss L* > 0 (at most "
-                                        f"{FLOAT32_MAX:.4g}, float32's largest)",
+                                        f"{FLOAT32_MAX:.8g}, float32's largest)",
                         "error_targets": "a training error rate in [0, 1], e.g. 0.1",
                         "accuracy_targets": "a held-out accuracy in (0, 1], e.g. 0.9"}[name]
                 raise ValueError(f"{name} ({flag}) entries must each be {what}, got {v!r}.")

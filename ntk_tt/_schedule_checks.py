@@ -13,18 +13,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import FLOAT32_TINY
+from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY
 
 Array = jax.Array
 
-# a learning rate's range: below float32's smallest normal number η is 0 in XLA's float32
-RATE_RANGE = f"> 0 (at least {FLOAT32_TINY:.4g}, float32's smallest normal number)"
+# a learning rate's range, float32's normal numbers: below it η is 0 in XLA's float32, above inf
+RATE_RANGE = f"> 0, in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (float32's normal range)"
 
 
 def is_rate(value) -> bool:
-    """Whether a concrete learning rate (scalar or array) is finite and >= ``FLOAT32_TINY``."""
-    v = np.asarray(value)
-    return bool(np.all(np.isfinite(v)) and np.all(v >= FLOAT32_TINY))
+    """Whether a concrete learning rate (scalar or array) lies in ``RATE_RANGE``."""
+    v = np.asarray(value, np.float64)
+    return bool(np.all(np.isfinite(v)) and np.all((v >= FLOAT32_TINY) & (v <= FLOAT32_MAX)))
+
+
+def rate_ok(value) -> Array:
+    """:func:`is_rate` as a traceable bool array (a traced η outside the range: INVALID)."""
+    return jnp.isfinite(value) & (value >= FLOAT32_TINY) & (value <= FLOAT32_MAX)
 
 
 def _fn_name(fn) -> str:  # for messages: a function's name, or a callable's type

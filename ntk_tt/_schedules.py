@@ -49,8 +49,8 @@ def _number(value, name: str, positive: bool = False) -> Array:
     if arr.ndim == 0 and not np.isfinite(float(arr)):
         raise ValueError(f"{name} must be finite, got {float(arr)}.")
     if positive and arr.ndim == 0 and not is_rate(arr):
-        raise ValueError(f"{name} must be {RATE_RANGE}, got {float(arr)} (a learning rate <= 0 "
-                         "does not train, and a negative one ascends the loss).")
+        raise ValueError(f"{name} must be {RATE_RANGE}, got {float(arr)} (a learning rate or "
+                         "decay factor <= 0 does not train; beyond float32's it is 0 or inf).")
     with jax.ensure_compile_time_eval():  # a constant stays concrete inside jit
         return jnp.asarray(arr, jnp.result_type(float))
 

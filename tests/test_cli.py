@@ -1105,36 +1105,40 @@ BEFORE_JAX = [
     # a grid up to float32 inf; every float option without a bound of its own stops at
     # float32's largest
     (["suggest", "--optimizer", "adamw", "--lr-max", "1e300"],
-     "lr_max (--lr-max) must be in [0, 3.403e+38] (float32's largest), got 1e+300."),
+     "lr_max (--lr-max) must be in [0, 3.4028235e+38] (float32's largest), got 1e+300."),
     (["suggest", "--optimizer", "sgd", "--lr-min", "1", "--lr-max", "1e39"],
-     "lr_max (--lr-max) must be in [0, 3.403e+38] (float32's largest), got 1e+39."),
+     "lr_max (--lr-max) must be in [0, 3.4028235e+38] (float32's largest), got 1e+39."),
     (["suggest", "--optimizer", "adamw", "--weight-decay", "1e300"],
-     "weight_decay (--weight-decay) must be in [0, 3.403e+38] (float32's largest)"),
+     "weight_decay (--weight-decay) must be in [0, 3.4028235e+38] (float32's largest)"),
     (["suggest", "--kappa-max", "1e39"], "kappa_min, kappa_max (--kappa-min, --kappa-max) must "
-                                         "satisfy 0 < min <= max <= 3.403e+38 (float32's"),
+                                         "satisfy 0 < min <= max <= 3.4028235e+38 (float32's"),
     (["suggest", "--target", "1e300", "--target-kind", "absolute"],
-     "must be finite and > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
+     "must be finite and > 0 (at most 3.4028235e+38, float32's largest), got 1e+300"),
     (["predict", "--lr", "1e300"], "learning_rate (--lr) must be a finite number > 0 (in "
-                                   "[1.175e-38, 3.403e+38], float32's normal range), got 1e+300."),
+                                   "[1.1754944e-38, 3.4028235e+38], float32's normal range), "
+                                   "got 1e+300."),
     # a second fresh user: 1e-50 is 0 in float32: the run went on to "η 0", κ nan and
     # T_ε undefined "under jit / vmap"
     (["predict", "--lr", "1e-50"], "learning_rate (--lr) must be a finite number > 0 (in "
-                                   "[1.175e-38, 3.403e+38], float32's normal range), got 1e-50."),
+                                   "[1.1754944e-38, 3.4028235e+38], float32's normal range), "
+                                   "got 1e-50."),
     (["predict", "--optimizer", "adam", "--adam-eps", "1e-50"],
-     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.175e-38, 3.403e+38]"),
+     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.1754944e-38, 3.4028235e+38]"),
     (["predict", "--optimizer", "adamw", "--weight-decay", "1e39"],
-     "weight_decay (--weight-decay) must be a finite number >= 0 (at most 3.403e+38, "
+     "weight_decay (--weight-decay) must be a finite number >= 0 (at most 3.4028235e+38, "
      "float32's largest), got 1e+39."),
     (["predict", "--optimizer", "adam", "--adam-eps", "1e39"],
-     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.175e-38, 3.403e+38], float32's"),
+     "adam_eps (--adam-eps) must be a finite number > 0 (in [1.1754944e-38, 3.4028235e+38], "
+     "float32's"),
     (["predict", "--loss-target", "0.5,1e300"], "loss_targets (--loss-target) entries must "
-     "each be a mean training loss L* > 0 (at most 3.403e+38, float32's largest), got 1e+300"),
+     "each be a mean training loss L* > 0 (at most 3.4028235e+38, float32's largest), got 1e+300"),
     # the same user: a negative number in e-notation was taken for a flag (the usage block and
     # "argument --lr-min: expected one argument"), while -0.0001 reached the range check
     (["suggest", "--optimizer", "adamw", "--lr-min", "-1e-3"],
-     "lr_min (--lr-min) must be in [0, 3.403e+38] (float32's largest), got -0.001."),
+     "lr_min (--lr-min) must be in [0, 3.4028235e+38] (float32's largest), got -0.001."),
     (["suggest", "--optimizer", "adamw", "--weight-decay", "-1e-4"],
-     "weight_decay (--weight-decay) must be in [0, 3.403e+38] (float32's largest), got -0.0001"),
+     "weight_decay (--weight-decay) must be in [0, 3.4028235e+38] (float32's largest), got "
+     "-0.0001"),
     (["suggest", "--kappa-min", "-1E-3"], "(--kappa-min, --kappa-max) must satisfy 0 < min"),
     (["suggest", "-m", "-1e-1,0.5"], "momenta (-m/--momenta) entries must be in [0, 1)"),
     (["suggest", "--optimizer", "adamw", "--warmups", "-5e-2,0.1"],

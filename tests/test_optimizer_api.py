@@ -176,8 +176,8 @@ def test_learning_rates_that_do_not_descend_are_refused():
                  lambda: ntk_tt.warmup_stable_decay(0.0, 1, 2, 3),
                  lambda: ntk_tt.exponential(0.1, -0.5), lambda: ntk_tt.exponential(-0.1, 0.9),
                  lambda: ntk_tt.sgd(1e-40)):  # subnormal: 0 in XLA's float32 (a fresh user)
-        with pytest.raises(ValueError, match=r"must be > 0 \(at least 1\.175e-38, float32's "
-                                             r"smallest normal number\), got"):
+        with pytest.raises(ValueError, match=r"must be > 0, in \[1\.1754944e-38, "
+                                             r"3\.4028235e\+38\] \(float32's normal range\), got"):
             make()
     for sched, what in ((ntk_tt.schedule(lambda t: jnp.nan * t), "η_0 = nan"),
                         (ntk_tt.schedule(lambda t: 0.1 - 0.1 * t), "η_2 = -0.1"),
@@ -188,27 +188,46 @@ def test_learning_rates_that_do_not_descend_are_refused():
                 fn(boom, params, x, y, optimizer=ntk_tt.sgd(sched), steps=T)
 
 
-def test_a_subnormal_learning_rate_is_refused_everywhere_as_the_cli_does():
-    """A fresh user: learning_rate=1e-40 passed every API check ("> 0") and is 0 in float32:
-    predict reported κ = 0, predict_curve_from_spectrum an all-NaN curve eagerly and a flat
-    one under jit. Below float32's smallest normal number it is refused, as ``--lr`` is."""
+def test_learning_rates_outside_float32s_normal_range_are_refused_or_nan_when_traced():
+    """Two fresh users: learning_rate=1e-40 passed every API check ("> 0") and is 0 in
+    float32 (predict reported κ = 0; the spectrum curve was NaN eagerly, flat under jit), and
+    1e39 is inf there (finetune trained on, predict said κ nan, code INVALID, nothing traced).
+    Outside [float32's smallest normal, largest] η is refused eagerly, as ``--lr`` is, and a
+    traced one gives NaN and code INVALID (a flat curve before); the bounds themselves pass."""
     params, x, y = linear_problem(n=N, dtype=jnp.float32)
-    kernel = jnp.eye(N)
+    kernel, f0 = jnp.eye(N), jnp.zeros((N, int(y.max()) + 1))
     spectrum = ntk_tt.Spectrum(jnp.array([4.0, 2.0]), jnp.array([1.0, 0.5]), 2)
 
     def boom(p, xx):
         raise AssertionError("the model was called")
 
-    calls = (lambda lr: ntk_tt.predict_from_kernel(kernel, jnp.zeros((N, int(y.max()) + 1)), y,
-                                                   learning_rate=lr, steps=3),
+    calls = (lambda lr: ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lr, steps=3),
              lambda lr: ntk_tt.finetune(boom, params, x, y, learning_rate=lr, steps=3),
              lambda lr: ntk_tt.predict_curve_from_spectrum(spectrum, learning_rate=lr, steps=3))
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
     for call in calls:
-        for lr in (1e-40, 1e-39, 0.0):
-            with pytest.raises(ValueError, match=r"learning_rate must be .*finite.* > 0 \(at least "
-                                                 r"1\.175e-38, float32's smallest normal"):
+        for lr in (1e-40, 1e-39, 0.0, 1e39):
+            with pytest.raises(ValueError, match=r"learning_rate must be .*finite.* > 0, in "
+                                                 r"\[1\.1754944e-38, 3\.4028235e\+38\]"):
                 call(lr)
-    assert np.isfinite(calls[2](1.2e-38)).all()  # the smallest normal number itself passes
+    assert np.isfinite(calls[2](tiny)).all() and ntk_tt.sgd(big) is not None  # the bounds
+    traced = jax.jit(jax.vmap(calls[0]))(jnp.array([1e-2, 1e-40, 0.0]))
+    codes = np.asarray(traced.training_time_code)
+    assert (codes[0] != ntk_tt.INVALID).all() and (codes[1:] == ntk_tt.INVALID).all()
+    assert np.isfinite(traced.kappa[0]) and np.isnan(np.asarray(traced.kappa[1:])).all()
+    curve = jax.jit(lambda e: calls[2](e)[-1])
+    assert np.isfinite(curve(1e-2)) and np.isnan(curve(1e-40))  # was a flat L_0 under jit
+    assert np.isnan(jax.jit(jax.grad(curve))(1e-40))
+
+
+def test_an_integer_spectrum_is_read_as_floats():
+    """A fresh user: integer eigenvalues cast η = 0.1 to 0 (a NaN curve; with an optimiser a
+    flat one); they are now converted, and give the float spectrum's curve."""
+    ints = ntk_tt.Spectrum(jnp.array([2, 1]), jnp.array([1, 1]), 4)
+    floats = ntk_tt.Spectrum(jnp.array([2.0, 1.0]), jnp.array([1.0, 1.0]), 4)
+    for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1, momentum=0.5))):
+        np.testing.assert_allclose(ntk_tt.predict_curve_from_spectrum(ints, steps=3, **kw),
+                                   ntk_tt.predict_curve_from_spectrum(floats, steps=3, **kw))
 
 
 def test_schedules_refuse_what_the_cli_refuses():

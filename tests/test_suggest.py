@@ -342,9 +342,9 @@ GOOD = dict(target=0.5, target_kind="fraction", steps=10)
     (dict(momenta=(0.0, 1.0)), "momenta entries must be in [0, 1)"),
     (dict(momenta=0.9), "momenta must be a non-empty list"),
     (dict(kappa_range=(0.0, 5.0)), "kappa_range must satisfy 0 < min <= max"),
-    (dict(kappa_range=(0.1, 1e300)), "kappa_range must satisfy 0 < min <= max <= 3.403e+38 "
+    (dict(kappa_range=(0.1, 1e300)), "kappa_range must satisfy 0 < min <= max <= 3.4028235e+38 "
                                      "(float32's largest), got (0.1, 1e+300)"),
-    (dict(target=1e39, target_kind="absolute"), "must be finite and > 0 (at most 3.403e+38"),
+    (dict(target=1e39, target_kind="absolute"), "must be finite and > 0 (at most 3.4028235e+38"),
     (dict(kappa_range=(1.0, 1.0)), "num_kappas must be an integer in [1, 1024] (1 exactly when"),
     (dict(refine_steps=-1), "refine_steps must be an integer >= 0"),
     (dict(temperature=0.0), "temperature must be finite and > 0"),

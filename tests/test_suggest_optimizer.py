@@ -210,7 +210,7 @@ SGD = ntk_tt.sgd(0.1, 0.9)
     (dict(optimizer=SGD, learning_rate_range=(0.0, 1.0)), "must satisfy 0 < min <= max"),
     # a fresh user's 1e300 (--lr-max) made a grid up to float32 inf, with numpy's warning
     (dict(optimizer=SGD, learning_rate_range=(1e-3, 1e300)),
-     "learning_rate_range must satisfy 0 < min <= max <= 3.403e+38 (float32's largest;"),
+     "learning_rate_range must satisfy 0 < min <= max <= 3.4028235e+38 (float32's largest;"),
     # (0.1, 0.1) was kept once, silently, where momenta=(0.5, 0.5) is refused
     (dict(optimizer=SGD, warmups=(0.1, 0.0, 0.1)),
      "warmups [0.1, 0.0, 0.1] names 0.1 twice; give each once."),
@@ -336,7 +336,7 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "adamw", "--lr-max", "1e-5"], "0 < min <= max (min == max exactly when "
                                                    "--num-kappas is 1), got 0.0001, 1e-05"),
     (["--optimizer", "adamw", "--lr-max", "nan"], "lr_max (--lr-max) must be in [0, "
-                                                  "3.403e+38] (float32's largest), got nan"),
+                                                  "3.4028235e+38] (float32's largest), got nan"),
     (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
      "not both"),
     (["--optimizer", "adamw", "--warmups", "0,1"], "warmups (--warmups) entries must be"),

@@ -827,7 +827,7 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["--kappas", "1", "-1e-3"], "SweepSpec.kappas (--kappas) must be finite numbers > 0 (κ̃ "
                                  "values, or "
-                                 "η for etas) in [1.175e-38, 3.403e+38] (float32's normal "
+                                 "η for etas) in [1.1754944e-38, 3.4028235e+38] (float32's normal "
                                  "range), got (1.0, -0.001)"),
     # a fresh user: --kappas 3.5e38 (inf in float32) started a sweep; 1e-50 is 0 there
     (["--kappas", "3.5e38"], "SweepSpec.kappas (--kappas) must be finite numbers > 0"),

@@ -114,7 +114,7 @@ def _check_range(rng, num):
     lo, hi = (_real_scalar(v, "learning_rate_range entry") for v in rng)
     if not 0 < lo <= hi <= FLOAT32_MAX or (num == 1) != (lo == hi):
         raise ValueError(f"learning_rate_range must satisfy 0 < min <= max <= "
-                         f"{FLOAT32_MAX:.4g} (float32's largest; min == max exactly when "
+                         f"{FLOAT32_MAX:.8g} (float32's largest; min == max exactly when "
                          f"num_kappas is 1), got {rng!r} with num_kappas {num}.")
 
 

@@ -1,10 +1,9 @@
 """``predict_from_kernel``: pure, jittable curves and T_ε from a given empirical NTK.
 
 Hyperparameters η and m are (traceable) arrays, so ``jit(vmap(...))`` over a sweep shares one
-kernel; steps, batch size, loss, method, num_paths and nesterov are static (``STATIC``, the
-``static_argnames`` to use when wrapping it in ``jax.jit``). Called eagerly it validates its
-arguments, then runs one compiled core (cached per static configuration and shapes). Value
-problems (divergence, a non-PSD kernel, undefined T_ε) come back as flagged arrays, not raised.
+kernel; steps, batch size, loss, method, num_paths, nesterov are static (``STATIC``, for jit).
+Eagerly it validates its arguments, then runs one compiled core (cached per static setting
+and shapes). Divergence, a non-PSD kernel, undefined T_ε, a bad traced η come back flagged.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import numpy as np
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
 from ntk_tt._options import resolve_method as resolve_method
+from ntk_tt._schedule_checks import rate_ok
 from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_key
 from ntk_tt.dynamics._checks import (
     _check_method_inputs,
@@ -381,7 +381,7 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     t_eps = jnp.where(called, jnp.nan, t_eps)
     codes = jnp.where(called, CALLED_DIVERGES, codes).astype(jnp.int32)
     # an invalid traced η or m (no eager check): no divergence, NaN, INVALID, "unknown" (3)
-    bad = ~(jnp.isfinite(lr) & (lr > 0) & (m >= 0) & (m < 1))
+    bad = ~(rate_ok(lr) & (m >= 0) & (m < 1))
     nan, none = partial(_unless, bad, jnp.nan), partial(_unless, bad, -1)
     return KernelPrediction(
         loss=nan(loss_c), error=nan(err_c), loss_band=nan(loss_band),

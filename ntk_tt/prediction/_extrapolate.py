@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._options import is_real
-from ntk_tt._schedule_checks import RATE_RANGE, is_rate
+from ntk_tt._schedule_checks import RATE_RANGE, is_rate, rate_ok
 from ntk_tt.data._inputs import as_array
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_linalg import (
@@ -381,11 +381,12 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
                                  where="predict_curve_from_spectrum",
                                  learning_rate=learning_rate)
         learning_rate = constant_rate(optimizer)
-    mu, p = jnp.asarray(spectrum.eigenvalues), jnp.asarray(spectrum.projections)
+    floats = jnp.result_type(float, spectrum.eigenvalues, spectrum.projections)  # ints: 0.1 → 0
+    mu, p = (jnp.asarray(v, floats) for v in (spectrum.eigenvalues, spectrum.projections))
     if learning_rate is None:  # a schedule or momentum: the per-mode recursion
         return sgd_spectrum_curve(mu, p, spectrum.num_samples, optimizer, int(steps))
+    bad = jnp.where(rate_ok(learning_rate), 0.0, jnp.nan)  # a traced bad η: NaN
     eta = jnp.asarray(learning_rate, mu.dtype)  # traceable: jit / vmap / grad over η
-    bad = jnp.where(jnp.isfinite(eta) & (eta > 0), 0.0, jnp.nan)  # a traced bad η: NaN
     eta = eta + bad  # added, not selected with where: NaN derivatives in both modes
     t = jnp.arange(steps + 1, dtype=mu.dtype)[:, None]
     base = jnp.where(t == 0, 1.0, (1.0 - eta * mu) ** 2)  # >= 0: no NaN at η·μ > 1, and no

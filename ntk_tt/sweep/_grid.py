@@ -56,7 +56,7 @@ def check_positive(name: str, values) -> None:
     if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
            or not FLOAT32_TINY <= v <= FLOAT32_MAX for v in values):
         raise ValueError(f"{name} must be finite numbers > 0 (κ̃ values, or η for etas) in "
-                         f"[{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}] (float32's normal range), "
+                         f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (float32's normal range), "
                          f"got {tuple(values)}; give positive values.")
 
 
