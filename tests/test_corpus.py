@@ -132,12 +132,20 @@ def test_read_corpus_reads_both_forms_and_refuses_what_is_not_a_corpus(tmp_path)
     (tmp_path / "broken.jsonl").write_text('{"a": 1}\n{"a": \n')
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "plain.gz").write_text("not gzip")
+    (tmp_path / "latin" / "runs").mkdir(parents=True)
+    (tmp_path / "latin" / "runs" / "x.json").write_bytes(b'{"a": "\xff"}')
+    (tmp_path / "folder" / "runs" / "x.json").mkdir(parents=True)
     for path, match in ((tmp_path / "typo.jsonl.gz", r"typo\.jsonl\.gz' does not exist"),
                         (tmp_path, r"is a directory without runs/"),
                         (tmp_path / "bad.jsonl", r"bad\.jsonl, line 2: a corpus row is a JSON "
                                                  r"object, got list"),
                         (tmp_path / "broken.jsonl", r"broken\.jsonl, line 2: not JSON"),
                         (tmp_path / "empty.jsonl", r"holds no rows"),
-                        (tmp_path / "plain.gz", r"plain\.gz: not a corpus file")):
+                        (tmp_path / "plain.gz", r"plain\.gz: not a corpus file"),
+                        (tmp_path / "latin", r"x\.json: not a corpus row file"),
+                        (tmp_path / "folder", r"x\.json: not a corpus row file"),
+                        ("", r"needs the path of a corpus directory .*got ''"),
+                        (None, r"got None"), (3, r"got 3"),
+                        ("~nosuchuser_ntk_tt/c.jsonl", r"corpus '~nosuchuser_ntk_tt/c\.jsonl'")):
         with pytest.raises(ValueError, match=match):
             ntk_tt.read_corpus(path)

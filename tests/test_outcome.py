@@ -133,6 +133,9 @@ def test_parametric_baseline_flags_a_non_finite_prefix():
     bad = dataclasses.replace(tele, loss=np.r_[tele.loss[:3], np.inf, tele.loss[4:]],
                               stopped_at=3)
     assert parametric_baseline(bad, 5)["loss_T_rel"] == math.inf
+    for k in (2.7, True, "3"):  # int(k) took 2.7 as 2 and True as 1
+        with pytest.raises(ValueError, match=r"k must be an int in \[0, "):
+            parametric_baseline(tele, k)
 
 
 def test_fit_learns_a_known_law_and_intervals_cover():
@@ -222,6 +225,13 @@ def test_fit_outcome_refuses_one_row_non_numbers_and_bad_level_or_folds():
     (("momentum",), 5.0, r"\['momentum'\] must be in \[0, 1\), got 5\.0"),
     (("per_class",), -3, r"\['per_class'\] must be a whole number >= 1, got -3"),
     (("batch_size",), 0, r"\['batch_size'\] must be a whole number >= 1 \(None for gd\)"),
+    # a second fresh user's
+    (("outcome", "training_time"), None, r"\['training_time'\] must be a dict \{ε: T_ε in "
+                                         r"steps\}, got None"),
+    (("outcome", "training_time", "0.1"), float("-inf"), r"\['0\.1'\] must be T_ε.*got -inf"),
+    (("outcome", "diverged"), np.array([True]), r"\['diverged'\] must be True or False"),
+    (("run_id",), None, r"\['run_id'\] must be a non-empty string \(it groups the rows\)"),
+    (("task_id",), ["a"], r"\['task_id'\] must be a non-empty string"),
 ])
 def test_fit_outcome_refuses_row_values_out_of_range(path, value, match):
     """A fresh user: diverged "False" (or NaN) was read as diverged = 1, T_0.1 = -5 or 1e9
@@ -243,6 +253,10 @@ def test_unknown_accuracy_is_unknown_above_median_and_bad_ks_or_ntk_are_refused(
     """An unknown (NaN) final accuracy gave above_median = 0, a firm label; ks="0.1" was a raw
     TypeError, ks=(0.1, 0.1) duplicated every row, ntk="yes" was taken as True."""
     rows = _corpus(6)
+    bad = _corpus(6)
+    bad[4]["telemetry"]["steps"] = "40"  # the row is named (a corpus has a thousand)
+    with pytest.raises(ValueError, match=r"^rows\[4\]\['telemetry'\]: telemetry field 'steps'"):
+        dataset(bad, ks=(0.1,), ntk=False)
     rows[2]["outcome"]["test_accuracy"] = float("nan")
     labels = run_labels(rows)
     assert np.isnan(labels[2]["above_median"])
@@ -251,7 +265,7 @@ def test_unknown_accuracy_is_unknown_above_median_and_bad_ks_or_ntk_are_refused(
                                       r"fractions in \[0, 1\].*got a str \('0\.1'\)"),
                       ({"ks": (0.1, 0.1)}, r"^ks must be .*distinct"),
                       ({"ks": ()}, r"^ks must be a non-empty list"),
-                      ({"ks": (0.1, 1.5)}, r"^ks must be .* in \[0, 1\]"),
+                      ({"ks": (0.1, 1.5)}, r"^ks must be .* in \[0, 1\].*got \[0\.1, 1\.5\]\.$"),
                       ({"ntk": "yes"}, r"^ntk must be True or False .*got a str \('yes'\)")):
         with pytest.raises(ValueError, match=match):
             fit_outcome(rows, **({"ntk": False, "ks": (0.1,), "folds": 2} | kw))

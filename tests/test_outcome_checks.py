@@ -138,6 +138,8 @@ def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
                 (x[:0], {t: v[:0] for t, v in y.items()}, "R >= 1 rows"),
                 (np.full((60, 3), "a"), y, r"real numbers.*got .*shape \(60, 3\) of dtype <U1"),
                 (np.ones((60, 3), complex), y, "of dtype complex128"),
+                (x[:, :0], y, r"F >= 1 features.*shape \(60, 0\)"),
+                (x, dict(y, failed=y["failed"].astype(str)), r"y\['failed'\].*of dtype <U"),
                 (x, [1.0, 2.0], "y, a dict target"),
                 (x, {t: v for t, v in y.items() if t != "failed"}, r"y\['failed'\].*got none"),
                 (x, dict(y, diverged=y["diverged"][:5]), r"y\['diverged'\].*shape \(5,\)")]

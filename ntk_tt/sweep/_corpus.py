@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import pathlib
 import time
 from collections.abc import Callable, Iterator
@@ -308,7 +309,11 @@ def iter_corpus(out) -> Iterator[dict]:
             raise ValueError(f"{path}: not a corpus file (JSON Lines, .gz too): {err}.") from None
         return
     for p in sorted((path / "runs").glob("*.json")):
-        yield _row(p.read_text(), str(p))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as err:  # a folder named x.json: IsADirectoryError
+            raise ValueError(f"{p}: not a corpus row file (a JSON object): {err}.") from None
+        yield _row(text, str(p))
 
 
 def _row(text: str, where: str) -> dict:
@@ -340,10 +345,17 @@ def read_corpus(path) -> list[dict]:
       ``per_class``, ``momentum``, ``kappa_eff``, ``steps``).
 
     Raises:
-      ValueError: ``path`` does not exist, is a directory without a ``runs/`` folder of rows,
-        or holds no rows; a line or file that is not one JSON object (named with its line).
+      ValueError: ``path`` not a non-empty str / PathLike, does not exist, is a directory
+        without a ``runs/`` folder of rows, or holds no rows; a line or file that is not one
+        JSON object, or not UTF-8 text (named with its line).
     """
-    where = pathlib.Path(path).expanduser()
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"read_corpus needs the path of a corpus directory or .jsonl(.gz) "
+                         f"file, got {path!r}.")
+    try:
+        where = pathlib.Path(path).expanduser()
+    except RuntimeError as err:  # "~nosuchuser/...": no such home directory
+        raise ValueError(f"corpus {str(path)!r}: {err}") from None
     if not where.exists():
         raise ValueError(f"corpus {str(path)!r} does not exist; give a corpus directory or a "
                          ".jsonl(.gz) file of rows.")

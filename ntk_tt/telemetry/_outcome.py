@@ -300,7 +300,7 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
 
     from ntk_tt.dynamics._training_time import training_time_report
 
-    t = truncate(telemetry, int(k))
+    t = truncate(telemetry, k)  # int(k) took 2.7 as 2 and True as 1: truncate refuses them
     loss = np.asarray(t.loss, float)
     steps = telemetry.steps
     grid = np.arange(steps + 1, dtype=float)

@@ -231,7 +231,12 @@ def dataset(rows: Sequence[dict], *, ks: Sequence[float] = DEFAULT_KS, ntk: bool
     if any(not 0.0 <= f <= 1.0 for f in ks):
         raise ValueError(f"prefix fractions must lie in [0, 1], got {tuple(ks)}.")
     lab = run_labels(rows)
-    tele = [Telemetry.from_dict(r["telemetry"]) for r in rows]
+    tele = []
+    for i, r in enumerate(rows):
+        try:
+            tele.append(Telemetry.from_dict(r["telemetry"]))
+        except ValueError as err:  # name the row (the corpus has a thousand)
+            raise ValueError(f"rows[{i}]['telemetry']: {err}") from None
     feats, ys, meta = [], {n: [] for n in TARGETS}, {n: [] for n in
                                                    ("run_id", "task_id", "dataset", "config",
                                                     "k_frac", "loss_name")}
@@ -274,8 +279,9 @@ def check_fit_args(level, folds, seed, ks=DEFAULT_KS, ntk=True) -> None:
     (ValueError naming the argument; a string such as "0.9" is refused)."""
     if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable) or not (ks := list(ks)) \
             or not all(is_real(f) and 0 <= f <= 1 for f in ks) or len(set(ks)) < len(ks):
+        shown = repr(ks) if isinstance(ks, list) and len(repr(ks)) <= 60 else _shown(ks)
         raise ValueError(f"ks must be a non-empty list of distinct prefix fractions in [0, 1] "
-                         f"(e.g. ks=(0.0, 0.1)), got {_shown(ks)}.")
+                         f"(e.g. ks=(0.0, 0.1)), got {shown}.")
     if not isinstance(ntk, (bool, np.bool_)):
         raise ValueError(f"ntk must be True or False (use the NTK prediction's features), got "
                          f"{_shown(ntk)}.")
@@ -362,15 +368,20 @@ def _check_row_values(i: int, r: dict) -> None:
     tele = r["telemetry"]
     if isinstance(tele, dict) and is_real(tele.get("steps")) and tele["steps"] != r["steps"]:
         refuse("['steps']", r["steps"], f"the telemetry's steps ({tele['steps']})")
+    for f in ("run_id", "task_id"):
+        if not isinstance(r[f], str) or not r[f]:
+            refuse(f"[{f!r}]", r[f], "a non-empty string (it groups the rows)")
     o = r["outcome"]
     for f in ("diverged", "failed"):
-        if not isinstance(o[f], (bool, np.bool_)) and o[f] not in (0, 1):
+        if not (isinstance(o[f], (bool, np.bool_)) or (is_real(o[f]) and o[f] in (0, 1))):
             refuse(f"['outcome'][{f!r}]", o[f], "True or False")
+    if not isinstance(o["training_time"], dict):
+        refuse("['outcome']['training_time']", o["training_time"], "a dict {ε: T_ε in steps}")
     acc = o["test_accuracy"]
     if acc is not None and not (is_real(acc) and (math.isnan(acc) or 0 <= acc <= 1)):
         refuse("['outcome']['test_accuracy']", acc, "a fraction in [0, 1] (None or NaN: unknown)")
-    t_eps = o["training_time"].get(T_EPS) if isinstance(o["training_time"], dict) else "?"
+    t_eps = o["training_time"].get(T_EPS)
     if t_eps is not None and not (is_real(t_eps) and (
-            not math.isfinite(t_eps) or 0 <= t_eps <= r["steps"])):
+            math.isnan(t_eps) or t_eps == math.inf or 0 <= t_eps <= r["steps"])):
         refuse(f"['outcome']['training_time'][{T_EPS!r}]", t_eps,
                f"T_ε in steps within [0, steps = {r['steps']}], inf (not reached) or None/NaN")

@@ -112,10 +112,11 @@ def _check_features(x, where: str) -> np.ndarray:
         arr = np.asarray(x)
     except ValueError:  # a ragged nested list
         arr = None
-    if arr is None or arr.ndim != 2 or arr.dtype.kind not in "biuf" or len(arr) == 0:
+    if arr is None or arr.ndim != 2 or arr.dtype.kind not in "biuf" or 0 in arr.shape:
         dtype = "" if arr is None or arr.dtype.kind in "biuf" else f" of dtype {arr.dtype}"
         raise ValueError(f"{where} needs x, the feature matrix (R, F) of real numbers with "
-                         f"R >= 1 rows (an outcome Dataset's .x), got {_describe(x)}{dtype}.")
+                         f"R >= 1 rows and F >= 1 features (an outcome Dataset's .x), got "
+                         f"{_describe(x)}{dtype}.")
     return arr
 
 
@@ -179,9 +180,11 @@ def fit_models(x: np.ndarray, y: dict[str, np.ndarray], seed: int = 0
     for t in TARGETS:
         label = np.asarray(y[t]) if t in y else None
         if label is None or label.shape != (len(x),) or label.dtype.kind not in "biuf":
+            kind = "" if label is None or label.dtype.kind in "biuf" else f" of dtype " \
+                f"{label.dtype}"
             raise ValueError(f"fit_models needs y[{t!r}], real labels of shape ({len(x)},) "
                              f"(one per row of x; NaN = unknown), got "
-                             f"{'none' if label is None else _describe(label)}.")
+                             f"{'none' if label is None else _describe(label)}{kind}.")
         _check_labels(t, label)
     y = {t: np.asarray(y[t]) for t in TARGETS}
     div = y["diverged"] == 1
