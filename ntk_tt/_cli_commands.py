@@ -97,11 +97,15 @@ def _outcome(args, parser) -> int:
         fail(f"runs file {args.runs!r} {what}: give the JSON Lines file of telemetry rows.")
     named = args.predictor in ("auto", "telemetry", "ntk")
     if args.json_path:  # the checks of predict's and suggest's --json (a file is created)
+        from importlib.resources import files
+
         from ntk_tt._output_paths import check_outputs
 
+        shipped = [("shipped outcome predictor", str(files("ntk_tt") / "assets" / name))
+                   for name in ("outcome_ntk.json.gz", "outcome_telemetry.json.gz")]
         try:
             check_outputs(None, args.json_path, args.overwrite,
-                          inputs=(("runs file", args.runs),
+                          inputs=(("runs file", args.runs), *(shipped if named else ()),
                                   ("predictor file", None if named else args.predictor)))
         except ValueError as err:
             fail(str(err))

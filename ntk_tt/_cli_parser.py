@@ -229,7 +229,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
     if rest:
         command = parser.commands.get(args.command, parser)
         flags = [f for a in command._actions for f in a.option_strings if f.startswith("--")]
-        close = [m for r in rest if r.startswith("-")
+        close = [m for r in rest if r.startswith("-") and r != "--"
                  for m in ([f for f in flags if f.startswith(r.split("=")[0])]
                            or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
@@ -240,19 +240,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
 def _flags_first(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """The error for flags given before the command: the command line to type instead (the
     command named later in ``argv``, else the first of predict, suggest, outcome that has the
-    first flag), or, for a flag that command lacks, that it is unknown."""
-    flag = argv[0].split("=")[0]
-
-    def has(command: str) -> bool:
+    first flag) when every flag given is that command's; else which flag it lacks."""
+    def has(command: str, token: str) -> bool:
+        flag = token.split("=")[0]
         flags = [f for a in parser.commands[command]._actions for f in a.option_strings]
         return any(flag == f or (len(f) == 2 and flag.startswith(f)) for f in flags)
 
     named = [a for a in argv if a in parser.commands]
-    command = named[0] if named else next(filter(has, parser.commands), "predict")
+    command = named[0] if named else next(
+        (c for c in parser.commands if has(c, argv[0])), "predict")
     rest = [a for a in argv if a != command] if named else argv
-    if not has(command):
-        parser.error(f"unrecognized argument {argv[0]!r}: give a command first (predict, "
-                     "suggest or outcome; 'ntk-tt COMMAND -h' lists its flags).")
+    flags = [a for a in rest if a.startswith("-") and not NEGATIVE_NUMBER.match(a)]
+    if lacking := [f for f in flags if not has(command, f)]:
+        parser.error(f"unrecognized argument {lacking[0]!r} for 'ntk-tt {command}': give the "
+                     f"command first ('ntk-tt {command} -h' lists its flags; commands: predict, "
+                     "suggest, outcome).")
     parser.error(f"name the command before its flags, e.g. 'ntk-tt {command} "
                  f"{' '.join(rest)}' (commands: predict, suggest, outcome; 'ntk-tt' alone "
                  "runs predict --verify).")

@@ -635,14 +635,29 @@ def test_flags_before_any_command_say_to_name_the_command(argv, typed, capsys):
                    "(commands: predict, suggest, outcome; 'ntk-tt' alone runs predict --verify).")
 
 
-@pytest.mark.parametrize("flag", ["-V", "--bogusflag", "--lr-max3"])
-def test_a_flag_no_command_has_is_called_unrecognized(flag, capsys):
+@pytest.mark.parametrize("argv, flag, command", [
+    (["-V"], "-V", "predict"), (["--bogusflag"], "--bogusflag", "predict"),
+    (["--verify", "outcome"], "--verify", "outcome"),  # a flag of another command
+    (["--lr", "0.01", "--fraction", "0.1"], "--fraction", "predict"),  # flags of two commands
+    (["--seed", "3", "--", "suggest"], "--", "suggest")])
+def test_flags_the_command_lacks_are_named_not_put_in_a_line_that_fails(argv, flag, command,
+                                                                       capsys):
+    """A second fresh user: 'ntk-tt --lr 0.01 --fraction 0.1' was told to type 'ntk-tt
+    predict --lr 0.01 --fraction 0.1', which fails; now the flag the command lacks is named."""
     with pytest.raises(SystemExit) as exit_info:
-        main([flag])
+        main(argv)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"ntk-tt: error: unrecognized argument {flag!r}: give a command first (predict, suggest "
-        "or outcome; 'ntk-tt COMMAND -h' lists its flags).")
+        f"ntk-tt: error: unrecognized argument {flag!r} for 'ntk-tt {command}': give the "
+        f"command first ('ntk-tt {command} -h' lists its flags; commands: predict, suggest, "
+        "outcome).")
+
+
+def test_a_stray_double_dash_gets_no_list_of_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["suggest", "--seed", "3", "--"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "ntk-tt suggest: error: unrecognized arguments: --")
 
 
 def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
@@ -1326,6 +1341,20 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
         main(["outcome", str(runs), "--json", str(runs)])
     assert "is the runs file this command reads" in capsys.readouterr().err
     assert victim.read_bytes() == before and runs.read_text() == "{}\n"
+    # a second fresh user: --json on the shipped predictor that --predictor ntk reads replaced
+    # it (the next run failed); here the package folder is a copy, so a regression harms none
+    package = tmp_path / "package"
+    (package / "assets").mkdir(parents=True)
+    shipped = package / "assets" / "outcome_ntk.json.gz"
+    shipped.write_bytes(b"the shipped predictor")
+    monkeypatch.setattr("importlib.resources.files", lambda name: package)
+    for predictor in ("ntk", "auto"):
+        with pytest.raises(SystemExit):
+            main(["outcome", str(runs), "--predictor", predictor, "--json", str(shipped),
+                  "--overwrite"])
+        assert "is the shipped outcome predictor this command reads" in \
+            capsys.readouterr().err
+    assert shipped.read_bytes() == b"the shipped predictor"
 
 
 def test_python_advice_in_a_job_error_is_said_as_flags():
