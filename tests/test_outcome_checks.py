@@ -170,6 +170,9 @@ def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
     for args, match in [(({}, consts, x), r"models as fit_models returns it.*lacks"),
                         ((models, {k: v for k, v in consts.items() if k != "acc_diverged"}, x),
                          r"consts .*lacks \['acc_diverged'\]"),
-                        ((models, consts, x[:, :2].ravel()), r"x, the feature matrix")]:
+                        ((models, consts, x[:, :2].ravel()), r"x, the feature matrix"),
+                        (({t: "junk" for t in models}, consts, x), r"models\['test_accuracy'\] is "
+                                                                   r"str and"),
+                        ((models, dict(consts, failed="0.5"), x), r"consts\['failed'\] str\.")]:
         with pytest.raises(ValueError, match=match):
             predict_models(*args)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ntk_tt._options import _describe
+from ntk_tt._options import _describe, is_real
 from ntk_tt.telemetry._outcome_features import REGRESSION, TARGETS, check_seed
 
 MIN_LEAF = 10  # LightGBM's min_child_samples: a split needs 2 · MIN_LEAF fitting rows
@@ -220,7 +220,8 @@ def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarr
 
     Raises:
       ValueError: ``models`` or ``consts`` not the dicts :func:`fit_models` returns (a target,
-        or ``consts["acc_diverged"]``, missing); ``x`` not an (R, F) array of real numbers
+        or ``consts["acc_diverged"]``, missing; a model without ``predict``, a constant that is
+        not a number); ``x`` not an (R, F) array of real numbers
         with R >= 1 rows; from LightGBM, ``x`` with another number of features F than the
         models were fitted on.
     """
@@ -231,6 +232,11 @@ def predict_models(models: dict[str, Any], consts: dict[str, float], x: np.ndarr
         if missing:
             raise ValueError(f"predict_models needs {name} as fit_models returns it (models, "
                              f"consts = fit_models(x, y)): {_describe(value)} lacks {missing}.")
+    for t in TARGETS:
+        if not (models[t] is None or hasattr(models[t], "predict")) or not is_real(consts[t]):
+            raise ValueError(f"predict_models needs models and consts as fit_models returns them: "
+                             f"models[{t!r}] is {_describe(models[t])} and consts[{t!r}] "
+                             f"{_describe(consts[t])}.")
     out = {t: _predict_one(t, models[t], x, consts[t]) for t in TARGETS}
     p = out["diverged"]
     acc = np.clip(out["test_accuracy"], 0.0, 1.0)
