@@ -220,14 +220,18 @@ def test_learning_rates_outside_float32s_normal_range_are_refused_or_nan_when_tr
     assert np.isnan(jax.jit(jax.grad(curve))(1e-40))
 
 
-def test_an_integer_spectrum_is_read_as_floats():
+def test_an_integer_or_bfloat16_spectrum_is_read_as_numbers():
     """A fresh user: integer eigenvalues cast η = 0.1 to 0 (a NaN curve; with an optimiser a
-    flat one); they are now converted, and give the float spectrum's curve."""
-    ints = ntk_tt.Spectrum(jnp.array([2, 1]), jnp.array([1, 1]), 4)
+    flat one), and a bfloat16 spectrum was refused as "not all numbers"; both now give the
+    float32 spectrum's curve (bfloat16 to its precision)."""
     floats = ntk_tt.Spectrum(jnp.array([2.0, 1.0]), jnp.array([1.0, 1.0]), 4)
+    ints = ntk_tt.Spectrum(jnp.array([2, 1]), jnp.array([1, 1]), 4)
+    halves = ntk_tt.Spectrum(*(jnp.asarray(v, jnp.bfloat16) for v in floats[:2]), 4)
     for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1, momentum=0.5))):
-        np.testing.assert_allclose(ntk_tt.predict_curve_from_spectrum(ints, steps=3, **kw),
-                                   ntk_tt.predict_curve_from_spectrum(floats, steps=3, **kw))
+        want = ntk_tt.predict_curve_from_spectrum(floats, steps=3, **kw)
+        np.testing.assert_allclose(ntk_tt.predict_curve_from_spectrum(ints, steps=3, **kw), want)
+        np.testing.assert_allclose(np.asarray(ntk_tt.predict_curve_from_spectrum(
+            halves, steps=3, **kw), np.float32), want, rtol=1e-2)
 
 
 def test_schedules_refuse_what_the_cli_refuses():

@@ -44,7 +44,7 @@ def check_real_field(value, name: str) -> None:
     imaginary part with a ComplexWarning) or strings and objects are refused before any work.
     """
     dtype = value.dtype if isinstance(value, jax.core.Tracer) else np.asarray(value).dtype
-    if dtype.kind not in "iuf":
+    if dtype.kind not in "iuf" and not jnp.issubdtype(dtype, jnp.floating):  # bfloat16: 'V'
         raise ValueError(f"{name} must be real numbers, got " + (
             f"complex values ({dtype}): take the real part, np.real(...), if the imaginary "
             "parts are rounding (a symmetric kernel's eigh gives real eigenvalues, eig may not)"
