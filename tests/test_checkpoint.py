@@ -60,7 +60,8 @@ def test_load_checkpoint_refuses_a_path_that_is_not_a_path():
     gave a two-line message (the module's repr cut at 40 characters)."""
     model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
     for bad, kind in ((5, "an int"), (b"ck", "a bytes"), (model, "a SmallResNet"),
-                      ([tuple(range(30))], "a list")):
+                      ([tuple(range(30))], "a list"),
+                      ("", r"a str \(empty\)")):  # "" was read as the current folder
         with pytest.raises(ValueError, match=r"^path must be the checkpoint folder's path \(str "
                                              r"or os\.PathLike\), or None for the shipped "
                                              rf"checkpoint; got {kind}: pass e\.g\. "

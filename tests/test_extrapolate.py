@@ -232,6 +232,16 @@ def test_curve_from_spectrum_refuses_bad_spectrum_values(field, value, match):
             warnings.simplefilter("error")  # a complex spectrum gave a ComplexWarning first
             with pytest.raises(ValueError, match=match):
                 ntk_tt.predict_curve_from_spectrum(spec, steps=10, **kw)
+    r = np.random.default_rng(0).normal(size=(6, 3))  # kernel_spectrum, a third fresh user:
+    ints = ntk_tt.kernel_spectrum(np.eye(18, dtype=int), r)  # worked in integers (μ = 0)
+    floats = ntk_tt.kernel_spectrum(np.eye(18), r)
+    assert ints.eigenvalues.dtype.kind == "f"
+    np.testing.assert_allclose(ints.eigenvalues, floats.eigenvalues)
+    np.testing.assert_allclose(ints.projections, floats.projections, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"needs N >= 1 samples"):  # an empty Spectrum
+        ntk_tt.kernel_spectrum(np.zeros((0, 0)), np.zeros((0, 3)))
+    with pytest.raises(ValueError, match=r"kernel_spectrum .*cannot run under jax\.jit"):
+        jax.jit(ntk_tt.kernel_spectrum)(np.eye(18), r)  # was a TracerArrayConversionError
     empty = ntk_tt.Spectrum(np.zeros(0), np.zeros(0), 4)  # was an all-zero curve
     with pytest.raises(ValueError, match=r"of one length K >= 1 .*got shapes \(0,\) and \(0,\)"):
         ntk_tt.predict_curve_from_spectrum(empty, steps=10, learning_rate=0.1)

@@ -167,6 +167,20 @@ def test_bad_arguments_raise(kw, match):
 def test_bad_table_and_prediction_raise():
     with pytest.raises(ValueError, match="lacks columns"):
         ntk_tt.fit_intervals(pd.DataFrame({"real_T0.1": [1.0]}))
+    # a fresh user: a NaN κ̃ went to the '>8' bin, "False" strings counted as diverged, and a
+    # column real_T0_1 was read as ε = 1 (float("0_1")), real_T1.5 made groups at ε = 1.5
+    good = synthetic(np.random.default_rng(8), 10)
+    nan_kappa = good.copy()
+    nan_kappa.loc[0, "kappa_eff"] = np.nan
+    strings = good.assign(real_diverged=good["real_diverged"].astype(str))
+    for frame, match in ((nan_kappa, r"kappa_eff must be a finite number >= 0 in every row .*"
+                                     r"got nan in row 0"),
+                         (strings, r"column real_diverged must hold bools, got dtype (object|str)"),
+                         (good.rename(columns={"real_T0.1": "real_T0_1"}),
+                          r"column real_T0_1: its ε must be a decimal number in \(0, 1\)"),
+                         (good.rename(columns={"real_T0.1": "real_T1.5"}), r"real_T1\.5")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.fit_intervals(frame)
     cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(7), 10))
     with pytest.raises(ValueError, match="positive"):
         cal.interval(0.0, 1.0, 0.1, "gd")

@@ -385,6 +385,8 @@ BAD_POINT = [
     (dict(batch_size=4), "pass key"),
     (dict(batch_size=N + 1), "batch_size must satisfy"),
     (dict(y_test=np.zeros(NT, int)), "held-out data need all three"),
+    # a fresh user: "no" (truthy) ran as Nesterov, as predict_from_kernel refuses it
+    (dict(momentum=0.5, nesterov="no"), "nesterov must be True or False"),
 ]
 
 
@@ -422,6 +424,7 @@ BAD_GRID = [
     (dict(window=2), "window must be an odd int"),
     # issue 27: optimizer= is taken (tests/test_boundary_optimizer.py); Adam needs an AdamKernel
     (dict(optimizer=ntk_tt.adamw(1e-3)), r"pass kernel=ntk_tt.adam_head_aware_kernel"),
+    (dict(nesterov=2), "nesterov must be True or False"),
 ]
 
 

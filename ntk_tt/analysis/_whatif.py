@@ -56,6 +56,7 @@ from ntk_tt.analysis._whatif_core import (
     _sensitivity_core,
 )
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
+from ntk_tt.dynamics._checks import flag
 from ntk_tt.dynamics._divergence import DIVERGES
 from ntk_tt.dynamics._regime import kernel_travel
 from ntk_tt.training._optimizer_run import check_shorthand
@@ -181,7 +182,7 @@ def sensitivities(
         return out
     _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
-    nesterov = False if nesterov is None else nesterov
+    nesterov = flag(nesterov)  # "no" is truthy: refused, as predict_from_kernel refuses it
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
                  steps)
     kind, data, y, y_test, batch_size, extra = _prepare(
@@ -299,6 +300,7 @@ def divergence_boundary(
                         nesterov=nesterov)
     else:
         _optimizer_only("divergence_boundary", a=a, a_test=a_test)
+        nesterov = flag(nesterov)
     lrs = _check_grid(learning_rates, "learning_rates", 0.0, None,
                       "pass positive step sizes, e.g. np.geomspace(1e-4, 1e-1, 32).")
     ms = _check_grid(momenta, "momenta", 0.0, 1.0,

@@ -94,9 +94,10 @@ def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, An
 def read_checked(path: str | os.PathLike | None):
     """:func:`read_meta`'s checks; ``(path, meta, graphdef, state, target)`` (meta's abstract
     model split, the ShapeDtypeStructs of its weights), which :func:`restore` fills."""
-    if path is not None and not isinstance(path, (str, os.PathLike)):
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path).strip()):
         raise ValueError(f"path must be the checkpoint folder's path (str or os.PathLike), or "
-                         f"None for the shipped checkpoint; got {a_type(path)}: pass e.g. "
+                         f"None for the shipped checkpoint; got {a_type(path)}"
+                         f"{' (empty)' if isinstance(path, str) else ''}: pass e.g. "
                          "load_checkpoint('my_ckpt').")
     path = Path(path if path is not None else DEFAULT_CHECKPOINT).absolute()
     if not path.is_dir():

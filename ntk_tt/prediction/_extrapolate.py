@@ -32,6 +32,7 @@ import numpy as np
 from ntk_tt._options import is_real
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate, rate_ok
 from ntk_tt.data._inputs import as_array
+from ntk_tt.data._model import check_concrete
 from ntk_tt.dynamics._checks import check_gram
 from ntk_tt.prediction._spectrum_linalg import (
     _check_finite,
@@ -83,17 +84,22 @@ def kernel_spectrum(kernel, residual) -> Spectrum:
 
     Raises:
       ValueError: arguments that are not arrays or lists of numbers, shapes that do not match,
-        non-finite entries, or a kernel that is not symmetric (or has a negative diagonal
-        entry): not an empirical NTK Θ = J Jᵀ.
+        no samples, non-finite entries, a traced argument (no jit / vmap / grad), or a kernel
+        that is not symmetric (or has a negative diagonal entry): not an empirical NTK.
     """
+    check_concrete("kernel_spectrum", takes="predict_curve_from_spectrum", kernel=kernel,
+                   residual=residual)
     kernel, residual = as_array(kernel, "kernel"), as_array(residual, "residual")
+    if np.size(residual) == 0:
+        raise ValueError(f"kernel_spectrum needs N >= 1 samples, got residual of shape "
+                         f"{np.shape(residual)}.")
     mat, traced = _operator(kernel, residual, "kernel")
     _check_finite("kernel", mat)
     check_gram(kernel)
     _check_finite("residual", residual)
     n = np.shape(residual)[0]
     lam, p = _eig(mat, np.asarray(residual, np.float64), traced)
-    dtype = jnp.result_type(kernel)
+    dtype = jnp.result_type(float, kernel, residual)  # an integer kernel: floats, not ints
     return Spectrum(jnp.asarray(lam / n, dtype), jnp.asarray(p, dtype), n)
 
 

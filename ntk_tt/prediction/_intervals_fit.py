@@ -4,6 +4,8 @@ the residuals log(real T_ε / predicted T_ε) of its rows, grouped as the module
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ntk_tt.prediction._intervals import (
@@ -16,6 +18,8 @@ from ntk_tt.prediction._intervals import (
     kappa_bin,
 )
 from ntk_tt.prediction._intervals_range import rule_source
+
+_EPS = re.compile(r"0?\.\d+|\d+(\.\d*)?(e-?\d+)?")  # a column's ε as the sweep writes it (:g)
 
 
 def residuals(frame, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -55,7 +59,9 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     Raises:
       ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
         "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
-        columns missing, or no defined residual; ``frame`` not a pandas DataFrame.
+        columns missing, a ``real_T<ε>`` column whose ε is not in (0, 1), a kappa_eff that is
+        NaN or negative, diverged columns that are not bools, or no defined residual;
+        ``frame`` not a pandas DataFrame.
     """
     import pandas as pd
 
@@ -69,13 +75,25 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
         raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
     if not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be a positive int, got {min_count!r}.")
-    eps_all = sorted(float(c[len("real_T"):]) for c in frame.columns if c.startswith("real_T"))
+    names = [c[len("real_T"):] for c in frame.columns if c.startswith("real_T")]
+    eps_all = sorted(float(e) for e in names if _EPS.fullmatch(e) and 0 < float(e) < 1)
+    if bad := [e for e in names if not (_EPS.fullmatch(e) and 0 < float(e) < 1)]:
+        raise ValueError(f"column real_T{bad[0]}: its ε must be a decimal number in (0, 1), as "
+                         "the sweep names them (real_T0.1, pred_T0.1).")
     need = {"kappa_eff", "optimizer", "real_diverged", "pred_diverged",
             *(f"pred_T{e:g}" for e in eps_all)}
     missing = sorted(need - set(frame.columns)) + ([] if eps_all else ["real_T<eps>"])
     if missing:
         raise ValueError(f"the table lacks columns {missing}: pass a sweep results table.")
-    bins = [kappa_bin(k, edges) for k in frame["kappa_eff"].to_numpy(float)]
+    kappas = frame["kappa_eff"].to_numpy(float)
+    if not np.isfinite(kappas).all() or (kappas < 0).any():
+        i = int(np.flatnonzero(~(np.isfinite(kappas) & (kappas >= 0)))[0])
+        raise ValueError(f"kappa_eff must be a finite number >= 0 in every row (it picks the "
+                         f"interval's κ̃ bin), got {kappas[i]} in row {i}.")
+    for c in ("real_diverged", "pred_diverged"):
+        if frame[c].dtype.kind not in "biuf":  # strings: "False" is truthy
+            raise ValueError(f"column {c} must hold bools, got dtype {frame[c].dtype}.")
+    bins = [kappa_bin(k, edges) for k in kappas]
     opts = frame["optimizer"].astype(str).to_numpy()
     groups: dict = {}
     used = np.zeros(len(frame), bool)  # rows with a residual: the N and T calibrated
