@@ -60,8 +60,9 @@ def check_search(optimizer: Optimizer, *, n, steps, key, head_aware, warmups, ka
                          "softplus relaxation gives η_t < 0 for warmups shorter than "
                          "smoothing; build the template's warmup_cosine without smoothing.")
     if adam and not head_aware:
-        raise ValueError("Adam has no frozen-kernel predictor: pass head=ntk_tt.split_head("
-                         "model) (the fast head-aware Adam predictor), not predictor='linear'.")
+        raise ValueError("Adam has no frozen-kernel predictor, which suggest uses without "
+                         "head=: pass head=ntk_tt.split_head(model) (the fast head-aware Adam "
+                         "predictor).")
     if adam and not optimizer.decoupled and _maybe_nonzero(optimizer.weight_decay):
         raise ValueError("the fast Adam predictor needs decoupled weight decay: use "
                          "ntk_tt.adamw(...) as the template.")
