@@ -166,6 +166,12 @@ def test_bad_arguments_raise_value_error():
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=d + 1, key=key)
     with pytest.raises(ntk_tt.NTKMemoryError, match="sketch_dim"):
         ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=key, memory_limit=100)
+    with pytest.raises(ntk_tt.NTKMemoryError, match=r"the route is already 'forward'"):
+        ntk_tt.sketched_ntk(apply_fn, params, x, sketch_dim=4, key=key, memory_limit=100,
+                            route="forward")  # told to use route='forward' before
+    with pytest.raises(ValueError, match=r"sketched_ntk .*cannot run under jax\.jit"):
+        jax.jit(lambda xx: ntk_tt.sketched_ntk(apply_fn, params, xx, sketch_dim=4,
+                                               key=key).features)(x)
 
 
 def _costly_warnings(apply_fn, params, x, sketch_dim, **kw):

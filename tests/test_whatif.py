@@ -340,6 +340,8 @@ def test_plot_whatif_returns_labelled_figure(mse_grid):
     assert ntk_tt.plot_whatif(grid, ax=ax2) is fig2
     with pytest.raises(ValueError, match="WhatIfGrid"):
         ntk_tt.plot_whatif({"diverged": grid.diverged})
+    with pytest.raises(ValueError, match=r"ax must be a matplotlib Axes .*got str"):
+        ntk_tt.plot_whatif(grid, ax="foo")  # was an AttributeError
 
 
 def test_plot_whatif_draws_no_boundary_where_the_grid_has_none(mse_grid):

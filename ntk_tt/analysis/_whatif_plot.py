@@ -36,7 +36,8 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
 
     Raises:
       ValueError: ``grid_result`` is not a :class:`ntk_tt.WhatIfGrid` or its arrays do not have the
-        shapes (G_m, G_η), (G_m,), (G_η,); pass the result of ``divergence_boundary``.
+        shapes (G_m, G_η), (G_m,), (G_η,); pass the result of ``divergence_boundary``. ``ax``
+        not a matplotlib Axes (or None).
     """
     if not isinstance(grid_result, WhatIfGrid):
         raise ValueError(f"grid_result must be the WhatIfGrid returned by "
@@ -52,8 +53,13 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
         raise ValueError(f"grid_result arrays do not match its grid {shape} (momenta × "
                          "learning rates); pass the result of divergence_boundary unchanged.")
     div = div | (said == DIVERGES)  # predict's divergence "yes", as the boundary
+    from matplotlib.axes import Axes
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
+
+    if ax is not None and not isinstance(ax, Axes):
+        raise ValueError(f"ax must be a matplotlib Axes (e.g. fig.add_subplot()) or None for a "
+                         f"new figure, got {type(ax).__name__}.")
 
     new = ax is None
     if new:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt.data._inputs import check_key
-from ntk_tt.data._model import ApplyFn, check_model, num_params
+from ntk_tt.data._model import ApplyFn, check_concrete, check_model, num_params
 from ntk_tt.kernels._blocks import check_block_size, output_dtype, sample_blocks
 from ntk_tt.kernels._memory import NTKMemoryError, available_memory, format_bytes
 from ntk_tt.kernels._structured import project, structured_jacobian
@@ -202,7 +202,7 @@ def sketched_ntk(
     Raises:
       ValueError: bad model/input (``check_model``), ``sketch_dim`` ≤ 0, ``block_size`` ≤ 0,
         unknown ``distribution`` or ``route``, ``key`` not a key, ``param_scale`` not shaped
-        like ``params`` or non-finite.
+        like ``params`` or non-finite, a traced ``params`` or ``x`` (no jit / vmap / grad).
       NTKMemoryError: features plus blocks exceed the available memory (before any work).
 
     Warns:
@@ -216,6 +216,7 @@ def sketched_ntk(
         so in neither case does D/2 < D' ≤ D warn.
     """
     check_block_size(block_size)
+    check_concrete("sketched_ntk", takes="predict_from_kernel", params=params, x=x)
     _check_args(params, sketch_dim, key, distribution, route, param_scale)
     n, c = check_model(apply_fn, params, x)
     _warn_costly(sketch_dim, num_params(params), n * c, param_scale is None)
@@ -275,7 +276,9 @@ def _plan_sketch(n, c, d, sketch_dim, itemsize, route, block_size, memory_limit)
         raise NTKMemoryError(
             f"the sketched NTK (N·C={n * c}, D'={sketch_dim}, D={d}, route={route!r}, "
             f"block_size={bs}) needs about {format_bytes(need)} but only "
-            f"{format_bytes(avail)} is available. Use a smaller sketch_dim or block_size, "
-            "route='forward' (no Jacobian block), or ntk_vector_product for Θ·v."
+            f"{format_bytes(avail)} is available. Use a smaller sketch_dim"
+            + (" or block_size, route='forward' (no Jacobian block)," if route == "reverse"
+               else " (the features alone need it; the route is already 'forward'),")
+            + " or ntk_vector_product for Θ·v."
         )
     return bs

@@ -50,7 +50,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
         ``weight_decay``, ``nesterov``, ``decoupled`` (absent: "constant", 0, False, True),
         recorded in ``source``.
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
-        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used.
+        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used
+        (else the next coarser one; the pooled group, the last resort, whatever its count).
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
 
     Returns:
