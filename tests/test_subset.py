@@ -173,6 +173,31 @@ def test_bad_input_is_refused_before_any_kernel_work(kwargs, match, monkeypatch)
         ntk_tt.predict_from_subset(apply_fn, params, x, y, **kw)
 
 
+def test_a_traced_argument_is_one_line_naming_the_jittable_spectrum_path(monkeypatch):
+    """Under jax.jit / grad the subset prediction used to fail deep inside with a raw
+    TracerArrayConversionError (a fresh user's find); now one ValueError names the traced
+    argument and the jittable part (predict_curve_from_spectrum on the spectrum)."""
+    apply_fn, params, x, y = _task()
+
+    def refuse(*_, **__):
+        raise AssertionError("kernel work started before the traced argument was refused")
+
+    monkeypatch.setattr("ntk_tt.prediction._subset.empirical_ntk", refuse)
+    kw = dict(subset_size=30, steps=10, key=jax.random.key(0))
+
+    def by_lr(lr):
+        return ntk_tt.predict_from_subset(apply_fn, params, x, y, learning_rate=lr, **kw).loss
+
+    def by_params(p):
+        return ntk_tt.predict_from_subset(apply_fn, p, x, y, learning_rate=0.1, **kw).loss[-1]
+
+    match = r"cannot run under jax\.jit, vmap or grad \({} is traced\).*predict_curve_from_spectrum"
+    with pytest.raises(ValueError, match=match.format("learning_rate")):
+        jax.jit(by_lr)(0.1)
+    with pytest.raises(ValueError, match=match.format("params")):
+        jax.grad(by_params)(params)
+
+
 def test_class_with_too_few_samples_is_named():
     apply_fn, params, x, _ = _task(n=30)
     y = np.array([0] * 20 + [1] * 6 + [2] * 4)

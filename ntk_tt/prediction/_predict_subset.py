@@ -23,7 +23,7 @@ def _check_rule(optimizer, n, steps, learning_rate, batch_size, momentum, nester
     """The update rule's checks; returns the method the curve is: "closed_form" for
     constant-η GD (the keywords, or ``ntk_tt.sgd(η)``: (1 − η μ_k)^(2t)), "discrete" for the
     rest of the SGD family (each mode's exact recursion)."""
-    from ntk_tt.prediction._subset import check_gd_mse
+    from ntk_tt.prediction._subset_checks import check_gd_mse
 
     check_gd_mse(loss, batch_size, momentum, n, who=WHO)
     if optimizer is None:
@@ -81,13 +81,8 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
         :func:`ntk_tt.predict_from_subset` before any kernel work ("the subset of N' = ...
         samples holds ... of each of the K = ... classes: ..."; it names no argument).
     """
-    from ntk_tt.prediction._subset import (
-        SUBSET_METHODS,
-        PowerLawFitError,
-        check_subset_key,
-        check_subset_size,
-        predict_from_subset,
-    )
+    from ntk_tt.prediction._subset import SUBSET_METHODS, PowerLawFitError, predict_from_subset
+    from ntk_tt.prediction._subset_checks import check_subset_key, check_subset_size
 
     n = int(np.shape(x)[0])
     done = _check_rule(optimizer, n, steps, learning_rate, batch_size, momentum, nesterov, loss,

@@ -23,8 +23,8 @@ import numpy as np
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt._options import _is_int
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate
-from ntk_tt.data._inputs import as_array, check_key, check_real
-from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.data._inputs import as_array, check_real
+from ntk_tt.data._model import ApplyFn, check_concrete, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import beyond_edge, divergence
 from ntk_tt.dynamics._predict_kernel import EPSILONS
@@ -41,6 +41,7 @@ from ntk_tt.prediction._extrapolate import (
     predict_curve_from_spectrum,
 )
 from ntk_tt.prediction._spectrum_sgd import check_spectrum_optimizer
+from ntk_tt.prediction._subset_checks import check_gd_mse, check_subset_key, check_subset_size
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 from ntk_tt.training._timing import Stopwatch, timed_stage
 
@@ -92,65 +93,6 @@ class PowerLawFitError(ValueError):
     """The power-law extrapolation of the subset's spectrum failed, after the kernel work
     (``extrapolate_spectrum``'s ValueError, its message unchanged): ``ntk_tt.predict(subset=)``,
     which takes no k0 or fit_range, words it for its own arguments."""
-
-
-def check_subset_key(key, *, who="predict_from_subset") -> None:
-    """ValueError unless ``key`` is a jax random key (the subset is drawn at random);
-    ``who``: the call the message names."""
-    if key is None:
-        raise ValueError(f"{who} draws the subset at random: pass key=jax.random.key(seed).")
-    check_key(key)
-
-
-def check_gd_mse(loss, batch_size, momentum, n, *, who="predict_from_subset") -> None:
-    """ValueError unless the training is full-batch GD on the MSE loss (the only case with a
-    spectrum formula). ``who``: the call the messages name ("predict_from_subset", or
-    "predict(subset=...)" on ``ntk_tt.predict``'s subset path); the advice names no other
-    call's arguments (the full kernel is ``ntk_tt.predict`` without ``subset``, momentum an
-    ``optimizer=`` instead of ``learning_rate=`` and ``momentum=``, both calls take them)."""
-    if loss != "mse":
-        raise ValueError(
-            f"{who} predicts the mean MSE loss ½‖f − onehot(y)‖² (Prop. 2 from the kernel's "
-            f"spectrum, App. D) and nothing else; got loss={loss!r}: use loss='mse', or "
-            "ntk_tt.predict without subset (the full kernel) for cross-entropy.")
-    if batch_size is not None and not (_is_int(batch_size) and batch_size == n):
-        raise ValueError(
-            f"{who} predicts full-batch gradient descent only (B = N = {n}); got "
-            f"batch_size={batch_size!r}: pass batch_size=None, or ntk_tt.predict without "
-            "subset (the full kernel) for SGD.")
-    check_real(momentum, "momentum")
-    if float(momentum) != 0.0:
-        raise ValueError(
-            f"{who}'s momentum= keyword is plain gradient descent only (momentum 0; the "
-            f"closed form has no velocity); got momentum={momentum!r}: for heavy-ball or "
-            f"Nesterov momentum pass optimizer=ntk_tt.sgd(learning_rate, momentum=m) to {who} "
-            "instead of learning_rate= and momentum=.")
-
-
-def check_subset_size(subset_size, y: np.ndarray, *, name="subset_size",
-                      full="use ntk_tt.predict or kernel_spectrum") -> int:
-    """ValueError unless ``subset_size`` is an int N' in [K, N), a multiple of the K classes
-    present in ``y``, with N'/K samples available in every class; returns K. ``name``: the
-    argument the messages name ("subset" for ``ntk_tt.predict(subset=...)``); ``full``: the
-    advice for N' = N (the full kernel)."""
-    n = int(np.shape(y)[0])
-    classes, counts = np.unique(np.asarray(y), return_counts=True)
-    k = len(classes)
-    if not _is_int(subset_size):
-        raise ValueError(f"{name} must be an integer N' (samples in the subset), got "
-                         f"{subset_size!r}.")
-    if not (k <= subset_size < n and subset_size % k == 0):
-        raise ValueError(
-            f"{name} N' = {subset_size} must be a multiple of the K = {k} classes in y with "
-            f"K <= N' < N = {n} (a class-balanced strict subset; N' = N is the full kernel: "
-            f"{full}); e.g. {max(k, (n // 4) // k * k)}.")
-    per = subset_size // k
-    if counts.min() < per:
-        c = classes[np.argmin(counts)]
-        raise ValueError(
-            f"{name} N' = {subset_size} needs {per} samples of each of the K = {k} classes, "
-            f"but class {c} has only {counts.min()}; choose N' <= {k * counts.min()}.")
-    return k
 
 
 STABLE_PER_CLASS = 4
@@ -296,7 +238,9 @@ def predict_from_subset(
         subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
         samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
         k0 / fit_range out of range, slope_correction < 0, rcond not in (0, 1),
-        forward_block_size < 1. After the eigendecomposition, as :class:`PowerLawFitError` (a
+        forward_block_size < 1; a traced params, x, y, learning_rate or optimizer (no
+        ``jax.jit``, ``vmap`` or ``grad`` over it: jit ``predict_curve_from_spectrum`` on the
+        spectrum instead). After the eigendecomposition, as :class:`PowerLawFitError` (a
         ValueError, the power-law fit's message): no power-law projection tail reaching ‖δy‖²
         (choose another k0), or a fit range reaching numerically zero eigenvalues.
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
@@ -319,6 +263,9 @@ def predict_from_subset(
 def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps, method, key,
                        k0, fit_range, slope_correction, rcond, loss, batch_size, momentum,
                        forward_block_size, optimizer) -> SubsetPrediction:
+    check_concrete("predict_from_subset", params=params, x=x, y=y, learning_rate=learning_rate,
+                   optimizer=optimizer, takes="predict_curve_from_spectrum, on the spectrum "
+                   "of extrapolate_spectrum or nystrom_spectrum")
     x = as_array(x, "x")
     n = int(np.shape(x)[0])
     if optimizer is not None:
@@ -379,8 +326,8 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
     div = divergence(jnp.asarray(curve))
     at, spike = int(div.diverged_at), int(div.spiked_at)
     n, n_sub = len(y), len(idx)
-    k0_used = None if method == "nystrom" else (max(1, min(100, n_sub // 4)) if k0 is None
-                                                else int(k0))
+    k0_used = None if method == "nystrom" else max(1, min(100, n_sub // 4)) if k0 is None \
+        else int(k0)
     run = {"steps": int(steps), "num_train": n, "subset_size": n_sub, "method": method,
            "k0": k0_used, "loss": "mse"}
     if optimizer is None:
