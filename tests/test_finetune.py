@@ -177,6 +177,26 @@ def test_compare_refuses_a_run_on_other_data_or_weights():
             ntk_tt.compare(pred, run)
 
 
+def test_compare_refuses_a_run_with_another_held_out_set():
+    """Same training, other held-out inputs: the step-0 held-out losses differ and compare
+    says so (before, it put one set's predicted accuracy beside another's real one); the
+    same held-out set is accepted."""
+    params, x, y = problem()
+    xt, yt = x[:8] + 0.5, y[:8]
+    kw = dict(learning_rate=0.1, steps=4)
+    pred = ntk_tt.predict(mlp, params, x, y, x_test=xt, y_test=yt, **kw)
+    same = ntk_tt.finetune(mlp, params, x, y, x_test=xt, y_test=yt, record_test_curves=True,
+                           **kw)
+    assert abs(pred.test_loss[0] - same.test_loss[0]) <= 1e-5 * same.test_loss[0]
+    ntk_tt.compare(pred, same)
+    other = ntk_tt.finetune(mlp, params, x, y, x_test=3 * xt, y_test=yt[::-1],
+                            record_test_curves=True, **kw)
+    with pytest.raises(ValueError, match=rf"different held-out losses \(test_loss at step 0: "
+                                         rf"predicted {pred.test_loss[0]:.6g}, fine-tuned "
+                                         rf"{other.test_loss[0]:.6g}\).*same x_test, y_test"):
+        ntk_tt.compare(pred, other)
+
+
 def test_core_vmaps_over_learning_rate_and_momentum():
     params, x, y = problem()
     batches = ntk_tt.batch_indices(jax.random.key(0), N, 8, 9)

@@ -204,6 +204,13 @@ def _check_same_training(prediction: Prediction, run: FineTuneRun) -> None:
             f"step 0: predicted {a:.6g}, fine-tuned {b:.6g}), so they were made on different "
             "data or weights; predict and fine-tune with the same model, weights and training "
             "data (x, y).")
+    if prediction.test_loss is not None and run.test_loss is not None:
+        a, b = float(prediction.test_loss[0]), float(run.test_loss[0])
+        if not np.isclose(a, b, rtol=L0_RTOL, atol=0, equal_nan=True):
+            raise ValueError(
+                f"the prediction and the fine-tuning run start from different held-out losses "
+                f"(test_loss at step 0: predicted {a:.6g}, fine-tuned {b:.6g}), so their "
+                "held-out sets differ: pass the same x_test, y_test to predict and finetune.")
 
 
 # the prediction's step-0 loss is the model's loss at θ0, so with the same model, weights and
@@ -288,7 +295,9 @@ def compare(prediction: Prediction, run: FineTuneRun) -> dict[str, Any]:
         ``ntk_tt.sgd(η, m)`` without decay) — they would not describe the same training;
         or (the rest alike) their initial losses L_0 (``loss[0]``) differ by more than
         ``L0_RTOL`` = 1e-3 relative: made on other data or weights (the same ones agree to
-        float32 rounding).
+        float32 rounding); likewise their held-out losses at step 0 when both have a held-out
+        curve (the run's needs ``record_test_curves=True``; without one the held-out sets
+        are not compared).
     """
     _check_same_training(prediction, run)
     real_t, real_why = real_training_time(run)
