@@ -251,9 +251,9 @@ def _check_source(o: dict[str, Any]) -> None:
     ``/``) an existing file, the split a string and the default ``"train"`` unless the
     dataset is a TFDS name (:func:`_check_split`), a ``data_dir`` an existing folder."""
     seed = o["seed"]
-    if not _is_int(seed) or not -2**63 <= seed < 2**63:
-        raise ValueError(f"seed (--seed) must be an integer that fits in 64 bits "
-                         f"(-2**63 <= seed < 2**63, as jax.random.key takes), got {seed!r}.")
+    if not _is_int(seed) or not 0 <= seed < 2**32:  # key(2**32) = key(0), key(-1) = key(2**32-1)
+        raise ValueError(f"seed (--seed) must be an integer in [0, 2**32) (jax.random.key keeps "
+                         f"32 bits: 2**32 would draw seed 0's task), got {seed!r}.")
     name = o["dataset"]
     if not isinstance(name, str):
         raise ValueError(f"dataset (--dataset) must be a string: a short name such as "

@@ -1092,8 +1092,9 @@ BEFORE_JAX = [
     (["predict", "--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
     (["predict", "-K", "1"], "num_classes (K) must be >= 2"),
     (["predict", "-n", "0"], "per_class (n) must be >= 1"),
-    (["predict", "--seed", str(2**63)], "seed (--seed) must be an integer that fits in 64"),
-    (["suggest", "--seed", str(-2**63 - 1)], "seed (--seed) must be an integer that fits"),
+    (["predict", "--seed", str(2**32)], "seed (--seed) must be an integer in [0, 2**32) "
+                                        "(jax.random.key keeps 32 bits: 2**32 would draw"),
+    (["suggest", "--seed", "-1"], "seed (--seed) must be an integer in [0, 2**32)"),
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
     (["predict", "--dataset", "TMP"], "dataset 'TMP' is a folder; pass the .npz file in it."),
