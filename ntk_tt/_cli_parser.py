@@ -223,6 +223,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
     option meant when one is close (argparse's own reports the top-level usage). Flags before
     any command (``ntk-tt --lr 0.01``) are an error that says to name the command first."""
     parser = _parser()
+    if argv[:1] == ["--"] and argv[1:2] and argv[1] in parser.commands:
+        argv = argv[1:]  # POSIX: "--" ends options; there are none before the command
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version", "--"):
         _flags_first(parser, argv)
     args, rest = parser.parse_known_args(argv)

@@ -653,6 +653,17 @@ def test_flags_the_command_lacks_are_named_not_put_in_a_line_that_fails(argv, fl
         "outcome).")
 
 
+def test_a_leading_double_dash_before_the_command_ends_no_options(capsys):
+    """``ntk-tt -- predict ...`` (POSIX: "--" ends the options, and there are none before the
+    command) is ``ntk-tt predict ...``; argparse said "invalid choice: '--'" (a fresh user's
+    find). The predict flags after it are parsed as predict's."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--", "predict", "--lr", "-1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "ntk-tt: error: learning_rate (--lr) must be a finite number > 0")
+
+
 def test_a_stray_double_dash_gets_no_list_of_every_flag(capsys):
     with pytest.raises(SystemExit):
         main(["suggest", "--seed", "3", "--"])
