@@ -27,21 +27,26 @@ def _with_loss(rows, name):
 
 
 def test_a_loss_other_than_the_corpus_s_is_out_of_domain(tmp_path, capsys):
-    """The shipped predictor (fitted on cross-entropy runs; its file keeps no loss names)
-    flags an MSE run first and not a cross-entropy one; a predictor fitted on MSE runs keeps
-    its loss names through save/load and flags a cross-entropy run; a mixed corpus flags
-    neither; so does ntk-tt outcome's line."""
+    """The shipped predictor (fitted on cross-entropy runs), and one whose file keeps no loss
+    names (written before they were kept), flag an MSE run first and not a cross-entropy
+    one; a predictor fitted on MSE runs keeps its loss names through save/load and flags a
+    cross-entropy run; a mixed corpus flags neither; so does ntk-tt outcome's line."""
     from ntk_tt.cli import main
 
     rows = _corpus(40)
     ce = Telemetry.from_dict(rows[0]["telemetry"])
     mse = dataclasses.replace(ce, loss_name="mse")
     shipped = default_outcome_predictor()
-    assert "loss_names" not in shipped.info
-    assert all(f["feature"] != "loss_is_mse" for f in shipped.predict(ce, k=4)["out_of_domain"])
-    flag = shipped.predict(mse, k=4)["out_of_domain"][0]
-    assert flag == {"feature": "loss_is_mse", "value": 1.0, "low": 0.0, "high": 0.0,
-                    "by": 1.0, "relative": None}
+    assert shipped.info["loss_names"] == ["cross_entropy"]
+    # a file written before the loss names were kept was fitted on cross-entropy runs
+    legacy = dataclasses.replace(shipped, info={k: v for k, v in shipped.info.items()
+                                                if k != "loss_names"})
+    for predictor in (shipped, legacy):
+        assert all(f["feature"] != "loss_is_mse"
+                   for f in predictor.predict(ce, k=4)["out_of_domain"])
+        flag = predictor.predict(mse, k=4)["out_of_domain"][0]
+        assert flag == {"feature": "loss_is_mse", "value": 1.0, "low": 0.0, "high": 0.0,
+                        "by": 1.0, "relative": None}
     fitted = fit_outcome(_with_loss(rows, "mse"), ntk=False, ks=(0.1,), folds=2)
     fitted.save(tmp_path / "p.json")
     back = OutcomePredictor.load(tmp_path / "p.json")
