@@ -156,6 +156,34 @@ def test_sketch_dim_without_a_sketch_or_sde_is_refused_not_ignored(model):
             ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, sketch_dim=8, **kw)
 
 
+def test_a_sketch_larger_than_the_model_is_refused_before_any_work(model, monkeypatch):
+    """sketch_dim=10**6 on a small model ran for over 10 minutes (a fresh user's find; the
+    CLI refused it at once): now one ValueError naming D, for the sketched kernel (also its
+    default D' = 256 on a model smaller than that) and the SDE noise sketch, with the
+    constant-η keywords and optimizer=."""
+    apply_fn, params, x, y, _, _ = model
+    d = ntk_tt.num_params(params)
+
+    def refuse(*_, **__):
+        raise AssertionError("a sketch was drawn before the refusal")
+
+    monkeypatch.setattr("ntk_tt.sketched_ntk", refuse)
+    key = jax.random.key(0)
+    cases = [(dict(kernel="sketch", sketch_dim=10**6), "1000000 exceeds", "kernel='exact', or "),
+             (dict(method="sde", sketch_dim=d + 1), f"{d + 1} exceeds", "use sketch_dim <=")]
+    if d < 256:
+        cases.append((dict(kernel="sketch"), r"256 \(the default\) exceeds", "kernel='exact'"))
+    for kw, size, advice in cases:
+        for rule in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1))):
+            with pytest.raises(ValueError, match=rf"sketch_dim D' = {size} the model's D = "
+                                                 rf"{d} parameters.*{advice}"):
+                ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, **kw, **rule)
+    monkeypatch.undo()  # D' = D is allowed (the SDE noise draws its sketch)
+    small = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, learning_rate=0.1,
+                           method="sde", sketch_dim=d, num_paths=2)
+    assert np.isfinite(small.loss).all()
+
+
 def test_predict_rejects_labels_not_matching_n_or_c(model):
     apply_fn, params, x, y, _, _ = model
     with pytest.raises(ValueError, match="shape"):

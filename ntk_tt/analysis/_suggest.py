@@ -167,7 +167,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
 
     from ntk_tt.data._model import check_model
     from ntk_tt.dynamics._checks import check_labels
-    from ntk_tt.prediction._predict import _check_predictor
+    from ntk_tt.prediction._predict_checks import _check_predictor
     from ntk_tt.training._timing import Stopwatch
 
     if optimizer is not None:

@@ -28,32 +28,13 @@ from ntk_tt.dynamics._checks import (
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
-from ntk_tt.kernels._head_aware import check_head_reproduces, check_kernel_backbone
+from ntk_tt.kernels._head_aware import check_kernel_backbone
+from ntk_tt.prediction._predict_checks import DEFAULT_SKETCH_DIM as DEFAULT_SKETCH_DIM
+from ntk_tt.prediction._predict_checks import _check_kinds, _check_predictor
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
-
-DEFAULT_SKETCH_DIM = 256
-
-
-def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
-    if sketch_dim is not None and (not isinstance(sketch_dim, (int, np.integer))
-                                   or sketch_dim < 1):
-        raise ValueError(f"sketch_dim must be a positive int (D'), got {sketch_dim!r}.")
-    if sketch_dim is not None and kernel != "sketch" and method != "sde":
-        raise ValueError(
-            f"sketch_dim only applies to kernel='sketch' (and the SGD noise of method='sde'), "
-            f"got sketch_dim={sketch_dim!r} with kernel={kernel!r}, method={method!r}: drop "
-            "sketch_dim, or pass kernel='sketch' for a sketched kernel.")
-    why = [w for w, on in (("kernel='sketch' draws sketch directions", kernel == "sketch"),
-                           ("method='sde' draws Brownian paths", method == "sde"),
-                           (f"batch_size={batch_size} < N = {n} draws minibatch orders",
-                            batch_size < n)) if on]
-    if why and key is None:  # only the sources that apply (a fresh user was told kernel='exact')
-        raise ValueError(f"{' and '.join(why)}: pass key=jax.random.key(seed).")
 
 
 def check_test(apply_fn, params, x_test, y_test, c):
@@ -225,7 +206,9 @@ def predict(
         m ∉ [0, 1) (or 0 with Nesterov), nesterov not True / False / None, B ∉ [1, N],
         steps < 1, unknown method / loss /
         kernel, missing key,
-        ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused),
+        ``sketch_dim`` without kernel='sketch' or method='sde' (it would be unused), a
+        sketch dimension D' above the model's D parameters (kernel='sketch', also at the
+        default 256; an explicit one for the SDE noise: it costs more than the exact kernel),
         closed form with cross-entropy or SGD, non-finite Θ, an unknown predictor or backbone,
         a backbone other than "isotropic" for the linear predictor (it would be unused),
         ``subspace_dim`` without ``backbone="subspace"`` or with ``head_kernel`` (built with
@@ -301,7 +284,7 @@ def predict(
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
-                                  x)
+                                  x, sketch_dim)
     if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) \
             or not 1 <= segments <= steps or (segments > 1 and not head_aware):
         raise ValueError(
@@ -360,35 +343,3 @@ def predict(
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
     return with_targets(_to_prediction(out, method, kernel, hyper, seconds), targets)
-
-
-def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:
-    """Validate the predictor options; True for the head-aware predictor."""
-    from ntk_tt.kernels._head_aware import BACKBONES
-
-    if predictor not in PREDICTORS:
-        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
-    if backbone not in BACKBONES:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
-    if predictor == "linear" or (predictor == "auto" and head is None):
-        if backbone != "isotropic":  # it would be unused (the CLI refuses it too)
-            raise ValueError(f"backbone={backbone!r} sets the head-aware predictor's feature "
-                             "kernel; the linear predictor (predictor='linear', or no head=) "
-                             "has none: drop backbone, or pass head=ntk_tt.split_head(model).")
-        return False
-    if head is None:
-        raise ValueError(
-            "predictor='head_aware' needs head=ntk_tt.split_head(model) (backbone features "
-            "and the linear head); with a bare apply_fn use predictor='linear'.")
-    if method != "discrete":
-        raise ValueError(
-            f"the head-aware predictor uses the exact discrete recursion, got method="
-            f"{method!r}; use method='auto' or predictor='linear'.")
-    if kernel == "sketch":
-        raise ValueError("the head-aware predictor takes k_b from the exact logit-summed "
-                         "kernel; use kernel='exact' or predictor='linear' with a sketch.")
-    if not (isinstance(head, tuple) and len(head) == 4 and callable(head[0])):
-        raise ValueError("head must be (feature_fn, backbone_params, head_kernel, head_bias) "
-                         "as returned by ntk_tt.split_head(model).")
-    check_head_reproduces(head, apply_fn, params, x)
-    return True

@@ -52,14 +52,8 @@ from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL, warn_travel, weight_travel
 from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
-from ntk_tt.prediction._predict import (
-    DEFAULT_SKETCH_DIM,
-    _check_kinds,
-    _check_predictor,
-    _kernels,
-    _logits,
-    check_test,
-)
+from ntk_tt.prediction._predict import _kernels, _logits, check_test
+from ntk_tt.prediction._predict_checks import DEFAULT_SKETCH_DIM, _check_kinds, _check_predictor
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -124,7 +118,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     method = resolve_method(method)
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn,
-                                  params, x)
+                                  params, x, sketch_dim)
     if not _is_int(segments) or not 1 <= segments <= steps or (segments > 1 and not head_aware):
         raise ValueError(f"segments must be an int in [1, steps] and > 1 only with the "
                          f"head-aware predictor, got {segments!r}.")
