@@ -165,9 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--sketch-dim", type=int, default=None,
                    help="D' of the random projection; only with --kernel sketch or --method sde "
                    "(default there: 256)")
-    q.add_argument("--num-paths", type=int, default=d["num_paths"],
-                   help="SGD batch orders (or SDE paths) averaged, with -B < N; path 0 is "
-                   "the --verify run's order (same --seed), so 1 predicts that very run")
+    q.add_argument("--num-paths", type=int, default=argparse.SUPPRESS,
+                   help="SGD batch orders (or SDE paths) averaged, with -B < N only; path 0 is "
+                   "the --verify run's order (same --seed), so 1 predicts that very run "
+                   f"(default there: {d['num_paths']})")
     for flag, dest, what in (
             ("--loss-target", "loss_targets", "mean training loss L* > 0"),
             ("--error-target", "error_targets", "training error rate e* in [0, 1]"),
@@ -335,8 +336,9 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--refine-steps", type=int, default=d["refine_steps"],
                    help="jax.grad evaluations refining the best grid point in (log η, m) (with "
                    "--optimizer: (log peak η, warmup)); 0: none")
-    q.add_argument("--num-paths", type=int, default=d["num_paths"],
-                   help="SGD batch orders averaged in each predicted SGD curve")
+    q.add_argument("--num-paths", type=int, default=argparse.SUPPRESS,
+                   help="SGD batch orders averaged in each predicted SGD curve, with a -B < N "
+                   f"only (default there: {d['num_paths']})")
     q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
                    help="training loss")
     q.add_argument("--predictor", default=d["predictor"],

@@ -150,6 +150,10 @@ def one_error_line(args, capsys):
     (["--num-paths", "-3"], "num_paths (--num-paths) must be an integer in [1, 4096]"),
     # a fresh user: 10⁶ paths took 17.5 GB for N = 10
     (["--num-paths", "1000000", "-B", "3"], "must be an integer in [1, 4096] (SGD noise"),
+    # a fresh user: --num-paths with GD was silently ignored (its JSON recorded it)
+    (["--num-paths", "4"], "num_paths (--num-paths) averages SGD batch orders (or SDE paths) "
+                           "and full-batch GD has one (no -B, or -B N): give -B < N"),
+    (["--num-paths", "4", "-n", "2", "-B", "10"], "and full-batch GD has one"),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
@@ -600,9 +604,11 @@ def test_every_predict_option_has_help_and_its_default_shown(capsys):
         main(["predict", "-h"])
     text = " ".join(capsys.readouterr().out.split())
     for flag, default in (("-n", 150), ("-T", 150), ("--lr", 0.002), ("--loss", "cross_entropy"),
-                          ("--num-paths", 32), ("--head-scale", 0.3), ("--overwrite", False)):
+                          ("--head-scale", 0.3), ("--overwrite", False)):
         action = next(a for a in actions if flag in a.option_strings)
         assert f"{' '.join(action.help.split())} (default: {default})" in text, flag
+    # given only with -B < N (refused with GD), so its default is the one used there
+    assert "so 1 predicts that very run (default there: 32)" in text
 
 
 def test_version_and_help_need_no_jax(tmp_path, capsys):
@@ -1106,6 +1112,9 @@ BEFORE_JAX = [
     (["predict", "--seed", str(2**32)], "seed (--seed) must be an integer in [0, 2**32) "
                                         "(jax.random.key keeps 32 bits: 2**32 would draw"),
     (["suggest", "--seed", "-1"], "seed (--seed) must be an integer in [0, 2**32)"),
+    (["suggest", "-B", "N", "--num-paths", "4"], "num_paths (--num-paths) averages SGD batch "
+                                                 "orders and the batch sizes searched are "
+                                                 "full-batch GD only (-B N)"),
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
     (["predict", "--dataset", "TMP"], "dataset 'TMP' is a folder; pass the .npz file in it."),
