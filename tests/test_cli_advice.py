@@ -204,6 +204,10 @@ def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
         check_labels(np.arange(8.0) % 3, 8, 3)  # a second fresh user: was told "not one-hot"
     with pytest.raises(ValueError, match=r"cast the bool class indices to int, e\.g\. "):
         check_labels(np.arange(8) % 2 == 0, 8, 3)  # a third: bool labels were called float
+    # a fourth: labels + 0.5 were told y.astype(int), which truncates them to other classes
+    with pytest.raises(ValueError, match=r"dtype float32; 8 of them are not whole numbers "
+                                         r"\(e\.g\. 0\.5\): class labels are the integers 0 "):
+        check_labels(np.arange(8, dtype=np.float32) % 3 + 0.5, 8, 3)
 
 
 def test_a_figure_that_cannot_be_written_loses_no_result(task, tmp_path, capsys, monkeypatch):
