@@ -136,7 +136,10 @@ def _outcome(args, parser) -> int:
             k = (args.updates if args.updates is not None else
                  int(round(args.fraction * tele.steps)) if args.fraction is not None else have)
             if k > have:
-                fail(f"run {i} has {have} recorded updates, fewer than the {k} asked for.")
+                asked = (f"--updates {k}" if args.updates is not None else
+                         f"--fraction {args.fraction:g} of its steps = {tele.steps}")
+                fail(f"{args.runs}, run {i}: {have} recorded updates, fewer than the {k} asked "
+                     f"for ({asked}); ask for fewer, or give the run's telemetry up to there.")
             try:
                 res = model.predict(tele, pred if model.ntk else None, k=k)
             except ValueError as err:

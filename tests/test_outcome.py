@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import ntk_tt
 from ntk_tt.dynamics._training_time import training_time
 from ntk_tt.telemetry._outcome import (
     OutcomePredictor,
@@ -333,7 +334,11 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     (["RUNS", "--updates", "-1"], "--updates must be >= 0"),
     (["RUNS", "--fraction", "1.5"], r"--fraction must be in \[0, 1\]"),
     (["RUNS", "--predictor", "nope"], "neither auto, telemetry, ntk nor a file"),
-    (["RUNS", "--updates", "99", "--predictor", "P"], "fewer than the 99 asked for"),
+    (["RUNS", "--updates", "99", "--predictor", "P"], r"runs\.jsonl, run 1: 40 recorded "
+                                                      r"updates, fewer than the 99 asked for "
+                                                      r"\(--updates 99\); ask for fewer"),
+    (["SHORT", "--fraction", "0.5"], r"short\.jsonl, run 1: 4 recorded updates, fewer than "
+                                     r"the 20 asked for \(--fraction 0\.5 of its steps = 40\)"),
     (["RUNS", "--predictor", "ntk"], "has no 'prediction'"),
     (["BAD"], "line 1: not JSON"),
     (["LIST"], r"expected a JSON object per line \(or a JSON list of objects\), got a list "
@@ -347,9 +352,11 @@ def test_outcome_cli_bad_input_is_one_line(args, match, tmp_path, capsys):
     runs.write_text(json.dumps(rows[0]["telemetry"]) + "\n")
     (tmp_path / "bad.jsonl").write_text("{oops\n")
     (tmp_path / "list.jsonl").write_text("[1,2]\n")
+    short = ntk_tt.truncate(Telemetry.from_dict(rows[0]["telemetry"]), 4)  # a run in progress
+    (tmp_path / "short.jsonl").write_text(json.dumps(short.to_dict()) + "\n")
     fit_outcome(rows, ntk=False, ks=(0.1,), folds=2).save(tmp_path / "p.json")
     subs = {"RUNS": str(runs), "BAD": str(tmp_path / "bad.jsonl"), "P": str(tmp_path / "p.json"),
-            "LIST": str(tmp_path / "list.jsonl")}
+            "LIST": str(tmp_path / "list.jsonl"), "SHORT": str(tmp_path / "short.jsonl")}
     with pytest.raises(SystemExit) as exc:
         main(["outcome", *[subs.get(a, a) for a in args]])
     err = capsys.readouterr().err.strip().splitlines()
