@@ -218,6 +218,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# predict's schedule flags given to suggest, whose optimizer search has a fixed schedule
+SUGGEST_SCHEDULE = {
+    "--schedule": "is always warmup-cosine with --optimizer (constant η without); it searches "
+                  "the peak --lr-min/--lr-max and the warmup fraction --warmups",
+    **{flag: "is not searched: the warmup-cosine decays to 0 at T_max"
+       for flag in ("--end-lr", "--decay-end", "--decay-start", "--decay-rate")},
+}
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     """``(args, parser)`` of ``argv``. An unrecognised argument of a command (abbreviations
     are refused on purpose: ``--opt``) is that command's error, with its usage line and the
@@ -236,6 +245,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
                  for m in ([f for f in flags if f.startswith(r.split("=")[0])]
                            or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
+        fixed = [r for r in rest if r.split("=")[0] in SUGGEST_SCHEDULE]
+        if args.command == "suggest" and fixed:  # not a near miss: suggest has no such flag
+            hint = (f" (suggest's schedule is not chosen: {fixed[0].split('=')[0]} "
+                    f"{SUGGEST_SCHEDULE[fixed[0].split('=')[0]]})")
         command.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     return args, parser
 

@@ -670,6 +670,21 @@ def test_a_leading_double_dash_before_the_command_ends_no_options(capsys):
         "ntk-tt: error: learning_rate (--lr) must be a finite number > 0")
 
 
+@pytest.mark.parametrize("given", [["--schedule", "warmup-cosine"], ["--schedule=constant"],
+                                   ["--end-lr", "0"], ["--decay-rate", "0.9"]])
+def test_predicts_schedule_flags_on_suggest_say_what_suggest_searches(given, capsys):
+    """A fresh user: 'suggest --optimizer adamw --schedule warmup-cosine' was asked "did you
+    mean --seed?"; suggest has no schedule flags (its search is warmup-cosine), so the
+    message says that and names the flags it has."""
+    with pytest.raises(SystemExit):
+        main(["suggest", "--optimizer", "adamw", *given])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("ntk-tt suggest: error: unrecognized arguments: --") and \
+        "suggest's schedule is not chosen: " in err and "did you mean" not in err, err
+    if given[0].startswith("--schedule"):
+        assert "searches the peak --lr-min/--lr-max and the warmup fraction --warmups" in err
+
+
 def test_a_stray_double_dash_gets_no_list_of_every_flag(capsys):
     with pytest.raises(SystemExit):
         main(["suggest", "--seed", "3", "--"])
