@@ -877,6 +877,8 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
     (other / "spec.json").write_text(recorded)
     line = refused(module, ["--out", str(other), "--smoke"], capsys)
     assert "holds a sweep with a different grid" in line and "choose a new --out" in line
+    # the fields that differ, with their flags and values (a fresh user had to guess them)
+    assert f"spec.json: SweepSpec.steps (--steps) stored 5, now {smoke.steps}); " in line
     assert sorted(p.name for p in other.iterdir()) == ["spec.json"]  # no rows/ made
     assert (other / "spec.json").read_text() == recorded
     from ntk_tt.sweep._run import run_sweep
@@ -884,6 +886,15 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
     with pytest.raises(ValueError, match="different grid"):  # the API refuses it too
         run_sweep(smoke, other)
     assert sorted(p.name for p in other.iterdir()) == ["spec.json"]
+    # a damaged row file is refused before any work (it counted as present and the resume
+    # failed only after every other row's kernels, predictions and fine-tunes: a fresh user)
+    (other / "spec.json").write_text(json.dumps(spec_to_dict(smoke)))
+    (other / "rows").mkdir()
+    (other / "rows" / "r.json").write_text('{"bad json')
+    line = refused(module, ["--out", str(other), "--smoke"], capsys)
+    assert f": error: row file {other / 'rows' / 'r.json'} is damaged (" in line
+    with pytest.raises(ValueError, match="is damaged .*delete it and run the same command"):
+        run_sweep(smoke, other)
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

@@ -38,6 +38,7 @@ from ntk_tt.sweep._grid import (
     Config,
     SweepSpec,
     Task,
+    _field,
     check_batch_below_n,
     plan,
     row_id,
@@ -48,7 +49,7 @@ from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._outcomes import outcome_columns
 from ntk_tt.sweep._predictions import PRIMARY, _hyper, _kernel, _predict_group, _t_eps, _variants
 from ntk_tt.sweep._summary import promote, summarize
-from ntk_tt.sweep._table import ResultsTable, read_table
+from ntk_tt.sweep._table import ResultsTable, read_rows, read_table
 from ntk_tt.sweep._targets import target_columns
 
 
@@ -224,21 +225,37 @@ def _write_json(path: pathlib.Path, data) -> None:
 
 
 def check_resume(spec: SweepSpec, out) -> None:
-    """Refuse to resume into ``out`` if its ``spec.json`` records another grid (nothing is
-    read but that file, nothing written).
+    """Refuse to resume into ``out`` if its ``spec.json`` records another grid or a row file
+    is damaged (nothing is read but those files, nothing written).
 
     Raises:
-      ValueError: ``out`` holds a sweep of a different grid.
+      ValueError: ``out`` holds a sweep of a different grid (the fields that differ named
+        with their flags), or a row file that is not JSON (:func:`read_rows`; a fresh user's
+        damaged row counted as present, and the resume failed only after all its work).
     """
+    read_rows(pathlib.Path(out) / "rows")
     spec_path = pathlib.Path(out) / "spec.json"
+    differs = ""
     try:
         old = _read_json(spec_path, None)
         same = old is None or spec_from_dict(old) == spec
+        if not same:  # the fields that differ, with their flags (a fresh user had to guess)
+            stored, now = spec_to_dict(spec_from_dict(old)), spec_to_dict(spec)
+            differs = ": " + "; ".join(
+                f"{_field(k)} stored {_listed(stored[k])}, now {_listed(now[k])}"
+                for k in now if stored.get(k) != now[k])
     except (TypeError, ValueError):  # unreadable JSON, or a grid this version refuses
         same = False
     if not same:
-        raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}); resume it "
-                         "with the same options or choose a new --out.")
+        raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}{differs}); "
+                         "resume it with the same options or choose a new --out.")
+
+
+def _listed(value) -> str:
+    """A spec field's value as the flags take it: tuples as space-separated lists (None: N)."""
+    if isinstance(value, (tuple, list)):
+        return " ".join("N" if v is None else str(v) for v in value)
+    return repr(value)
 
 
 def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,

@@ -156,15 +156,7 @@ class ResultsTable:
           ValueError: a row file that is not JSON (rows are written atomically, so only
             outside damage does that), naming it: delete it and the resume redoes that row.
         """
-        paths = sorted(p for p in self.rows_dir.glob("*.json") if not p.name.startswith("."))
-        records = []
-        for p in paths:
-            try:
-                records.append(json.loads(p.read_text()))
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
-                                 "command again: that row is redone") from None
-        frame = pd.DataFrame.from_records(records)
+        frame = pd.DataFrame.from_records(read_rows(self.rows_dir))
         return frame.sort_values("row_id").reset_index(drop=True) if len(frame) else frame
 
     def consolidate(self) -> pathlib.Path:
@@ -180,6 +172,24 @@ class ResultsTable:
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, path)
         return path
+
+
+def read_rows(rows_dir: pathlib.Path) -> list[dict]:
+    """The row files of ``rows_dir`` (a sweep's ``rows/``; none when it is missing), each one
+    JSON object, in file-name order.
+
+    Raises:
+      ValueError: a row file that is not JSON (rows are written atomically, so only outside
+        damage does that), naming it: delete it and the resume redoes that row.
+    """
+    records = []
+    for p in sorted(p for p in rows_dir.glob("*.json") if not p.name.startswith(".")):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
+                             "command again: that row is redone") from None
+    return records
 
 
 def read_table(out: str | os.PathLike) -> pd.DataFrame:
