@@ -7,7 +7,7 @@ import numpy as np
 
 from ntk_tt._options import KERNELS, PREDICTORS
 from ntk_tt.data._model import num_params
-from ntk_tt.kernels._head_aware import check_head_reproduces
+from ntk_tt.kernels._head_aware import BACKBONES, check_head_reproduces
 
 DEFAULT_SKETCH_DIM = 256
 
@@ -31,13 +31,10 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
         raise ValueError(f"{' and '.join(why)}: pass key=jax.random.key(seed).")
 
 
-
 def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x,
                      sketch_dim=None) -> bool:
     """Validate the predictor options (and the linear predictor's sketch size: D' above D is
     refused, 10**6 on a small model was a hang); True for the head-aware predictor."""
-    from ntk_tt.kernels._head_aware import BACKBONES
-
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
     if backbone not in BACKBONES:
