@@ -208,6 +208,13 @@ def test_messages_name_the_flag_and_fit_the_mistake(tmp_path):
     with pytest.raises(ValueError, match=r"dtype float32; 8 of them are not whole numbers "
                                          r"\(e\.g\. 0\.5\): class labels are the integers 0 "):
         check_labels(np.arange(8, dtype=np.float32) % 3 + 0.5, 8, 3)
+    from ntk_tt.training._finetune_checks import _labels  # finetune's (a second probe)
+
+    for labels in (check_labels, lambda y, n, c: _labels(y, n, c, "y")):
+        with pytest.raises(ValueError, match=r"2 of them are not whole numbers \(e\.g\. inf\)"):
+            labels(np.array([0.0, 1.0, 2.0, np.inf] * 2), 8, 3)
+        with pytest.raises(ValueError, match=r"8 of them are not whole numbers \(e\.g\. 0\.5\)"):
+            labels(np.arange(8.0) % 3 + 0.5, 8, 3)
 
 
 def test_a_figure_that_cannot_be_written_loses_no_result(task, tmp_path, capsys, monkeypatch):

@@ -17,7 +17,7 @@ def check_labels(y, n: int, c: int, *, name: str = "y") -> jax.Array:
     y = as_array(y, name)
     if np.shape(y) != (n,) or not jnp.issubdtype(jnp.result_type(y), jnp.integer):
         hint = ("pass class indices, not one-hot vectors" if np.ndim(y) == 2 else
-                _cast_hint(y) if np.shape(y) == (n,) else
+                cast_hint(y) if np.shape(y) == (n,) else
                 f"give one label per input ({n} inputs)")
         raise ValueError(
             f"{name} must be integer class labels of shape ({n},) matching the logits, got "
@@ -45,13 +45,17 @@ def check_two_classes(y, name: str = "y") -> None:
             "classes, e.g. from ntk_tt.sample_task(data, num_classes=K) with K >= 2.")
 
 
-def _cast_hint(y) -> str:
+def cast_hint(y) -> str:
     """The advice for labels (N,) of a non-integer dtype: cast them, unless some are not whole
     numbers (a fresh user: ``y + 0.5`` was told ``y.astype(int)``, which truncates 0.5 to 0)."""
     yc = _concrete(y)
-    if yc is not None and jnp.issubdtype(yc.dtype, jnp.floating):
-        frac = np.asarray(yc)[np.asarray(yc) != np.round(np.asarray(yc))]
+    if yc is None:  # traced: the values cannot be seen
+        return (f"cast the {jnp.result_type(y)} class indices to int (if they are whole "
+                "numbers), e.g. y.astype(int)")
+    if jnp.issubdtype(np.asarray(yc).dtype, jnp.floating):
+        v = np.asarray(yc)
+        frac = v[~np.isfinite(v) | (v != np.round(v))]
         if frac.size:
             return (f"{frac.size} of them are not whole numbers (e.g. {frac[0]:g}): class labels "
                     "are the integers 0 ... C − 1, so check how they were made")
-    return f"cast the {jnp.result_type(y)} class indices to int, e.g. y.astype(int)"
+    return f"cast the {np.asarray(yc).dtype} class indices to int, e.g. y.astype(int)"

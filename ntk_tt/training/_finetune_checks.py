@@ -9,13 +9,14 @@ import numpy as np
 
 from ntk_tt.data._inputs import as_array, check_real
 from ntk_tt.dynamics._checks import check_two_classes
+from ntk_tt.dynamics._label_checks import cast_hint
 
 
 def _labels(y, n, c, name):
     y = np.asarray(as_array(y, name))
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
         hint = ("pass labels, not one-hot rows" if y.ndim == 2 else
-                "cast them to int, e.g. y.astype(int)" if y.shape == (n,) else
+                cast_hint(y) if y.shape == (n,) else
                 f"give one label per input ({n} inputs)")
         raise ValueError(f"{name} must be integer class labels of shape ({n},), got "
                          f"{y.dtype} {y.shape}; {hint}.")
