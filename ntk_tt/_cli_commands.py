@@ -57,10 +57,12 @@ def _suggest(args, parser, run: dict) -> int:
             opts["warmups"] = parse_floats(opts["warmups"], "warmups (--warmups)", "0,0.1,0.2")
         _, rest = split_optimizer_options(_options_only(opts))
         checked = check_suggest_job(rest, opts["json_path"], opts["overwrite"])
-        if "num_paths" in opts and all(b is None for b in checked["batch_sizes"]):
+        n_train = checked["num_classes"] * checked["per_class"]
+        if "num_paths" in opts and all(b is None or b >= n_train for b in checked["batch_sizes"]):
             raise ValueError("num_paths (--num-paths) averages SGD batch orders and the batch "
-                             "sizes searched are full-batch GD only (-B N): add a -B < N, or "
-                             "drop --num-paths.")
+                             f"sizes searched are full-batch GD only (-B N, N = {n_train}): "
+                             f"{'give' if opts['optimizer'] else 'add'} a -B < N, or drop "
+                             "--num-paths.")
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
     opts["batch_sizes"] = checked["batch_sizes"]

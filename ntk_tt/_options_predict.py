@@ -143,8 +143,9 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
     check_options(o)
     if "num_paths" in options and o["batch_size"] in (None, o["num_classes"] * o["per_class"]):
         raise ValueError("num_paths (--num-paths) averages SGD batch orders (or SDE paths) and "
-                         "full-batch GD has one (no -B, or -B N): give -B < N, or drop "
-                         "--num-paths.")
+                         "full-batch GD has one (no -B, or -B N): "
+                         + ("drop --num-paths (--subset predicts GD only)." if o["subset"] else
+                            "give -B < N, or drop --num-paths."))
     check_job_targets(o)
     check_outputs(figure_path, json_path, overwrite, inputs=dataset_input(o))
     return o

@@ -154,6 +154,8 @@ def one_error_line(args, capsys):
     (["--num-paths", "4"], "num_paths (--num-paths) averages SGD batch orders (or SDE paths) "
                            "and full-batch GD has one (no -B, or -B N): give -B < N"),
     (["--num-paths", "4", "-n", "2", "-B", "10"], "and full-batch GD has one"),
+    (["--num-paths", "4", "--subset", "100", "--loss", "mse"],
+     "full-batch GD has one (no -B, or -B N): drop --num-paths (--subset predicts GD only)."),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
@@ -1129,7 +1131,10 @@ BEFORE_JAX = [
     (["suggest", "--seed", "-1"], "seed (--seed) must be an integer in [0, 2**32)"),
     (["suggest", "-B", "N", "--num-paths", "4"], "num_paths (--num-paths) averages SGD batch "
                                                  "orders and the batch sizes searched are "
-                                                 "full-batch GD only (-B N)"),
+                                                 "full-batch GD only (-B N, N = 750): add a"),
+    (["suggest", "-K", "2", "-n", "10", "-B", "20", "--num-paths", "4"],  # B = N as a number
+     "full-batch GD only (-B N, N = 20)"),
+    (["suggest", "--optimizer", "adamw", "--num-paths", "4"], "(-B N, N = 750): give a -B < N"),
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
     (["predict", "--dataset", "TMP"], "dataset 'TMP' is a folder; pass the .npz file in it."),
