@@ -196,6 +196,15 @@ def test_a_traced_argument_is_one_line_naming_the_jittable_spectrum_path(monkeyp
         jax.jit(by_lr)(0.1)
     with pytest.raises(ValueError, match=match.format("params")):
         jax.grad(by_params)(params)
+    # a second probe: the subset draw's key, momentum, slope_correction and rcond were raw
+    for name, value, extra in (("key", jax.random.key(1), {}), ("momentum", 0.0, {}),
+                               ("slope_correction", 0.5, {}),
+                               ("rcond", 1e-6, {"method": "nystrom"})):
+        def by(v, name=name, extra=extra):
+            args = dict(kw, learning_rate=0.1, **extra) | {name: v}
+            return ntk_tt.predict_from_subset(apply_fn, params, x, y, **args).loss
+        with pytest.raises(ValueError, match=match.format(name)):
+            jax.jit(by)(value)
 
 
 def test_class_with_too_few_samples_is_named():

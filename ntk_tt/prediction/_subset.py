@@ -238,10 +238,11 @@ def predict_from_subset(
         subset_size not an int in [K, N) and a multiple of K or a class with fewer than N'/K
         samples, η not finite > 0, steps < 1, an unknown method, power-law options with "nystrom",
         k0 / fit_range out of range, slope_correction < 0, rcond not in (0, 1),
-        forward_block_size < 1; a traced params, x, y, learning_rate or optimizer (no
-        ``jax.jit``, ``vmap`` or ``grad`` over it: jit ``predict_curve_from_spectrum`` on the
-        spectrum instead). After the eigendecomposition, as :class:`PowerLawFitError` (a
-        ValueError, the power-law fit's message): no power-law projection tail reaching ‖δy‖²
+        forward_block_size < 1; a traced argument (params, x, y, learning_rate, optimizer,
+        key, momentum, k0, fit_range, slope_correction, rcond: no ``jax.jit``, ``vmap`` or
+        ``grad`` over it; jit ``predict_curve_from_spectrum`` on the spectrum instead). After
+        the eigendecomposition, as :class:`PowerLawFitError` (a ValueError, the power-law
+        fit's message): no power-law projection tail reaching ‖δy‖²
         (choose another k0), or a fit range reaching numerically zero eigenvalues.
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
 
@@ -264,8 +265,10 @@ def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps
                        k0, fit_range, slope_correction, rcond, loss, batch_size, momentum,
                        forward_block_size, optimizer) -> SubsetPrediction:
     check_concrete("predict_from_subset", params=params, x=x, y=y, learning_rate=learning_rate,
-                   optimizer=optimizer, takes="predict_curve_from_spectrum, on the spectrum "
-                   "of extrapolate_spectrum or nystrom_spectrum")
+                   optimizer=optimizer, key=key, momentum=momentum, k0=k0, fit_range=fit_range,
+                   slope_correction=slope_correction, rcond=rcond,
+                   takes="predict_curve_from_spectrum, on the spectrum of extrapolate_spectrum "
+                   "or nystrom_spectrum")
     x = as_array(x, "x")
     n = int(np.shape(x)[0])
     if optimizer is not None:
