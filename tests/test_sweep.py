@@ -895,6 +895,17 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
     assert f": error: row file {other / 'rows' / 'r.json'} is damaged (" in line
     with pytest.raises(ValueError, match="is damaged .*delete it and run the same command"):
         run_sweep(smoke, other)
+    for text in ("[]", "null", "{}"):  # JSON, but no row (a second probe: raw KeyError later)
+        (other / "rows" / "r.json").write_text(text)
+        with pytest.raises(ValueError, match=r"is damaged \(not a row: a JSON object with a "
+                                             r"row_id\)"):
+            run_sweep(smoke, other)
+    (other / "rows" / "r.json").unlink()
+    (other / "spec.json").write_text(json.dumps(spec_to_dict(dataclasses.replace(
+        smoke, noise_dim=smoke.noise_dim + 1))))
+    with pytest.raises(ValueError, match=r"SweepSpec\.noise_dim stored \d+, now \d+; a field "
+                                         r"without a flag comes from --preset \(--smoke\)\)"):
+        run_sweep(smoke, other)
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

@@ -259,7 +259,8 @@ class SweepSpec:
 # the fields whose values name rows (Task.id, Config.id) or variants (sketch{D'})
 def _field(name: str) -> str:
     """``SweepSpec.<name>`` and, where ``experiments/sweep.py`` has one, its flag."""
-    flag = f" (--{name.replace('_', '-')})" if name in (*_NAMED_ROWS, "datasets", "steps") else ""
+    flag = (f" (--{name.replace('_', '-')})" if name in (*_NAMED_ROWS, "datasets", "steps",
+                                                         "checkpoint") else "")
     return f"SweepSpec.{name}{flag}"
 
 

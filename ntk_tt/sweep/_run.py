@@ -241,9 +241,11 @@ def check_resume(spec: SweepSpec, out) -> None:
         same = old is None or spec_from_dict(old) == spec
         if not same:  # the fields that differ, with their flags (a fresh user had to guess)
             stored, now = spec_to_dict(spec_from_dict(old)), spec_to_dict(spec)
-            differs = ": " + "; ".join(
-                f"{_field(k)} stored {_listed(stored[k])}, now {_listed(now[k])}"
-                for k in now if stored.get(k) != now[k])
+            keys = [k for k in now if stored.get(k) != now[k]]
+            differs = ": " + "; ".join(f"{_field(k)} stored {_listed(stored[k])}, now "
+                                       f"{_listed(now[k])}" for k in keys)
+            if any("(--" not in _field(k) for k in keys):
+                differs += "; a field without a flag comes from --preset (--smoke)"
     except (TypeError, ValueError):  # unreadable JSON, or a grid this version refuses
         same = False
     if not same:
@@ -254,7 +256,7 @@ def check_resume(spec: SweepSpec, out) -> None:
 def _listed(value) -> str:
     """A spec field's value as the flags take it: tuples as space-separated lists (None: N)."""
     if isinstance(value, (tuple, list)):
-        return " ".join("N" if v is None else str(v) for v in value)
+        return " ".join("N" if v is None else str(v) for v in value) or "(none)"
     return repr(value)
 
 

@@ -179,16 +179,21 @@ def read_rows(rows_dir: pathlib.Path) -> list[dict]:
     JSON object, in file-name order.
 
     Raises:
-      ValueError: a row file that is not JSON (rows are written atomically, so only outside
-        damage does that), naming it: delete it and the resume redoes that row.
+      ValueError: a row file that is not a JSON object with a ``row_id`` (rows are written
+        atomically, so only outside damage does that), naming it: delete it and the resume
+        redoes that row (unless ``results.parquet`` holds it already).
     """
     records = []
     for p in sorted(p for p in rows_dir.glob("*.json") if not p.name.startswith(".")):
         try:
-            records.append(json.loads(p.read_text()))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            record = json.loads(p.read_text())
+            if not (isinstance(record, dict) and record.get("row_id")):
+                raise ValueError("not a row: a JSON object with a row_id")
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
             raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
-                             "command again: that row is redone") from None
+                             "command again: that row is redone (unless results.parquet "
+                             "holds it already)") from None
+        records.append(record)
     return records
 
 
