@@ -261,24 +261,31 @@ def test_cli_prints_a_package_user_warning_as_a_warning_line(task, tmp_path):
     assert not [w for w in escaped if "subset of N'" in str(w.message)]
 
 
-@pytest.mark.parametrize("given", [True, False])
-def test_cli_refuses_a_sketch_larger_than_the_model(task, tmp_path, capsys, given):
-    """A fresh user's --sketch-dim 200000 on the 120,901-parameter model ran for minutes (the
-    API only warns): once the model is loaded, before any kernel, a sketch dimension above D
-    is one error line naming D, exit status 2. Without --sketch-dim the default D' = 256 is
-    checked (a later fresh user: a TypeError traceback comparing None with D)."""
+@pytest.mark.parametrize("case", ["given", "default", "sde"])
+def test_cli_refuses_a_sketch_larger_than_the_model(task, tmp_path, capsys, case):
+    """A fresh user's --sketch-dim 200000 on the 120,901-parameter model ran for minutes: once
+    the model is loaded, before any kernel, a sketch dimension above D is one error line
+    naming D, exit status 2 (the API refuses it too). Without --sketch-dim the default
+    D' = 256 is checked (a later fresh user: a TypeError traceback comparing None with D);
+    an explicit one for the SDE noise is checked too, and its advice is no other kernel (a
+    second probe: it got the API's wording)."""
     d = ntk_tt.num_params(task[1])
     assert d < 256  # the tiny model: the default sketch exceeds it
-    flags = ["--sketch-dim", str(d + 1)] if given else []
+    flags = {"given": ["--kernel", "sketch", "--sketch-dim", str(d + 1)],
+             "default": ["--kernel", "sketch"],
+             "sde": ["--method", "sde", "-B", "4", "--sketch-dim", str(d + 1)]}[case]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("ntk_tt.prediction._job.load_task", lambda **_: task)
         mp.setattr("ntk_tt.kernels._sketch.sketched_ntk", None)  # no kernel may start
         mp.chdir(tmp_path)
         with pytest.raises(SystemExit) as stop:
             main(["predict", "--no-progress", "-K", "3", "-n", "8", "-T", str(T), "--lr",
-                  str(LR), "--figure", "", "--kernel", "sketch", *flags])
+                  str(LR), "--figure", "", *flags])
     assert stop.value.code == 2
-    shown = f"{d + 1}" if given else "256 (the default)"
+    shown = "256 (the default)" if case == "default" else f"{d + 1}"
+    advice = "" if case == "sde" else "--kernel exact, or "
     assert (f"ntk-tt: error: sketch_dim (--sketch-dim) {shown} exceeds the model's D = {d} "
-            f"parameters") in capsys.readouterr().err
+            f"parameters: that sketch costs more than the exact kernel and is still an "
+            f"estimate; use {advice}--sketch-dim <= D/2 = {d // 2}, where it saves work."
+            ) in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

@@ -304,12 +304,13 @@ def _work(o, verify, json_file, progress, on_prediction=None):
         need_test=bool(o["accuracy_targets"]))
     d = num_params(params)
     sketch = DEFAULT_SKETCH_DIM if o["sketch_dim"] is None else o["sketch_dim"]
-    if o["kernel"] == "sketch" and resolve_predictor(o) == "linear" and sketch > d:
+    sde = o["method"] == "sde" and o["sketch_dim"] is not None  # the noise sketch's D'
+    if (o["kernel"] == "sketch" or sde) and resolve_predictor(o) == "linear" and sketch > d:
         given = "" if o["sketch_dim"] is not None else " (the default)"
         raise ValueError(f"sketch_dim (--sketch-dim) {sketch}{given} exceeds the model's "
                          f"D = {d} parameters: that sketch costs more than the exact kernel "
-                         f"and is still an estimate; use --kernel exact, or --sketch-dim <= "
-                         f"{d} (it saves work up to D/2 = {d // 2}).")
+                         f"and is still an estimate; use {'' if sde else '--kernel exact, or '}"
+                         f"--sketch-dim <= D/2 = {d // 2}, where it saves work.")
     opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which

@@ -50,8 +50,8 @@ def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params
             raise ValueError(
                 f"sketch_dim D' = {d_sketch}{'' if given else ' (the default)'} exceeds the "
                 f"model's D = {d} parameters: that sketch costs more than the exact kernel and "
-                f"is still an estimate; use {exact}sketch_dim <= {d} (it saves work up to "
-                f"D/2 = {d // 2}).")
+                f"is still an estimate; use {exact}sketch_dim <= D/2 = {d // 2}, where it "
+                "saves work.")
         return False
     if head is None:
         raise ValueError(
