@@ -140,8 +140,10 @@ def _outcome(args, parser) -> int:
             if k > have:
                 asked = (f"--updates {k}" if args.updates is not None else
                          f"--fraction {args.fraction:g} of its steps = {tele.steps}")
+                fix = (f"ask for at most {tele.steps}, the steps it plans" if k > tele.steps
+                       else "ask for fewer, or give the run's telemetry up to there")
                 fail(f"{args.runs}, run {i}: {have} recorded updates, fewer than the {k} asked "
-                     f"for ({asked}); ask for fewer, or give the run's telemetry up to there.")
+                     f"for ({asked}); {fix}.")
             try:
                 res = model.predict(tele, pred if model.ntk else None, k=k)
             except ValueError as err:

@@ -336,9 +336,11 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     (["RUNS", "--predictor", "nope"], "neither auto, telemetry, ntk nor a file"),
     (["RUNS", "--updates", "99", "--predictor", "P"], r"runs\.jsonl, run 1: 40 recorded "
                                                       r"updates, fewer than the 99 asked for "
-                                                      r"\(--updates 99\); ask for fewer"),
+                                                      r"\(--updates 99\); ask for at most 40, "
+                                                      r"the steps it plans\."),
     (["SHORT", "--fraction", "0.5"], r"short\.jsonl, run 1: 4 recorded updates, fewer than "
-                                     r"the 20 asked for \(--fraction 0\.5 of its steps = 40\)"),
+                                     r"the 20 asked for \(--fraction 0\.5 of its steps = 40\); "
+                                     r"ask for fewer, or give the run's telemetry up to there"),
     (["RUNS", "--predictor", "ntk"], "has no 'prediction'"),
     (["BAD"], "line 1: not JSON"),
     (["LIST"], r"expected a JSON object per line \(or a JSON list of objects\), got a list "
