@@ -222,7 +222,8 @@ def _parser() -> argparse.ArgumentParser:
 SUGGEST_SCHEDULE = {
     "--schedule": "is always warmup-cosine with --optimizer (constant η without); it searches "
                   "the peak --lr-min/--lr-max and the warmup fraction --warmups",
-    **{flag: "is not searched: the warmup-cosine decays to 0 at T_max"
+    **{flag: "is not searched: suggest's schedule is constant η, or with --optimizer a "
+             "warmup-cosine decaying to 0 at T_max"
        for flag in ("--end-lr", "--decay-end", "--decay-start", "--decay-rate")},
 }
 
@@ -233,8 +234,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
     option meant when one is close (argparse's own reports the top-level usage). Flags before
     any command (``ntk-tt --lr 0.01``) are an error that says to name the command first."""
     parser = _parser()
-    if argv[:1] == ["--"] and argv[1:2] and argv[1] in parser.commands:
-        argv = argv[1:]  # POSIX: "--" ends options; there are none before the command
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version", "--"):
         _flags_first(parser, argv)
     args, rest = parser.parse_known_args(argv)
@@ -245,10 +244,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
                  for m in ([f for f in flags if f.startswith(r.split("=")[0])]
                            or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
-        fixed = [r for r in rest if r.split("=")[0] in SUGGEST_SCHEDULE]
+        fixed = [f for r in rest for f in SUGGEST_SCHEDULE  # the flag, or 5+ characters of it
+                 if f == r.split("=")[0] or (len(r.split("=")[0]) >= 5 and f.startswith(r))]
         if args.command == "suggest" and fixed:  # not a near miss: suggest has no such flag
-            hint = (f" (suggest's schedule is not chosen: {fixed[0].split('=')[0]} "
-                    f"{SUGGEST_SCHEDULE[fixed[0].split('=')[0]]})")
+            hint = f" (suggest's schedule is not chosen: {fixed[0]} {SUGGEST_SCHEDULE[fixed[0]]})"
         command.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     return args, parser
 

@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str], run: dict) -> int:
     from ntk_tt import _cli_parser  # numpy: after the signal handling is in place
 
+    if argv[:1] == ["--"]:  # POSIX: "--" ends options, and there are none before the command
+        argv = argv[1:]
     args, parser = _cli_parser.parse(argv or ["predict", "--verify"])
     from ntk_tt._cli_commands import _outcome, _predict, _suggest
 

@@ -670,10 +670,18 @@ def test_a_leading_double_dash_before_the_command_ends_no_options(capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "ntk-tt: error: learning_rate (--lr) must be a finite number > 0")
+    with pytest.raises(SystemExit):  # a second probe: these said "invalid choice: '--'"
+        main(["--", "--lr", "0.01"])
+    assert "name the command before its flags, e.g. 'ntk-tt predict --lr 0.01'" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--", "--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("ntk-tt ")
 
 
 @pytest.mark.parametrize("given", [["--schedule", "warmup-cosine"], ["--schedule=constant"],
-                                   ["--end-lr", "0"], ["--decay-rate", "0.9"]])
+                                   ["--sched", "cosine"], ["--end-lr", "0"],
+                                   ["--decay-rate", "0.9"]])
 def test_predicts_schedule_flags_on_suggest_say_what_suggest_searches(given, capsys):
     """A fresh user: 'suggest --optimizer adamw --schedule warmup-cosine' was asked "did you
     mean --seed?"; suggest has no schedule flags (its search is warmup-cosine), so the
