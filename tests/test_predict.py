@@ -178,6 +178,9 @@ def test_a_sketch_larger_than_the_model_is_refused_before_any_work(model, monkey
             with pytest.raises(ValueError, match=rf"sketch_dim D' = {size} the model's D = "
                                                  rf"{d} parameters.*{advice}"):
                 ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, **kw, **rule)
+    with pytest.raises(ValueError, match="Adam has no frozen-kernel predictor"):  # Adam's first
+        ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, kernel="sketch",
+                       sketch_dim=d + 1, optimizer=ntk_tt.adamw(1e-3))
     monkeypatch.undo()  # D' = D is allowed (the SDE noise draws its sketch)
     small = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, learning_rate=0.1,
                            method="sde", sketch_dim=d, num_paths=2)

@@ -30,7 +30,7 @@ from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
 from ntk_tt.kernels._head_aware import check_kernel_backbone
 from ntk_tt.prediction._predict_checks import DEFAULT_SKETCH_DIM as DEFAULT_SKETCH_DIM
-from ntk_tt.prediction._predict_checks import _check_kinds, _check_predictor
+from ntk_tt.prediction._predict_checks import _check_kinds, _check_predictor, check_sketch_size
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
@@ -284,7 +284,9 @@ def predict(
         raise ValueError("method='closed_form' needs loss='mse' and batch_size=None (GD).")
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
-                                  x, sketch_dim)
+                                  x)
+    if not head_aware:
+        check_sketch_size(kernel, sketch_dim, params)
     if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) \
             or not 1 <= segments <= steps or (segments > 1 and not head_aware):
         raise ValueError(

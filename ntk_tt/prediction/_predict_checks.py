@@ -31,10 +31,22 @@ def _check_kinds(kernel, sketch_dim, key, method, batch_size, n):
         raise ValueError(f"{' and '.join(why)}: pass key=jax.random.key(seed).")
 
 
-def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x,
-                     sketch_dim=None) -> bool:
-    """Validate the predictor options (and the linear predictor's sketch size: D' above D is
-    refused, 10**6 on a small model was a hang); True for the head-aware predictor."""
+def check_sketch_size(kernel, sketch_dim, params) -> None:
+    """ValueError when the linear predictor's sketch (``kernel="sketch"``, its default D'
+    included, or an explicit ``sketch_dim`` for the SDE noise) has D' above the model's D
+    parameters: it costs more than the exact kernel (10**6 on a small model was a hang)."""
+    d, given = num_params(params), sketch_dim is not None
+    if (kernel == "sketch" or given) and (d_sketch := sketch_dim or DEFAULT_SKETCH_DIM) > d:
+        exact = "kernel='exact', or " if kernel == "sketch" else ""  # else the SDE noise's
+        raise ValueError(
+            f"sketch_dim D' = {d_sketch}{'' if given else ' (the default)'} exceeds the "
+            f"model's D = {d} parameters: that sketch costs more than the exact kernel and "
+            f"is still an estimate; use {exact}sketch_dim <= D/2 = {d // 2}, where it saves "
+            "work.")
+
+
+def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:
+    """Validate the predictor options; True for the head-aware predictor."""
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
     if backbone not in BACKBONES:
@@ -44,14 +56,6 @@ def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params
             raise ValueError(f"backbone={backbone!r} sets the head-aware predictor's feature "
                              "kernel; the linear predictor (predictor='linear', or no head=) "
                              "has none: drop backbone, or pass head=ntk_tt.split_head(model).")
-        d, given = num_params(params), sketch_dim is not None
-        if (kernel == "sketch" or given) and (d_sketch := sketch_dim or DEFAULT_SKETCH_DIM) > d:
-            exact = "kernel='exact', or " if kernel == "sketch" else ""  # else the SDE noise's
-            raise ValueError(
-                f"sketch_dim D' = {d_sketch}{'' if given else ' (the default)'} exceeds the "
-                f"model's D = {d} parameters: that sketch costs more than the exact kernel and "
-                f"is still an estimate; use {exact}sketch_dim <= D/2 = {d // 2}, where it "
-                "saves work.")
         return False
     if head is None:
         raise ValueError(

@@ -53,7 +53,12 @@ from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, ker
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL, warn_travel, weight_travel
 from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 from ntk_tt.prediction._predict import _kernels, _logits, check_test
-from ntk_tt.prediction._predict_checks import DEFAULT_SKETCH_DIM, _check_kinds, _check_predictor
+from ntk_tt.prediction._predict_checks import (
+    DEFAULT_SKETCH_DIM,
+    _check_kinds,
+    _check_predictor,
+    check_sketch_size,
+)
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -118,7 +123,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     method = resolve_method(method)
     _check_kinds(kernel, sketch_dim, key, method, bs, n)
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn,
-                                  params, x, sketch_dim)
+                                  params, x)
     if not _is_int(segments) or not 1 <= segments <= steps or (segments > 1 and not head_aware):
         raise ValueError(f"segments must be an int in [1, steps] and > 1 only with the "
                          f"head-aware predictor, got {segments!r}.")
@@ -128,6 +133,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
             "Adam has no frozen-kernel predictor (its elementwise moments have no "
             "function-space form): pass head=ntk_tt.split_head(model) for the fast head-aware "
             "Adam predictor, or use ntk_tt.linearised_reference(...) (exact, weight space).")
+    if not head_aware:  # after Adam's refusal (a second probe was sent to another sketch)
+        check_sketch_size(kernel, sketch_dim, params)
     decay = _maybe_nonzero(optimizer.weight_decay)
     if adam and decay and not optimizer.decoupled:
         raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay enters "
