@@ -901,6 +901,15 @@ def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, ca
                                              r"row_id\)"):
             run_sweep(smoke, other)
     (other / "rows" / "r.json").unlink()
+    # the same rows in another order are the same grid (a second probe: --momenta 0.9 0 against
+    # a stored 0 0.9 was refused)
+    from ntk_tt.sweep._run import check_resume
+
+    reordered = dataclasses.replace(smoke, momenta=smoke.momenta[::-1],
+                                    batch_sizes=smoke.batch_sizes[::-1],
+                                    kappas=smoke.kappas[::-1])
+    assert reordered != smoke and len(smoke.momenta) > 1 and len(smoke.batch_sizes) > 1
+    check_resume(reordered, other)  # stored: smoke's order
     (other / "spec.json").write_text(json.dumps(spec_to_dict(dataclasses.replace(
         smoke, noise_dim=smoke.noise_dim + 1))))
     with pytest.raises(ValueError, match=r"SweepSpec\.noise_dim stored \d+, now \d+; a field "

@@ -238,10 +238,11 @@ def check_resume(spec: SweepSpec, out) -> None:
     differs = ""
     try:
         old = _read_json(spec_path, None)
-        same = old is None or spec_from_dict(old) == spec
+        stored = None if old is None else spec_to_dict(spec_from_dict(old))
+        now = spec_to_dict(spec)  # a list's order is not the grid (rows are named by value)
+        keys = [] if old is None else [k for k in now if _sorted(stored.get(k)) != _sorted(now[k])]
+        same = not keys
         if not same:  # the fields that differ, with their flags (a fresh user had to guess)
-            stored, now = spec_to_dict(spec_from_dict(old)), spec_to_dict(spec)
-            keys = [k for k in now if stored.get(k) != now[k]]
             differs = ": " + "; ".join(f"{_field(k)} stored {_listed(stored[k])}, now "
                                        f"{_listed(now[k])}" for k in keys)
             if any("(--" not in _field(k) for k in keys):
@@ -251,6 +252,13 @@ def check_resume(spec: SweepSpec, out) -> None:
     if not same:
         raise ValueError(f"{out} holds a sweep with a different grid ({spec_path}{differs}); "
                          "resume it with the same options or choose a new --out.")
+
+
+def _sorted(value):
+    """A spec field's value with its list in a fixed order (None, i.e. B = N, first)."""
+    if isinstance(value, (tuple, list)):
+        return sorted(value, key=lambda v: (v is not None, v if v is not None else 0))
+    return value
 
 
 def _listed(value) -> str:
