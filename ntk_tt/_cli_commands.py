@@ -124,15 +124,16 @@ def _outcome(args, parser) -> int:
         fixed = None if named else OutcomePredictor.load(args.predictor)
         cache = {}
         out = []
-        for i, (tele, pred) in enumerate(runs, 1):
+        for row, tele, pred in runs:  # row: the line number load_runs' messages name too
             if fixed is not None:
                 model = fixed
             else:
                 use_ntk = args.predictor == "ntk" or (args.predictor == "auto"
                                                       and pred is not None)
                 if use_ntk and pred is None:
-                    fail(f"run {i} has no 'prediction': --predictor ntk needs corpus rows "
-                         "{\"telemetry\", \"prediction\"}; use --predictor telemetry.")
+                    fail(f"{args.runs}, row {row}: no 'prediction': --predictor ntk needs "
+                         "corpus rows {\"telemetry\", \"prediction\"}; use --predictor "
+                         "telemetry.")
                 model = cache.setdefault(use_ntk, default_outcome_predictor(ntk=use_ntk))
             have = len(tele.loss) - 1
             k = (args.updates if args.updates is not None else
@@ -142,12 +143,12 @@ def _outcome(args, parser) -> int:
                          f"--fraction {args.fraction:g} of its steps = {tele.steps}")
                 fix = (f"ask for at most {tele.steps}, the steps it plans" if k > tele.steps
                        else "ask for fewer, or give the run's telemetry up to there")
-                fail(f"{args.runs}, run {i}: {have} recorded updates, fewer than the {k} asked "
-                     f"for ({asked}); {fix}.")
+                fail(f"{args.runs}, row {row}: {have} recorded updates, fewer than the {k} "
+                     f"asked for ({asked}); {fix}.")
             try:
                 res = model.predict(tele, pred if model.ntk else None, k=k)
             except ValueError as err:
-                raise ValueError(f"run {i}: {err}") from None
+                raise ValueError(f"{args.runs}, row {row}: {err}") from None
             res["predictor"] = "ntk" if model.ntk else "telemetry"
             if have == tele.steps:  # the whole run is in the file: what it did, beside
                 res["observed"] = _observed(tele)

@@ -309,7 +309,11 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     path = tmp_path / "runs.jsonl"
     path.write_text(json.dumps(rows[0]["telemetry"]) + "\n" + json.dumps(rows[1]) + "\n")
     runs = load_runs(path)
-    assert runs[0][1] is None and runs[1][1] == rows[1]["prediction"]
+    assert [r[0] for r in runs] == [1, 2]  # the line numbers the messages name
+    path.write_text("\n" + json.dumps(rows[0]["telemetry"]) + "\n\n" + json.dumps(rows[1]))
+    assert [r[0] for r in load_runs(path)] == [2, 4]  # blank lines counted, as in the errors
+    path.write_text(json.dumps(rows[0]["telemetry"]) + "\n" + json.dumps(rows[1]) + "\n")
+    assert runs[0][2] is None and runs[1][2] == rows[1]["prediction"]
     path.write_text(json.dumps(rows[0]["telemetry"]) + "\n{not json\n")
     with pytest.raises(ValueError, match="line 2: not JSON"):
         load_runs(path)
@@ -334,14 +338,14 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
     (["RUNS", "--updates", "-1"], "--updates must be >= 0"),
     (["RUNS", "--fraction", "1.5"], r"--fraction must be in \[0, 1\]"),
     (["RUNS", "--predictor", "nope"], "neither auto, telemetry, ntk nor a file"),
-    (["RUNS", "--updates", "99", "--predictor", "P"], r"runs\.jsonl, run 1: 40 recorded "
+    (["RUNS", "--updates", "99", "--predictor", "P"], r"runs\.jsonl, row 1: 40 recorded "
                                                       r"updates, fewer than the 99 asked for "
                                                       r"\(--updates 99\); ask for at most 40, "
                                                       r"the steps it plans\."),
-    (["SHORT", "--fraction", "0.5"], r"short\.jsonl, run 1: 4 recorded updates, fewer than "
+    (["SHORT", "--fraction", "0.5"], r"short\.jsonl, row 1: 4 recorded updates, fewer than "
                                      r"the 20 asked for \(--fraction 0\.5 of its steps = 40\); "
                                      r"ask for fewer, or give the run's telemetry up to there"),
-    (["RUNS", "--predictor", "ntk"], "has no 'prediction'"),
+    (["RUNS", "--predictor", "ntk"], r"runs\.jsonl, row 1: no 'prediction': --predictor ntk"),
     (["BAD"], "line 1: not JSON"),
     (["LIST"], r"expected a JSON object per line \(or a JSON list of objects\), got a list "
                "whose item 1 is int"),

@@ -331,11 +331,12 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     return {"loss_T_rel": float(curve[-1] / l0), "t_eps": training_time_report(curve, 0.1)[0]}
 
 
-def load_runs(path: str | pathlib.Path) -> list[tuple[Telemetry, dict | None]]:
+def load_runs(path: str | pathlib.Path) -> list[tuple[int, Telemetry, dict | None]]:
     """Runs to predict from a JSON Lines (``.gz`` too) or JSON file: each line (or the JSON
     list's items, or the single object) either a bare telemetry row
     (:meth:`ntk_tt.Telemetry.to_dict`) or a corpus row ``{"telemetry": {...}, "prediction":
-    {...}}``. Returns the list of (telemetry, prediction or None), in file order.
+    {...}}``. Returns the list of (row, telemetry, prediction or None), in file order; row is
+    the line number (the item's in a JSON list) that the messages name.
 
     Raises:
       ValueError: unreadable JSON, or a row that is neither form (with its line number).
@@ -376,7 +377,7 @@ def load_runs(path: str | pathlib.Path) -> list[tuple[Telemetry, dict | None]]:
             tele = Telemetry.from_dict(row)
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"{path}, row {i}: {err}") from None
-        out.append((tele, item.get("prediction")))
+        out.append((i, tele, item.get("prediction")))
     return out
 
 
