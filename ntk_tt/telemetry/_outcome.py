@@ -335,8 +335,8 @@ def load_runs(path: str | pathlib.Path) -> list[tuple[int, Telemetry, dict | Non
     """Runs to predict from a JSON Lines (``.gz`` too) or JSON file: each line (or the JSON
     list's items, or the single object) either a bare telemetry row
     (:meth:`ntk_tt.Telemetry.to_dict`) or a corpus row ``{"telemetry": {...}, "prediction":
-    {...}}``. Returns the list of (row, telemetry, prediction or None), in file order; row is
-    the line number (the item's in a JSON list) that the messages name.
+    {...}}``. Returns (row, telemetry, prediction or None) in file order, row the line number
+    (a JSON list's item number) that the messages name.
 
     Raises:
       ValueError: unreadable JSON, or a row that is neither form (with its line number).
@@ -370,8 +370,7 @@ def load_runs(path: str | pathlib.Path) -> list[tuple[int, Telemetry, dict | Non
     out = []
     for i, item in numbered:
         if not isinstance(item, dict):
-            raise ValueError(f"{path}, row {i}: expected a JSON object, got "
-                             f"{type(item).__name__}.")
+            raise ValueError(f"{path}, row {i}: expected a JSON object, got {type(item).__name__}.")
         row = item.get("telemetry", item)
         try:
             tele = Telemetry.from_dict(row)
