@@ -153,8 +153,7 @@ class ResultsTable:
         """All written rows as a DataFrame (one row each), sorted by ``row_id``.
 
         Raises:
-          ValueError: a row file that is not JSON (rows are written atomically, so only
-            outside damage does that), naming it: delete it and the resume redoes that row.
+          ValueError: a damaged row file, named (:func:`read_rows`).
         """
         frame = pd.DataFrame.from_records(read_rows(self.rows_dir))
         return frame.sort_values("row_id").reset_index(drop=True) if len(frame) else frame
@@ -189,7 +188,7 @@ def read_rows(rows_dir: pathlib.Path) -> list[dict]:
             record = json.loads(p.read_text())
             if not (isinstance(record, dict) and record.get("row_id")):
                 raise ValueError("not a row: a JSON object with a row_id")
-        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
                              "command again: that row is redone (unless results.parquet "
                              "holds it already)") from None
