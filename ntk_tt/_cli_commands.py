@@ -15,7 +15,6 @@ from ntk_tt._cli_report import format_report
 _JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
 
 
-
 # Python-API advice in a message from the work, said as the CLI's flags (a fresh user was
 # told "ntk_tt.replace_head" and "predictor='linear'" by ntk-tt predict)
 _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head)",
@@ -24,7 +23,10 @@ _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_
               ("allow resizing (resize=True, drop --no-resize)", "drop --no-resize"),
               ("widen kappa_range", "widen --kappa-min/--kappa-max"),
               ("widen learning_rate_range", "widen --lr-min/--lr-max"),
-              ("target_kind='fraction'", "--target-kind fraction"))
+              ("target_kind='fraction'", "--target-kind fraction"),
+              ("sketch_dim D' = ", "sketch_dim (--sketch-dim) "),
+              ("kernel='exact', or sketch_dim <=", "--kernel exact, or --sketch-dim <="),
+              ("use sketch_dim <=", "use --sketch-dim <="))
 
 
 def cli_terms(message: str) -> str:

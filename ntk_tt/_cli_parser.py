@@ -244,8 +244,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
                  for m in ([f for f in flags if f.startswith(r.split("=")[0])]
                            or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
-        fixed = [f for r in rest for f in SUGGEST_SCHEDULE  # the flag, or 5+ characters of it
-                 if f == r.split("=")[0] or (len(r.split("=")[0]) >= 5 and f.startswith(r))]
+        typed = [r.split("=")[0] for r in rest]  # the flag, or 5+ characters of it
+        fixed = [f for t in typed for f in SUGGEST_SCHEDULE
+                 if f == t or (len(t) >= 5 and f.startswith(t))]
         if args.command == "suggest" and fixed:  # not a near miss: suggest has no such flag
             hint = f" (suggest's schedule is not chosen: {fixed[0]} {SUGGEST_SCHEDULE[fixed[0]]})"
         command.error(f"unrecognized arguments: {' '.join(rest)}{hint}")

@@ -28,7 +28,8 @@ from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
 from ntk_tt.prediction._job_optimizer import job_optimizer
-from ntk_tt.prediction._predict import DEFAULT_SKETCH_DIM, predict
+from ntk_tt.prediction._predict import predict
+from ntk_tt.prediction._predict_checks import check_sketch_size
 from ntk_tt.prediction._report_file import (
     COMPLETE,
     RUNNING,
@@ -302,15 +303,8 @@ def _work(o, verify, json_file, progress, on_prediction=None):
         **{k: o[k] for k in ("checkpoint", "dataset", "data_dir", "split", "num_classes",
                              "per_class", "test_per_class", "seed", "resize", "head_scale")},
         need_test=bool(o["accuracy_targets"]))
-    d = num_params(params)
-    sketch = DEFAULT_SKETCH_DIM if o["sketch_dim"] is None else o["sketch_dim"]
-    sde = o["method"] == "sde" and o["sketch_dim"] is not None  # the noise sketch's D'
-    if (o["kernel"] == "sketch" or sde) and resolve_predictor(o) == "linear" and sketch > d:
-        given = "" if o["sketch_dim"] is not None else " (the default)"
-        raise ValueError(f"sketch_dim (--sketch-dim) {sketch}{given} exceeds the model's "
-                         f"D = {d} parameters: that sketch costs more than the exact kernel "
-                         f"and is still an estimate; use {'' if sde else '--kernel exact, or '}"
-                         f"--sketch-dim <= D/2 = {d // 2}, where it saves work.")
+    if resolve_predictor(o) == "linear":  # before any kernel (the CLI words it in flags)
+        check_sketch_size(o["kernel"], o["sketch_dim"], params)
     opt = job_optimizer(o)  # predicted and fine-tuned with: the same object
     described = {"optimizer": optimizer_hyperparameters(opt, o["steps"], len(y))}
     # constant-η SGD without decay: the constant-η keywords, the same rule as ``opt``, which

@@ -240,7 +240,7 @@ def check_resume(spec: SweepSpec, out) -> None:
         old = _read_json(spec_path, None)
         stored = None if old is None else spec_to_dict(spec_from_dict(old))
         now = spec_to_dict(spec)  # a list's order is not the grid (rows are named by value)
-        keys = [] if old is None else [k for k in now if _sorted(stored.get(k)) != _sorted(now[k])]
+        keys = [] if old is None else [k for k in now if _sorted(stored[k]) != _sorted(now[k])]
         same = not keys
         if not same:  # the fields that differ, with their flags (a fresh user had to guess)
             differs = ": " + "; ".join(f"{_field(k)} stored {_listed(stored[k])}, now "
