@@ -101,7 +101,7 @@ _EXPORTS = {
     "Suggestion": "ntk_tt.analysis._suggest_report",
     "TargetNotReachedWarning": "ntk_tt.analysis._suggest",
     "suggest": "ntk_tt.analysis._suggest",
-    "suggest_task": "ntk_tt.analysis._suggest",
+    "suggest_task": "ntk_tt.analysis._suggest_task",
     "Optimizer": "ntk_tt._optimizer",
     "adam": "ntk_tt._optimizer",
     "adamw": "ntk_tt._optimizer",

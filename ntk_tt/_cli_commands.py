@@ -68,8 +68,9 @@ def _suggest(args, parser, run: dict) -> int:
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {cli_terms(str(err))}\n")
     opts["batch_sizes"] = checked["batch_sizes"]
-    from ntk_tt.analysis._suggest import TargetNotReachedWarning, suggest_task
+    from ntk_tt.analysis._suggest import TargetNotReachedWarning
     from ntk_tt.analysis._suggest_report import format_suggestion
+    from ntk_tt.analysis._suggest_task import suggest_task
     from ntk_tt.dynamics._regime import LinearRegimeWarning
 
     run.update(progress=opts["progress"], working=True)

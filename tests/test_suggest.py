@@ -503,7 +503,7 @@ def test_cli_default_batch_sizes_leave_out_a_b_of_n_or_more(args, expected, monk
         seen.update(opts)
         raise AssertionError("the task was loaded")
 
-    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", capture)
+    monkeypatch.setattr("ntk_tt.analysis._suggest_task.suggest_task", capture)
     with pytest.raises(AssertionError, match="the task was loaded"):
         main(["suggest", "--no-progress", *args])
     assert tuple(seen["batch_sizes"]) == expected
@@ -529,7 +529,7 @@ def test_python_default_batch_sizes_leave_out_a_b_of_n_or_more(monkeypatch):
         seen.update(kw)
         raise _Stop
 
-    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest", capture)
+    monkeypatch.setattr("ntk_tt.analysis._suggest_task.suggest", capture)
     with pytest.raises(_Stop):  # the real task of N = 50 is loaded, then suggest is called
         ntk_tt.suggest_task(num_classes=5, per_class=10, progress=False)
     assert seen["batch_sizes"] == (None,)
@@ -545,7 +545,7 @@ def test_cli_default_batch_sizes_are_the_python_default(monkeypatch):
         raise _Stop
 
     monkeypatch.setattr("ntk_tt._options.default_batch_sizes", lambda n: (None, n // 3))
-    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", capture)
+    monkeypatch.setattr("ntk_tt.analysis._suggest_task.suggest_task", capture)
     with pytest.raises(_Stop):
         main(["suggest", "--no-progress", "-K", "2", "-n", "6"])
     assert tuple(seen["batch_sizes"]) == (None, 4)
@@ -588,7 +588,7 @@ def test_cli_does_not_repeat_the_not_reached_warning(monkeypatch):
                       stacklevel=2)
         raise _Stop
 
-    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest_task", fake)
+    monkeypatch.setattr("ntk_tt.analysis._suggest_task.suggest_task", fake)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         with pytest.raises(_Stop):
@@ -655,7 +655,7 @@ def test_suggest_json_is_claimed_before_the_work_and_settled(tmp_path, monkeypat
     Now P is claimed first (status "started", as ``ntk-tt predict`` does): a second run is
     refused at once, saying the report is of a run that has not finished; an interrupted
     run removes its own claim; a finished one writes the report with status "complete"."""
-    from ntk_tt.analysis import _suggest
+    from ntk_tt.analysis import _suggest_task
     from ntk_tt.prediction._report_file import STARTED
 
     js = tmp_path / "s.json"
@@ -667,7 +667,7 @@ def test_suggest_json_is_claimed_before_the_work_and_settled(tmp_path, monkeypat
             ntk_tt.suggest_task(json_path=js, progress=False)
         return {"found": False}
 
-    monkeypatch.setattr(_suggest, "_suggest_report", work)
+    monkeypatch.setattr(_suggest_task, "_suggest_report", work)
     report = ntk_tt.suggest_task(json_path=js, progress=False)
     assert seen["claim"]["status"] == STARTED and "config" in seen["claim"]
     assert report == {"found": False}
@@ -678,7 +678,7 @@ def test_suggest_json_is_claimed_before_the_work_and_settled(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     js2 = tmp_path / "t.json"
-    monkeypatch.setattr(_suggest, "_suggest_report", interrupted)
+    monkeypatch.setattr(_suggest_task, "_suggest_report", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ntk_tt.suggest_task(json_path=js2, progress=False)
     assert not js2.exists() and not list(tmp_path.glob(".t.json*"))

@@ -400,7 +400,7 @@ def test_cli_builds_the_template_the_flags_describe(args, family, monkeypatch):
 
     monkeypatch.setattr("ntk_tt.prediction._job.load_task",
                         lambda **_: (None, None, np.zeros((6, 1)), None, None, None, {}, None))
-    monkeypatch.setattr("ntk_tt.analysis._suggest.suggest", capture)
+    monkeypatch.setattr("ntk_tt.analysis._suggest_task.suggest", capture)
     with pytest.raises(_Stop):
         main(["suggest", "--no-progress", "-K", "2", "-n", "3", *args])
     o = seen["optimizer"]
