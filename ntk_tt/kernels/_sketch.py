@@ -200,14 +200,15 @@ def sketched_ntk(
       :class:`SketchedNTK` with ``features`` (N·C, D') in the logits' dtype.
 
     Raises:
-      ValueError: bad model/input (``check_model``), ``sketch_dim`` ≤ 0, ``block_size`` ≤ 0,
+      ValueError: bad model/input (``check_model``), ``sketch_dim`` ≤ 0 or, without a
+        ``param_scale``, above D (it costs more than the exact kernel), ``block_size`` ≤ 0,
         unknown ``distribution`` or ``route``, ``key`` not a key, ``param_scale`` not shaped
         like ``params`` or non-finite, a traced ``params`` or ``x`` (no jit / vmap / grad).
       NTKMemoryError: features plus blocks exceed the available memory (before any work).
 
     Warns:
-      UserWarning: ``sketch_dim`` > D (the exact kernel is then cheaper); without
-        ``param_scale`` also D/2 < ``sketch_dim`` ≤ D when D ≥ N·C ("sketch_dim D' = ... is
+      UserWarning: ``sketch_dim`` > D with a ``param_scale`` (the SDE's noise features); without
+        ``param_scale`` D/2 < ``sketch_dim`` ≤ D when D ≥ N·C ("sketch_dim D' = ... is
         more than half the number of parameters D = ..."): projecting the Jacobian, N·C·D·D'
         flops, and forming Θ̂, (N·C)²·D', then cost more than the exact Θ = J Jᵀ, (N·C)²·D,
         which also has no sampling error (``kernel='exact'`` in ``ntk_tt.predict``). Below
@@ -246,9 +247,17 @@ def sketched_ntk(
 
 
 def _warn_costly(sketch_dim: int, d: int, nc: int, plain: bool) -> None:
-    """The UserWarnings of :func:`sketched_ntk`: D' > D; or D/2 < D' ≤ D with D ≥ N·C =
-    ``nc`` and ``plain`` (no param_scale: the exact kernel is the alternative), where the
-    sketch's N·C·D·D' + (N·C)²·D' flops exceed the exact kernel's (N·C)²·D."""
+    """The checks of :func:`sketched_ntk`'s cost: D' > D is a ValueError when ``plain`` (no
+    param_scale: the exact kernel, (N·C)²·D flops, is the alternative; 10**6 directions on
+    D = 387 ran for minutes) and a UserWarning otherwise; D/2 < D' ≤ D with D ≥ N·C = ``nc``
+    and ``plain`` warns, where the sketch's N·C·D·D' + (N·C)²·D' flops exceed the exact
+    kernel's."""
+    if sketch_dim > d and plain:
+        raise ValueError(
+            f"sketch_dim D' = {sketch_dim} exceeds the number of parameters D = {d}: that "
+            "sketch costs more than the exact kernel (ntk_tt.empirical_ntk, no sampling "
+            f"error) and is still an estimate of it; use the exact kernel, or sketch_dim <= "
+            f"D/2 = {d // 2}, where the sketch saves work.")
     if sketch_dim > d:
         warnings.warn(
             f"sketch_dim D' = {sketch_dim} exceeds the number of parameters D = {d}: this "
