@@ -318,6 +318,10 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--kappa-max", type=float, default=argparse.SUPPRESS,
                    help="largest κ of the log grid and of the refinement (beyond the "
                    f"stability edge is never suggested) (default: {d['kappa_max']:g})")
+    q.add_argument("--kappa-eff-max", type=float, default=None, metavar="KAPPA",
+                   help="largest effective κ̃ = κ/(1 − m) a suggestion may have (with "
+                   "--optimizer sgd: κ_peak/(1 − m)), e.g. 12, where the benchmark measured "
+                   "the predictions (default: no cap; not with --optimizer adamw)")
     q.add_argument("--num-kappas", type=int, default=d["num_kappas"],
                    help="κ values of the log grid (with --optimizer: peak learning rates)")
     q.add_argument("--optimizer", default=None, choices=FAMILIES,

@@ -20,4 +20,5 @@ SUGGEST_DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, spli
                         target=0.5, target_kind="fraction", steps=150,
                         batch_sizes=(None, 50), momenta=(0.0, 0.5, 0.9, 0.95),
                         kappa_min=0.05, kappa_max=50.0, num_kappas=16, refine_steps=8,
-                        num_paths=4, loss="cross_entropy", predictor="auto", top=5)
+                        num_paths=4, loss="cross_entropy", predictor="auto", top=5,
+                        kappa_eff_max=None)

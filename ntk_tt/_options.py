@@ -1,13 +1,11 @@
 """Checks of the jobs' options that need no JAX: ``ntk-tt`` runs them before importing it.
 
-:func:`ntk_tt._options_predict.check_predict_job` (:func:`ntk_tt.predict_task`, ``ntk-tt
-predict``) and :func:`check_suggest_job` (:func:`ntk_tt.suggest_task`, ``ntk-tt suggest``)
-check every option value that plain Python and numpy can check (types, ranges, comma lists,
-choices, paths that must exist, output paths), so a bad value ends the CLI with one line at
-once, before JAX is imported and any data or weights are read; the jobs call the same
-functions. Here: the option names and limits shared with the heavy modules, the scalar checks,
-the task source, ``suggest``'s argument checks and job (predict's: ``ntk_tt._options_predict``).
-"""
+:func:`ntk_tt._options_predict.check_predict_job` (``ntk-tt predict``) and
+:func:`check_suggest_job` (``ntk-tt suggest``) check every option value that plain Python and
+numpy can check (types, ranges, comma lists, choices, paths that must exist, output paths), so
+a bad value ends the CLI with one line before JAX is imported and any data or weights are read;
+the jobs call the same functions. Here: the option names and limits shared with the heavy
+modules, the scalar checks, the task source, ``suggest``'s argument checks and job."""
 
 from __future__ import annotations
 
@@ -355,6 +353,8 @@ def check_task_options(o: dict) -> None:
                        o["refine_steps"], 0.05, o["num_paths"], o["top"])
         _check_batch_sizes(list(o["batch_sizes"]), nn)
         _check_momenta(list(o["momenta"]))
+        from ntk_tt._options_suggest import check_kappa_eff_max  # (it imports this module)
+        check_kappa_eff_max(o["kappa_eff_max"], o["kappa_min"], cli=True)
     except (ValueError, TypeError) as err:
         raise ValueError(_flagged(str(err), nn, k, n)) from None
     check_loss(o["loss"])

@@ -5,6 +5,7 @@ or momentum, batch size, and the grid of peak learning rates and warmups that
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
@@ -73,6 +74,9 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     if family not in FAMILIES:
         raise ValueError(f"optimizer (--optimizer) must be one of {FAMILIES}, got "
                          f"{_named_value(family)}.")
+    if family == "adamw" and rest.get("kappa_eff_max") is not None:
+        raise ValueError("kappa_eff_max (--kappa-eff-max) caps SGD's effective κ̃ = κ/(1 − m); "
+                         "AdamW's step is not sized by κ: drop it (bound --lr-max instead).")
     if family == "adamw" and rest.get("predictor") == "linear":
         raise ValueError("predictor (--predictor) linear cannot predict AdamW (Adam has no "
                          "frozen-kernel form): drop --predictor linear (AdamW needs the "
@@ -126,6 +130,26 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
         if rest.get("num_kappas") == 1:
             rest["kappa_min"] = rest["kappa_max"] = SUGGEST_DEFAULTS["kappa_min"]
     return out, rest
+
+
+def check_kappa_eff_max(value, kappa_min: float | None, cli: bool = False) -> float | None:
+    """``suggest``'s ``kappa_eff_max`` (None: no cap) as a float, after a ValueError unless it
+    is a finite real > 0 and, with a κ grid (``kappa_min`` its smallest κ, else None), at least
+    ``kappa_min``: κ̃ = κ/(1 − m) >= κ, so below it no grid point could be chosen. ``cli``: the
+    message names the flags."""
+    if value is None:
+        return None
+    name, kmin = (("kappa_eff_max (--kappa-eff-max)", "kappa_min (--kappa-min)") if cli else
+                  ("kappa_eff_max", "kappa_range[0]"))
+    check_real(value, name)
+    if not (math.isfinite(float(value)) and float(value) > 0):
+        raise ValueError(f"{name} caps the suggestion's effective κ̃ = κ/(1 − m): a finite "
+                         f"number > 0, got {value!r}; e.g. 12, the benchmark's main grid.")
+    if kappa_min is not None and float(value) < kappa_min:
+        raise ValueError(f"{name} {float(value):g} is below the κ grid's smallest κ, {kmin} "
+                         f"{kappa_min:g}: κ̃ = κ/(1 − m) >= κ, so no configuration could be "
+                         f"chosen; raise {name.split(' ')[0]} or lower {kmin.split(' ')[0]}.")
+    return float(value)
 
 
 def warmup_steps(fraction: float, steps: int, cli: bool = False) -> float:

@@ -114,23 +114,30 @@ def test_the_refinement_stays_in_the_kappa_range_asked_for():
     assert all(t["log_learning_rate"] <= np.log(lr_hi) + 1e-12 for t in s.refinement)
 
 
-def test_the_constant_sgd_refinement_box_is_the_range_within_the_edge(monkeypatch):
-    """The box ``_refine`` projects onto (its ``_descend`` replaced: nothing is run): κ in
-    kappa_range ∩ [κ_best·e^(−10 cells), (1 − 1e-3)·edge(m)], and m raised to where that edge
-    is above κ_min. MSE (edge 2(1 + m)), kappa_range (2.5, 3), momenta (0, 0.9): m >= 2.5 /
-    (0.999·2) − 1; at m = 0.9 κ ∈ [2.5, 3] (the edge 3.796 is beyond the range)."""
+def refine_bounds(monkeypatch, kappa, m, n, lam, m_range, k_range, kappa_eff_max=None):
+    """The ``bounds(u)`` that ``_suggest_refine._refine`` gives ``_descend`` (replaced:
+    nothing runs) from a best grid point (κ, m), MSE, N = ``n``, λ_max = ``lam``."""
     from ntk_tt.analysis import _suggest_refine
 
     seen = {}
     monkeypatch.setattr(_suggest_refine, "_descend",
                         lambda best, u0, evaluate, bounds, *_: seen.update(bounds=bounds))
+    best = {"kappa": kappa, "learning_rate": kappa * n / lam, "momentum": m, "b": None}
+    _suggest_refine._refine(best, None, {}, lam, n, None, None, None, 8, 0.2, m_range, 0.01,
+                            "mse", [], {}, None, k_range, kappa_eff_max)
+    return seen["bounds"]
+
+
+def test_the_constant_sgd_refinement_box_is_the_range_within_the_edge(monkeypatch):
+    """The box ``_refine`` projects onto (its ``_descend`` replaced: nothing is run): κ in
+    kappa_range ∩ [κ_best·e^(−10 cells), (1 − 1e-3)·edge(m)], and m raised to where that edge
+    is above κ_min. MSE (edge 2(1 + m)), kappa_range (2.5, 3), momenta (0, 0.9): m >= 2.5 /
+    (0.999·2) − 1; at m = 0.9 κ ∈ [2.5, 3] (the edge 3.796 is beyond the range)."""
     n, lam = 40, 100.0
-    best = {"kappa": 2.8, "learning_rate": 2.8 * n / lam, "momentum": 0.9, "b": None}
-    _suggest_refine._refine(best, None, {}, lam, n, None, None, None, 8, 0.2, (0.0, 0.9),
-                            0.01, "mse", [], {}, None, (2.5, 3.0))
+    bounds = refine_bounds(monkeypatch, 2.8, 0.9, n, lam, (0.0, 0.9), (2.5, 3.0))
 
     def kappas(m):
-        (low, high), m_range = seen["bounds"](np.array([0.0, m]))
+        (low, high), m_range = bounds(np.array([0.0, m]))
         return np.exp([low, high]) * lam / n, m_range
 
     k, m_range = kappas(0.9)

@@ -41,6 +41,7 @@ from ntk_tt._options import (
     _check_scalars,
     _check_target,
 )
+from ntk_tt._options_suggest import check_kappa_eff_max
 from ntk_tt.analysis._suggest_report import Suggestion, _result
 from ntk_tt.analysis._suggest_search import _check_seconds, _search
 from ntk_tt.data._inputs import as_array, at_least_float32, check_key
@@ -70,8 +71,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
             seconds_per_step: Mapping | None = None, kernel: str = "exact",
             backbone: str = "isotropic", top: int = 5, evaluate_beyond_edge: bool = False,
             head_kernel=None, progress: bool = False, optimizer=None,
-            warmups: Sequence | None = None,
-            learning_rate_range: Sequence | None = None) -> Suggestion:
+            warmups: Sequence | None = None, learning_rate_range: Sequence | None = None,
+            kappa_eff_max: float | None = None) -> Suggestion:
     """The (η, m, B) that minimise the predicted wall-clock time to a target training loss.
 
     seconds(η, m, B) = (first step t ≤ ``steps`` with predicted mean loss L̂_t ≤ target) ×
@@ -83,7 +84,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     in (log η, m) from the best grid point (B fixed), kept only if the hard predicted time
     improves; projected onto ``kappa_range`` (as η; with ``optimizer=``, η_peak onto the grid's
     range, ``learning_rate_range`` when given) below the stability edge, so the suggestion lies
-    in the range asked for.
+    in the range asked for. ``kappa_eff_max`` caps the effective κ̃ = κ/(1 − m) as well (the
+    region where the predictions were benchmarked: κ̃ <= 12, README "Benchmark sweep").
 
     Source: ntk_tt's own search (README "Choosing hyperparameters without training") on the
     predicted curves (METHOD.md §2, §10, §11) and the wall-clock time of METHOD.md §6.
@@ -134,6 +136,10 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         schedule a constant or an unsmoothed ``warmup_cosine``); not with ``batch_sizes`` or
         ``momenta``. warmups: fractions of ``steps`` in [0, 1) (default (0, 0.05, 0.1, 0.2)).
         learning_rate_range: (min, max) η_peak of the log grid (not with ``kappa_range``).
+      kappa_eff_max: None, or the largest effective κ̃ = κ/(1 − m) (SGD; with ``optimizer=``
+        κ_peak/(1 − m)) a suggestion may have: grid points above it are treated like those
+        beyond the stability edge (``beyond_edge``, never suggested, not predicted unless
+        ``evaluate_beyond_edge``) and the refinement stays below it. Not for Adam.
 
     Returns:
       :class:`Suggestion`.
@@ -153,7 +159,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         temperature <= 0; seconds_per_step missing a B or not > 0; a missing key for SGD;
         ``optimizer`` not an Optimizer, or given with batch_sizes or momenta, or its schedule
         not a constant / unsmoothed warmup_cosine, Adam without ``head`` or with L2 decay,
-        Adam with kappa_range; warmups or learning_rate_range without ``optimizer`` or out of
+        Adam with kappa_range or kappa_eff_max; kappa_eff_max not a finite number > 0 or
+        below the κ grid's minimum; warmups or learning_rate_range without ``optimizer`` or out of
         range, or a warmups fraction that rounds to a warmup of ``steps`` or more (the
         message gives the largest fraction allowed); unknown loss, predictor, kernel or
         backbone; a head_kernel that is not a HeadAwareKernel, given without head, or built on
@@ -192,6 +199,12 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         kappas = (1.0, 1.0) if num_kappas == 1 else kappas  # no κ grid: check_search's range
     lo, hi, tau = _check_scalars(steps, kappas, num_kappas, refine_steps, temperature,
                                  num_paths, top)
+    adam = optimizer is not None and optimizer.rule == "adam"
+    if adam and kappa_eff_max is not None:
+        raise ValueError("kappa_eff_max caps SGD's effective κ̃ = κ/(1 − m); Adam's step is not "
+                         "sized by κ: drop it (bound learning_rate_range instead).")
+    kappa_eff_max = check_kappa_eff_max(kappa_eff_max, None if optimizer is not None and (
+        learning_rate_range is not None or adam) else lo)  # None: an η grid, no κ_min
     if kernel not in LINEAR_KERNELS:
         raise ValueError(f"kernel must be one of {LINEAR_KERNELS}, got {kernel!r}.")
     x = as_array(x, "x")
@@ -251,7 +264,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         with Stopwatch() as total:
             common = (target_abs, steps, lo, hi, num_kappas, tau, refine_steps, loss, key,
                       num_paths, kernel, backbone, timings, bar, bool(evaluate_beyond_edge),
-                      head_kernel)
+                      head_kernel, kappa_eff_max)
             if optimizer is None:
                 found = _search(apply_fn, params, x, y, f0, head if head_aware else None, n, c,
                                 bsizes, moms, sps_given, *common)
@@ -267,7 +280,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         bar.close()
     timings["total"], timings["compile"] = total.seconds, total.compile_seconds
     rows, ranked, best, choice, curves, refinement, sps, name, lam = found
-    widen = f"kappa_range {(lo, hi)}"
+    widen = f"kappa_range {(lo, hi)}" + ("" if kappa_eff_max is None else
+                                          f" or raise kappa_eff_max {kappa_eff_max:g}")
     extra = {}
     if optimizer is not None:
         rng = spec["lr_range"]
@@ -276,7 +290,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         extra["optimizer_of"] = lambda r: schedule_at(spec["unit"], r["learning_rate"],
                                                       r["warmup"])
     s = _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
-                target_kind, target_value, name, lam, n, steps, top, timings, widen, **extra)
+                target_kind, target_value, name, lam, n, steps, top, timings, widen,
+                kappa_eff_max=kappa_eff_max, **extra)
     if not s.found:
         warnings.warn(f"suggest: target not reached: {s.reason} (Suggestion.found is False and "
                       "its choice fields are None; Suggestion.grid lists every configuration "

@@ -176,13 +176,16 @@ def _surrogate(u, data, unit, target, temperature, *, kind, traced, loss):
 _surrogate_grad = jax.jit(jax.value_and_grad(_surrogate, has_aux=True), static_argnames=_STATIC)
 
 
-def _kappa_edge(unit: Optimizer, loss: str) -> float:
-    """κ edge of the SGD template (heavy ball or Nesterov); inf for Adam (no κ edge)."""
+def _kappa_edge(unit: Optimizer, loss: str, kappa_eff_max: float | None = None) -> float:
+    """κ edge of the SGD template (heavy ball or Nesterov; with ``kappa_eff_max`` at most
+    kappa_eff_max·(1 − m)); inf for Adam (no κ edge)."""
     from ntk_tt.dynamics._divergence import stability_edge as _edge
 
     if unit.rule == "adam":
         return math.inf
-    return float(_edge(float(unit.momentum), unit.nesterov, loss))
+    m = float(unit.momentum)
+    stable = float(_edge(m, unit.nesterov, loss))
+    return stable if kappa_eff_max is None else min(stable, kappa_eff_max * (1.0 - m))
 
 
 def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge,
@@ -219,7 +222,7 @@ def _travel(unit: Optimizer, head, steps):
 
 def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, steps, lo, hi,
            num_kappas, tau, refine_steps, loss, key, num_paths, kernel, backbone, timings, bar,
-           evaluate_beyond_edge, head_kernel=None):
+           evaluate_beyond_edge, head_kernel=None, kappa_eff_max=None):
     """The work of ``suggest(optimizer=...)`` (arguments checked; ``spec`` from
     :func:`check_search`; ``lo``, ``hi`` the κ range, used when ``spec["lr_range"]`` is None):
     kernel, step time, grid, refinement. Returns what ``_suggest_search._search`` returns."""
@@ -269,7 +272,7 @@ def search(apply_fn, params, x, y, f0, head, n, c, spec, sps_given, target_abs, 
     peaks = np.geomspace(lr_lo, lr_hi, num_kappas)
     pp, ww = (a.ravel() for a in np.meshgrid(peaks, np.asarray(spec["warmups"]),
                                              indexing="ij"))
-    kappa_edge, travel = _kappa_edge(unit, loss), _travel(unit, head, steps)
+    kappa_edge, travel = _kappa_edge(unit, loss, kappa_eff_max), _travel(unit, head, steps)
     run = np.array([evaluate_beyond_edge or not p * lam / n > kappa_edge for p in pp])
     static = dict(kind=kind, traced=traced, loss=loss)
     target_j, tau_j = jnp.asarray(target_abs, dtype), jnp.asarray(tau, dtype)

@@ -92,13 +92,14 @@ def _one(ev):
 
 
 def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_range, sps,
-            loss, rows, curves, compiled, k_range):
+            loss, rows, curves, compiled, k_range, kappa_eff_max=None):
     """:func:`_descend` in (log η, m) for constant-η SGD.
 
     Coordinates are scaled by (grid spacing of log κ, 0.1). m stays in ``m_range`` (the span
     of the grid's momenta: fixed when the grid has one), raised where needed so that the edge
     is above κ_min, and κ in [κ_best·e^(−10 cells), (1 − EDGE_MARGIN)·edge(m)] ∩ ``k_range``
-    (the grid's κ range, the user's kappa_range).
+    (the grid's κ range, the user's kappa_range); with ``kappa_eff_max`` the edge is at most
+    kappa_eff_max·(1 − m) (``_edge``), and m is lowered where needed to keep that above κ_min.
     """
     k_lo, k_hi = k_range
     low = max(math.log(best["kappa"]) - 10 * step_log, math.log(k_lo))
@@ -107,9 +108,13 @@ def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_
     # there would leave the range or the edge)
     m_edge = k_lo / ((1 - EDGE_MARGIN) * _edge(0.0, loss)) - 1.0
     m_range = (min(max(m_range[0], m_edge), m_range[1]), m_range[1])
+    if kappa_eff_max is not None:  # the cap kappa_eff_max·(1 − m) falls with m
+        m_cap = 1.0 - k_lo / ((1 - EDGE_MARGIN) * kappa_eff_max)
+        m_range = (m_range[0], max(min(m_range[1], m_cap), m_range[0]))
 
     def bounds(u):
-        high = min(math.log((1 - EDGE_MARGIN) * _edge(u[1], loss)), math.log(k_hi))
+        high = min(math.log((1 - EDGE_MARGIN) * _edge(u[1], loss, kappa_eff_max)),
+                   math.log(k_hi))
         return (low + to_lr, max(low, high) + to_lr), m_range
 
     def evaluate(u):
@@ -118,7 +123,8 @@ def _refine(best, data, static, lam, n, target, tau, dtype, budget, step_log, m_
 
     def make_row(u, ev):  # η within the range's (e^(log hi) may pass hi by a rounding)
         lr = min(max(math.exp(u[0]), k_lo * n / lam), k_hi * n / lam)
-        return _row(best["b"], n, lr, float(u[1]), lam, _one(ev), 0, sps, loss, "refine")
+        return _row(best["b"], n, lr, float(u[1]), lam, _one(ev), 0, sps, loss, "refine",
+                    kappa_eff_max)
 
     return _descend(best, [math.log(best["learning_rate"]), best["momentum"]], evaluate,
                     bounds, np.array([step_log, 0.1]), budget, make_row,

@@ -121,10 +121,10 @@ def _skipped(b, n, lr, m, lam, sps) -> dict:
             "spike_step": -1}
 
 
-def _row(b, n, lr, m, lam, out, i, sps, loss, source) -> dict:
+def _row(b, n, lr, m, lam, out, i, sps, loss, source, kappa_eff_max=None) -> dict:
     kappa = lr * lam / n
     steps = float(out.steps[i])
-    beyond = kappa > _edge(m, loss)
+    beyond = kappa > _edge(m, loss, kappa_eff_max)
     # the flag (non-finite, or L_T > L_0) or the outcome (a spike above 10·L_0) diverges
     outcome = OUTCOMES[int(out.outcome[i])]
     diverged = bool(out.diverged[i]) or outcome == "diverges"
@@ -163,9 +163,10 @@ def _constant_sgd(row):
 
 def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0, target_kind,
             target_value, name, lam, n, steps_max, top, timings, widen,
-            optimizer_of=_constant_sgd) -> Suggestion:
+            optimizer_of=_constant_sgd, kappa_eff_max=None) -> Suggestion:
     """The :class:`Suggestion` of the rows; ``widen``: what grid option to widen (the reason
-    when nothing is found); ``optimizer_of(row)``: the choice's Optimizer."""
+    when nothing is found); ``optimizer_of(row)``: the choice's Optimizer; ``kappa_eff_max``:
+    the cap on κ̃ (named in the reason)."""
     cols = _columns(rows)
     common = dict(target=target_abs, initial_loss=l0, target_kind=target_kind,
                   target_value=target_value, grid=_frame(rows, cols), seconds_per_step=sps,
@@ -177,7 +178,9 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
         adam = bool(rows) and optimizer_of(rows[0]).rule == "adam"  # no κ edge for Adam
         why = (f"no configuration of the grid reaches the target loss {target_abs:.4g} within "
                f"T_max = {steps_max} steps without predicted divergence"
-               + (" or weight travel ρ > 1" if adam else " or κ beyond the stability edge"))
+               + (" or weight travel ρ > 1" if adam else " or κ beyond the stability edge")
+               + ("" if kappa_eff_max is None else
+                  f" or κ̃ = κ/(1 − m) above kappa_eff_max = {kappa_eff_max:g}"))
         if closest is not None and adam:
             why += (f" (lowest final loss {closest['final_loss']:.4g} at peak η = "
                     f"{closest['learning_rate']:.3g}, warmup {closest['warmup']:g} steps)")
@@ -299,8 +302,9 @@ def format_suggestion(r: dict) -> str:
     edge = sum(row["beyond_edge"] for row in grid)
     div = sum(row["diverged"] and not row["beyond_edge"] for row in grid)
     skipped = sum(not row.get("evaluated", True) for row in grid)
+    cap = cfg.get("kappa_eff_max")
     where = ("beyond weight travel ρ = 1" if any("weight_travel" in row for row in grid)
-             else "beyond the stability edge")
+             else "beyond the stability edge" + (f" or κ̃ > {cap:g}" if cap else ""))
     lines.append(f"admissible: {ok} of {len(grid)} grid configurations reach the target "
                  f"({edge} {where}"
                  + (f", {skipped} of them not predicted" if skipped else "")

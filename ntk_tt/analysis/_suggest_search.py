@@ -42,7 +42,7 @@ def _check_seconds(seconds_per_step, batches, n) -> dict | None:
 
 def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, target_abs, steps,
             lo, hi, num_kappas, tau, refine_steps, loss, key, num_paths, kernel, backbone,
-            timings, bar, evaluate_beyond_edge, head_kernel=None):
+            timings, bar, evaluate_beyond_edge, head_kernel=None, kappa_eff_max=None):
     """The work of :func:`ntk_tt.suggest` (arguments validated): kernel, step times, grid,
     refinement. Fills ``timings`` (seconds without compilation) and advances ``bar`` per stage."""
     from ntk_tt._aot import compiled
@@ -98,7 +98,7 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
     kappas = np.geomspace(lo, hi, num_kappas)
     kk, mm = (a.ravel() for a in np.meshgrid(kappas, np.asarray(moms), indexing="ij"))
     lrs = kk * n / lam
-    run = np.array([evaluate_beyond_edge or not lr * lam / n > _edge(m, loss)
+    run = np.array([evaluate_beyond_edge or not lr * lam / n > _edge(m, loss, kappa_eff_max)
                     for lr, m in zip(lrs, mm, strict=True)])
     target_j, tau_j = jnp.asarray(target_abs, dtype), jnp.asarray(tau, dtype)
     rows, datas, curves = [], {}, {}
@@ -120,7 +120,7 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
         for i in range(len(lrs)):
             if run[i]:
                 row = _row(b, n, float(lrs[i]), float(mm[i]), lam, out, j, sps[b], loss,
-                           "grid")
+                           "grid", kappa_eff_max)
                 curves[id(row)] = np.asarray(out.loss[j])
                 j += 1
             else:
@@ -139,7 +139,7 @@ def _search(apply_fn, params, x, y, f0, head, n, c, bsizes, moms, sps_given, tar
         choice, refinement, timings["refine"] = _refine(
             best, datas[best["b"]], static, lam, n, target_j, tau_j, dtype, refine_steps,
             step_log, (min(moms), max(moms)), sps[best["b"]], loss, rows, curves, compiled,
-            (lo, hi))
+            (lo, hi), kappa_eff_max)
         bar.update()
     return rows, ranked, best, choice, curves, refinement, sps, name, lam
 

@@ -31,7 +31,8 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
         head_scale, target, target_kind, steps (T_max), batch_sizes (candidate B, None entries
         = GD; omitted or None: ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50)
         without 50 when N = K·n <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min,
-        kappa_max, num_kappas, refine_steps, num_paths, loss, predictor, top; and the
+        kappa_max, num_kappas, refine_steps, num_paths, loss, predictor, top, kappa_eff_max;
+        and the
         optimiser search (``ntk_tt._options_suggest.split_optimizer_options``): optimizer
         ("sgd" | "adamw" | None), weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
 
@@ -89,7 +90,8 @@ def _suggest_report(o, opt_o, progress) -> dict:
                 steps=o["steps"], head=head if o["predictor"] != "linear" else None,
                 predictor=o["predictor"], num_kappas=o["num_kappas"],
                 refine_steps=o["refine_steps"], loss=o["loss"], key=key,
-                num_paths=o["num_paths"], top=o["top"], progress=progress, **grid)
+                num_paths=o["num_paths"], top=o["top"], progress=progress,
+                kappa_eff_max=o["kappa_eff_max"], **grid)
     n = int(x.shape[0])
     report = _plain({
         "config": o | opt_o, "task": info,
