@@ -131,6 +131,31 @@ def test_adam_predictions_abstain_beyond_unit_travel():
             assert pred.outcome in ("converges", "catapult") and pred.divergence == "no"
 
 
+def test_kernel_level_adam_calls_abstain_beyond_unit_travel_as_predict():
+    """A fresh user: at ρ = 41, predict said "unknown" while predict_head_aware and
+    sensitivities on the AdamKernel of the same run said "catapult" / divergence "no" (their
+    warning saying the prediction abstains). Now all three give predict's call, at ρ above and
+    below 1, on the very same curve."""
+    from ntk_tt.dynamics._divergence import OUTCOMES, VERDICTS
+    from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
+
+    apply_fn, params, x, y, head, ak = _adam_setup()
+    for factor in (0.5 * UNKNOWN_TRAVEL / LINEAR_TRAVEL, 3.0 * UNKNOWN_TRAVEL / LINEAR_TRAVEL):
+        opt = _adamw(head, factor)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ntk_tt.LinearRegimeWarning)
+            pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=head)
+            kp = ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T)
+            sens = ntk_tt.sensitivities(ak, y, optimizer=opt, steps=T)
+        np.testing.assert_allclose(np.asarray(kp.loss), pred.loss, rtol=1e-6)
+        abstains = factor * LINEAR_TRAVEL > UNKNOWN_TRAVEL
+        assert pred.outcome == ("unknown" if abstains else pred.outcome) != "diverges"
+        assert OUTCOMES[int(kp.outcome)] == OUTCOMES[int(sens.outcome)] == pred.outcome
+        assert VERDICTS[int(kp.divergence)] == sens.divergence == pred.divergence
+        assert bool(kp.beyond_edge) == bool(sens.beyond_edge) == abstains
+        assert (int(kp.spike_step) == -1) if abstains else pred.divergence == "no"
+
+
 
 def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
     """κ ≥ 68 calls a constant-η SGD run "diverges" whatever its curve (measured on SGD runs);

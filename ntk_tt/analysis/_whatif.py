@@ -58,7 +58,7 @@ from ntk_tt.analysis._whatif_core import (
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
 from ntk_tt.dynamics._checks import flag
 from ntk_tt.dynamics._divergence import DIVERGES
-from ntk_tt.dynamics._regime import kernel_travel
+from ntk_tt.dynamics._regime import abstain_beyond_travel, kernel_travel
 from ntk_tt.training._optimizer_run import check_shorthand
 
 
@@ -147,8 +147,9 @@ def sensitivities(
         ``kernel.weight_rms`` over the ``steps`` exceeds 0.07 (``ntk_tt.dynamics._regime``;
         as ``ntk_tt.predict``), the derivatives' point then outside the linearised regime
         the fast Adam predictor is measured in. ρ is not returned (``hyperparameters`` holds
-        the differentiated ones only); not checked when ``kernel.weight_rms`` is None or the
-        schedule or ``weight_rms`` is traced.
+        the differentiated ones only); beyond ρ = 1 the call abstains as ``predict``'s
+        (``beyond_edge`` True, outcome "unknown" unless the curve itself diverges). Not
+        checked when ``kernel.weight_rms`` is None or the schedule or ``weight_rms`` is traced.
 
     Raises:
       ValueError (before any work, with how to fix it): an empty kernel or y (N = 0), η not
@@ -177,9 +178,10 @@ def sensitivities(
             num_paths=num_paths, warmup_smoothing=warmup_smoothing)
         out = optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
                                       loss=loss, window=window)
-        # Adam: ρ from the AdamKernel's weight_rms; stacklevel 2 = the user's call of this
-        kernel_travel(optimizer, steps, getattr(kernel, "weight_rms", None), stacklevel=2)
-        return out
+        # Adam: ρ from the AdamKernel's weight_rms (stacklevel 2 = the user's call of this);
+        # beyond ρ = 1 the call abstains, as predict's
+        return abstain_beyond_travel(out, kernel_travel(
+            optimizer, steps, getattr(kernel, "weight_rms", None), stacklevel=2))
     _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
     nesterov = flag(nesterov)  # "no" is truthy: refused, as predict_from_kernel refuses it

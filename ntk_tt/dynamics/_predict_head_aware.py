@@ -38,7 +38,7 @@ from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._losses import check_loss, logit_residual
 from ntk_tt.dynamics._optim_linear import check_shorthand
 from ntk_tt.dynamics._predict_kernel import _summarise
-from ntk_tt.dynamics._regime import kernel_travel
+from ntk_tt.dynamics._regime import abstain_beyond_travel, kernel_travel
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     check_head_aware,
@@ -286,8 +286,10 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
     Warns:
       LinearRegimeWarning: Adam/AdamW whose weight travel ρ = Σ η_t / ``hk.weight_rms`` over
         the ``steps`` exceeds 0.07 (``ntk_tt.dynamics._regime``), as ``ntk_tt.predict`` does
-        (ρ is not returned: a KernelPrediction has no hyperparameters). Not checked when
-        ``hk.weight_rms`` is None or the schedule or ``weight_rms`` is traced.
+        (ρ is not returned: a KernelPrediction has no hyperparameters); beyond ρ = 1 the
+        call abstains as ``predict``'s: ``beyond_edge`` True and outcome "unknown" unless the
+        curve itself diverges. Not checked when ``hk.weight_rms`` is None or the schedule or
+        ``weight_rms`` is traced.
 
     Raises:
       ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
@@ -307,9 +309,10 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
         out = head_aware_prediction(hk, y, optimizer, steps=steps, loss=loss, key=key,
                                     num_paths=num_paths, y_test=y_test, a_h=a_h,
                                     a_h_test=a_h_test)
-        # Adam: ρ from the AdamKernel's weight_rms; stacklevel 2 = the user's call of this
-        kernel_travel(optimizer, steps, getattr(hk, "weight_rms", None), stacklevel=2)
-        return out
+        # Adam: ρ from the AdamKernel's weight_rms (stacklevel 2 = the user's call of this);
+        # beyond ρ = 1 the call abstains, as predict's
+        return abstain_beyond_travel(out, kernel_travel(
+            optimizer, steps, getattr(hk, "weight_rms", None), stacklevel=2))
     if a_h is not None or a_h_test is not None:
         raise ValueError("a_h and a_h_test (J_h θ_0) serve the weight decay of optimizer=; "
                          "drop them with the constant-η keywords.")

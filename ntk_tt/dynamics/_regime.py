@@ -32,6 +32,7 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._schedules import _concrete
@@ -145,6 +146,26 @@ def kernel_travel(optimizer, steps: int, weight_rms, stacklevel: int) -> float |
     travel = _ratio(float(np.sum(np.asarray(lrs, np.float64))), rms)
     warn_travel(travel, stacklevel=stacklevel + 2)  # + this and warn_travel
     return travel
+
+
+def abstain_beyond_travel(result, travel: float | None):
+    """``result`` (a NamedTuple with int32 ``outcome`` and bool ``beyond_edge``, and maybe
+    ``spike_step``: a KernelPrediction or OptimizerSensitivities) as ``ntk_tt.predict``
+    reports Adam beyond ρ = :data:`UNKNOWN_TRAVEL`: ``beyond_edge`` True and, unless its own
+    curve diverges, outcome "unknown" (``ABSTAINS``, spike_step −1); unchanged for ``travel``
+    None (not known: SGD, traced, no weight RMS) or at most :data:`UNKNOWN_TRAVEL`."""
+    if travel is None or not travel > UNKNOWN_TRAVEL:
+        return result
+    from ntk_tt.dynamics._divergence import ABSTAINS, DIVERGES
+
+    own = result.outcome == DIVERGES  # its own curve blew up: that call stands
+    out = result._replace(beyond_edge=jnp.ones_like(result.beyond_edge),
+                          outcome=jnp.where(own, result.outcome, ABSTAINS).astype(
+                              result.outcome.dtype))
+    if hasattr(result, "spike_step"):
+        out = out._replace(spike_step=jnp.where(own, result.spike_step, -1).astype(
+            result.spike_step.dtype))
+    return out
 
 
 def _is_weight(leaf) -> bool:
