@@ -119,6 +119,21 @@ def test_smooth_training_time_is_unchanged_where_the_curve_falls():
             np.array([1.0, 0.5, np.nan, 0.2, 0.1, 0.1, 0.1]), 0.1)))
 
 
+def test_a_traced_epsilon_outside_the_unit_interval_is_nan_as_the_hard_code_says():
+    """A fresh user: vmapped over ε, smooth_training_time gave 50, 0.57, 0.03 and 9e-27 for
+    ε = 0, 1, 1.2, −0.5 (eagerly refused), where training_time_array says NaN, INVALID. Now
+    NaN there, the valid entry the eager value, and the gradient there 0, not NaN."""
+    curve = jnp.exp(-jnp.arange(50) / 10.0) + 0.1
+    eps = jnp.array([0.1, 0.0, 1.0, 1.2, -0.5])
+    soft = jax.vmap(ntk_tt.smooth_training_time, (None, 0))(curve, eps)
+    _, codes = jax.vmap(ntk_tt.training_time_array, (None, 0))(curve, eps)
+    assert np.array_equal(np.isnan(soft), np.asarray(codes) == ntk_tt.INVALID)
+    assert np.isnan(soft[1:]).all() and codes[0] == 0
+    assert float(soft[0]) == pytest.approx(float(ntk_tt.smooth_training_time(curve, 0.1)))
+    grads = jax.vmap(jax.grad(ntk_tt.smooth_training_time), (None, 0))(curve, eps)
+    assert np.isfinite(grads).all() and not np.asarray(grads[1:]).any()
+
+
 def test_non_finite_curve_is_undefined():
     value, reason = ntk_tt.training_time_report(np.array([1.0, 0.5, np.nan, 0.1]), 0.1,
                                                 window=1)

@@ -294,7 +294,8 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
 
     Returns:
       A scalar, T_ε in (fractional) optimiser steps, or NaN for a flat, rising or non-finite
-      curve (above).
+      curve (above) and for a traced ε outside (0, 1) (``training_time_array``'s code
+      ``INVALID``; a concrete one is refused).
 
     Raises:
       ValueError: the same argument errors as :func:`training_time` (curve not numbers,
@@ -303,12 +304,16 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     """
     curve = _check_curve(curve, window)
     _check_epsilon(epsilon)
+    # a traced ε outside (0, 1) gives NaN (training_time_array: INVALID), computed at a
+    # harmless ε so that the unused branch has no 0/0 in its gradient
+    valid_eps = (epsilon > 0) & (epsilon < 1)
+    epsilon = jnp.where(valid_eps, epsilon, 0.5)
     gap, drop, floor = _distance(curve, epsilon, window)
     falls = drop > floor  # training_time_array's test: NaN (NOT_DECREASING, NON_FINITE) else
     # a harmless scale where it does not fall, so the unused branch has no 0/0 in its gradient
     scale = temperature * epsilon * jnp.where(falls, drop, jnp.ones_like(drop))
     log_far = jax.nn.log_sigmoid(gap / scale)
-    return jnp.where(falls, jnp.sum(jnp.exp(jnp.cumsum(log_far))), jnp.nan)
+    return jnp.where(falls & valid_eps, jnp.sum(jnp.exp(jnp.cumsum(log_far))), jnp.nan)
 
 
 def wall_clock_time(steps, seconds_per_step):
