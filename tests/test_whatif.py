@@ -166,6 +166,33 @@ def test_diverged_prediction_has_nan_derivatives(x64):
         assert np.isnan(float(getattr(s, field))), field
 
 
+def test_a_traced_point_the_checks_refuse_is_nan_and_invalid(x64):
+    """A fresh user: under jax.jit, η = −0.1, η = 0 or m = 1 gave a NaN L_T beside finite
+    derivatives (dL/dη = −225) and code NON_FINITE. Now every value and derivative is NaN and
+    the code INVALID with outcome "unknown", as predict_from_kernel says; a valid traced point
+    equals the eager one."""
+    p = _plain_problem()
+    lr = 0.5 * N / _lam_max(p["kernel"])
+    run = jax.jit(lambda eta, m: ntk_tt.sensitivities(
+        p["kernel"], p["y"], learning_rate=eta, momentum=m, steps=STEPS, f0=p["f0"],
+        kernel_test=p["kernel_test"], f0_test=p["f0_test"], y_test=p["yt"]))
+    for eta, m in ((-lr, 0.0), (0.0, 0.0), (lr, 1.0)):
+        s = run(eta, m)
+        assert int(s.training_time_code) == ntk_tt.INVALID and s.divergence == "unknown"
+        for field in ("training_time", "training_time_hard", "final_loss", "test_accuracy",
+                      "d_training_time_d_lr", "d_training_time_d_momentum", "d_final_loss_d_lr",
+                      "d_final_loss_d_momentum", "d_test_accuracy_d_lr",
+                      "training_time_elasticity", "final_loss_elasticity"):
+            assert np.isnan(float(getattr(s, field))), field
+    traced, eager = run(lr, 0.5), ntk_tt.sensitivities(
+        p["kernel"], p["y"], learning_rate=lr, momentum=0.5, steps=STEPS, f0=p["f0"],
+        kernel_test=p["kernel_test"], f0_test=p["f0_test"], y_test=p["yt"])
+    assert int(traced.training_time_code) == int(eager.training_time_code) == 0
+    for field in ("training_time", "d_training_time_d_lr", "d_final_loss_d_momentum"):
+        assert float(getattr(traced, field)) == pytest.approx(float(getattr(eager, field)),
+                                                              rel=1e-9), field
+
+
 def _head_apply(params, x):
     """f = (x V + c) W + b: a linear backbone under a linear head, of exactly the head-aware
     form (its feature kernel is K_h(i, j) = (x_i·x_j + 1) I_F, isotropic)."""

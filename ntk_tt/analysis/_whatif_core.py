@@ -26,6 +26,7 @@ from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
     CALLED_DIVERGES,
     DIVERGED,
+    INVALID,
     OK,
     REASONS,
     smooth_training_time,
@@ -258,14 +259,18 @@ def settle(values, jac, pred, y_test, epsilon, window, blind):
     NaN where undefined, T_ε also where ``blind`` (code ``BEYOND_EDGE``: a frozen kernel with
     cross-entropy beyond the edge, as ``predict``) or called divergent (code
     ``CALLED_DIVERGES``, :func:`called_divergent`); the accuracies None and ``jac`` without
-    its accuracy row (2, k) without held-out data (as :class:`Sensitivities` documents)."""
+    its accuracy row (2, k) without held-out data (as :class:`Sensitivities` documents). A
+    point the eager checks would refuse (traced; ``pred``'s code ``INVALID``) is NaN with every
+    derivative, code ``INVALID``, as ``predict_from_kernel``."""
     nan = jnp.asarray(jnp.nan, values.dtype)
     t_hard, code = training_time_array(pred.loss, epsilon, window)
     diverged, called = pred.diverged, called_divergent(pred)
-    code = jnp.where(diverged, DIVERGED, jnp.where(
-        called, CALLED_DIVERGES, jnp.where(blind, BEYOND_EDGE, code))).astype(jnp.int32)
+    invalid = jnp.any(pred.training_time_code == INVALID)
+    code = jnp.where(invalid, INVALID, jnp.where(diverged, DIVERGED, jnp.where(
+        called, CALLED_DIVERGES, jnp.where(blind, BEYOND_EDGE, code)))).astype(jnp.int32)
     defined = code == OK
-    jac = jnp.where(diverged, nan, jac)
+    values = jnp.where(invalid, nan, values)
+    jac = jnp.where(diverged | invalid, nan, jac)
     jac = jac.at[0].set(jnp.where(defined, jac[0], nan))
     t_hard = jnp.where(diverged | blind | called, nan, t_hard)
     if y_test is None:  # no held-out data: no accuracy, no derivative of it
