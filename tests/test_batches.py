@@ -47,6 +47,7 @@ def test_same_key_same_sequence_and_gd_ignores_key():
         (10, 5, 5, "int", "key must be a jax random key"),
         (10, 5, 5, "str", "key must be a jax random key"),
         (10, 5, 5, "float", "key must be a jax random key"),
+        (0, 1, 5, 0, r"n \(the number of training samples N\) must be >= 1, got 0"),
     ],
 )
 def test_bad_arguments_raise(n, b, steps, key, match):
@@ -76,3 +77,13 @@ def test_path_batches_are_each_paths_batch_indices(raw):
             path_batch_indices(bad, n, b, steps, paths)
     with pytest.raises(ValueError, match="batch_size must be an int"):
         path_batch_indices(key, n, 2.5, steps, paths)
+
+
+def test_a_predictor_on_no_samples_names_them_not_a_batch_size():
+    """A fresh user: predict_from_kernel on an empty kernel, no batch_size given, was told
+    "batch_size must satisfy 1 <= batch_size <= N = 0"."""
+    kernel, f0, y = np.zeros((0, 0)), np.zeros((0, 3)), np.zeros(0, int)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=5)
+    assert str(err.value).startswith("no training samples: N = 0") and "batch" not in str(
+        err.value)

@@ -35,6 +35,11 @@ def test_weight_travel_is_the_summed_schedule_over_the_rms_weight():
         with pytest.raises(ValueError, match="hold NaN or inf"):
             ntk_tt.weight_travel([0.1], broken)
     assert ntk_tt.weight_travel([], params) == 0.0
+    # a fresh user: a bad 1,000-step schedule printed all of it (9,039 characters)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.weight_travel(np.r_[np.full(500, 1e-3), -1e-3, np.full(499, 1e-3)], params)
+    assert str(err.value).endswith("got η_500 = -0.001 (of 1000 steps).")
+    assert len(str(err.value)) < 200
 
 
 class MLP(nnx.Module):

@@ -43,6 +43,8 @@ def _check(key, n, batch_size, steps) -> bool:
     for name, value in (("n", n), ("batch_size", batch_size), ("steps", steps)):
         if not _is_int(value):
             raise ValueError(f"{name} must be an int, got {value!r}.")
+    if n < 1:
+        raise ValueError(f"n (the number of training samples N) must be >= 1, got {n}.")
     if not 1 <= batch_size <= n:
         raise ValueError(
             f"batch_size must satisfy 1 <= batch_size <= N = {n}, got {batch_size}; "
@@ -109,6 +111,9 @@ def check_sizes(steps, batch_size, n: int) -> None:
             raise ValueError(f"{name} cannot be traced (jit / vmap / grad over it): it sets the "
                              "recursion's shapes (updates, minibatch size); call once per "
                              f"{name} value and sweep learning_rate and momentum inside.")
+    if n < 1:
+        raise ValueError(f"no training samples: N = {n} (an empty kernel, x or y); give at "
+                         "least one example.")
     if (isinstance(steps, bool) or not _is_int(steps) or steps < 1 or steps > MAX_STEPS):
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
                          f"got {steps!r}.")

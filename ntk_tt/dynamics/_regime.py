@@ -88,9 +88,13 @@ def weight_travel(learning_rates, params) -> float:
     except (TypeError, ValueError):
         lrs = None
     if lrs is None or not np.all(np.isfinite(lrs)) or np.any(lrs < 0):
+        if lrs is None:
+            got = f"{type(learning_rates).__name__} of shape {np.shape(learning_rates)}"
+        else:  # the first bad entry, not the whole schedule (thousands of steps)
+            t = int(np.argmax(~np.isfinite(lrs) | (lrs < 0)))
+            got = f"η_{t} = {lrs[t]:g} (of {lrs.size} steps)"
         raise ValueError(f"weight_travel needs learning_rates as a 1-D array of finite real "
-                         f"numbers >= 0 (η_t per step: Optimizer.learning_rates(T)), got "
-                         f"{learning_rates!r}.")
+                         f"numbers >= 0 (η_t per step: Optimizer.learning_rates(T)), got {got}.")
     return _ratio(float(np.sum(lrs)), backbone_rms(params))
 
 
