@@ -47,6 +47,18 @@ def _predicted_verdict(r: dict):
     return f"{said == 'yes'}" + (f" ({why})" if why else "")
 
 
+def _real_verdict(r: dict):
+    """The real run's side of the report's last line, as the prediction's call counts it: its
+    flag (non-finite, or L_T > L_0), or True with why for a spike above 10·L_0 that fell back
+    (outcome "diverges"; a fresh user read "predicted True, real False" beside "outcome:
+    predicted diverges, real diverges" as a contradiction)."""
+    real = r["real"]
+    if not r["diverged"]["real"] and real.get("outcome") == "diverges" \
+            and real.get("spiked_at") is not None:
+        return f"True (spiked above 10·L_0 at step {real['spiked_at']}, then fell below L_0)"
+    return r["diverged"]["real"]
+
+
 def _outcome_line(r: dict) -> list[str]:
     """"outcome: predicted X, real Y" (converges / catapult / diverges / unknown, with the
     first step above L_0); [] for a report without outcomes."""
@@ -181,10 +193,10 @@ def _comparison_lines(r: dict) -> list[str]:
     else:
         dist = r["curve_distance"]["loss"]
         rel = dist["max_rel_to_fall"]
-        share = (f"{_fmt(100 * rel)} % of the real fall {_fmt(dist['real_fall'])}"
+        share = (f"{100 * rel:.3g} % of the real fall {dist['real_fall']:.4g}"
                  if rel is not None else
-                 f"real fall {_fmt(dist['real_fall'])}: not positive, no relative distance")
-        lines = [f"loss curves: max |predicted − real| = {_fmt(dist['max_abs'])} ({share})"]
+                 f"real fall {dist['real_fall']:.4g}: not positive, no relative distance")
+        lines = [f"loss curves: max |predicted − real| = {dist['max_abs']:.3g} ({share})"]
     if not t["n_test"]:
         lines.append("held-out accuracy at T: no held-out images (--test-per-class 0)")
     else:
@@ -193,7 +205,7 @@ def _comparison_lines(r: dict) -> list[str]:
                              if side is pred and _called_divergent(pred)
                              else "n/a (--subset: not predicted)"
                              if side["test_accuracy"] is None
-                             else _fmt(side["test_accuracy"]))
+                             else f"{side['test_accuracy']:.3f}")
                for name, side in (("predicted", pred), ("real", real))]
         lines.append(f"held-out accuracy at T: {', '.join(acc)}")
     return lines
@@ -209,7 +221,7 @@ def _ratio(r: dict) -> str:
         return "not meaningful (the prediction diverged: it predicts no T_ε to compare)"
     if _called_divergent(pred):
         return "not meaningful (the prediction calls divergence: it predicts no T_ε to compare)"
-    return _fmt(r["seconds"]["ratio"])
+    return f"{r['seconds']['ratio']:.3g}"
 
 
 def _interval(pred: dict, curve: str, eps: str) -> str:
@@ -288,8 +300,19 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
     if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
         # (a warning of the prediction says it better; a call of divergence has its own line)
         lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
-                     "stability edge: the real run will likely diverge or oscillate; the "
-                     "predicted curve and T_ε are not trustworthy; lower --lr")
+                     "stability edge, where the real run may diverge or spike and recover "
+                     "(there 18 of 174 benchmark runs and 151 of 384 corpus runs diverged, "
+                     "README) and the predicted curve and T_ε are least reliable: check it "
+                     "with --verify, or lower --lr")
+    sgd = (r.get("optimizer") or {}).get("optimizer") == "sgd"  # Adam: κ does not size it
+    if sgd and not said_diverges and not pred.get("beyond_edge") and pred["kappa"] / (
+            1.0 - r["optimizer"]["momentum"]) > 12.0:  # TESTED_KAPPA
+        from ntk_tt.analysis._suggest_report import effective_kappa_note  # JAX is loaded
+
+        lines.append("note: " + effective_kappa_note(
+            pred["kappa"] / (1.0 - r["optimizer"]["momentum"]))
+            + (": the real run is compared below" if real else
+               ": check it with a real run (--verify)"))
     asked = r["config"]["test_per_class"]
     if t["test_per_class"] < asked:
         lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "
@@ -324,8 +347,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
             f"fine-tuning / prediction wall time = {_ratio(r)}")
         lines += _comparison_lines(r)
         lines += _outcome_line(r)
-        lines.append(f"diverged: predicted {_predicted_verdict(r)}, "
-                     f"real {r['diverged']['real']}")
+        lines.append(f"diverged: predicted {_predicted_verdict(r)}, real {_real_verdict(r)}")
     else:
         if not clock:
             lines.append(_prediction_only(r, interrupted))

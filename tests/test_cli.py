@@ -360,11 +360,40 @@ def test_diverged_verify_run_is_said_and_not_compared(pred_diverged, real_diverg
 def test_converged_verify_run_keeps_the_comparisons():
     text = format_report(fake_report(verify=True, pred_diverged=False, real_diverged=False))
     assert "loss curves: max |predicted − real| = 0.01 (2 % of the real fall 0.5)" in text
-    assert "held-out accuracy at T: predicted 0.5, real 0.5" in text
+    assert "held-out accuracy at T: predicted 0.500, real 0.500" in text
     assert "fine-tuning / prediction wall time = 0.004" in text
     assert ("images: 28×28×1 → 32×32×3, preprocessing: grey → RGB (channel repeated); "
             "resized from 28×28 to 32×32 px (bilinear, antialiased)") in text
     assert "diverged" not in text.replace("diverged: predicted False, real False", "")
+
+
+def test_beyond_the_edge_the_warning_says_what_the_benchmark_measured():
+    """A fresh user: "the real run will likely diverge or oscillate" fired on three runs that
+    trained normally (T_ε within 0-9 %), where README counts 18 of 174 benchmark runs beyond
+    the edge diverging; the warning now says may, with those counts."""
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    r["predicted"] |= {"beyond_edge": True, "kappa": 5.0}
+    (line,) = [ln for ln in format_report(r).splitlines() if "stability edge" in ln]
+    assert line.startswith("warning: κ = 5 is beyond the linearised model's stability edge, "
+                           "where the real run may diverge or spike and recover (there 18 of "
+                           "174 benchmark runs and 151 of 384 corpus runs diverged, README)")
+    assert "effective κ̃" not in format_report(r)  # the edge's warning says more
+
+
+@pytest.mark.parametrize("kappa,momentum,noted", [(0.9, 0.95, True), (0.9, 0.9, False),
+                                                   (13.0, 0.0, True), (11.0, 0.0, False)])
+def test_an_effective_kappa_beyond_the_benchmark_grid_is_noted(kappa, momentum, noted):
+    """A fresh user: predict at m = 0.999 (κ̃ = κ/(1 − m) ≈ 1000) said nothing, where suggest
+    notes a κ̃ beyond the benchmark's main grid (κ̃ <= 12); predict now says it too."""
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    r["predicted"]["kappa"], r["optimizer"]["momentum"] = kappa, momentum
+    notes = [ln for ln in format_report(r).splitlines() if "effective κ̃" in ln]
+    assert len(notes) == int(noted)
+    if noted:
+        assert notes[0].startswith(f"note: effective κ̃ = κ/(1 − m) = "
+                                   f"{kappa / (1 - momentum):.3g} is beyond the benchmark "
+                                   "sweep's main grid (κ̃ <= 12;")
+        assert notes[0].endswith("check it with a real run (--verify)")
 
 
 @pytest.mark.parametrize("diverged", [False, True])
@@ -390,6 +419,21 @@ def test_spiked_and_recovered_run_is_said_not_called_diverged():
     assert "real run spiked above 10·L_0 at step 3 and recovered" in text
     assert "prediction spiked" not in text and "real run diverged" not in text
     assert "diverged: predicted True, real False" in text
+
+
+def test_a_real_spike_the_outcome_calls_divergent_is_true_on_the_last_line():
+    """A fresh user read "outcome: predicted diverges, real diverges" above "diverged:
+    predicted True, real False" as a contradiction: a real spike above 10·L_0 that fell back
+    is outcome "diverges" (the definition the prediction's call is scored by), so the last
+    line now says True, and why."""
+    r = fake_report(verify=True, pred_diverged=True, real_diverged=False)
+    r["real"] |= {"spiked_at": 1, "outcome": "diverges", "spike_step": 1}
+    r["predicted"] |= {"outcome": "diverges", "spike_step": 1}
+    lines = format_report(r).splitlines()
+    assert "outcome: predicted diverges (above L_0 from step 1), real diverges (above L_0 " \
+           "from step 1)" in lines
+    assert lines[-1] == ("diverged: predicted True, real True (spiked above 10·L_0 at step 1, "
+                         "then fell below L_0)")
 
 
 @pytest.mark.parametrize("verify", [False, True])
@@ -418,13 +462,13 @@ def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(veri
                     "T_ε, steps to target or comparison (lower --lr)")
     assert text.splitlines()[-1].startswith(f"diverged: predicted True ({why}")
     assert "prediction diverged at step" not in text and "prediction spiked" not in text
-    assert "T_ε are not trustworthy" not in text  # no T_ε to distrust (a second fresh user)
+    assert "stability edge, where the real run may" not in text  # nothing to distrust
     if verify:
         assert "max |predicted − real|" not in text
         assert "loss curves: not compared (the prediction calls the real run divergent" in text
         (acc,) = [ln for ln in text.splitlines() if ln.startswith("held-out accuracy")]
         assert acc == ("held-out accuracy at T: predicted not meaningful (predicted to "
-                       "diverge), real 0.5")
+                       "diverge), real 0.500")
         (ratio,) = [ln for ln in text.splitlines() if ln.startswith("real fine-tuning:")]
         assert ratio.endswith("wall time = not meaningful (the prediction calls divergence: "
                               "it predicts no T_ε to compare)")

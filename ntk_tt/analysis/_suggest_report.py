@@ -19,6 +19,13 @@ sweep": T_ε p95 30.5 / 36.5 % there, GD / SGD); beyond it only divergence calls
 checked against real runs."""
 
 
+def effective_kappa_note(keff: float) -> str:
+    """The words of ``ntk-tt suggest`` / ``predict`` for an effective κ̃ above TESTED_KAPPA."""
+    return (f"effective κ̃ = κ/(1 − m) = {keff:.3g} is beyond the benchmark sweep's main grid "
+            f"(κ̃ <= {TESTED_KAPPA:g}; T_ε p95 30-37 % at κ̃ = 12, larger κ̃ checked for "
+            "divergence only)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Suggestion:
     """Result of :func:`ntk_tt.suggest`. Time is in optimiser steps and seconds; losses are MEAN
@@ -271,10 +278,8 @@ def format_suggestion(r: dict) -> str:
     keff = (s["kappa"] / (1.0 - s["momentum"])
             if opt not in ("adam", "adamw") and s["momentum"] < 1.0 else None)
     if keff is not None and keff > TESTED_KAPPA:
-        lines.append(f"  note: its effective κ̃ = κ/(1 − m) = {keff:.3g} is beyond the "
-                     f"benchmark sweep's main grid (κ̃ <= {TESTED_KAPPA:g}; T_ε p95 30-37 % "
-                     "at κ̃ = 12, larger κ̃ checked for divergence only): check it with a real "
-                     "run (ntk-tt predict --verify)")
+        lines.append(f"  note: its {effective_kappa_note(keff)}: check it with a real run "
+                     "(ntk-tt predict --verify)")
     if (s.get("weight_travel") or 0.0) > LINEAR_TRAVEL:
         lines.append(f"  warning: Adam's schedule lets the backbone's weights move by up to "
                      f"ρ = {s['weight_travel']:.2g} of their RMS (> {LINEAR_TRAVEL:g}), beyond "
