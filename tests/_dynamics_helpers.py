@@ -17,8 +17,12 @@ def linear_apply(params, x):
     return x @ params["w"] + params["b"]
 
 
-def linear_problem(n=16, d=6, c=3, seed=0, dtype=jnp.float64):
-    """(params, x, y) for the linear model, with small random initial weights."""
+def linear_problem(n=16, d=6, c=3, seed=0, dtype=None):
+    """(params, x, y) for the linear model, with small random initial weights; ``dtype``
+    None: float64 under x64, else float32 (what a float64 request is truncated to, without
+    JAX's warning)."""
+    if dtype is None:
+        dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     kx, kw, ky = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(kx, (n, d), dtype)
     params = {"w": 0.3 * jax.random.normal(kw, (d, c), dtype), "b": jnp.zeros(c, dtype)}

@@ -200,7 +200,9 @@ def run_labels(rows: Sequence[dict]) -> list[dict[str, float]]:
     by_task: dict[str, list[float]] = {}
     for r, lb in zip(rows, lab, strict=True):
         by_task.setdefault(r["task_id"], []).append(lb["test_accuracy"])
-    med = {t: float(np.nanmedian(v)) for t, v in by_task.items()}
+    # a task whose runs all lack an accuracy has no median (NaN, without numpy's warning)
+    med = {t: float(np.nanmedian(v)) if not np.isnan(v).all() else math.nan
+           for t, v in by_task.items()}
     return [lb | {"above_median": math.nan if math.isnan(lb["test_accuracy"])
                   else float(lb["test_accuracy"] > med[r["task_id"]])}
             for r, lb in zip(rows, lab, strict=True)]
