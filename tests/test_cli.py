@@ -773,6 +773,15 @@ def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.texts] == ["prediction diverged\nat step 3"]
     with pytest.raises(FileExistsError):
         figure(tmp_path / "f.png", pred, run, overwrite=False)
+    # both at one step: one label (a fresh user saw the two printed on top of each other)
+    run.diverged_at = 3
+    figure(tmp_path / "g.png", pred, run, overwrite=False)
+    assert [t.get_text() for t in figs[-1].axes[0].texts] == [
+        "prediction and real run diverged\nat step 3"]
+    run.diverged_at = 4
+    figure(tmp_path / "h.png", pred, run, overwrite=False)
+    assert [t.get_text() for t in figs[-1].axes[0].texts] == [
+        "prediction diverged\nat step 3", "real run diverged\nat step 4"]
 
 
 def start_program(args, cwd, before=""):

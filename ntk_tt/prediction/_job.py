@@ -155,15 +155,19 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
         if band is not None:
             ax.fill_between(steps, band[0], band[1], alpha=0.25, color="C0",
                             label="predicted 5–95 %")
-        for label, who, side, color, ls in sides:
+        for label, _, side, color, ls in sides:
             curve, at = np.asarray(getattr(side, name), float), side.diverged_at
             end = len(curve) if at is None else at + 1
             ax.plot(steps[:end], curve[:end], color=color, ls=ls, label=label)
             if at is not None:
                 ax.axvline(at, color=color, lw=1.2, ls="-.")
-                ax.annotate(f"{who} diverged\nat step {at}", (at, 0.97),
-                            xycoords=("data", "axes fraction"), ha="right", va="top",
-                            fontsize=8, color=color, rotation=90)
+        # one label per divergence step (both sides at one step: one label, not two on top
+        # of each other, a fresh user's find)
+        for at in sorted({side.diverged_at for *_, side, _, _ in sides} - {None}):
+            who = [(w, c) for _, w, side, c, _ in sides if side.diverged_at == at]
+            ax.annotate(f"{' and '.join(w for w, _ in who)} diverged\nat step {at}", (at, 0.97),
+                        xycoords=("data", "axes fraction"), ha="right", va="top", fontsize=8,
+                        color=who[0][1] if len(who) == 1 else "k", rotation=90)
         t = prediction.training_time[name][0.1]
         if math.isfinite(t):
             ax.axvline(t, color="C0", lw=0.8, ls=":", label="predicted T_0.1")
