@@ -1,14 +1,16 @@
 """Check ``ntk_tt.suggest`` against the real (η, m, B) grid of the telemetry corpus.
 
     python experiments/suggest_check.py --corpus experiments/results/telemetry \\
-        --out experiments/results/suggest [--fractions 0.5,0.7] [--per-class 10]
+        --out experiments/results/suggest [--fractions 0.5,0.7] [--per-class 10] \\
+        [--kappa-eff-max 12]
 
 For every corpus task with ``--per-class`` images per class (N = 50 at 10: 12 tasks), for each
 target fraction q: the target is the absolute mean training loss q·L_0 (L_0 = the corpus runs'
 full-training-set loss at w0, the same for every run of the task); ``suggest`` runs
 restricted to the task's batch sizes (GD and B = 10 at N = 50) and T_max = the corpus's 40
 steps, with the default grid (16 κ in [0.05, 50] × m ∈ {0, 0.5, 0.9, 0.95}), the head-aware
-predictor and 8 SGD paths, measuring its own seconds per step; then the suggested
+predictor and 8 SGD paths (``--kappa-eff-max``: ``suggest(kappa_eff_max=)``, the effective
+κ̃ = κ/(1 − m) capped), measuring its own seconds per step; then the suggested
 configuration is fine-tuned for real once (``ntk_tt.finetune``, the task's data from
 ``load_corpus_task`` and the batch order ``_run_key(task, 0)`` of the corpus's run seed 0).
 
@@ -83,7 +85,7 @@ def grid_rows(corpus: pathlib.Path, task_id: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["run_id"])
 
 
-def check_task(task, spec, corpus, fractions, num_paths):
+def check_task(task, spec, corpus, fractions, num_paths, kappa_eff_max=None):
     import ntk_tt
     from ntk_tt.sweep._corpus import _run_key, load_corpus_task
 
@@ -123,7 +125,7 @@ def check_task(task, spec, corpus, fractions, num_paths):
         s = ntk_tt.suggest(apply_fn, params, x, y, head=split, target=target,
                            target_kind="absolute", steps=steps,
                            batch_sizes=tuple(None if b == n else b for b in bs), key=key,
-                           num_paths=num_paths)
+                           num_paths=num_paths, kappa_eff_max=kappa_eff_max)
         seconds_suggest = time.perf_counter() - t1
         rec = dict(task_id=task.id, dataset=task.dataset, task_seed=task.seed, fraction=q,
                    initial_loss=l0, target=target, grid_runs=len(grid),
@@ -247,6 +249,8 @@ def main(argv=None) -> int:
     p.add_argument("--per-class", type=int, default=10)
     p.add_argument("--num-paths", type=int, default=8)
     p.add_argument("--tasks", nargs="*", help="only these task ids")
+    p.add_argument("--kappa-eff-max", type=float, default=None,
+                   help="suggest's cap on the effective κ̃ = κ/(1 − m) (default: none)")
     p.add_argument("--replot", action="store_true",
                    help="only redraw the figure from --out's CSV and runs.json")
     p.add_argument("--verify-report", type=pathlib.Path,
@@ -276,7 +280,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     recs, curves = [], []
     for task in tasks:
-        for rec, cv in check_task(task, spec, args.corpus, fractions, args.num_paths):
+        for rec, cv in check_task(task, spec, args.corpus, fractions, args.num_paths,
+                                  args.kappa_eff_max):
             recs.append(rec)
             curves.append(cv)
     df = pd.DataFrame(recs)
@@ -286,6 +291,9 @@ def main(argv=None) -> int:
     total = time.perf_counter() - t0
     for q, d in df.groupby("fraction"):
         ranks = d["rank"].dropna()
+        miss = ((d.pred_steps - d.real_steps).abs() / d.real_steps).dropna()
+        print(f"q={q:g}: steps to target |pred − real|/real median {miss.median():.3g}, max "
+              f"{miss.max():.3g} (n = {len(miss)})")
         print(f"q={q:g}: tasks {len(d)}, rank 1 in {int((ranks == 1).sum())}, median rank "
               f"{ranks.median() if len(ranks) else float('nan'):g} of "
               f"{d.ranked.median():g}, median ratio {d.ratio.median():.3g}, max ratio "
