@@ -5,12 +5,14 @@ L2 decay; AdamW on an AdamKernel; a callable schedule), the constant-schedule MS
 against the closed-form heavy-ball edge and the constant-η grid, and the refusals."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from _ntk_models import mlp_problem, mlp_split_problem
 
 import ntk_tt
 from ntk_tt.analysis import _whatif, _whatif_boundary
+from ntk_tt.dynamics._divergence import outcome
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 N, NT, C, T, EPS = 16, 6, 3, 30, 0.1
@@ -38,7 +40,11 @@ def _check_cells(grid, reference, adam=False):
             div = bool(pred.diverged)
             where = f"m = {m}, peak = {peak}"
             assert grid.diverged[i, j] == div, where
-            assert grid.outcome[i, j] == int(pred.outcome), where
+            # predict_head_aware abstains beyond Adam's weight travel ρ = 1 ("unknown"); the
+            # grid, which looks for the divergence edge, keeps the curve's own call there
+            own = (int(outcome(jnp.asarray(pred.loss)).outcome)
+                   if adam and bool(pred.beyond_edge) else int(pred.outcome))
+            assert grid.outcome[i, j] == own, where
             # T_ε NaN where predict's is: diverged, or a frozen cross-entropy Θ beyond the edge
             blind = not np.isfinite(np.asarray(pred.training_time)).any()
             hard = np.nan if div or blind else ntk_tt.training_time(np.asarray(pred.loss), EPS)

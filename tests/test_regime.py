@@ -159,6 +159,15 @@ def test_kernel_level_adam_calls_abstain_beyond_unit_travel_as_predict():
         assert VERDICTS[int(kp.divergence)] == sens.divergence == pred.divergence
         assert bool(kp.beyond_edge) == bool(sens.beyond_edge) == abstains
         assert (int(kp.spike_step) == -1) if abstains else pred.divergence == "no"
+        # the same under jit (a second fresh user: there it said "catapult") and swept by vmap
+        # over the peak, where ρ is traced: computed in JAX
+        jitted = jax.jit(lambda yy, o=opt: ntk_tt.predict_head_aware(ak, yy, optimizer=o,
+                                                                      steps=T))(y)
+        assert (int(jitted.outcome), bool(jitted.beyond_edge)) == (int(kp.outcome), abstains)
+    peaks = jnp.array([_peak(head, f) for f in (0.5 / LINEAR_TRAVEL, 3.0 / LINEAR_TRAVEL)])
+    swept = jax.jit(jax.vmap(lambda p: ntk_tt.predict_head_aware(ak, y, optimizer=ntk_tt.adamw(
+        ntk_tt.warmup_cosine(p, 3, T), weight_decay=0.0), steps=T)))(peaks)
+    assert swept.beyond_edge.tolist() == [False, True] and int(swept.outcome[1]) == 3
 
 
 

@@ -148,8 +148,9 @@ def sensitivities(
         as ``ntk_tt.predict``), the derivatives' point then outside the linearised regime
         the fast Adam predictor is measured in. ρ is not returned (``hyperparameters`` holds
         the differentiated ones only); beyond ρ = 1 the call abstains as ``predict``'s
-        (``beyond_edge`` True, outcome "unknown" unless the curve itself diverges). Not
-        checked when ``kernel.weight_rms`` is None or the schedule or ``weight_rms`` is traced.
+        (``beyond_edge`` True, outcome "unknown" unless the curve itself diverges; also under
+        ``jit`` / ``vmap``). Neither when ``kernel.weight_rms`` is None; no warning when the
+        schedule or ``weight_rms`` is traced.
 
     Raises:
       ValueError (before any work, with how to fix it): an empty kernel or y (N = 0), η not
@@ -178,10 +179,11 @@ def sensitivities(
             num_paths=num_paths, warmup_smoothing=warmup_smoothing)
         out = optimizer_sensitivities(problem, epsilon, temperature, accuracy_temperature,
                                       loss=loss, window=window)
-        # Adam: ρ from the AdamKernel's weight_rms (stacklevel 2 = the user's call of this);
-        # beyond ρ = 1 the call abstains, as predict's
-        return abstain_beyond_travel(out, kernel_travel(
-            optimizer, steps, getattr(kernel, "weight_rms", None), stacklevel=2))
+        # Adam: ρ from the AdamKernel's weight_rms, warned (stacklevel 2 = the user's call of
+        # this) and, beyond ρ = 1, the call abstains as predict's
+        rms = getattr(kernel, "weight_rms", None)
+        kernel_travel(optimizer, steps, rms, stacklevel=2)
+        return abstain_beyond_travel(out, optimizer, steps, rms)
     _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
     nesterov = flag(nesterov)  # "no" is truthy: refused, as predict_from_kernel refuses it

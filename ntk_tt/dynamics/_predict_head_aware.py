@@ -288,8 +288,8 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
         the ``steps`` exceeds 0.07 (``ntk_tt.dynamics._regime``), as ``ntk_tt.predict`` does
         (ρ is not returned: a KernelPrediction has no hyperparameters); beyond ρ = 1 the
         call abstains as ``predict``'s: ``beyond_edge`` True and outcome "unknown" unless the
-        curve itself diverges. Not checked when ``hk.weight_rms`` is None or the schedule or
-        ``weight_rms`` is traced.
+        curve itself diverges (also under ``jit`` / ``vmap``, computed in JAX). Neither when
+        ``hk.weight_rms`` is None; no warning when the schedule or ``weight_rms`` is traced.
 
     Raises:
       ValueError: as :func:`ntk_tt.predict_from_kernel` (``optimizer`` included), shapes of
@@ -309,10 +309,11 @@ def predict_head_aware(hk: HeadAwareKernel, y, *, learning_rate=None, momentum=N
         out = head_aware_prediction(hk, y, optimizer, steps=steps, loss=loss, key=key,
                                     num_paths=num_paths, y_test=y_test, a_h=a_h,
                                     a_h_test=a_h_test)
-        # Adam: ρ from the AdamKernel's weight_rms (stacklevel 2 = the user's call of this);
-        # beyond ρ = 1 the call abstains, as predict's
-        return abstain_beyond_travel(out, kernel_travel(
-            optimizer, steps, getattr(hk, "weight_rms", None), stacklevel=2))
+        # Adam: ρ from the AdamKernel's weight_rms, warned (stacklevel 2 = the user's call of
+        # this) and, beyond ρ = 1, the call abstains as predict's
+        rms = getattr(hk, "weight_rms", None)
+        kernel_travel(optimizer, steps, rms, stacklevel=2)
+        return abstain_beyond_travel(out, optimizer, steps, rms)
     if a_h is not None or a_h_test is not None:
         raise ValueError("a_h and a_h_test (J_h θ_0) serve the weight decay of optimizer=; "
                          "drop them with the constant-η keywords.")

@@ -144,7 +144,8 @@ def kernel_travel(optimizer, steps: int, weight_rms, stacklevel: int) -> float |
     rms = None if weight_rms is None else _concrete(weight_rms)
     if getattr(optimizer, "rule", None) != "adam" or rms is None:
         return None
-    lrs = optimizer.learning_rates(int(steps))
+    with jax.ensure_compile_time_eval():  # a schedule closed over by jit is still concrete
+        lrs = optimizer.learning_rates(int(steps))
     if isinstance(lrs, jax.core.Tracer):
         return None
     travel = _ratio(float(np.sum(np.asarray(lrs, np.float64))), rms)
@@ -152,22 +153,26 @@ def kernel_travel(optimizer, steps: int, weight_rms, stacklevel: int) -> float |
     return travel
 
 
-def abstain_beyond_travel(result, travel: float | None):
+def abstain_beyond_travel(result, optimizer, steps: int, weight_rms):
     """``result`` (a NamedTuple with int32 ``outcome`` and bool ``beyond_edge``, and maybe
-    ``spike_step``: a KernelPrediction or OptimizerSensitivities) as ``ntk_tt.predict``
-    reports Adam beyond ρ = :data:`UNKNOWN_TRAVEL`: ``beyond_edge`` True and, unless its own
-    curve diverges, outcome "unknown" (``ABSTAINS``, spike_step −1); unchanged for ``travel``
-    None (not known: SGD, traced, no weight RMS) or at most :data:`UNKNOWN_TRAVEL`."""
-    if travel is None or not travel > UNKNOWN_TRAVEL:
+    ``spike_step``: a KernelPrediction or OptimizerSensitivities) of an Adam-family
+    ``optimizer`` over ``steps`` as ``ntk_tt.predict`` reports it: ``beyond_edge`` is
+    ρ = Σ η_t / ``weight_rms`` > :data:`UNKNOWN_TRAVEL` (κ does not measure Adam), and there,
+    unless its own curve diverges, the outcome is "unknown" (``ABSTAINS``, spike_step −1).
+    Computed in JAX, so it holds under ``jit`` / ``vmap`` / ``grad`` with a traced schedule or
+    ``weight_rms`` too. Unchanged for SGD or a ``weight_rms`` of None."""
+    if getattr(optimizer, "rule", None) != "adam" or weight_rms is None:
         return result
     from ntk_tt.dynamics._divergence import ABSTAINS, DIVERGES
 
-    own = result.outcome == DIVERGES  # its own curve blew up: that call stands
-    out = result._replace(beyond_edge=jnp.ones_like(result.beyond_edge),
-                          outcome=jnp.where(own, result.outcome, ABSTAINS).astype(
-                              result.outcome.dtype))
+    lrs = jnp.asarray(optimizer.learning_rates(int(steps)))
+    beyond = jnp.sum(lrs) / jnp.asarray(weight_rms, lrs.dtype) > UNKNOWN_TRAVEL  # Σ/0: inf
+    abstains = beyond & (result.outcome != DIVERGES)  # its own curve blew up: that call stands
+    out = result._replace(
+        beyond_edge=jnp.broadcast_to(beyond, jnp.shape(result.beyond_edge)),
+        outcome=jnp.where(abstains, ABSTAINS, result.outcome).astype(result.outcome.dtype))
     if hasattr(result, "spike_step"):
-        out = out._replace(spike_step=jnp.where(own, result.spike_step, -1).astype(
+        out = out._replace(spike_step=jnp.where(abstains, -1, result.spike_step).astype(
             result.spike_step.dtype))
     return out
 
