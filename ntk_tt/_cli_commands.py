@@ -26,7 +26,8 @@ _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_
               ("target_kind='fraction'", "--target-kind fraction"),
               ("sketch_dim D' = ", "sketch_dim (--sketch-dim) "),
               ("kernel='exact', or sketch_dim <=", "--kernel exact, or --sketch-dim <="),
-              ("use sketch_dim <=", "use --sketch-dim <="))
+              ("use sketch_dim <=", "use --sketch-dim <="),
+              ("raise kappa_eff_max", "raise --kappa-eff-max"))
 
 
 def cli_terms(message: str) -> str:

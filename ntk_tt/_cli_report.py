@@ -48,15 +48,15 @@ def _predicted_verdict(r: dict):
 
 
 def _real_verdict(r: dict):
-    """The real run's side of the report's last line, as the prediction's call counts it: its
-    flag (non-finite, or L_T > L_0), or True with why for a spike above 10·L_0 that fell back
-    (outcome "diverges"; a fresh user read "predicted True, real False" beside "outcome:
-    predicted diverges, real diverges" as a contradiction)."""
-    real = r["real"]
-    if not r["diverged"]["real"] and real.get("outcome") == "diverges" \
-            and real.get("spiked_at") is not None:
-        return f"True (spiked above 10·L_0 at step {real['spiked_at']}, then fell below L_0)"
-    return r["diverged"]["real"]
+    """The real run's side of the report's last line: its flag (non-finite, or L_T > L_0;
+    README "Diverged means"), with why its outcome is "diverges" nonetheless after a spike
+    above 10·L_0 that fell back (a fresh user read "real False" beside "outcome: ... real
+    diverges" as a contradiction)."""
+    real, flag = r["real"], r["diverged"]["real"]
+    if not flag and real.get("outcome") == "diverges" and real.get("spiked_at") is not None:
+        return (f"False (but it spiked above 10·L_0 at step {real['spiked_at']} and fell back: "
+                "outcome diverges)")
+    return flag
 
 
 def _outcome_line(r: dict) -> list[str]:
@@ -68,7 +68,7 @@ def _outcome_line(r: dict) -> list[str]:
         return []
     return ["outcome: " + ", ".join(
         f"{name} {side['outcome']}" + ("" if side.get("spike_step") is None
-                                       else f" (above L_0 from step {side['spike_step']})")
+                                       else f" (first above L_0 at step {side['spike_step']})")
         for name, side in sides)]
 
 

@@ -354,7 +354,7 @@ def check_task_options(o: dict) -> None:
         _check_batch_sizes(list(o["batch_sizes"]), nn)
         _check_momenta(list(o["momenta"]))
         from ntk_tt._options_suggest import check_kappa_eff_max  # (it imports this module)
-        check_kappa_eff_max(o["kappa_eff_max"], o["kappa_min"], cli=True)
+        check_kappa_eff_max(o["kappa_eff_max"], None, cli=True)  # vs κ_min: split_optimizer_
     except (ValueError, TypeError) as err:
         raise ValueError(_flagged(str(err), nn, k, n)) from None
     check_loss(o["loss"])

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
-from ntk_tt._options import FLOAT32_MAX, _is_int, check_real
+from ntk_tt._options import FLOAT32_MAX, _is_int, check_real, is_real
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, _named_value
 
 WARMUPS = (0.0, 0.05, 0.1, 0.2)  # fractions of the step budget T_max
@@ -63,7 +63,10 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
     o = {k: options.get(k) for k in OPTIMIZER_OPTIONS}
     rest = {k: v for k, v in options.items() if k not in OPTIMIZER_OPTIONS}
     family = o["optimizer"]
+    cap, kmin = rest.get("kappa_eff_max"), rest.get("kappa_min", SUGGEST_DEFAULTS["kappa_min"])
     if family is None:
+        if cap is not None and is_real(kmin):  # a κ grid: the cap must reach its κ_min
+            check_kappa_eff_max(cap, float(kmin), cli=True)
         given = [k for k in OPTIMIZER_OPTIONS if o[k] is not None]
         if given:
             one = len(given) == 1
@@ -124,6 +127,8 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
             warmup_steps(float(f), steps, cli=True)
     out["warmups"] = tuple(float(f) for f in warm)
     out["learning_rate_range"] = _lr_range(o, rest, family)
+    if cap is not None and out["learning_rate_range"] is None and is_real(kmin):  # a κ grid
+        check_kappa_eff_max(cap, float(kmin), cli=True)
     if out["learning_rate_range"] is not None:  # the η_peak grid: the κ range is not used, so
         # check_suggest_job's num_kappas / κ-range rule must not refuse one peak (min == max)
         rest = {k: v for k, v in rest.items() if k not in ("kappa_min", "kappa_max")}

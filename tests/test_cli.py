@@ -421,19 +421,19 @@ def test_spiked_and_recovered_run_is_said_not_called_diverged():
     assert "diverged: predicted True, real False" in text
 
 
-def test_a_real_spike_the_outcome_calls_divergent_is_true_on_the_last_line():
+def test_a_real_spike_the_outcome_calls_divergent_is_explained_on_the_last_line():
     """A fresh user read "outcome: predicted diverges, real diverges" above "diverged:
     predicted True, real False" as a contradiction: a real spike above 10·L_0 that fell back
-    is outcome "diverges" (the definition the prediction's call is scored by), so the last
-    line now says True, and why."""
+    is outcome "diverges" but not diverged (README "Diverged means"), so the last line keeps
+    False and says why the outcome differs."""
     r = fake_report(verify=True, pred_diverged=True, real_diverged=False)
     r["real"] |= {"spiked_at": 1, "outcome": "diverges", "spike_step": 1}
     r["predicted"] |= {"outcome": "diverges", "spike_step": 1}
     lines = format_report(r).splitlines()
-    assert "outcome: predicted diverges (above L_0 from step 1), real diverges (above L_0 " \
-           "from step 1)" in lines
-    assert lines[-1] == ("diverged: predicted True, real True (spiked above 10·L_0 at step 1, "
-                         "then fell below L_0)")
+    assert "outcome: predicted diverges (first above L_0 at step 1), real diverges (first " \
+           "above L_0 at step 1)" in lines
+    assert lines[-1] == ("diverged: predicted True, real False (but it spiked above 10·L_0 at "
+                         "step 1 and fell back: outcome diverges)")
 
 
 @pytest.mark.parametrize("verify", [False, True])

@@ -74,7 +74,7 @@ def test_the_refinement_box_with_a_cap(monkeypatch):
     bounds = refine_bounds(monkeypatch, 1.0, 0.5, n, lam, (0.0, 0.95), (0.5, 50.0), 4.0)
     for m, top in ((0.0, 2.0), (0.5, 2.0), (0.8, 0.8)):
         (_, high), m_range = bounds(np.array([0.0, m]))
-        assert np.exp(high) * lam / n == pytest.approx(0.999 * top, rel=1e-12)
+        assert np.exp(high) * lam / n == pytest.approx(0.999 * top, rel=1e-8)  # the cap: 1e-9
     assert m_range == pytest.approx((0.0, 1.0 - 0.5 / (0.999 * 4.0)), rel=1e-12)
 
 
@@ -144,3 +144,42 @@ def test_cli_cap_reaches_the_search_and_the_report(tmp_path, capsys):
     assert all(g["kappa"] / (1 - g["momentum"]) <= 2.0 for g in r["grid"] if g["admissible"])
     assert any(g["beyond_edge"] and g["kappa"] < 2.0 for g in r["grid"])  # m = 0.9 rows
     assert "beyond the stability edge or κ̃ > 2" in out
+
+
+def test_a_grid_point_at_the_cap_is_within_it():
+    """A fresh user: with the default grid (κ = 0.5 at its 6th point) and m = 0.9 a cap of 5
+    excluded that point, κ̃ = 5.0000000000000009 by float rounding; it is within the cap."""
+    s = linear_suggest(EDGE, 0.5, 80, momenta=(0.0, 0.9), kappa_eff_max=5.0, refine_steps=0)
+    at = s.grid[(s.grid.momentum == 0.9) & np.isclose(s.grid.kappa, 0.5, rtol=1e-12)]
+    assert len(at) == 1 and at.evaluated.all() and not at.beyond_edge.any()
+    above = s.grid[(s.grid.momentum == 0.9) & (s.grid.kappa > 0.5 * (1 + 1e-6))]
+    assert above.beyond_edge.all()
+
+
+def test_a_cap_below_a_learning_rate_grid_is_named_as_the_cause():
+    """suggest(optimizer=sgd, learning_rate_range=...) has no κ_min to check the cap against
+    before the kernel; when the cap leaves nothing, the reason says to raise it (a fresh user
+    saw only "widen learning_rate_range")."""
+    params, x, y = diag_problem(EDGE[:8])
+    with pytest.warns(ntk_tt.TargetNotReachedWarning):
+        s = ntk_tt.suggest(diag_apply, params, x, y, target=0.5, target_kind="fraction",
+                           steps=40, loss="mse", optimizer=ntk_tt.sgd(0.1, 0.5),
+                           learning_rate_range=(1.0, 3.0), kappa_eff_max=0.01, num_kappas=4,
+                           seconds_per_step={None: 0.01})
+    assert not s.found and s.grid.beyond_edge.all()
+    assert "above kappa_eff_max = 0.01" in s.reason and "or raise kappa_eff_max 0.01" in s.reason
+
+
+def test_cli_a_cap_with_a_learning_rate_grid_is_not_held_to_the_kappa_grid():
+    """ntk-tt suggest --optimizer sgd --lr-min/--lr-max has no κ grid: a cap below the default
+    --kappa-min passes the options check (a fresh user was refused); with the κ grid it does
+    not."""
+    from ntk_tt._options import check_suggest_job
+    from ntk_tt._options_suggest import split_optimizer_options
+
+    lr_grid = dict(optimizer="sgd", momenta=(0.5,), lr_min=1e-6, lr_max=1e-2,
+                   kappa_eff_max=0.01)
+    check_suggest_job(split_optimizer_options(lr_grid)[1])
+    for opts in ({"kappa_eff_max": 0.01}, {"optimizer": "sgd", "kappa_eff_max": 0.01}):
+        with pytest.raises(ValueError, match="below the κ grid's smallest κ, kappa_min"):
+            check_suggest_job(split_optimizer_options(opts)[1])

@@ -280,8 +280,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         bar.close()
     timings["total"], timings["compile"] = total.seconds, total.compile_seconds
     rows, ranked, best, choice, curves, refinement, sps, name, lam = found
-    widen = f"kappa_range {(lo, hi)}" + ("" if kappa_eff_max is None else
-                                          f" or raise kappa_eff_max {kappa_eff_max:g}")
+    widen = f"kappa_range {(lo, hi)}"
     extra = {}
     if optimizer is not None:
         rng = spec["lr_range"]
@@ -289,6 +288,8 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
             f" or try other warmups than {tuple(spec['warmups'])} steps")
         extra["optimizer_of"] = lambda r: schedule_at(spec["unit"], r["learning_rate"],
                                                       r["warmup"])
+    if kappa_eff_max is not None:
+        widen += f", or raise kappa_eff_max {kappa_eff_max:.7g}"
     s = _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
                 target_kind, target_value, name, lam, n, steps, top, timings, widen,
                 kappa_eff_max=kappa_eff_max, **extra)

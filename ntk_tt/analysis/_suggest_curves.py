@@ -138,4 +138,11 @@ def _edge(m: float, loss: str, kappa_eff_max: float | None = None) -> float:
     from ntk_tt.dynamics._divergence import stability_edge as edge
 
     stable = float(edge(m, False, loss))
-    return stable if kappa_eff_max is None else min(stable, kappa_eff_max * (1.0 - m))
+    return stable if kappa_eff_max is None else min(stable, capped(kappa_eff_max, m))
+
+
+def capped(kappa_eff_max: float, m: float) -> float:
+    """The largest κ at momentum m within ``kappa_eff_max`` on κ̃ = κ/(1 − m), with 1e-9
+    relative slack: a grid point computed as η·λ_max/N lands on a cap it was chosen at only
+    within float rounding (κ̃ = 5.0000000000000009 against a cap of 5, a fresh user's find)."""
+    return kappa_eff_max * (1.0 - m) * (1.0 + 1e-9)

@@ -36,7 +36,7 @@ from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import FLOAT32_MAX, _real_scalar
 from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, warmup_steps
 from ntk_tt._schedules import Constant, WarmupCosine, warmup_cosine
-from ntk_tt.analysis._suggest_curves import _summary
+from ntk_tt.analysis._suggest_curves import _summary, capped
 from ntk_tt.analysis._suggest_refine import EDGE_MARGIN, _descend, _one, _timed
 from ntk_tt.analysis._suggest_report import _order, _row, _skipped
 from ntk_tt.dynamics._losses import mean_loss
@@ -185,7 +185,7 @@ def _kappa_edge(unit: Optimizer, loss: str, kappa_eff_max: float | None = None) 
         return math.inf
     m = float(unit.momentum)
     stable = float(_edge(m, unit.nesterov, loss))
-    return stable if kappa_eff_max is None else min(stable, kappa_eff_max * (1.0 - m))
+    return stable if kappa_eff_max is None else min(stable, capped(kappa_eff_max, m))
 
 
 def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge,

@@ -187,7 +187,7 @@ def _result(rows, ranked, best, choice, curves, refinement, sps, target_abs, l0,
                f"T_max = {steps_max} steps without predicted divergence"
                + (" or weight travel ρ > 1" if adam else " or κ beyond the stability edge")
                + ("" if kappa_eff_max is None else
-                  f" or κ̃ = κ/(1 − m) above kappa_eff_max = {kappa_eff_max:g}"))
+                  f" or κ̃ = κ/(1 − m) above kappa_eff_max = {kappa_eff_max:.7g}"))
         if closest is not None and adam:
             why += (f" (lowest final loss {closest['final_loss']:.4g} at peak η = "
                     f"{closest['learning_rate']:.3g}, warmup {closest['warmup']:g} steps)")
@@ -262,8 +262,10 @@ def format_suggestion(r: dict) -> str:
             + (f", m = {s['momentum']:.3g}" if opt == "sgd" else "")
             + f", λ = {cfg['weight_decay']:g}), peak η = "
             f"{s['learning_rate']:.4g}, warmup {s['warmup']:.3g} steps, cosine to T_max")
+    capped = ("" if cfg.get("kappa_eff_max") is None or s.get("kappa_eff") is None
+              else f", κ̃ = {s['kappa_eff']:.3g}")  # the capped quantity, beside its cap
     lines.append(
-        f"suggestion: {what} (κ = {s['kappa']:.3g}): {s['steps']} predicted "
+        f"suggestion: {what} (κ = {s['kappa']:.3g}{capped}): {s['steps']} predicted "
         f"step{'' if s['steps'] == 1 else 's'} to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
@@ -290,6 +292,8 @@ def format_suggestion(r: dict) -> str:
                f"peak η = {g['learning_rate']:.4g}, warmup {g['warmup']:g}")
         lines.append(f"  (refined by jax.grad from the grid's best: {was}, {g['steps']:.0f} "
                      f"steps, {g['seconds']:.3g} s)")
+    elif cfg.get("refine_steps") == 0:
+        lines.append("  (the grid's best; no refinement: --refine-steps 0)")
     else:
         lines.append("  (the grid's best; the gradient refinement did not improve the hard "
                      "predicted time)")
@@ -309,7 +313,7 @@ def format_suggestion(r: dict) -> str:
     skipped = sum(not row.get("evaluated", True) for row in grid)
     cap = cfg.get("kappa_eff_max")
     where = ("beyond weight travel ρ = 1" if any("weight_travel" in row for row in grid)
-             else "beyond the stability edge" + (f" or κ̃ > {cap:g}" if cap else ""))
+             else "beyond the stability edge" + (f" or κ̃ > {cap:.7g}" if cap else ""))
     lines.append(f"admissible: {ok} of {len(grid)} grid configurations reach the target "
                  f"({edge} {where}"
                  + (f", {skipped} of them not predicted" if skipped else "")

@@ -101,6 +101,8 @@ def _suggest_report(o, opt_o, progress) -> dict:
         "suggestion": None if not s.found else {
             "learning_rate": s.learning_rate, "momentum": s.momentum,
             "batch_size": s.batch_size, "kappa": s.kappa, "steps": s.steps,
+            "kappa_eff": (None if s.optimizer.rule == "adam"
+                          else s.kappa / (1.0 - s.momentum)),
             "seconds": s.seconds, "refined": s.refined, "warmup": s.warmup,
             "outcome": s.outcome, "spike_step": s.spike_step,
             "optimizer": optimizer_hyperparameters(s.optimizer, o["steps"], n),
