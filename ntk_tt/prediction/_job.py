@@ -166,7 +166,8 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
         for at in sorted({side.diverged_at for *_, side, _, _ in sides} - {None}):
             who = [(w, c) for _, w, side, c, _ in sides if side.diverged_at == at]
             ax.annotate(f"{' and '.join(w for w, _ in who)} diverged\nat step {at}", (at, 0.97),
-                        xycoords=("data", "axes fraction"), ha="right", va="top", fontsize=8,
+                        xycoords=("data", "axes fraction"), va="top", fontsize=8,
+                        ha="right" if at > 0.1 * len(steps) else "left",  # clear of the y axis
                         color=who[0][1] if len(who) == 1 else "k", rotation=90)
         t = prediction.training_time[name][0.1]
         if math.isfinite(t):
