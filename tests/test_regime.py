@@ -25,7 +25,8 @@ def test_weight_travel_is_the_summed_schedule_over_the_rms_weight():
     assert ntk_tt.weight_travel([0.1], {"w": jnp.zeros(2)}) == float("inf")
     with pytest.raises(ValueError, match="backbone's weights"):
         ntk_tt.weight_travel([0.1], {})
-    for bad in (0.1, [[0.1]], [0.1, float("nan")], ["a"], [0.1, -0.1], [1e-3 + 1j]):
+    for bad in (0.1, [[0.1]], [0.1, float("nan")], ["a"], [0.1, -0.1], [1e-3 + 1j],
+                [[0.1], [0.1, 0.2]]):  # ragged: our message, not numpy's
         with pytest.raises(ValueError, match="1-D array of finite real numbers >= 0"):
             ntk_tt.weight_travel(bad, params)
     # only floating-point leaves are weights: a step counter, a PRNG key, None are skipped

@@ -89,7 +89,8 @@ def weight_travel(learning_rates, params) -> float:
         lrs = None
     if lrs is None or not np.all(np.isfinite(lrs)) or np.any(lrs < 0):
         if lrs is None:
-            got = f"{type(learning_rates).__name__} of shape {np.shape(learning_rates)}"
+            shape = getattr(learning_rates, "shape", None)  # (a ragged list has none)
+            got = type(learning_rates).__name__ + ("" if shape is None else f" of shape {shape}")
         else:  # the first bad entry, not the whole schedule (thousands of steps)
             t = int(np.argmax(~np.isfinite(lrs) | (lrs < 0)))
             got = f"η_{t} = {lrs[t]:g} (of {lrs.size} steps)"
