@@ -31,10 +31,10 @@ def suggest_task(*, json_path=None, progress: bool = True, overwrite: bool = Fal
         head_scale, target, target_kind, steps (T_max), batch_sizes (candidate B, None entries
         = GD; omitted or None: ``ntk_tt._options.default_batch_sizes(K·n)``, i.e. (None, 50)
         without 50 when N = K·n <= 50, as ``ntk-tt suggest`` without -B), momenta, kappa_min,
-        kappa_max, num_kappas, refine_steps, num_paths, loss, predictor, top, kappa_eff_max;
-        and the
-        optimiser search (``ntk_tt._options_suggest.split_optimizer_options``): optimizer
-        ("sgd" | "adamw" | None), weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
+        kappa_max, num_kappas, refine_steps, num_paths, loss, predictor, top, kappa_eff_max
+        (``suggest``'s cap on κ̃ = κ/(1 − m)); and the optimiser search
+        (``ntk_tt._options_suggest.split_optimizer_options``): optimizer ("sgd" | "adamw" |
+        None), weight_decay, momentum, b1, b2, warmups, lr_min, lr_max.
 
     Returns:
       The JSON-ready report (``json_path``'s, less ``status``): ``config``, ``task``, ``target``,
