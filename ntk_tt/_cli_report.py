@@ -305,14 +305,14 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
                      "README) and the predicted curve and T_ε are least reliable: check it "
                      "with --verify, or lower --lr")
     sgd = (r.get("optimizer") or {}).get("optimizer") == "sgd"  # Adam: κ does not size it
-    if sgd and not said_diverges and not pred.get("beyond_edge") and pred["kappa"] / (
-            1.0 - r["optimizer"]["momentum"]) > 12.0:  # TESTED_KAPPA
-        from ntk_tt.analysis._suggest_report import effective_kappa_note  # JAX is loaded
+    if sgd and not said_diverges and not pred.get("beyond_edge"):
+        from ntk_tt.analysis._suggest_report import TESTED_KAPPA, effective_kappa_note
 
-        lines.append("note: " + effective_kappa_note(
-            pred["kappa"] / (1.0 - r["optimizer"]["momentum"]))
-            + (": the real run is compared below" if real else
-               ": check it with a real run (--verify)"))
+        keff = pred["kappa"] / (1.0 - r["optimizer"]["momentum"])
+        if keff > TESTED_KAPPA:
+            lines.append("note: " + effective_kappa_note(keff)
+                         + (": the real run is compared below" if real else
+                            ": check it with a real run (--verify)"))
     asked = r["config"]["test_per_class"]
     if t["test_per_class"] < asked:
         lines.append(f"note: {t['test_per_class']} held-out images per class, fewer than the "

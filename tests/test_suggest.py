@@ -416,6 +416,11 @@ def cli_no_work(monkeypatch):
     (["--checkpoint", "/nonexistent/ck"], "is not a directory written by"),
     (["--json", "/nonexistent/dir/s.json"], "does not exist"),
     (["--top", "-1"], "top (--top) must be an integer >= 0"),
+    # the cap on κ̃ (tests/test_suggest_cap.py)
+    (["--kappa-eff-max", "0"], "kappa_eff_max (--kappa-eff-max) caps the suggestion's"),
+    (["--kappa-eff-max", "0.5", "--kappa-min", "1"], "kappa_eff_max (--kappa-eff-max) 0.5 is "
+     "below the κ grid's smallest κ, kappa_min (--kappa-min) 1"),
+    (["--optimizer", "adamw", "--kappa-eff-max", "12"], "AdamW's step is not sized by κ"),
 ])
 def test_cli_bad_options_are_one_line_before_loading(args, match, capsys, monkeypatch):
     cli_no_work(monkeypatch)

@@ -10,7 +10,6 @@ import pytest
 from test_suggest import (
     EDGE,
     GOOD,
-    cli_no_work,
     closed_form_steps,
     diag_apply,
     diag_problem,
@@ -113,21 +112,6 @@ def test_adam_refuses_a_cap():
     with pytest.raises(ValueError, match="Adam's step is not sized by κ"):
         ntk_tt.suggest(diag_apply, params, x, y, loss="mse", optimizer=ntk_tt.adamw(1e-3),
                        kappa_eff_max=12.0, key=jax.random.key(0), **GOOD)
-
-
-@pytest.mark.parametrize("args,match", [
-    (["--kappa-eff-max", "0"], "kappa_eff_max (--kappa-eff-max) caps the suggestion's"),
-    (["--kappa-eff-max", "0.5", "--kappa-min", "1"], "kappa_eff_max (--kappa-eff-max) 0.5 is "
-     "below the κ grid's smallest κ, kappa_min (--kappa-min) 1"),
-    (["--optimizer", "adamw", "--kappa-eff-max", "12"], "AdamW's step is not sized by κ"),
-])
-def test_cli_bad_caps_are_one_line_before_loading(args, match, capsys, monkeypatch):
-    cli_no_work(monkeypatch)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["suggest", "--no-progress", *args])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith("ntk-tt: error: ") and match in err, err
 
 
 def test_cli_cap_reaches_the_search_and_the_report(tmp_path, capsys):

@@ -131,13 +131,15 @@ def _surrogate(u, data, target, temperature, *, kind, traced, loss):
 _surrogate_grad = jax.jit(jax.value_and_grad(_surrogate, has_aux=True), static_argnames=_STATIC)
 
 
-def _edge(m: float, loss: str, kappa_eff_max: float | None = None) -> float:
-    """Largest κ :func:`ntk_tt.suggest` may choose at momentum m: the heavy-ball stability edge
-    (``_divergence.stability_edge``, Nesterov off), and with ``kappa_eff_max`` at most
-    ``kappa_eff_max``·(1 − m) (the effective κ̃ = κ/(1 − m) capped)."""
+def _edge(m: float, loss: str, kappa_eff_max: float | None = None,
+          nesterov: bool = False) -> float:
+    """Largest κ :func:`ntk_tt.suggest` may choose at momentum m: the stability edge
+    (``_divergence.stability_edge``; heavy ball unless ``nesterov``), and with
+    ``kappa_eff_max`` at most ``kappa_eff_max``·(1 − m) (the effective κ̃ = κ/(1 − m)
+    capped)."""
     from ntk_tt.dynamics._divergence import stability_edge as edge
 
-    stable = float(edge(m, False, loss))
+    stable = float(edge(m, nesterov, loss))
     return stable if kappa_eff_max is None else min(stable, capped(kappa_eff_max, m))
 
 

@@ -36,7 +36,7 @@ from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import FLOAT32_MAX, _real_scalar
 from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, warmup_steps
 from ntk_tt._schedules import Constant, WarmupCosine, warmup_cosine
-from ntk_tt.analysis._suggest_curves import _summary, capped
+from ntk_tt.analysis._suggest_curves import _edge, _summary
 from ntk_tt.analysis._suggest_refine import EDGE_MARGIN, _descend, _one, _timed
 from ntk_tt.analysis._suggest_report import _order, _row, _skipped
 from ntk_tt.dynamics._losses import mean_loss
@@ -177,15 +177,11 @@ _surrogate_grad = jax.jit(jax.value_and_grad(_surrogate, has_aux=True), static_a
 
 
 def _kappa_edge(unit: Optimizer, loss: str, kappa_eff_max: float | None = None) -> float:
-    """κ edge of the SGD template (heavy ball or Nesterov; with ``kappa_eff_max`` at most
-    kappa_eff_max·(1 − m)); inf for Adam (no κ edge)."""
-    from ntk_tt.dynamics._divergence import stability_edge as _edge
-
+    """κ edge of the SGD template (``_suggest_curves._edge``: heavy ball or Nesterov; with
+    ``kappa_eff_max`` at most kappa_eff_max·(1 − m)); inf for Adam (no κ edge)."""
     if unit.rule == "adam":
         return math.inf
-    m = float(unit.momentum)
-    stable = float(_edge(m, unit.nesterov, loss))
-    return stable if kappa_eff_max is None else min(stable, capped(kappa_eff_max, m))
+    return _edge(float(unit.momentum), loss, kappa_eff_max, unit.nesterov)
 
 
 def _opt_row(unit, b, n, peak, w, lam, out, i, sps, loss, source, kappa_edge,

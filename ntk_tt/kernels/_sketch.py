@@ -220,7 +220,7 @@ def sketched_ntk(
     check_concrete("sketched_ntk", takes="predict_from_kernel", params=params, x=x)
     _check_args(params, sketch_dim, key, distribution, route, param_scale)
     n, c = check_model(apply_fn, params, x)
-    _warn_costly(sketch_dim, num_params(params), n * c, param_scale is None)
+    _check_cost(sketch_dim, num_params(params), n * c, param_scale is None)
     x = jnp.asarray(x)
     if route == "auto":
         route = choose_route(apply_fn, params, x, sketch_dim)
@@ -246,7 +246,7 @@ def sketched_ntk(
     return SketchedNTK(features.astype(dtype))
 
 
-def _warn_costly(sketch_dim: int, d: int, nc: int, plain: bool) -> None:
+def _check_cost(sketch_dim: int, d: int, nc: int, plain: bool) -> None:
     """The checks of :func:`sketched_ntk`'s cost: D' > D is a ValueError when ``plain`` (no
     param_scale: the exact kernel, (N·C)²·D flops, is the alternative; 10**6 directions on
     D = 387 ran for minutes) and a UserWarning otherwise; D/2 < D' ≤ D with D ≥ N·C = ``nc``

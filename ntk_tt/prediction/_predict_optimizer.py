@@ -50,7 +50,12 @@ from ntk_tt.dynamics._checks import check_adam_kernel, check_head_kernel
 from ntk_tt.dynamics._noise import noise_features
 from ntk_tt.dynamics._optim_linear import weight_tangent
 from ntk_tt.dynamics._optim_predict import check_run, head_aware_prediction, kernel_prediction
-from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL, warn_travel, weight_travel
+from ntk_tt.dynamics._regime import (
+    abstain_beyond_travel,
+    backbone_rms,
+    warn_travel,
+    weight_travel,
+)
 from ntk_tt.kernels._head_aware import backbone_kind, head_aware_kernel
 from ntk_tt.prediction._predict import _kernels, _logits, check_test
 from ntk_tt.prediction._predict_checks import (
@@ -204,13 +209,10 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         if kernels.drift is not None:  # λ_ref of K_P's second-moment profile
             hyper["reference_mix"] = float(kernels.drift.ref)
         warn_travel(hyper["weight_travel"], stacklevel=5)  # the user's predict call
-    pred = with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
-    if adam:  # κ does not measure Adam's stability: its edge is the weight travel (_regime)
-        beyond = hyper["weight_travel"] > UNKNOWN_TRAVEL
-        pred = pred._replace(beyond_edge=beyond)
-        if beyond and pred.outcome != "diverges":  # its own curve blew up: that call stands
-            pred = pred._replace(outcome="unknown", spike_step=None)  # abstains
-    return pred
+        # κ does not measure Adam's stability: its edge is the weight travel, where the call
+        # abstains (the kernel-level routes' mechanism, _regime)
+        out = abstain_beyond_travel(out, optimizer, steps, backbone_rms(head[1]))
+    return with_targets(_to_prediction(out, method, label, hyper, seconds), targets)
 
 
 def _tangents(fn, params, x, x_test, decay):
