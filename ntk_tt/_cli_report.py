@@ -17,7 +17,7 @@ def _fmt(v, unit=""):
 
 # short forms of the reasons a T_ε is undefined (ntk_tt.dynamics._training_time.REASONS, and
 # "diverged at step k" for a real run), matched by a phrase each contains
-_SHORT_REASONS = (("predicted to diverge", "predicted to diverge"), ("diverged", "diverged"),
+_SHORT_REASONS = (("predicted to diverge", "diverges"), ("diverged", "diverged"),
                   ("NaN or inf", "curve not finite"),
                   ("flat or rising", "curve not falling"),
                   ("no step comes within", "never within ε of L_T"),

@@ -441,7 +441,7 @@ def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(veri
     """A fresh user's finding: κ ≥ 68 (or a spike above 10·L_0) calls the real run divergent
     while the linearised curve falls; the report said "diverged: predicted True" yet printed
     T_ε, intervals and a comparison. Now (as predict writes it: every T_ε None with the
-    reason CALLED_DIVERGES) the rows say "predicted to diverge", one line says why, and the
+    reason CALLED_DIVERGES) the rows say "predicted: diverges", one line says why, and the
     curves, accuracies and wall-time ratio are not compared; the real side is kept."""
     from ntk_tt.dynamics._training_time import CALLED_DIVERGES, REASONS
 
@@ -456,7 +456,7 @@ def test_a_prediction_called_divergent_gives_no_t_eps_targets_or_comparison(veri
     text = format_report(r)
     rows = [ln for ln in text.splitlines() if ln.split()[:2] in (
         [c, e] for c in ("loss", "error") for e in ("0.01", "0.1", "0.4"))]
-    assert len(rows) == 6 and all("(predicted: predicted to diverge" in row for row in rows)
+    assert len(rows) == 6 and all("(predicted: diverges)" in row for row in rows)
     (line,) = [ln for ln in text.splitlines() if ln.startswith("prediction: the real")]
     assert line == (f"prediction: the real run is predicted to diverge ({why}): no predicted "
                     "T_ε, steps to target or comparison (lower --lr)")

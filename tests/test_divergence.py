@@ -243,7 +243,7 @@ def test_frozen_cross_entropy_far_beyond_the_edge_says_unknown_not_no(ce_mlp):
     assert "diverged: predicted True (the predicted loss spiked above 10·L_0 at step 1" in text
     assert "; κ = η·λ_max/N = 1e+04 ≥ 68, where the real " in text
     assert text.endswith("though the predicted curve did not end above L_0), real True")
-    assert "predicted: predicted to diverge" in text and "beyond the stability" not in text
+    assert "predicted: diverges" in text and "beyond the stability" not in text
     mid_run = ntk_tt.finetune(apply_fn, params, x, y, learning_rate=lr_at(20.0), steps=40)
     report = _report(mid, mid_run)
     assert report["predicted"]["divergence"] == "unknown"
