@@ -185,6 +185,12 @@ def test_a_sketch_larger_than_the_model_is_refused_before_any_work(model, monkey
     small = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, learning_rate=0.1,
                            method="sde", sketch_dim=d, num_paths=2)
     assert np.isfinite(small.loss).all()
+    assert d < 256  # the SDE noise's default D' is min(256, D): no warning, the D' = D sketch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        default = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key,
+                                 learning_rate=0.1, method="sde", num_paths=2)
+    np.testing.assert_array_equal(default.loss, small.loss)
 
 
 def test_predict_rejects_labels_not_matching_n_or_c(model):

@@ -17,7 +17,7 @@ from ntk_tt._options import PREDICTORS as PREDICTORS
 from ntk_tt._options_predict import check_subspace_dim
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
-from ntk_tt.data._model import ApplyFn, check_model
+from ntk_tt.data._model import ApplyFn, check_model, num_params
 from ntk_tt.dynamics._checks import (
     check_head_kernel,
     check_hyper,
@@ -144,7 +144,8 @@ def predict(
       optimizer: an :class:`ntk_tt.Optimizer` instead of those four. loss: "cross_entropy" |
         "mse".
       method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
-        "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise. num_paths: seeds or
+        "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise (None: 256, for
+        the SDE noise min(256, D) on a model of D parameters). num_paths: seeds or
         Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches); with
         SGD, seed 0 uses the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real
         run with the same key.
@@ -294,7 +295,9 @@ def predict(
             f"predictor, got {segments!r}.")
     x_test = check_test(apply_fn, params, x_test, y_test, c)
     check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test, head, x)
-    d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
+    # the default D' for the SDE noise is capped at the model's D (a larger sketch costs more
+    # than the exact J·diag(σ_w) it estimates); kernel="sketch" above D was refused above
+    d_sketch = min(DEFAULT_SKETCH_DIM, num_params(params)) if sketch_dim is None else sketch_dim
     # the dynamics use ``key`` itself, so SGD path 0 has the batch order of a real run with
     # the same key (ntk_tt.batch_indices); sketch and noise directions use keys folded from it
     keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1),
