@@ -359,8 +359,8 @@ def predict_curve_from_spectrum(spectrum: Spectrum, *, learning_rate=None, steps
         or N) with ``weight_decay`` 0, instead of ``learning_rate``.
 
     Returns:
-      The loss curve, shape (T + 1,), index = steps taken, in mean-loss units (non-finite
-      past a divergence under ``optimizer``).
+      The loss curve, shape (T + 1,), index = steps taken, in mean-loss units; it
+      overflows to inf past a divergence (GD: η·μ_max > 2), where ``training_time`` says so.
 
     Raises:
       ValueError: η not a real scalar or (when concrete) not finite and > 0, steps not an
