@@ -782,6 +782,20 @@ def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     figure(tmp_path / "h.png", pred, run, overwrite=False)
     assert [t.get_text() for t in figs[-1].axes[0].texts] == [
         "prediction diverged\nat step 3", "real run diverged\nat step 4"]
+    # a real spike above 10·L_0 that recovered: marked at its step, and the loss axis is not
+    # flattened by it (the figure marked only the diverged flag, so a 1e7·L_0 spike squeezed
+    # the rest of both curves onto the x axis); the error axis keeps its full range
+    pred.diverged_at = None
+    pred.loss = np.linspace(2.0, 1.0, 6)
+    run.loss, run.diverged_at, run.spiked_at = np.array([2.0, 3.0, 4e7, 1.9, 1.4, 1.1]), None, 2
+    figure(tmp_path / "s.png", pred, run, overwrite=False)
+    loss_ax, error_ax = figs[-1].axes
+    assert 2.0 < loss_ax.get_ylim()[1] < 20.0  # below 10·L_0: 3.0 and the rest on the chart
+    assert error_ax.get_ylim()[1] >= 0.5
+    for ax in (loss_ax, error_ax):
+        assert [t.get_text() for t in ax.texts] == [
+            "real run spiked above 10·L_0\nat step 2, recovered"]
+        assert len([ln for ln in ax.get_lines() if list(ln.get_xdata()) == [2, 2]]) == 1
 
 
 def start_program(args, cwd, before=""):

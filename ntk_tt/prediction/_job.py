@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary
+from ntk_tt.prediction._figure import figure
 from ntk_tt.prediction._job_optimizer import job_optimizer
 from ntk_tt.prediction._predict import predict
 from ntk_tt.prediction._predict_checks import check_sketch_size
@@ -36,7 +36,6 @@ from ntk_tt.prediction._report_file import (
     _output,
     _write_json,
     claimed_report,
-    write_atomic,
 )
 from ntk_tt.training._finetune import finetune, step_time
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
@@ -117,73 +116,6 @@ def load_task(*, checkpoint=None, dataset="flowers5", data_dir=None, split="trai
             "preprocessing": _preprocessing(image_shape, shape)}
     y_test = task.y_test if x_test is not None else None
     return apply_fn, params, x, task.y_train, x_test, y_test, info, head
-
-
-def _y_range(curves: list[tuple[np.ndarray, int | None]]) -> tuple[float, float]:
-    """y-axis range of the curves up to their divergence (a diverged curve is then cut)."""
-    kept = [np.asarray(c, float)[: len(c) if at is None else at + 1] for c, at in curves]
-    kept = np.concatenate([c[np.isfinite(c)] for c in kept])
-    alive = np.concatenate([np.asarray(c, float)[:at] for c, at in curves if at is not None]
-                           + [np.asarray(c, float) for c, at in curves if at is None])
-    alive = alive[np.isfinite(alive)]
-    base = alive if alive.size else kept
-    lo, hi = (float(base.min()), float(base.max())) if base.size else (0.0, 1.0)
-    pad = 0.1 * (hi - lo) or 0.1 * abs(hi) or 0.1
-    return min(lo, 0.0) - pad * (lo < 0), hi + 3 * pad
-
-
-def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
-           overwrite: bool = True) -> Path:
-    """Predicted loss / error curves with their band, and the real curves when given.
-
-    A diverged curve is drawn up to its divergence and marked there (vertical line and
-    text); the y-axis spans the curves before any divergence, so a blown-up value does not
-    flatten the rest. The format follows the extension (png, pdf, svg, ...). Without
-    ``overwrite`` an existing file is not replaced (``FileExistsError``). Written whole or
-    not at all (``write_atomic``: a full disk leaves no truncated image).
-    """
-    from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
-
-    fig = Figure(figsize=(10, 4), constrained_layout=True)
-    axes = fig.subplots(1, 2)
-    steps = np.arange(len(prediction.loss))
-    sides = [("predicted (NTK)", "prediction", prediction, "C0", "-")]
-    if run is not None:
-        sides.append(("real fine-tuning", "real run", run, "C3", "--"))
-    for ax, name in zip(axes, ("loss", "error"), strict=True):
-        band = getattr(prediction, f"{name}_band")
-        if band is not None:
-            ax.fill_between(steps, band[0], band[1], alpha=0.25, color="C0",
-                            label="predicted 5–95 %")
-        for label, _, side, color, ls in sides:
-            curve, at = np.asarray(getattr(side, name), float), side.diverged_at
-            end = len(curve) if at is None else at + 1
-            ax.plot(steps[:end], curve[:end], color=color, ls=ls, label=label)
-            if at is not None:
-                ax.axvline(at, color=color, lw=1.2, ls="-.")
-        # one label per divergence step (both sides at one step: one label, not two on top
-        # of each other, a fresh user's find)
-        for at in sorted({side.diverged_at for *_, side, _, _ in sides} - {None}):
-            who = [(w, c) for _, w, side, c, _ in sides if side.diverged_at == at]
-            ax.annotate(f"{' and '.join(w for w, _ in who)} diverged\nat step {at}", (at, 0.97),
-                        xycoords=("data", "axes fraction"), va="top", fontsize=8,
-                        ha="right" if at > 0.1 * len(steps) else "left",  # clear of the y axis
-                        color=who[0][1] if len(who) == 1 else "k", rotation=90)
-        t = prediction.training_time[name][0.1]
-        if math.isfinite(t):
-            ax.axvline(t, color="C0", lw=0.8, ls=":", label="predicted T_0.1")
-        if any(side.diverged_at is not None for *_, side, _, _ in sides):
-            ax.set_ylim(*_y_range([(getattr(side, name), side.diverged_at)
-                                   for *_, side, _, _ in sides]))
-        ax.set(xlabel="optimiser step", ylabel=f"training {name} (full set)",
-               xlim=(0, len(steps) - 1))
-        ax.legend()
-    fig.suptitle(title, fontsize=9)
-    path = Path(path)
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110,
-                                               format=path.suffix.lstrip(".").lower()),
-                 create=not overwrite)
-    return path
 
 
 def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
