@@ -27,7 +27,9 @@ _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_
               ("sketch_dim D' = ", "sketch_dim (--sketch-dim) "),
               ("kernel='exact', or sketch_dim <=", "--kernel exact, or --sketch-dim <="),
               ("use sketch_dim <=", "use --sketch-dim <="),
-              ("raise kappa_eff_max", "raise --kappa-eff-max"))
+              ("raise kappa_eff_max", "raise --kappa-eff-max"),
+              ("pass prediction=None for the telemetry-only features",
+               "use --predictor telemetry"))
 
 
 def cli_terms(message: str) -> str:
@@ -158,7 +160,7 @@ def _outcome(args, parser) -> int:
                 res["observed"] = _observed(tele)
             out.append(res)
     except ValueError as err:
-        fail(str(err))
+        fail(cli_terms(str(err)))
     for i, r in enumerate(out, 1):
         lo, hi = r["test_accuracy_interval"]
         tlo, thi = r["t_eps_0.1_interval"]

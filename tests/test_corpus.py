@@ -19,6 +19,7 @@ from ntk_tt.sweep._corpus import (
     read_corpus,
     run_corpus,
 )
+from ntk_tt.telemetry._prediction_checks import check_prediction
 
 # N = 50 and B = 10: the shapes of the outcome test's real runs (the smallest task and batch of
 # the shipped predictor's corpus), so the second test reuses this one's compiled programs.
@@ -43,6 +44,7 @@ def test_corpus_rows_resume_and_match_direct_calls(tmp_path, kernel):
     rows = {r["config_id"]: r for r in read_corpus(tmp_path)}
     assert sorted(rows) == ["b10-m0-k2-r0"]
     sgd = rows["b10-m0-k2-r0"]
+    check_prediction(sgd["prediction"], sgd["telemetry"]["steps"])  # a written row passes
     task = SPEC.tasks()[0]
     apply_fn, params, x, y, xt, yt, _, _ = load_corpus_task(task, SPEC)
     np.testing.assert_array_equal(kernel[0], x)

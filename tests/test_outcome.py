@@ -115,7 +115,7 @@ def test_ntk_features_use_the_prediction_and_the_prefix_only():
     pred_loss = np.asarray(rows[0]["prediction"]["loss"])
     assert f["ntk_real_over_pred_k"] == pytest.approx(tele.loss[8] / pred_loss[8])
     assert f["ntk_loss_T_rel"] == pytest.approx(pred_loss[-1] / pred_loss[0])
-    with pytest.raises(ValueError, match="'loss' and 'error'"):
+    with pytest.raises(ValueError, match="must hold the predicted 'error' curve"):
         outcome_features(tele, 8, {"loss": [1.0]})
 
 
@@ -411,7 +411,7 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("loss", [[1.0]] * 41, "'loss' must be a list of numbers"),
     ("grad_norm", [1.0, 2.0], "'grad_norm' has 2 entries"),
     ("test_accuracy", [0.5], "'test_accuracy' has 1 entries"),
-    ("loss", [-1.0] * 41, r"'loss' must lie in \[0, inf\], got -1 at step 0"),
+    ("loss", [-1.0] * 41, r"'loss' must be finite and lie in \[0, inf\), got -1 at step 0"),
 ])
 def test_malformed_telemetry_rows_are_refused(field, value, match):
     row = _telemetry(np.random.default_rng(0)).to_dict()
@@ -435,7 +435,7 @@ def test_outcome_inputs_are_checked():
     acc[3] = 1.5
     for bad, match in ((dict(loss=tele.loss[:3]), r"field 'accuracy' has \d+ entries, 'loss' 3"),
                        (dict(accuracy=acc),
-                        r"'accuracy' must lie in \[0, 1\], got 1\.5 at step 3\.$"),
+                        r"'accuracy' must be finite and lie in \[0, 1\], got 1\.5 at step 3\.$"),
                        (dict(learning_rate=-1.0), "'learning_rate' must be a finite number > 0")):
         with pytest.raises(ValueError, match=match):
             p.predict(dataclasses.replace(tele, **bad))
@@ -443,14 +443,62 @@ def test_outcome_inputs_are_checked():
     # P(diverges) 0.000; a run holds its last finite loss from stopped_at on
     nonfinite = tele.loss.copy()
     nonfinite[2] = np.inf
-    for bad, match in ((dict(loss=nonfinite), r"'loss' must lie in \[0, inf\], got inf at "
-                                              r"step 2 \(a diverged run holds its last finite"),
+    for bad, match in ((dict(loss=nonfinite), r"'loss' must be finite and lie in \[0, inf\), "
+                                              r"got inf at step 2 \(a diverged run holds its "
+                                              r"last finite"),
                        (dict(stopped_at=1000), "'stopped_at' is 1000, past the"),
                        (dict(snapshot_steps=tele.snapshot_steps[::-1]),
                         "'snapshot_steps' must increase")):
         with pytest.raises(ValueError, match=match):
             p.predict(dataclasses.replace(tele, **bad))
     # a consistent stopped run is predicted: tests/test_telemetry_checks.py
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("loss", [], r"'loss' must be a list of steps \+ 1 = 41 numbers, got 0 entries \(empty\)"),
+    ("loss", None, r"'loss' must be a list of steps \+ 1 = 41 numbers, got None"),
+    ("loss", "x", r"'loss' must be a list of steps \+ 1 = 41 numbers, got a str"),
+    ("loss", [2.0, 1.0], r"'loss' must be a list .* got 2 entries \(one per step 0 … T"),
+    ("loss", [math.nan] * (T + 1), r"'loss' at step 0 must be finite and >= 0, got nan"),
+    ("loss", [1.0] * T + [-1.0], r"'loss' at step 40 must be finite and >= 0, got -1\.0"),
+    ("error", [], r"'error' must be a list of steps \+ 1 = 41 numbers, got 0 entries"),
+    ("error", [0.5] * T + [1.5], r"'error' at step 40 must be finite and in \[0, 1\]"),
+    ("test_error", [0.5] * T + ["a"], r"'test_error' at step 40 must be in \[0, 1\], got 'a'"),
+    ("training_time", [1, 2], r"'training_time' must be 2 × 3 numbers >= 0 or nulls"),
+    ("training_time", [[-5, "a", 1]] * 2, r"'training_time' must be 2 × 3 numbers >= 0"),
+    ("diverged", 1, r"'diverged' must be true or false, got 1"),
+    ("spiked_at", -2, r"'spiked_at' must be an integer step >= -1 \(-1: none\) or null"),
+    ("kappa", math.inf, r"'kappa' must be a finite number >= 0"),
+])
+def test_a_damaged_prediction_is_one_error_naming_its_field(field, value, match, tmp_path,
+                                                            capsys):
+    """A fresh user's find: the telemetry of a corpus row was checked strictly, its NTK
+    prediction not at all (an empty or null loss, a 1-D training_time: IndexError / TypeError
+    tracebacks; a cut, NaN or negative loss, or a string: silently used or read as missing).
+    Each is one ValueError naming the field, in outcome_features and OutcomePredictor.predict,
+    and one ``ntk-tt: error:`` line (with the CLI's advice) before any prediction; the row
+    as ntk_tt writes it (and nulls in the held-out curves and T_ε) is accepted."""
+    from ntk_tt.cli import main
+
+    row = _corpus(1)[0]
+    tele = Telemetry.from_dict(row["telemetry"])
+    fine = row["prediction"] | {"test_loss": [None, math.inf] + [1.0] * (T - 1),
+                                "training_time": [[None, 3.0, 2.0], [4.0, None, 1.0]]}
+    assert np.isfinite(list(outcome_features(tele, 4, fine).values())).any()
+    bad = row["prediction"] | {field: value}
+    with pytest.raises(ValueError, match=match):
+        outcome_features(tele, 4, bad)
+    predictor = fit_outcome(_corpus(40), ntk=True, ks=(0.1,), folds=2)
+    with pytest.raises(ValueError, match=match):
+        predictor.predict(tele, bad, k=4)
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(row | {"prediction": bad}) + "\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["outcome", str(runs), "--fraction", "0.1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"ntk-tt: error: {runs}, row 1: prediction '{field}'"), err
+    assert err[0].endswith("or use --predictor telemetry."), err
 
 
 @pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])

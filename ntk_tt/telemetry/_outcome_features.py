@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from ntk_tt._options import _is_int, a_type, is_real
+from ntk_tt.telemetry._prediction_checks import check_prediction
 from ntk_tt.telemetry._telemetry import Telemetry, check_telemetry, truncate
 
 TARGETS = ("test_accuracy", "diverged", "failed", "above_median", "log_t_eps")
@@ -157,7 +158,8 @@ def outcome_features(telemetry: Telemetry, k: int | None = None, prediction: dic
 
     Raises:
       ValueError: k outside [0, observed updates] (from :func:`truncate`); a prediction
-        without ``loss``/``error``; a telemetry :meth:`Telemetry.from_dict` would refuse
+        that is not one ntk_tt writes (``check_prediction``: a field missing, of the wrong
+        type, length or range, named); a telemetry :meth:`Telemetry.from_dict` would refuse
         (built directly, e.g. with ``dataclasses.replace``: ``check_telemetry``).
     """
     if not isinstance(telemetry, Telemetry):
@@ -168,9 +170,7 @@ def outcome_features(telemetry: Telemetry, k: int | None = None, prediction: dic
     t = telemetry if k is None else truncate(telemetry, k)
     out = _telemetry_features(t)
     if prediction is not None:
-        if "loss" not in prediction or "error" not in prediction:
-            raise ValueError("prediction must hold the predicted 'loss' and 'error' curves "
-                             "(a corpus row's 'prediction').")
+        check_prediction(prediction, t.steps)
         out |= _ntk_features(prediction, t)
     return out
 

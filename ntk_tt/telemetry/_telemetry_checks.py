@@ -62,7 +62,8 @@ def _check_values(kw: dict) -> None:
             i = int(np.argmax(bad))
             held = "" if np.isfinite(v[i]) else (" (a diverged run holds its last finite "
                                                  "value from stopped_at on)")
-            raise ValueError(f"telemetry field {f!r} must lie in [{lo:g}, {hi:g}], got "
+            rng = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f"[{lo:g}, inf)"
+            raise ValueError(f"telemetry field {f!r} must be finite and lie in {rng}, got "
                              f"{v[i]:g} at step {i}{held}.")
     k = len(kw["loss"]) - 1
     stop = kw["stopped_at"]
