@@ -32,15 +32,17 @@ def _named(keys) -> str:
     return ", ".join(f"{k} ({_FLAG[k]})" for k in keys)
 
 
-def _number(o, name, low, high=FLOAT32_MAX) -> float:
-    """``o[name]`` as a float in [low, high), or without ``high`` in [low, ``FLOAT32_MAX``]."""
+def _number(o, name, low, high=FLOAT32_MAX, above=False) -> float:
+    """``o[name]`` as a float in [low, high), or without ``high`` in [low, ``FLOAT32_MAX``];
+    ``above``: the low end excluded."""
     v = o[name]
     check_real(v, f"{name} ({_FLAG[name]})")
     v = float(v)
     top = high == FLOAT32_MAX
-    if not (low <= v and (v <= high if top else v < high)):
+    if not ((low < v if above else low <= v) and (v <= high if top else v < high)):
         bound = f"{high:.8g}] (float32's largest)" if top else f"{high:g})"
-        raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:g}, {bound}, got {v!r}.")
+        raise ValueError(f"{name} ({_FLAG[name]}) must be in {'(' if above else '['}{low:g}, "
+                         f"{bound}, got {v!r}.")
     return v
 
 
@@ -190,11 +192,13 @@ def _lr_range(o, rest, family):
                          "peak-η grid, or neither for the κ grid.")
     if not given and family != "adamw":
         return None
-    lo, hi = (_number(o, k, 0.0) if o[k] is not None else default
+    lo, hi = (_number(o, k, 0.0, above=True) if o[k] is not None else default
               for k, default in zip(("lr_min", "lr_max"), ADAM_LEARNING_RATE_RANGE, strict=True))
     num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
-    if not 0 < lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):
+    if not lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):
+        shown = [f"{v:g}" + ("" if o[k] is not None else f" (AdamW's default {_FLAG[k]})")
+                 for k, v in (("lr_min", lo), ("lr_max", hi))]
         raise ValueError(f"lr_min, lr_max (--lr-min, --lr-max) must satisfy 0 < min <= max "
-                         f"(min == max exactly when --num-kappas is 1), got {lo:g}, {hi:g} "
+                         f"(min == max exactly when --num-kappas is 1), got {', '.join(shown)} "
                          f"with num_kappas {num!r}.")
     return lo, hi

@@ -1236,9 +1236,9 @@ BEFORE_JAX = [
     # a grid up to float32 inf; every float option without a bound of its own stops at
     # float32's largest
     (["suggest", "--optimizer", "adamw", "--lr-max", "1e300"],
-     "lr_max (--lr-max) must be in [0, 3.4028235e+38] (float32's largest), got 1e+300."),
+     "lr_max (--lr-max) must be in (0, 3.4028235e+38] (float32's largest), got 1e+300."),
     (["suggest", "--optimizer", "sgd", "--lr-min", "1", "--lr-max", "1e39"],
-     "lr_max (--lr-max) must be in [0, 3.4028235e+38] (float32's largest), got 1e+39."),
+     "lr_max (--lr-max) must be in (0, 3.4028235e+38] (float32's largest), got 1e+39."),
     (["suggest", "--optimizer", "adamw", "--weight-decay", "1e300"],
      "weight_decay (--weight-decay) must be in [0, 3.4028235e+38] (float32's largest)"),
     (["suggest", "--kappa-max", "1e39"], "kappa_min, kappa_max (--kappa-min, --kappa-max) must "
@@ -1266,7 +1266,14 @@ BEFORE_JAX = [
     # the same user: a negative number in e-notation was taken for a flag (the usage block and
     # "argument --lr-min: expected one argument"), while -0.0001 reached the range check
     (["suggest", "--optimizer", "adamw", "--lr-min", "-1e-3"],
-     "lr_min (--lr-min) must be in [0, 3.4028235e+38] (float32's largest), got -0.001."),
+     "lr_min (--lr-min) must be in (0, 3.4028235e+38] (float32's largest), got -0.001."),
+    # a third: NaN was told "[0, ...]" and 0 then "0 < min"; and the default a given bound
+    # was compared with went unnamed
+    (["suggest", "--optimizer", "adamw", "--lr-min", "0"],
+     "lr_min (--lr-min) must be in (0, 3.4028235e+38] (float32's largest), got 0.0."),
+    (["suggest", "--optimizer", "adamw", "--lr-min", "0.5"],
+     "must satisfy 0 < min <= max (min == max exactly when --num-kappas is 1), got 0.5, 0.1 "
+     "(AdamW's default --lr-max) with num_kappas 16."),
     (["suggest", "--optimizer", "adamw", "--weight-decay", "-1e-4"],
      "weight_decay (--weight-decay) must be in [0, 3.4028235e+38] (float32's largest), got "
      "-0.0001"),

@@ -334,8 +334,9 @@ def cli_no_work(monkeypatch):
                                                  "lr_max"),
     # a second fresh user: AdamW's one bound alone takes the other's default (-h shows both)
     (["--optimizer", "adamw", "--lr-max", "1e-5"], "0 < min <= max (min == max exactly when "
-                                                   "--num-kappas is 1), got 0.0001, 1e-05"),
-    (["--optimizer", "adamw", "--lr-max", "nan"], "lr_max (--lr-max) must be in [0, "
+                                                   "--num-kappas is 1), got 0.0001 (AdamW's "
+                                                   "default --lr-min), 1e-05"),
+    (["--optimizer", "adamw", "--lr-max", "nan"], "lr_max (--lr-max) must be in (0, "
                                                   "3.4028235e+38] (float32's largest), got nan"),
     (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
      "not both"),
@@ -433,7 +434,8 @@ def test_one_peak_learning_rate_is_accepted_for_the_eta_grid():
         assert opt_o["learning_rate_range"] == (1e-3, 1e-3)
         check_suggest_job(rest)
     with pytest.raises(ValueError, match=r"lr_min, lr_max \(--lr-min, --lr-max\) must satisfy "
-                                         r".*got 0\.0001, 0\.1 with num_kappas 1"):
+                                         r".*got 0\.0001 \(AdamW's default --lr-min\), 0\.1 "
+                                         r"\(AdamW's default --lr-max\) with num_kappas 1"):
         split_optimizer_options({"optimizer": "adamw", "num_kappas": 1})
     _, rest = split_optimizer_options({"optimizer": "sgd", "num_kappas": 1})
     with pytest.raises(ValueError, match=r"num_kappas .*\(1 exactly when min == max"):
