@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._defaults import DEFAULTS, SUGGEST_DEFAULTS
-from ntk_tt._output_paths import check_outputs, dataset_input, is_dataset_path
+from ntk_tt._output_paths import check_outputs, is_dataset_path, job_inputs
 
 LOSSES = ("cross_entropy", "mse")
 METHODS = ("closed_form", "ode", "sde", "discrete", "auto")
@@ -327,7 +327,7 @@ def check_suggest_job(options: dict[str, Any], json_path=None,
             o["per_class"]):
         o["batch_sizes"] = default_batch_sizes(o["num_classes"] * o["per_class"])
     check_task_options(o)
-    check_outputs(None, json_path, overwrite, inputs=dataset_input(o))
+    check_outputs(None, json_path, overwrite, inputs=job_inputs(o))
     return o
 
 

@@ -26,7 +26,7 @@ from ntk_tt._options import (
 )
 from ntk_tt._options_optimizer import check_optimizer_options
 from ntk_tt._options_targets import check_job_targets
-from ntk_tt._output_paths import check_outputs, dataset_input
+from ntk_tt._output_paths import check_outputs, job_inputs
 
 SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
 # how ntk_tt.intervals' note for a prediction it gives no interval begins (the CLI prints that
@@ -147,7 +147,7 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
                          + ("drop --num-paths (--subset predicts GD only)." if o["subset"] else
                             "give -B < N, or drop --num-paths."))
     check_job_targets(o)
-    check_outputs(figure_path, json_path, overwrite, inputs=dataset_input(o))
+    check_outputs(figure_path, json_path, overwrite, inputs=job_inputs(o))
     return o
 
 

@@ -17,6 +17,12 @@ RUNNING = "prediction done; real fine-tuning running"
 
 OUTPUTS = frozenset({"figure", "json"})
 
+# the package's shipped files (checkpoint, vendored target set, interval calibrator, outcome
+# predictors): no job writes there, --overwrite or not (a fresh user's --json --overwrite
+# replaced the vendored .npz, the calibrator and the checkpoint's meta, breaking every later
+# run)
+ASSETS = Path(__file__).resolve().parent / "assets"
+
 
 def replaceable(overwrite) -> frozenset[str]:
     """The outputs ``overwrite`` lets a job replace: every one for True, none for False, or
@@ -58,8 +64,10 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) 
     matplotlib writes (png, pdf, svg, ...). An existing file is refused unless ``overwrite``
     names it (:func:`replaceable`; then it must be writable): two runs in one folder never
     replace each other's outputs silently, and none may be one of ``inputs`` ((name, path)
-    pairs of the files the job reads; a fresh user's ``--json`` replaced its own ``--dataset``
-    with ``--overwrite``). Empty / None = no output.
+    pairs of the files the job reads, or of folders it reads, such as a checkpoint, whose files
+    are then all inputs; a fresh user's ``--json`` replaced its own ``--dataset`` with
+    ``--overwrite``), nor inside the package's shipped ``assets`` folder. Empty / None = no
+    output.
 
     Raises:
       ValueError: one line naming the path and the fix.
@@ -70,11 +78,13 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) 
     given = [(what, path) for what, path in (("figure", figure_path), ("json", json_path))
              if path]
     for what, path in given:  # first: an input is never an output, --overwrite or not
-        for name, source in inputs:
-            if source and Path(source).expanduser().resolve() == \
-                    Path(path).expanduser().resolve():
-                raise ValueError(f"{what} path {str(path)!r} is the {name} this command reads; "
-                                 "choose another path.")
+        out = Path(path).expanduser().resolve()
+        for name, source in (*inputs, ("package's shipped assets folder", ASSETS)):
+            src = Path(source).expanduser().resolve() if source else None
+            if src is not None and (out == src or src.is_dir() and out.is_relative_to(src)):
+                where = "is" if out == src else "is inside"
+                raise ValueError(f"{what} path {str(path)!r} {where} the {name} this command "
+                                 "reads; choose another path.")
     for what, path in given:
         target = Path(path).expanduser()
         if target.is_dir():
@@ -136,8 +146,11 @@ def is_dataset_path(name: str) -> bool:
             or os.path.isfile(os.path.expanduser(name)))
 
 
-def dataset_input(o: dict) -> tuple:
-    """(("dataset", path),) when ``o["dataset"]`` is an .npz path, for :func:`check_outputs`'
-    ``inputs``; () for a short or TFDS name."""
-    name = o["dataset"]
-    return (("dataset", name),) if isinstance(name, str) and is_dataset_path(name) else ()
+def job_inputs(o: dict) -> tuple:
+    """The (name, path) pairs of what a predict or suggest job reads, for
+    :func:`check_outputs`' ``inputs``: the dataset when ``o["dataset"]`` is a file path (a
+    short name's vendored file is in the shipped assets, which check_outputs always protects;
+    a TFDS name's files are TFDS's) and the checkpoint folder when one is given."""
+    name, ck = o["dataset"], o.get("checkpoint")
+    return ((("dataset", name),) if isinstance(name, str) and is_dataset_path(name) else ()) \
+        + ((("checkpoint folder", ck),) if isinstance(ck, (str, os.PathLike)) and ck else ())

@@ -1480,6 +1480,45 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
     assert shipped.read_bytes() == b"the shipped predictor"
 
 
+
+def test_no_output_lands_in_the_shipped_assets_or_the_checkpoint_read(tmp_path, capsys,
+                                                                      monkeypatch):
+    """A fresh user: --json on the vendored .npz (the default dataset, named by its short
+    name), on the shipped interval calibrator or on a checkpoint's meta, with --overwrite,
+    replaced it and broke every later run; only a --dataset given as a path was protected.
+    Now nothing is written inside the package's assets folder (here a copy, so a regression
+    harms none) or inside the --checkpoint folder, by predict or suggest, before any work."""
+    no_work(monkeypatch)
+    assets = tmp_path / "assets"
+    (assets / "data").mkdir(parents=True)
+    shipped = [assets / "data" / "flowers5_32px_200pc.npz", assets / "intervals.json"]
+    for f in shipped:
+        f.write_bytes(b"shipped")
+    monkeypatch.setattr("ntk_tt._output_paths.ASSETS", assets)
+    ckpt = tmp_path / "my_ckpt"
+    (ckpt / "meta").mkdir(parents=True)
+    (ckpt / "meta" / "metadata").write_bytes(b"meta")
+    for target in shipped:
+        for command in ("predict", "suggest"):
+            with pytest.raises(SystemExit) as exit_info:
+                main([command, "--no-progress", "--json", str(target), "--overwrite"])
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and err.count("\n") == 1, err
+            assert f"json path {str(target)!r} is inside the package's shipped assets folder" \
+                in err, err
+    for command, flag in (("predict", "--json"), ("predict", "--figure"), ("suggest", "--json")):
+        out = ckpt / "meta" / ("metadata" if flag == "--json" else "f.png")
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--no-progress", "--checkpoint", str(ckpt), flag, str(out),
+                  "--overwrite"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2, err
+        assert f"{flag[2:]} path {str(out)!r} is inside the checkpoint folder this command " \
+               "reads; choose another path." in err, err
+    assert [f.read_bytes() for f in shipped] == [b"shipped"] * 2
+    assert (ckpt / "meta" / "metadata").read_bytes() == b"meta"
+    assert not (ckpt / "meta" / "f.png").exists()
+
 def test_python_advice_in_a_job_error_is_said_as_flags():
     """A fresh user: ntk-tt predict --head-scale 1e-30 advised ntk_tt.replace_head,
     backbone='exact' and predictor='linear'."""
