@@ -28,8 +28,9 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
 id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
 only the predictions are recomputed (rows record ``real_source``).
 
-Ctrl-C ends it with one ``optimizer_sweep.py: interrupted`` line saying how many finished rows
-are kept (exit status 130); a row file damaged from outside is one error line naming it.
+Ctrl-C (SIGTERM) ends it with one ``optimizer_sweep.py: interrupted`` (``terminated
+(SIGTERM)``) line saying how many finished rows are kept, exit status 130 (143); a row file
+damaged from outside is one error line naming it.
 
 Every option is checked before anything is written (the datasets loaded, ``--out`` a
 directory or missing, its ``spec.json`` the same grid): an error is one
@@ -43,12 +44,15 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
 from tqdm import tqdm
 
+from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts
 from ntk_tt.sweep._load import check_datasets
 from ntk_tt.sweep._optimizers import (
     BENCH_BACKBONES,
@@ -236,21 +240,48 @@ def _figure(frame, path: pathlib.Path) -> None:
 def main(argv=None) -> None:
     """Run (or resume, or with ``--report`` only report) the benchmark of the command line.
     Exit status 0 done, 2 bad input or a damaged row file (one ``optimizer_sweep.py: error:``
-    line), 130 interrupted (Ctrl-C: one line saying how many finished rows are kept)."""
+    line), 130 interrupted (Ctrl-C) or 143 terminated (SIGTERM, as batch schedulers send it):
+    one line saying how many finished rows are kept. As the program (``argv`` None) the
+    signals are handled by ``ntk-tt``'s guard (:func:`ntk_tt.cli._guard_interrupts`), which
+    also ends a run whose interruption XLA swallowed."""
     args, spec = parse(argv)
-    out = pathlib.Path(args.out)
+    state = {"out": pathlib.Path(args.out)}
+    if argv is None:
+        _guard_interrupts(state, stop=_exit_stopped, started=lambda st: True)
     try:
-        _run(args, spec, out)
+        _run(args, spec, state["out"])
     except KeyboardInterrupt:
-        kept = len(ResultsTable(out).row_ids())
-        sys.stdout.flush()
-        sys.stderr.write(f"\noptimizer_sweep.py: interrupted; {kept} finished row(s) kept in "
-                         f"{out / 'rows'}: run the same command to resume\n")
-        sys.stderr.flush()
-        os._exit(130)  # JAX threads interrupted mid-work can crash the interpreter's teardown
+        _exit_stopped(state)
     except ValueError as err:
         sys.stderr.write(f"optimizer_sweep.py: error: {err}\n")
         sys.exit(2)
+    except Exception as err:  # a KeyboardInterrupt inside XLA may come back wrapped
+        if not _caused_by_interrupt(err):
+            raise
+        _exit_stopped(state)
+
+
+def _exit_stopped(state: dict) -> None:
+    """Say how many finished rows ``state["out"]`` keeps and end the process at once, status
+    128 + the signal (``os._exit``: JAX threads interrupted mid-work can crash the
+    interpreter's teardown). Called by the main thread or the guard's watcher; the second
+    waits (``ntk_tt.cli._EXITING``)."""
+    if not _EXITING.acquire(blocking=False):
+        threading.Event().wait()  # the other caller is ending the process
+    signum = state.get("signal", signal.SIGINT)
+    try:
+        out = state["out"]
+        kept = len(ResultsTable(out).row_ids())
+        sys.stdout.flush()
+        sys.stderr.write(f"\noptimizer_sweep.py: {_STOPPED.get(signum, 'interrupted')}; {kept} "
+                         f"finished row(s) kept in {out / 'rows'}: run the same command to "
+                         "resume\n")
+        sys.stderr.flush()
+    finally:
+        try:
+            os._exit(128 + signum)
+        finally:  # reached only where a test patches os._exit
+            _EXITING.release()
 
 
 def _run(args, spec, out: pathlib.Path) -> None:

@@ -4,6 +4,7 @@ against a hand computation."""
 
 import dataclasses
 import json
+import signal
 
 import jax
 import numpy as np
@@ -341,6 +342,14 @@ def test_an_interrupted_benchmark_is_one_line_and_keeps_its_rows(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"optimizer_sweep.py: interrupted; 1 finished row(s) kept in {out / 'rows'}: "
                    "run the same command to resume")
+    # SIGTERM (a batch scheduler's; a fresh user saw the run die with no line): the guard of
+    # ntk-tt records the signal and the same exit says "terminated (SIGTERM)", status 143
+    with pytest.raises(SystemExit) as ended:
+        module._exit_stopped({"out": out, "signal": signal.SIGTERM})
+    assert ended.value.code == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"optimizer_sweep.py: terminated (SIGTERM); 1 finished row(s) kept in {out / 'rows'}: "
+        "run the same command to resume")
 
 
 def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys, monkeypatch):
