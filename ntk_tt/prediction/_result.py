@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ntk_tt.dynamics._divergence import KAPPA_MAX, OUTCOMES, Outcome
+from ntk_tt.dynamics._divergence import KAPPA_MAX, KAPPA_MAX_DIVERGED, OUTCOMES, Outcome
 from ntk_tt.dynamics._predict_kernel import EPSILONS, BeyondEdgeWarning
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._targets import curve_targets
@@ -132,7 +132,8 @@ class Prediction(NamedTuple):
             if self.kappa >= KAPPA_MAX and self.hyperparameters.get("optimizer") not in (
                     "adam", "adamw"):  # Adam's call is its curve's (κ is not its edge)
                 why.append(f"κ = η·λ_max/N = {self.kappa:.3g} ≥ {KAPPA_MAX:g}, where the real "
-                           "runs measured diverged (136 of 144; README, \"Diverged means\")")
+                           f"runs measured diverged ({KAPPA_MAX_DIVERGED}; README, \"Diverged "
+                           "means\")")
             return "; ".join(why) + ", though the predicted curve did not end above L_0"
         if self.divergence != "unknown":
             return None
