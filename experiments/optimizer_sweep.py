@@ -131,7 +131,10 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
     if args.datasets:
         spec = dataclasses.replace(spec, datasets=tuple(args.datasets))
     if args.families:
-        spec = dataclasses.replace(spec, families=tuple(dict.fromkeys(args.families)))
+        twice = sorted({f for f in args.families if args.families.count(f) > 1})
+        if twice:
+            raise ValueError(f"--families names {', '.join(twice)} twice; give each once.")
+        spec = dataclasses.replace(spec, families=tuple(args.families))
     if args.backbone:
         if args.report:
             raise ValueError("--backbone sets the predictions to run; --report only reports "

@@ -214,7 +214,8 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
 @pytest.mark.parametrize("kwargs, message", [
     ({"sgd_kappas": (-1.0,)}, "OptimSpec.sgd_kappas must be finite numbers > 0"),
     ({"adam_peaks": (1e-3, float("inf"))}, "OptimSpec.adam_peaks must be finite numbers > 0"),
-    ({"adam_peaks": (0.0,)}, "OptimSpec.adam_peaks must be finite numbers > 0"),
+    ({"adam_peaks": (0.0,)}, r"OptimSpec.adam_peaks must be finite numbers > 0 \(peak learning "
+                             r"rates\)"),  # a fresh user was told "(κ̃ values, or η for etas)"
     ({"sgd_decays": (-5e-4,)}, "OptimSpec.sgd_decays must be finite weight decays >= 0"),
     ({"adam_decays": (float("nan"),)}, "OptimSpec.adam_decays must be finite weight decays"),
     ({"batch_sizes": (None, 0)}, "OptimSpec.batch_sizes must be integers >= 1 or None"),
@@ -250,6 +251,11 @@ def test_bad_datasets_are_refused_before_anything_is_written(tmp_path, capsys, m
                                  *datasets], capsys)
         assert message in line
         assert not out.exists()
+    # --families sgdm_cosine sgdm_cosine ran one family silently (sweep.py refuses a repeat)
+    line = refused(module, ["--out", str(out), "--preset", "smoke", "--families", "sgdm_cosine",
+                            "sgdm_cosine"], capsys)
+    assert "--families names sgdm_cosine twice; give each once." in line
+    assert not out.exists()
 
 
 def test_an_out_that_is_a_file_or_another_grid_is_one_line(tmp_path, capsys, monkeypatch):

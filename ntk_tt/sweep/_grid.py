@@ -46,16 +46,17 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_positive(name: str, values) -> None:
-    """Refuse learning rates (κ̃ or η) that are not finite numbers > 0 within float32's normal
-    range (``FLOAT32_TINY`` .. ``FLOAT32_MAX``: 1e-50 is 0 in float32, 1e39 inf).
+def check_positive(name: str, values, what: str = "κ̃ values, or η for etas") -> None:
+    """Refuse learning rates (κ̃ or η, ``what`` they are) that are not finite numbers > 0
+    within float32's normal range (``FLOAT32_TINY`` .. ``FLOAT32_MAX``: 1e-50 is 0 in float32,
+    1e39 inf).
 
     Raises:
       ValueError: naming ``name`` and the values.
     """
     if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)
            or not FLOAT32_TINY <= v <= FLOAT32_MAX for v in values):
-        raise ValueError(f"{name} must be finite numbers > 0 (κ̃ values, or η for etas) in "
+        raise ValueError(f"{name} must be finite numbers > 0 ({what}) in "
                          f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (float32's normal range), "
                          f"got {tuple(values)}; give positive values.")
 

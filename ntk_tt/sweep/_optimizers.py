@@ -112,8 +112,8 @@ class OptimSpec:
             raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
         if self.steps < 1:
             raise ValueError(f"OptimSpec.steps must be >= 1, got {self.steps}.")
-        for name in ("sgd_kappas", "adam_peaks"):
-            check_positive(f"OptimSpec.{name}", getattr(self, name))
+        for name, what in (("sgd_kappas", "κ̃ values"), ("adam_peaks", "peak learning rates")):
+            check_positive(f"OptimSpec.{name}", getattr(self, name), what)
         for name in ("sgd_decays", "adam_decays"):
             if any(not np.isfinite(wd) or wd < 0 for wd in getattr(self, name)):
                 raise ValueError(f"OptimSpec.{name} must be finite weight decays >= 0, got "
