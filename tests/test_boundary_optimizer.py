@@ -172,7 +172,7 @@ BAD = [
      "drop batch_size"),
     (dict(nesterov=True), "drop nesterov"),
     (dict(learning_rates=[0.2, 0.1]), "learning_rates must be strictly increasing"),
-    (dict(momenta=[0.0, 1.0]), "momenta has an entry outside its range"),
+    (dict(momenta=[0.0, 1.0]), r"momenta\[1\] = 1 is outside \[0, 1\)"),
     (dict(optimizer="sgd"), "optimizer must be an ntk_tt.Optimizer"),
     (dict(optimizer=ntk_tt.adamw(1e-3)), "pass kernel=ntk_tt.adam_head_aware_kernel"),
     (dict(optimizer=ntk_tt.sgd(0.1, weight_decay=0.1)), "weight decay acts on J·θ0: pass a"),

@@ -444,11 +444,16 @@ def test_head_aware_refuses_f0(x64):
 
 BAD_GRID = [
     (dict(learning_rates=[0.2, 0.1]), "strictly increasing"),
-    (dict(learning_rates=[0.0, 0.1]), "learning_rates has an entry outside.*positive"),
+    (dict(learning_rates=[0.0, 0.1]), r"learning_rates\[0\] = 0 is outside.*positive"),
+    # a fresh user: np.float64(-0.1) in the message, and 1e-50 refused later as "learning_rate"
+    (dict(learning_rates=np.array([-0.1, 0.1])), r"learning_rates\[0\] = -0\.1 is outside "),
+    (dict(learning_rates=[1e-50, 0.1]), r"learning_rates\[0\] = 1e-50 is outside \[1\.1754944e-38, "
+                                        r"3\.4028235e\+38\] \(float32's normal range\)"),
+    (dict(learning_rates=[0.1, 1e300]), r"learning_rates\[1\] = 1e\+300 is outside"),
     (dict(learning_rates=np.ones((2, 2))), "1-D array"),
     (dict(learning_rates=[]), "at least one"),
-    (dict(momenta=[0.0, 1.0]), "momenta has an entry outside.*\\[0, 1\\)"),
-    (dict(momenta=[-0.5]), "momenta has an entry outside"),
+    (dict(momenta=[0.0, 1.0]), r"momenta\[1\] = 1 is outside \[0, 1\)"),
+    (dict(momenta=[-0.5]), r"momenta\[0\] = -0\.5 is outside"),
     (dict(epsilon=1.0), "epsilon must be in"),
     (dict(window=2), "window must be an odd int"),
     # issue 27: optimizer= is taken (tests/test_boundary_optimizer.py); Adam needs an AdamKernel

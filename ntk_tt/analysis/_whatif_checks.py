@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import MAX_STEPS, _is_int
+from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY, MAX_STEPS, _is_int
 from ntk_tt.analysis._whatif_optimizer import (
     DEFAULT_WARMUP_SMOOTHING,
     PEAK_FIELDS,
@@ -206,12 +206,15 @@ def _check_grid(values, name: str, low: float, high: float | None, hint: str) ->
         raise ValueError(f"{name} must be a 1-D array of real numbers with at least one "
                          f"entry, got shape {arr.shape} and dtype {arr.dtype}; {hint}")
     arr = arr.astype(float)
-    ok = np.isfinite(arr) & (arr > low if name == "learning_rates" else arr >= low)
-    if high is not None:
-        ok &= arr < high
+    if high is None:  # learning rates: float32's normal range (1e-50 is 0 in float32)
+        ok = np.isfinite(arr) & (arr >= max(low, FLOAT32_TINY)) & (arr <= FLOAT32_MAX)
+        rng = f"[{max(low, FLOAT32_TINY):.8g}, {FLOAT32_MAX:.8g}] (float32's normal range)"
+    else:
+        ok = np.isfinite(arr) & (arr >= low) & (arr < high)
+        rng = f"[{low:g}, {high:g})"
     if not np.all(ok):
-        bad = arr[~ok][0]
-        raise ValueError(f"{name} has an entry outside its range ({bad!r}); {hint}")
+        i = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"{name}[{i}] = {float(arr[i]):g} is outside {rng}; {hint}")
     if arr.shape[0] > 1 and not np.all(np.diff(arr) > 0):
         raise ValueError(f"{name} must be strictly increasing; sort it (np.unique does).")
     return arr
