@@ -18,7 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ntk_tt._defaults import DEFAULTS, SUGGEST_DEFAULTS
+from ntk_tt._defaults import SUGGEST_DEFAULTS
+from ntk_tt._options_source import SHARED_FILES as SHARED_FILES  # data/_data.py reads them here
+from ntk_tt._options_source import VENDORED_FILES as VENDORED_FILES
+from ntk_tt._options_source import check_split
 from ntk_tt._output_paths import check_outputs, is_dataset_path, job_inputs
 
 LOSSES = ("cross_entropy", "mse")
@@ -39,18 +42,6 @@ MAX_PATHS, MAX_KAPPAS = 4096, 1024
 HEAD_SCALES = (1e-6, 1e6)  # --head-scale: float32 weights overflow beyond, vanish below
 # η, κ, weight decay, ε, loss targets: at most MAX (inf in float32); η, ε at least TINY (1e-50 is 0)
 FLOAT32_MAX, FLOAT32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
-# the short dataset names and their files (ntk_tt.data._data loads them): the vendored set in
-# ntk_tt/assets/data, the others in ../shared/data (or $NTK_TT_DATA_DIR). Each is one fixed
-# set, like an .npz path: the task sampler draws the training and held-out images from it,
-# and --split (a TFDS split) does not apply to it
-VENDORED_FILES = {"flowers5": "flowers5_32px_200pc.npz"}
-SHARED_FILES = {
-    "cifar10_source": "cifar10_train_source10k.npz",
-    "cifar10_test": "cifar10_test_300pc.npz",
-    "mnist_test": "mnist_test.npz",
-    "notmnist": "notmnist_sample_test.npz",
-    "flowers5_300pc": "flowers5_32px_300pc.npz",
-}
 
 
 def _describe(value: Any) -> str:
@@ -247,7 +238,7 @@ def _check_source(o: dict[str, Any]) -> None:
     """``seed``, ``dataset``, ``split`` and ``data_dir`` as far as they can be checked without
     reading data: the seed an integer, a dataset path (a name ending in ``.npz`` or holding a
     ``/``) an existing file, the split a string and the default ``"train"`` unless the
-    dataset is a TFDS name (:func:`_check_split`), a ``data_dir`` an existing folder."""
+    dataset is a TFDS name (``_options_source.check_split``), a ``data_dir`` an existing folder."""
     seed = o["seed"]
     if not _is_int(seed) or not 0 <= seed < 2**32:  # key(2**32) = key(0), key(-1) = key(2**32-1)
         raise ValueError(f"seed (--seed) must be an integer in [0, 2**32) (jax.random.key keeps "
@@ -264,37 +255,12 @@ def _check_source(o: dict[str, Any]) -> None:
             raise ValueError(f"dataset file not found: {name!r}; pass an existing path to an "
                              ".npz file with keys images, labels and class_names, or a short "
                              "name (ntk_tt.known_datasets(), e.g. 'flowers5').")
-    _check_split(name, o["split"])
     data_dir = o["data_dir"]
+    check_split(name, o["split"], data_dir)
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise ValueError(f"data_dir (--data-dir) {str(data_dir)!r} is not a directory; pass "
                          "the TFDS data_dir holding prepared sets, or omit it "
                          "($TFDS_DATA_DIR or ~/tensorflow_datasets).")
-
-
-def _check_split(name: str, split: Any) -> None:
-    """``split`` (--split) selects a split of a prepared TFDS dataset only: a short name
-    (:data:`VENDORED_FILES`, :data:`SHARED_FILES`) or an .npz path is one fixed file, which
-    ``load_dataset`` reads whatever the split, so a split other than the default "train"
-    would be silently ignored: refused."""
-    default = DEFAULTS["split"]
-    if not isinstance(split, str) or not split:
-        raise ValueError(f"split (--split) must be the name of a TFDS split such as "
-                         f"{default!r}, got {split!r}.")
-    if split == default:
-        return
-    if name in VENDORED_FILES:
-        what = f"the vendored file {VENDORED_FILES[name]}"
-    elif name in SHARED_FILES:
-        what = f"the file {SHARED_FILES[name]} of ../shared/data ($NTK_TT_DATA_DIR)"
-    elif is_dataset_path(name):
-        what = "an .npz file"
-    else:
-        return
-    raise ValueError(f"split (--split) {split!r} does not apply to dataset {name!r}: it is "
-                     f"{what}, one fixed set from which the n training and the held-out "
-                     f"images per class are both drawn; drop --split (it selects a split of "
-                     f"a prepared TFDS dataset only).")
 
 
 # --- suggest_task / ntk-tt suggest ----------------------------------------------------------

@@ -1213,7 +1213,12 @@ BEFORE_JAX = [
     (["predict", "-T", "0"], "steps (-T) must be an integer >= 1"),
     (["predict", "--dataset", "TMP/missing.npz"], "dataset file not found: 'TMP/missing.npz'"),
     (["predict", "--dataset", "TMP"], "dataset 'TMP' is a folder; pass the .npz file in it."),
-    (["predict", "--data-dir", "TMP/nope"], "data_dir (--data-dir) 'TMP/nope' is not a directory"),
+    (["predict", "--dataset", "cifar10", "--data-dir", "TMP/nope"],
+     "data_dir (--data-dir) 'TMP/nope' is not a directory"),
+    # a fresh user: --data-dir beside the vendored default set was silently ignored
+    (["predict", "--data-dir", "TMP"], "data_dir (--data-dir) 'TMP' does not apply to dataset "
+                                       "'flowers5': it is the vendored file"),
+    (["suggest", "--data-dir", "TMP"], "drop --data-dir (it selects a prepared TFDS dataset"),
     (["predict", "--checkpoint", "TMP/nope"], "checkpoint not found"),
     (["predict", "--json", "TMP/no/r.json"], "does not exist; create it first"),
     (["predict", "--figure", "TMP/f.xyz"], "must end in a format matplotlib writes"),
