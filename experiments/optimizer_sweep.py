@@ -29,7 +29,8 @@ id and the same training (T, peak η, λ) supplies the real curves and fine-tune
 only the predictions are recomputed (rows record ``real_source``).
 
 Ctrl-C (SIGTERM) ends it with one ``optimizer_sweep.py: interrupted`` (``terminated
-(SIGTERM)``) line saying how many finished rows are kept, exit status 130 (143); a row file
+(SIGTERM)``) line saying how many finished rows are kept, exit status 130 (143); while it
+starts (imports, argument checks), ``... while starting; nothing was written``; a row file
 damaged from outside is one error line naming it.
 
 Every option is checked before anything is written (the datasets loaded, ``--out`` a
@@ -39,30 +40,34 @@ directory or missing, its ``spec.json`` the same grid): an error is one
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import os
-import pathlib
-import signal
-import sys
-import threading
-import time
+from ntk_tt.cli import guard_starting  # the standard library only: before the heavy imports
 
-import numpy as np
-from tqdm import tqdm
+_STARTING = guard_starting("optimizer_sweep.py", __name__ == "__main__")
 
-from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts
-from ntk_tt.sweep._load import check_datasets
-from ntk_tt.sweep._optimizers import (
+import argparse  # noqa: E402  (after the handler: these imports take the first seconds)
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts  # noqa: E402
+from ntk_tt.sweep._load import check_datasets  # noqa: E402
+from ntk_tt.sweep._optimizers import (  # noqa: E402
     BENCH_BACKBONES,
     FAMILIES,
     OptimSpec,
     reusable_real,
     run_task,
 )
-from ntk_tt.sweep._optimizers_summary import summarize_optimizers
-from ntk_tt.sweep._table import ResultsTable, check_out, read_table
+from ntk_tt.sweep._optimizers_summary import summarize_optimizers  # noqa: E402
+from ntk_tt.sweep._table import ResultsTable, check_out, read_table  # noqa: E402
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -247,9 +252,11 @@ def main(argv=None) -> None:
     one line saying how many finished rows are kept. As the program (``argv`` None) the
     signals are handled by ``ntk-tt``'s guard (:func:`ntk_tt.cli._guard_interrupts`), which
     also ends a run whose interruption XLA swallowed."""
-    args, spec = parse(argv)
+    args, spec = parse(argv)  # a signal until here: the starting line (nothing written)
     state = {"out": pathlib.Path(args.out)}
     if argv is None:
+        for sig, default in _STARTING.items():  # the guard takes over default handlers only
+            signal.signal(sig, default)
         _guard_interrupts(state, stop=_exit_stopped, started=lambda st: True)
     try:
         _run(args, spec, state["out"])

@@ -28,23 +28,9 @@ from __future__ import annotations
 import os
 import signal
 
+from ntk_tt.cli import guard_starting  # the standard library only: before the heavy imports
 
-def _interrupted_while_starting(signum, frame) -> None:
-    """Ctrl-C or SIGTERM before :func:`main` takes the signals over (the imports of JAX and
-    the package, ~1–2 s): nothing is written yet, so one line and the status at once. Python's
-    default was a traceback from the import machinery, or a KeyboardInterrupt swallowed by
-    an XLA callback and the whole sweep run anyway."""
-    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
-    os.write(2, f"sweep.py: {what} while starting; nothing was written\n".encode())
-    os._exit(128 + signum)
-
-
-# the program itself only (not a test importing this file); a signal ignored at start stays so
-_STARTING = {sig: default for sig, default in ((signal.SIGINT, signal.default_int_handler),
-                                               (signal.SIGTERM, signal.SIG_DFL))
-             if __name__ == "__main__" and signal.getsignal(sig) is default}
-for _sig in _STARTING:
-    signal.signal(_sig, _interrupted_while_starting)
+_STARTING = guard_starting("sweep.py", __name__ == "__main__")
 
 import argparse  # noqa: E402  (after the handler: these imports take the first seconds)
 import dataclasses  # noqa: E402

@@ -31,6 +31,34 @@ GRACE_S = 3.0  # after Ctrl-C, the main thread's own exit path gets this long
 _STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
 
 
+def guard_starting(script: str, is_program: bool) -> dict:
+    """Ctrl-C or SIGTERM while a script of ``experiments/`` starts (the imports of JAX and the
+    package and its argument checks, the first seconds) ends it with one line, ``SCRIPT:
+    interrupted while starting; nothing was written`` (or ``terminated (SIGTERM)``), status
+    128 + the signal, at once: Python's default was a traceback from the import machinery,
+    a silent death (SIGTERM), or a KeyboardInterrupt swallowed by an XLA callback and the
+    whole run done anyway. Call it before the script's heavy imports, with ``is_program`` =
+    ``__name__ == "__main__"`` (a test importing the script keeps its handlers).
+
+    Returns:
+      {signal: Python's default handler} for the signals taken over (none when not the
+      program; a signal ignored at start, e.g. SIGINT of a background job, stays ignored):
+      the script restores them before :func:`_guard_interrupts`, which takes over default
+      handlers only.
+    """
+    def starting(signum, frame) -> None:
+        os.write(2, f"{script}: {_STOPPED[signum]} while starting; nothing was written\n"
+                 .encode())
+        os._exit(128 + signum)
+
+    taken = {sig: default for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                                               (signal.SIGTERM, signal.SIG_DFL))
+             if is_program and signal.getsignal(sig) is default}
+    for sig in taken:
+        signal.signal(sig, starting)
+    return taken
+
+
 def _interrupted(run: dict) -> None:
     """Ctrl-C or SIGTERM: one line, exit status 128 + the signal number (130, 143), at once.
 
