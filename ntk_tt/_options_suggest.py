@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
-from ntk_tt._options import FLOAT32_MAX, _is_int, check_real, is_real
+from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY, _is_int, check_real, is_real
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, _named_value
 
 WARMUPS = (0.0, 0.05, 0.1, 0.2)  # fractions of the step budget T_max
@@ -32,17 +32,16 @@ def _named(keys) -> str:
     return ", ".join(f"{k} ({_FLAG[k]})" for k in keys)
 
 
-def _number(o, name, low, high=FLOAT32_MAX, above=False) -> float:
-    """``o[name]`` as a float in [low, high), or without ``high`` in [low, ``FLOAT32_MAX``];
-    ``above``: the low end excluded."""
+def _number(o, name, low, high=FLOAT32_MAX) -> float:
+    """``o[name]`` as a float in [low, high), or without ``high`` in [low, ``FLOAT32_MAX``]."""
     v = o[name]
     check_real(v, f"{name} ({_FLAG[name]})")
     v = float(v)
     top = high == FLOAT32_MAX
-    if not ((low < v if above else low <= v) and (v <= high if top else v < high)):
-        bound = f"{high:.8g}] (float32's largest)" if top else f"{high:g})"
-        raise ValueError(f"{name} ({_FLAG[name]}) must be in {'(' if above else '['}{low:g}, "
-                         f"{bound}, got {v!r}.")
+    if not (low <= v and (v <= high if top else v < high)):
+        span = "normal range" if low == FLOAT32_TINY else "largest"
+        bound = f"{high:.8g}] (float32's {span})" if top else f"{high:g})"
+        raise ValueError(f"{name} ({_FLAG[name]}) must be in [{low:.8g}, {bound}, got {v!r}.")
     return v
 
 
@@ -192,7 +191,7 @@ def _lr_range(o, rest, family):
                          "peak-η grid, or neither for the κ grid.")
     if not given and family != "adamw":
         return None
-    lo, hi = (_number(o, k, 0.0, above=True) if o[k] is not None else default
+    lo, hi = (_number(o, k, FLOAT32_TINY) if o[k] is not None else default  # 1e-50 is 0
               for k, default in zip(("lr_min", "lr_max"), ADAM_LEARNING_RATE_RANGE, strict=True))
     num = rest.get("num_kappas", SUGGEST_DEFAULTS["num_kappas"])
     if not lo <= hi or (_is_int(num) and (num == 1) != (lo == hi)):

@@ -1197,6 +1197,7 @@ def test_interrupt_during_an_import_is_an_interruption_too(tmp_path):
     assert proc.stderr == "ntk-tt: interrupted\n"
 
 
+NORMAL = "[1.1754944e-38, 3.4028235e+38] (float32's normal range)"  # --lr-min, --lr-max
 BEFORE_JAX = [
     (["predict", "--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
     (["predict", "-K", "1"], "num_classes (K) must be >= 2"),
@@ -1241,9 +1242,9 @@ BEFORE_JAX = [
     # a grid up to float32 inf; every float option without a bound of its own stops at
     # float32's largest
     (["suggest", "--optimizer", "adamw", "--lr-max", "1e300"],
-     "lr_max (--lr-max) must be in (0, 3.4028235e+38] (float32's largest), got 1e+300."),
+     f"lr_max (--lr-max) must be in {NORMAL}, got 1e+300."),
     (["suggest", "--optimizer", "sgd", "--lr-min", "1", "--lr-max", "1e39"],
-     "lr_max (--lr-max) must be in (0, 3.4028235e+38] (float32's largest), got 1e+39."),
+     f"lr_max (--lr-max) must be in {NORMAL}, got 1e+39."),
     (["suggest", "--optimizer", "adamw", "--weight-decay", "1e300"],
      "weight_decay (--weight-decay) must be in [0, 3.4028235e+38] (float32's largest)"),
     (["suggest", "--kappa-max", "1e39"], "kappa_min, kappa_max (--kappa-min, --kappa-max) must "
@@ -1271,11 +1272,14 @@ BEFORE_JAX = [
     # the same user: a negative number in e-notation was taken for a flag (the usage block and
     # "argument --lr-min: expected one argument"), while -0.0001 reached the range check
     (["suggest", "--optimizer", "adamw", "--lr-min", "-1e-3"],
-     "lr_min (--lr-min) must be in (0, 3.4028235e+38] (float32's largest), got -0.001."),
+     f"lr_min (--lr-min) must be in {NORMAL}, got -0.001."),
     # a third: NaN was told "[0, ...]" and 0 then "0 < min"; and the default a given bound
     # was compared with went unnamed
     (["suggest", "--optimizer", "adamw", "--lr-min", "0"],
-     "lr_min (--lr-min) must be in (0, 3.4028235e+38] (float32's largest), got 0.0."),
+     f"lr_min (--lr-min) must be in {NORMAL}, got 0.0."),
+    # a fourth: 1e-50 (0 in float32) passed this check and was refused after 32 s of work
+    (["suggest", "--optimizer", "adamw", "--lr-min", "1e-50"],
+     f"lr_min (--lr-min) must be in {NORMAL}, got 1e-50."),
     (["suggest", "--optimizer", "adamw", "--lr-min", "0.5"],
      "must satisfy 0 < min <= max (min == max exactly when --num-kappas is 1), got 0.5, 0.1 "
      "(AdamW's default --lr-max) with num_kappas 16."),

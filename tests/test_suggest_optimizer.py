@@ -336,8 +336,9 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "adamw", "--lr-max", "1e-5"], "0 < min <= max (min == max exactly when "
                                                    "--num-kappas is 1), got 0.0001 (AdamW's "
                                                    "default --lr-min), 1e-05"),
-    (["--optimizer", "adamw", "--lr-max", "nan"], "lr_max (--lr-max) must be in (0, "
-                                                  "3.4028235e+38] (float32's largest), got nan"),
+    (["--optimizer", "adamw", "--lr-max", "nan"],
+     "lr_max (--lr-max) must be in [1.1754944e-38, 3.4028235e+38] (float32's normal range), "
+     "got nan"),
     (["--optimizer", "sgd", "--lr-min", "0.1", "--lr-max", "1", "--kappa-max", "5"],
      "not both"),
     (["--optimizer", "adamw", "--warmups", "0,1"], "warmups (--warmups) entries must be"),
