@@ -25,9 +25,8 @@ SHARED_FILES = {
 
 def check_split(name: str, split: Any, data_dir: Any) -> None:
     """``split`` (--split) selects a split of a prepared TFDS dataset only, and ``data_dir``
-    (--data-dir) the folder of one: a short name (:data:`VENDORED_FILES`, :data:`SHARED_FILES`;
-    a shared set falls back to TFDS when its file is missing, so data_dir stays allowed) or an
-    .npz path is one fixed file, which ``load_dataset`` reads whatever the split or folder, so
+    (--data-dir) the folder of one: a short name (:data:`VENDORED_FILES`, :data:`SHARED_FILES`)
+    or an .npz path is one fixed file, which ``load_dataset`` reads whatever the split or folder, so
     either would be silently ignored: refused."""
     default = DEFAULTS["split"]
     if not isinstance(split, str) or not split:
@@ -35,7 +34,7 @@ def check_split(name: str, split: Any, data_dir: Any) -> None:
                          f"{default!r}, got {split!r}.")
     if split != default:
         flag, given = "--split", f"split (--split) {split!r}"
-    elif data_dir is not None and name not in SHARED_FILES:
+    elif data_dir is not None:
         flag, given = "--data-dir", f"data_dir (--data-dir) {str(data_dir)!r}"
     else:
         return

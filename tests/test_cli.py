@@ -1220,6 +1220,8 @@ BEFORE_JAX = [
     (["predict", "--data-dir", "TMP"], "data_dir (--data-dir) 'TMP' does not apply to dataset "
                                        "'flowers5': it is the vendored file"),
     (["suggest", "--data-dir", "TMP"], "drop --data-dir (it selects a prepared TFDS dataset"),
+    (["predict", "--dataset", "cifar10_test", "--data-dir", "TMP"],  # read from its .npz whatever
+     "data_dir (--data-dir) 'TMP' does not apply to dataset 'cifar10_test': it is the file"),
     (["predict", "--checkpoint", "TMP/nope"], "checkpoint not found"),
     (["predict", "--json", "TMP/no/r.json"], "does not exist; create it first"),
     (["predict", "--figure", "TMP/f.xyz"], "must end in a format matplotlib writes"),
