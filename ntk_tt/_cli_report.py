@@ -215,8 +215,8 @@ def _ratio(r: dict) -> str:
     """The fine-tuning / prediction wall-time ratio, or why it means nothing."""
     pred, real = r["predicted"], r["real"]
     if real["diverged"]:
-        return (f"not meaningful (the real run diverged at step {real['diverged_at']} and "
-                "stopped there)")
+        return (f"not meaningful (the real run diverged: its loss rose from step "
+                f"{real['diverged_at']} on and did not come back)")
     if pred["diverged"]:
         return "not meaningful (the prediction diverged: it predicts no T_ε to compare)"
     if _called_divergent(pred):

@@ -352,7 +352,10 @@ def test_diverged_verify_run_is_said_and_not_compared(pred_diverged, real_diverg
     assert f"diverged: predicted {pred_diverged}, real {real_diverged}" in text
     ratio = [ln for ln in text.splitlines() if ln.startswith("real fine-tuning:")]
     assert len(ratio) == 1 and "0.004" not in ratio[0], ratio
-    why = ("the real run diverged at step 2 and stopped there" if real_diverged
+    # "diverged at step 2 and stopped there" told a fresh user a run that trained on to
+    # step 4 (its final rise began at step 2: diverged_at) had stopped at step 2
+    why = ("the real run diverged: its loss rose from step 2 on and did not come back"
+           if real_diverged
            else "the prediction diverged: it predicts no T_ε to compare")
     assert ratio[0].endswith(f"wall time = not meaningful ({why})")
 
@@ -782,6 +785,18 @@ def test_diverged_figure_is_marked_and_not_flattened(tmp_path, monkeypatch):
     figure(tmp_path / "h.png", pred, run, overwrite=False)
     assert [t.get_text() for t in figs[-1].axes[0].texts] == [
         "prediction diverged\nat step 3", "real run diverged\nat step 4"]
+    # a real run's diverged_at is where its final rise began; it trains on, rising, until a
+    # value is non-finite and is held from there: drawn to its last finite value (a fresh
+    # user's run, 2.1 → 4.7e7 at step 4, was drawn to step 1 only), marked at step 1
+    run.loss = np.array([2.12, 7.21, 13.6, 4.67e7, 4.67e7, 4.67e7])
+    run.diverged_at = 1
+    figure(tmp_path / "r.png", pred, run, overwrite=False)
+    loss_ax = figs[-1].axes[0]
+    real_line = [ln for ln in loss_ax.get_lines() if ln.get_label() == "real fine-tuning"]
+    assert list(real_line[0].get_xdata()) == [0, 1, 2, 3]  # the held tail (step 4 on) cut
+    assert [t.get_text() for t in loss_ax.texts] == [
+        "real run diverged\nat step 1", "prediction diverged\nat step 3"]
+    assert loss_ax.get_ylim()[1] < 20.0  # spans the curves before the divergence
     # a real spike above 10·L_0 that recovered: marked at its step, and the loss axis is not
     # flattened by it (the figure marked only the diverged flag, so a 1e7·L_0 spike squeezed
     # the rest of both curves onto the x axis); the error axis keeps its full range

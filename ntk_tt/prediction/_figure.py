@@ -27,6 +27,19 @@ def _y_range(curves: list[tuple[np.ndarray, int | None, float]]) -> tuple[float,
     return min(lo, 0.0) - pad * (lo < 0), hi + 3 * pad
 
 
+def _drawn_end(curve: np.ndarray, at: int | None) -> int:
+    """How much of a curve the figure draws: all of it, or for a diverged one up to its last
+    finite value, the held tail cut. A real run's ``diverged_at`` is where its final rise
+    began and it trains on, rising, until a value is non-finite (a fresh user's run rose
+    from step 1 to 4.7·10⁷ at step 4 and was drawn to step 1 only); a prediction's is where
+    its curve is held. Either way the values before the tail are drawn (off the chart where
+    they blow up: the y-axis spans the curves before the divergence)."""
+    if at is None:
+        return len(curve)
+    changes = np.flatnonzero(curve[:-1] != curve[-1])  # the tail: the held last value
+    return max(at + 1, int(changes[-1]) + 2 if changes.size else 0)
+
+
 def _cap(side, name: str) -> float:
     """10·L_0 for the loss of a curve that spiked and recovered (its spike off the chart),
     else inf."""
@@ -53,13 +66,13 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
            overwrite: bool = True) -> Path:
     """Predicted loss / error curves with their band, and the real curves when given.
 
-    A diverged curve is drawn up to its divergence and marked there (vertical line and
-    text), and a loss that spiked above 10·L_0 and recovered is marked at its spike; the
-    y-axis spans the curves before any divergence and, for the loss, below 10·L_0 of a
-    spiked curve, so a blown-up value does not flatten the rest. The format follows the
-    extension (png, pdf, svg, ...). Without ``overwrite`` an existing file is not replaced
-    (``FileExistsError``). Written whole or not at all (``write_atomic``: a full disk leaves
-    no truncated image).
+    A diverged curve is drawn up to its last finite value and marked where its divergence
+    began (vertical line and text), and a loss that spiked above 10·L_0 and recovered is
+    marked at its spike; the y-axis spans the curves before any divergence and, for the
+    loss, below 10·L_0 of a spiked curve, so a blown-up value does not flatten the rest.
+    The format follows the extension (png, pdf, svg, ...). Without ``overwrite`` an existing
+    file is not replaced (``FileExistsError``). Written whole or not at all
+    (``write_atomic``: a full disk leaves no truncated image).
     """
     from matplotlib.figure import Figure  # no pyplot: no global backend, nothing left open
 
@@ -75,8 +88,8 @@ def figure(path: str | os.PathLike, prediction, run=None, title: str = "",
             ax.fill_between(steps, band[0], band[1], alpha=0.25, color="C0",
                             label="predicted 5–95 %")
         for label, _, side, color, ls in sides:
-            curve, at = np.asarray(getattr(side, name), float), side.diverged_at
-            end = len(curve) if at is None else at + 1
+            curve = np.asarray(getattr(side, name), float)
+            end = _drawn_end(curve, side.diverged_at)
             ax.plot(steps[:end], curve[:end], color=color, ls=ls, label=label)
         events = _events(sides)
         # one label per step (both sides at one step: one label, not two on top of each
