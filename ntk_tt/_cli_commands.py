@@ -123,7 +123,8 @@ def _outcome(args, parser) -> int:
             fail(str(err))
     if not named and not os.path.isfile(args.predictor):
         fail(f"--predictor {args.predictor!r} is neither auto, telemetry, ntk nor a file.")
-    from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor, load_runs
+    from ntk_tt.telemetry._outcome import OutcomePredictor, default_outcome_predictor
+    from ntk_tt.telemetry._runs_file import load_runs
 
     try:
         runs = load_runs(args.runs)

@@ -20,7 +20,6 @@ from ntk_tt.telemetry._outcome import (
     OutcomePredictor,
     default_outcome_predictor,
     fit_outcome,
-    load_runs,
     parametric_baseline,
 )
 from ntk_tt.telemetry._outcome_domain import feature_domain, out_of_domain
@@ -31,6 +30,7 @@ from ntk_tt.telemetry._outcome_features import (
     outcome_features,
     run_labels,
 )
+from ntk_tt.telemetry._runs_file import load_runs
 from ntk_tt.telemetry._telemetry import SCHEMA_VERSION, Telemetry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -329,6 +329,15 @@ def test_load_runs_accepts_both_row_forms_and_names_bad_lines(tmp_path):
         load_runs(path)
     path.write_text("")
     with pytest.raises(ValueError, match="holds no runs"):
+        load_runs(path)
+    # a fresh user: a value nested 100,000 deep was a RecursionError traceback, as the whole
+    # file and as the second line of JSON Lines
+    deep = '{"kappa": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path.write_text(deep)
+    with pytest.raises(ValueError, match="runs.jsonl: JSON nested too deeply to be a run row"):
+        load_runs(path)
+    path.write_text("{}\n" + deep + "\n")
+    with pytest.raises(ValueError, match="line 2: JSON nested too deeply to be a run row"):
         load_runs(path)
 
 

@@ -331,55 +331,6 @@ def parametric_baseline(telemetry: Telemetry, k: int) -> dict[str, float]:
     return {"loss_T_rel": float(curve[-1] / l0), "t_eps": training_time_report(curve, 0.1)[0]}
 
 
-def load_runs(path: str | pathlib.Path) -> list[tuple[int, Telemetry, dict | None]]:
-    """Runs to predict from a JSON Lines (``.gz`` too) or JSON file: each line (or the JSON
-    list's items, or the single object) either a bare telemetry row
-    (:meth:`ntk_tt.Telemetry.to_dict`) or a corpus row ``{"telemetry": {...}, "prediction":
-    {...}}``. Returns (row, telemetry, prediction or None) in file order, row the line number
-    (a JSON list's item number) that the messages name.
-
-    Raises:
-      ValueError: unreadable JSON, or a row that is neither form (with its line number).
-    """
-    path = pathlib.Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            text = fh.read()
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
-        raise ValueError(f"{path}: not a text JSON file ({err}).") from None
-    try:
-        doc = json.loads(text)
-        items = doc if isinstance(doc, list) else [doc]
-        numbered = list(enumerate(items, 1))
-        bad = [i for i, item in numbered if not isinstance(item, dict)]
-        if isinstance(doc, list) and bad:
-            raise ValueError(f"{path}: expected a JSON object per line (or a JSON list of "
-                             f"objects), got a list whose item {bad[0]} is "
-                             f"{type(items[bad[0] - 1]).__name__}.")
-    except json.JSONDecodeError:
-        numbered = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    numbered.append((i, json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}, line {i}: not JSON ({err.msg}).") from None
-    if not numbered:
-        raise ValueError(f"{path} holds no runs.")
-    out = []
-    for i, item in numbered:
-        if not isinstance(item, dict):
-            raise ValueError(f"{path}, row {i}: expected a JSON object, got {type(item).__name__}.")
-        row = item.get("telemetry", item)
-        try:
-            tele = Telemetry.from_dict(row)
-        except (ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"{path}, row {i}: {err}") from None
-        out.append((i, tele, item.get("prediction")))
-    return out
-
-
 def default_outcome_predictor(ntk: bool = False) -> OutcomePredictor:
     """The shipped predictor fitted on the issue-11 corpus (``ntk_tt/assets``).
 
