@@ -472,11 +472,16 @@ def test_outcome_inputs_are_checked():
     ("loss", [1.0] * T + [-1.0], r"'loss' at step 40 must be finite and >= 0, got -1\.0"),
     ("error", [], r"'error' must be a list of steps \+ 1 = 41 numbers, got 0 entries"),
     ("error", [0.5] * T + [1.5], r"'error' at step 40 must be finite and in \[0, 1\]"),
-    ("test_error", [0.5] * T + ["a"], r"'test_error' at step 40 must be in \[0, 1\], got 'a'"),
+    ("test_error", [0.5] * T + ["a"], r"'test_error' at step 40 must be a number or null, got "
+                                      "a str"),
+    ("test_error", [0.5] * T + [1.5], r"'test_error' at step 40 must be in \[0, 1\], got 1\.5"),
     ("training_time", [1, 2], r"'training_time' must be 2 × 3 numbers >= 0 or nulls"),
     ("training_time", [[-5, "a", 1]] * 2, r"'training_time' must be 2 × 3 numbers >= 0"),
     ("diverged", 1, r"'diverged' must be true or false, got 1"),
-    ("spiked_at", -2, r"'spiked_at' must be an integer step >= -1 \(-1: none\) or null"),
+    ("spiked_at", -2, r"'spiked_at' must be an integer step in \[-1, T = 40\] \(-1: none\)"),
+    ("spiked_at", 500, r"'spiked_at' must be an integer step in \[-1, T = 40\]"),
+    ("loss", [[1.0]] * (T + 1), r"'loss' at step 0 must be a number, got a list"),
+    ("loss", [True] * (T + 1), r"'loss' at step 0 must be a number, got a bool"),
     ("kappa", math.inf, r"'kappa' must be a finite number >= 0"),
 ])
 def test_a_damaged_prediction_is_one_error_naming_its_field(field, value, match, tmp_path,
@@ -509,6 +514,21 @@ def test_a_damaged_prediction_is_one_error_naming_its_field(field, value, match,
     assert err[0].startswith(f"ntk-tt: error: {runs}, row 1: prediction '{field}'"), err
     assert err[0].endswith("or use --predictor telemetry."), err
 
+
+def test_a_prediction_of_arrays_reads_as_its_lists():
+    """The Python API: a prediction holding numpy / jax arrays (curves, a 0-d κ) was refused
+    as "must be finite, got Array(2.21)"; it gives the features of the same lists."""
+    import jax.numpy as jnp
+
+    row = _corpus(1)[0]
+    tele = Telemetry.from_dict(row["telemetry"])
+    arrays = row["prediction"] | {"loss": jnp.asarray(row["prediction"]["loss"]),
+                                  "error": np.asarray(row["prediction"]["error"]),
+                                  "kappa": np.asarray(row["prediction"]["kappa"])}
+    want = outcome_features(tele, 4, row["prediction"])
+    got = outcome_features(tele, 4, arrays)
+    assert got.keys() == want.keys()
+    np.testing.assert_allclose([got[k] for k in want], [want[k] for k in want], rtol=1e-6)
 
 @pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])
 def test_damaged_predictor_file_is_one_value_error(damage, tmp_path):

@@ -31,22 +31,34 @@ _FIX = ("write the row again from the run's prediction (experiments/telemetry_co
         "pass prediction=None for the telemetry-only features")
 
 
+def _entries(v: Any) -> list:
+    """A curve's entries as a list: a JSON list as it is; a numpy or jax array (the Python
+    API) as Python floats when it is 1-D and numeric, else as its objects (refused below)."""
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    arr = np.asarray(v)
+    return arr.astype(float).tolist() if arr.ndim == 1 and arr.dtype.kind in "iuf" else list(
+        np.asarray(v, dtype=object).ravel()) if arr.ndim == 1 else [v]
+
+
 def _curve(prediction: Mapping, name: str, steps: int, top: float, finite: bool) -> None:
-    """``prediction[name]``: a list of ``steps`` + 1 numbers in [0, ``top``] (nulls and
-    non-finite values allowed unless ``finite``)."""
+    """``prediction[name]``: a list (or 1-D array) of ``steps`` + 1 numbers in [0, ``top``]
+    (nulls and non-finite values allowed unless ``finite``)."""
     v = prediction[name]
     what = f"prediction '{name}' must be a list of steps + 1 = {steps + 1} numbers"
-    if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__len__"):
+    if not isinstance(v, (list, tuple)) and not hasattr(v, "__array__"):  # a str, set, ...
         raise ValueError(f"{what}, got {a_type(v)}; {_FIX}.")
-    if len(v) != steps + 1 or np.ndim(np.asarray(v, dtype=object)) != 1:
+    entries = _entries(v)
+    if len(entries) != steps + 1 or np.ndim(v) > 1 and not isinstance(v, (list, tuple)):
         raise ValueError(f"{what}, got {len(v)} entries{'' if len(v) else ' (empty)'} "
                          f"(one per step 0 … T of the run's T = {steps} planned steps); "
                          f"{_FIX}.")
-    for i, a in enumerate(v):
+    for i, a in enumerate(entries):
         if a is None or is_real(a) and math.isnan(a):
             ok = not finite
         elif not is_real(a):
-            ok = False
+            raise ValueError(f"prediction '{name}' at step {i} must be a number"
+                             f"{'' if finite else ' or null'}, got {a_type(a)}; {_FIX}.")
         elif math.isinf(a):  # +inf only where there is no upper bound (a held-out loss)
             ok = not finite and a > 0 and top == math.inf
         else:
@@ -85,10 +97,12 @@ def check_prediction(prediction: Any, steps: int) -> None:
             raise ValueError(f"prediction '{name}' must be true or false, got "
                              f"{prediction[name]!r:.40}; {_FIX}.")
     spike = prediction.get("spiked_at")
-    if spike is not None and not (_is_int(spike) and spike >= -1):
-        raise ValueError(f"prediction 'spiked_at' must be an integer step >= -1 (-1: none) or "
-                         f"null, got {spike!r:.40}; {_FIX}.")
+    if spike is not None and not (_is_int(spike) and -1 <= spike <= steps):
+        raise ValueError(f"prediction 'spiked_at' must be an integer step in [-1, T = {steps}] "
+                         f"(-1: none) or null, got {spike!r:.40}; {_FIX}.")
     kappa = prediction.get("kappa")
+    if hasattr(kappa, "__array__") and np.ndim(kappa) == 0:  # a 0-d numpy or jax array
+        kappa = np.asarray(kappa).item()
     if kappa is not None and not (is_real(kappa) and 0 <= kappa < math.inf):
         raise ValueError(f"prediction 'kappa' must be a finite number >= 0 (κ = η·λ_max/N) or "
                          f"null, got {kappa!r:.40}; {_FIX}.")
