@@ -219,10 +219,12 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
         raise ValueError(f"segments (--segments) must be an integer in [1, steps], got "
                          f"{seg!r}.")
     if o["predictor"] == "head_aware" and (method != "discrete" or o["kernel"] == "sketch"):
+        got = " and ".join(g for g, bad in ((f"method {o['method']!r}", method != "discrete"),
+                                            (f"kernel {o['kernel']!r}", o["kernel"] == "sketch"))
+                           if bad)  # only what is wrong (naming 'exact' beside it misled)
         raise ValueError(f"the head-aware predictor (--predictor head_aware) uses the exact "
-                         f"discrete recursion and the exact logit-summed kernel, got method "
-                         f"{o['method']!r} and kernel {o['kernel']!r}; use --predictor linear "
-                         "for other methods or a sketch.")
+                         f"discrete recursion and the exact logit-summed kernel, got {got}; "
+                         "use --predictor linear for other methods or a sketch.")
     if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] != "isotropic"):
         given = [f for f, on in ((f"--segments {seg}", seg != 1),
                                  (f"--backbone {o['backbone']}", o["backbone"] != "isotropic"))

@@ -260,6 +260,9 @@ def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, cap
     (["--nesterov"], "Nesterov needs momentum > 0"),
     (["--nesterov", "-m", "0"], "Nesterov needs momentum > 0"),
     (["--predictor", "head_aware", "--method", "ode"], "uses the exact discrete recursion"),
+    # only what is wrong is named (a fresh user: "got method 'sde' and kernel 'exact'")
+    (["--predictor", "head_aware", "--method", "sde"], "logit-summed kernel, got method 'sde'; "),
+    (["--predictor", "head_aware", "--kernel", "sketch"], "kernel, got kernel 'sketch'; use"),
     (["--predictor", "head_aware", "--kernel", "sketch"], "use --predictor linear"),
     (["--predictor", "linear", "--segments", "3"], "applies to the head-aware predictor only"),
     (["--method", "ode", "--backbone", "exact"], "applies to the head-aware predictor only"),
