@@ -83,8 +83,9 @@ def check_outputs(figure_path=None, json_path=None, overwrite=False, inputs=()) 
             src = Path(source).expanduser().resolve() if source else None
             if src is not None and (out == src or src.is_dir() and out.is_relative_to(src)):
                 where = "is" if out == src else "is inside"
+                none = " (or none: --figure '')" if what == "figure" else ""  # the default's
                 raise ValueError(f"{what} path {str(path)!r} {where} the {name} this command "
-                                 "reads; choose another path.")
+                                 f"reads; choose another path{none}.")
     for what, path in given:
         target = Path(path).expanduser()
         if target.is_dir():
