@@ -1544,7 +1544,7 @@ def test_no_output_lands_in_the_shipped_assets_or_the_checkpoint_read(tmp_path, 
         err = capsys.readouterr().err
         assert exit_info.value.code == 2, err
         assert f"{flag[2:]} path {str(out)!r} is inside the checkpoint folder this command " \
-               "reads; choose another path." in err, err
+               "reads; choose another path" in err, err
     assert [f.read_bytes() for f in shipped] == [b"shipped"] * 2
     assert (ckpt / "meta" / "metadata").read_bytes() == b"meta"
     assert not (ckpt / "meta" / "f.png").exists()
