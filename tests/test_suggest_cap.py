@@ -152,6 +152,7 @@ def test_a_cap_below_a_learning_rate_grid_is_named_as_the_cause():
                            seconds_per_step={None: 0.01})
     assert not s.found and s.grid.beyond_edge.all()
     assert "above kappa_eff_max = 0.01" in s.reason and "or raise kappa_eff_max 0.01" in s.reason
+    assert "or try other warmups than (0, 2, 4, 8) steps" in s.reason  # whole steps, not 2.0
 
 
 def test_cli_a_cap_with_a_learning_rate_grid_is_not_held_to_the_kappa_grid():

@@ -285,7 +285,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
     if optimizer is not None:
         rng = spec["lr_range"]
         widen = (f"learning_rate_range {rng}" if rng is not None else widen) + (
-            f" or try other warmups than {tuple(spec['warmups'])} steps")
+            f" or try other warmups than {tuple(int(w) for w in spec['warmups'])} steps")
         extra["optimizer_of"] = lambda r: schedule_at(spec["unit"], r["learning_rate"],
                                                       r["warmup"])
     if kappa_eff_max is not None:
