@@ -21,7 +21,7 @@ import numpy as np
 from ntk_tt._defaults import SUGGEST_DEFAULTS
 from ntk_tt._options_source import SHARED_FILES as SHARED_FILES  # data/_data.py reads them here
 from ntk_tt._options_source import VENDORED_FILES as VENDORED_FILES
-from ntk_tt._options_source import check_split
+from ntk_tt._options_source import check_tfds_options
 from ntk_tt._output_paths import check_outputs, is_dataset_path, job_inputs
 
 LOSSES = ("cross_entropy", "mse")
@@ -237,8 +237,9 @@ def check_head_scale(scale: float | None, given: Any) -> None:
 def _check_source(o: dict[str, Any]) -> None:
     """``seed``, ``dataset``, ``split`` and ``data_dir`` as far as they can be checked without
     reading data: the seed an integer, a dataset path (a name ending in ``.npz`` or holding a
-    ``/``) an existing file, the split a string and the default ``"train"`` unless the
-    dataset is a TFDS name (``_options_source.check_split``), a ``data_dir`` an existing folder."""
+    ``/``) an existing file, the split a string and the default ``"train"`` and no
+    ``data_dir`` unless the dataset is a TFDS name (``_options_source.check_tfds_options``), a
+    ``data_dir`` an existing folder."""
     seed = o["seed"]
     if not _is_int(seed) or not 0 <= seed < 2**32:  # key(2**32) = key(0), key(-1) = key(2**32-1)
         raise ValueError(f"seed (--seed) must be an integer in [0, 2**32) (jax.random.key keeps "
@@ -256,7 +257,7 @@ def _check_source(o: dict[str, Any]) -> None:
                              ".npz file with keys images, labels and class_names, or a short "
                              "name (ntk_tt.known_datasets(), e.g. 'flowers5').")
     data_dir = o["data_dir"]
-    check_split(name, o["split"], data_dir)
+    check_tfds_options(name, o["split"], data_dir)
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise ValueError(f"data_dir (--data-dir) {str(data_dir)!r} is not a directory; pass "
                          "the TFDS data_dir holding prepared sets, or omit it "

@@ -23,7 +23,7 @@ SHARED_FILES = {
 }
 
 
-def check_split(name: str, split: Any, data_dir: Any) -> None:
+def check_tfds_options(name: str, split: Any, data_dir: Any) -> None:
     """``split`` (--split) selects a split of a prepared TFDS dataset only, and ``data_dir``
     (--data-dir) the folder of one: a short name (:data:`VENDORED_FILES`, :data:`SHARED_FILES`)
     or an .npz path is one fixed file, which ``load_dataset`` reads whatever the split or folder, so
