@@ -529,6 +529,10 @@ def test_a_prediction_of_arrays_reads_as_its_lists():
     got = outcome_features(tele, 4, arrays)
     assert got.keys() == want.keys()
     np.testing.assert_allclose([got[k] for k in want], [want[k] for k in want], rtol=1e-6)
+    column = arrays | {"loss": np.ones((T + 1, 1))}  # not "got 41 entries": its shape
+    with pytest.raises(ValueError, match=r"'loss' must be a list .* got an array of shape "
+                                         r"\(41, 1\)"):
+        outcome_features(tele, 4, column)
 
 @pytest.mark.parametrize("damage", ["no_models", "junk_model", "short_columns"])
 def test_damaged_predictor_file_is_one_value_error(damage, tmp_path):

@@ -32,13 +32,12 @@ _FIX = ("write the row again from the run's prediction (experiments/telemetry_co
 
 
 def _entries(v: Any) -> list:
-    """A curve's entries as a list: a JSON list as it is; a numpy or jax array (the Python
-    API) as Python floats when it is 1-D and numeric, else as its objects (refused below)."""
+    """A 1-D curve's entries as a list: a JSON list as it is; a numpy or jax array (the Python
+    API) as Python floats when numeric, else as its objects (refused below)."""
     if isinstance(v, (list, tuple)):
         return list(v)
     arr = np.asarray(v)
-    return arr.astype(float).tolist() if arr.ndim == 1 and arr.dtype.kind in "iuf" else list(
-        np.asarray(v, dtype=object).ravel()) if arr.ndim == 1 else [v]
+    return arr.astype(float).tolist() if arr.dtype.kind in "iuf" else list(arr.astype(object))
 
 
 def _curve(prediction: Mapping, name: str, steps: int, top: float, finite: bool) -> None:
@@ -48,8 +47,10 @@ def _curve(prediction: Mapping, name: str, steps: int, top: float, finite: bool)
     what = f"prediction '{name}' must be a list of steps + 1 = {steps + 1} numbers"
     if not isinstance(v, (list, tuple)) and not hasattr(v, "__array__"):  # a str, set, ...
         raise ValueError(f"{what}, got {a_type(v)}; {_FIX}.")
+    if not isinstance(v, (list, tuple)) and np.ndim(v) != 1:
+        raise ValueError(f"{what}, got an array of shape {np.shape(v)}; {_FIX}.")
     entries = _entries(v)
-    if len(entries) != steps + 1 or np.ndim(v) > 1 and not isinstance(v, (list, tuple)):
+    if len(entries) != steps + 1:
         raise ValueError(f"{what}, got {len(v)} entries{'' if len(v) else ' (empty)'} "
                          f"(one per step 0 … T of the run's T = {steps} planned steps); "
                          f"{_FIX}.")
