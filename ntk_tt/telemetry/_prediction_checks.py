@@ -14,11 +14,15 @@ What a prediction written by ntk_tt holds (all 1,024 rows of the shipped corpus 
 * ``training_time`` (optional): 2 × 3 numbers or nulls (loss / error × ε ∈ {0.01, 0.1,
   0.4}; null where T_ε is undefined), ≥ 0 where finite;
 * ``diverged`` and ``beyond_edge`` (optional): true / false; ``spiked_at`` (optional): an
-  integer ≥ −1 or null; ``kappa`` (optional): a number ≥ 0 or null.
+  integer in [−1, T] or null; ``kappa`` (optional): a number ≥ 0 or null.
+
+Other fields are kept and ignored, except one that looks like a misspelt optional field the
+prediction lacks (``test_los``): refused, as its feature would silently read as missing.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +31,11 @@ import numpy as np
 
 from ntk_tt._options import _is_int, a_type, is_real
 
+_OPTIONAL = ("test_loss", "test_error", "training_time", "diverged", "beyond_edge", "spiked_at",
+             "kappa")
+# with what the corpus rows also hold (ignored by the features)
+_FIELDS = frozenset(("loss", "error", *_OPTIONAL, "method", "seconds_kernel", "seconds_solve",
+                     "num_paths"))
 _FIX = ("write the row again from the run's prediction (experiments/telemetry_corpus.py), or "
         "pass prediction=None for the telemetry-only features")
 
@@ -81,6 +90,12 @@ def check_prediction(prediction: Any, steps: int) -> None:
         if name not in prediction:
             raise ValueError(f"prediction must hold the predicted '{name}' curve (a corpus "
                              f"row's 'prediction'); {_FIX}.")
+    for key in prediction:  # a misspelt optional field was ignored, the feature read missing
+        near = difflib.get_close_matches(str(key), [f for f in _OPTIONAL if f not in prediction],
+                                         n=1, cutoff=0.8)
+        if key not in _FIELDS and near:
+            raise ValueError(f"prediction has {key!r}, which ntk_tt does not write: did you "
+                             f"mean {near[0]!r}? (misspelt, it would be ignored); {_FIX}.")
     _curve(prediction, "loss", steps, math.inf, finite=True)
     _curve(prediction, "error", steps, 1.0, finite=True)
     for name, top in (("test_loss", math.inf), ("test_error", 1.0)):
