@@ -47,17 +47,15 @@ _STARTING = guard_starting("optimizer_sweep.py", __name__ == "__main__")
 import argparse  # noqa: E402  (after the handler: these imports take the first seconds)
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import pathlib  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts  # noqa: E402
+from ntk_tt.cli import _STOPPED, _caused_by_interrupt, _guard_interrupts, exit_once  # noqa: E402
 from ntk_tt.sweep._load import check_datasets  # noqa: E402
 from ntk_tt.sweep._optimizers import (  # noqa: E402
     BENCH_BACKBONES,
@@ -273,25 +271,13 @@ def main(argv=None) -> None:
 
 def _exit_stopped(state: dict) -> None:
     """Say how many finished rows ``state["out"]`` keeps and end the process at once, status
-    128 + the signal (``os._exit``: JAX threads interrupted mid-work can crash the
-    interpreter's teardown). Called by the main thread or the guard's watcher; the second
-    waits (``ntk_tt.cli._EXITING``)."""
-    if not _EXITING.acquire(blocking=False):
-        threading.Event().wait()  # the other caller is ending the process
-    signum = state.get("signal", signal.SIGINT)
-    try:
-        out = state["out"]
-        kept = len(ResultsTable(out).row_ids())
-        sys.stdout.flush()
-        sys.stderr.write(f"\noptimizer_sweep.py: {_STOPPED.get(signum, 'interrupted')}; {kept} "
-                         f"finished row(s) kept in {out / 'rows'}: run the same command to "
-                         "resume\n")
-        sys.stderr.flush()
-    finally:
-        try:
-            os._exit(128 + signum)
-        finally:  # reached only where a test patches os._exit
-            _EXITING.release()
+    128 + the signal (:func:`ntk_tt.cli.exit_once`: the main thread or the guard's watcher,
+    once)."""
+    signum, out = state.get("signal", signal.SIGINT), state["out"]
+    exit_once(signum, lambda: (
+        f"\noptimizer_sweep.py: {_STOPPED.get(signum, 'interrupted')}; "
+        f"{len(ResultsTable(out).row_ids())} finished row(s) kept in {out / 'rows'}: run the "
+        "same command to resume"))
 
 
 def _run(args, spec, out: pathlib.Path) -> None:

@@ -25,7 +25,6 @@ resumes.
 
 from __future__ import annotations
 
-import os
 import signal
 
 from ntk_tt.cli import guard_starting  # the standard library only: before the heavy imports
@@ -37,10 +36,9 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 
 from ntk_tt._cli_parser import Parser  # noqa: E402
-from ntk_tt.cli import _EXITING, _STOPPED, _caused_by_interrupt, _guard_interrupts  # noqa: E402
+from ntk_tt.cli import _STOPPED, _caused_by_interrupt, _guard_interrupts, exit_once  # noqa: E402
 from ntk_tt.data._checkpoint import read_meta  # noqa: E402
 from ntk_tt.sweep import SweepSpec  # noqa: E402
 from ntk_tt.sweep._grid import check_batch_below_n  # noqa: E402
@@ -249,16 +247,9 @@ def _exit_interrupted(state: dict) -> None:
     """Write :func:`stopped_line` and end the process at once, status 128 + the signal
     (``os._exit``: JAX threads interrupted mid-work can crash the interpreter's teardown).
     Called by the main thread or the watcher of :func:`ntk_tt.cli._guard_interrupts`; the
-    second waits (``ntk_tt.cli._EXITING``: the handler then lets the exit go on)."""
-    if not _EXITING.acquire(blocking=False):
-        threading.Event().wait()  # the other caller is ending the process
+    second waits (:func:`ntk_tt.cli.exit_once`)."""
     signum = state.get("signal", signal.SIGINT)
-    try:
-        sys.stdout.flush()
-        sys.stderr.write(stopped_line(state.get("out"), signum) + "\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(128 + signum)
+    exit_once(signum, lambda: stopped_line(state.get("out"), signum))
 
 
 def main(argv=None) -> None:

@@ -19,8 +19,6 @@ from typing import Any
 import numpy as np
 
 from ntk_tt._defaults import SUGGEST_DEFAULTS
-from ntk_tt._options_source import SHARED_FILES as SHARED_FILES  # data/_data.py reads them here
-from ntk_tt._options_source import VENDORED_FILES as VENDORED_FILES
 from ntk_tt._options_source import check_tfds_options
 from ntk_tt._output_paths import check_outputs, is_dataset_path, job_inputs
 

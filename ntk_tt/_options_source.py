@@ -1,6 +1,6 @@
 """The task's dataset names that need no JAX: the short names and their files, and which
 options apply to a fixed file rather than a prepared TFDS dataset (``ntk-tt`` checks them
-before importing JAX; :mod:`ntk_tt._options` re-exports the tables)."""
+before importing JAX; ``ntk_tt.data._data`` loads the files the tables name)."""
 
 from __future__ import annotations
 

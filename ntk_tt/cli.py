@@ -73,10 +73,9 @@ def _interrupted(run: dict) -> None:
     the watcher of :func:`_guard_interrupts`, whichever comes first; the other one waits for
     the exit.
     """
-    if not _EXITING.acquire(blocking=False):
-        threading.Event().wait()  # the other caller is exiting the process
     signum = run.get("signal", signal.SIGINT)
-    try:
+
+    def line() -> str:
         # imported if a report was written
         report_file = sys.modules.get("ntk_tt.prediction._report_file")
         kept = run.get("json_path") if report_file and run.get("json_path") else None
@@ -87,11 +86,30 @@ def _interrupted(run: dict) -> None:
             sys.stderr.flush()
         if run.get("prediction") and not note:  # the prediction, kept in no report
             sys.stdout.write(f"{run['prediction']}\n")
+        return f"ntk-tt: {_STOPPED[signum]}{note}"
+
+    exit_once(signum, line)
+
+
+def exit_once(signum: int, line) -> None:
+    """End the process at once, status 128 + ``signum``, after ``line()`` (a callable, so what
+    it settles or prints happens once) on stderr, stdout flushed first. The main thread and
+    the watcher of :func:`_guard_interrupts` may both call it; the second waits
+    (:data:`_EXITING`). ``os._exit`` skips the interpreter's teardown, where JAX / orbax
+    threads interrupted mid-work can crash (segmentation fault) or print tracebacks. Used by
+    ``ntk-tt`` and the scripts of ``experiments/``."""
+    if not _EXITING.acquire(blocking=False):
+        threading.Event().wait()  # the other caller is exiting the process
+    try:
+        text = line()
         sys.stdout.flush()
-        sys.stderr.write(f"ntk-tt: {_STOPPED[signum]}{note}\n")
+        sys.stderr.write(f"{text}\n")
         sys.stderr.flush()
     finally:
-        os._exit(128 + signum)
+        try:
+            os._exit(128 + signum)
+        finally:  # reached only where a test patches os._exit
+            _EXITING.release()
 
 
 def _guard_interrupts(run: dict, stop=None, started=None) -> None:

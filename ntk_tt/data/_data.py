@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import SHARED_FILES, VENDORED_FILES
+from ntk_tt._options_source import SHARED_FILES, VENDORED_FILES
 from ntk_tt._output_paths import is_dataset_path
 from ntk_tt.data._inputs import check_normalisation, check_npz_layout, check_task_args, dataset_name
 from ntk_tt.data._npz_checks import _check_images, _check_labels

@@ -40,24 +40,28 @@ def _drawn_end(curve: np.ndarray, at: int | None) -> int:
     return max(at + 1, int(changes[-1]) + 2 if changes.size else 0)
 
 
+def _recovered_spike(side) -> int | None:
+    """The step a curve spiked above 10·L_0 when it recovered (``spiked_at`` without
+    ``diverged_at``), else None."""
+    return getattr(side, "spiked_at", None) if side.diverged_at is None else None
+
+
 def _cap(side, name: str) -> float:
     """10·L_0 for the loss of a curve that spiked and recovered (its spike off the chart),
     else inf."""
-    if name != "loss" or side.diverged_at is not None or getattr(side, "spiked_at", None) \
-            is None:
+    if name != "loss" or _recovered_spike(side) is None:
         return np.inf
     return 10.0 * float(np.asarray(side.loss, float)[0])
 
 
 def _events(sides) -> dict[tuple[int, str], list[tuple[str, str]]]:
-    """{(step, what): [(who, colour), ...]}: each side's divergence, or its spike above
-    10·L_0 when it recovered (``spiked_at`` without ``diverged_at``), one entry per step."""
+    """{(step, what): [(who, colour), ...]}: each side's divergence, or its recovered spike
+    above 10·L_0, one entry per step."""
     events: dict[tuple[int, str], list[tuple[str, str]]] = {}
     for _, who, side, color, _ in sides:
-        spike = getattr(side, "spiked_at", None)
         if side.diverged_at is not None:
             events.setdefault((side.diverged_at, "diverged"), []).append((who, color))
-        elif spike is not None:
+        elif (spike := _recovered_spike(side)) is not None:
             events.setdefault((spike, "spiked"), []).append((who, color))
     return dict(sorted(events.items()))
 
