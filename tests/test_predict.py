@@ -190,7 +190,19 @@ def test_a_sketch_larger_than_the_model_is_refused_before_any_work(model, monkey
         warnings.simplefilter("error")
         default = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key,
                                  learning_rate=0.1, method="sde", num_paths=2)
+        # optimizer= resolved its default D' as 256 and warned from the noise sketch
+        rule = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key,
+                              optimizer=ntk_tt.sgd(0.1), method="sde", num_paths=2)
     np.testing.assert_array_equal(default.loss, small.loss)
+    np.testing.assert_array_equal(rule.loss, small.loss)
+    for pred in (small, default, rule):  # the D' used is in the prediction's record
+        assert pred.hyperparameters["noise_dim"] == d
+        assert "sketch_dim" not in pred.hyperparameters
+    both = ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, key=key, learning_rate=0.1,
+                          method="sde", kernel="sketch", sketch_dim=d // 2, num_paths=2)
+    assert both.hyperparameters["noise_dim"] == both.hyperparameters["sketch_dim"] == d // 2
+    assert "noise_dim" not in ntk_tt.predict(apply_fn, params, x, y, steps=STEPS,
+                                             learning_rate=0.1).hyperparameters
 
 
 def test_predict_rejects_labels_not_matching_n_or_c(model):

@@ -30,7 +30,12 @@ from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._predict_kernel import predict_from_kernel, resolve_method
 from ntk_tt.kernels._head_aware import check_kernel_backbone
 from ntk_tt.prediction._predict_checks import DEFAULT_SKETCH_DIM as DEFAULT_SKETCH_DIM
-from ntk_tt.prediction._predict_checks import _check_kinds, _check_predictor, check_sketch_size
+from ntk_tt.prediction._predict_checks import (
+    _check_kinds,
+    _check_predictor,
+    check_sketch_size,
+    sketch_sizes,
+)
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
 from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
@@ -347,4 +352,5 @@ def predict(
         momentum=momentum, steps=steps, batch_size=batch_size, nesterov=nesterov, loss=loss,
         method=method, key=keys[2], noise_features=feats, num_paths=num_paths, kernel_test=kt,
         f0_test=f0t, y_test=y_test)
+    hyper |= sketch_sizes(kernel, method, d_sketch)
     return with_targets(_to_prediction(out, method, kernel, hyper, seconds), targets)

@@ -45,6 +45,14 @@ def check_sketch_size(kernel, sketch_dim, params) -> None:
             "work.")
 
 
+def sketch_sizes(kernel: str, method: str, d_sketch: int) -> dict:
+    """The sketch sizes a linear-predictor prediction used, for its ``hyperparameters``:
+    ``sketch_dim`` (the kernel's D', ``kernel="sketch"``) and ``noise_dim`` (the SDE noise
+    features' D', ``method="sde"``); the same D' serves both when both apply."""
+    return ({"sketch_dim": int(d_sketch)} if kernel == "sketch" else {}) | (
+        {"noise_dim": int(d_sketch)} if method == "sde" else {})
+
+
 def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params, x) -> bool:
     """Validate the predictor options; True for the head-aware predictor."""
     if predictor not in PREDICTORS:

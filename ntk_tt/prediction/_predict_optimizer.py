@@ -41,6 +41,7 @@ from functools import partial
 import jax
 
 from ntk_tt._options import _is_int, resolve_method
+from ntk_tt.data._model import num_params
 from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
     _maybe_nonzero,
@@ -63,6 +64,7 @@ from ntk_tt.prediction._predict_checks import (
     _check_kinds,
     _check_predictor,
     check_sketch_size,
+    sketch_sizes,
 )
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, with_targets
@@ -157,6 +159,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
     seconds = {"noise": 0.0}
     common = dict(steps=steps, loss=loss, key=key, num_paths=num_paths, y_test=y_test)
     basis = None  # a subspace kernel's Z (F, k): its k is recorded (the intervals match on it)
+    sizes = {}  # the linear predictor's sketch / noise D' (sketch_sizes)
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 
@@ -186,7 +189,8 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         label = f"head_aware_adam:{backbone}" if adam else f"head_aware:{backbone}"
         basis = getattr(getattr(kernels, "hk", kernels), "basis", None)  # Adam: its .hk's
     else:
-        d_sketch = DEFAULT_SKETCH_DIM if sketch_dim is None else sketch_dim
+        d_sketch = (min(DEFAULT_SKETCH_DIM, num_params(params)) if sketch_dim is None
+                    else sketch_dim)
         k, kt = timed_stage(seconds, "kernel", _kernels, apply_fn, params, x, x_test, kernel,
                             d_sketch, kernel_key)
         feats = None
@@ -200,8 +204,10 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
                           kernel_test=kt, f0_test=f0t, a=a, a_test=a_test, method=method,
                           noise_features=feats, **common)
         label = kernel
+        sizes = sketch_sizes(kernel, method, d_sketch)
     hyper = optimizer_hyperparameters(optimizer, steps, n) | {
         "steps": int(steps), "num_train": int(n), "num_classes": int(c), "loss": loss}
+    hyper |= sizes
     if basis is not None:
         hyper["subspace_dim"] = int(basis.shape[1])
     if adam:

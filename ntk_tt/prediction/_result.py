@@ -63,9 +63,10 @@ class Prediction(NamedTuple):
     method, kernel: what was actually used (``"traced:subset<N'>:<subset_method>"`` for
       ``subset=N'``).
     hyperparameters: what was predicted: {"learning_rate": η, "momentum": m, "nesterov",
-      "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}; :func:`ntk_tt.compare`
-      checks them
-      against the fine-tuning run.
+      "batch_size": B (N for GD), "steps": T, "num_train": N, "loss"}, with the linear
+      predictor's sketch sizes where drawn: "sketch_dim" (the kernel's D', ``kernel="sketch"``)
+      and "noise_dim" (the SDE noise features' D', ``method="sde"``; default min(256, D));
+      :func:`ntk_tt.compare` checks them against the fine-tuning run.
     seconds: wall time per stage (``STAGES``: "setup" = validation, the schedule and
       assembling the result, i.e. the call's time outside the other stages; "kernel",
       "noise", "logits", "solve") and "total" (the whole call = the sum of the stages), all
