@@ -1,6 +1,7 @@
 """Data loader, task sampler and preprocessing on the vendored real images."""
 
 import pathlib
+import re
 import warnings
 
 import jax
@@ -114,6 +115,21 @@ def test_unknown_dataset_lists_known_ones():
 def test_tfds_name_not_prepared_fails_fast(tmp_path):
     with pytest.raises(ValueError, match="TFDS dataset 'cifar10' is not prepared.*download"):
         ntk_tt.load_dataset("cifar10", data_dir=tmp_path)
+
+
+def test_damaged_tfds_folder_is_one_error_naming_it(tmp_path):
+    """A prepared TFDS folder with an emptied or cut dataset_info.json gave TFDS's own
+    "Invalid version ''" or a protobuf ParseError, naming neither the data set nor the folder
+    (a known gap): now one ValueError that names both and how to fix it."""
+    version = tmp_path / "cifar10" / "1.0.0"
+    version.mkdir(parents=True)
+    for text, cause in (("", "ParseError"), ("{}", "Invalid version ''"),
+                        ('{"name": "cifar10", "version": "1.0.0"}', "Cannot restore")):
+        (version / "dataset_info.json").write_text(text)
+        with pytest.raises(ValueError, match=rf"TFDS dataset 'cifar10' prepared in "
+                                             rf"{re.escape(str(version))} cannot be read "
+                                             rf"\(.*{cause}.*prepare it again there"):
+            ntk_tt.load_dataset("cifar10", data_dir=tmp_path)
 
 
 def test_prepare_grey_28px_to_rgb_32px():

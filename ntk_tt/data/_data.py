@@ -143,20 +143,36 @@ def _load_npz(path: Path) -> Dataset:
     return Dataset(images, labels, names)
 
 
+def _tfds_read(name: str, version_dir: Path, read):
+    """``read()``, with any failure of tensorflow-datasets on a damaged prepared folder (a
+    truncated or emptied ``dataset_info.json``, missing record files) as one ValueError that
+    names the folder; TFDS's own messages ("Invalid version ''") did not."""
+    try:
+        return read()
+    except Exception as err:  # TFDS and protobuf raise many unrelated types here
+        raise ValueError(
+            f"the TFDS dataset {name!r} prepared in {version_dir} cannot be read "
+            f"({type(err).__name__}: {str(err)[:200]}); prepare it again there (tfds build, "
+            "or download_and_prepare) or remove that version folder.") from None
+
+
 def _load_tfds(name: str, version_dir: Path, split: str) -> Dataset:
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder_from_directory(str(version_dir))
+    builder = _tfds_read(name, version_dir, lambda: tfds.builder_from_directory(str(version_dir)))
     if split not in builder.info.splits:
         raise ValueError(
             f"split {split!r} not in TFDS dataset {name!r}; available: "
             f"{sorted(builder.info.splits)}."
         )
-    source = builder.as_data_source(split)
-    records = [source[i] for i in range(len(source))]
+
+    def read():
+        source = builder.as_data_source(split)
+        return [source[i] for i in range(len(source))], builder.info.features["label"]
+
+    records, label = _tfds_read(name, version_dir, read)
     images = np.stack([np.asarray(r["image"], np.uint8) for r in records])
     labels = np.asarray([int(r["label"]) for r in records], np.int64)
-    label = builder.info.features["label"]
     names = tuple(getattr(label, "names", None) or (str(i) for i in range(labels.max() + 1)))
     return Dataset(images if images.ndim == 4 else images[..., None], labels, names)
 
@@ -195,7 +211,8 @@ def load_dataset(name: str | os.PathLike, *, split: str = "train",
         included: store str names), not UTF-8, duplicated or blank; images channels-first,
         (N, C, H, W) with C in {1, 3, 4} (transpose to (N, H, W, C)); images and labels of
         different lengths. A TFDS name not prepared in ``data_dir`` (TFDS cannot download
-        here); an unknown split.
+        here), or prepared in a folder TFDS cannot read (a damaged ``dataset_info.json`` or
+        missing record files; the folder named); an unknown split.
     """
     name, is_path = dataset_name(name)
     if name in VENDORED and not is_path:
