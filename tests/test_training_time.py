@@ -119,6 +119,53 @@ def test_smooth_training_time_is_unchanged_where_the_curve_falls():
             np.array([1.0, 0.5, np.nan, 0.2, 0.1, 0.1, 0.1]), 0.1)))
 
 
+def test_smooth_training_time_of_a_diverged_curve_is_nan_with_gradient_zero():
+    """A fresh user: a curve with a NaN or inf entry, or a held diverged one (finite but
+    rising to 1e36, whose moving average overflows), gave the documented NaN value but a NaN
+    gradient, so a jax.grad over a sweep with one diverged learning rate was NaN however it
+    was filtered. Now the gradient is 0 there, also under vmap beside a falling curve, whose
+    gradient is the same as alone."""
+    falling = jnp.exp(-jnp.arange(50) / 10.0)
+    diverged = [falling.at[3].set(jnp.nan), falling.at[3].set(jnp.inf),
+                jnp.minimum(10.0 ** jnp.arange(50), 1.4e36)]
+    grad = jax.grad(ntk_tt.smooth_training_time)
+    for curve in diverged:
+        assert np.isnan(float(ntk_tt.smooth_training_time(curve, 0.1)))
+        np.testing.assert_array_equal(grad(curve, 0.1), np.zeros(50))
+    both = jnp.stack([falling, diverged[-1]])
+    total = jax.grad(lambda c: jnp.nansum(jax.vmap(ntk_tt.smooth_training_time, (0, None))(
+        c, 0.1)))(both)
+    alone = grad(falling, 0.1)
+    np.testing.assert_allclose(total[0], alone, atol=1e-5 * float(jnp.abs(alone).max()))
+    assert not np.asarray(total[1]).any() and np.asarray(total[0]).any()
+
+
+def test_the_array_forms_refuse_a_window_the_eager_ones_refuse():
+    """A fresh user: training_time_array and steps_to_target_array took window 0, an even
+    width or one longer than the curve (static arguments) and returned a wrong time with
+    code 0 (T_ε 13 or 15 steps for the true 23), and an empty curve failed with an
+    IndexError inside JAX. Now each is the eager functions' ValueError, under jit too."""
+    curve = jnp.exp(-jnp.arange(50) / 10.0)
+    assert float(ntk_tt.training_time_array(curve, 0.1)[0]) == ntk_tt.training_time(
+        curve, 0.1) == 23.0
+    for window in (0, 4, 51, True):
+        for fn, arg in ((ntk_tt.training_time_array, 0.1), (ntk_tt.steps_to_target_array, 0.5)):
+            with pytest.raises(ValueError, match=r"window must be an odd int in "
+                                                 r"\[1, len\(curve\)\] = \[1, 50\]"):
+                jax.jit(fn, static_argnames="window")(curve, arg, window=window)
+    with pytest.raises(ValueError, match="1-D curve with >= 1 entry"):
+        ntk_tt.training_time_array(curve[:0], 0.1)
+
+
+@pytest.mark.parametrize("temperature", [-1.0, 0.0, float("nan"), float("inf"), [0.1, 0.2]])
+def test_smooth_training_time_refuses_a_temperature_that_is_not_positive(temperature):
+    """A negative τ gave 1.2e-4 steps for a T_ε of 23 (every factor flipped); 0 gave the
+    hard value silently while sensitivities refuses it. Concrete values are now checked."""
+    with pytest.raises(ValueError, match="temperature must be one finite number > 0"):
+        ntk_tt.smooth_training_time(jnp.exp(-jnp.arange(50) / 10.0), 0.1,
+                                    temperature=temperature)
+
+
 def test_a_traced_epsilon_outside_the_unit_interval_is_nan_as_the_hard_code_says():
     """A fresh user: vmapped over ε, smooth_training_time gave 50, 0.57, 0.03 and 9e-27 for
     ε = 0, 1, 1.2, −0.5 (eagerly refused), where training_time_array says NaN, INVALID. Now
@@ -335,7 +382,7 @@ def test_training_time_array_out_of_range_epsilon_is_invalid_and_a_vector_is_ref
             assert np.isnan(float(t)) and int(code) == INVALID, eps
     t, code = training_time_array(curve, 0.1)
     assert int(code) == OK and float(t) == ntk_tt.training_time(np.asarray(curve), 0.1)
-    with pytest.raises(ValueError, match="a 1-D curve and a scalar epsilon, got shapes"):
+    with pytest.raises(ValueError, match="a 1-D curve with >= 1 entry and a scalar epsilon, got"):
         training_time_array(curve, jnp.array([0.1, 0.4]))
     swept = jax.vmap(training_time_array, in_axes=(None, 0))(curve, jnp.array([0.1, 0.4]))
     assert [float(v) for v in swept[0]] == [float(training_time_array(curve, e)[0])

@@ -30,7 +30,7 @@ import numpy as np
 
 from ntk_tt._options import check_real
 from ntk_tt._options_targets import check_targets
-from ntk_tt.dynamics._training_time import NON_FINITE, OK, REASONS, _check_curve
+from ntk_tt.dynamics._training_time import NON_FINITE, OK, REASONS, _check_curve, check_window
 
 TOLERANCE = 32  # float rounding units (eps of the curve's dtype) of the test c̃_t ≤ target
 NOT_REACHED = 6
@@ -65,13 +65,15 @@ def steps_to_target_array(curve: jax.Array, target, window: int = 5):
 
     Raises:
       ValueError: ``curve`` not 1-D with >= 1 entry or ``target`` not a scalar (static
-        shapes; vmap over targets for several).
+        shapes; vmap over targets for several); ``window`` not an odd int in [1, len(curve)]
+        (static, so checked under jit too).
     """
     curve = jnp.asarray(curve)
     if curve.ndim != 1 or curve.shape[0] < 1 or jnp.ndim(target) != 0:
         raise ValueError(f"steps_to_target_array takes a 1-D curve with >= 1 entry and a scalar "
                          f"target, got shapes {curve.shape} and {jnp.shape(target)}: for several "
                          "targets use jax.vmap(steps_to_target_array, in_axes=(None, 0)).")
+    check_window(window, curve.shape[0])
     curve = curve.astype(jnp.promote_types(curve.dtype, jnp.float32))
     tol = TOLERANCE * jnp.finfo(curve.dtype).eps * jnp.maximum(1.0, jnp.abs(target))
     hit = window_mean(curve, window) <= target + tol

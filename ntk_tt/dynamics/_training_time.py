@@ -84,13 +84,20 @@ def _check_curve(curve, window: int):
             f"curve must be 1-D with steps + 1 >= 2 entries, got shape {curve.shape}; pass one "
             "curve at a time (vmap training_time_array for a batch)."
         )
-    if (not isinstance(window, (int, np.integer)) or not 1 <= window <= curve.shape[0]
-            or window % 2 == 0):
-        raise ValueError(
-            f"window must be an odd int in [1, len(curve)] (centred moving average), got "
-            f"{window!r}; e.g. window=5, or 1 for no smoothing."
-        )
+    check_window(window, curve.shape[0])
     return curve
+
+
+def check_window(window, length: int) -> None:
+    """ValueError unless ``window`` is an odd int in [1, ``length``] (static: checked under
+    jit too, where the ``*_array`` functions took 0, an even width or one longer than the
+    curve and returned a wrong time with a 'defined' code)."""
+    if (not isinstance(window, (int, np.integer)) or isinstance(window, bool)
+            or not 1 <= window <= length or window % 2 == 0):
+        raise ValueError(
+            f"window must be an odd int in [1, len(curve)] = [1, {length}] (centred moving "
+            f"average), got {window!r}; e.g. window=5, or 1 for no smoothing."
+        )
 
 
 def _check_epsilon(epsilon) -> None:
@@ -167,13 +174,16 @@ def training_time_array(curve: jax.Array, epsilon, window: int = 5):
     precise by ntk_tt (module docstring).
 
     Raises:
-      ValueError: ``curve`` not 1-D or ``epsilon`` not a scalar (shapes are static: one ε per
-        call; ``jax.vmap`` over ε for several).
+      ValueError: ``curve`` not 1-D with >= 1 entry or ``epsilon`` not a scalar (shapes are
+        static: one ε per call; ``jax.vmap`` over ε for several); ``window`` not an odd int
+        in [1, len(curve)] (static, so checked under jit too).
     """
-    if jnp.ndim(curve) != 1 or jnp.ndim(epsilon) != 0:
-        raise ValueError(f"training_time_array takes a 1-D curve and a scalar epsilon, got "
-                         f"shapes {jnp.shape(curve)} and {jnp.shape(epsilon)}: for several ε "
-                         "use jax.vmap(training_time_array, in_axes=(None, 0)) or a loop.")
+    if jnp.ndim(curve) != 1 or jnp.ndim(epsilon) != 0 or not jnp.shape(curve)[0]:
+        raise ValueError(f"training_time_array takes a 1-D curve with >= 1 entry and a scalar "
+                         f"epsilon, got shapes {jnp.shape(curve)} and {jnp.shape(epsilon)}: "
+                         "for several ε use jax.vmap(training_time_array, in_axes=(None, 0)) "
+                         "or a loop.")
+    check_window(window, jnp.shape(curve)[0])
     gap, drop, floor = _distance(curve, epsilon, window)
     hit = gap <= 0
     finite = jnp.all(jnp.isfinite(curve))
@@ -266,6 +276,17 @@ def training_time(curve, epsilon, *, window: int | None = None) -> float:
     return t
 
 
+def _check_temperature(temperature) -> None:
+    """ValueError unless a concrete ``temperature`` is one finite number > 0 (a negative τ
+    flipped every factor and gave ~0 steps; 0 divided by zero)."""
+    if isinstance(temperature, jax.core.Tracer):
+        return
+    tau = _numbers(temperature, "temperature", "a number > 0")
+    if tau.ndim != 0 or not (np.isfinite(tau) and tau > 0):
+        raise ValueError(f"temperature must be one finite number > 0 (τ, the relative "
+                         f"softness of the step count), got {temperature!r}; e.g. 0.05.")
+
+
 def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     """Differentiable T_ε: Σ_t Π_{s≤t} σ((|L̃_s − L_T| − ε·drop) / (τ·ε·drop)).
 
@@ -278,12 +299,17 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     ``REASONS[NOT_DECREASING]``, "curve is flat or rising: ...") and for a curve with NaN or
     inf entries (``REASONS[NON_FINITE]``); no warning (:func:`training_time` is silent on a
     flat curve too): :func:`training_time_report` (eager) or :func:`training_time_array`
-    (traced) give the reason. There its gradient is 0, never NaN (the NaN is a constant),
-    so one flat curve does not turn a batched ``jax.grad`` into NaN; filter with
-    ``jnp.isnan``. A curve that falls but never comes within ε·drop of L_T (the hard T_ε's
-    third NaN, ``NOT_SETTLED``) still gets a value, about its number of steps. It sees the
-    curve only: mask it with the prediction's ``training_time_code`` (a prediction beyond the
-    stability edge, or called diverged, has no T_ε though its curve may fall).
+    (traced) give the reason. There its gradient with respect to the curve is 0, never NaN
+    (the NaN is a constant, computed apart from a stand-in falling curve), so one flat or
+    diverged curve does not turn a batched ``jax.grad`` into NaN; filter with ``jnp.isnan``.
+    A predictor's own backward pass through a configuration whose state overflowed (a
+    diverged η) can still be NaN before it reaches this function (0·inf in its recursion):
+    differentiate each configuration apart, ``jax.vmap(jax.grad(f))``, and mask the
+    diverged ones, rather than ``jax.grad`` of a sum over a sweep. A curve that falls but
+    never comes within ε·drop of L_T (the hard T_ε's third NaN, ``NOT_SETTLED``) still gets a
+    value, about its number of steps. It sees the curve only: mask it with the prediction's
+    ``training_time_code`` (a prediction beyond the stability edge, or called diverged, has no
+    T_ε though its curve may fall).
 
     Source: ntk_tt's own differentiable relaxation (for :func:`ntk_tt.sensitivities`) of the
     T_ε of Zancato et al. 2020 (arXiv 2008.12478), Sec. 5, Alg. 1; METHOD.md §6.
@@ -300,19 +326,23 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     Raises:
       ValueError: the same argument errors as :func:`training_time` (curve not numbers,
         booleans, not 1-D with ≥ 2 entries; ε not a real number, e.g. the string "0.1", or
-        ∉ (0, 1); window not odd in [1, len(curve)]), values checked only when concrete.
+        ∉ (0, 1); window not odd in [1, len(curve)]); ``temperature`` not one finite
+        number > 0; values checked only when concrete.
     """
     curve = _check_curve(curve, window)
     _check_epsilon(epsilon)
+    _check_temperature(temperature)
     # a traced ε outside (0, 1) gives NaN (training_time_array: INVALID), computed at a
     # harmless ε so that the unused branch has no 0/0 in its gradient
     valid_eps = (epsilon > 0) & (epsilon < 1)
     epsilon = jnp.where(valid_eps, epsilon, 0.5)
-    gap, drop, floor = _distance(curve, epsilon, window)
+    _, drop, floor = _distance(curve, epsilon, window)
     falls = drop > floor  # training_time_array's test: NaN (NOT_DECREASING, NON_FINITE) else
-    # a harmless scale where it does not fall, so the unused branch has no 0/0 in its gradient
-    scale = temperature * epsilon * jnp.where(falls, drop, jnp.ones_like(drop))
-    log_far = jax.nn.log_sigmoid(gap / scale)
+    # the unused branch runs on a harmless falling curve, so that a rising, huge or non-finite
+    # curve (a diverged prediction) gets gradient 0, not 0·inf = NaN
+    curve = jnp.where(falls, curve, jnp.linspace(1.0, 0.0, curve.shape[0], dtype=curve.dtype))
+    gap, drop, _ = _distance(curve, epsilon, window)
+    log_far = jax.nn.log_sigmoid(gap / (temperature * epsilon * drop))
     return jnp.where(falls & valid_eps, jnp.sum(jnp.exp(jnp.cumsum(log_far))), jnp.nan)
 
 
