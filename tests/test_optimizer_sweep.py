@@ -227,6 +227,9 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
     ({"families": ("adam",)}, "OptimSpec.families must be among"),
     ({"families": ()}, "OptimSpec.families is empty"),
     ({"sgd_kappas": (4.0, 4.0)}, "OptimSpec.sgd_kappas must be distinct"),
+    # a fresh user: --per-class 4 4 ran (spec.json kept [4, 4]); sweep.py refused it
+    ({"per_class": (4, 4)}, "OptimSpec.per_class must be distinct.*4 is given twice"),
+    ({"datasets": ("a", "a")}, "OptimSpec.datasets must be distinct.*'a' is given twice"),
     ({"backbone": "exact"}, "OptimSpec.backbone must be one of"),
 ])
 def test_spec_rejects_bad_grids(kwargs, message):

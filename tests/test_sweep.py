@@ -853,6 +853,23 @@ def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("script", ["sweep", "optimizer_sweep"])
+def test_sweep_scripts_refuse_an_out_they_cannot_create(script, capsys, monkeypatch):
+    """A fresh user: --out in a folder that takes no new entry (/proc here; a read-only one
+    alike) was a PermissionError / FileNotFoundError traceback from ResultsTable's mkdir
+    (exit 1) after the imports; now the scripts' one error line (exit 2), before any work."""
+    module = experiment_script(script)
+    for name in ("run_sweep", "_run"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("work started"))
+    out = "/proc/ntk_tt_sweep_out"
+    preset = ["--smoke"] if script == "sweep" else ["--preset", "smoke"]
+    line = refused(module, ["--out", out, *preset], capsys)
+    assert f"cannot create the sweep's files in --out '{out}' (in /proc)" in line
+    assert not pathlib.Path(out).exists()
+
+
 def test_sweep_script_refuses_an_out_that_is_a_file_or_another_grid(tmp_path, capsys,
                                                                      monkeypatch):
     """--out an existing file was a NotADirectoryError traceback (run and --report); resuming

@@ -16,6 +16,7 @@ import math
 import os
 import pathlib
 import secrets
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -55,7 +56,8 @@ def check_out(out: str | os.PathLike) -> None:
 
     Raises:
       ValueError: naming the path; give a directory (created if missing). An empty path
-        (``--out ''``, which pathlib reads as the current folder) is refused too.
+        (``--out ''``, which pathlib reads as the current folder) is refused too, and so is
+        a folder that takes no new entry (read-only; probed with a temporary folder, removed).
     """
     if not str(out).strip():
         raise ValueError(f"--out is empty ({str(out)!r}); give the sweep's directory, e.g. "
@@ -67,6 +69,14 @@ def check_out(out: str | os.PathLike) -> None:
                 what = "is" if parent == path else f"is inside {parent}, which is"
                 raise ValueError(f"{str(out)!r} {what} not a directory; give --out a "
                                  "directory path (created if missing).")
+            try:  # a folder that takes no new entry (read-only, /sys, /proc): a traceback later
+                with tempfile.TemporaryDirectory(dir=parent):
+                    pass
+            except OSError as err:
+                where = "" if parent == path else f" (in {parent})"
+                raise ValueError(f"cannot create the sweep's files in --out {str(out)!r}"
+                                 f"{where}: {err.strerror or err}; give a folder you can "
+                                 "write.") from None
             return
 
 
