@@ -146,6 +146,12 @@ def check_predict_job(options: dict[str, Any], figure_path=None, json_path=None,
                          "full-batch GD has one (no -B, or -B N): "
                          + ("drop --num-paths (--subset predicts GD only)." if o["subset"] else
                             "give -B < N, or drop --num-paths."))
+    if "num_paths" in options and o["method"] in ("ode", "closed_form"):
+        raise ValueError(f"num_paths (--num-paths) averages SGD batch orders or SDE paths; "
+                         f"method {o['method']!r} (--method {o['method']}) is deterministic, "
+                         "the mean flow of -B's SGD (one path, the same curves for any "
+                         "--num-paths): drop --num-paths, or use --method sde or auto for "
+                         "SGD's noise.")
     check_job_targets(o)
     check_outputs(figure_path, json_path, overwrite, inputs=job_inputs(o))
     return o

@@ -156,6 +156,9 @@ def one_error_line(args, capsys):
     (["--num-paths", "4", "-n", "2", "-B", "10"], "and full-batch GD has one"),
     (["--num-paths", "4", "--subset", "100", "--loss", "mse"],
      "full-batch GD has one (no -B, or -B N): drop --num-paths (--subset predicts GD only)."),
+    # a fresh user: with --method ode the flag was accepted and changed nothing
+    (["--num-paths", "4", "-B", "10", "--method", "ode"],
+     "method 'ode' (--method ode) is deterministic, the mean flow of -B's SGD"),
 ])
 def test_bad_options_fail_before_any_work(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
