@@ -64,6 +64,17 @@ def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="init scale of the fresh head (× LeCun normal)")
 
 
+def _schedule_name(text: str) -> str:
+    """``--schedule``'s value as the options spell it (hyphens or underscores); a misspelt one
+    is echoed as typed, beside the hyphenated names of ``-h`` and README (argparse's choices
+    echoed it with its hyphens turned into underscores)."""
+    name = text.replace("-", "_")
+    if name not in SCHEDULES:
+        names = ", ".join(n.replace("_", "-") for n in SCHEDULES)
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {names})")
+    return name
+
+
 def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
     """``predict``'s optimiser (``ntk_tt._options_optimizer``): rule, schedule, weight decay,
     batch size; ``--lr`` is the schedule's peak."""
@@ -71,9 +82,8 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="update rule: sgd (with -m, --nesterov), adam or adamw (--b1, --b2, "
                    "--adam-eps; predicted by the head-aware predictor and --method "
                    "auto/discrete only)")
-    q.add_argument("--schedule", default=d["schedule"], type=lambda s: s.replace("-", "_"),
-                   choices=SCHEDULES, metavar="{constant,warmup-cosine,warmup-stable-decay,"
-                   "exponential}",
+    q.add_argument("--schedule", default=d["schedule"], type=_schedule_name,
+                   metavar="{constant,warmup-cosine,warmup-stable-decay,exponential}",
                    help="learning-rate schedule over the steps (with --subset: sgd without "
                    "--weight-decay)")
     q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",

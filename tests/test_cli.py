@@ -16,7 +16,7 @@ import pytest
 from _cli_tiny import cli_before_jax
 
 import ntk_tt
-from ntk_tt._cli_parser import DEFAULT_FIGURE
+from ntk_tt._cli_parser import DEFAULT_FIGURE, _schedule_name
 from ntk_tt._cli_report import format_report
 from ntk_tt.cli import main
 from ntk_tt.prediction._report_file import INTERRUPTED, RUNNING
@@ -140,6 +140,21 @@ def one_error_line(args, capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("ntk-tt: error:") and "Traceback" not in err, err
     return err
+
+
+def test_a_misspelt_schedule_is_echoed_as_typed(capsys, monkeypatch):
+    """A fresh user: --schedule warmup-cosin was echoed as 'warmup_cosin' (hyphens made
+    underscores) beside choices spelt unlike -h and README; both spellings still work."""
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        main(["predict", "--schedule", "warmup-cosin"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "ntk-tt predict: error: argument --schedule: invalid choice: 'warmup-cosin' (choose "
+        "from constant, warmup-cosine, warmup-stable-decay, exponential)")
+    for spelling in ("warmup-stable-decay", "warmup_stable_decay"):
+        assert _schedule_name(spelling) == "warmup_stable_decay"
 
 
 @pytest.mark.parametrize("args,match", [
