@@ -167,7 +167,8 @@ def main(argv=None) -> None:
         print(f"constant time-stretch left out: T_ε p95 {stretch['p95_as_predicted']:.1%} → "
               f"{stretch['p95_stretched']:.1%}, median {stretch['median_as_predicted']:.1%} → "
               f"{stretch['median_stretched']:.1%} (not applied)")
-    fit_intervals(frame, args.level, by=fit_by).save(out / f"calibrator{tag}.json")
+    fit_intervals(frame, args.level, by=fit_by).save(out / f"calibrator{tag}.json",
+                                                      overwrite=True)  # a rerun replaces it
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))

@@ -278,7 +278,7 @@ def main(argv=None) -> int:
             model = fit_outcome(rows, ntk=ntk)
             model.info["corpus"] = {"runs": len(rows), "source": "issue-11 corpus"}
             path = assets / f"outcome_{'ntk' if ntk else 'telemetry'}.json.gz"
-            model.save(path)
+            model.save(path, overwrite=True)  # --ship replaces the shipped file
             print(f"shipped {path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0
 

@@ -163,7 +163,7 @@ def main(argv=None) -> None:
         short.assign(table=[t for f, (_, t) in zip(frames, args.sets, strict=True)
                             for _ in range(len(f))]).to_csv(args.t_eps, index=False)
     table.to_csv(out / "coverage_subspace.csv", index=False, float_format="%.4f")
-    cal.save(out / "calibrator_subspace.json")
+    cal.save(out / "calibrator_subspace.json", overwrite=True)  # a rerun replaces it
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))

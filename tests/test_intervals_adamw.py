@@ -1,6 +1,7 @@
 """T_ε intervals of the fast AdamW predictor: the shipped calibrator fitted on the optimiser
 benchmark's AdamW rows, chosen for an Adam prediction, and its recorded update rule."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -53,7 +54,8 @@ def test_shipped_adamw_calibrator_is_the_fit_on_the_committed_optimizer_tables(s
     frame = script.family_table(TABLES, "adamw_cosine")
     fitted = ntk_tt.fit_intervals(frame, 0.9, by=("optimizer",))
     shipped = ntk_tt.default_calibrator("adam")
-    assert shipped.to_json() == fitted.to_json()
+    rounded = {g: tuple(round(v, 6) for v in r) for g, r in fitted.groups.items()}
+    assert shipped == dataclasses.replace(fitted, groups=rounded)  # the file's 6 decimals
     src = shipped.source
     assert (src["pred_method"], src["pred_kernel"], src["schedule"]) == (
         ["head_aware_adam"], ["isotropic"], ["warmup_cosine"])

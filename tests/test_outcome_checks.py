@@ -181,3 +181,23 @@ def test_fit_models_and_predict_models_refuse_what_is_not_a_dataset():
                         ((models, dict(consts, failed="0.5"), x), r"consts\['failed'\] str\.")]:
         with pytest.raises(ValueError, match=match):
             predict_models(*args)
+
+
+def test_save_refuses_an_existing_file_unless_overwrite(tmp_path):
+    """A fresh user: OutcomePredictor.save replaced an existing file silently, while
+    save_telemetry and save_checkpoint refuse it without overwrite=True. Now it refuses it
+    too (the file left as it was; True only, as save_telemetry), and overwrite=True replaces
+    it with a file that loads back to the same predictor."""
+    shipped = default_outcome_predictor()
+    path = tmp_path / "p.json.gz"
+    path.write_text("mine")
+    for flag in ({}, {"overwrite": False}, {"overwrite": 1}):
+        with pytest.raises(ValueError) as err:
+            shipped.save(path, **flag)
+        assert str(err.value) == (f"outcome predictor path {path} exists; pass overwrite=True "
+                                  "to replace it, or give a new file name. Nothing was written.")
+        assert path.read_text() == "mine"
+    shipped.save(path, overwrite=True)
+    back = OutcomePredictor.load(path)
+    assert (back.columns, back.ks, back.constants) == (shipped.columns, shipped.ks,
+                                                       shipped.constants)

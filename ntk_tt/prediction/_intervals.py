@@ -41,6 +41,13 @@ import numpy as np
 
 from ntk_tt._options import a_type, file_path
 from ntk_tt._output_paths import require_folder
+from ntk_tt.prediction._intervals_checks import (  # noqa: F401 (_check_edges re-exported)
+    KAPPA_EDGES,
+    _check_edges,
+    _check_level,
+    check_interval_args,
+    scalar,
+)
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
     _abstain_message,
@@ -52,32 +59,11 @@ from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
 from ntk_tt.prediction._result import Prediction
 
 FORMAT = "ntk_tt.intervals/1"
-KAPPA_EDGES = (2.0, 8.0)
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
            for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"),
                               ("subspace", "intervals_subspace.json"))}
-
-
-def _check_level(level) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)) \
-            or not 0 < level < 1:
-        raise ValueError(f"level must be a number in (0, 1) (e.g. 0.9), got {level!r}.")
-    return float(level)
-
-
-def _check_edges(edges) -> tuple:
-    """``edges`` as a tuple of floats if they are finite, > 0 (κ̃ > 0) and strictly increasing."""
-    try:
-        e = np.asarray(edges, float)
-    except (TypeError, ValueError):
-        e = None
-    if e is None or e.ndim != 1 or not len(e) or not np.all(np.isfinite(e)) or np.any(
-            e <= 0) or np.any(np.diff(e) <= 0):
-        raise ValueError(f"kappa_edges must be finite positive κ̃ bin edges in increasing "
-                         f"order, at least one (e.g. {KAPPA_EDGES}), got {edges!r}.")
-    return tuple(float(x) for x in e)
 
 
 def conformal_quantile(scores, q: float) -> float:
@@ -128,7 +114,7 @@ class IntervalCalibrator:
     source: dict
 
     def _pick(self, kappa_eff, eps, optimizer, level):
-        k, e = float(kappa_eff), float(eps)
+        k, e = scalar(kappa_eff, "kappa_eff"), scalar(eps, "eps")
         if not (math.isfinite(k) and k >= 0) or not 0 < e < 1 or optimizer not in ("gd", "sgd"):
             raise ValueError(f"kappa_eff must be a finite number >= 0, eps in (0, 1) and "
                              f"optimizer 'gd' (B = N) or 'sgd' (B < N); got {kappa_eff!r}, "
@@ -157,25 +143,25 @@ class IntervalCalibrator:
         """``(lo, hi)`` in steps: the conformal interval for the real T_ε around ``t_pred``.
 
         Args:
-          t_pred: predicted T_ε (steps, > 0). kappa_eff: κ̃ = η·λ_max/(N·(1 − m)). eps: ε.
-            optimizer: "gd" (B = N) or "sgd" (B < N). level: 1 − α, None = ``self.level``. steps:
-            the horizon T, each bound capped at it (T_ε ≤ T by definition); None: no cap.
+          t_pred: predicted T_ε (steps, finite, > 0; a NaN, undefined T̂_ε has no interval).
+            kappa_eff: κ̃ = η·λ_max/(N·(1 − m)). eps: ε. optimizer: "gd" (B = N) or "sgd"
+            (B < N). level: 1 − α, None = ``self.level``. steps: the horizon T the prediction
+            was made over, each bound capped at it (T_ε ≤ T by definition, so ``t_pred`` ≤
+            T); None: no cap.
 
         Returns:
-          ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``; ±inf bounds when even the pooled residuals
-          are too few for the level; ``(nan, nan)`` for a NaN ``t_pred`` (undefined, diverged).
+          ``(t_pred·exp(q_lo), t_pred·exp(q_hi))``, each capped at ``steps``; ±inf bounds (0
+          and inf, or ``steps``) when even the pooled residuals are too few for the level.
 
         Raises:
-          ValueError: level not in (0, 1), ``t_pred`` ≤ 0 or infinite, ``kappa_eff`` not
-            finite and ≥ 0, ``eps`` outside (0, 1), ``optimizer`` not "gd" or "sgd".
+          ValueError: ``t_pred``, ``kappa_eff``, ``eps`` or ``steps`` not a real number (a
+            string, a bool, an array); ``t_pred`` NaN, infinite or ≤ 0; ``steps`` not None or
+            finite and > 0; ``t_pred`` > ``steps`` (beyond the horizon: a T̂_ε over T steps
+            is ≤ T); level not in (0, 1), ``kappa_eff`` not finite and ≥ 0, ``eps`` outside
+            (0, 1), ``optimizer`` not "gd" or "sgd".
         """
-        t = float(t_pred)
-        if math.isnan(t):
-            return math.nan, math.nan
-        if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"t_pred must be a positive number of steps, got {t_pred!r}.")
+        t, cap = check_interval_args(t_pred, steps)
         _, _, lo, hi = self._pick(kappa_eff, eps, optimizer, level)
-        cap = math.inf if steps is None else float(steps)
         return min(t * math.exp(lo), cap), min(t * math.exp(hi), cap)
 
     def range_warnings(self, num_train=None, steps=None, num_classes=None) -> list[str]:
@@ -185,24 +171,36 @@ class IntervalCalibrator:
         return range_messages(self.source, num_train, steps, num_classes)
 
     def to_json(self) -> dict:
-        """JSON-ready dict (``FORMAT``); residuals rounded to 6 decimals."""
+        """JSON-ready dict (``FORMAT``); residuals as they are, float64 (``json`` writes a
+        float's shortest repr that reads back to the same float: :meth:`save` then
+        :meth:`load` gives an equal calibrator)."""
         return {"format": FORMAT, "level": self.level, "by": list(self.by), "min_count":
                 self.min_count, "kappa_edges": list(self.kappa_edges), "source": self.source,
                 "groups": [{"kappa_eff": k, "eps": e, "optimizer": o,
-                            "residuals": [round(v, 6) for v in r]}
+                            "residuals": [float(v) for v in r]}
                            for (k, e, o), r in sorted(self.groups.items())]}
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group).
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> None:
+        """Write :meth:`to_json` to ``path`` (a small JSON file, one line per group), exactly:
+        :meth:`load` gives back an equal calibrator (the same residuals, the same intervals).
+
+        Args:
+          path: the ``.json`` file to write (str or os.PathLike, ``~`` expanded).
+          overwrite: True replaces an existing file; False (default) refuses it (as
+            :func:`ntk_tt.save_telemetry` and :func:`ntk_tt.save_checkpoint`).
 
         Raises:
-          ValueError: ``path`` not a str or os.PathLike (``~`` expanded), or its folder missing.
+          ValueError: ``path`` not a str or os.PathLike, its folder missing, or ``path``
+            exists and ``overwrite`` is not True. Nothing is written then.
         """
         path = file_path(path, "calibrator", "calibrator.save('intervals.json')")
         data = self.to_json()
         groups = ",\n  ".join(json.dumps(g) for g in data.pop("groups"))
         head = json.dumps(data, indent=1)[:-2]
         require_folder(path, "calibrator")
+        if path.exists() and overwrite is not True:
+            raise ValueError(f"calibrator path {path} exists; pass overwrite=True to replace "
+                             "it, or give a new file name. Nothing was written.")
         path.write_text(f'{head},\n "groups": [\n  {groups}\n ]\n}}\n')
 
     @classmethod
@@ -380,8 +378,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     opt = "gd" if int(hp["batch_size"]) >= int(hp["num_train"]) else "sgd"
     loss, unresolved = {}, None
     for eps, t in tt["loss"].items():
-        lo, hi = cal.interval(t, kappa_eff, eps, opt, level, steps=hp.get("steps"))
-        loss[eps] = None if math.isnan(lo) else (lo, hi)
+        if math.isnan(t):  # undefined T̂_ε (never reached): no interval
+            loss[eps] = None
+            continue
+        lo, hi = loss[eps] = cal.interval(t, kappa_eff, eps, opt, level, steps=hp.get("steps"))
         if lo == 0.0:  # T̂·exp(−inf): too few residuals even pooled (both bounds infinite)
             unresolved = cal.group(kappa_eff, eps, opt, level)[1]
     said = (prediction_messages(cal.source, hp | {"kappa_eff": kappa_eff})

@@ -138,12 +138,24 @@ class OutcomePredictor:
                 + out_of_domain(feats, self.domain)),
         }
 
-    def save(self, path: str | pathlib.Path) -> None:
+    def save(self, path: str | pathlib.Path, *, overwrite: bool = False) -> None:
         """Write the predictor as JSON (LightGBM models as their text form); ``.gz``:
-        gzip-compressed. Raises ValueError (before writing) when ``path``'s folder does not
-        exist or ``path`` is not a str or os.PathLike (``~`` is expanded)."""
+        gzip-compressed.
+
+        Args:
+          path: the file to write (str or os.PathLike, ``~`` expanded).
+          overwrite: True replaces an existing file; False (default) refuses it (as
+            :func:`ntk_tt.save_telemetry` and :func:`ntk_tt.save_checkpoint`).
+
+        Raises:
+          ValueError: ``path`` not a str or os.PathLike, its folder missing, or ``path``
+            exists and ``overwrite`` is not True. Nothing is written then.
+        """
         path = file_path(path, "outcome predictor", "predictor.save('outcome.json.gz')")
         require_folder(path, "outcome predictor")
+        if path.exists() and overwrite is not True:
+            raise ValueError(f"outcome predictor path {path} exists; pass overwrite=True to "
+                             "replace it, or give a new file name. Nothing was written.")
         doc = {"format_version": FORMAT_VERSION, "columns": self.columns, "ntk": self.ntk,
                "ks": list(self.ks), "constants": self.constants, "intervals": self.intervals,
                "info": self.info, "domain": self.domain,
