@@ -23,6 +23,8 @@ parameter (optax's default, no mask).
 
 from __future__ import annotations
 
+import operator
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -57,8 +59,20 @@ class Optimizer(eqx.Module):
     batch_size: int | None = eqx.field(static=True, default=None)
 
     def learning_rates(self, steps: int) -> jax.Array:
-        """η_0 … η_{T−1}, (T,) (T = ``steps``: the number of updates)."""
-        return self.learning_rate.values(steps)
+        """η_0 … η_{T−1}, (T,) (T = ``steps``: the number of updates, a static int ≥ 1; the
+        hyperparameter leaves may be traced, under ``jit`` / ``vmap`` / ``grad``).
+
+        Raises:
+          ValueError: ``steps`` not an int (a bool, a float, a tracer) or < 1.
+        """
+        try:
+            t = None if isinstance(steps, (bool, np.bool_)) else operator.index(steps)
+        except TypeError:  # a float, a string, a traced int
+            t = None
+        if t is None or t < 1:
+            raise ValueError(f"steps must be an int >= 1 (the number of updates, static), got "
+                             f"{steps!r}.")
+        return self.learning_rate.values(t)
 
     def to_optax(self) -> optax.GradientTransformation:
         """The optax transformation of this rule (what ``finetune`` trains with)."""

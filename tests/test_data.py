@@ -185,6 +185,30 @@ def test_prepare_rejects_mismatching_images(shape, kwargs, match):
 
 
 
+def test_prepare_refuses_colour_images_for_a_grey_model_in_words_that_read_right():
+    """A fresh user: RGB images for a (32, 32, 1) model were told "only grey (1-channel)
+    images are converted, to 1 channels", though a grey model converts nothing. The message
+    now says the model takes grey images and how to make them; its suggestion then works (the
+    channel mean, as independent reference); an RGB model's message is unchanged."""
+    rgb = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    stats = dict(mean=np.full(1, 0.5), std=np.full(1, 0.25))
+    with pytest.raises(ValueError) as err:
+        ntk_tt.prepare_images(rgb, (32, 32, 1), **stats)
+    assert str(err.value) == (
+        "images have shape (32, 32, 3) but the model expects (H, W, C) = (32, 32, 1); the "
+        "model takes grey (1-channel) images, and 3-channel ones are not converted to grey: "
+        "convert them first (e.g. np.round(images.mean(axis=-1)).astype(np.uint8)) or use a "
+        "checkpoint made for these images.")
+    grey = np.round(rgb.mean(axis=-1)).astype(np.uint8)
+    x = ntk_tt.prepare_images(grey, (32, 32, 1), **stats)
+    np.testing.assert_allclose(np.asarray(x), (grey[..., None] / 255 - 0.5) / 0.25, atol=1e-5)
+    with pytest.raises(ValueError) as err:
+        ntk_tt.prepare_images(np.zeros((2, 32, 32, 4), np.uint8), (32, 32, 3),
+                              mean=np.zeros(3), std=np.ones(3))
+    assert str(err.value).endswith("only grey (1-channel) images are converted, to 3 channels: "
+                                   "use 3-channel data or a checkpoint made for these images.")
+
+
 def test_prepare_refuses_one_image_without_a_batch_axis():
     """A fresh user: one (32, 32, 3) image for a (32, 32, 3) model came back as
     (32, 32, 32, 3), read silently as 32 grey 32×3 images; now refused with the fix. The

@@ -227,6 +227,28 @@ def test_trace_logits_must_be_a_bool(bad, monkeypatch):
     assert got.shape == (x.shape[0], x.shape[0])
 
 
+def test_a_bare_array_params_is_named_as_such_in_leaf_errors():
+    """A fresh user: with params one array (its tree path empty) the messages read "params
+    leaf  has dtype int32", a double space where the leaf's path goes. A bare array is now
+    "params (a single array)" (num_params: "params"); a leaf of a pytree keeps its path. The
+    float array itself passes, and its NTK is the brute-force one of x @ p."""
+    x, fn = jnp.ones((4, 3)), lambda p, x: x @ p
+    with pytest.raises(ValueError) as err:
+        ntk_tt.empirical_ntk(fn, jnp.ones((3, 2), jnp.int32), x)
+    assert str(err.value).startswith("params (a single array) has dtype int32: the NTK and ")
+    with pytest.raises(ValueError) as err:
+        ntk_tt.empirical_ntk(fn, jnp.full((3, 2), jnp.nan), x)
+    assert str(err.value) == ("params (a single array) contains NaN or inf; load a valid "
+                              "checkpoint or re-initialise.")
+    with pytest.raises(ValueError, match=r"^params \(ArrayImpl\) is not a numeric array or a "
+                                         r"number; pass the weights alone"):
+        ntk_tt.num_params(jnp.ones(3, bool))
+    with pytest.raises(ValueError, match=r"^params leaf \['w'\] has dtype int32"):
+        ntk_tt.empirical_ntk(lambda p, x: x @ p["w"], {"w": jnp.ones((3, 2), jnp.int32)}, x)
+    p = jnp.arange(6.0).reshape(3, 2)
+    np.testing.assert_allclose(ntk_tt.empirical_ntk(fn, p, x), brute_ntk(fn, p, x), rtol=1e-6)
+
+
 def test_bad_inputs_raise_value_error():
     apply_fn, params, x = setup("mlp")
     with pytest.raises(ValueError, match="at least 2 dimensions"):

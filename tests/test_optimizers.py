@@ -198,6 +198,27 @@ def test_optimizer_built_under_jit_and_vmap_is_checked_and_traced(x64):
         jax.jit(lambda v: ntk_tt.warmup_cosine(v, 5, 2).peak)(0.1)
 
 
+def test_learning_rates_refuse_a_number_of_steps_that_is_not_an_int_of_at_least_one():
+    """A fresh user: sgd(0.1).learning_rates(-1) returned an empty array (and 2.5 was cut to
+    2 steps). steps is now an int >= 1 (a Python, NumPy or concrete JAX int), else one
+    ValueError; the hyperparameters may still be traced (jit / vmap / grad over η)."""
+    opt = ntk_tt.sgd(ntk_tt.warmup_cosine(0.2, 2, 4))
+    for bad in (-1, 0, 2.5, 3.0, True, "3", None, np.array([3])):
+        with pytest.raises(ValueError) as err:
+            opt.learning_rates(bad)
+        assert str(err.value) == ("steps must be an int >= 1 (the number of updates, static), "
+                                  f"got {bad!r}.")
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        jax.jit(lambda s: opt.learning_rates(s))(3)  # traced: the shape cannot depend on it
+    want = [0.0, 0.1, 0.2, 0.1]  # warmup 0 → 0.2 over 2 steps, then cosine to 0 at step 4
+    for steps in (4, np.int64(4), jnp.int32(4)):
+        np.testing.assert_allclose(opt.learning_rates(steps), want, atol=1e-7)
+    np.testing.assert_allclose(ntk_tt.sgd(0.3).learning_rates(1), [0.3], rtol=1e-7)
+    rates = jax.jit(jax.vmap(lambda p: ntk_tt.sgd(p).learning_rates(2)))(jnp.array([0.1, 0.2]))
+    np.testing.assert_allclose(rates, [[0.1, 0.1], [0.2, 0.2]], rtol=1e-7)
+    assert jax.grad(lambda p: ntk_tt.sgd(p).learning_rates(3).sum())(0.1) == pytest.approx(3.0)
+
+
 def test_a_cosine_that_ends_at_step_0_is_refused_as_the_cli_refuses_it():
     """A fresh user's find: ``warmup_cosine(0.1, 0, 0)`` was accepted (η = 0.1 at step 0,
     then 0: a one-step run) while ``ntk-tt predict --decay-end 0`` is refused."""

@@ -359,6 +359,10 @@ def prepare_images(images: np.ndarray, input_shape: tuple[int, int, int], *,
             f"images have shape {x.shape[1:]} but the model expects (H, W, C) = {input_shape}; "
             + ("they look channels-first (N, C, H, W): transpose them to (N, H, W, C), e.g. "
                "images.transpose(0, 2, 3, 1)." if first else
+               # a grey model: nothing converts to 1 channel ("converted, to 1 channels")
+               f"the model takes grey (1-channel) images, and {x.shape[-1]}-channel ones are "
+               "not converted to grey: convert them first (e.g. np.round(images.mean(axis=-1))"
+               ".astype(np.uint8)) or use a checkpoint made for these images." if c == 1 else
                f"only grey (1-channel) images are converted, to {c} channels: use {c}-channel "
                "data or a checkpoint made for these images."))
     for name, stat in (("mean", mean), ("std", std)):

@@ -37,6 +37,12 @@ def check_weights(params, name: str = "params") -> None:
                          "(apply_fn, params) of a flax model.")
 
 
+def _leaf_name(path, bare: str = "params (a single array)") -> str:
+    """How a message names the params leaf at ``path``; ``bare`` for params that are one leaf
+    (its path is empty: the message read "params leaf  has dtype ...", naming nothing)."""
+    return f"params leaf {jax.tree_util.keystr(path)}" if path else bare
+
+
 def check_concrete(where: str, *, takes: str = "predict_head_aware, or predict(head_kernel=)",
                    **trees) -> None:
     """ValueError when a leaf of one of ``trees`` (name=pytree) is traced: ``where`` builds a
@@ -113,9 +119,9 @@ def num_params(params: Any) -> int:
         numeric = (jnp.issubdtype(leaf.dtype, jnp.number) if hasattr(leaf, "dtype") else
                    isinstance(leaf, (int, float, complex)) and not isinstance(leaf, bool))
         if not numeric:  # strings, booleans, objects: not weights (bfloat16 is a number)
-            raise ValueError(f"params leaf {jax.tree_util.keystr(path)} "
-                             f"({type(leaf).__name__}) is not a numeric array or a number; pass "
-                             "the weights alone (ntk_tt.from_nnx(model) returns them).")
+            raise ValueError(f"{_leaf_name(path, 'params')} ({type(leaf).__name__}) is not a "
+                             "numeric array or a number; pass the weights alone "
+                             "(ntk_tt.from_nnx(model) returns them).")
     return int(sum(np.size(leaf) for _, leaf in leaves))
 
 
@@ -162,18 +168,17 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
     if not np.isfinite(np.asarray(x)).all():  # numpy: no compile per shape
         raise ValueError(f"{name} contains NaN or inf; clean or re-normalise the inputs.")
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        where = _leaf_name(path)
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
             raise ValueError(
-                f"params leaf {jax.tree_util.keystr(path)} has dtype "
+                f"{where} has dtype "
                 f"{jnp.result_type(leaf)}: the NTK and fine-tuning differentiate every leaf "
                 "of params, so every leaf must be a float array; keep integer constants "
                 "(counts, indices) out of params, e.g. closed over in apply_fn."
             )
         if not np.isfinite(np.asarray(leaf)).all():
             raise ValueError(
-                f"params leaf {jax.tree_util.keystr(path)} contains NaN or inf; load a valid "
-                "checkpoint or re-initialise."
-            )
+                f"{where} contains NaN or inf; load a valid checkpoint or re-initialise.")
     if num_params(params) == 0:
         raise ValueError(
             "params holds no parameters (D = 0 numbers; got "
