@@ -10,6 +10,7 @@ from _ntk_models import mlp
 
 import ntk_tt
 from ntk_tt.cli import main
+from ntk_tt.dynamics._training_time import DIVERGED, REASONS
 from ntk_tt.prediction._subset import _predict_on_indices, balanced_subset, residual_in_blocks
 
 EPS = (0.01, 0.1, 0.4)
@@ -122,6 +123,11 @@ def test_kappa_and_beyond_edge_use_the_largest_eigenvalue_of_the_spectrum_used(m
     np.testing.assert_allclose(eig[0], 1.0, rtol=1e-5)
     assert eig.max() > 4 and p.kappa == pytest.approx(float(eig.max()))
     assert p.beyond_edge and p.diverged
+    # a fresh user: the diverged curve's T_ε reason was "curve is flat or rising"; the kernel
+    # predictors say it diverged
+    for eps in (0.01, 0.1, 0.4):
+        assert np.isnan(p.training_time[eps])
+        assert p.training_time_reasons[eps] == REASONS[DIVERGED]
 
 
 def test_residual_in_blocks_and_block_size_do_not_change_the_result(task):

@@ -258,8 +258,9 @@ def predict(
     if missing or (subset is not None and set(targets) - {"loss"}):
         raise ValueError(f"targets on {missing or sorted(set(targets) - {'loss'})} need "
                          + ("x_test and y_test (the held-out curves)" if missing else
-                            "the error curves, which subset=N' does not predict (the loss "
-                            "curve only)") + "; drop them or pass what they need.")
+                            "curves that subset=N' does not predict (the error and held-out "
+                            "curves; it predicts the training loss only)")
+                         + "; drop them or pass what they need.")
     if optimizer is not None:
         from ntk_tt.prediction._predict_optimizer import predict_with_optimizer
 

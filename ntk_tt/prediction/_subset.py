@@ -28,7 +28,7 @@ from ntk_tt.data._model import ApplyFn, check_concrete, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import beyond_edge, divergence
 from ntk_tt.dynamics._predict_kernel import EPSILONS
-from ntk_tt.dynamics._training_time import training_time_report
+from ntk_tt.dynamics._training_time import DIVERGED, REASONS, training_time_report
 from ntk_tt.kernels._blocks import sample_blocks
 from ntk_tt.kernels._ntk import empirical_ntk
 from ntk_tt.prediction._extrapolate import (
@@ -328,6 +328,8 @@ def _predict_on_indices(apply_fn, params, x, y, idx, *, learning_rate, steps, me
     curve, reports = timed_stage(seconds, "curve", curve_and_times)
     div = divergence(jnp.asarray(curve))
     at, spike = int(div.diverged_at), int(div.spiked_at)
+    if bool(div.diverged):  # as the kernel predictors: no T_ε, for that reason
+        reports = {e: (float("nan"), REASONS[DIVERGED]) for e in EPSILONS}
     n, n_sub = len(y), len(idx)
     k0_used = None if method == "nystrom" else max(1, min(100, n_sub // 4)) if k0 is None \
         else int(k0)
