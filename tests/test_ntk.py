@@ -126,6 +126,26 @@ def test_ntk_vector_product_equals_dense_product(x64, kind):
         mv(jnp.ones((14,)))
 
 
+def test_matrix_free_kernels_built_under_a_transformation_are_one_error():
+    """A fresh user: ntk_vector_product and ntk_top_eigenvalues built inside jax.jit or grad
+    failed with a TracerArrayConversionError from the model checks (empirical_ntk gave a
+    ValueError); now a ValueError that says to build outside, and the product built outside
+    runs under jit."""
+    apply_fn, params, x = setup("mlp")
+    u = jnp.ones(15)
+    calls = [
+        lambda: jax.jit(lambda v: ntk_tt.ntk_vector_product(apply_fn, params, x)(v))(u),
+        lambda: jax.grad(lambda p: ntk_tt.ntk_vector_product(apply_fn, p, x)(u).sum())(params),
+        lambda: jax.jit(lambda z: ntk_tt.ntk_top_eigenvalues(apply_fn, params, z, 2,
+                                                             key=jax.random.key(0)))(x)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"traced \(inside jax.jit, vmap or grad\).*call "
+                                             "this outside the transformation"):
+            call()
+    mv = ntk_tt.ntk_vector_product(apply_fn, params, x)
+    np.testing.assert_allclose(jax.jit(mv)(u), mv(u), rtol=1e-6)
+
+
 def test_top_eigenvalues_match_dense_eigh(x64):
     apply_fn, params, x = setup("cnn")
     eig = np.linalg.eigvalsh(np.asarray(_brute("cnn", 5)))[::-1]

@@ -146,7 +146,8 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
       ``(N, C)``.
 
     Raises:
-      ValueError: ``apply_fn`` not callable; ``x`` not an array of numbers (nested lists
+      ValueError: ``apply_fn`` not callable; ``x`` or a ``params`` leaf traced (under
+        ``jax.jit`` / ``vmap`` / ``grad``); ``x`` not an array of numbers (nested lists
         of numbers are accepted), of rank < 2 or empty; non-finite entries in ``x`` or
         ``params``; a ``params`` leaf that is not a float array (integer, boolean or
         complex); ``params`` with no parameters;
@@ -156,6 +157,16 @@ def check_model(apply_fn: ApplyFn, params: Any, x: Any, *, name: str = "x") -> t
         samples of one batch not independent.
     """
     check_function(apply_fn)
+    traced = [what for what, tree in ((name, x), ("params", params))
+              if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))]
+    if not traced and isinstance(jnp.zeros(()) + 0, jax.core.Tracer):  # staged: inside jit
+        traced = ["the call"]
+    if traced:  # np.asarray below: a TracerArrayConversionError from deep inside
+        raise ValueError(
+            f"{' and '.join(traced)} traced (inside jax.jit, vmap or grad): the model, its "
+            "inputs and weights are checked as concrete arrays before any kernel is built; "
+            "call this outside the transformation and transform what it returns instead (e.g. "
+            "mv = ntk_vector_product(apply_fn, params, x) outside, then jax.jit(mv)).")
     x = as_array(x, name)
     if np.ndim(x) < 2:
         raise ValueError(
