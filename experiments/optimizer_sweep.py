@@ -286,12 +286,13 @@ def _run(args, spec, out: pathlib.Path) -> None:
         (out / "spec.json").write_text(json.dumps(args.grid, indent=1) + "\n")
         tasks = spec.tasks()
         total = sum(len(spec.configs(t)) for t in tasks)
-        t0, written = time.perf_counter(), 0
-        with tqdm(total=total, initial=len(table.done_ids()), unit="row") as bar:
+        t0, written, present = time.perf_counter(), 0, len(table.done_ids())
+        with tqdm(total=total, initial=present, unit="row") as bar:
             for task in tasks:
                 written += run_task(task, spec, table, progress=lambda _: bar.update(),
                                     reuse=args.reuse)
-        print(json.dumps({"rows_written": written, "seconds": round(time.perf_counter() - t0)}))
+        print(json.dumps({"rows_written": written, "already_present": present,  # as sweep.py
+                          "seconds": round(time.perf_counter() - t0)}))
     summary = report(out, args.constant)
     for fam, block in summary["families"].items():
         for opt in ("gd", "sgd"):

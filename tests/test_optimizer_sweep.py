@@ -229,7 +229,6 @@ def test_report_of_an_empty_directory_is_one_line_and_writes_nothing(tmp_path, c
     ({"sgd_kappas": (4.0, 4.0)}, "OptimSpec.sgd_kappas must be distinct"),
     # a fresh user: --per-class 4 4 ran (spec.json kept [4, 4]); sweep.py refused it
     ({"per_class": (4, 4)}, "OptimSpec.per_class must be distinct.*4 is given twice"),
-    ({"datasets": ("a", "a")}, "OptimSpec.datasets must be distinct.*'a' is given twice"),
     ({"backbone": "exact"}, "OptimSpec.backbone must be one of"),
 ])
 def test_spec_rejects_bad_grids(kwargs, message):
@@ -360,6 +359,13 @@ def test_an_interrupted_benchmark_is_one_line_and_keeps_its_rows(tmp_path, capsy
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"optimizer_sweep.py: terminated (SIGTERM); 1 finished row(s) kept in {out / 'rows'}: "
         "run the same command to resume")
+    # the same command resumes and says how many rows it found, as sweep.py (it said only
+    # rows_written, a fresh user's find)
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: 0)
+    monkeypatch.setattr(module, "report", lambda *a, **k: {"families": {}})
+    module.main(["--out", str(out), "--preset", "smoke"])
+    counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert counts["rows_written"] == 0 and counts["already_present"] == 1
 
 
 def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys, monkeypatch):

@@ -73,11 +73,10 @@ def check_batch_sizes(name: str, values) -> None:
 
 
 def _label(value) -> str:
-    """A grid value as a row id spells it: N for None (full batch), floats with :g, names
-    (a data set) as they are."""
+    """A grid value as a row id spells it: N for None (full batch), floats with :g."""
     if value is None:
         return "N"
-    return str(value) if _is_int(value) or isinstance(value, str) else f"{value:g}"
+    return str(value) if _is_int(value) else f"{value:g}"
 
 
 def check_distinct(name: str, values) -> None:

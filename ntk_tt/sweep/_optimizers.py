@@ -121,8 +121,9 @@ class OptimSpec:
         for name in ("sgd_kappas", "adam_peaks", "sgd_decays", "adam_decays"):
             # a row id names each value with :g (OptimConfig.id)
             check_distinct(f"OptimSpec.{name}", tuple(float(v) for v in getattr(self, name)))
-        for name in ("datasets", "per_class"):  # a task named twice would run twice
-            check_distinct(f"OptimSpec.{name}", getattr(self, name))
+        # a size named twice names its tasks twice (a data set twice: check_datasets, which
+        # also knows two names of one file)
+        check_distinct("OptimSpec.per_class", self.per_class)
         check_batch_sizes("OptimSpec.batch_sizes", self.batch_sizes)
         if not 0.0 <= self.sgd_momentum < 1.0:
             raise ValueError(f"OptimSpec.sgd_momentum must lie in [0, 1), got "
