@@ -258,6 +258,18 @@ def _prediction_only(r: dict, interrupted: bool) -> str:
             "wall-clock time, which needs a real step's time)")
 
 
+def _sizes(pred: dict) -> str:
+    """The sketch sizes and subspace k a prediction used (its ``hyperparameters``), e.g.
+    " (sketch D' = 256, noise D' = 256)"; "" when it drew none (a fresh user found them in
+    neither the report nor the JSON's config, which records the flags, None for defaults)."""
+    hp = pred.get("hyperparameters") or {}
+    parts = [f"{what} = {hp[key]}" for key, what in (("sketch_dim", "sketch D'"),
+                                                      ("noise_dim", "noise D'"),
+                                                      ("subspace_dim", "k"))
+             if hp.get(key) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_report(r: dict, *, interrupted: bool = False) -> str:
     """Human-readable table of a :func:`ntk_tt.predict_task` report.
 
@@ -283,7 +295,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
         f"{t['n_test']} held out; model {t['architecture']} (D = {t['num_params']})",
         f"images: {'×'.join(map(str, t['image_shape']))} → "
         f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
-        f"prediction: method {pred['method']}, kernel {pred['kernel']}, "
+        f"prediction: method {pred['method']}, kernel {pred['kernel']}{_sizes(pred)}, "
         f"κ = η·λ_max/N = {_g(pred['kappa'])}"
         f"{ADAM_KAPPA if str(pred['kernel']).startswith('head_aware_adam') else ''}; "
         f"{r['seconds']['predict']:.1f} s "

@@ -391,6 +391,20 @@ def test_converged_verify_run_keeps_the_comparisons():
     assert "diverged" not in text.replace("diverged: predicted False, real False", "")
 
 
+def test_the_prediction_line_names_the_sketch_sizes_and_subspace_k_used():
+    """A fresh user: the D' of --kernel sketch and --method sde (default 256) and the
+    subspace k (default 16) changed the prediction but were in neither the report nor the
+    JSON's config (None for a default); the report's prediction line now names them from
+    the prediction's hyperparameters, and names nothing when none was drawn."""
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    plain = [ln for ln in format_report(r).splitlines() if ln.startswith("prediction:")]
+    assert plain[0].startswith("prediction: method discrete, kernel exact, κ")
+    r["predicted"]["hyperparameters"] = {"sketch_dim": 256, "noise_dim": 256}
+    assert "kernel exact (sketch D' = 256, noise D' = 256), κ" in format_report(r)
+    r["predicted"]["hyperparameters"] = {"subspace_dim": 16}
+    assert "kernel exact (k = 16), κ" in format_report(r)
+
+
 def test_beyond_the_edge_the_warning_says_what_the_benchmark_measured():
     """A fresh user: "the real run will likely diverge or oscillate" fired on three runs that
     trained normally (T_ε within 0-9 %), where README counts 18 of 174 benchmark runs beyond
