@@ -114,18 +114,25 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
         raise ValueError(f"warmups (--warmups) must be a non-empty list of fractions of the "
                          f"step budget in [0, 1), got {warm!r}; e.g. 0,0.05,0.1,0.2.")
     steps = rest.get("steps", SUGGEST_DEFAULTS["steps"])
-    seen = []
+    seen, rounded = [], {}
     for f in warm:
         check_real(f, "warmups (--warmups) entry")
         if not 0.0 <= float(f) < 1.0:
             raise ValueError(f"warmups (--warmups) entries must be fractions of the step "
                              f"budget in [0, 1), got {f!r}.")
-        if float(f) in seen:  # as -m (fractions that round to one warmup: that warmup once)
+        if float(f) in seen:  # as -m
             raise ValueError(f"warmups (--warmups) {list(warm)!r} names {float(f)} twice; give "
                              "each once.")
         seen.append(float(f))
         if _is_int(steps) and steps >= 1:  # a bad -T is check_suggest_job's to name
-            warmup_steps(float(f), steps, cli=True)
+            w = warmup_steps(float(f), steps, cli=True)
+            if w in rounded and o["warmups"] is not None:  # yours: the grid would hold
+                # that warmup once, silently (the default fractions merge at a short -T)
+                raise ValueError(f"warmups (--warmups) entries {rounded[w]:g} and {float(f):g} "
+                                 f"both round to a warmup of {w:g} steps of steps (-T) {steps}: "
+                                 "the search would try it once; give fractions that differ by "
+                                 f"at least 1/{steps} = {1 / steps:.3g}.")
+            rounded[w] = float(f)
     out["warmups"] = tuple(float(f) for f in warm)
     out["learning_rate_range"] = _lr_range(o, rest, family)
     if cap is not None and out["learning_rate_range"] is None and is_real(kmin):  # a κ grid

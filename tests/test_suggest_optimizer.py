@@ -347,6 +347,10 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "sgd", "--warmups", "0.997"],  # -T 150 by default
      "entry 0.997 rounds to a warmup of 150 steps, not below steps (-T) 150"),
     (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay (--weight-decay) must be"),
+    # a fresh user: 0.1 and 0.11 of T = 30 both gave 3 steps, merged silently ("× 1 warmups")
+    (["-T", "30", "--optimizer", "adamw", "--warmups", "0.1,0.11"],
+     "warmups (--warmups) entries 0.1 and 0.11 both round to a warmup of 3 steps of steps (-T) "
+     "30"),
     (["--optimizer", "adam"], "invalid choice: 'adam'"),
 ])
 def test_cli_bad_optimizer_options_are_one_line_before_loading(args, match, capsys,
