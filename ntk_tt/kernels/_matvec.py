@@ -20,6 +20,10 @@ from ntk_tt.kernels._blocks import output_dtype
 
 
 def _check_v(v: jax.Array, nc: int) -> None:
+    if not (jnp.issubdtype(v.dtype, jnp.floating) or jnp.issubdtype(v.dtype, jnp.integer)):
+        raise ValueError(  # a complex v lost its imaginary part in the cast to the logits' dtype
+            f"v must be a real array (float or integer), got dtype {v.dtype}; for a complex v "
+            "apply mv to v.real and v.imag apart (Θ is real).")
     if v.ndim not in (1, 2) or v.shape[0] != nc:
         raise ValueError(
             f"v must have shape (N·C,) = ({nc},) or (N·C, k), got {v.shape}; flatten the "
@@ -61,7 +65,9 @@ def ntk_vector_product(apply_fn: ApplyFn, params: Any, x: Any):
       returning Θ v of the same shape.
 
     Raises:
-      ValueError: bad ``x``/params/``apply_fn`` output; (from ``mv``) v of the wrong shape.
+      ValueError: bad ``x``/params/``apply_fn`` output, or called under ``jax.jit`` / ``vmap``
+        / ``grad`` (build ``mv`` outside, then transform it); (from ``mv``) v of the wrong
+        shape, or not real (complex, bool).
     """
     n, c = check_model(apply_fn, params, x)
     x = jnp.asarray(x)
