@@ -125,14 +125,7 @@ def split_optimizer_options(options: dict[str, Any]) -> tuple[dict, dict]:
                              "each once.")
         seen.append(float(f))
         if _is_int(steps) and steps >= 1:  # a bad -T is check_suggest_job's to name
-            w = warmup_steps(float(f), steps, cli=True)
-            if w in rounded and o["warmups"] is not None:  # yours: the grid would hold
-                # that warmup once, silently (the default fractions merge at a short -T)
-                raise ValueError(f"warmups (--warmups) entries {rounded[w]:g} and {float(f):g} "
-                                 f"both round to a warmup of {w:g} steps of steps (-T) {steps}: "
-                                 "the search would try it once; give fractions that differ by "
-                                 f"at least 1/{steps} = {1 / steps:.3g}.")
-            rounded[w] = float(f)
+            add_warmup(rounded, float(f), steps, warm, cli=True)
     out["warmups"] = tuple(float(f) for f in warm)
     out["learning_rate_range"] = _lr_range(o, rest, family)
     if cap is not None and out["learning_rate_range"] is None and is_real(kmin):  # a κ grid
@@ -163,6 +156,22 @@ def check_kappa_eff_max(value, kappa_min: float | None, cli: bool = False) -> fl
                          f"{kappa_min:g}: κ̃ = κ/(1 − m) >= κ, so no configuration could be "
                          f"chosen; raise {name.split(' ')[0]} or lower {kmin.split(' ')[0]}.")
     return float(value)
+
+
+def add_warmup(grid: dict, fraction: float, steps: int, fractions, cli: bool = False) -> float:
+    """Add ``fraction``'s warmup, :func:`warmup_steps`, to ``grid`` (warmup steps → the first
+    fraction giving it) and return it, after a ValueError when an earlier one of the user's
+    ``fractions`` rounds to the same whole steps (the search would try it once, silently; the
+    default ``WARMUPS`` merge at a short T). ``cli``: the message names the flags."""
+    w = warmup_steps(fraction, steps, cli)
+    if w in grid and tuple(float(f) for f in fractions) != WARMUPS:
+        name, budget = (("warmups (--warmups)", f"-T {steps}") if cli else
+                        ("warmups", f"steps = {steps}"))
+        raise ValueError(f"{name} entries {grid[w]:g} and {fraction:g} both round to a "
+                         f"{w:g}-step warmup at {budget}: the search would try it once; give "
+                         f"fractions that differ by at least 1/{steps} = {1 / steps:.3g}.")
+    grid.setdefault(w, fraction)
+    return w
 
 
 def warmup_steps(fraction: float, steps: int, cli: bool = False) -> float:

@@ -214,6 +214,10 @@ SGD = ntk_tt.sgd(0.1, 0.9)
     # (0.1, 0.1) was kept once, silently, where momenta=(0.5, 0.5) is refused
     (dict(optimizer=SGD, warmups=(0.1, 0.0, 0.1)),
      "warmups [0.1, 0.0, 0.1] names 0.1 twice; give each once."),
+    # a second probe: 0.1 and 0.11 of 30 steps both gave 3 (the CLI refused it by then)
+    (dict(optimizer=SGD, warmups=(0.0, 0.1, 0.11), steps=30),
+     "warmups entries 0.1 and 0.11 both round to a 3-step warmup at steps = 30: the search "
+     "would try it once"),
     (dict(optimizer=ntk_tt.sgd(0.1, batch_size=8)), "pass key=jax.random.key(seed)"),
     (dict(optimizer=ntk_tt.sgd(0.1, batch_size=99)), "exceeds N = 24"),
 ])
@@ -222,8 +226,8 @@ def test_bad_optimizer_arguments_are_refused_before_any_work(kw, match, no_work)
     if kw.get("head") == "head":
         kw["head"] = ntk_tt.split_head(model)
     with pytest.raises(ValueError) as err:
-        ntk_tt.suggest(apply_fn, params, x, y, target=0.5, target_kind="fraction", steps=10,
-                       **kw)
+        ntk_tt.suggest(apply_fn, params, x, y, target=0.5, target_kind="fraction",
+                       **{"steps": 10} | kw)
     assert match in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
@@ -247,7 +251,7 @@ def test_a_warmup_that_rounds_to_steps_is_refused_before_any_work(no_work):
         "steps): lower it or raise steps.")
     args = dict(n=N, steps=20, key=None, head_aware=True, kappa_range=None,
                 learning_rate_range=None, num_kappas=4)
-    assert check_search(SGD, warmups=(0.97, 0.95, 0.0), **args)["warmups"] == [19.0, 0.0]
+    assert check_search(SGD, warmups=(0.97, 0.0), **args)["warmups"] == [19.0, 0.0]
     with pytest.raises(ValueError, match="entry 0.975 rounds to a warmup of 20 steps"):
         check_search(SGD, warmups=(0.975,), **args)
 
@@ -349,8 +353,7 @@ def cli_no_work(monkeypatch):
     (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay (--weight-decay) must be"),
     # a fresh user: 0.1 and 0.11 of T = 30 both gave 3 steps, merged silently ("× 1 warmups")
     (["-T", "30", "--optimizer", "adamw", "--warmups", "0.1,0.11"],
-     "warmups (--warmups) entries 0.1 and 0.11 both round to a warmup of 3 steps of steps (-T) "
-     "30"),
+     "warmups (--warmups) entries 0.1 and 0.11 both round to a 3-step warmup at -T 30"),
     (["--optimizer", "adam"], "invalid choice: 'adam'"),
 ])
 def test_cli_bad_optimizer_options_are_one_line_before_loading(args, match, capsys,

@@ -34,7 +34,7 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import FLOAT32_MAX, _real_scalar
-from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, warmup_steps
+from ntk_tt._options_suggest import ADAM_LEARNING_RATE_RANGE, add_warmup
 from ntk_tt._schedules import Constant, WarmupCosine, warmup_cosine
 from ntk_tt.analysis._suggest_curves import _edge, _summary
 from ntk_tt.analysis._suggest_refine import EDGE_MARGIN, _descend, _one, _timed
@@ -85,16 +85,16 @@ def check_search(optimizer: Optimizer, *, n, steps, key, head_aware, warmups, ka
     if isinstance(warmups, (str, bytes)) or not isinstance(warmups, Sequence) or not warmups:
         raise ValueError(f"warmups must be a non-empty list of fractions of steps in [0, 1), "
                          f"got {warmups!r}; e.g. warmups=(0, 0.05, 0.1, 0.2).")
-    grid, given = [], []
+    rounded, given = {}, []
     for f in warmups:
         f = _real_scalar(f, "warmups entry")
         if not 0.0 <= f < 1.0:
             raise ValueError(f"warmups entries must be fractions of steps in [0, 1), got {f!r}.")
-        if f in given:  # as momenta (fractions that round to one warmup: that warmup once)
+        if f in given:  # as momenta
             raise ValueError(f"warmups {list(warmups)!r} names {f} twice; give each once.")
         given.append(f)
-        w = warmup_steps(f, steps)  # < steps: predict / finetune refuse a longer ramp
-        grid += [w] if w not in grid else []
+        add_warmup(rounded, f, steps, warmups)  # < steps: predict / finetune refuse longer
+    grid = list(rounded)
     lo, hi = ((0.0, 0.0) if isinstance(sched, Constant) else
               (float(sched.init) / float(sched.peak), float(sched.end) / float(sched.peak)))
     if not (lo >= 0 and hi >= 0):
