@@ -23,8 +23,6 @@ parameter (optax's default, no mask).
 
 from __future__ import annotations
 
-import operator
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -65,14 +63,7 @@ class Optimizer(eqx.Module):
         Raises:
           ValueError: ``steps`` not an int (a bool, a float, a tracer) or < 1.
         """
-        try:
-            t = None if isinstance(steps, (bool, np.bool_)) else operator.index(steps)
-        except TypeError:  # a float, a string, a traced int
-            t = None
-        if t is None or t < 1:
-            raise ValueError(f"steps must be an int >= 1 (the number of updates, static), got "
-                             f"{steps!r}.")
-        return self.learning_rate.values(t)
+        return self.learning_rate.values(steps)  # Schedule.values checks steps
 
     def to_optax(self) -> optax.GradientTransformation:
         """The optax transformation of this rule (what ``finetune`` trains with)."""

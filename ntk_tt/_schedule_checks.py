@@ -8,6 +8,7 @@ of a learning rate (:func:`is_rate`, ``RATE_RANGE``: used by every eager η chec
 from __future__ import annotations
 
 import inspect
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,20 @@ Array = jax.Array
 
 # a learning rate's range, float32's normal numbers: below it η is 0 in XLA's float32, above inf
 RATE_RANGE = f"> 0, in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (float32's normal range)"
+
+
+def check_steps(steps) -> int:
+    """``steps`` (the number of updates T of a schedule's η_0 … η_{T−1}) as an int, after a
+    ValueError unless it is an int >= 1 (Python, NumPy or a concrete JAX int; not a bool, a
+    float or a traced value): -1 and 0 gave an empty array, 2.0 was cut to 2."""
+    try:
+        t = None if isinstance(steps, (bool, np.bool_)) else operator.index(steps)
+    except TypeError:  # a float, a string, a traced int
+        t = None
+    if t is None or t < 1:
+        raise ValueError(f"steps must be an int >= 1 (the number of updates, static), got "
+                         f"{steps!r}.")
+    return t
 
 
 def is_rate(value) -> bool:

@@ -1,10 +1,9 @@
 """Learning-rate schedules as pytrees: η_t for optimiser step t = 0, 1, ..., T − 1.
 
 A schedule's numbers (peak, warmup length, ...) are array leaves, so ``jit``, ``vmap`` and
-``jax.grad`` act on them; a schedule is called with a step count (int array) and gives η at that
-step, the value optax's ``scale_by_learning_rate`` uses for that step's update (optax counts
-from 0). Any optax schedule or callable ``step -> η`` is accepted through :func:`schedule` (its
-numbers closed over, not leaves).
+``jax.grad`` act on them; called with a step count (int array) it gives η at that step, as
+optax's ``scale_by_learning_rate`` uses it (from 0). Any optax schedule or callable ``step ->
+η`` is accepted through :func:`schedule` (its numbers closed over, not leaves).
 
 Warmup length as a differentiable number (issue 27): the linear warmup is optax's,
 η_t = init + (peak − init)·min(1, t/w) (η_0 = init), written so that η_t is continuous in w
@@ -31,6 +30,7 @@ from ntk_tt._schedule_checks import (
     _real_array,
     _warmup_ends,
     _within_peak,
+    check_steps,
     is_rate,
 )
 
@@ -72,10 +72,10 @@ class Schedule(eqx.Module):
         raise NotImplementedError
 
     def values(self, steps: int) -> Array:
-        """η_0 … η_{T−1}: the learning rate of each of ``steps`` updates, (T,). One compiled
-        program per schedule class and T (the leaves are its arguments), not one dispatch per
-        operation: the predictors and checks read η_t several times per call."""
-        return _values(self, int(steps))
+        """η_0 … η_{T−1}: the learning rate of each of ``steps`` (an int >= 1, else ValueError)
+        updates, (T,). One compiled program per schedule class and T (the leaves are its
+        arguments), not one dispatch per operation: the predictors read η_t several times."""
+        return _values(self, check_steps(steps))
 
     def valid(self, steps: int) -> Array:
         """Whether the constructor's and :func:`ntk_tt.dynamics._checks.check_warmup`'s
@@ -187,7 +187,7 @@ class FromCallable(Schedule):
     def values(self, steps: int) -> Array:
         """As :meth:`Schedule.values`, evaluated op by op: ``fn`` is static, so a compiled
         program would be rebuilt for every new callable (an optax schedule made per call)."""
-        return _eager_values(self, int(steps))
+        return _eager_values(self, check_steps(steps))
 
 
 def _eager_values(sched: Schedule, steps: int) -> Array:

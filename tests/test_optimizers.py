@@ -217,6 +217,14 @@ def test_learning_rates_refuse_a_number_of_steps_that_is_not_an_int_of_at_least_
     rates = jax.jit(jax.vmap(lambda p: ntk_tt.sgd(p).learning_rates(2)))(jnp.array([0.1, 0.2]))
     np.testing.assert_allclose(rates, [[0.1, 0.1], [0.2, 0.2]], rtol=1e-7)
     assert jax.grad(lambda p: ntk_tt.sgd(p).learning_rates(3).sum())(0.1) == pytest.approx(3.0)
+    # a second probe: every schedule's own .values(steps) had the same fault
+    for sched in (ntk_tt.constant(0.1), ntk_tt.warmup_cosine(0.1, 2, 10),
+                  ntk_tt.exponential(0.1, 0.9), ntk_tt.warmup_stable_decay(0.1, 2, 5, 10),
+                  ntk_tt.schedule(lambda t: 0.1 + 0.0 * t)):
+        for bad in (-1, 0, 2.0, True):
+            with pytest.raises(ValueError, match="steps must be an int >= 1"):
+                sched.values(bad)
+        assert sched.values(np.int64(3)).shape == (3,)
 
 
 def test_a_cosine_that_ends_at_step_0_is_refused_as_the_cli_refuses_it():
