@@ -21,6 +21,7 @@ import json
 import sys
 
 from ntk_tt.sweep._corpus import CorpusSpec, iter_corpus, run_corpus
+from ntk_tt.sweep._table import check_out
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     try:
         spec = dataclasses.replace(PRESETS[args.preset], **over)
         _check_datasets(spec)
+        check_out(args.out)  # a file, or a folder that takes no new entry: one line, not later
     except ValueError as err:
         p.exit(2, f"{p.prog}: error: {err}\n")
     counts = run_corpus(spec, args.out, progress=lambda s: print(s, flush=True))

@@ -854,19 +854,19 @@ def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, ca
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc")
-@pytest.mark.parametrize("script", ["sweep", "optimizer_sweep"])
+@pytest.mark.parametrize("script", ["sweep", "optimizer_sweep", "telemetry_corpus"])
 def test_sweep_scripts_refuse_an_out_they_cannot_create(script, capsys, monkeypatch):
     """A fresh user: --out in a folder that takes no new entry (/proc here; a read-only one
     alike) was a PermissionError / FileNotFoundError traceback from ResultsTable's mkdir
     (exit 1) after the imports; now the scripts' one error line (exit 2), before any work."""
     module = experiment_script(script)
-    for name in ("run_sweep", "_run"):
+    for name in ("run_sweep", "_run", "run_corpus"):
         if hasattr(module, name):
             monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("work started"))
     out = "/proc/ntk_tt_sweep_out"
     preset = ["--smoke"] if script == "sweep" else ["--preset", "smoke"]
     line = refused(module, ["--out", out, *preset], capsys)
-    assert f"cannot create the sweep's files in --out '{out}' (in /proc)" in line
+    assert f"cannot create files in --out '{out}' (in /proc)" in line
     assert not pathlib.Path(out).exists()
 
 

@@ -74,7 +74,7 @@ def check_out(out: str | os.PathLike) -> None:
                     pass
             except OSError as err:
                 where = "" if parent == path else f" (in {parent})"
-                raise ValueError(f"cannot create the sweep's files in --out {str(out)!r}"
+                raise ValueError(f"cannot create files in --out {str(out)!r}"
                                  f"{where}: {err.strerror or err}; give a folder you can "
                                  "write.") from None
             return
