@@ -144,8 +144,11 @@ def test_matrix_free_kernels_built_under_a_transformation_are_one_error():
             call()
     mv = ntk_tt.ntk_vector_product(apply_fn, params, x)
     np.testing.assert_allclose(jax.jit(mv)(u), mv(u), rtol=1e-6)
-    with pytest.raises(ValueError, match="v must be a real array.*got dtype complex64"):
-        mv(u.astype(jnp.complex64))  # its imaginary part was dropped with a DeprecationWarning
+    with pytest.raises(ValueError, match="v must be a real array.*got dtype complex128; apply "
+                                         "mv to v.real and v.imag apart"):
+        mv(np.ones(15, np.complex128))  # its imaginary part was dropped with a warning
+    with pytest.raises(ValueError, match="got dtype bool; pass v.astype"):
+        mv(np.ones(15) > 0)
 
 
 def test_top_eigenvalues_match_dense_eigh(x64):

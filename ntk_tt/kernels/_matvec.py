@@ -19,11 +19,14 @@ from ntk_tt.data._model import ApplyFn, check_model
 from ntk_tt.kernels._blocks import output_dtype
 
 
-def _check_v(v: jax.Array, nc: int) -> None:
-    if not (jnp.issubdtype(v.dtype, jnp.floating) or jnp.issubdtype(v.dtype, jnp.integer)):
+def _check_v(v: jax.Array, nc: int, given) -> None:
+    """``given``: the dtype ``v`` was passed with (before ``jnp.asarray``, which makes a
+    complex128 complex64 without x64)."""
+    if not (jnp.issubdtype(given, jnp.floating) or jnp.issubdtype(given, jnp.integer)):
+        fix = ("apply mv to v.real and v.imag apart (Θ is real)"
+               if jnp.issubdtype(given, jnp.complexfloating) else "pass v.astype(float)")
         raise ValueError(  # a complex v lost its imaginary part in the cast to the logits' dtype
-            f"v must be a real array (float or integer), got dtype {v.dtype}; for a complex v "
-            "apply mv to v.real and v.imag apart (Θ is real).")
+            f"v must be a real array (float or integer), got dtype {given}; {fix}.")
     if v.ndim not in (1, 2) or v.shape[0] != nc:
         raise ValueError(
             f"v must have shape (N·C,) = ({nc},) or (N·C, k), got {v.shape}; flatten the "
@@ -73,8 +76,9 @@ def ntk_vector_product(apply_fn: ApplyFn, params: Any, x: Any):
     x = jnp.asarray(x)
 
     def mv(v):
+        given = v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
         v = jnp.asarray(v)
-        _check_v(v, n * c)
+        _check_v(v, n * c, given)
         return _ntk_mv(apply_fn, params, x, v)
 
     return mv
