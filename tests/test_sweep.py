@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from _scripts import experiment_script, refused
 
+import ntk_tt
 from ntk_tt.sweep import Config, ResultsTable, SweepSpec, plan, read_table, row_id
 from ntk_tt.sweep._errors import row_errors
 from ntk_tt.sweep._grid import check_batch_below_n, spec_from_dict, spec_to_dict
@@ -708,6 +709,9 @@ def test_sweep_refuses_bad_dataset_paths_before_any_work(tmp_path, capsys, monke
         ([good, str(tmp_path / "missing.npz")], "dataset file not found"),
         ([str(tmp_path / "broken.npz")], "broken.npz"),
         ([good, str(tmp_path / "." / "my_set.npz")], "are the same dataset"),
+        # a probe: the short name and the path of its vendored file ran as two data sets
+        (["flowers5", str(pathlib.Path(ntk_tt.__file__).parent / "assets" / "data"
+                          / "flowers5_32px_200pc.npz")], "are the same dataset"),
         ([_tiny_npz(tmp_path / "three.npz", classes=3)], "has 3 classes with at least 4"),
     ]:
         with pytest.raises(SystemExit) as exit_:

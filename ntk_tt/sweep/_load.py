@@ -13,7 +13,14 @@ from flax import nnx
 
 import ntk_tt
 from ntk_tt.data._checkpoint import load_checkpoint
-from ntk_tt.data._data import load_dataset, prepare_images, sample_task
+from ntk_tt.data._data import (
+    SHARED,
+    VENDORED,
+    load_dataset,
+    prepare_images,
+    sample_task,
+    shared_data_dir,
+)
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import replace_head
 from ntk_tt.sweep._finetune import TaskData
@@ -63,11 +70,19 @@ def check_datasets(datasets, per_class, classes: int, *, meta: dict | None = Non
             raise ValueError(f"dataset {name!r} has {enough} classes with at least {need} "
                              f"images (the largest --per-class), a task needs {classes}; use "
                              "a smaller --per-class or another dataset.")
-        tag = dataset_tag(name)
+        tag = _same_file(name)
         if tag in seen:
             raise ValueError(f"--datasets {seen[tag]!r} and {name!r} are the same dataset; "
                              "give it once.")
         seen[tag] = name
+
+
+def _same_file(name: str) -> str:
+    """What identifies a data set's images: a short name's file (vendored or shared, resolved)
+    when it has one, so that ``flowers5`` and the path to its vendored .npz are one data set;
+    else :func:`dataset_tag` (a path's resolved file, a TFDS name as it is)."""
+    file = VENDORED.get(name) or (shared_data_dir() / SHARED[name] if name in SHARED else None)
+    return dataset_tag(str(file.resolve()) if file is not None and file.is_file() else name)
 
 
 def load_task(task: Task, spec: SweepSpec) -> TaskData:
