@@ -151,9 +151,10 @@ def predict(
       method: "auto" | "closed_form" | "ode" | "sde" | "discrete". kernel: "exact" |
         "traced" | "sketch". sketch_dim: D' for the sketch / SDE noise (None: 256, for
         the SDE noise min(256, D) on a model of D parameters). num_paths: seeds or
-        Brownian paths for SGD. key: jax.random key (needed for SGD, SDE and sketches); with
-        SGD, seed 0 uses the batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real
-        run with the same key.
+        Brownian paths for SGD (unused, whatever its value, by full-batch GD and the
+        deterministic ``method`` "ode" / "closed_form", which ``ntk-tt`` refuses it with).
+        key: jax.random key (needed for SGD, SDE and sketches); with SGD, seed 0 uses the
+        batch order ``ntk_tt.batch_indices(key, N, B, steps)`` of a real run with the same key.
       x_test, y_test: optional held-out set, predicted with the cross kernel Θ(x_test, x).
       predictor: "auto" (head-aware when ``head`` is given, else linear), "linear" (frozen
         Θ at w0, Sec. 3) or "head_aware". head: ``(feature_fn, backbone_params, head_kernel
