@@ -155,6 +155,16 @@ def test_the_array_forms_refuse_a_window_the_eager_ones_refuse():
                 jax.jit(fn, static_argnames="window")(curve, arg, window=window)
     with pytest.raises(ValueError, match="1-D curve with >= 1 entry"):
         ntk_tt.training_time_array(curve[:0], 0.1)
+    # a second probe: complex input had its imaginary part dropped (a defined code 0) or
+    # failed inside jnp.quantile
+    wavy = curve.astype(jnp.complex64) + 0.5j
+    for call in (lambda: ntk_tt.training_time_array(wavy, 0.1),
+                 lambda: ntk_tt.training_time_array(curve, 0.1 + 0.5j),
+                 lambda: ntk_tt.steps_to_target_array(curve, 0.5 + 1j),
+                 lambda: ntk_tt.steps_to_target_array(wavy, 0.5),
+                 lambda: ntk_tt.smooth_training_time(wavy, 0.1)):
+        with pytest.raises(ValueError, match="must be real numbers, got the complex dtype"):
+            call()
 
 
 @pytest.mark.parametrize("temperature", [-1.0, 0.0, float("nan"), float("inf"), [0.1, 0.2]])

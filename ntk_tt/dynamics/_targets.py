@@ -30,7 +30,14 @@ import numpy as np
 
 from ntk_tt._options import check_real
 from ntk_tt._options_targets import check_targets
-from ntk_tt.dynamics._training_time import NON_FINITE, OK, REASONS, _check_curve, check_window
+from ntk_tt.dynamics._training_time import (
+    NON_FINITE,
+    OK,
+    REASONS,
+    _check_curve,
+    check_not_complex,
+    check_window,
+)
 
 TOLERANCE = 32  # float rounding units (eps of the curve's dtype) of the test c̃_t ≤ target
 NOT_REACHED = 6
@@ -74,6 +81,7 @@ def steps_to_target_array(curve: jax.Array, target, window: int = 5):
                          f"target, got shapes {curve.shape} and {jnp.shape(target)}: for several "
                          "targets use jax.vmap(steps_to_target_array, in_axes=(None, 0)).")
     check_window(window, curve.shape[0])
+    check_not_complex(curve=curve, target=target)
     curve = curve.astype(jnp.promote_types(curve.dtype, jnp.float32))
     tol = TOLERANCE * jnp.finfo(curve.dtype).eps * jnp.maximum(1.0, jnp.abs(target))
     hit = window_mean(curve, window) <= target + tol

@@ -88,6 +88,15 @@ def _check_curve(curve, window: int):
     return curve
 
 
+def check_not_complex(**values) -> None:
+    """ValueError for a complex curve or threshold (a static dtype, checked under jit too): the
+    ``*_array`` functions dropped the imaginary part, or failed inside ``jnp.quantile``."""
+    for name, value in values.items():
+        if jnp.iscomplexobj(value):
+            raise ValueError(f"{name} must be real numbers, got the complex dtype "
+                             f"{jnp.result_type(value)}; pass its real part if that is meant.")
+
+
 def check_window(window, length: int) -> None:
     """ValueError unless ``window`` is an odd int in [1, ``length``] (static: checked under
     jit too, where the ``*_array`` functions took 0, an even width or one longer than the
@@ -184,6 +193,7 @@ def training_time_array(curve: jax.Array, epsilon, window: int = 5):
                          "for several ε use jax.vmap(training_time_array, in_axes=(None, 0)) "
                          "or a loop.")
     check_window(window, jnp.shape(curve)[0])
+    check_not_complex(curve=curve, epsilon=epsilon)
     gap, drop, floor = _distance(curve, epsilon, window)
     hit = gap <= 0
     finite = jnp.all(jnp.isfinite(curve))
@@ -330,6 +340,7 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
         number > 0; values checked only when concrete.
     """
     curve = _check_curve(curve, window)
+    check_not_complex(curve=curve, epsilon=epsilon)
     _check_epsilon(epsilon)
     _check_temperature(temperature)
     # a traced ε outside (0, 1) gives NaN (training_time_array: INVALID), computed at a
