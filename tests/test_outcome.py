@@ -420,7 +420,11 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("loss", [[1.0]] * 41, "'loss' must be a list of numbers"),
     ("grad_norm", [1.0, 2.0], "'grad_norm' has 2 entries"),
     ("test_accuracy", [0.5], "'test_accuracy' has 1 entries"),
-    ("loss", [-1.0] * 41, r"'loss' must be finite and lie in \[0, inf\), got -1 at step 0"),
+    ("loss", [-1.0] * 41,
+     r"'loss' must be finite and lie in \[0, 3\.40282e\+38\], got -1 at step 0"),
+    # a probe: a falling curve at 1e300 overflowed the float32 features and read as diverged
+    ("loss", [1e300] * 41, r"'loss' must be finite and lie in \[0, 3\.40282e\+38\], got "
+                           r"1e\+300 at step 0"),
 ])
 def test_malformed_telemetry_rows_are_refused(field, value, match):
     row = _telemetry(np.random.default_rng(0)).to_dict()
@@ -452,9 +456,9 @@ def test_outcome_inputs_are_checked():
     # P(diverges) 0.000; a run holds its last finite loss from stopped_at on
     nonfinite = tele.loss.copy()
     nonfinite[2] = np.inf
-    for bad, match in ((dict(loss=nonfinite), r"'loss' must be finite and lie in \[0, inf\), "
-                                              r"got inf at step 2 \(a diverged run holds its "
-                                              r"last finite"),
+    for bad, match in ((dict(loss=nonfinite), r"'loss' must be finite and lie in \[0, "
+                                              r"3\.40282e\+38\], got inf at step 2 \(a "
+                                              r"diverged run holds its last finite"),
                        (dict(stopped_at=1000), "'stopped_at' is 1000, past the"),
                        (dict(snapshot_steps=tele.snapshot_steps[::-1]),
                         "'snapshot_steps' must increase")):

@@ -29,6 +29,8 @@ import math
 
 import numpy as np
 
+from ntk_tt._options import FLOAT32_MAX
+
 _SCALARS = ("learning_rate", "momentum", "nesterov", "batch_size", "steps", "num_train",
             "num_classes", "loss_name", "snr_samples", "stopped_at")
 _PER_STEP = ("loss", "accuracy", "weight_distance", "weight_norm", "head_norm")
@@ -55,7 +57,9 @@ def _check_values(kw: dict) -> None:
     """ValueErrors for values a recorded run cannot hold (module docstring), in this order:
     the training loss and accuracy, ``stopped_at`` and what it implies, the other fields'
     ranges and non-finite entries, ``snapshot_steps`` not increasing."""
-    for f, lo, hi in (("loss", 0.0, math.inf), ("accuracy", 0.0, 1.0)):
+    # a run records float32 losses: beyond float32's largest the features (float32) overflow
+    # to inf and the run read as diverged (a probe's falling 1e300 curve)
+    for f, lo, hi in (("loss", 0.0, FLOAT32_MAX), ("accuracy", 0.0, 1.0)):
         v = np.asarray(kw[f], np.float64)
         bad = (v < lo) | (v > hi) | ~np.isfinite(v)
         if bad.any():
