@@ -169,6 +169,12 @@ def test_fit_outcome_names_the_missing_fields_and_the_row():
     del rows[5]["batch_size"]  # an sgd run needs its batch size
     with pytest.raises(ValueError, match=r"^rows\[5\] lacks the field\(s\) batch_size that"):
         fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+    # a probe: ntk=True fitted on rows without predictions (every NTK input NaN), silently
+    rows = _corpus(6)
+    rows[3]["prediction"] = None
+    with pytest.raises(ValueError, match=r"ntk=True reads each row's NTK prediction, but "
+                                         r"rows\[3\] has none \(1 of the 6 rows\)"):
+        fit_outcome(rows, ntk=True, ks=(0.1,), folds=2)
     for bad, match in (("corpus.jsonl.gz", r"rows must be a list of corpus rows \(dicts\), got "
                                            r"str; read .*read_corpus\(path\)"),
                        ([rows[0], 1], r"rows\[1\] is int, not a corpus row \(a dict")):

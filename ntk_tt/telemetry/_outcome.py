@@ -247,7 +247,8 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
         steps]; row and field named); fewer runs than ``folds``, fewer than 20 rows (runs × ``ks``),
         or a classification target (diverged, failed, above_median) whose runs are all of one class
         (:func:`check_fit_labels`), all before any featurising or fitting (a :class:`Dataset`:
-        before any fitting); a row's telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
+        before any fitting); with ``ntk`` True, a row without its NTK ``prediction`` (a dict);
+        a row's telemetry that :meth:`ntk_tt.Telemetry.from_dict` refuses.
     """
     check_fit_args(level, folds, seed, ks, ntk)
     if isinstance(rows, Dataset):
@@ -255,6 +256,13 @@ def fit_outcome(rows: Sequence[dict] | Dataset, *, ntk: bool = True,
         check_fit_labels(data.y, data.meta["run_id"], len(data.x), folds)
     else:
         rows = check_rows(rows)
+        lacking = [i for i, r in enumerate(rows) if ntk and not isinstance(r.get("prediction"),
+                                                                           dict)]
+        if lacking:  # its NTK inputs were NaN in every row, the predictor none the wiser
+            raise ValueError(f"ntk=True reads each row's NTK prediction, but rows[{lacking[0]}]"
+                             f" has none ({len(lacking)} of the {len(rows)} rows): give rows "
+                             "with their 'prediction' (as run_corpus writes them) or fit with "
+                             "ntk=False.")
         lab = run_labels(rows)  # cheap: the featurising and fitting come after the checks
         check_fit_labels({t: np.asarray([lb[t] for lb in lab]) for t in TARGETS},
                          np.asarray([r["run_id"] for r in rows]), len(rows) * len(ks), folds)
