@@ -615,6 +615,11 @@ def test_optimizer_errors_before_work(x64):
                                          r"steps = 20 updates ends before it"):
         ntk_tt.linearised_reference(linear_apply, params, x, y,
                                     ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 25, 40)), steps=20)
+    # a probe: a 4.2-step warmup over 5 updates was told to shorten to "< 5 steps"
+    with pytest.raises(ValueError, match=r"warmup is 4.2 steps: η_t reaches its peak 0.1 at "
+                                         r"step 5, .* shorten the warmup to <= 4 steps"):
+        ntk_tt.linearised_reference(linear_apply, params, x, y,
+                                    ntk_tt.sgd(ntk_tt.warmup_cosine(0.1, 4.2, 40)), steps=5)
     model, split, xh, yh, _, a_h, _ = _head_problem()
     for bad, match in ((dict(profile="moving"), "profile must be one of"),
                        (dict(variance_samples=1), "variance_samples must be an int >= 2")):

@@ -334,8 +334,8 @@ def check_warmup(learning_rate, steps: int) -> None:
         raise ValueError(
             f"the schedule's warmup is {float(warmup):g} steps: η_t reaches its peak "
             f"{float(peak):g} at step {reached}, but a run of steps = {steps} updates ends "
-            f"before it (η_0 … η_{steps - 1}); shorten the warmup to < {steps} steps or raise "
-            f"steps to > {reached}.")
+            f"before it (η_0 … η_{steps - 1}); shorten the warmup to <= {steps - 1} steps (η "
+            f"peaks at step ⌈warmup⌉) or raise steps to > {reached}.")
 
 
 def check_adam_kernel(ak, optimizer, batch_size: int, name: str, loss: str | None = None,
