@@ -104,6 +104,9 @@ def test_schema_pinned(default_run):
     spec = TelemetrySpec(snapshot_steps=[7, 3, 3, 99, -1])
     mine = ntk_tt.telemetry._telemetry.snapshot_steps(spec, 60)
     np.testing.assert_array_equal(mine, [3, 7])
+    for bad in ([1.5], ["a"], 5, [True]):  # a probe: 1.5 was recorded as step 1, 'a' failed
+        with pytest.raises(ValueError, match="snapshot_steps must be a list of ints"):
+            TelemetrySpec(snapshot_steps=bad)  # inside finetune, naming nothing
 
 
 @pytest.mark.parametrize("batch_size,snr_samples,momentum", [(8, 4, 0.0), (3, 16, 0.9)])

@@ -86,8 +86,8 @@ class TelemetrySpec:
     features: ``features(params, x) -> h`` (N, F), the backbone features of the same
       ``params`` that ``apply_fn`` takes (e.g. :func:`ntk_tt.model_features`), for the
       dead-ReLU fraction; None: that field is NaN.
-    snapshot_steps: steps of the snapshots, intersected with [0, T]; None: {0, 1, 2, 5, 10,
-      20, 50, T}.
+    snapshot_steps: steps of the snapshots (a list of ints, else ValueError), intersected
+      with [0, T]; None: {0, 1, 2, 5, 10, 20, 50, T}.
     snr_samples: at most this many per-sample gradients (≥ 2) per update for ``grad_snr``;
       they are held at once (memory: snr_samples × the number of parameters).
     saturation: max-probability threshold of ``saturated_fraction``, in (0, 1).
@@ -109,6 +109,14 @@ class TelemetrySpec:
             raise ValueError(f"saturation must be in (0, 1), got {self.saturation!r}.")
         if self.features is not None and not callable(self.features):
             raise ValueError("features must be a callable features(params, x) -> (N, F).")
+        steps = self.snapshot_steps
+        if steps is not None and (isinstance(steps, (str, bytes)) or np.ndim(
+                np.asarray(steps, dtype=object)) != 1 or not all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+                for t in steps)):
+            # 1.5 was recorded as step 1, 'a' failed inside finetune without naming this
+            raise ValueError(f"snapshot_steps must be a list of ints (optimiser steps; those "
+                             f"outside [0, T] are dropped), got {steps!r}; e.g. (0, 1, 5, 10).")
 
 
 @dataclasses.dataclass(frozen=True)
