@@ -176,10 +176,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         converted), η or m not a real scalar (a string, or an array such as a per-step
         schedule: use optimizer=) or traced (jit / vmap / grad), η ≤ 0, m ∉ [0, 1), Nesterov
         with m = 0, nesterov not True / False / None, steps < 1, B not an int in [1, N]
-        (10.5 or True included), missing key for SGD or a key that is not
-        ``jax.random.key(seed)``, unknown loss, x_test without y_test, record_test_curves
-        without x_test, telemetry neither a bool nor a :class:`ntk_tt.TelemetrySpec`,
-        ``TelemetrySpec.features`` not returning (N, F).
+        (10.5 or True included), missing key for SGD or a key that is neither
+        ``jax.random.key(seed)`` nor a legacy ``jax.random.PRNGKey(seed)``, unknown loss,
+        x_test without y_test, record_test_curves without x_test, telemetry neither a bool
+        nor a :class:`ntk_tt.TelemetrySpec`, ``TelemetrySpec.features`` not returning (N, F).
     """
     optimizer_run.check_shorthand(optimizer, where="finetune", learning_rate=learning_rate,
                                   momentum=momentum, nesterov=nesterov, batch_size=batch_size)
