@@ -39,13 +39,14 @@ import warnings
 
 import numpy as np
 
-from ntk_tt._options import _real_scalar, a_type, file_path
+from ntk_tt._options import a_type, file_path
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_checks import (  # noqa: F401 (_check_edges re-exported)
     KAPPA_EDGES,
     _check_edges,
     _check_level,
     check_interval_args,
+    scalar,
 )
 from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     CalibrationRangeWarning,
@@ -113,7 +114,7 @@ class IntervalCalibrator:
     source: dict
 
     def _pick(self, kappa_eff, eps, optimizer, level):
-        k, e = _real_scalar(kappa_eff, "kappa_eff"), _real_scalar(eps, "eps")
+        k, e = scalar(kappa_eff, "kappa_eff"), scalar(eps, "eps")
         if not (math.isfinite(k) and k >= 0) or not 0 < e < 1 or optimizer not in ("gd", "sgd"):
             raise ValueError(f"kappa_eff must be a finite number >= 0, eps in (0, 1) and "
                              f"optimizer 'gd' (B = N) or 'sgd' (B < N); got {kappa_eff!r}, "

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ntk_tt._options import _real_scalar
+from ntk_tt._options import check_real
 
 KAPPA_EDGES = (2.0, 8.0)  # the default κ̃ bin edges (``ntk_tt.prediction._intervals``'s)
 
@@ -33,6 +33,15 @@ def _check_edges(edges) -> tuple:
     return tuple(float(x) for x in e)
 
 
+def scalar(value, name: str) -> float:
+    """``value`` as a float: a real number (Python, NumPy or a 0-d JAX array; no string such
+    as ``"1.0"``, no bool, ``ntk_tt._options.check_real``) holding one number, or ValueError."""
+    check_real(value, name)
+    if np.ndim(value) != 0:
+        raise ValueError(f"{name} must be one number, got an array of shape {np.shape(value)}.")
+    return float(value)
+
+
 def check_interval_args(t_pred, steps) -> tuple[float, float]:
     """``(t, cap)`` of :meth:`ntk_tt.IntervalCalibrator.interval`: ``t_pred`` a finite number
     of steps > 0, ``steps`` (the horizon T; ``inf`` for None) a finite number > 0, and
@@ -42,7 +51,7 @@ def check_interval_args(t_pred, steps) -> tuple[float, float]:
       ValueError: ``t_pred`` not a real number, NaN (an undefined T̂_ε has no interval),
         infinite or ≤ 0; ``steps`` not None or a finite real number > 0; ``t_pred`` > ``steps``.
     """
-    t = _real_scalar(t_pred, "t_pred")
+    t = scalar(t_pred, "t_pred")
     if math.isnan(t):
         raise ValueError("t_pred is NaN: an undefined predicted T_ε (never reached, or the "
                          "prediction diverged) has no interval; skip it (ntk_tt.intervals "
@@ -52,7 +61,7 @@ def check_interval_args(t_pred, steps) -> tuple[float, float]:
                          f"T_ε), got {t_pred!r}.")
     if steps is None:
         return t, math.inf
-    cap = _real_scalar(steps, "steps")
+    cap = scalar(steps, "steps")
     if not (math.isfinite(cap) and cap > 0):
         raise ValueError(f"steps must be the horizon T the prediction was made over, a "
                          f"positive finite number of steps, or None (no cap), got {steps!r}.")
