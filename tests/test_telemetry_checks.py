@@ -165,6 +165,27 @@ def test_stopped_at_must_agree_with_the_curves():
     check_telemetry(truncate(good, 1))
 
 
+def test_hyperparameters_and_start_no_run_records_are_refused():
+    """A fresh user's run files: Nesterov with m = 0 (``sgd`` and ``finetune`` refuse it), more
+    SNR samples than the batch or one sample of a batch of 10 (a run records min(B, s ≥ 2)),
+    and a nonzero ‖w_0 − w_0‖ were accepted and fed to the outcome predictor."""
+    base = _base()  # B = 10, snr_samples = 8, m = 0
+    _refused(dataclasses.replace(base, nesterov=True),
+             r"^telemetry field 'nesterov' is true with momentum 0, which no run records "
+             r"\(Nesterov needs m > 0\); give the run's momentum or set nesterov to false\.$")
+    check_telemetry(dataclasses.replace(base, nesterov=True, momentum=0.9))
+    for s in (11, 1):
+        _refused(dataclasses.replace(base, snr_samples=s),
+                 rf"^telemetry field 'snr_samples' is {s}, but a run of batch_size 10 records "
+                 r"min\(B, TelemetrySpec\.snr_samples\) per-sample gradients, 2 to 10; give")
+    for b, s in ((10, 10), (10, 2), (1, 1)):  # B = 1: one sample, grad_snr NaN throughout
+        check_telemetry(dataclasses.replace(base, batch_size=b, snr_samples=s,
+                                            grad_snr=np.full(T, np.nan)))
+    _refused(_with(base, weight_distance=(0, 0.25)),
+             r"^telemetry field 'weight_distance' starts at 0\.25, but at step 0 "
+             r"\|\|w_0 - w_0\|\| = 0; give the distances from the initial parameters\.$")
+
+
 @pytest.mark.parametrize("entries, match", [
     (dict(grad_norm=(1, None)), "'grad_norm' is nan at update 2"),
     (dict(stopped_at=2), "'loss' changes after stopped_at = 2"),

@@ -169,7 +169,9 @@ class Telemetry:
         Raises:
           ValueError: not a dict, no or another ``schema_version``, missing / unknown fields, a
             scalar of the wrong type or range (``steps``, ``batch_size``, ``num_train`` ≥ 1
-            and ``num_classes`` ≥ 2 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known),
+            and ``num_classes`` ≥ 2 ints, η > 0 and m ∈ [0, 1) numbers, ``loss_name`` known,
+            ``nesterov`` with m = 0, ``snr_samples`` outside [min(B, 2), B]), a
+            ``weight_distance`` not 0 at step 0,
             or arrays that are not lists of numbers or whose lengths disagree (per-step k + 1,
             per-update k, 0 ≤ k ≤ ``steps``; snapshots of one length, at steps ≤ k), a
             training loss or accuracy not finite, a loss < 0 or an accuracy outside [0, 1],

@@ -69,6 +69,10 @@ def _check_values(kw: dict) -> None:
             rng = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f"[{lo:g}, inf)"
             raise ValueError(f"telemetry field {f!r} must be finite and lie in {rng}, got "
                              f"{v[i]:g} at step {i}{held}.")
+    if kw["weight_distance"][0] != 0:
+        raise ValueError(f"telemetry field 'weight_distance' starts at "
+                         f"{kw['weight_distance'][0]:g}, but at step 0 ||w_0 - w_0|| = 0; "
+                         "give the distances from the initial parameters.")
     k = len(kw["loss"]) - 1
     stop = kw["stopped_at"]
     if stop > k:
@@ -169,6 +173,15 @@ def _check_scalars(kw: dict) -> None:
     if kw["batch_size"] > kw["num_train"]:
         raise ValueError(f"telemetry batch_size {kw['batch_size']} exceeds num_train "
                          f"{kw['num_train']}.")
+    if kw["nesterov"] and kw["momentum"] == 0:
+        raise ValueError("telemetry field 'nesterov' is true with momentum 0, which no run "
+                         "records (Nesterov needs m > 0); give the run's momentum or set "
+                         "nesterov to false.")
+    b, s = kw["batch_size"], kw["snr_samples"]
+    if not min(b, 2) <= s <= b:
+        raise ValueError(f"telemetry field 'snr_samples' is {s}, but a run of batch_size {b} "
+                         f"records min(B, TelemetrySpec.snr_samples) per-sample gradients, "
+                         f"{min(b, 2)} to {b}; give the number the run used.")
 
 
 def _check_lengths(kw: dict) -> None:
