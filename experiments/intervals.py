@@ -40,7 +40,7 @@ from ntk_tt import fit_intervals
 from ntk_tt.prediction._intervals_fit import residuals
 from ntk_tt.sweep._errors import epsilons
 from ntk_tt.sweep._summary import promote
-from ntk_tt.sweep._table import read_table
+from ntk_tt.sweep._table import check_out, read_table
 
 GROUPINGS = {"kappa": ("kappa",), "kappa+eps": ("kappa", "eps"),
              "kappa+eps+optimizer": ("kappa", "eps", "optimizer"), "none": ()}
@@ -145,6 +145,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="experiments/results/intervals")
     p.add_argument("--family", help="an optimiser-benchmark family, e.g. adamw_cosine")
     args = p.parse_args(argv)
+    try:  # a file, or a folder that takes no new entry: one line now, not after the reading
+        check_out(args.out)
+    except ValueError as err:
+        p.error(str(err))
     if args.family:
         frame, groupings, tag = family_table(args.sweep_dir, args.family), FAMILY_GROUPINGS, \
             f"_{args.family}"

@@ -37,6 +37,7 @@ from sklearn.isotonic import IsotonicRegression
 from sklearn.metrics import r2_score, roc_auc_score
 
 from ntk_tt import read_corpus
+from ntk_tt.sweep._table import check_out
 from ntk_tt.telemetry._outcome import fit_outcome, parametric_baseline
 from ntk_tt.telemetry._outcome_features import DEFAULT_KS, Dataset, dataset
 from ntk_tt.telemetry._outcome_fit import fit_models, predict_models
@@ -252,6 +253,10 @@ def main(argv=None) -> int:
     p.add_argument("--ship", action="store_true",
                    help="also fit and write the shipped predictors on the whole corpus")
     args = p.parse_args(argv)
+    try:  # a file, or a folder that takes no new entry: one line now, not after the reading
+        check_out(args.out)
+    except ValueError as err:
+        p.error(str(err))
     rows = read_corpus(args.corpus)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

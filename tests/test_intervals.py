@@ -621,3 +621,20 @@ def test_report_records_and_the_cli_prints_the_range_warning():
     assert all(f"warning: {w}" in lines for w in said)
     r["predicted"]["interval_warnings"] = []
     assert not any("calibration table" in ln for ln in format_report(r).splitlines())
+
+
+def test_leave_one_set_out_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):
+    """``--out`` inside a file was found only after the sweep table was read (a traceback
+    from mkdir); now one argparse line first: the sweep directory here does not even exist."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import intervals as script
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(tmp_path / "no_sweep"), "--out", str(tmp_path / "file" / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and err.endswith(
+        f"error: '{tmp_path / 'file' / 'out'}' is inside {tmp_path / 'file'}, which is not a "
+        "directory; give --out a directory path (created if missing).")

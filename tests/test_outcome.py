@@ -700,3 +700,21 @@ def test_outcome_json_is_standard_json():
     assert got == [{"high": "inf", "low": "-inf", "by": None, "x": [1.5, 2],
                     "name": "grad_max"}]
     json.dumps(got, allow_nan=False)
+
+
+def test_ablation_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):
+    """``experiments/outcome.py`` read (and would evaluate) the corpus before its mkdir of
+    ``--out`` failed; now the bad folder is one argparse line first (the corpus here does
+    not exist, so reading it would fail otherwise)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import outcome as script
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(tmp_path / "no_corpus.jsonl"), "--out", str(tmp_path / "file")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and err.endswith(
+        f"error: '{tmp_path / 'file'}' is not a directory; give --out a directory path "
+        "(created if missing).")
