@@ -148,7 +148,7 @@ def main(argv=None) -> None:
     try:  # a file, or a folder that takes no new entry: one line now, not after the reading
         check_out(args.out)
     except ValueError as err:
-        p.error(str(err))
+        p.exit(2, f"{p.prog}: error: {err}\n")
     if args.family:
         frame, groupings, tag = family_table(args.sweep_dir, args.family), FAMILY_GROUPINGS, \
             f"_{args.family}"

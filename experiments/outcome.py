@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     try:  # a file, or a folder that takes no new entry: one line now, not after the reading
         check_out(args.out)
     except ValueError as err:
-        p.error(str(err))
+        p.exit(2, f"{p.prog}: error: {err}\n")
     rows = read_corpus(args.corpus)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

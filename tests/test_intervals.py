@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 import pytest
+from _scripts import experiment_script, refused
 
 import ntk_tt
 from ntk_tt.prediction._intervals import CalibrationRangeWarning, conformal_quantile, kappa_bin
@@ -623,18 +624,13 @@ def test_report_records_and_the_cli_prints_the_range_warning():
     assert not any("calibration table" in ln for ln in format_report(r).splitlines())
 
 
+
 def test_leave_one_set_out_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):
     """``--out`` inside a file was found only after the sweep table was read (a traceback
-    from mkdir); now one argparse line first: the sweep directory here does not even exist."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    try:
-        import intervals as script
-    finally:
-        sys.path.pop(0)
+    from mkdir); now one line first: the sweep directory here does not even exist."""
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit) as exc:
-        script.main([str(tmp_path / "no_sweep"), "--out", str(tmp_path / "file" / "out")])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert exc.value.code == 2 and err.endswith(
-        f"error: '{tmp_path / 'file' / 'out'}' is inside {tmp_path / 'file'}, which is not a "
-        "directory; give --out a directory path (created if missing).")
+    err = refused(experiment_script("intervals"),
+                  [str(tmp_path / "no_sweep"), "--out", str(tmp_path / "file" / "out")], capsys)
+    assert err.split(": error: ", 1)[1] == (f"'{tmp_path / 'file' / 'out'}' is inside "
+                   f"{tmp_path / 'file'}, which is not a directory; give --out a directory "
+                   "path (created if missing).")

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from _scripts import experiment_script, refused
 
 import ntk_tt
 from ntk_tt.dynamics._training_time import training_time
@@ -702,19 +703,13 @@ def test_outcome_json_is_standard_json():
     json.dumps(got, allow_nan=False)
 
 
+
 def test_ablation_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):
     """``experiments/outcome.py`` read (and would evaluate) the corpus before its mkdir of
-    ``--out`` failed; now the bad folder is one argparse line first (the corpus here does
-    not exist, so reading it would fail otherwise)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    try:
-        import outcome as script
-    finally:
-        sys.path.pop(0)
+    ``--out`` failed; now the bad folder is one line first (the corpus here does not exist,
+    so reading it would fail otherwise)."""
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit) as exc:
-        script.main([str(tmp_path / "no_corpus.jsonl"), "--out", str(tmp_path / "file")])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert exc.value.code == 2 and err.endswith(
-        f"error: '{tmp_path / 'file'}' is not a directory; give --out a directory path "
-        "(created if missing).")
+    err = refused(experiment_script("outcome"),
+                  [str(tmp_path / "no_corpus.jsonl"), "--out", str(tmp_path / "file")], capsys)
+    assert err.split(": error: ", 1)[1] == (f"'{tmp_path / 'file'}' is not a directory; give --out "
+                   "a directory path (created if missing).")
