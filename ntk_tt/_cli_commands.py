@@ -54,12 +54,14 @@ def _suggest(args, parser, run: dict) -> int:
     opts = vars(args)  # -m, --kappa-min/max are absent unless given (--optimizer refuses some)
     opts.pop("command")
     try:  # without -B: None, which check_suggest_job reads as the default (default_batch_sizes)
+        # a list flag given twice (-B 10 -B 50) adds to its list, as a comma would
         if opts["batch_sizes"] is not None:
-            opts["batch_sizes"] = parse_batch_sizes(opts["batch_sizes"])
+            opts["batch_sizes"] = parse_batch_sizes(",".join(opts["batch_sizes"]))
         if "momenta" in opts:
-            opts["momenta"] = parse_floats(opts["momenta"], "momenta (-m/--momenta)")
+            opts["momenta"] = parse_floats(",".join(opts["momenta"]), "momenta (-m/--momenta)")
         if opts["warmups"] is not None:
-            opts["warmups"] = parse_floats(opts["warmups"], "warmups (--warmups)", "0,0.1,0.2")
+            opts["warmups"] = parse_floats(",".join(opts["warmups"]), "warmups (--warmups)",
+                                           "0,0.1,0.2")
         _, rest = split_optimizer_options(_options_only(opts))
         checked = check_suggest_job(rest, opts["json_path"], opts["overwrite"])
         n_train = checked["num_classes"] * checked["per_class"]

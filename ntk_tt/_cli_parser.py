@@ -314,11 +314,12 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
                    help="how --target is read")
     q.add_argument("-T", "--max-steps", type=int, default=d["steps"], dest="steps",
                    help="T_max, the step budget: the target must be reached within it")
-    q.add_argument("-B", "--batch-sizes", default=None,
-                   help="candidate batch sizes, comma-separated; N = full-batch GD "
-                   "(default: N,50); without -B, 50 is left out when N = K·n <= 50")
-    q.add_argument("-m", "--momenta", default=argparse.SUPPRESS,
-                   help="heavy-ball momenta of the grid, comma-separated, each in [0, 1); with "
+    q.add_argument("-B", "--batch-sizes", default=None, action="append",
+                   help="candidate batch sizes, comma-separated (or -B repeated); N = "
+                   "full-batch GD (default: N,50); without -B, 50 is left out when N = K·n <= 50")
+    q.add_argument("-m", "--momenta", default=argparse.SUPPRESS, action="append",
+                   help="heavy-ball momenta of the grid, comma-separated (or -m repeated), each "
+                   "in [0, 1); with "
                    "--optimizer sgd one value, the template's momentum (there "
                    f"{FAMILY_DEFAULTS['sgd']['momentum']:g} if not given) (default: "
                    f"{','.join(f'{m:g}' for m in d['momenta'])})")
@@ -347,8 +348,9 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
         q.add_argument(flag, type=float, default=None,
                        help=f"--optimizer adamw: β{key[1]} (None: "
                        f"{FAMILY_DEFAULTS['adamw'][key]:g})")
-    q.add_argument("--warmups", default=None, metavar="F[,F...]",
-                   help="with --optimizer: warmup lengths of the grid as fractions of -T in "
+    q.add_argument("--warmups", default=None, metavar="F[,F...]", action="append",
+                   help="with --optimizer: warmup lengths of the grid (comma-separated, or the "
+                   "flag repeated) as fractions of -T in "
                    "[0, 1), rounded to whole steps, each below -T (None: "
                    f"{','.join(f'{w:g}' for w in WARMUPS)})")
     q.add_argument("--lr-min", type=float, default=None,

@@ -1351,6 +1351,12 @@ BEFORE_JAX = [
     # and --warmups 0.1,0.1 was kept once, silently, where -m 0.5,0.5 and -B N,N are refused
     (["suggest", "--optimizer", "adamw", "--warmups", "0.1,0.1"],
      "warmups (--warmups) [0.1, 0.1] names 0.1 twice; give each once."),
+    # a list flag given twice kept only its last list (-B 10 -B 10 ran B = 10 alone): now the
+    # flags add up, as a comma does, so the repeat is seen
+    (["suggest", "-B", "10", "-B", "N,10"], "(10, N, 10) names a batch size twice"),
+    (["suggest", "-m", "0.9", "-m", "0,0.9"], "[0.9, 0.0, 0.9] names 0.9 twice"),
+    (["suggest", "--optimizer", "adamw", "--warmups", "0", "--warmups", "0.2,0"],
+     "warmups (--warmups) [0.0, 0.2, 0.0] names 0.0 twice; give each once."),
 ]
 
 
@@ -1373,8 +1379,8 @@ def test_bad_option_values_fail_before_jax_is_imported(tmp_path):
     (["suggest", "--lr-min", "-1e-3"], {"lr_min": -1e-3}),
     (["suggest", "--weight-decay", "-1E+2", "-n", "3"], {"weight_decay": -100.0, "per_class": 3}),
     (["suggest", "--kappa-max", "-.5e1"], {"kappa_max": -5.0}),
-    (["suggest", "-m", "-1e-1,0.5", "-K", "4"], {"momenta": "-1e-1,0.5", "num_classes": 4}),
-    (["suggest", "-B", "-5,N"], {"batch_sizes": "-5,N"}),
+    (["suggest", "-m", "-1e-1,0.5", "-K", "4"], {"momenta": ["-1e-1,0.5"], "num_classes": 4}),
+    (["suggest", "-B", "-5,N"], {"batch_sizes": ["-5,N"]}),
     (["predict", "--end-lr", "-1e-3", "-T", "7"], {"end_lr": -1e-3, "steps": 7}),
     (["predict", "--lr", "-inf"], {"learning_rate": -float("inf")}),
     (["predict", "--loss-target", "-inf,0.5"], {"loss_targets": ["-inf,0.5"]}),
