@@ -64,15 +64,23 @@ def _add_task_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="init scale of the fresh head (× LeCun normal)")
 
 
-def _schedule_name(text: str) -> str:
-    """``--schedule``'s value as the options spell it (hyphens or underscores); a misspelt one
-    is echoed as typed, beside the hyphenated names of ``-h`` and README (argparse's choices
-    echoed it with its hyphens turned into underscores)."""
-    name = text.replace("-", "_")
-    if name not in SCHEDULES:
-        names = ", ".join(n.replace("_", "-") for n in SCHEDULES)
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {names})")
-    return name
+def _choice(names: tuple[str, ...], spelling: str = "_"):
+    """A choice option's ``type=`` and ``metavar=``: the value as the options spell it, hyphens
+    or underscores accepted (``--loss cross-entropy``, ``--schedule warmup_cosine``); a
+    misspelt one is echoed as typed beside the names as ``-h`` and README spell them (with
+    ``spelling`` between words; argparse's ``choices`` echoed it as converted)."""
+    shown = [n.replace("_", spelling) for n in names]
+
+    def name(text: str) -> str:
+        if (value := text.replace("-", "_")) not in names:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from "
+                                             f"{', '.join(shown)})")
+        return value
+
+    return {"type": name, "metavar": "{" + ",".join(shown) + "}"}
+
+
+_schedule_name = _choice(SCHEDULES, "-")["type"]
 
 
 def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
@@ -82,8 +90,7 @@ def _add_optimizer_options(q: argparse.ArgumentParser, d: dict) -> None:
                    help="update rule: sgd (with -m, --nesterov), adam or adamw (--b1, --b2, "
                    "--adam-eps; predicted by the head-aware predictor and --method "
                    "auto/discrete only)")
-    q.add_argument("--schedule", default=d["schedule"], type=_schedule_name,
-                   metavar="{constant,warmup-cosine,warmup-stable-decay,exponential}",
+    q.add_argument("--schedule", default=d["schedule"], **_choice(SCHEDULES, "-"),
                    help="learning-rate schedule over the steps (with --subset: sgd without "
                    "--weight-decay)")
     q.add_argument("--lr", type=float, default=d["learning_rate"], dest="learning_rate",
@@ -137,17 +144,17 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("-T", "--steps", type=int, default=d["steps"],
                    help="T, optimiser steps predicted (and fine-tuned with --verify)")
     _add_optimizer_options(q, d)
-    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+    q.add_argument("--loss", default=d["loss"], **_choice(("cross_entropy", "mse")),
                    help="training loss")
     q.add_argument("--method", default=d["method"],
-                   choices=("auto", "closed_form", "ode", "sde", "discrete"),
+                   **_choice(("auto", "closed_form", "ode", "sde", "discrete")),
                    help="dynamics solver (auto = discrete, exact for the linearised model; "
                    "closed_form needs --loss mse and no -B; closed_form, ode and sde take "
                    "--optimizer sgd with any schedule and weight decay, not adam/adamw)")
     q.add_argument("--kernel", default=d["kernel"], choices=("exact", "traced", "sketch"),
                    help="how the empirical NTK is computed")
     q.add_argument("--predictor", default=d["predictor"],
-                   choices=("auto", "head_aware", "linear"),
+                   **_choice(("auto", "head_aware", "linear")),
                    help="head_aware: fresh head exact, backbone linearised (its kernel grows "
                    "with the head, the most accurate measured); linear: the whole network "
                    "linearised, Θ frozen at w0 (paper Sec. 3); auto: head_aware unless "
@@ -169,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
                    "--schedule and -m, no --weight-decay); the loss curve only (None: the "
                    "full kernel)")
     q.add_argument("--subset-method", default=d["subset_method"],
-                   choices=("power_law", "nystrom"),
+                   **_choice(("power_law", "nystrom")),
                    help="with --subset: power_law (App. D power-law tails from Θ(X', X')) or "
                    "nystrom (the cross kernel Θ(X, X'), N·N' entries)")
     q.add_argument("--sketch-dim", type=int, default=None,
@@ -368,10 +375,10 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--num-paths", type=int, default=argparse.SUPPRESS,
                    help="SGD batch orders averaged in each predicted SGD curve, with a -B < N "
                    f"only (default there: {d['num_paths']})")
-    q.add_argument("--loss", default=d["loss"], choices=("cross_entropy", "mse"),
+    q.add_argument("--loss", default=d["loss"], **_choice(("cross_entropy", "mse")),
                    help="training loss")
     q.add_argument("--predictor", default=d["predictor"],
-                   choices=("auto", "head_aware", "linear"),
+                   **_choice(("auto", "head_aware", "linear")),
                    help="head_aware (fresh head exact, backbone linearised) or linear (frozen "
                    "Θ); auto = head_aware")
     q.add_argument("--top", type=int, default=d["top"], help="runner-up rows printed")

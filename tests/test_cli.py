@@ -157,6 +157,34 @@ def test_a_misspelt_schedule_is_echoed_as_typed(capsys, monkeypatch):
         assert _schedule_name(spelling) == "warmup_stable_decay"
 
 
+@pytest.mark.parametrize("args, parsed", [
+    (["predict", "--loss", "cross-entropy", "--method", "closed-form"],
+     {"loss": "cross_entropy", "method": "closed_form"}),
+    (["predict", "--predictor", "head-aware", "--subset-method", "power-law"],
+     {"predictor": "head_aware", "subset_method": "power_law"}),
+    (["suggest", "--loss", "cross-entropy", "--predictor", "head-aware"],
+     {"loss": "cross_entropy", "predictor": "head_aware"}),
+    (["predict", "--loss", "mse", "--method", "discrete"], {"loss": "mse", "method": "discrete"}),
+])
+def test_choice_options_take_hyphens_as_schedule_does(args, parsed):
+    """--schedule took warmup-cosine and warmup_cosine, while --loss cross-entropy, --method
+    closed-form and --predictor head-aware were invalid choices (a fresh user's find): every
+    choice of two words now takes either spelling, read as the options spell it."""
+    from ntk_tt._cli_parser import parse
+
+    args_, _ = parse(args)
+    assert {k: getattr(args_, k) for k in parsed} == parsed
+
+
+def test_a_misspelt_choice_is_echoed_as_typed(capsys, monkeypatch):
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        main(["suggest", "--predictor", "head-awar"])
+    assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "ntk-tt suggest: error: argument --predictor: invalid choice: 'head-awar' (choose "
+        "from auto, head_aware, linear)")
+
+
 @pytest.mark.parametrize("args,match", [
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
     (["--figure", "/nonexistent/dir/f.png"], "does not exist"),
