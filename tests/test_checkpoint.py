@@ -25,11 +25,17 @@ def leaves(model):
     return jax.tree_util.tree_leaves(nnx.state(model))
 
 
+def without_digest(meta):
+    """A loaded meta less the ``weights_sha256`` that save_checkpoint adds."""
+    return {k: v for k, v in meta.items() if k != "weights_sha256"}
+
+
 def test_round_trip_is_exact(tmp_path):
     model = SmallResNet(3, widths=(4, 8), rngs=nnx.Rngs(7))
     ntk_tt.save_checkpoint(tmp_path / "ck", model, META)
     back, meta = ntk_tt.load_checkpoint(tmp_path / "ck")
-    assert meta == META
+    assert without_digest(meta) == META
+    assert len(meta["weights_sha256"]) == 64
     for a, b in zip(leaves(model), leaves(back), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
@@ -155,6 +161,44 @@ def test_truncated_weights_are_one_line_and_nothing_after(tmp_path):
     assert done.stderr.startswith(f"ntk-tt: error: checkpoint at {path} is corrupt"), \
         done.stderr
     assert done.stderr.count("\n") == 1 and "\r" not in done.stderr, done.stderr
+
+
+def test_bit_damaged_weights_are_refused(tmp_path):
+    """A fresh user flipped one bit in the middle of the largest array file: orbax read the
+    changed weights back without a word (max change 1e-8 here). The SHA-256 of the arrays
+    saved in meta (hashlib over each array's bytes, below: not the package's function) now
+    refuses them in one line; the undamaged copy and an older checkpoint without a digest load."""
+    import hashlib
+
+    path = tiny_checkpoint(tmp_path / "ck")
+    model, meta = ntk_tt.load_checkpoint(path)
+    h = hashlib.sha256()
+    for leaf in leaves(model):  # state leaves in the pure dict's order
+        a = np.asarray(leaf)
+        h.update(f"{a.dtype.str}{a.shape};".encode() + a.tobytes())
+    assert meta["weights_sha256"] == h.hexdigest()
+    _, shipped = ntk_tt.load_checkpoint()  # the shipped one carries its digest and loads
+    assert len(shipped["weights_sha256"]) == 64
+    old = shutil.copytree(path, tmp_path / "old")  # saved before the digest: not checked
+    file = old / "meta" / "metadata"
+    file.write_text(json.dumps({k: v for k, v in json.loads(file.read_text()).items()
+                                if k != "weights_sha256"}))
+    big = max((f for f in (path / "state").rglob("*") if f.is_file()),
+              key=lambda f: f.stat().st_size)
+    data = bytearray(big.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    big.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as err:
+        ntk_tt.load_checkpoint(path)
+    assert str(err.value) == (
+        f"checkpoint at {path} is corrupt: its weights differ from those saved (their SHA-256 "
+        "is not meta's weights_sha256), the array files are damaged; re-save it with "
+        "ntk_tt.save_checkpoint, or omit it for the shipped one.")
+    ntk_tt.load_checkpoint(old)
+    bad = tiny_checkpoint(tmp_path / "bad", weights_sha256="abc")
+    with pytest.raises(ValueError, match=r"meta has weights_sha256 'abc'; expected the 64 hex "
+                                         r"digits save_checkpoint writes; re-save it"):
+        ntk_tt.load_checkpoint(bad)
 
 
 def test_loading_compiles_nothing(tmp_path):
@@ -286,7 +330,7 @@ def test_save_checkpoint_checks_meta_as_load_does_and_takes_numpy(tmp_path):
                    "std": jax.numpy.full(3, 0.25)}
     ntk_tt.save_checkpoint(tmp_path / "ck", model, meta)
     back, stored = ntk_tt.load_checkpoint(tmp_path / "ck")
-    assert stored == META and type(stored["num_classes"]) is int
+    assert without_digest(stored) == META and type(stored["num_classes"]) is int
     for a, b in zip(leaves(model), leaves(back), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -374,7 +418,7 @@ def test_save_checkpoint_path_edge_cases(tmp_path, monkeypatch):
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
     ntk_tt.save_checkpoint(tmp_path / "link", model, META)
-    assert ntk_tt.load_checkpoint(tmp_path / "target")[1] == META
+    assert without_digest(ntk_tt.load_checkpoint(tmp_path / "target")[1]) == META
     for bad, said in [(dict(path=None), "path must be the checkpoint folder's path"),
                       (dict(path=tmp_path / "target", overwrite="no"), "overwrite must be")]:
         with pytest.raises(ValueError, match=said):
@@ -497,4 +541,4 @@ def test_save_checkpoint_refuses_a_missing_parent_folder_as_the_other_save_funct
         ntk_tt.default_calibrator().save(tmp_path / "runs" / "c.json")
     (tmp_path / "runs").mkdir()
     assert ntk_tt.save_checkpoint(path, model, META) == path
-    assert ntk_tt.load_checkpoint(path)[1] == META
+    assert without_digest(ntk_tt.load_checkpoint(path)[1]) == META

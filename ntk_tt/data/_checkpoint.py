@@ -2,21 +2,26 @@
 
 A checkpoint is one orbax directory with two items: ``state`` (the NNX model state: parameters
 and, for :class:`~ntk_tt.models.ResNet18`, batch-norm statistics) and ``meta`` (JSON: the
-architecture and its arguments, the input shape, the per-channel input normalisation, and how
-it was pre-trained). :func:`read_checked` (and :func:`read_meta`) builds meta's model abstractly
-(``nnx.eval_shape``), checks it against the stored arrays' shapes and traces one input of
-``input_shape`` through it, reading no weight; :func:`restore` (:func:`load_checkpoint`) fills it.
+architecture and its arguments, the input shape, the per-channel input normalisation, how it
+was pre-trained, and ``weights_sha256``: the SHA-256 of the saved arrays, :func:`weights_digest`).
+:func:`read_checked` (and :func:`read_meta`) builds meta's model abstractly (``nnx.eval_shape``),
+checks it against the stored arrays' shapes and traces one input of ``input_shape`` through it,
+reading no weight; :func:`restore` (:func:`load_checkpoint`) fills it and checks the digest (a
+checkpoint saved before the digest existed has none and is not checked).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -70,7 +75,23 @@ def _check_meta(path: Path | None, meta: Any, fix: str = _FIX) -> dict[str, Any]
     if not isinstance(meta.get("kwargs", {}), dict):
         raise ValueError(f"{where} has kwargs {meta['kwargs']!r}; expected a JSON object of "
                          f"constructor arguments; {fix}.")
+    digest = meta.get("weights_sha256")
+    if "weights_sha256" in meta and not (isinstance(digest, str)
+                                         and re.fullmatch("[0-9a-f]{64}", digest)):
+        raise ValueError(f"{where} has weights_sha256 {digest!r}; expected the 64 hex digits "
+                         f"save_checkpoint writes; {fix}.")
     return meta
+
+
+def weights_digest(weights) -> str:
+    """SHA-256 (hex) of a model's arrays: each leaf's dtype, shape and bytes, in the tree's
+    leaf order (``weights``: ``nnx.to_pure_dict`` of the state, as saved and restored)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(weights):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def read_meta(path: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
@@ -258,7 +279,8 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
       model: a :mod:`ntk_tt.models` module.
       meta: JSON-able dict with at least ``architecture`` (a key of :data:`ARCHITECTURES`),
         ``num_classes``, ``input_shape`` (H, W, C), ``mean`` and ``std`` (C,), and optional
-        ``kwargs`` for the constructor (e.g. ``widths``).
+        ``kwargs`` for the constructor (e.g. ``widths``). ``weights_sha256`` is set to the
+        model's :func:`weights_digest` (a given one is replaced).
 
     Returns:
       The absolute checkpoint path.
@@ -306,9 +328,11 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
         raise ValueError(f"meta must hold JSON values (numbers, strings, lists, dicts; NumPy "
                          f"arrays are converted), got a value of type {err}; fix meta before "
                          "saving.") from None
+    meta.pop("weights_sha256", None)  # replaced below by this model's
     _check_meta(None, meta, "fix meta before saving")
     state = nnx.to_pure_dict(nnx.state(model))
     _check_meta_builds(meta, state)
+    meta["weights_sha256"] = weights_digest(state)  # load_checkpoint checks the arrays read
     path = check_save_path(path, overwrite)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(path, args=ocp.args.Composite(
@@ -342,7 +366,8 @@ def load_checkpoint(path: str | os.PathLike | None = None) -> tuple[nnx.Module, 
         (the known ones are named), meta's model not matching the stored weights' shapes (a
         wrong input_shape named, with the input channels the weights take), an input_shape
         its layers shrink to nothing (NaN logits), all before any weight is read; or weight
-        files that cannot be read (truncated, damaged).
+        files that cannot be read (truncated, damaged) or whose arrays differ from those saved
+        (meta's ``weights_sha256``: bits changed on disk).
     """
     return restore(read_checked(path))
 
@@ -357,5 +382,9 @@ def restore(checked) -> tuple[nnx.Module, dict[str, Any]]:
         raise ValueError(f"checkpoint at {path} is corrupt: its weights cannot be read, "
                          f"the array files are truncated or damaged ({reason(err)}); "
                          f"{_FIX}.") from None
+    if "weights_sha256" in meta and weights_digest(weights) != meta["weights_sha256"]:
+        raise ValueError(f"checkpoint at {path} is corrupt: its weights differ from those "
+                         "saved (their SHA-256 is not meta's weights_sha256), the array files "
+                         f"are damaged; {_FIX}.")
     nnx.replace_by_pure_dict(state, weights)
     return nnx.merge(graphdef, state), meta
