@@ -176,6 +176,21 @@ def test_smooth_training_time_refuses_a_temperature_that_is_not_positive(tempera
                                     temperature=temperature)
 
 
+def test_a_traced_temperature_that_is_not_positive_is_nan_with_gradient_zero():
+    """A fresh user: jit over τ = −1 gave 1.2e-4 steps silently (the eager call refuses it);
+    now a traced τ ≤ 0, NaN or inf is NaN, as a traced ε outside (0, 1) is, with gradient 0,
+    and a valid τ beside it in the same vmap keeps its eager value."""
+    curve = jnp.exp(-jnp.arange(31.0) / 5)
+    soft = jax.jit(jax.vmap(lambda t: ntk_tt.smooth_training_time(curve, 0.1, temperature=t)))
+    got = soft(jnp.array([-1.0, 0.0, jnp.nan, jnp.inf, 0.05]))
+    assert np.isnan(np.asarray(got[:4])).all()
+    np.testing.assert_allclose(got[4], ntk_tt.smooth_training_time(curve, 0.1), rtol=1e-6)
+    grad = jax.grad(lambda t, c: ntk_tt.smooth_training_time(c, 0.1, temperature=t), (0, 1))
+    for tau in (-1.0, 0.0):
+        d_tau, d_curve = grad(tau, curve)
+        assert float(d_tau) == 0.0 and not np.asarray(d_curve).any()
+
+
 def test_a_traced_epsilon_outside_the_unit_interval_is_nan_as_the_hard_code_says():
     """A fresh user: vmapped over ε, smooth_training_time gave 50, 0.57, 0.03 and 9e-27 for
     ε = 0, 1, 1.2, −0.5 (eagerly refused), where training_time_array says NaN, INVALID. Now

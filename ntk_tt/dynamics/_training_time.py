@@ -331,7 +331,8 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     Returns:
       A scalar, T_ε in (fractional) optimiser steps, or NaN for a flat, rising or non-finite
       curve (above) and for a traced ε outside (0, 1) (``training_time_array``'s code
-      ``INVALID``; a concrete one is refused).
+      ``INVALID``) or a traced ``temperature`` not finite and > 0 (a concrete one of either
+      is refused), with gradient 0 there.
 
     Raises:
       ValueError: the same argument errors as :func:`training_time` (curve not numbers,
@@ -347,6 +348,9 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     # harmless ε so that the unused branch has no 0/0 in its gradient
     valid_eps = (epsilon > 0) & (epsilon < 1)
     epsilon = jnp.where(valid_eps, epsilon, 0.5)
+    # a traced τ not finite and > 0 likewise (a concrete one is refused above): NaN, at τ = 1
+    valid_tau = jnp.isfinite(temperature) & (temperature > 0)
+    temperature = jnp.where(valid_tau, temperature, 1.0)
     _, drop, floor = _distance(curve, epsilon, window)
     falls = drop > floor  # training_time_array's test: NaN (NOT_DECREASING, NON_FINITE) else
     # the unused branch runs on a harmless falling curve, so that a rising, huge or non-finite
@@ -354,7 +358,8 @@ def smooth_training_time(curve, epsilon, *, window: int = 5, temperature=0.05):
     curve = jnp.where(falls, curve, jnp.linspace(1.0, 0.0, curve.shape[0], dtype=curve.dtype))
     gap, drop, _ = _distance(curve, epsilon, window)
     log_far = jax.nn.log_sigmoid(gap / (temperature * epsilon * drop))
-    return jnp.where(falls & valid_eps, jnp.sum(jnp.exp(jnp.cumsum(log_far))), jnp.nan)
+    return jnp.where(falls & valid_eps & valid_tau, jnp.sum(jnp.exp(jnp.cumsum(log_far))),
+                     jnp.nan)
 
 
 def wall_clock_time(steps, seconds_per_step):
