@@ -193,6 +193,31 @@ def test_a_traced_point_the_checks_refuse_is_nan_and_invalid(x64):
                                                               rel=1e-9), field
 
 
+def test_a_vmapped_sensitivities_reads_its_calls_per_entry(x64):
+    """A fresh user: jax.vmap(sensitivities) over η returned its numbers, but .divergence and
+    .training_time_reason raised a bare TypeError; they are now object arrays holding each
+    entry's eager value. A traced steps says it cannot be traced (it said "got JitTracer")."""
+    p = _plain_problem()
+    lam = _lam_max(p["kernel"])
+    lrs = jnp.array([0.5 * N / lam, 3.0 * N / lam])  # trains; MSE beyond the edge: diverges
+
+    def one(eta):
+        return ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=eta, steps=STEPS,
+                                    f0=p["f0"], loss="mse")
+
+    batch = jax.vmap(one)(lrs)
+    eager = [one(float(eta)) for eta in lrs]
+    assert batch.divergence.shape == batch.training_time_reason.shape == (2,)
+    assert list(batch.divergence) == [e.divergence for e in eager] == ["no", "yes"]
+    assert list(batch.training_time_reason) == [e.training_time_reason for e in eager]
+    assert batch.training_time_reason[0] is None and "diverged" in batch.training_time_reason[1]
+    assert list(batch.divergence_reason) == [e.divergence_reason for e in eager]
+    with pytest.raises(ValueError, match=r"^steps cannot be traced \(jit / vmap / grad over "
+                                         r"it\): it sets the recursion's length"):
+        jax.jit(lambda t: ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lrs[0],
+                                               steps=t, f0=p["f0"], loss="mse"))(STEPS)
+
+
 def _head_apply(params, x):
     """f = (x V + c) W + b: a linear backbone under a linear head, of exactly the head-aware
     form (its feature kernel is K_h(i, j) = (x_i·x_j + 1) I_F, isotropic)."""

@@ -84,6 +84,10 @@ def _check_epsilon(epsilon) -> None:
 
 
 def _check_window(window, steps) -> None:
+    if isinstance(steps, jax.core.Tracer):  # as the predictors say it (check_sizes)
+        raise ValueError("steps cannot be traced (jit / vmap / grad over it): it sets the "
+                         "recursion's length; call once per steps value and sweep the "
+                         "learning rate and momentum inside.")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be an int >= 1 (optimiser updates), got {steps!r}.")
     if _is_int(window) and window % 2 == 1 and window > steps + 1:  # e.g. the default 5

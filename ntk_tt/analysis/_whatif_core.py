@@ -62,20 +62,33 @@ def time_reason(code) -> str | None:
     return REASONS[int(code)] if int(code) else None
 
 
+def _each(fn, *fields):
+    """``fn`` of scalar fields, or, for the fields of a ``jax.vmap``-ed result (arrays), a NumPy
+    object array of its value at every entry (a vmapped sensitivities' properties raised a
+    bare TypeError)."""
+    arrays = [np.asarray(f) for f in fields]
+    if arrays[0].ndim == 0:
+        return fn(*arrays)
+    out = np.empty(arrays[0].shape, object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = fn(*(a[idx] for a in arrays))
+    return out
+
+
 def verdict(result) -> str:
     """``result.divergence``: "yes" / "no" / "unknown" from its outcome code, as
-    :attr:`ntk_tt.Prediction.divergence`."""
-    return divergence_verdict(result.outcome)
+    :attr:`ntk_tt.Prediction.divergence` (an object array of them for a vmapped result)."""
+    return _each(divergence_verdict, result.outcome)
 
 
 def verdict_reason(result) -> str | None:
     """``result.divergence_reason``: why the call is what it is (None when it converges)."""
-    return divergence_reason(result.outcome, result.diverged, result.kappa)
+    return _each(divergence_reason, result.outcome, result.diverged, result.kappa)
 
 
 def training_time_reason(result) -> str | None:
     """``result.training_time_reason``: why T_ε is NaN (None when it is defined)."""
-    return time_reason(result.training_time_code)
+    return _each(time_reason, result.training_time_code)
 
 
 class Sensitivities(NamedTuple):
@@ -107,7 +120,8 @@ class Sensitivities(NamedTuple):
       ("diverges" also when κ ≥ ``KAPPA_MAX`` or the curve spiked above 10·L_0).
     divergence, divergence_reason, training_time_reason (properties): the call as "yes" /
       "no" / "unknown" (as ``Prediction.divergence``), why it is "yes" without ``diverged``
-      or "unknown" (None otherwise), and why T_ε is NaN (None when defined).
+      or "unknown" (None otherwise), and why T_ε is NaN (None when defined); for a result of
+      ``jax.vmap(sensitivities)`` NumPy object arrays of those, one per entry.
 
     Source: ntk_tt's own (issue 13; README "What-if").
     """
