@@ -61,6 +61,25 @@ def test_zero_noise_sde_is_discrete_gd():
     np.testing.assert_allclose(sde.loss_paths, jnp.broadcast_to(gd.loss, (2, 41)), rtol=1e-10)
 
 
+def test_sde_derivatives_are_forward_mode_as_documented():
+    """README and predict_from_kernel say the SDE takes jax.jacfwd, not jax.grad (a fresh
+    user's jax.grad ended in diffrax's error): dL_T/dη by jacfwd equals the central
+    difference of the same paths (same key), and jax.grad raises diffrax's reverse-mode error."""
+    params, x, y, kernel, f0, lam = _problem(16, 6)
+    feats = 0.01 * jnp.ones((f0.size, 8))
+
+    def final_loss(lr):
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lr, steps=20,
+                                          method="sde", batch_size=4, num_paths=2,
+                                          key=jax.random.key(0), noise_features=feats).loss[-1]
+
+    lr, h = 0.5 * 16 / lam, 1e-5
+    central = (final_loss(lr + h) - final_loss(lr - h)) / (2 * h)
+    np.testing.assert_allclose(jax.jacfwd(final_loss)(lr), central, rtol=1e-5)
+    with pytest.raises(ValueError, match="Reverse-mode differentiation does not work"):
+        jax.grad(final_loss)(lr)
+
+
 def test_gradient_variance_matches_brute_force():
     params, x, y, *_ = _problem(11, 5)
     var = ntk_tt.gradient_variance(linear_apply, params, x, y, block_size=8)  # blocks 8 + 3
