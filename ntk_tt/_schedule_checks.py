@@ -1,8 +1,10 @@
 """Type checks of learning-rate schedules (split from :mod:`ntk_tt._schedules`): a number
 given for a schedule's leaf, and a callable schedule ``step -> η``'s signature and values.
 Each raises one ValueError naming the argument and the accepted forms. Also the traceable
-value checks of ``Schedule.valid`` (:func:`_within_peak`, :func:`_warmup_ends`), and the range
-of a learning rate (:func:`is_rate`, ``RATE_RANGE``: used by every eager η check).
+value checks of ``Schedule.valid`` (:func:`_within_peak`, :func:`_warmup_ends`), the range
+of a learning rate (:func:`is_rate`, ``RATE_RANGE``: used by every eager η check), and the
+constructors' checks of their arguments: one number each (:func:`_check_scalar`), concrete
+values in range (:func:`_check_below_peak`, :func:`_check_order`).
 """
 
 from __future__ import annotations
@@ -94,11 +96,53 @@ def _check_arity(fn, name: str) -> None:
 
 
 def _within_peak(peak, *values) -> Array:
-    """Every value in [0, peak] (a relative 1e-6 above passes, as
-    :func:`ntk_tt._schedules._check_below_peak`)."""
+    """Every value in [0, peak] (a relative 1e-6 above passes, as :func:`_check_below_peak`)."""
     return jnp.all(jnp.array([(v >= 0) & (v <= peak * (1 + 1e-6)) for v in values]))
 
 
 def _warmup_ends(warmup, rises, steps: int) -> Array:
     """warmup ≥ 0, and ⌈warmup⌉ < ``steps`` where η rises to its peak (``check_warmup``)."""
     return (warmup >= 0) & (~jnp.asarray(rises) | (jnp.ceil(warmup) < steps))
+
+
+def _check_scalar(value, name: str) -> None:
+    """One ValueError for an array of numbers (also a traced one's static shape under jit):
+    each schedule and optimizer holds one number per field; a sweep vmaps over them (an
+    array was accepted and failed deep in the predictor, unnamed)."""
+    if jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}; to sweep it, "
+                         "build the schedule or optimizer inside a function of one value and "
+                         "jax.vmap that over the values.")
+
+
+def _concrete(value) -> float | None:
+    """A scalar argument's value as a float (None for a tracer or an array): the value range
+    checks read the user's input, never the (possibly traced) leaf made from it."""
+    if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+        return None
+    return float(np.asarray(value))
+
+
+def _check_below_peak(peak, **values) -> None:
+    """The concrete ``values`` (init, end) in [0, peak]: η_t stays in [0, peak] (``ntk-tt
+    predict --end-lr``'s range); a relative 1e-6 above peak passes (a float32 leaf times the
+    peak, as ``suggest`` rebuilds its template)."""
+    top = _concrete(peak)
+    for name, value in values.items():
+        v = _concrete(value)
+        if v is not None and (v < 0 or (top is not None and v > top * (1 + 1e-6))):
+            where = "peak" if top is None else f"peak = {top:g}"
+            fix = f"raise {name} to >= 0" if v < 0 else f"lower {name} or raise peak"
+            raise ValueError(f"{name} must be in [0, {where}] (the learning rate the schedule "
+                             f"{'starts' if name == 'init' else 'ends'} at), got {v:g}: {fix}.")
+
+
+def _check_order(first, second, name1, name2, smoothing) -> None:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
+            or not 0 <= smoothing < float("inf"):
+        raise ValueError(f"smoothing must be a finite number >= 0 (steps), got {smoothing!r}.")
+    first, second = _concrete(first), _concrete(second)
+    if first is not None and first < 0:
+        raise ValueError(f"{name1} must be >= 0 steps, got {first}.")
+    if first is not None and second is not None and second < first:
+        raise ValueError(f"{name2} ({second}) must be >= {name1} ({first}).")

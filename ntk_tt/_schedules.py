@@ -26,6 +26,10 @@ from ntk_tt._schedule_checks import (
     RATE_RANGE,
     _callable_rate,
     _check_arity,
+    _check_below_peak,
+    _check_order,
+    _check_scalar,
+    _concrete,
     _fn_name,
     _real_array,
     _warmup_ends,
@@ -42,10 +46,12 @@ def _number(value, name: str, positive: bool = False) -> Array:
     None) before any work. Tracers pass unchecked; a number's leaf stays concrete inside ``jit``
     (``jnp.asarray`` gives a tracer): a schedule built there keeps its constants checkable."""
     if isinstance(value, jax.core.Tracer):
+        _check_scalar(value, name)
         return value
     if isinstance(value, bool) or value is None or isinstance(value, str):
         raise ValueError(f"{name} must be a real number, got {value!r}.")
     arr = _real_array(value, f"{name} must be a real number", type(value).__name__)
+    _check_scalar(arr, name)
     if arr.ndim == 0 and not np.isfinite(float(arr)):
         raise ValueError(f"{name} must be finite, got {float(arr)}.")
     if positive and arr.ndim == 0 and not is_rate(arr):
@@ -53,14 +59,6 @@ def _number(value, name: str, positive: bool = False) -> Array:
                          "decay factor <= 0 does not train; beyond float32's it is 0 or inf).")
     with jax.ensure_compile_time_eval():  # a constant stays concrete inside jit
         return jnp.asarray(arr, jnp.result_type(float))
-
-
-def _concrete(value) -> float | None:
-    """A scalar argument's value as a float (None for a tracer or an array): the value range
-    checks read the user's input, never the (possibly traced) leaf made from it."""
-    if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
-        return None
-    return float(np.asarray(value))
 
 
 class Schedule(eqx.Module):
@@ -373,28 +371,3 @@ def _schedule(value, name: str) -> Schedule:
         raise ValueError(f"{forms}, got an array of shape {np.shape(value)}; per-step values "
                          "v: lambda t: v.at[t].get(mode='fill', fill_value=jnp.nan) (NaN past v).")
     return constant(value)
-
-
-def _check_below_peak(peak, **values) -> None:
-    """The concrete ``values`` (init, end) in [0, peak]: η_t stays in [0, peak] (``ntk-tt
-    predict --end-lr``'s range); a relative 1e-6 above peak passes (a float32 leaf times the
-    peak, as ``suggest`` rebuilds its template)."""
-    top = _concrete(peak)
-    for name, value in values.items():
-        v = _concrete(value)
-        if v is not None and (v < 0 or (top is not None and v > top * (1 + 1e-6))):
-            where = "peak" if top is None else f"peak = {top:g}"
-            fix = f"raise {name} to >= 0" if v < 0 else f"lower {name} or raise peak"
-            raise ValueError(f"{name} must be in [0, {where}] (the learning rate the schedule "
-                             f"{'starts' if name == 'init' else 'ends'} at), got {v:g}: {fix}.")
-
-
-def _check_order(first, second, name1, name2, smoothing) -> None:
-    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
-            or not 0 <= smoothing < float("inf"):
-        raise ValueError(f"smoothing must be a finite number >= 0 (steps), got {smoothing!r}.")
-    first, second = _concrete(first), _concrete(second)
-    if first is not None and first < 0:
-        raise ValueError(f"{name1} must be >= 0 steps, got {first}.")
-    if first is not None and second is not None and second < first:
-        raise ValueError(f"{name2} ({second}) must be >= {name1} ({first}).")

@@ -496,6 +496,33 @@ def test_schedule_names_its_argument_and_the_accepted_forms():
     np.testing.assert_allclose(ntk_tt.schedule(0.3).values(3), [0.3] * 3, rtol=1e-7)
 
 
+@pytest.mark.parametrize("build, name", [
+    (lambda v: ntk_tt.warmup_cosine(v, 5, 30), "peak"),
+    (lambda v: ntk_tt.warmup_cosine(0.1, v * 50, 30), "warmup"),
+    (lambda v: ntk_tt.warmup_stable_decay(0.1, 2, 20, 30, end=v * 0.1), "end"),
+    (lambda v: ntk_tt.exponential(0.1, v + 0.5), "rate"),
+    (ntk_tt.constant, "learning_rate"),
+    (lambda v: ntk_tt.sgd(0.1, weight_decay=v), "weight_decay"),
+    (lambda v: ntk_tt.sgd(0.1, momentum=v), "momentum"),
+    (lambda v: ntk_tt.adamw(0.1, b1=v), "b1"),
+    (lambda v: ntk_tt.adamw(0.1, b2=v + 0.5), "b2"),
+])
+def test_an_array_for_one_number_is_refused_naming_it(build, name):
+    """A fresh user: warmup_cosine(jnp.array([0.1, 0.2]), 5, 30), sgd(0.1, weight_decay=array)
+    and adamw(b1=array) were accepted and failed deep in the predictor ("The truth value of an
+    array ... is ambiguous", broadcasting errors), also under jit; now the constructor names
+    the argument and the way to sweep it, and the vmap that message advises works."""
+    v = jnp.array([0.1, 0.2])
+    said = (rf"^{name} must be a scalar, got shape \(2,\); to sweep it, build the schedule or "
+            r"optimizer inside a function of one value and jax\.vmap that over the values\.")
+    with pytest.raises(ValueError, match=said + "$"):
+        build(v)
+    with pytest.raises(ValueError, match=said):  # a traced (2,) array under jit: its shape
+        jax.jit(build)(v)
+    leaves = jax.vmap(lambda a: jax.tree.leaves(build(a)))(v)
+    assert any(np.shape(leaf) == (2,) for leaf in leaves)
+
+
 def test_the_suggested_per_step_idiom_refuses_too_few_values():
     """A fresh user: the message's idiom was lambda t: jnp.asarray(values)[t], which JAX clamps
     past the end, so 15 values for 20 steps ran on at the last value (κ 10× too large, every
