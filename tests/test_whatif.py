@@ -354,6 +354,15 @@ def test_a_bare_number_is_a_grid_of_one(mse_grid):
     assert one.final_loss.shape == (1, 1)
     np.testing.assert_allclose(one.final_loss[0, 0], grid.final_loss[2, 50], rtol=1e-10)
     np.testing.assert_equal(one.training_time[0, 0], grid.training_time[2, 50])
+    # a second probe: np.float64(...) and a 0-D array (what the message advised) were refused
+    # ("must be a 1-D array ... got shape ()"); every 0-D number is a grid of one as well
+    with jax.enable_x64(True):
+        for as_zero_d in (np.float64, np.asarray, jnp.asarray):
+            same = ntk_tt.divergence_boundary(
+                p["kernel"], p["y"], f0=p["f0"], momenta=as_zero_d(float(MOMENTA[2])),
+                learning_rates=as_zero_d(float(grid.learning_rates[50])), steps=300,
+                loss="mse")
+            np.testing.assert_array_equal(same.final_loss, one.final_loss)
 
 
 def test_head_aware_grid_cells_equal_single_predictions(x64):

@@ -200,12 +200,14 @@ def _prepare(kernel, y, *, f0, kernel_test, f0_test, y_test, learning_rate, mome
 
 def _check_grid(values, name: str, low: float, high: float | None, hint: str) -> np.ndarray:
     if isinstance(values, (int, float)):  # a bare number: "convert it with np.asarray" gave 0-D
-        values = [values]
+        values = [values]  # (any other 0-D number is reshaped below)
     values = as_array(values, name)
     if isinstance(values, jax.core.Tracer):
         raise ValueError(f"{name} must be concrete (the grid is evaluated eagerly), got a "
                          "tracer; call divergence_boundary outside jit.")
     arr = np.asarray(values)
+    if arr.ndim == 0 and arr.dtype.kind in "iuf":  # np.float32(0.1), jnp.array(0.1): one point
+        arr = arr.reshape(1)
     if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iuf":
         raise ValueError(f"{name} must be a 1-D array of real numbers with at least one "
                          f"entry, got shape {arr.shape} and dtype {arr.dtype}; {hint}")
