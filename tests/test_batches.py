@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -87,3 +88,25 @@ def test_a_predictor_on_no_samples_names_them_not_a_batch_size():
         ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=5)
     assert str(err.value).startswith("no training samples: N = 0") and "batch" not in str(
         err.value)
+
+
+def test_an_array_for_steps_or_batch_size_is_told_to_be_an_int():
+    """A fresh user: batch_size=jnp.array(10) with N = 30 was told "must satisfy 1 <= batch_size
+    <= N = 30 (an int)", though 10 is in range; the message now says an array is refused and
+    how to pass it. The predict_head_aware message for an η array named predict_from_kernel."""
+    kernel, f0, y = np.eye(30 * 3), np.zeros((30, 3)), np.arange(30) % 3
+    hint = (r" \(an array, not an int: {} is static, it sets the recursion's shapes; pass "
+            r"int\({}\)\)")
+    with pytest.raises(ValueError, match=r"^batch_size must satisfy 1 <= batch_size <= N = 30 "
+                                         r"\(an int\), got Array\(10, .*\)" +
+                       hint.format("batch_size", "batch_size") + "; use batch_size=None"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=5,
+                                   batch_size=jnp.array(10), key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"^steps must be an int >= 1 .*got array\(30\)" +
+                       hint.format("steps", "steps") + r"\.$"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=np.array(30))
+    with pytest.raises(ValueError, match=r"^steps must be an int >= 1 .*got 2\.5\.$"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, steps=2.5)  # no hint
+    with pytest.raises(ValueError, match=r"learning_rate must be a scalar, got shape \(2,\); to "
+                                         r"sweep it, jax\.vmap the prediction over it"):
+        ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=jnp.array([0.1, 0.2]), steps=5)

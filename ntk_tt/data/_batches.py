@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ntk_tt._options import MAX_STEPS, _is_int
 from ntk_tt.data._inputs import check_key
@@ -116,9 +117,19 @@ def check_sizes(steps, batch_size, n: int) -> None:
                          "least one example.")
     if (isinstance(steps, bool) or not _is_int(steps) or steps < 1 or steps > MAX_STEPS):
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_STEPS:,} (optimiser updates), "
-                         f"got {steps!r}.")
+                         f"got {steps!r}{_array_hint('steps', steps)}.")
     if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= n):
         raise ValueError(
-            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}; "
-            "use batch_size=None for full-batch gradient descent."
+            f"batch_size must satisfy 1 <= batch_size <= N = {n} (an int), got {batch_size!r}"
+            f"{_array_hint('batch_size', batch_size)}; use batch_size=None for full-batch "
+            "gradient descent."
         )
+
+
+def _array_hint(name: str, value) -> str:
+    """For a JAX / NumPy array given as ``steps`` or B (whose value may be in range: a fresh
+    user's jnp.array(10) was told to be in [1, N]): the type is what is refused."""
+    if not isinstance(value, (jax.Array, np.ndarray)):
+        return ""
+    return (f" (an array, not an int: {name} is static, it sets the recursion's shapes; pass "
+            f"int({name}))")

@@ -37,7 +37,7 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -
         if np.ndim(value) != 0:
             raise ValueError(
                 f"{name} must be a scalar, got shape {np.shape(value)}; to sweep it, "
-                "jax.vmap predict_from_kernel over it (one kernel, one compilation)."
+                "jax.vmap the prediction over it (one kernel, one compilation)."
             )
     lr, m = _concrete(learning_rate), _concrete(momentum)
     if lr is not None and not is_rate(lr):
