@@ -400,6 +400,22 @@ def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
     ms_bad = jnp.array([0.0, 1.0])  # m = 1 is outside [0, 1) too
     swept = jax.jit(jax.vmap(runs["frozen"]))(jnp.array([0.5, 0.5]), ms_bad)
     assert np.isnan(np.asarray(swept.loss)[1]).all() and np.isfinite(swept.loss[0]).all()
+    # a second probe: nesterov=True at a traced m = 0 gave plain GD with code 0, where the
+    # eager call refuses it; now INVALID too (frozen, head-aware, and an sgd optimizer), and
+    # m = 0.5 beside it equals its eager call
+    nesterov = {"frozen": lambda m: ntk_tt.predict_from_kernel(
+                    kernel, f0, y, learning_rate=0.5, momentum=m, nesterov=True, steps=30),
+                "head-aware": lambda m: ntk_tt.predict_head_aware(
+                    hk, y, learning_rate=0.5, momentum=m, nesterov=True, steps=30),
+                "optimizer": lambda m: ntk_tt.predict_from_kernel(
+                    kernel, f0, y, steps=30, optimizer=ntk_tt.sgd(0.5, m, nesterov=True))}
+    for name, run in nesterov.items():
+        swept = jax.vmap(run)(jnp.array([0.0, 0.5]))
+        assert (np.asarray(swept.training_time_code[0]) == INVALID).all(), name
+        assert np.isnan(np.asarray(swept.loss[0])).all() and int(swept.outcome[0]) == 3, name
+        np.testing.assert_allclose(swept.loss[1], run(0.5).loss, rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="Nesterov needs momentum > 0"):
+            run(0.0)
 
 
 def test_a_kappa_set_to_the_edge_is_at_it_whatever_the_last_bit():

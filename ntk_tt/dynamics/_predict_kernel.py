@@ -92,8 +92,8 @@ class KernelPrediction(NamedTuple):
     training_time: T_ε (2, 3): rows (loss, error), columns ε = 0.01, 0.1, 0.4; NaN undefined.
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``
       (``CALLED_DIVERGES`` wherever ``outcome`` is "diverges" but the curve did not diverge).
-    Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, or m ∉ [0, 1) cannot be refused: that
-    prediction's curves, κ and T_ε are NaN, code ``INVALID``, not diverged, outcome "unknown".
+    Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, m ∉ [0, 1) or Nesterov's m = 0 is not
+    refused: that prediction's curves, κ, T_ε are NaN, code ``INVALID``, outcome "unknown".
 
     Source: ntk_tt's own container of :func:`predict_from_kernel`'s result (METHOD.md §2, §6).
     """
@@ -380,8 +380,8 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     called = (said.outcome == DIVERGES) & ~diverged  # a run called divergent: no T_ε
     t_eps = jnp.where(called, jnp.nan, t_eps)
     codes = jnp.where(called, CALLED_DIVERGES, codes).astype(jnp.int32)
-    # an invalid traced η or m (no eager check): no divergence, NaN, INVALID, "unknown" (3)
-    bad = ~(rate_ok(lr) & (m >= 0) & (m < 1))
+    # an invalid traced η or m (no eager check; Nesterov at m = 0): NaN, INVALID, "unknown"
+    bad = ~(rate_ok(lr) & (m >= 0) & (m < 1)) | (nesterov & (m == 0))
     nan, none = partial(_unless, bad, jnp.nan), partial(_unless, bad, -1)
     return KernelPrediction(
         loss=nan(loss_c), error=nan(err_c), loss_band=nan(loss_band),
