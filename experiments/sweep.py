@@ -37,7 +37,7 @@ import json  # noqa: E402
 import pathlib  # noqa: E402
 import sys  # noqa: E402
 
-from ntk_tt._cli_parser import Parser  # noqa: E402
+from ntk_tt._cli_script import ScriptParser  # noqa: E402
 from ntk_tt.cli import _STOPPED, _caused_by_interrupt, _guard_interrupts, exit_once  # noqa: E402
 from ntk_tt.data._checkpoint import read_meta  # noqa: E402
 from ntk_tt.sweep import SweepSpec  # noqa: E402
@@ -84,22 +84,13 @@ def batch_size(value: str) -> int | None:
                                          "GD) or an integer >= 1, e.g. N 10") from None
 
 
-class _Parser(Parser):
-    """The script's parser: a negative number in any form (-1e-3) is a value, refused by the
-    grid's own check (``ntk_tt._cli_parser.Parser``), and argparse's errors (an unknown flag,
-    a value it cannot read) are one line too, without the usage block."""
-
-    def error(self, message: str) -> None:
-        _error(self, message)
-
-
 def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     """The command line's options and grid, every check made before anything is written.
 
     Raises:
       SystemExit: status 2 with one ``sweep.py: error:`` line for any bad option or dataset.
     """
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = ScriptParser(description=__doc__.splitlines()[0])  # one-line errors, no abbreviations
     p.add_argument("--out", required=True, help="sweep directory (created; resumed if present)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="the grid (default: session)")
     p.add_argument("--smoke", action="store_true", help="same as --preset smoke")

@@ -151,3 +151,79 @@ def test_read_corpus_reads_both_forms_and_refuses_what_is_not_a_corpus(tmp_path)
                         ("~nosuchuser_ntk_tt/c.jsonl", r"corpus '~nosuchuser_ntk_tt/c\.jsonl'")):
         with pytest.raises(ValueError, match=match):
             ntk_tt.read_corpus(path)
+
+
+def _corpus_script(monkeypatch):
+    """experiments/telemetry_corpus.py as a module, its run_corpus failing the test if called."""
+    from _scripts import experiment_script
+
+    module = experiment_script("telemetry_corpus")
+    monkeypatch.setattr(module, "run_corpus", lambda *a, **k: pytest.fail("work started"))
+    return module
+
+
+def test_corpus_script_packs_only_into_a_new_file_and_whole(tmp_path, capsys, monkeypatch):
+    """A fresh user: --pack onto the committed corpus replaced its 1,024 runs by 4 without a
+    word; --pack into a missing folder was a traceback, of an --out without runs an empty file
+    ("0 runs", status 0), and a damaged run file a traceback after a partial file. Each is now
+    one error line with nothing written; --overwrite replaces a file, the rows read back."""
+    from _scripts import refused
+
+    module = _corpus_script(monkeypatch)
+    rows = [{"run_id": f"r{i}", "value": i + 0.123456789} for i in range(3)]
+    (tmp_path / "c" / "runs").mkdir(parents=True)
+    for r in rows:
+        (tmp_path / "c" / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    out, pack = str(tmp_path / "c"), tmp_path / "p.jsonl"
+    pack.write_text("kept\n")
+    for argv, said in (
+            ([pack], f"--pack {str(pack)!r} exists; give a new path, or --overwrite"),
+            ([tmp_path / "no" / "p.jsonl"], "the folder"),
+            ([""], "--pack '' is not a file path"),
+            ([tmp_path / "q.jsonl", "--steps", "8"], "--pack only packs the runs of --out; "
+                                                     "--steps set a grid to run: drop them")):
+        line = refused(module, ["--out", out, "--pack", *map(str, argv)], capsys)
+        assert said in line, line
+    assert refused(module, ["--out", str(tmp_path / "none"), "--pack", str(tmp_path / "q.jsonl")],
+                   capsys).endswith("holds no runs (no " + str(tmp_path / "none") +
+                                    "/runs/*.json): run the corpus there first, without --pack")
+    assert pack.read_text() == "kept\n" and not (tmp_path / "q.jsonl").exists()
+    assert module.main(["--out", out, "--pack", str(pack), "--overwrite"]) == 0
+    assert ntk_tt.read_corpus(pack) == [r | {"value": float(f"{r['value']:.7g}")} for r in rows]
+    (tmp_path / "c" / "runs" / "r1.json").write_text("x\n")  # damaged from outside
+    line = refused(module, ["--out", out, "--pack", str(tmp_path / "q.jsonl")], capsys)
+    assert "r1.json: not JSON" in line and not (tmp_path / "q.jsonl").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_corpus_script_refuses_another_grid_a_damaged_run_and_repeated_values(
+        tmp_path, capsys, monkeypatch):
+    """Resuming with another grid was run_corpus's ValueError as a traceback, not naming what
+    differs; a damaged run file counted as finished; --seeds 0 0 ran every task twice and -1
+    or 2**32 were taken (2**32 is seed 0's key); flowers5 and its own .npz path were two data
+    sets. Each is one line now, before any work."""
+    from _scripts import refused
+
+    from ntk_tt.data._data import VENDORED
+
+    module = _corpus_script(monkeypatch)
+    out = tmp_path / "c"
+    (out / "runs").mkdir(parents=True)
+    smoke = module.PRESETS["smoke"]
+    (out / "spec.json").write_text(json.dumps(dataclasses.asdict(smoke)))
+    line = refused(module, ["--out", str(out), "--preset", "smoke", "--steps", "8"], capsys)
+    assert line.endswith(f"{out} holds a corpus of a different grid ({out / 'spec.json'}; it "
+                         "differs in steps); resume it with the same options or choose a new "
+                         "--out.")
+    (out / "runs" / "x.json").write_text("[1]")
+    assert "x.json: a corpus row is a JSON object, got list" in refused(
+        module, ["--out", str(out), "--preset", "smoke"], capsys)
+    for extra, said in ((["--seeds", "0", "0"], "CorpusSpec.seeds names a value twice"),
+                        (["--seeds", str(2**32)], "CorpusSpec.seeds must be integers in "
+                                                   "[0, 2**32)"),
+                        (["--datasets", "flowers5", str(VENDORED["flowers5"])],
+                         "are the same dataset; give it once"),
+                        (["--pres", "smoke"], "unrecognized arguments: --pres smoke"),
+                        (["--preset", "smok"], "argument --preset: invalid choice: 'smok'")):
+        assert said in refused(module, ["--out", str(tmp_path / "new"), *extra], capsys), extra
+    assert not (tmp_path / "new").exists()

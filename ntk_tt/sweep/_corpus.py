@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import _is_int
+
 CORPUS_VERSION = 1
 EPSILONS = (0.01, 0.1, 0.4)
 
@@ -70,6 +72,12 @@ class CorpusSpec:
         for name in ("datasets", "per_class", "seeds", "momenta", "kappas"):
             if not getattr(self, name):
                 raise ValueError(f"CorpusSpec.{name} is empty; give at least one value.")
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ValueError(f"CorpusSpec.{name} names a value twice, got "
+                                 f"{getattr(self, name)}; give each once (they name the runs).")
+        if any(not _is_int(s) or not 0 <= s < 2**32 for s in self.seeds):
+            raise ValueError(f"CorpusSpec.seeds must be integers in [0, 2**32) (jax.random."
+                             f"key(2**32) is key(0): the same tasks again), got {self.seeds}.")
         if self.steps < 1:
             raise ValueError(f"CorpusSpec.steps must be >= 1, got {self.steps}.")
         if any(not 0.0 <= m < 1.0 for m in self.momenta):
@@ -268,17 +276,14 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
     """Generate (or resume) the corpus into ``out/runs``; ``out/spec.json`` records the grid.
 
     Raises:
-      ValueError: ``out`` holds a corpus of a different grid.
+      ValueError: ``out`` holds a corpus of a different grid or a damaged run file
+        (:func:`check_corpus_resume`), before any work.
     """
     out = pathlib.Path(out)
+    check_corpus_resume(spec, out)
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    spec_path = out / "spec.json"
-    want = json.loads(json.dumps(dataclasses.asdict(spec)))
-    if spec_path.exists() and json.loads(spec_path.read_text()) != want:
-        raise ValueError(f"{out} holds a corpus of a different grid ({spec_path}); resume it "
-                         "with the same options or choose a new --out.")
-    spec_path.write_text(json.dumps(want, indent=1))
+    (out / "spec.json").write_text(json.dumps(_grid(spec), indent=1))
     t0 = time.perf_counter()
     done = {p.stem for p in runs.glob("*.json")}
     present = sum(run_id(t, c) in done for t in spec.tasks() for c in spec.runs(t))
@@ -289,6 +294,30 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
     calls.append({"seconds": time.perf_counter() - t0, "runs_written": written})
     log.write_text(json.dumps(calls, indent=1))
     return {"written": written, "already_present": present}
+
+
+def _grid(spec: CorpusSpec) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(spec)))
+
+
+def check_corpus_resume(spec: CorpusSpec, out) -> None:
+    """ValueError, before any work, when ``out`` holds a corpus of another grid (its
+    ``spec.json``; the fields that differ are named) or a run file that is not a JSON object
+    (damaged from outside: a resume counted it as done, and ``--pack`` failed on it later)."""
+    out = pathlib.Path(out)
+    spec_path, want = out / "spec.json", _grid(spec)
+    if spec_path.exists():
+        try:
+            old = json.loads(spec_path.read_text())
+        except (ValueError, OSError):
+            old = None
+        if old != want:
+            differ = sorted(k for k in want if not isinstance(old, dict) or old.get(k) != want[k])
+            raise ValueError(f"{out} holds a corpus of a different grid ({spec_path}; it "
+                             f"differs in {', '.join(differ)}); resume it with the same "
+                             "options or choose a new --out.")
+    for _ in iter_corpus(out):  # each file read: a damaged one is named
+        pass
 
 
 def iter_corpus(out) -> Iterator[dict]:
