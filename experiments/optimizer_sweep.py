@@ -55,7 +55,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from ntk_tt.cli import _STOPPED, _caused_by_interrupt, _guard_interrupts, exit_once  # noqa: E402
+from ntk_tt._cli_script import run_guarded  # noqa: E402
+from ntk_tt.cli import _STOPPED, exit_once  # noqa: E402
 from ntk_tt.sweep._load import check_datasets  # noqa: E402
 from ntk_tt.sweep._optimizers import (  # noqa: E402
     BENCH_BACKBONES,
@@ -65,7 +66,7 @@ from ntk_tt.sweep._optimizers import (  # noqa: E402
     run_task,
 )
 from ntk_tt.sweep._optimizers_summary import summarize_optimizers  # noqa: E402
-from ntk_tt.sweep._table import ResultsTable, check_out, read_table  # noqa: E402
+from ntk_tt.sweep._table import ResultsTable, check_out, read_rows, read_table  # noqa: E402
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
 PRESETS = {
@@ -78,9 +79,9 @@ PRESETS = {
 
 
 def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
-    from ntk_tt._cli_parser import Parser  # a negative number in any form is a value
+    from ntk_tt._cli_script import ScriptParser  # -1e-3 a value; one-line errors
 
-    p = Parser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = ScriptParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--out", required=True, help="results directory (created; resumed)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--datasets", nargs="+")
@@ -111,6 +112,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
             raise ValueError(f"--constant {args.constant!r} holds no results.parquet (a sweep "
                              "directory, e.g. experiments/results/sweep)")
         check_out(args.out)
+        read_rows(pathlib.Path(args.out) / "rows")  # a damaged row file: named before any work
         if not args.report:
             check_datasets(spec.datasets, spec.per_class, spec.classes)
             args.grid = _grid(spec, pathlib.Path(args.out))
@@ -195,8 +197,27 @@ def _grid(spec: OptimSpec, out: pathlib.Path) -> dict:
                      "options or choose a new --out.")
 
 
+def _reused_rows(table: ResultsTable) -> int:
+    return sum(r.get("real_source") == "reused" for r in read_rows(table.rows_dir))
+
+
+def _planned(out: pathlib.Path, frame) -> dict:
+    """``planned_rows`` of the grid ``out/spec.json`` records and ``missing_rows`` of them not
+    in ``frame`` (empty without a readable spec.json): a stopped benchmark's report says so."""
+    from ntk_tt.sweep._optimizers import row_id
+
+    try:
+        grid = json.loads((out / "spec.json").read_text())
+        spec = OptimSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items()})
+    except (OSError, ValueError, TypeError):
+        return {}
+    ids = {row_id(t, c) for t in spec.tasks() for c in spec.configs(t)}
+    return {"planned_rows": len(ids), "missing_rows": len(ids - set(frame["row_id"]))}
+
+
 def report(out: pathlib.Path, constant: str | None) -> dict:
-    """Consolidate the rows, write ``summary.json`` and ``fig_optimizers.png``."""
+    """Consolidate the rows, write ``summary.json`` (with ``planned_rows`` / ``missing_rows``
+    of the recorded grid) and ``fig_optimizers.png``."""
     if not any((out / "rows").glob("*.json")) and not (out / "results.parquet").exists():
         print(f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark "
               "there first (the same command without --report).", file=sys.stderr)
@@ -205,6 +226,7 @@ def report(out: pathlib.Path, constant: str | None) -> dict:
     table.consolidate()
     frame = read_table(out)
     summary = summarize_optimizers(frame, read_table(constant) if constant else None)
+    summary |= _planned(out, frame)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     _figure(frame, out / "fig_optimizers.png")
     return summary
@@ -252,21 +274,12 @@ def main(argv=None) -> None:
     also ends a run whose interruption XLA swallowed."""
     args, spec = parse(argv)  # a signal until here: the starting line (nothing written)
     state = {"out": pathlib.Path(args.out)}
-    if argv is None:
-        for sig, default in _STARTING.items():  # the guard takes over default handlers only
-            signal.signal(sig, default)
-        _guard_interrupts(state, stop=_exit_stopped, started=lambda st: True)
     try:
-        _run(args, spec, state["out"])
-    except KeyboardInterrupt:
-        _exit_stopped(state)
+        run_guarded(lambda: _run(args, spec, state["out"]), state, _exit_stopped,
+                    starting=_STARTING, is_program=argv is None)
     except ValueError as err:
         sys.stderr.write(f"optimizer_sweep.py: error: {err}\n")
         sys.exit(2)
-    except Exception as err:  # a KeyboardInterrupt inside XLA may come back wrapped
-        if not _caused_by_interrupt(err):
-            raise
-        _exit_stopped(state)
 
 
 def _exit_stopped(state: dict) -> None:
@@ -287,13 +300,18 @@ def _run(args, spec, out: pathlib.Path) -> None:
         tasks = spec.tasks()
         total = sum(len(spec.configs(t)) for t in tasks)
         t0, written, present = time.perf_counter(), 0, len(table.done_ids())
+        reused = -_reused_rows(table)
         with tqdm(total=total, initial=present, unit="row") as bar:
             for task in tasks:
                 written += run_task(task, spec, table, progress=lambda _: bar.update(),
                                     reuse=args.reuse)
+        reused += _reused_rows(table)  # this invocation's (a wrong --reuse-real: 0, said)
         print(json.dumps({"rows_written": written, "already_present": present,  # as sweep.py
-                          "seconds": round(time.perf_counter() - t0)}))
+                          "real_runs_reused": reused, "seconds": round(time.perf_counter() - t0)}))
     summary = report(out, args.constant)
+    if summary.get("missing_rows"):  # a stopped benchmark, reported as it stands
+        print(f"partial: {summary['missing_rows']} of the grid's {summary['planned_rows']} rows "
+              "are not run yet; run the benchmark command again (without --report) to finish it")
     for fam, block in summary["families"].items():
         for opt in ("gd", "sgd"):
             s = block["t_eps_pooled_0.1_0.4"][opt]

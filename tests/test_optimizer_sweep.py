@@ -72,7 +72,8 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
     cfg = OptimConfig("adamw_cosine", 1e-3, 0.1, None)
     real = np.linspace(2.0, 0.2, 9)
     source = ResultsTable(tmp_path / "old")
-    source.write_row({"row_id": row_id(TASK, cfg), "steps": 8, "peak_learning_rate": 1e-3,
+    source.write_row({"row_id": row_id(TASK, cfg), "family": cfg.family, "steps": 8,
+                      "peak_learning_rate": 1e-3,
                       "weight_decay": 0.1, "real_loss": real, "real_error": real / 4,
                       "real_diverged": False, "seconds_finetune": 123.0,
                       "pred_loss": np.full(9, 99.0)})
@@ -325,7 +326,8 @@ def test_a_damaged_row_file_is_one_line_naming_it(tmp_path, capsys):
         module.main(["--out", str(out), "--report"])
     assert ended.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"optimizer_sweep.py: error: row file {path} is damaged")
+    # found by parse now, before any work: the parser's prog (the script's name as run)
+    assert err.split(": error: ", 1)[1].startswith(f"row file {path} is damaged")
     assert err.count("\n") == 1
 
 
@@ -402,3 +404,38 @@ def test_backbone_flag_sets_the_grid_and_old_directories_resume(tmp_path, capsys
     assert args.grid["backbone"] == "isotropic"
     line = refused(module, [*sgdm, "--backbone", "subspace"], capsys)
     assert "holds another grid" in line and "(it differs in backbone)" in line
+
+
+def test_damaged_rows_a_wrong_reuse_folder_and_a_partial_report_are_said(tmp_path, capsys,
+                                                                          monkeypatch):
+    """Three fresh-user finds: a row file damaged from outside was found only after the whole
+    run (it printed already_present 4 first); --reuse-real of a constant-η sweep reused
+    nothing without a word; a --report of a stopped benchmark did not say it was partial."""
+    import dataclasses
+
+    import pandas as pd
+    from _scripts import refused
+
+    from ntk_tt.sweep._optimizers import row_id
+
+    module = experiment_script("optimizer_sweep")
+    monkeypatch.setattr(module, "run_task", lambda *a, **k: pytest.fail("work started"))
+    out = tmp_path / "out"
+    (out / "rows").mkdir(parents=True)
+    (out / "rows" / "x.json").write_text("garbage")
+    assert "x.json" in refused(module, ["--out", str(out), "--preset", "smoke"], capsys)
+    constant = tmp_path / "constant"
+    (constant / "rows").mkdir(parents=True)
+    (constant / "rows" / "a.json").write_text(json.dumps({"row_id": "a", "kappa": 1.0}))
+    assert refused(module, ["--out", str(tmp_path / "o2"), "--preset", "smoke", "--reuse-real",
+                            str(constant)], capsys).endswith(
+        "--reuse-real: " + f"{constant} holds rows without an optimiser family (a constant-η "
+        "sweep's, whose real runs no row here repeats): give a directory written by "
+        "experiments/optimizer_sweep.py --out.")
+    spec = module.PRESETS["smoke"]
+    done = tmp_path / "partial"
+    done.mkdir()
+    (done / "spec.json").write_text(json.dumps(dataclasses.asdict(spec)))
+    ids = [row_id(t, c) for t in spec.tasks() for c in spec.configs(t)]
+    got = module._planned(done, pd.DataFrame({"row_id": ids[:1] + ["not-in-the-grid"]}))
+    assert got == {"planned_rows": len(ids), "missing_rows": len(ids) - 1} and len(ids) > 1

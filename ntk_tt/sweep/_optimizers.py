@@ -212,7 +212,9 @@ def reusable_real(out) -> dict[str, dict]:
     (one JSON file per row) where it holds any, else ``out/results.parquet``.
 
     Raises:
-      ValueError: ``out`` holds neither (give a directory written by optimizer_sweep.py).
+      ValueError: ``out`` holds neither, or rows of another kind (a constant-η sweep's, no
+        ``family``: it reused nothing, silently); give a directory written by
+        optimizer_sweep.py.
     """
     rows = pathlib.Path(out) / "rows"
     paths = sorted(p for p in rows.glob("*.json") if not p.name.startswith("."))
@@ -222,6 +224,10 @@ def reusable_real(out) -> dict[str, dict]:
         records = read_table(out).to_dict("records")
     else:
         raise ValueError(f"{out} holds no rows/*.json and no results.parquet: give a directory "
+                         "written by experiments/optimizer_sweep.py --out.")
+    if any("family" not in r for r in records):
+        raise ValueError(f"{out} holds rows without an optimiser family (a constant-η "
+                         "sweep's, whose real runs no row here repeats): give a directory "
                          "written by experiments/optimizer_sweep.py --out.")
     return {r["row_id"]: r for r in records}
 
