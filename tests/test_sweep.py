@@ -294,6 +294,12 @@ def test_promote_swaps_a_variant_into_the_headline():
     assert "var_iso_T0.1" not in out and out["pred_kernel"].iat[0] == "iso"
     with pytest.raises(ValueError, match="no variant"):
         promote(frame, "exact", "kron")
+    # a fresh user's --primary iso ntk: the demoted primary took the headline's own name and
+    # vanished from the report; refused as a name that exists is
+    for taken, what in (("ntk", "is the headline's name of the primary"),
+                        ("iso", "already exists")):
+        with pytest.raises(ValueError, match=f"^variant '{taken}' {what}; choose another"):
+            promote(frame, "iso", taken)
 
 
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
@@ -844,6 +850,8 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--momenta", "-1e-2"], "(--momenta) must lie in [0, 1), got (-0.01,)"),
     (["--edge-kappas", "8", "--edge-momenta", "-1e-1"],
      "(--edge-momenta) must lie in [0, 1), got (-0.1,)"),
+    # a fresh user: --ste 6 was read as --steps 6 (ntk-tt refuses abbreviations)
+    (["--ste", "6"], "error: unrecognized arguments: --ste 6"),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,
@@ -855,6 +863,21 @@ def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, ca
     out = tmp_path / "out"
     assert message in refused(module, ["--out", str(out), "--smoke", *extra], capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("script", ["optimizer_sweep", "telemetry_corpus"])
+def test_the_other_scripts_refuse_abbreviations_and_bad_choices_in_one_line(script, capsys,
+                                                                             monkeypatch):
+    """A fresh user: --pres smoke was read as --preset smoke, and --preset smok printed the
+    whole usage block; both are one error line now, as sweep.py's (ScriptParser)."""
+    module = experiment_script(script)
+    for name in ("_run", "run_corpus"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("work started"))
+    assert refused(module, ["--out", "o", "--pres", "smoke"], capsys).endswith(
+        "error: unrecognized arguments: --pres smoke")
+    assert "error: argument --preset: invalid choice: 'smok'" in refused(
+        module, ["--out", "o", "--preset", "smok"], capsys)
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc")

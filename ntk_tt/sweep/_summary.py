@@ -182,11 +182,14 @@ def promote(frame: pd.DataFrame, variant: str, demoted: str) -> pd.DataFrame:
     """The table with the recorded variant ``variant`` as the primary prediction (the
     headline's "ntk") and the primary it replaces kept as the variant ``demoted``: a
     relabelling of stored columns (T_ε, divergence, spike, curve), nothing recomputed.
-    Raises ValueError if ``variant`` is not in the table or ``demoted`` already is."""
+    Raises ValueError if ``variant`` is not in the table or ``demoted`` already is, or is
+    "ntk", the headline's name of the primary (the demoted primary vanished from the report)."""
     if variant not in variants(frame):
         raise ValueError(f"no variant {variant!r} in the table; recorded: {variants(frame)}.")
-    if demoted in variants(frame):
-        raise ValueError(f"variant {demoted!r} already exists; choose another name.")
+    if demoted in variants(frame) or demoted == "ntk":
+        what = ("is the headline's name of the primary" if demoted == "ntk" else
+                "already exists")
+        raise ValueError(f"variant {demoted!r} {what}; choose another name.")
     out = frame.copy()
     src = f"var_{variant}_"
     for col in [c for c in frame.columns if c.startswith(src)]:
