@@ -415,7 +415,8 @@ def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch,
                                              r"pass e\.g\. momentum=0\.9 or drop nesterov=True"):
             make()
     # the keyword forms too (a second fresh user: predict, finetune and predict_from_kernel
-    # ran it silently as plain GD); a traced m (a sweep over momenta) is not checked
+    # ran it silently as plain GD); a traced m = 0 (a sweep over momenta) is an INVALID entry,
+    # NaN (a third: it was plain GD with code 0), the m > 0 entries beside it computed
     p, x, y = linear_problem(n=8, dtype=jnp.float32)
     theta, f0 = ntk_tt.empirical_ntk(linear_apply, p, x), linear_apply(p, x)
     for call in (lambda: ntk_tt.predict(linear_apply, p, x, y, learning_rate=0.1, steps=5,
@@ -430,7 +431,7 @@ def test_nesterov_without_momentum_is_refused_as_the_cli_refuses_it(monkeypatch,
     swept = jax.vmap(lambda m: ntk_tt.predict_from_kernel(
         theta, f0, y, learning_rate=0.1, steps=5, momentum=m, nesterov=True).loss)(
         jnp.array([0.0, 0.5]))
-    assert np.isfinite(np.asarray(swept)).all()
+    assert np.isnan(np.asarray(swept[0])).all() and np.isfinite(np.asarray(swept[1])).all()
     grads, params = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.zeros(2)}
     ours, ref = ntk_tt.sgd(0.1, 0.5, nesterov=True).to_optax(), optax.sgd(0.1, 0.5, nesterov=True)
     np.testing.assert_allclose(ours.update(grads, ours.init(params), params)[0]["w"],
