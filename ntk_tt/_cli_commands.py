@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from ntk_tt._cli_parser import DEFAULT_FIGURE
-from ntk_tt._cli_report import format_report
+from ntk_tt._cli_report import format_report, steps_interval
 
 _JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # not options
 
@@ -180,7 +180,8 @@ def _outcome(args, parser) -> int:
               f"{lo:.3f}–{hi:.3f})\n"
               f"  P(diverges) {r['p_diverged']:.3f}, P(fails) {r['p_failed']:.3f}, "
               f"P(beats its task's median run) {r['p_above_median']:.3f}\n"
-              + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval {tlo:.0f}–{thi:.0f})"
+              + (f"  loss T_0.1 {r['t_eps_0.1']:.0f} steps (90 % interval "
+                 f"{steps_interval(tlo, thi)})"
                  if r["p_diverged"] < 0.5 else
                  "  loss T_0.1: none expected (the run will likely diverge)"))
     if args.json_path:  # standard JSON, as save_telemetry: NaN -> null, ±inf -> "inf"/"-inf"

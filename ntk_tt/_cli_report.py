@@ -230,9 +230,13 @@ def _interval(pred: dict, curve: str, eps: str) -> str:
     (error curve, undefined T_ε, an abstaining prediction, or a report written before
     intervals existed)."""
     iv = (pred.get("interval_90") or {}).get(curve, {}).get(eps)
-    if iv is None:
-        return "n/a"
-    lo, hi = iv
+    return "n/a" if iv is None else steps_interval(*iv)
+
+
+def steps_interval(lo: float | None, hi: float | None) -> str:
+    """An interval of steps as "lo–hi" whole steps, widened outwards (past float rounding:
+    17.999995 reads 18; None, an unbounded side, 0 or ∞): ``predict``'s T_ε and ``outcome``'s
+    T_0.1 alike (``outcome`` rounded to the nearest step, so 3.67–5.09 read 4–5)."""
     return (f"{0 if lo is None else math.floor(lo * (1 + 1e-6))}–"
             f"{'∞' if hi is None else math.ceil(hi * (1 - 1e-6))}")
 

@@ -208,3 +208,21 @@ def test_outcome_cli_refuses_them_with_one_line(entries, match, tmp_path, capsys
     err = captured.err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("ntk-tt: error: ")
     assert match in err[0] and "P(diverges)" not in captured.out
+
+
+def test_outcome_cli_widens_the_t_eps_interval_outwards_as_predict_does(tmp_path, capsys):
+    """A fresh user: ``outcome`` printed the T_0.1 interval [3.67, 5.09] as "4–5" (nearest),
+    ``predict`` [7.0, 8.05] as "7–9" (outwards); both widen outwards now: the printed whole
+    steps hold the JSON's interval."""
+    import math
+
+    from ntk_tt.cli import main
+
+    runs, out = tmp_path / "runs.jsonl", tmp_path / "out.json"
+    runs.write_text(json.dumps(_base().to_dict()) + "\n")
+    assert main(["outcome", str(runs), "--updates", "4", "--predictor", "telemetry", "--json",
+                 str(out)]) == 0
+    lo, hi = json.loads(out.read_text())[0]["t_eps_0.1_interval"]
+    assert lo != math.floor(lo) and hi != math.ceil(hi)  # fractional: rounding would show
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "loss T_0.1" in ln)
+    assert line.endswith(f"(90 % interval {math.floor(lo)}–{math.ceil(hi)})"), (line, lo, hi)
