@@ -234,9 +234,10 @@ def _check_shapes(path: Path, meta: dict[str, Any], expected, stored) -> None:
                          f"arrays differ); {_FIX}.")
 
 
-def _check_meta_builds(meta: dict[str, Any], state) -> None:
+def _check_meta_builds(meta: dict[str, Any], state) -> dict:
     """ValueError unless meta's model (what load_checkpoint rebuilds) has ``state``'s arrays
-    and shapes (a model saved after ``replace_head`` with the old meta: load_checkpoint refused)."""
+    and shapes (a model saved after ``replace_head`` with the old meta: load_checkpoint
+    refused); else that model's abstract weights (their dtypes are those loaded back)."""
     try:
         abstract = _abstract(meta)
     except Exception as err:  # bad constructor arguments in meta["kwargs"], num_classes, ...
@@ -264,6 +265,7 @@ def _check_meta_builds(meta: dict[str, Any], state) -> None:
             f"{want.get(k, 'none')}, the model {have.get(k, 'none')} ({len(odd)} arrays "
             f"differ), so load_checkpoint could not rebuild it; {fix}.")
     _check_input_shape("", meta, *nnx.split(abstract), "fix meta before saving")
+    return nnx.to_pure_dict(nnx.state(abstract))
 
 
 def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, Any], *,
@@ -331,8 +333,11 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
     meta.pop("weights_sha256", None)  # replaced below by this model's
     _check_meta(None, meta, "fix meta before saving")
     state = nnx.to_pure_dict(nnx.state(model))
-    _check_meta_builds(meta, state)
-    meta["weights_sha256"] = weights_digest(state)  # load_checkpoint checks the arrays read
+    rebuilt = _check_meta_builds(meta, state)
+    # of the arrays as load_checkpoint reads them back: in the rebuilt model's dtypes (a
+    # bfloat16 model's weights load as its float32 ones, exactly)
+    meta["weights_sha256"] = weights_digest(jax.tree.map(
+        lambda a, t: np.asarray(a).astype(t.dtype), state, rebuilt))
     path = check_save_path(path, overwrite)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(path, args=ocp.args.Composite(
