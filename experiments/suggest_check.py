@@ -79,7 +79,7 @@ def grid_rows(corpus: pathlib.Path, task_id: str) -> list[dict]:
     if (corpus / "runs").is_dir():
         return [json.loads(p.read_text())
                 for p in sorted((corpus / "runs").glob(f"{task_id}__*.json"))]
-    from ntk_tt.sweep._corpus import iter_corpus
+    from ntk_tt.sweep._corpus_files import iter_corpus
 
     rows = [r for r in iter_corpus(corpus / "corpus.jsonl.gz") if r["task_id"] == task_id]
     return sorted(rows, key=lambda r: r["run_id"])

@@ -35,12 +35,8 @@ import tempfile  # noqa: E402
 
 from ntk_tt._cli_script import ScriptParser, run_guarded  # noqa: E402
 from ntk_tt.cli import _STOPPED, exit_once  # noqa: E402
-from ntk_tt.sweep._corpus import (  # noqa: E402
-    CorpusSpec,
-    check_corpus_resume,
-    iter_corpus,
-    run_corpus,
-)
+from ntk_tt.sweep._corpus import CorpusSpec, run_corpus  # noqa: E402
+from ntk_tt.sweep._corpus_files import check_corpus_resume, check_runs, iter_corpus  # noqa: E402
 from ntk_tt.sweep._table import check_out  # noqa: E402
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
@@ -84,8 +80,11 @@ def main(argv=None) -> int:
         _check_datasets(spec)
         check_out(args.out)  # a file, or a folder that takes no new entry: one line, not later
         check_corpus_resume(spec, args.out)  # another grid, a damaged run file: before work
-    except ValueError as err:
-        p.exit(2, f"{p.prog}: error: {err}\n")
+    except ValueError as err:  # the grid's own names for what the flags set
+        said = str(err)
+        for name in _GRID_FLAGS[1:]:
+            said = said.replace(f"CorpusSpec.{name}", f"--{name}")
+        p.exit(2, f"{p.prog}: error: {said}\n")
     state = {"out": pathlib.Path(args.out)}
     counts = run_guarded(lambda: run_corpus(spec, args.out, progress=lambda s: print(s,
                                                                                   flush=True)),
@@ -124,12 +123,17 @@ def _pack(args) -> int:
     if not pack.parent.is_dir():
         raise ValueError(f"--pack {args.pack!r}: the folder {str(pack.parent)!r} does not "
                          "exist; create it or give another path")
+    if pack.resolve().is_relative_to(pathlib.Path(args.out).resolve()):
+        raise ValueError(f"--pack {args.pack!r} is inside --out {args.out!r}, whose runs it "
+                         "reads (a pack in runs/ is read as a damaged run); give a path "
+                         "outside it")
     if pack.exists() and not args.overwrite:
         raise ValueError(f"--pack {args.pack!r} exists; give a new path, or --overwrite to "
                          "replace it")
     if not any((pathlib.Path(args.out) / "runs").glob("*.json")):
         raise ValueError(f"--out {args.out!r} holds no runs (no {args.out}/runs/*.json): "
                          "run the corpus there first, without --pack")
+    check_runs(args.out)  # a damaged or foreign run file: named, nothing written
     opener = gzip.open if args.pack.endswith(".gz") else open
     fd, tmp = tempfile.mkstemp(dir=pack.parent, prefix=f".{pack.name}.")
     os.close(fd)
@@ -139,6 +143,9 @@ def _pack(args) -> int:
             for row in iter_corpus(args.out):  # a damaged run file: a ValueError naming it
                 fh.write(json.dumps(_round(row), allow_nan=False) + "\n")
                 count += 1
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is the owner's only (0600)
         os.replace(tmp, pack)
     finally:
         if os.path.exists(tmp):

@@ -56,7 +56,7 @@ _EXPORTS = {
     "Telemetry": "ntk_tt.telemetry._telemetry",
     "TelemetrySpec": "ntk_tt.telemetry._telemetry",
     "load_telemetry": "ntk_tt.telemetry._telemetry",
-    "read_corpus": "ntk_tt.sweep._corpus",
+    "read_corpus": "ntk_tt.sweep._corpus_files",
     "model_features": "ntk_tt.telemetry._recorder",
     "save_telemetry": "ntk_tt.telemetry._telemetry",
     "predict_task": "ntk_tt.prediction._job",

@@ -3,6 +3,7 @@ NTK prediction identical to direct ``finetune`` / ``predict_head_aware`` calls."
 
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -16,9 +17,9 @@ from ntk_tt.sweep._corpus import (
     _run_key,
     failed,
     load_corpus_task,
-    read_corpus,
     run_corpus,
 )
+from ntk_tt.sweep._corpus_files import read_corpus
 from ntk_tt.telemetry._prediction_checks import check_prediction
 
 # N = 50 and B = 10: the shapes of the outcome test's real runs (the smallest task and batch of
@@ -168,9 +169,10 @@ def test_corpus_script_packs_only_into_a_new_file_and_whole(tmp_path, capsys, mo
     ("0 runs", status 0), and a damaged run file a traceback after a partial file. Each is now
     one error line with nothing written; --overwrite replaces a file, the rows read back."""
     from _scripts import refused
+    from test_outcome import _corpus
 
     module = _corpus_script(monkeypatch)
-    rows = [{"run_id": f"r{i}", "value": i + 0.123456789} for i in range(3)]
+    rows = [r | {"value": i + 0.123456789} for i, r in enumerate(_corpus(3))]  # run_id r0 ...
     (tmp_path / "c" / "runs").mkdir(parents=True)
     for r in rows:
         (tmp_path / "c" / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
@@ -187,12 +189,32 @@ def test_corpus_script_packs_only_into_a_new_file_and_whole(tmp_path, capsys, mo
     assert refused(module, ["--out", str(tmp_path / "none"), "--pack", str(tmp_path / "q.jsonl")],
                    capsys).endswith("holds no runs (no " + str(tmp_path / "none") +
                                     "/runs/*.json): run the corpus there first, without --pack")
+    # a third probe: a pack inside --out (runs/new.json, spec.json) wrecked the corpus
+    for inside in (tmp_path / "c" / "runs" / "new.json", tmp_path / "c" / "spec.json"):
+        assert "is inside --out" in refused(module, ["--out", out, "--pack", str(inside),
+                                                     "--overwrite"], capsys)
     assert pack.read_text() == "kept\n" and not (tmp_path / "q.jsonl").exists()
     assert module.main(["--out", out, "--pack", str(pack), "--overwrite"]) == 0
-    assert ntk_tt.read_corpus(pack) == [r | {"value": float(f"{r['value']:.7g}")} for r in rows]
-    (tmp_path / "c" / "runs" / "r1.json").write_text("x\n")  # damaged from outside
-    line = refused(module, ["--out", out, "--pack", str(tmp_path / "q.jsonl")], capsys)
-    assert "r1.json: not JSON" in line and not (tmp_path / "q.jsonl").exists()
+    assert [r["value"] for r in ntk_tt.read_corpus(pack)] == [
+        float(f"{r['value']:.7g}") for r in rows]  # floats to 7 significant digits
+    assert [r["telemetry"]["loss"][:3] for r in ntk_tt.read_corpus(pack)] == [
+        [float(f"{v:.7g}") for v in r["telemetry"]["loss"][:3]] for r in rows]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert pack.stat().st_mode & 0o777 == 0o666 & ~umask  # as any file here (was 0600)
+    # damaged from outside: not JSON, {}, another run_id, a cut or impossible telemetry
+    r1 = tmp_path / "c" / "runs" / "r1.json"
+    cut = rows[1] | {"telemetry": rows[1]["telemetry"] | {"loss": [1.0, 0.9, 0.8]}}
+    negative = rows[1] | {"telemetry": rows[1]["telemetry"] | {
+        "loss": [-5.0, *rows[1]["telemetry"]["loss"][1:]]}}
+    for text, said in (("x\n", "r1.json: not JSON"),
+                       ("{}", "r1.json: not the run its name says (run_id None)"),
+                       (json.dumps(rows[1] | {"run_id": "zzz"}), "(run_id 'zzz')"),
+                       (json.dumps(cut), "r1.json: telemetry field 'accuracy' has"),
+                       (json.dumps(negative), "r1.json: telemetry field 'loss' must be")):
+        r1.write_text(text)
+        line = refused(module, ["--out", out, "--pack", str(tmp_path / "q.jsonl")], capsys)
+        assert said in line and not (tmp_path / "q.jsonl").exists(), (said, line)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
@@ -218,8 +240,8 @@ def test_corpus_script_refuses_another_grid_a_damaged_run_and_repeated_values(
     (out / "runs" / "x.json").write_text("[1]")
     assert "x.json: a corpus row is a JSON object, got list" in refused(
         module, ["--out", str(out), "--preset", "smoke"], capsys)
-    for extra, said in ((["--seeds", "0", "0"], "CorpusSpec.seeds names a value twice"),
-                        (["--seeds", str(2**32)], "CorpusSpec.seeds must be integers in "
+    for extra, said in ((["--seeds", "0", "0"], "error: --seeds names a value twice"),
+                        (["--seeds", str(2**32)], "error: --seeds must be integers in "
                                                    "[0, 2**32)"),
                         (["--datasets", "flowers5", str(VENDORED["flowers5"])],
                          "are the same dataset; give it once"),

@@ -12,7 +12,8 @@ real run and from nothing but the pre-trained weights and the data.
 
 Each finished run is one crash-safe JSON file ``runs/<run id>.json`` (written atomically), so
 an interrupted generation (even ``kill -9``) resumes with the same command, skipping the runs
-present and never writing one twice. :func:`read_corpus` reads them back.
+present and never writing one twice. :func:`ntk_tt.sweep._corpus_files.read_corpus` reads them
+back.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import pathlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -279,6 +279,8 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
       ValueError: ``out`` holds a corpus of a different grid or a damaged run file
         (:func:`check_corpus_resume`), before any work.
     """
+    from ntk_tt.sweep._corpus_files import _grid, check_corpus_resume
+
     out = pathlib.Path(out)
     check_corpus_resume(spec, out)
     runs = out / "runs"
@@ -294,104 +296,3 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
     calls.append({"seconds": time.perf_counter() - t0, "runs_written": written})
     log.write_text(json.dumps(calls, indent=1))
     return {"written": written, "already_present": present}
-
-
-def _grid(spec: CorpusSpec) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(spec)))
-
-
-def check_corpus_resume(spec: CorpusSpec, out) -> None:
-    """ValueError, before any work, when ``out`` holds a corpus of another grid (its
-    ``spec.json``; the fields that differ are named) or a run file that is not a JSON object
-    (damaged from outside: a resume counted it as done, and ``--pack`` failed on it later)."""
-    out = pathlib.Path(out)
-    spec_path, want = out / "spec.json", _grid(spec)
-    if spec_path.exists():
-        try:
-            old = json.loads(spec_path.read_text())
-        except (ValueError, OSError):
-            old = None
-        if old != want:
-            differ = sorted(k for k in want if not isinstance(old, dict) or old.get(k) != want[k])
-            raise ValueError(f"{out} holds a corpus of a different grid ({spec_path}; it "
-                             f"differs in {', '.join(differ)}); resume it with the same "
-                             "options or choose a new --out.")
-    for _ in iter_corpus(out):  # each file read: a damaged one is named
-        pass
-
-
-def iter_corpus(out) -> Iterator[dict]:
-    """The run rows of a corpus directory (``out/runs/*.json``, or a ``.jsonl`` / ``.jsonl.gz``
-    file of rows), in file-name order; a line or file that is not a JSON object is a
-    ValueError naming it (see :func:`read_corpus`)."""
-    path = pathlib.Path(out)
-    if path.is_file():
-        import gzip
-
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as fh:
-                for i, line in enumerate(fh, 1):
-                    if line.strip():
-                        yield _row(line, f"{path}, line {i}")
-        except (UnicodeDecodeError, OSError, EOFError) as err:  # gzip.BadGzipFile: an OSError
-            raise ValueError(f"{path}: not a corpus file (JSON Lines, .gz too): {err}.") from None
-        return
-    for p in sorted((path / "runs").glob("*.json")):
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError) as err:  # a folder named x.json: IsADirectoryError
-            raise ValueError(f"{p}: not a corpus row file (a JSON object): {err}.") from None
-        yield _row(text, str(p))
-
-
-def _row(text: str, where: str) -> dict:
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not JSON ({err.msg}); a corpus row is one JSON object.") \
-            from None
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: a corpus row is a JSON object, got {type(row).__name__}.")
-    return row
-
-
-def read_corpus(path) -> list[dict]:
-    """Every run row of a telemetry corpus, in order: the rows :func:`ntk_tt.fit_outcome` fits
-    on (``experiments/telemetry_corpus.py`` writes them; the packed corpus of README
-    "Telemetry and outcome prediction" is ``experiments/results/telemetry/corpus.jsonl.gz``).
-
-    Source: none (a utility: ntk_tt's corpus format, issue 11).
-
-    Args:
-      path: a corpus directory (its ``runs/*.json``, in file-name order) or a ``.jsonl`` /
-        ``.jsonl.gz`` file of rows (one JSON object per line).
-
-    Returns:
-      A list of dicts, one per run: ``telemetry`` (:meth:`ntk_tt.Telemetry.to_dict`),
-      ``prediction`` (the NTK prediction's curves) or None, ``outcome``, and the run's
-      configuration (``run_id``, ``task_id``, ``dataset``, ``optimizer``, ``batch_size``,
-      ``per_class``, ``momentum``, ``kappa_eff``, ``steps``).
-
-    Raises:
-      ValueError: ``path`` not a non-empty str / PathLike, does not exist, is a directory
-        without a ``runs/`` folder of rows, or holds no rows; a line or file that is not one
-        JSON object, or not UTF-8 text (named with its line).
-    """
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise ValueError(f"read_corpus needs the path of a corpus directory or .jsonl(.gz) "
-                         f"file, got {path!r}.")
-    try:
-        where = pathlib.Path(path).expanduser()
-    except RuntimeError as err:  # "~nosuchuser/...": no such home directory
-        raise ValueError(f"corpus {str(path)!r}: {err}") from None
-    if not where.exists():
-        raise ValueError(f"corpus {str(path)!r} does not exist; give a corpus directory or a "
-                         ".jsonl(.gz) file of rows.")
-    if where.is_dir() and not (where / "runs").is_dir():
-        raise ValueError(f"corpus {str(path)!r} is a directory without runs/: give the folder "
-                         "experiments/telemetry_corpus.py wrote, or a .jsonl(.gz) file.")
-    rows = list(iter_corpus(where))
-    if not rows:
-        raise ValueError(f"corpus {str(path)!r} holds no rows.")
-    return rows
