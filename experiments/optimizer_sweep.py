@@ -147,6 +147,11 @@ def _spec(args: argparse.Namespace) -> OptimSpec:
         spec = dataclasses.replace(spec, backbone=args.backbone)
     flags = [f"--{n.replace('_', '-')}" for n in ("adam_peaks", "adam_decays")
              if getattr(args, n)]
+    given = [f"--{n.replace('_', '-')}" for n in ("datasets", "seeds", "per_class",
+                                                  "reuse_real") if getattr(args, n)]
+    if given and args.report:  # a third probe: these were ignored there without a word
+        raise ValueError(f"{' and '.join(given)} set what to run; --report only reports the "
+                         "rows already there: drop them")
     if flags and args.report:
         raise ValueError(f"{' and '.join(flags)} set the grid to run; --report only reports "
                          "the rows already there: drop them")

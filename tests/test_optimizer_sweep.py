@@ -439,3 +439,19 @@ def test_damaged_rows_a_wrong_reuse_folder_and_a_partial_report_are_said(tmp_pat
     ids = [row_id(t, c) for t in spec.tasks() for c in spec.configs(t)]
     got = module._planned(done, pd.DataFrame({"row_id": ids[:1] + ["not-in-the-grid"]}))
     assert got == {"planned_rows": len(ids), "missing_rows": len(ids) - 1} and len(ids) > 1
+    # a third probe: a row whose row_id is not its file's name was reported as an extra row
+    # (n doubled); a damaged row in the --reuse-real folder was called a constant-η sweep's;
+    # grid flags beside --report were ignored without a word
+    renamed = tmp_path / "renamed"
+    (renamed / "rows").mkdir(parents=True)
+    (renamed / "rows" / "a.json").write_text(json.dumps({"row_id": "zzz", "family": "x"}))
+    assert "row_id 'zzz' is not its file's name" in refused(
+        module, ["--out", str(renamed), "--report"], capsys)
+    (constant / "rows" / "a.json").write_text("{}")
+    assert f"row file {constant / 'rows' / 'a.json'} is damaged" in refused(
+        module, ["--out", str(tmp_path / "o3"), "--preset", "smoke", "--reuse-real",
+                 str(constant)], capsys)
+    for flag in (["--datasets", "mnist_test"], ["--seeds", "3"], ["--per-class", "9"],
+                 ["--reuse-real", str(constant)]):
+        assert f"{flag[0]} set what to run; --report only reports the rows already there" in \
+            refused(module, ["--out", str(done), "--report", *flag], capsys)

@@ -24,7 +24,6 @@ recomputed (fine-tunes are deterministic given the task, optimiser and key).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 import warnings
@@ -38,7 +37,7 @@ from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.dynamics._regime import LinearRegimeWarning
 from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_distinct, check_positive
 from ntk_tt.sweep._load import _task_key, load_task
-from ntk_tt.sweep._table import ResultsTable, read_table
+from ntk_tt.sweep._table import ResultsTable, read_rows, read_table
 from ntk_tt.sweep._targets import target_columns
 
 FAMILIES = ("sgdm_cosine", "adamw_cosine")
@@ -216,13 +215,10 @@ def reusable_real(out) -> dict[str, dict]:
         ``family``: it reused nothing, silently); give a directory written by
         optimizer_sweep.py.
     """
-    rows = pathlib.Path(out) / "rows"
-    paths = sorted(p for p in rows.glob("*.json") if not p.name.startswith("."))
-    if paths:
-        records = [json.loads(p.read_text()) for p in paths]
-    elif (pathlib.Path(out) / "results.parquet").exists():
+    records = read_rows(pathlib.Path(out) / "rows")  # a damaged row file is named
+    if not records and (pathlib.Path(out) / "results.parquet").exists():
         records = read_table(out).to_dict("records")
-    else:
+    elif not records:
         raise ValueError(f"{out} holds no rows/*.json and no results.parquet: give a directory "
                          "written by experiments/optimizer_sweep.py --out.")
     if any("family" not in r for r in records):

@@ -198,6 +198,8 @@ def read_rows(rows_dir: pathlib.Path) -> list[dict]:
             record = json.loads(p.read_text())
             if not (isinstance(record, dict) and record.get("row_id")):
                 raise ValueError("not a row: a JSON object with a row_id")
+            if record["row_id"] != p.stem:  # written as rows/<row_id>.json (write_row)
+                raise ValueError(f"row_id {record['row_id']!r} is not its file's name")
         except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"row file {p} is damaged ({err}); delete it and run the same "
                              "command again: that row is redone (unless results.parquet "
