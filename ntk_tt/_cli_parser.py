@@ -262,6 +262,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]
                            or difflib.get_close_matches(r.split("=")[0], flags, n=1))]
         hint = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
         typed = [r.split("=")[0] for r in rest]  # the flag, or 5+ characters of it
+        others = {f: name for name, c in parser.commands.items() if name != args.command
+                  for a in c._actions for f in a.option_strings if f.startswith("--")}
+        if elsewhere := [t for t in typed if t in others]:  # not a near miss of this command's
+            hint = f" ({elsewhere[0]} is an option of {others[elsewhere[0]]}, not of " \
+                   f"{args.command})"
         fixed = [f for t in typed for f in SUGGEST_SCHEDULE
                  if f == t or (len(t) >= 5 and f.startswith(t))]
         if args.command == "suggest" and fixed:  # not a near miss: suggest has no such flag

@@ -1381,7 +1381,9 @@ BEFORE_JAX = [
      "warmups (--warmups) [0.1, 0.1] names 0.1 twice; give each once."),
     # a list flag given twice kept only its last list (-B 10 -B 10 ran B = 10 alone): now the
     # flags add up, as a comma does, so the repeat is seen
-    (["suggest", "-B", "10", "-B", "N,10"], "(10, N, 10) names a batch size twice"),
+    (["suggest", "-B", "10", "-B", "N,10"], "(10, N, 10) names a batch size twice; give each"),
+    (["suggest", "-B", "N", "-B", "750"], "(N, 750) names a batch size twice (None and N = 750 "
+                                          "are both full-batch GD); give each once."),
     (["suggest", "-m", "0.9", "-m", "0,0.9"], "[0.9, 0.0, 0.9] names 0.9 twice"),
     (["suggest", "--optimizer", "adamw", "--warmups", "0", "--warmups", "0.2,0"],
      "warmups (--warmups) [0.0, 0.2, 0.0] names 0.0 twice; give each once."),
@@ -1504,6 +1506,21 @@ def test_an_unknown_flag_is_the_command_s_error_with_the_flag_meant(argv, usage,
     assert "{predict,suggest,outcome}" not in err
     assert err.splitlines()[-1] == (f"ntk-tt {command}: error: unrecognized arguments: "
                                     f"{' '.join(argv[-2:])} (did you mean {meant}?)")
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["suggest", "--method", "closed-form"], "--method is an option of predict, not of suggest"),
+    (["predict", "--lr-min", "0.1"], "--lr-min is an option of suggest, not of predict"),
+    (["outcome", "runs.jsonl", "--top", "3"], "--top is an option of suggest, not of outcome"),
+])
+def test_another_command_s_flag_is_named_as_that_command_s(argv, said, capsys):
+    """A fresh user: ``ntk-tt suggest --method closed-form`` was told "did you mean --top?";
+    a flag of another command now says whose it is."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert stop.value.code == 2 and err == (f"ntk-tt {argv[0]}: error: unrecognized arguments: "
+                                            f"{' '.join(argv[-2:])} ({said})"), err
 
 
 def test_settle_on_a_read_only_folder_is_no_second_error(tmp_path, monkeypatch):
