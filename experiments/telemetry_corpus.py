@@ -36,7 +36,7 @@ import tempfile  # noqa: E402
 from ntk_tt._cli_script import ScriptParser, run_guarded  # noqa: E402
 from ntk_tt.cli import _STOPPED, exit_once  # noqa: E402
 from ntk_tt.sweep._corpus import CorpusSpec, run_corpus  # noqa: E402
-from ntk_tt.sweep._corpus_files import check_corpus_resume, check_runs, iter_corpus  # noqa: E402
+from ntk_tt.sweep._corpus_files import check_corpus_resume, iter_runs  # noqa: E402
 from ntk_tt.sweep._table import check_out  # noqa: E402
 
 TARGETS = ("cifar10_test", "mnist_test", "notmnist", "flowers5_300pc")
@@ -133,14 +133,14 @@ def _pack(args) -> int:
     if not any((pathlib.Path(args.out) / "runs").glob("*.json")):
         raise ValueError(f"--out {args.out!r} holds no runs (no {args.out}/runs/*.json): "
                          "run the corpus there first, without --pack")
-    check_runs(args.out)  # a damaged or foreign run file: named, nothing written
     opener = gzip.open if args.pack.endswith(".gz") else open
     fd, tmp = tempfile.mkstemp(dir=pack.parent, prefix=f".{pack.name}.")
     os.close(fd)
     count = 0
     try:
         with opener(tmp, "wt", encoding="utf-8") as fh:
-            for row in iter_corpus(args.out):  # a damaged run file: a ValueError naming it
+            for row in iter_runs(args.out):  # a damaged or foreign run file: named, and the
+                # temporary file removed (nothing written)
                 fh.write(json.dumps(_round(row), allow_nan=False) + "\n")
                 count += 1
         umask = os.umask(0)

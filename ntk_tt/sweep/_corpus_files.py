@@ -35,15 +35,17 @@ def check_corpus_resume(spec: CorpusSpec, out) -> None:
             raise ValueError(f"{out} holds a corpus of a different grid ({spec_path}; it "
                              f"differs in {', '.join(differ)}); resume it with the same "
                              "options or choose a new --out.")
-    check_runs(out)
+    for _ in iter_runs(out):  # every run file read and checked
+        pass
 
 
-def check_runs(out) -> None:
-    """ValueError naming the first run file of ``out/runs`` that is not its run
-    (:func:`_check_run`): checked before a resume and before ``--pack`` writes anything."""
+def iter_runs(out) -> Iterator[dict]:
+    """The rows of ``out/runs`` as :func:`iter_corpus` reads them, each checked to be its run
+    (:func:`_check_run`; a ValueError names the first that is not): before a resume, and as
+    ``--pack`` writes them (its file is kept only when every run passed)."""
     files = sorted(pathlib.Path(out, "runs").glob("*.json"))
     for path, row in zip(files, iter_corpus(out), strict=True):
-        _check_run(row, path)
+        yield _check_run(row, path)
 
 
 def iter_corpus(out) -> Iterator[dict]:
