@@ -237,6 +237,13 @@ def test_corpus_script_refuses_another_grid_a_damaged_run_and_repeated_values(
     assert line.endswith(f"{out} holds a corpus of a different grid ({out / 'spec.json'}; it "
                          "differs in steps); resume it with the same options or choose a new "
                          "--out.")
+    # a spec.json that is not a JSON object was said to differ in every field of the grid
+    for text, why in (("{\"steps\": 8", "not readable JSON: Expecting"),
+                      ("[1, 2]", "a JSON list, not an object")):
+        (out / "spec.json").write_text(text)
+        line = refused(module, ["--out", str(out), "--preset", "smoke"], capsys)
+        assert f"{out / 'spec.json'} is damaged ({why}" in line and "differs in" not in line
+    (out / "spec.json").write_text(json.dumps(dataclasses.asdict(smoke)))
     (out / "runs" / "x.json").write_text("[1]")
     assert "x.json: a corpus row is a JSON object, got list" in refused(
         module, ["--out", str(out), "--preset", "smoke"], capsys)

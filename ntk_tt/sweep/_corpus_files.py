@@ -28,10 +28,15 @@ def check_corpus_resume(spec: CorpusSpec, out) -> None:
     if spec_path.exists():
         try:
             old = json.loads(spec_path.read_text())
-        except (ValueError, OSError):
-            old = None
+        except (ValueError, OSError) as err:
+            old = err
+        if not isinstance(old, dict):
+            why = f"not readable JSON: {old}" if isinstance(old, Exception) else \
+                f"a JSON {type(old).__name__}, not an object"
+            raise ValueError(f"{spec_path} is damaged ({why}), so the grid of the corpus in "
+                             f"{out} is unknown; restore it, or choose a new --out.")
         if old != want:
-            differ = sorted(k for k in want if not isinstance(old, dict) or old.get(k) != want[k])
+            differ = sorted(k for k in want if old.get(k) != want[k])
             raise ValueError(f"{out} holds a corpus of a different grid ({spec_path}; it "
                              f"differs in {', '.join(differ)}); resume it with the same "
                              "options or choose a new --out.")
