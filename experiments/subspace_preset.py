@@ -3,6 +3,7 @@ targets and cost on the full preset's main grid, and minibatch rows predicted on
 run's own batch order.
 
     python experiments/subspace_preset.py --out OUT.jsonl [--per-class 10 50 150] [--table DIR]
+        [--backbone subspace|diagonal]
     python experiments/subspace_preset.py --out OUT.jsonl --report [--json SUMMARY.json]
         [--table DIR]
 
@@ -16,7 +17,8 @@ compilation (the sweep's rule):
 
 - ``default``: isotropic, the sweep's key and ``pred_paths`` (a check: it must equal the
   stored prediction);
-- ``subspace``: the same with the subspace kernel;
+- ``subspace``: the same with the subspace kernel (``--backbone diagonal``: ``diagonal``, the
+  diagonal kernel, k = ``ntk_tt._options_predict.DIAGONAL_DIM``, in its place throughout);
 - ``default_own`` / ``subspace_own`` (minibatch rows): ``num_paths=1``, path 0 being
   ``ntk_tt.batch_indices(key, N, B, T)``, the order the real run used. This is the
   prediction of one run whose key is fixed before training, not of a typical run; GD rows
@@ -52,7 +54,12 @@ from ntk_tt.sweep._predictions import _t_eps
 from ntk_tt.sweep._table import read_table
 from ntk_tt.sweep._targets import absolute_targets
 
-PREDICTORS = ("default", "subspace", "default_own", "subspace_own")
+BACKBONES = ("subspace", "diagonal")
+
+
+def predictors(backbone: str) -> tuple[str, ...]:
+    """The predictors of a row file of ``backbone``: the default, it, and on own orders."""
+    return ("default", backbone, "default_own", f"{backbone}_own")
 EPS = (0.01, 0.1, 0.4)
 POOLED = [0.1, 0.4]
 
@@ -87,7 +94,7 @@ def _curve(x) -> list:
     return [float(f"{v:.7g}") for v in np.asarray(x, np.float64)]
 
 
-def collect(path: str, per_class, table) -> None:
+def collect(path: str, per_class, table, backbone: str = "subspace") -> None:
     df = read_table(table)
     df = df[(df.kappa_eff < 13) & df.per_class.isin(per_class)]
     for group, task, data in pending_tasks(path, df):
@@ -96,17 +103,17 @@ def collect(path: str, per_class, table) -> None:
         iso = jax.block_until_ready(ntk_tt.head_aware_kernel(data.split, data.x))
         t1 = time.perf_counter()
         sub = jax.block_until_ready(ntk_tt.head_aware_kernel(data.split, data.x,
-                                                             backbone="subspace"))
-        seconds = {"kernel_default": t1 - t0, "kernel_subspace": time.perf_counter() - t1}
+                                                             backbone=backbone))
+        seconds = {"kernel_default": t1 - t0, f"kernel_{backbone}": time.perf_counter() - t1}
         res = {r: {} for r in group.row_id}
         for _, rows in group.groupby("batch_size"):
             sgd = rows.iloc[0].optimizer != "gd"
             runs = [("default", iso, int(rows.iloc[0].pred_paths)),
-                    ("subspace", sub, int(rows.iloc[0].pred_paths))]
+                    (backbone, sub, int(rows.iloc[0].pred_paths))]
             if sgd:
-                runs += [("default_own", iso, 1), ("subspace_own", sub, 1)]
+                runs += [("default_own", iso, 1), (f"{backbone}_own", sub, 1)]
             for name, hk, paths in runs:
-                kind = "isotropic" if hk is iso else "subspace"
+                kind = "isotropic" if hk is iso else backbone
                 (loss, err, div, spike), s = _group(hk, kind, data, key, rows, paths)
                 seconds[f"predict_{name}"] = seconds.get(f"predict_{name}", 0.0) + s
                 for i, r in enumerate(rows.row_id):
@@ -153,9 +160,10 @@ def report(path: str, json_out: str | None, table) -> None:
         rows[r["row_id"]] = r
     df = read_table(table)
     df = df[df.row_id.isin(rows)].reset_index(drop=True)
+    backbone = next(b for b in BACKBONES if b in next(iter(rows.values())))
     summary = {"rows": len(df), "definition": __doc__.split("\n\n")[2].strip()}
     print(f"{len(df)} rows; T_ε p95 pooled over ε ∈ {{0.1, 0.4}} (signed median, pairs)")
-    for name in PREDICTORS:
+    for name in predictors(backbone):
         fr = frame_for(df, rows, name)
         entry = {}
         for opt in ("gd", "sgd"):
@@ -181,18 +189,18 @@ def report(path: str, json_out: str | None, table) -> None:
         ft = float(g.seconds_finetune.sum())
         cost[task] = {"num_train": int(g.num_train.iloc[0]), "finetune_seconds": ft} | {
             name: ft / (s[f"kernel_{name}"] + s[f"predict_{name}"])
-            for name in ("default", "subspace")} | s
+            for name in ("default", backbone)} | s
     summary["cost_per_task"] = cost
-    for name in ("default", "subspace"):
+    for name in ("default", backbone):
         ratios = [c[name] for c in cost.values()]
         summary[f"cost_ratio_median_{name}"] = float(np.median(ratios))
         print(f"fine-tune ÷ (kernel + predict) per task, {name}: median "
               f"{np.median(ratios):.1f}× ({min(ratios):.1f}–{max(ratios):.1f}×)")
     for n in sorted({c["num_train"] for c in cost.values()}):
         sel = [c for c in cost.values() if c["num_train"] == n]
-        print(f"N = {n}: kernel seconds default / subspace (median of {len(sel)}): "
+        print(f"N = {n}: kernel seconds default / {backbone} (median of {len(sel)}): "
               f"{np.median([c['kernel_default'] for c in sel]):.1f} / "
-              f"{np.median([c['kernel_subspace'] for c in sel]):.1f}")
+              f"{np.median([c[f'kernel_{backbone}'] for c in sel]):.1f}")
     if json_out:
         with open(json_out, "w") as f:
             json.dump(summary, f, indent=1)
@@ -206,11 +214,13 @@ def main(argv=None) -> None:
     p.add_argument("--json", help="with --report: also write the figures to this JSON file")
     p.add_argument("--table", default=eb.SWEEP.parent,
                    help="the sweep directory whose rows are predicted (default: the full preset)")
+    p.add_argument("--backbone", choices=BACKBONES, default="subspace",
+                   help="the feature kernel beside the default (rows record it)")
     a = p.parse_args(argv)
     if a.report:
         report(a.out, a.json, a.table)
     else:
-        collect(a.out, a.per_class, a.table)
+        collect(a.out, a.per_class, a.table, a.backbone)
 
 
 if __name__ == "__main__":

@@ -163,10 +163,12 @@ def _parser() -> argparse.ArgumentParser:
                    choices=BACKBONES,
                    help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
                    "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
-                   "leading principal directions, (N·k)² (not with --segments > 1)")
+                   "leading principal directions, (N·k)² (not with --segments > 1), "
+                   "diagonal: the same without the blocks between directions, k = 5, k "
+                   "blocks N² (the cost of Θ; not with adam/adamw)")
     q.add_argument("--subspace-dim", type=int, default=d["subspace_dim"], metavar="K",
-                   help="with --backbone subspace: its k feature directions (default 16; "
-                   "cost grows as k²)")
+                   help="with --backbone subspace / diagonal: its k feature directions "
+                   "(default 16 / 5; cost grows as k² / k)")
     q.add_argument("--segments", type=int, default=d["segments"],
                    help="head-aware: re-linearise the backbone along the predicted path this "
                    "many times (one kernel each)")

@@ -28,7 +28,7 @@ KERNELS = ("exact", "traced", "sketch")
 PREDICTORS = ("auto", "linear", "head_aware")
 SUBSET_METHODS = ("power_law", "nystrom")
 # the head-aware feature kernels (ntk_tt.kernels._head_aware imports them from here)
-BACKBONES = ("isotropic", "kronecker", "exact", "subspace")
+BACKBONES = ("isotropic", "kronecker", "exact", "subspace", "diagonal")
 TARGET_KINDS = ("absolute", "fraction")
 MAX_STEPS = 1_000_000  # curves are (T + 1)-long arrays; int32 step counters inside jit
 # suggest: a whole grid's predicted trajectories are held in memory at once

@@ -29,6 +29,10 @@ from ntk_tt._options_targets import check_job_targets
 from ntk_tt._output_paths import check_outputs, job_inputs
 
 SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
+DIAGONAL_DIM = 5  # the "diagonal" one's (README "Which predictor")
+ADAM_DIAGONAL = ("the fast Adam predictor has no diagonal feature kernel (its preconditioned "
+                 "K_P is built for the isotropic, kronecker, exact and subspace backbones): "
+                 "use backbone='subspace' (--backbone subspace) or the default isotropic one.")
 # how ntk_tt.intervals' note for a prediction it gives no interval begins (the CLI prints that
 # note as a "note:" line, its range warnings as "warning:" lines)
 NO_INTERVAL = "no T_ε interval"
@@ -243,24 +247,26 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                          f"{why} selects the linear predictor (only it has that option): drop "
                          f"{' and '.join(given)}, or drop {why}.")
     check_subspace_dim(o["subspace_dim"], o["backbone"])  # None: the default k, any backbone
-    if o["backbone"] == "subspace" and seg != 1:
-        raise ValueError("backbone (--backbone) subspace is not re-linearised (its feature "
-                         "basis would change at every segment): drop --segments, or use "
-                         "--backbone isotropic, kronecker or exact.")
+    if o["backbone"] == "diagonal" and o.get("optimizer") in ("adam", "adamw"):
+        raise ValueError(ADAM_DIAGONAL)
+    if o["backbone"] in ("subspace", "diagonal") and seg != 1:
+        raise ValueError(f"backbone (--backbone) {o['backbone']} is not re-linearised (its "
+                         "feature basis would change at every segment): drop --segments, or "
+                         "use --backbone isotropic, kronecker or exact.")
 
 
 def check_subspace_dim(subspace_dim, backbone: str = "subspace",
                        head_kernel=None) -> int | None:
-    """``subspace_dim`` as an int k (None: ``SUBSPACE_DIM`` for the subspace backbone, None
-    for another), for ``backbone`` (the ``predict`` / ``ntk-tt predict --subspace-dim`` /
-    ``head_aware_kernel`` check: k sets the ``"subspace"`` kernel only, and a given
-    ``head_kernel`` has its own).
+    """``subspace_dim`` as an int k (None: ``SUBSPACE_DIM`` for the subspace backbone,
+    ``DIAGONAL_DIM`` for the diagonal one, None for another), for ``backbone`` (the ``predict``
+    / ``ntk-tt predict --subspace-dim`` / ``head_aware_kernel`` check: k sets the
+    ``"subspace"`` and ``"diagonal"`` kernels only, and a given ``head_kernel`` has its own).
 
     Raises:
       ValueError: k not an int >= 1; k given with another backbone or with a head_kernel.
     """
     if subspace_dim is None:
-        return SUBSPACE_DIM if backbone == "subspace" else None
+        return {"subspace": SUBSPACE_DIM, "diagonal": DIAGONAL_DIM}.get(backbone)
     if not _is_int(subspace_dim) or subspace_dim < 1:
         raise ValueError(f"subspace_dim (--subspace-dim) must be an int >= 1 (feature "
                          f"directions), got {subspace_dim!r}.")
@@ -268,8 +274,8 @@ def check_subspace_dim(subspace_dim, backbone: str = "subspace",
         raise ValueError("subspace_dim sets the k of a subspace kernel built by predict; the "
                          "head_kernel given was built with its own k (head_aware_kernel(..., "
                          "subspace_dim=k)): drop subspace_dim.")
-    if backbone != "subspace":
-        raise ValueError(f"subspace_dim (--subspace-dim) sets the k of the subspace backbone "
-                         f"(backbone='subspace', --backbone subspace) only, got backbone "
-                         f"{backbone!r}: drop it, or choose the subspace backbone.")
+    if backbone not in ("subspace", "diagonal"):
+        raise ValueError(f"subspace_dim (--subspace-dim) sets the k of the subspace and "
+                         f"diagonal backbones (backbone='subspace' or 'diagonal', --backbone) "
+                         f"only, got backbone {backbone!r}: drop it, or choose one of those.")
     return int(subspace_dim)

@@ -60,8 +60,12 @@ BEFORE_JAX = [
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
     (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of the subspace "
-                              "backbone (backbone='subspace', --backbone subspace) only, got "
-                              "backbone 'isotropic'"),
+                              "and diagonal backbones (backbone='subspace' or 'diagonal', "
+                              "--backbone) only, got backbone 'isotropic'"),
+    (["--backbone", "diagonal", "--segments", "2"],
+     "backbone (--backbone) diagonal is not re-linearised"),
+    (["--backbone", "diagonal", "--optimizer", "adamw"],
+     "the fast Adam predictor has no diagonal feature kernel"),
     # a fresh user: this refusal sent them to --predictor head_aware, which then refused
     # --kernel sketch; it now names what chose the linear predictor
     (["--backbone", "subspace", "--kernel", "sketch"],

@@ -44,6 +44,23 @@ def _projected_model(model, x):
     return apply_fn, {"theta": bparams, "w": w0, "b": b0}
 
 
+def matches_training(hk, reference, data, key, hyper):
+    """Assert the recursion on ``hk`` reproduces optax training of ``reference`` (apply_fn,
+    params) on ``data`` (x, y, x_test, y_test) at ``hyper`` (η, m, nesterov, B, loss): the
+    training curve, and at B = N the held-out one. Returns the real training loss curve."""
+    (x, y, xt, yt), (lr, m, nesterov, b, loss) = data, hyper
+    out = predict_head_aware(hk, y, learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
+                             nesterov=nesterov, loss=loss, key=key, num_paths=2, y_test=yt)
+    real = train_optax(*reference, x, y, _batches(key, b), jnp.concatenate([x, xt]), lr, m,
+                       nesterov=nesterov, loss=loss)
+    want = curves(real[:, :N], y, loss)[0]
+    np.testing.assert_allclose(out.loss_paths[0], want, rtol=1e-9, atol=1e-12)
+    if b == N:
+        np.testing.assert_allclose(out.test_loss, curves(real[:, N:], yt, loss)[0],
+                                   rtol=1e-9, atol=1e-12)
+    return want
+
+
 @pytest.mark.parametrize("lr,m,nesterov,b,loss", HYPER)
 def test_subspace_equals_projected_weight_space_training(x64, lr, m, nesterov, b, loss):
     """tanh backbone, k = 2 of F = 4: the function-space recursion on K_Z reproduces optax
@@ -52,16 +69,8 @@ def test_subspace_equals_projected_weight_space_training(x64, lr, m, nesterov, b
     model, x, y, xt, yt = _problem(True, seed=1)
     key = jax.random.key(5)
     hk = head_aware_kernel(split_head(model), x, xt, backbone="subspace", subspace_dim=K)
-    out = predict_head_aware(hk, y, learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
-                             nesterov=nesterov, loss=loss, key=key, num_paths=2, y_test=yt)
-    apply_fn, params = _projected_model(model, x)
-    real = train_optax(apply_fn, params, x, y, _batches(key, b), jnp.concatenate([x, xt]),
-                       lr, m, nesterov=nesterov, loss=loss)
-    want = curves(real[:, :N], y, loss)[0]
-    np.testing.assert_allclose(out.loss_paths[0], want, rtol=1e-9, atol=1e-12)
-    if b == N:
-        np.testing.assert_allclose(out.test_loss, curves(real[:, N:], yt, loss)[0],
-                                   rtol=1e-9, atol=1e-12)
+    want = matches_training(hk, _projected_model(model, x), (x, y, xt, yt), key,
+                            (lr, m, nesterov, b, loss))
     exact = predict_head_aware(head_aware_kernel(split_head(model), x, backbone="exact"), y,
                                learning_rate=lr, momentum=m, steps=STEPS, batch_size=b,
                                nesterov=nesterov, loss=loss, key=key, num_paths=2)

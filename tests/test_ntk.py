@@ -9,6 +9,7 @@ import pytest
 from _ntk_models import brute_ntk, cnn, inputs, setup
 
 import ntk_tt
+import ntk_tt.kernels._blocks as blocks_module
 import ntk_tt.kernels._ntk as ntk_module
 from ntk_tt.kernels._structured import contract, contract_host, structured_jacobian
 
@@ -241,7 +242,7 @@ def test_trace_logits_must_be_a_bool(bad, monkeypatch):
     def no_work(*_, **__):
         raise AssertionError("work started before trace_logits was checked")
 
-    monkeypatch.setattr(ntk_module, "check_model", no_work)
+    monkeypatch.setattr(blocks_module, "check_model", no_work)  # its input checks
     with pytest.raises(ValueError, match=r"^trace_logits must be True \(logit-summed .* or "
                                          r"False .*, got "):
         ntk_tt.empirical_ntk(apply_fn, params, x, trace_logits=bad)
@@ -301,7 +302,7 @@ def test_traced_arguments_are_refused_in_one_line_before_any_work(monkeypatch):
     def no_work(*args, **kwargs):
         raise AssertionError("kernel work started")
 
-    monkeypatch.setattr(ntk_module, "check_model", no_work)
+    monkeypatch.setattr(blocks_module, "check_model", no_work)  # its input checks
     monkeypatch.setattr(ntk_module, "_plan", no_work)
     for name, call in (
             ("x", lambda: jax.jit(lambda xx: ntk_tt.empirical_ntk(apply_fn, params, xx))(x)),

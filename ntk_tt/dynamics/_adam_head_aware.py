@@ -59,6 +59,7 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import BACKBONES
+from ntk_tt._options_predict import ADAM_DIAGONAL
 from ntk_tt._schedules import _concrete
 from ntk_tt.data._model import check_concrete
 from ntk_tt.dynamics._adam_drift import (
@@ -197,6 +198,9 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     for name, value, known in (("backbone", backbone, BACKBONES), ("profile", profile, PROFILES)):
         if value not in known:
             raise ValueError(f"{name} must be one of {known}, got {value!r}.")
+    if backbone == "diagonal" or (isinstance(hk, HeadAwareKernel)
+                                  and backbone_kind(hk) == "diagonal"):
+        raise ValueError(ADAM_DIAGONAL)
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "

@@ -1,6 +1,6 @@
 """Sample blocks of the exact empirical NTK: the argument checks shared by the kernels, the
 blocks of inputs (the last one padded) and a block's Jacobians computed chunk by chunk into
-host buffers (``ntk_tt.kernels._ntk``)."""
+host buffers, and the plan's block pairs (``ntk_tt.kernels._ntk``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt.data._model import ApplyFn
+from ntk_tt.data._inputs import as_array
+from ntk_tt.data._model import ApplyFn, check_concrete, check_model
 
 
 def check_trace_logits(trace_logits) -> bool:
@@ -83,3 +84,42 @@ def _block_jacobian(fn, params, xs: np.ndarray, chunk: int, cot, buf):
         for dst, src in zip(jax.tree.leaves(buf), jax.tree.leaves(part), strict=True):
             dst[s : s + m] = np.asarray(src)[:m]
     return jax.tree.map(lambda a: a[:r], buf), buf
+
+
+def checked_inputs(name: str, apply_fn, params, x, x2, block_size):
+    """``(x, x2, (N, C), N2)`` as arrays after the input checks of :func:`ntk_tt.empirical_ntk`
+    (concrete inputs, ``block_size``, ``check_model`` on both, one C), before any work."""
+    check_concrete(name, takes="predict_from_kernel", params=params, x=x, x2=x2)
+    check_block_size(block_size)
+    x = as_array(x, "x")
+    x2 = None if x2 is None else as_array(x2, "x2")
+    n, c = check_model(apply_fn, params, x)
+    n2, c2 = (n, c) if x2 is None else check_model(apply_fn, params, x2, name="x2")
+    if c2 != c:
+        raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
+    return x, x2, (n, c), n2
+
+
+def block_pairs(plan, params, xr: np.ndarray, xc: np.ndarray, symmetric: bool):
+    """The block pairs of :func:`ntk_tt.empirical_ntk`'s plan (``_ntk._Plan``), per logit group:
+    ``(cot, real, (r0, ri), (c0, rj), ji, jj)`` with the group's cotangents ``cot`` (G, C),
+    its ``real`` logits (the rest are zero padding), the row block's first index and size,
+    the column block's, and their Jacobians (``jj is ji`` on the diagonal of a symmetric
+    kernel; only blocks on and above it then). A caller drops its ``ji`` and ``jj`` before
+    asking for the next pair, so that only one row and one column block are held."""
+    n, n2, bs = xr.shape[0], xc.shape[0], plan.block_size
+    row_buf = col_buf = None
+    for cot in plan.groups:
+        real = int(np.any(cot != 0, axis=1).sum())  # the group's logits; zero rows pad it
+        for r0 in range(0, n, bs):
+            ji = jj = None  # free the previous blocks first: the plan holds one row + one column
+            ji, row_buf = _block_jacobian(plan.row_fn, params, xr[r0 : r0 + bs],
+                                          plan.row_chunk, cot, row_buf)
+            for c0 in range(r0 if symmetric else 0, n2, bs):
+                jj = None
+                if symmetric and c0 == r0:
+                    jj = ji
+                else:
+                    jj, col_buf = _block_jacobian(plan.col_fn, params, xc[c0 : c0 + bs],
+                                                  plan.col_chunk, cot, col_buf)
+                yield cot, real, (r0, min(bs, n - r0)), (c0, min(bs, n2 - c0)), ji, jj

@@ -200,7 +200,8 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     features h_0 (their right singular vectors), K_Z = (I ⊗ Zᵀ) K_h (I ⊗ Z) (N·k, N·k), k²/C²
     times the cost of Θ; the features move in span(Z) only (issue 26: k = 16 brings the full
     preset's constant-η T_ε p95 from 22.7 / 23.0 % to 9.9 / 15.6 %, GD / SGD; README "Error
-    budget").
+    budget"). ``"diagonal"``: K_Z's diagonal blocks only (``ntk_tt.kernels._diagonal``; k = 5:
+    the multiply-adds of a 5-class logit-summed Θ; README "Which predictor").
 
     Source: ntk_tt's own (issue 9; METHOD.md §10, the head-aware model and its feature
     kernels; "subspace" issue 26), built from the empirical NTK of Zancato et al. 2020, eq. (2).
@@ -209,13 +210,13 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
       split: ``(feature_fn, backbone_params, head_kernel, head_bias)`` from :func:`split_head`.
       x: training inputs (N, ...) that ``feature_fn`` takes.
       x_test: held-out inputs (N_test, ...) for the cross kernel, or None.
-      backbone: "isotropic" (default), "kronecker", "exact" or "subspace" (above).
+      backbone: "isotropic" (default), "kronecker", "exact", "subspace" or "diagonal".
       mixing_samples: "kronecker": the number of inputs S is estimated on (at most N).
       traced_kernel: "kronecker" / "isotropic": Σ_c Θ(x, x) (N, N) if already computed
         (None: built here); the other backbones ignore it.
       traced_kernel_test: likewise Σ_c Θ(x_test, x) (N_test, N).
       key: "kronecker": ``jax.random`` key drawing the mixing inputs (None: the first ones).
-      subspace_dim: "subspace": k (None: ``SUBSPACE_DIM`` = 16).
+      subspace_dim: "subspace" / "diagonal": k (None: 16 / 5).
 
     Returns:
       :class:`HeadAwareKernel` (fields and shapes there); its held-out fields are None
@@ -232,6 +233,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         noise.
     """
     from ntk_tt.data._inputs import _check_finite
+    from ntk_tt.kernels._diagonal import diagonal_kernel
     from ntk_tt.kernels._ntk import empirical_ntk
 
     if backbone not in BACKBONES:
@@ -254,11 +256,12 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         kh = empirical_ntk(feature_fn, bparams, x)
         kht = None if x_test is None else empirical_ntk(feature_fn, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
-    if backbone == "subspace":
+    if backbone in ("subspace", "diagonal"):
         z = feature_basis(h0, min(int(subspace_dim), f))  # k ≥ F: every direction (exact)
         projected = jax.tree_util.Partial(_Projected(feature_fn), z)
-        kz = empirical_ntk(projected, bparams, x)
-        kzt = None if x_test is None else empirical_ntk(projected, bparams, x_test, x)
+        ntk = empirical_ntk if backbone == "subspace" else diagonal_kernel
+        kz = ntk(projected, bparams, x)
+        kzt = None if x_test is None else ntk(projected, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kz, None, h0t, kzt, z)
 
     apply_fn, params = _WithHead(feature_fn), (bparams, w0, b0)
@@ -288,10 +291,12 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
 
 
 def backbone_kind(hk: HeadAwareKernel) -> str:
-    """Which ``backbone`` built ``hk``: "exact" (no mixing), "subspace" (a basis Z),
-    "isotropic" (S = I_F) or "kronecker" (a measured S)."""
+    """Which ``backbone`` built ``hk``: "exact" (no mixing), "subspace" (a basis Z), "diagonal"
+    (a basis Z of k > 1, K_Z zero between directions), "isotropic" (S = I_F) or "kronecker"."""
     if hk.basis is not None:
-        return "subspace"
+        k = np.shape(hk.basis)[1]
+        kz = np.asarray(hk.backbone).reshape(-1, k, np.shape(hk.backbone)[1] // k, k)
+        return "diagonal" if k > 1 and not np.any(kz * (1 - np.eye(k))[:, None]) else "subspace"
     if hk.mixing is None:
         return "exact"
     eye = np.eye(np.shape(hk.mixing)[0])

@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt.data._inputs import as_array
-from ntk_tt.data._model import ApplyFn, check_concrete, check_model, num_params
+from ntk_tt.data._model import ApplyFn, num_params
 from ntk_tt.kernels import _structured
 from ntk_tt.kernels._blocks import (
-    _block_jacobian,
-    check_block_size,
+    block_pairs,
     check_trace_logits,
+    checked_inputs,
     output_dtype,
 )
 from ntk_tt.kernels._memory import (
@@ -348,44 +347,20 @@ def empirical_ntk(
     Warns:
       UserWarning: the automatic block size is 1 because of the memory limit.
     """
-    check_concrete("empirical_ntk", takes="predict_from_kernel", params=params, x=x, x2=x2)
-    check_block_size(block_size)
     trace_logits = check_trace_logits(trace_logits)
-    x = as_array(x, "x")
-    x2 = None if x2 is None else as_array(x2, "x2")
-    n, c = check_model(apply_fn, params, x)
+    x, x2, (n, c), n2 = checked_inputs("empirical_ntk", apply_fn, params, x, x2, block_size)
     symmetric = x2 is None
-    n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
-    if c2 != c:
-        raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
     plan = _plan(apply_fn, params, x, x2, c, trace_logits, block_size, memory_limit)
-    bs = plan.block_size
     xr = np.asarray(x)
     xc = xr if symmetric else np.asarray(x2)
     k = 1 if trace_logits else c
     out = np.zeros((n * k, n2 * k), dtype=output_dtype(apply_fn, params, x))
-    row_buf = col_buf = None
-    for cot in plan.groups:
-        real = int(np.any(cot != 0, axis=1).sum())  # the group's logits; zero rows pad it
-        for r0 in range(0, n, bs):
-            ji = jj = None  # free the previous blocks first: the plan holds one row + one column
-            ji, row_buf = _block_jacobian(plan.row_fn, params, xr[r0 : r0 + bs],
-                                          plan.row_chunk, cot, row_buf)
-            ri = min(bs, n - r0)
-            for c0 in range(r0 if symmetric else 0, n2, bs):
-                rj = min(bs, n2 - c0)
-                jj = None
-                if symmetric and c0 == r0:
-                    jj = ji
-                else:
-                    jj, col_buf = _block_jacobian(plan.col_fn, params, xc[c0 : c0 + bs],
-                                                  plan.col_chunk, cot, col_buf)
-                same = jj is ji
-                blk = (contract_host(ji, jj, trace_logits, symmetric=same, logits=real)
-                       if on_cpu(ji)
-                       else np.asarray(contract(ji, jj, trace_logits, symmetric=same))
-                       )[: ri * k, : rj * k]
-                out[r0 * k : (r0 + ri) * k, c0 * k : (c0 + rj) * k] += blk
-                if symmetric and c0 != r0:
-                    out[c0 * k : (c0 + rj) * k, r0 * k : (r0 + ri) * k] += blk.T
+    for _, real, (r0, ri), (c0, rj), ji, jj in block_pairs(plan, params, xr, xc, symmetric):
+        same = jj is ji
+        blk = (contract_host(ji, jj, trace_logits, symmetric=same, logits=real) if on_cpu(ji)
+               else np.asarray(contract(ji, jj, trace_logits, symmetric=same)))[: ri * k, : rj * k]
+        del ji, jj  # the next block is computed with only the generator's copy to free
+        out[r0 * k : (r0 + ri) * k, c0 * k : (c0 + rj) * k] += blk
+        if symmetric and c0 != r0:
+            out[c0 * k : (c0 + rj) * k, r0 * k : (r0 + ri) * k] += blk.T
     return jnp.asarray(out)

@@ -299,6 +299,33 @@ def contract_host(a: BlockJacobian, b: BlockJacobian, trace_logits: bool,
     return out
 
 
+def contract_logit_blocks(a: BlockJacobian, b: BlockJacobian, symmetric: bool,
+                          logits: int) -> np.ndarray:
+    """The per-logit blocks Θ[(i, c), (j, c)] of a block pair, (``logits``, B_a, B_b), for the
+    first ``logits`` entries of the logit axis: the products of :func:`contract_host`'s
+    traced kernel kept apart instead of summed (the same multiply-adds; ``symmetric``: ``b``
+    is ``a``, each product a symmetric rank-k update). On the host (numpy), as
+    :func:`contract_host`."""
+    out = None
+    if a.cotangents:
+        gram = {i: np.asarray(a.acts[i]) @ np.asarray(b.acts[i]).T for i in a.acts}
+        out = sum(gram[i][None] * np.einsum("bco,eco->cbe", np.asarray(a.cotangents[i]),
+                                            np.asarray(b.cotangents[i]))[:logits]
+                  for i in a.cotangents)
+    for i, ja in a.generic.items():
+        ja = np.asarray(ja)
+        jb = ja if symmetric else np.asarray(b.generic[i])
+        prods = np.stack([_product(ja[:, k], None if symmetric else jb[:, k])
+                          for k in range(logits)])
+        out = prods if out is None else out + prods
+    return out
+
+
+def _product(x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
+    """``x @ y.T``, or ``x @ x.T`` (numpy's symmetric rank-k update) when ``y`` is None."""
+    return x @ x.T if y is None else x @ y.T
+
+
 def project(jac: BlockJacobian, dirs: dict) -> jax.Array:
     """J_block · P_b: (B·C, K) from per-leaf direction blocks ``dirs[l]`` of shape (K, size_l).
 

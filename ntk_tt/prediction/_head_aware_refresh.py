@@ -107,7 +107,7 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
       ValueError: ``segments`` not an int in [1, steps], and as :func:`predict_head_aware`;
         ``optimizer`` with any constant-η keyword; Adam/AdamW (its moments are not
         re-linearised: use ``predict(..., head=split, optimizer=opt)``, one linearisation),
-        ``backbone="subspace"``, before any work.
+        ``backbone="subspace"`` or ``"diagonal"``, before any work.
     """
     check_shorthand(optimizer, where=WHERE, learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
@@ -122,8 +122,8 @@ def predict_head_aware_refreshed(split, x, y, *, segments, learning_rate=None, m
         check_run(optimizer, np.shape(x)[0], steps)
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments:
         raise ValueError(f"segments must be an int >= 1, got {segments!r}.")
-    if backbone == "subspace":
-        raise ValueError("the subspace backbone is not re-linearised (its feature basis "
+    if backbone in ("subspace", "diagonal"):
+        raise ValueError(f"the {backbone} backbone is not re-linearised (its feature basis "
                          "would change at every segment): use one segment, or the isotropic, "
                          "kronecker or exact backbone.")
     if isinstance(steps, int) and segments > steps:
