@@ -674,3 +674,42 @@ def test_a_kernel_f0_pair_as_kernel_says_where_each_goes(monkeypatch, optimizer)
         ntk_tt.sensitivities((np.eye(3), np.zeros((3, 3))), np.arange(3), steps=20, **rule)
     assert str(err.value) == "kernel is a tuple of two arrays, not one Θ. " + fix.format(
         (3, 3), (3, 3))
+
+
+def test_nesterov_at_momentum_zero_is_refused_in_the_what_ifs(mse_grid):
+    """A fresh user: sensitivities(nesterov=True) at m = 0 was NaN throughout with reasons
+    "beyond the stability edge" and "under jit / vmap", and divergence_boundary with Nesterov
+    over momenta holding 0 gave that row all "unknown" and its boundary the grid's largest η
+    (inside False: "nothing diverges"). Both are refused, as predict_from_kernel refuses m = 0
+    with Nesterov; a grid of momenta > 0 with Nesterov still runs."""
+    _, p, lam = mse_grid
+    kw = dict(f0=p["f0"], loss="mse", steps=20)
+    lrs = np.array([0.5, 1.0, 3.0]) * N / lam
+    with jax.enable_x64(True):
+        for call in (
+                lambda: ntk_tt.sensitivities(p["kernel"], p["y"], learning_rate=lrs[0],
+                                             nesterov=True, **kw),
+                lambda: ntk_tt.divergence_boundary(p["kernel"], p["y"], nesterov=True,
+                                                   momenta=np.array([0.0, 0.5]),
+                                                   learning_rates=lrs, **kw),
+                lambda: ntk_tt.divergence_boundary(
+                    p["kernel"], p["y"], optimizer=ntk_tt.sgd(lrs[0], 0.5, nesterov=True),
+                    momenta=np.array([0.0, 0.5]), learning_rates=lrs, **kw)):
+            with pytest.raises(ValueError, match="^Nesterov needs momentum > 0"):
+                call()
+        grid = ntk_tt.divergence_boundary(p["kernel"], p["y"], nesterov=True,
+                                          momenta=np.array([0.3, 0.5]), learning_rates=lrs,
+                                          **kw)
+        assert np.isfinite(grid.boundary).all()
+
+
+def test_held_out_arrays_without_the_held_out_kernel_are_refused():
+    """predict_from_kernel silently dropped y_test (or f0_test) given without kernel_test:
+    no held-out curve and no error, where predict refuses y_test without x_test."""
+    p = _plain_problem()
+    for rule in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1))):
+        for extra, said in ((dict(y_test=p["y"][:3]), "y_test"),
+                            (dict(f0_test=p["f0"][:3]), "f0_test")):
+            with pytest.raises(ValueError, match=f"^{said} without kernel_test: the held-out "):
+                ntk_tt.predict_from_kernel(p["kernel"], p["f0"], p["y"], steps=5, **rule,
+                                           **extra)

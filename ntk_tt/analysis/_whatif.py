@@ -35,6 +35,7 @@ compiled cores ``_whatif_core``.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -56,7 +57,7 @@ from ntk_tt.analysis._whatif_core import (
     _sensitivity_core,
 )
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
-from ntk_tt.dynamics._checks import flag
+from ntk_tt.dynamics._checks import check_nesterov, flag
 from ntk_tt.dynamics._divergence import DIVERGES
 from ntk_tt.dynamics._regime import abstain_beyond_travel, kernel_travel
 from ntk_tt.training._optimizer_run import check_shorthand
@@ -187,6 +188,8 @@ def sensitivities(
     _optimizer_only("sensitivities", a=a, a_test=a_test, warmup_smoothing=warmup_smoothing)
     momentum = 0.0 if momentum is None else momentum
     nesterov = flag(nesterov)  # "no" is truthy: refused, as predict_from_kernel refuses it
+    if not isinstance(momentum, jax.core.Tracer):  # m = 0 was NaN throughout, not refused
+        check_nesterov(nesterov, momentum)
     _check_point(learning_rate, momentum, epsilon, temperature, accuracy_temperature, window,
                  steps)
     kind, data, y, y_test, batch_size, extra = _prepare(
@@ -309,6 +312,11 @@ def divergence_boundary(
                       "pass positive step sizes, e.g. np.geomspace(1e-4, 1e-1, 32).")
     ms = _check_grid(momenta, "momenta", 0.0, 1.0,
                      "pass momenta in [0, 1), e.g. np.array([0.0, 0.5, 0.9]).")
+    nag = optimizer.nesterov if optimizer is not None and optimizer.rule == "sgd" else nesterov
+    if nag and np.any(ms == 0):  # its row was all "unknown", its boundary the grid's largest η
+        raise ValueError("Nesterov needs momentum > 0: momenta holds 0 with nesterov=True (plain "
+                         "gradient descent there); drop 0 from momenta, or sweep without "
+                         "Nesterov.")
     _check_epsilon(epsilon)
     _check_window(window, steps)
     if optimizer is not None:

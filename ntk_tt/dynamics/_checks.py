@@ -232,8 +232,16 @@ def check_f0_shape(kernel, f0, y) -> None:
 def check_test_kernel(kernel_test, f0_test, y_test, n, c, dtype):
     """Held-out inputs of a plain-kernel prediction: Θ(x_test, x) (N_test·C, N·C) or traced
     (N_test, N), f0_test (N_test, C) logits, y_test (N_test,) labels. Returns
-    ``(test operator, traced?, f0_test, y_test)``. Raises ValueError when f0_test / y_test are
-    missing or mis-shaped, or Θ_test or (concrete) f0_test is not finite."""
+    ``(test operator, traced?, f0_test, y_test)``, all None without the three. Raises
+    ValueError when f0_test / y_test are missing or mis-shaped, given without kernel_test
+    (they were silently unused), or Θ_test or (concrete) f0_test is not finite."""
+    if kernel_test is None:
+        given = [k for k, v in (("f0_test", f0_test), ("y_test", y_test)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} without kernel_test: the held-out curves "
+                             "need kernel_test Θ(x_test, x), f0_test and y_test together; pass "
+                             "all three, or none.")
+        return None, None, None, None
     kernel_test = as_array(kernel_test, "kernel_test")
     f0_test = None if f0_test is None else as_array(f0_test, "f0_test")
     if f0_test is None or y_test is None or np.ndim(f0_test) != 2 or np.shape(f0_test)[1] != c:

@@ -202,9 +202,8 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
     if with_decay and kernel_test is not None and a_test is None:
         raise ValueError("weight decay with a held-out kernel needs a_test (N_test, C) "
                          "(ntk_tt.weight_tangent(apply_fn, params, x_test)).")
-    if kernel_test is not None:
-        test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test,
-                                                                   y_test, n, c, f0.dtype)
+    test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
+                                                               n, c, f0.dtype)
     decay = None  # (λ', a, a_test), checked before the kernel's eigenvalues
     if with_decay:
         nt = None if kernel_test is None else f0_test.shape[0]

@@ -247,10 +247,8 @@ def predict_from_kernel(
     check_gram(kernel)
     dtype = f0.dtype
     mat, traced = as_operator(jnp.asarray(kernel, dtype), n, c, name="kernel")
-    test_mat = test_traced = None
-    if kernel_test is not None:
-        test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
-                                                                   n, c, dtype)
+    test_mat, test_traced, f0_test, y_test = check_test_kernel(kernel_test, f0_test, y_test,
+                                                               n, c, dtype)
     if noise_features is not None:
         noise_features = jnp.asarray(noise_features, dtype)
     out = _core(mat, f0, y, jnp.asarray(learning_rate, dtype), jnp.asarray(momentum, dtype),
