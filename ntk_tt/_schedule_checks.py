@@ -138,6 +138,10 @@ def _check_below_peak(peak, **values) -> None:
 
 
 def _check_order(first, second, name1, name2, smoothing) -> None:
+    if isinstance(smoothing, jax.core.Tracer):  # was "must be a finite number", of 0.7
+        raise ValueError("smoothing is static (it shapes the relaxed warmup ramp, not a value "
+                         "to differentiate or sweep): pass a Python number outside jax.grad, "
+                         "jit and vmap, and build one schedule per smoothing.")
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
             or not 0 <= smoothing < float("inf"):
         raise ValueError(f"smoothing must be a finite number >= 0 (steps), got {smoothing!r}.")

@@ -372,6 +372,11 @@ def test_a_non_finite_warmup_smoothing_is_refused():
             with pytest.raises(ValueError, match="smoothing must be a finite number >= 0"):
                 make(bad)
         assert np.isfinite(make(2.0).values(12)).all()
+        # a fresh user's jax.grad over smoothing was told 0.7 is not a finite number >= 0
+        for transform in (jax.grad, lambda f: jax.vmap(f)):
+            arg = 0.7 if transform is jax.grad else jnp.array([0.5, 1.0])
+            with pytest.raises(ValueError, match="^smoothing is static"):
+                transform(lambda s, make=make: make(s).values(12).sum())(arg)
 
 
 def test_a_head_kernel_where_none_is_used_is_refused_as_unused(no_solve):

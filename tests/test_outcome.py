@@ -298,6 +298,13 @@ def test_save_load_round_trip(tmp_path):
     assert lo <= one["test_accuracy"] <= hi
     with pytest.raises(ValueError, match="NTK prediction"):
         back.predict(tele, None)
+    # a fresh user's predict(telemetry, 3), meaning "the first 3 updates", read them all
+    with pytest.raises(ValueError, match="got int; the number of updates to read is k="):
+        back.predict(tele, 3)
+    plain = fit_outcome(rows, ntk=False, ks=(0.1,), folds=2)
+    with pytest.raises(ValueError, match="uses no NTK features .* would be unused"):
+        plain.predict(tele, rows[0]["prediction"], k=4)
+    assert plain.predict(tele, k=4)["observed_updates"] == 4
     # a third fresh user: p_diverged 0.997 came with a T_0.1 and its interval, while
     # ntk-tt outcome said "none expected"; the API now says None too
     sure = {t: np.array([0.9 if t == "diverged" else 0.5]) for t in TARGETS}

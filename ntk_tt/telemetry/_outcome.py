@@ -99,9 +99,20 @@ class OutcomePredictor:
         corpus runs.
 
         Raises:
-          ValueError: a predictor with NTK features given no ``prediction``; k out of range;
-            a telemetry :meth:`ntk_tt.Telemetry.from_dict` would refuse.
+          ValueError: a predictor with NTK features given no ``prediction``, one without
+            them given one (it was silently unused: the first k updates are ``k=``, by
+            keyword), a ``prediction`` not a dict; k out of range; a telemetry
+            :meth:`ntk_tt.Telemetry.from_dict` would refuse.
         """
+        if prediction is not None and not isinstance(prediction, dict):
+            raise ValueError(f"prediction must be the run's NTK prediction (a dict: a corpus "
+                             f"row's 'prediction') or None, got {type(prediction).__name__}; "
+                             "the number of updates to read is k=, by keyword.")
+        if prediction is not None and not self.ntk:
+            raise ValueError("this outcome predictor uses no NTK features (ntk=False), so the "
+                             "prediction given would be unused: drop it (the number of updates "
+                             "to read is k=, by keyword), or use a predictor fitted with "
+                             "ntk=True.")
         if self.ntk and prediction is None:
             raise ValueError("this outcome predictor uses the NTK prediction's features: pass "
                              "the run's prediction, or use a telemetry-only predictor "
