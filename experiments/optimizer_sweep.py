@@ -227,6 +227,12 @@ def report(out: pathlib.Path, constant: str | None) -> dict:
         print(f"optimizer_sweep.py: error: {out} holds no rows to report: run the benchmark "
               "there first (the same command without --report).", file=sys.stderr)
         sys.exit(2)
+    stored = read_table(out) if (out / "results.parquet").exists() else None
+    if any("family" not in r for r in read_rows(out / "rows")) or (
+            stored is not None and "family" not in stored.columns):  # a KeyError, after a write
+        raise ValueError(f"{out} holds rows without a 'family': a constant-η sweep's "
+                         "(experiments/sweep.py --out DIR --report reports it), not this "
+                         "benchmark's; nothing was written.")
     table = ResultsTable(out)
     table.consolidate()
     frame = read_table(out)

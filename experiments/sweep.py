@@ -136,6 +136,13 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
                              "96) or drop them.")
         check_out(args.out)
         out = pathlib.Path(args.out)
+        grid = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                if v not in (None, False)
+                and k not in ("out", "report", "primary", "preset", "smoke")]
+        if args.report and grid:  # a fresh user's --report --kappas 1 reported every κ̃
+            raise ValueError(f"{' and '.join(grid)} set the grid to run; --report only "
+                             "rebuilds the summary of the rows already there: drop "
+                             f"{'it' if len(grid) == 1 else 'them'}.")
         if args.report and not ((out / TABLE_NAME).exists() or any(out.glob("rows/*.json"))):
             raise ValueError(f"--report rebuilds an existing sweep's summary: {args.out!r} "
                              f"holds no {TABLE_NAME} and no rows/ (run the sweep first).")

@@ -310,6 +310,20 @@ def test_adam_grid_flags_set_the_grid_and_bad_values_are_one_line(tmp_path, caps
     assert not out.exists()
 
 
+def test_report_of_a_constant_eta_sweep_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A fresh user's ``--report`` on a constant-η sweep's rows: results.parquet written, then
+    a pandas KeyError 'family' traceback (exit 1). Now one line, exit 2, nothing written."""
+    module = experiment_script("optimizer_sweep")
+    out = tmp_path / "constant"
+    ResultsTable(out).write_row({"row_id": "a", "optimizer": "gd", "momentum": 0.0})
+    with pytest.raises(SystemExit) as ended:
+        module.main(["--out", str(out), "--report"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds rows without a 'family': a constant-η sweep's" in err
+    assert sorted(p.name for p in out.iterdir()) == ["rows"]
+
+
 def test_a_damaged_row_file_is_one_line_naming_it(tmp_path, capsys):
     """A row file cut short from outside (rows are written atomically) made --report and the
     resume end in a JSONDecodeError traceback; now one error line names the file and says

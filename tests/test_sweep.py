@@ -803,6 +803,10 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--checkpoint", "nowhere"], "checkpoint not found: 'nowhere'"),
     (["--primary", "foo", "bar"], "--primary 'foo' is not a variant this sweep records"),
     (["--report"], "--report rebuilds an existing sweep's summary"),
+    # a fresh user: grid flags beside --report were ignored (--kappas 1 reported every κ̃)
+    (["--report", "--kappas", "1"], "--kappas set the grid to run; --report only rebuilds "
+                                    "the summary of the rows already there: drop it."),
+    (["--report", "--steps", "9", "--reuse-real", "x"], "--steps and --reuse-real set the grid"),
     # a third fresh user: a repeated value ran the kernel and some rows, then a traceback
     # ("row ... is already in rows/"); a batch size >= every N wrote an empty sweep
     (["--kappas", "4", "4"], "SweepSpec.kappas (--kappas) must be distinct to 6 significant "
