@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 
+from ntk_tt._cli_argparse import NEGATIVE_NUMBER, Parser
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import BACKBONES
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
@@ -17,19 +17,6 @@ DESCRIPTION = ("ntk-tt: predict fine-tuning training time from the empirical NTK
 # (-0.5,0.5; -inf,0.5) is a value, never a flag: argparse's own pattern (Python 3.11's) takes
 # plain decimals only, and read --lr-min -1e-3 as a flag missing its argument (the usage block and
 # "expected one argument") instead of passing -0.001 on to the range check
-NEGATIVE_NUMBER = re.compile(r"^-((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf(inity)?)(,.*)?$", re.I)
-
-
-class Parser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` that reads a negative number in any form
-    (:data:`NEGATIVE_NUMBER`) as an option's value; its subparsers are Parsers too."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # the pattern argparse itself matches arguments against to tell numbers from flags
-        self._negative_number_matcher = NEGATIVE_NUMBER
-
-
 # ntk-tt predict's own figure: replaced by each run (no --overwrite needed); a --figure given
 # that exists is refused before any work unless --overwrite
 DEFAULT_FIGURE = "ntk_tt_predict.png"

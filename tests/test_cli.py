@@ -142,6 +142,25 @@ def one_error_line(args, capsys):
     return err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["predict", "--lr", "0.01", "--lr", "0.001"],
+     "ntk-tt predict: error: --lr is given twice (0.01 and 0.001): give it once."),
+    (["predict", "-T", "10", "--steps", "20"],
+     "ntk-tt predict: error: --steps is given twice (10 and 20): give it once."),
+    (["suggest", "--target", "0.5", "--target", "0.6"],
+     "ntk-tt suggest: error: --target is given twice (0.5 and 0.6): give it once."),
+])
+def test_a_one_value_flag_given_twice_is_refused(args, said, capsys, monkeypatch):
+    """A fresh user: a one-value flag given twice kept its last value silently (predict --lr
+    0.01 --lr 0.001 ran at 0.001, -B 10 -B 25 at 25); refused now, whichever spelling
+    repeats it, as a repeated list flag's value is."""
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.splitlines()[-1] == said
+
+
 def test_a_misspelt_schedule_is_echoed_as_typed(capsys, monkeypatch):
     """A fresh user: --schedule warmup-cosin was echoed as 'warmup_cosin' (hyphens made
     underscores) beside choices spelt unlike -h and README; both spellings still work."""

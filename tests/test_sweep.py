@@ -856,6 +856,8 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
      "(--edge-momenta) must lie in [0, 1), got (-0.1,)"),
     # a fresh user: --ste 6 was read as --steps 6 (ntk-tt refuses abbreviations)
     (["--ste", "6"], "error: unrecognized arguments: --ste 6"),
+    # and a one-value flag given twice kept its last value (ntk-tt's parser refuses it now)
+    (["--steps", "5", "--steps", "6"], "error: --steps is given twice (5 and 6): give it once."),
 ])
 def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, capsys,
                                                                     monkeypatch, extra,
