@@ -103,12 +103,16 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
         reusable_real(tmp_path / "empty")
 
 
-def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch):
-    """backbone="subspace": the row's prediction is ``ntk_tt.predict(..., backbone=
-    "subspace")`` of the same optimiser (η from the isotropic kernel's stored λ_max, so the
-    real run is the default benchmark's), labelled so. (The real run is stubbed.)"""
+@pytest.mark.parametrize("backbone", ["subspace", "diagonal"])
+def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch, backbone):
+    """backbone="subspace" (or "diagonal"): the row's prediction is ``ntk_tt.predict(...,
+    backbone=...)`` of the same optimiser (η from the isotropic kernel's stored λ_max, so the
+    real run is the default benchmark's), labelled so. (The real run is stubbed.) The
+    diagonal kernel has no Adam form: with adamw_cosine the grid is refused."""
+    with pytest.raises(ValueError, match="'diagonal' predicts the SGD family only"):
+        dataclasses.replace(SPEC, backbone="diagonal")
     spec = dataclasses.replace(SPEC, families=("sgdm_cosine",), sgd_kappas=(4.0,),
-                               sgd_decays=(5e-4,), backbone="subspace")
+                               sgd_decays=(5e-4,), backbone=backbone)
     cfg = OptimConfig("sgdm_cosine", 4.0, 5e-4, None)
     real = np.linspace(2.0, 0.2, 9)
     monkeypatch.setattr(ntk_tt, "finetune", lambda *a, **k: RealRun(
@@ -120,8 +124,8 @@ def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch):
     data = load_task(TASK, SweepSpec(datasets=("flowers5",), per_class=(2,), seeds=(0,)))
     opt = spec.optimizer(cfg, row["lambda_max"], TASK.num_train)
     want = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
-                          head=data.split, backbone="subspace", key=_task_key(TASK))
-    assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == "head_aware:subspace"
+                          head=data.split, backbone=backbone, key=_task_key(TASK))
+    assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == f"head_aware:{backbone}"
     np.testing.assert_allclose(row["pred_loss"], want.loss, rtol=1e-5)
     iso = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
                          head=data.split, key=_task_key(TASK))

@@ -41,7 +41,7 @@ from ntk_tt.sweep._table import ResultsTable, read_rows, read_table
 from ntk_tt.sweep._targets import target_columns
 
 FAMILIES = ("sgdm_cosine", "adamw_cosine")
-BENCH_BACKBONES = ("isotropic", "subspace")  # the head-aware feature kernel of the predictions
+BENCH_BACKBONES = ("isotropic", "subspace", "diagonal")  # the predictions' feature kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +66,14 @@ class OptimSpec:
     """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
     (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
     batch sizes (B ≥ N skipped), T = ``steps``. ``backbone``: the head-aware feature kernel
-    of the predictions, "isotropic" (the default predictor) or "subspace" (k = 16; both
-    families, Adam's K_P on the same basis); κ̃ is set from the isotropic kernel's λ_max
-    either way, so the real runs are the same.
+    of the predictions, "isotropic" (the default predictor), "subspace" (k = 16; both
+    families, Adam's K_P on the same basis) or "diagonal" (k = 5; sgdm_cosine only); κ̃ is
+    set from the isotropic kernel's λ_max either way, so the real runs are the same.
 
     Raises:
       ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
-        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES`; a peak
+        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES` (or "diagonal"
+        with adamw_cosine, whose K_P has no diagonal form); a peak
         (``sgd_kappas``, ``adam_peaks``) not a finite number > 0; a weight decay not finite
         and >= 0; a batch size not None or an integer >= 1; ``per_class`` < 2; ``steps`` <
         1; ``sgd_momentum`` outside [0, 1); ``warmup_fraction`` outside [0, 1]; an ε outside
@@ -107,6 +108,10 @@ class OptimSpec:
         if self.backbone not in BENCH_BACKBONES:
             raise ValueError(f"OptimSpec.backbone must be one of {BENCH_BACKBONES}, got "
                              f"{self.backbone!r}.")
+        if self.backbone == "diagonal" and "adamw_cosine" in self.families:
+            raise ValueError("OptimSpec.backbone 'diagonal' predicts the SGD family only (the "
+                             "fast Adam predictor has no diagonal kernel): add --families "
+                             "sgdm_cosine.")
         if any(n < 2 for n in self.per_class):
             raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
         if self.steps < 1:
@@ -260,9 +265,9 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
         lambda: ntk_tt.head_aware_kernel(data.split, data.x), ("head_aware", *shape))
     lam = float(initial_eigenvalues(hk)[1])  # the isotropic kernel's λ_max sets κ̃ (η)
     sgd_kernel = hk
-    if spec.backbone == "subspace":  # timed once: its projected features compile anew
+    if spec.backbone != "isotropic":  # timed once: its projected features compile anew
         sgd_kernel, seconds = _timed(lambda: ntk_tt.head_aware_kernel(data.split, data.x,
-                                                                     backbone="subspace"))
+                                                                     backbone=spec.backbone))
         kernel_seconds, warm_seconds = kernel_seconds + seconds, warm_seconds + seconds
     adam_kernels: dict = {}
     for cfg in left:
