@@ -26,7 +26,7 @@ from ntk_tt.telemetry._prediction_checks import check_prediction
 # the shipped predictor's corpus), so the second test reuses this one's compiled programs.
 SPEC = CorpusSpec(datasets=("flowers5",), per_class=(10,), seeds=(0,), batch_sizes=((10,),),
                   sgd_seeds=(1,), task_seeds=None, momenta=(0.0,), kappas=(2.0,), steps=4,
-                  test_per_class=2, snapshot_steps=(0, 2, 4), num_paths=2)
+                  test_per_class=2, snapshot_steps=(0, 2), num_paths=2)  # and T = 4
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,9 @@ def test_corpus_rows_resume_and_match_direct_calls(tmp_path, kernel):
     assert sorted(rows) == ["b10-m0-k2-r0"]
     sgd = rows["b10-m0-k2-r0"]
     check_prediction(sgd["prediction"], sgd["telemetry"]["steps"])  # a written row passes
+    # T is a snapshot whatever the grid's list (a fresh user's --steps 2 under snapshots
+    # (0, 1, 3, 6) had none at T, its last held-out accuracy the step-1 one)
+    assert sgd["telemetry"]["snapshot_steps"] == [0, 2, 4]
     task = SPEC.tasks()[0]
     apply_fn, params, x, y, xt, yt, _, _ = load_corpus_task(task, SPEC)
     np.testing.assert_array_equal(kernel[0], x)
@@ -68,6 +71,30 @@ def test_corpus_rows_resume_and_match_direct_calls(tmp_path, kernel):
     with pytest.raises(ValueError, match="different grid"):
         run_corpus(other, tmp_path)
     json.loads((tmp_path / "spec.json").read_text())
+
+
+def test_an_interrupted_invocation_is_kept_in_the_log(tmp_path, monkeypatch):
+    """A fresh user: an invocation stopped by SIGTERM left no entry in invocations.json (it
+    was written at the end only), so the corpus's recorded time lost it. The log is rewritten
+    as runs are written: the stopped invocation keeps its runs, unfinished; a finished one
+    says so."""
+    import ntk_tt.sweep._corpus as corpus
+
+    def one_then_stop(task, spec, runs, done, progress):
+        (runs / "x.json").write_text("{}")
+        progress("one run")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus, "run_corpus_task", one_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_corpus(SPEC, tmp_path, progress=lambda s: None)
+    (log,) = json.loads((tmp_path / "invocations.json").read_text())
+    assert log["runs_written"] == 1 and log["finished"] is False and log["seconds"] >= 0
+    (tmp_path / "runs" / "x.json").unlink()  # not a run: the resume's check would refuse it
+    monkeypatch.setattr(corpus, "run_corpus_task", lambda *a, **k: 0)
+    assert run_corpus(SPEC, tmp_path, progress=lambda s: None)["written"] == 0
+    calls = json.loads((tmp_path / "invocations.json").read_text())
+    assert [c["finished"] for c in calls] == [False, True]
 
 
 def test_failure_label_and_spec_checks():

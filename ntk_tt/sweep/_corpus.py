@@ -44,7 +44,8 @@ class CorpusSpec:
     batch sizes run at that task size (None = GD), the number of SGD batch orders (run seeds
     0, 1, …) each SGD configuration is run with, and how many of ``seeds`` (the first ones)
     that size's tasks use (None: all). ``snapshot_steps``: the telemetry snapshots
-    (∩ [0, steps]).
+    (∩ [0, steps]), T = ``steps`` always among them (a shorter ``--steps`` than a preset's
+    last snapshot left the run without its final snapshot).
     """
 
     datasets: tuple[str, ...]
@@ -227,7 +228,7 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
     lam = float(top_eigenvalue(initial_kernel(hk)))
     seconds_kernel = time.perf_counter() - t0
     tspec = ntk_tt.TelemetrySpec(features=features, snr_samples=spec.snr_samples,
-                                 snapshot_steps=spec.snapshot_steps)
+                                 snapshot_steps=(*spec.snapshot_steps, spec.steps))
     groups: dict = {}
     for c in left:
         groups.setdefault((c.batch_size, c.run_seed), []).append(c)
@@ -273,7 +274,9 @@ def run_corpus_task(task, spec: CorpusSpec, out: pathlib.Path, done: set[str], *
 
 
 def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print) -> dict:
-    """Generate (or resume) the corpus into ``out/runs``; ``out/spec.json`` records the grid.
+    """Generate (or resume) the corpus into ``out/runs``; ``out/spec.json`` records the grid,
+    ``out/invocations.json`` each invocation's seconds, runs written and whether it finished
+    (rewritten after every group of runs, so an interrupted one is kept, unfinished).
 
     Raises:
       ValueError: ``out`` holds a corpus of a different grid or a damaged run file
@@ -289,10 +292,26 @@ def run_corpus(spec: CorpusSpec, out, *, progress: Callable[[str], None] = print
     t0 = time.perf_counter()
     done = {p.stem for p in runs.glob("*.json")}
     present = sum(run_id(t, c) in done for t in spec.tasks() for c in spec.runs(t))
-    written = sum(run_corpus_task(t, spec, runs, done, progress=progress)
-                  for t in spec.tasks())
     log = out / "invocations.json"
     calls = json.loads(log.read_text()) if log.exists() else []
-    calls.append({"seconds": time.perf_counter() - t0, "runs_written": written})
-    log.write_text(json.dumps(calls, indent=1))
+    mine = len(calls)
+
+    def record(finished: bool) -> None:  # rewritten as it goes: a stopped invocation counts
+        new = sum(p.stem not in done for p in runs.glob("*.json"))
+        calls[mine:] = [{"seconds": time.perf_counter() - t0, "runs_written": new,
+                         "finished": finished}]
+        log.write_text(json.dumps(calls, indent=1))
+
+    def noted(message: str) -> None:
+        progress(message)
+        record(False)
+
+    record(False)
+    try:
+        written = sum(run_corpus_task(t, spec, runs, done, progress=noted)
+                      for t in spec.tasks())
+    except BaseException:  # Ctrl-C / SIGTERM (a KeyboardInterrupt here) or an error
+        record(False)
+        raise
+    record(True)
     return {"written": written, "already_present": present}
