@@ -295,8 +295,8 @@ def test_suggest_notes_an_effective_kappa_beyond_the_benchmark_grid(task, tmp_pa
                                                                             "effective κ̃")]
     assert said == ([f"  note: its effective κ̃ = κ/(1 − m) = {keff:.3g} is beyond the "
                      "benchmark sweep's main grid (κ̃ <= 12; T_ε p95 30-37 % at κ̃ = 12, larger "
-                     "κ̃ checked for divergence only): check it with a real run (ntk-tt predict "
-                     "--verify)"] if noted else [])
+                     "κ̃ checked for divergence only): check it with a real run (the verify "
+                     "line)"] if noted else [])
 
 
 @pytest.fixture(scope="module")

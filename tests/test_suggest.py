@@ -489,7 +489,18 @@ def test_cli_says_when_its_choice_catapults(tmp_path, capsys):
     assert len(warned) == 1 and f"at step {s['spike_step']}" in warned[0]
     # the check it recommends averages the same 4 batch orders (predict's default 32 had
     # smoothed a step-1 spike away and said "converges": a fresh user)
-    assert "(ntk-tt predict --verify --num-paths 4, the batch orders" in warned[0]
+    assert "(the verify line with --num-paths 4, the batch orders" in warned[0]
+    # and that line is the suggestion's own command (a fresh user typed the bare
+    # "ntk-tt predict --verify" it named, which checks the default configuration)
+    from ntk_tt._cli_parser import parse
+
+    (verify,) = [ln.split("verify: ", 1)[1] for ln in out.splitlines() if "  verify: " in ln]
+    args, _ = parse(verify.split()[1:])
+    assert args.verify and (args.num_classes, args.per_class, args.steps) == (2, 10, 30)
+    assert (args.batch_size, args.num_paths) == (s["batch_size"], 4)
+    assert args.momentum == pytest.approx(s["momentum"], rel=1e-7)
+    assert args.learning_rate == pytest.approx(s["learning_rate"], rel=1e-7)
+    assert [float(v) for v in args.loss_targets] == pytest.approx([r["target"]["loss"]], rel=1e-7)
     rows = [g for g in r["grid"] if g["evaluated"]]
     assert {g["outcome"] for g in rows} <= {"converges", "catapult", "diverges"}
     assert all(g["outcome"] is None and g["spike_step"] == -1 for g in r["grid"]

@@ -231,6 +231,39 @@ def _grid_text(cfg, size) -> str:
             f"warmups = {size['kappas'] * size['warmups']} configurations")
 
 
+def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
+    """The ``ntk-tt predict --verify`` command that fine-tunes the suggestion ``s`` for real on
+    the task of ``cfg`` (flags where they differ from predict's defaults) up to T_max, with
+    the target loss as ``--loss-target``: a fresh user typed the bare ``ntk-tt predict
+    --verify`` the report named, which checked the default configuration instead. A
+    suggested warmup is rounded to whole steps (``--warmup`` takes an integer)."""
+    from ntk_tt._defaults import DEFAULTS
+
+    out = ["ntk-tt predict --verify"]
+    for key, flag in (("dataset", "--dataset"), ("checkpoint", "--checkpoint"),
+                      ("data_dir", "--data-dir"), ("split", "--split"), ("num_classes", "-K"),
+                      ("per_class", "-n"), ("seed", "--seed"), ("head_scale", "--head-scale"),
+                      ("loss", "--loss")):
+        if cfg.get(key, DEFAULTS[key]) != DEFAULTS[key]:
+            out.append(f"{flag} {cfg[key]}")
+    if not cfg.get("resize", True):
+        out.append("--no-resize")
+    out.append(f"-T {cfg['steps']}")
+    if s["batch_size"] is not None and s["batch_size"] != n:
+        out.append(f"-B {s['batch_size']} --num-paths {cfg['num_paths']}")
+    opt = cfg.get("optimizer")
+    if opt:
+        out.append(f"--optimizer {opt} --schedule warmup-cosine --lr {s['learning_rate']:.8g} "
+                   f"--warmup {round(s['warmup'])} --weight-decay {cfg['weight_decay']:g}")
+        out += ([f"-m {s['momentum']:.8g}"] if opt == "sgd" and s["momentum"] else []) + (
+            [f"--b1 {cfg['b1']:g} --b2 {cfg['b2']:g}"] if opt != "sgd" else [])
+    else:
+        out += [f"-m {s['momentum']:.8g}"] if s["momentum"] else []
+        out.append(f"--lr {s['learning_rate']:.8g}")
+    out.append(f"--loss-target {target_loss:.8g}")
+    return " ".join(out)
+
+
 def format_suggestion(r: dict) -> str:
     """Human-readable text of a :func:`ntk_tt.suggest_task` report."""
     t, tg, sec = r["task"], r["target"], r["seconds"]
@@ -269,24 +302,25 @@ def format_suggestion(r: dict) -> str:
         f"step{'' if s['steps'] == 1 else 's'} to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
+    lines.append(f"  verify: {verify_command(cfg, s, n, tg['loss'])}")
     if s.get("outcome") == "catapult":  # a fresh user: predict's 32 orders smoothed it away
         paths = ("" if s["batch_size"] is None or s["batch_size"] == n else
-                 f" --num-paths {cfg['num_paths']}, the batch orders this curve averages: "
-                 "more can smooth a one-order spike away")
+                 f" with --num-paths {cfg['num_paths']}, the batch orders this curve "
+                 "averages: more can smooth a one-order spike away")
         lines.append(f"  warning: its predicted loss catapults (above L_0 at step "
                      f"{s['spike_step']}, then falls): predictions are least reliable there; "
-                     f"check it with a real run (ntk-tt predict --verify{paths}) or take a "
+                     f"check it with a real run (the verify line{paths}) or take a "
                      "runner-up")
     keff = (s["kappa"] / (1.0 - s["momentum"])
             if opt not in ("adam", "adamw") and s["momentum"] < 1.0 else None)
     if keff is not None and keff > TESTED_KAPPA:
         lines.append(f"  note: its {effective_kappa_note(keff)}: check it with a real run "
-                     "(ntk-tt predict --verify)")
+                     "(the verify line)")
     if (s.get("weight_travel") or 0.0) > LINEAR_TRAVEL:
         lines.append(f"  warning: Adam's schedule lets the backbone's weights move by up to "
                      f"ρ = {s['weight_travel']:.2g} of their RMS (> {LINEAR_TRAVEL:g}), beyond "
                      "the linearised regime, where the real loss falls later and then far "
-                     "lower than predicted: check it with a real run (ntk-tt predict --verify)")
+                     "lower than predicted: check it with a real run (the verify line)")
     if s["refined"]:
         was = (f"m = {g['momentum']:g}, η = {g['learning_rate']:.4g}" if not opt else
                f"peak η = {g['learning_rate']:.4g}, warmup {g['warmup']:g}")
