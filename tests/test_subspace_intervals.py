@@ -192,17 +192,20 @@ def test_another_number_of_classes_is_flagged():
         ntk_tt.intervals(pred)
 
 
-def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
-    """backbone="subspace" calling "diverges" warns that its call over-calls catapults (the
-    edge rows: 19 of 33) and points to the default; the default's call does not warn so."""
+@pytest.mark.parametrize("backbone", ["subspace", "diagonal"])
+def test_a_subspace_divergence_call_is_flagged_as_an_over_call(backbone):
+    """backbone="subspace" (or "diagonal") calling "diverges" warns that its call over-calls
+    catapults (the edge rows: 19 of 33; the diagonal's 21 of 94) and points to the default;
+    the default's call does not warn so."""
     from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
-    from ntk_tt.prediction._result import SUBSPACE_OVERCALLS
+    from ntk_tt.prediction._result import OVERCALLS
 
+    SUBSPACE_OVERCALLS = OVERCALLS[f"head_aware:{backbone}"]  # noqa: N806  (the one said)
     apply_fn, params, x, y, split = _problem()
     kw = dict(steps=150, head=split)
     lr = 0.05 * 30.0 / ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.05, **kw).kappa
     with pytest.warns(BeyondEdgeWarning) as said:
-        pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, backbone="subspace",
+        pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, backbone=backbone,
                               **kw)
     assert pred.outcome == "diverges" and pred.diverged and pred.kappa < 68  # its curve's call
     noted = [w for w in said if str(w.message) == SUBSPACE_OVERCALLS]
@@ -214,7 +217,7 @@ def test_a_subspace_divergence_call_is_flagged_as_an_over_call():
     assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]
     with warnings.catch_warnings(record=True) as seen:  # κ ≥ 68: the κ rule calls it, as
         warnings.simplefilter("always")               # for the default: no note
-        far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr * 3, backbone="subspace",
+        far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr * 3, backbone=backbone,
                              **kw)
     assert far.kappa >= 68 and far.outcome == "diverges"
     assert SUBSPACE_OVERCALLS not in [str(w.message) for w in seen]

@@ -241,13 +241,23 @@ SUBSPACE_OVERCALLS = (
     "the outcome")
 
 
+DIAGONAL_OVERCALLS = (
+    "backbone='diagonal' calls this run \"diverges\" from its own predicted curve, and that "
+    "call over-calls at large κ: of the 94 real runs that spiked and recovered (catapults) on "
+    "the full preset's edge rows (κ̃ = 16–96, N = 50–750) it called 21 \"diverges\" (all at "
+    "κ̃ = 32–96), the default backbone 6 (README, \"The diagonal blocks, at the default's "
+    "cost\"); predict with backbone='isotropic' for the outcome")
+OVERCALLS = {"head_aware:subspace": SUBSPACE_OVERCALLS, "head_aware:diagonal": DIAGONAL_OVERCALLS}
+
+
 def warn_subspace_call(pred: Prediction, stacklevel: int) -> None:
-    """:data:`SUBSPACE_OVERCALLS` as a ``BeyondEdgeWarning`` when ``pred`` is a subspace
-    feature kernel's prediction (``kernel`` "head_aware:subspace") whose outcome is
-    "diverges" from its curve (κ below ``KAPPA_MAX``, where the κ rule does not decide)."""
-    if pred.kernel == "head_aware:subspace" and pred.outcome == "diverges" \
-            and pred.kappa < KAPPA_MAX:
-        warnings.warn(SUBSPACE_OVERCALLS, BeyondEdgeWarning, stacklevel=stacklevel + 1)
+    """:data:`OVERCALLS` (:data:`SUBSPACE_OVERCALLS`, :data:`DIAGONAL_OVERCALLS`) as a
+    ``BeyondEdgeWarning`` when ``pred`` is a subspace or diagonal feature kernel's prediction
+    whose outcome is "diverges" from its curve (κ below ``KAPPA_MAX``, where the κ rule does
+    not decide)."""
+    said = OVERCALLS.get(str(pred.kernel))
+    if said and pred.outcome == "diverges" and pred.kappa < KAPPA_MAX:
+        warnings.warn(said, BeyondEdgeWarning, stacklevel=stacklevel + 1)
 
 
 def timed_prediction(fn):
