@@ -198,8 +198,7 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     for name, value, known in (("backbone", backbone, BACKBONES), ("profile", profile, PROFILES)):
         if value not in known:
             raise ValueError(f"{name} must be one of {known}, got {value!r}.")
-    if backbone == "diagonal" or (isinstance(hk, HeadAwareKernel)
-                                  and backbone_kind(hk) == "diagonal"):
+    if backbone == "diagonal":
         raise ValueError(ADAM_DIAGONAL)
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
             or variance_samples < 2:
@@ -208,6 +207,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     min_ref_mix = check_ref_mix(min_ref_mix, backbone, profile)
     check_split(split)
     check_concrete("adam_head_aware_kernel", split=split, x=x, x_test=x_test, y=y, hk=hk)
+    if isinstance(hk, HeadAwareKernel) and backbone_kind(hk) == "diagonal":  # hk concrete
+        raise ValueError(ADAM_DIAGONAL)
     rms = backbone_rms(split[1])  # weight_rms, ρ's scale (NaN weights refused before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
