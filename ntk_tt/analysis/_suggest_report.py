@@ -237,6 +237,8 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
     the target loss as ``--loss-target``: a fresh user typed the bare ``ntk-tt predict
     --verify`` the report named, which checked the default configuration instead. A
     suggested warmup is rounded to whole steps (``--warmup`` takes an integer)."""
+    import shlex
+
     from ntk_tt._defaults import DEFAULTS
 
     out = ["ntk-tt predict --verify"]
@@ -244,8 +246,8 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
                       ("data_dir", "--data-dir"), ("split", "--split"), ("num_classes", "-K"),
                       ("per_class", "-n"), ("seed", "--seed"), ("head_scale", "--head-scale"),
                       ("loss", "--loss")):
-        if cfg.get(key, DEFAULTS[key]) != DEFAULTS[key]:
-            out.append(f"{flag} {cfg[key]}")
+        if cfg.get(key, DEFAULTS[key]) != DEFAULTS[key]:  # a path with spaces stays one word
+            out.append(f"{flag} {shlex.quote(str(cfg[key]))}")
     if not cfg.get("resize", True):
         out.append("--no-resize")
     out.append(f"-T {cfg['steps']}")
