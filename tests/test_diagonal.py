@@ -104,6 +104,12 @@ def test_predict_with_the_diagonal_backbone(x64):
         ntk_tt.adam_head_aware_kernel(split, x, y, ntk_tt.adamw(1e-3), hk=hk)
     with pytest.raises(ValueError, match="the diagonal backbone is not re-linearised"):
         ntk_tt.predict(apply_fn, params, x, y, backbone="diagonal", segments=2, **kw)
+    # one direction: the diagonal and subspace kernels are one, and a k = 1 diagonal kernel
+    # passed back was refused as "a 'subspace' kernel" (a fresh user's find)
+    one = head_aware_kernel(split, x, backbone="diagonal", subspace_dim=1)
+    back = ntk_tt.predict(apply_fn, params, x, y, backbone="diagonal", head_kernel=one, **kw)
+    np.testing.assert_allclose(back.loss, ntk_tt.predict(
+        apply_fn, params, x, y, backbone="diagonal", subspace_dim=1, **kw).loss, rtol=1e-12)
     from ntk_tt._defaults import DEFAULTS
     from ntk_tt._options_predict import check_options  # the CLI's
 

@@ -501,6 +501,13 @@ def test_cli_says_when_its_choice_catapults(tmp_path, capsys):
     assert args.momentum == pytest.approx(s["momentum"], rel=1e-7)
     assert args.learning_rate == pytest.approx(s["learning_rate"], rel=1e-7)
     assert [float(v) for v in args.loss_targets] == pytest.approx([r["target"]["loss"]], rel=1e-7)
+    # the predictor suggest used, and Adam's β's to 8 digits (β₂ = 0.9999999 was printed 1)
+    from ntk_tt.analysis._suggest_report import verify_command
+
+    cfg = r["config"] | {"predictor": "linear", "optimizer": "adamw", "weight_decay": 1.2345678e-4,
+                         "b1": 0.9, "b2": 0.9999999}
+    args, _ = parse(verify_command(cfg, s | {"warmup": 2.0}, 20, 0.5).split()[1:])
+    assert (args.predictor, args.b2, args.weight_decay) == ("linear", 0.9999999, 1.2345678e-4)
     rows = [g for g in r["grid"] if g["evaluated"]]
     assert {g["outcome"] for g in rows} <= {"converges", "catapult", "diverges"}
     assert all(g["outcome"] is None and g["spike_step"] == -1 for g in r["grid"]

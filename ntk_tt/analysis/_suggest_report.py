@@ -234,9 +234,11 @@ def _grid_text(cfg, size) -> str:
 def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
     """The ``ntk-tt predict --verify`` command that fine-tunes the suggestion ``s`` for real on
     the task of ``cfg`` (flags where they differ from predict's defaults) up to T_max, with
-    the target loss as ``--loss-target``: a fresh user typed the bare ``ntk-tt predict
-    --verify`` the report named, which checked the default configuration instead. A
-    suggested warmup is rounded to whole steps (``--warmup`` takes an integer)."""
+    the target loss as ``--loss-target`` and the predictor suggest used: a fresh user typed
+    the bare ``ntk-tt predict --verify`` the report named, which checked the default
+    configuration instead. Numbers to 8 significant digits (β₂ = 0.9999999 printed as 1 was
+    refused); a suggested warmup is rounded to whole steps (``--warmup`` takes an
+    integer)."""
     import shlex
 
     from ntk_tt._defaults import DEFAULTS
@@ -245,7 +247,7 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
     for key, flag in (("dataset", "--dataset"), ("checkpoint", "--checkpoint"),
                       ("data_dir", "--data-dir"), ("split", "--split"), ("num_classes", "-K"),
                       ("per_class", "-n"), ("seed", "--seed"), ("head_scale", "--head-scale"),
-                      ("loss", "--loss")):
+                      ("loss", "--loss"), ("predictor", "--predictor")):
         if cfg.get(key, DEFAULTS[key]) != DEFAULTS[key]:  # a path with spaces stays one word
             out.append(f"{flag} {shlex.quote(str(cfg[key]))}")
     if not cfg.get("resize", True):
@@ -256,9 +258,9 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
     opt = cfg.get("optimizer")
     if opt:
         out.append(f"--optimizer {opt} --schedule warmup-cosine --lr {s['learning_rate']:.8g} "
-                   f"--warmup {round(s['warmup'])} --weight-decay {cfg['weight_decay']:g}")
+                   f"--warmup {round(s['warmup'])} --weight-decay {cfg['weight_decay']:.8g}")
         out += ([f"-m {s['momentum']:.8g}"] if opt == "sgd" and s["momentum"] else []) + (
-            [f"--b1 {cfg['b1']:g} --b2 {cfg['b2']:g}"] if opt != "sgd" else [])
+            [f"--b1 {cfg['b1']:.8g} --b2 {cfg['b2']:.8g}"] if opt != "sgd" else [])
     else:
         out += [f"-m {s['momentum']:.8g}"] if s["momentum"] else []
         out.append(f"--lr {s['learning_rate']:.8g}")

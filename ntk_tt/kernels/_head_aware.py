@@ -285,14 +285,13 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
                   "traced_kernel", computed=traced_kernel is None)
     kb = kronecker_backbone(tk, h0, h0, w0, mixing)
     _check_backbone_resolved(tk, kb, w0, mixing)
-    kbt = (None if h0t is None
-           else kronecker_backbone(jnp.asarray(traced_kernel_test), h0t, h0, w0, mixing))
+    kbt = None if h0t is None else kronecker_backbone(jnp.asarray(traced_kernel_test), h0t,
+                                                      h0, w0, mixing)
     return HeadAwareKernel(h0, w0, b0, kb, mixing, h0t, kbt)
 
 
 def backbone_kind(hk: HeadAwareKernel) -> str:
-    """Which ``backbone`` built ``hk``: "exact" (no mixing), "subspace" (a basis Z), "diagonal"
-    (a basis Z of k > 1, K_Z zero between directions), "isotropic" (S = I_F) or "kronecker"."""
+    """The ``backbone`` that built ``hk`` (diagonal: a basis of k > 1, K_Z 0 between them)."""
     if hk.basis is not None:
         k = np.shape(hk.basis)[1]
         kz = np.asarray(hk.backbone).reshape(-1, k, np.shape(hk.backbone)[1] // k, k)
@@ -306,13 +305,14 @@ def backbone_kind(hk: HeadAwareKernel) -> str:
 def check_kernel_backbone(backbone: str, head_kernel) -> None:
     """ValueError when ``backbone`` names another feature kernel than the ``head_kernel``
     given (a :class:`ntk_tt.HeadAwareKernel`, or an Adam kernel holding one, ``.hk``): the
-    kernel decides, and a non-default ``backbone`` beside it was silently ignored (a fresh
-    user's find). The default "isotropic" and a kernel of another type pass (the type is
-    :func:`ntk_tt.dynamics._checks.check_head_kernel`'s to refuse)."""
+    kernel decides (a fresh user's find). The default "isotropic", a kernel of another type
+    (``check_head_kernel``'s to refuse) and a one-direction subspace / diagonal pass."""
     hk = getattr(head_kernel, "hk", head_kernel)
     if backbone == "isotropic" or not isinstance(hk, HeadAwareKernel):
         return
-    if (kind := backbone_kind(hk)) != backbone:
+    kind = backbone_kind(hk)  # at k = 1 the subspace and diagonal kernels are one
+    one = {kind, backbone} <= {"subspace", "diagonal"} and np.shape(hk.basis)[1] == 1
+    if kind != backbone and not one:
         raise ValueError(f"backbone={backbone!r}, but the head_kernel given is a {kind!r} "
                          f"kernel (head_aware_kernel(..., backbone={kind!r})), which decides: "
                          f"drop backbone, or build head_kernel with backbone={backbone!r}.")
