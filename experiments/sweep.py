@@ -118,6 +118,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--reuse-real", metavar="DIR",
                    help="reuse the identical real fine-tunes of the sweep in DIR (same task, "
                         "configuration and η); only the predictions are recomputed")
+    p.add_argument("--reuse-predictions", metavar="DIR",
+                   help="reuse the variants' identical predictions of the sweep in DIR (same "
+                        "task, configuration, η and variant label); the primary and any "
+                        "variant DIR lacks are computed")
     args = p.parse_args(argv)
     if args.smoke and args.preset not in (None, "smoke"):
         _error(p, f"--smoke is --preset smoke; it cannot be combined with --preset "
@@ -157,9 +161,11 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
             check_datasets(spec.datasets, spec.per_class, spec.classes,
                            meta=read_meta(spec.checkpoint)[1])  # no weight read
             check_resume(spec, args.out)
-            if args.reuse_real and not (pathlib.Path(args.reuse_real) / TABLE_NAME).exists():
-                raise ValueError(f"--reuse-real {args.reuse_real!r} holds no {TABLE_NAME} (a "
-                                 "sweep directory, e.g. experiments/results/sweep).")
+            for flag, where in (("--reuse-real", args.reuse_real),
+                                ("--reuse-predictions", args.reuse_predictions)):
+                if where and not (pathlib.Path(where) / TABLE_NAME).exists():
+                    raise ValueError(f"{flag} {where!r} holds no {TABLE_NAME} (a sweep "
+                                     "directory, e.g. experiments/results/sweep).")
     except ValueError as err:
         _error(p, str(err))
     return args, spec
@@ -309,7 +315,8 @@ def _main(argv, state: dict) -> None:
     if args.report:
         summarise()
     else:  # the report is the invocation's last step: runs.json says finished once it is done
-        run_sweep(spec, args.out, reuse_from=args.reuse_real, progress=progress,
+        run_sweep(spec, args.out, reuse_from=args.reuse_real,
+                  reuse_predictions_from=args.reuse_predictions, progress=progress,
                   finish=summarise)
 
 

@@ -302,6 +302,31 @@ def test_promote_swaps_a_variant_into_the_headline():
             promote(frame, "iso", taken)
 
 
+def test_promote_takes_the_variants_error_curves_or_drops_the_primarys():
+    """The absolute error targets of a promoted variant are its own (stored error curves),
+    never the demoted primary's: a variant without error curves gives no error targets."""
+    from ntk_tt.sweep._summary import promote
+    from ntk_tt.sweep._targets import steps_col, target_frame
+
+    frame = _frame(real=[50.0, 40.0], pred=[55.0, 30.0], real_div=[False] * 2,
+                   pred_div=[False] * 2)
+    frame["pred_method"], frame["pred_kernel"] = "head_aware", "isotropic"
+    curve = np.linspace(2.0, 0.5, 11)
+    frame["real_loss"] = frame["pred_loss"] = [curve] * 2
+    frame["real_error"] = [np.linspace(0.8, 0.0, 11)] * 2
+    frame["pred_error"] = [np.full(11, 0.8)] * 2  # never reaches an error target
+    frame["var_d_T0.1"], frame["var_d_diverged"] = [50.0, 44.0], [False, False]
+    frame["var_d_label"], frame["var_d_loss"] = "d", [curve] * 2
+    frame["var_d_error"] = [np.linspace(0.8, 0.0, 11)] * 2  # the real one: same steps
+    col = steps_col("pred", "error", 0.5)
+    real = target_frame(frame)[steps_col("real", "error", 0.5)]
+    assert target_frame(frame)[col].isna().all() and real.notna().all()
+    promoted = target_frame(promote(frame, "d", "iso"))
+    np.testing.assert_array_equal(promoted[col], real)
+    without = promote(frame.drop(columns="var_d_error"), "d", "iso")
+    assert "pred_error" not in without and col not in target_frame(without)
+
+
 def test_breakdown_splits_errors_by_factor_and_measures_the_fall_ratio():
     frame = _frame(real=[50.0, 40.0, 100.0, 80.0], pred=[55.0, 30.0, 50.0, 80.0],
                    real_div=[False] * 4, pred_div=[False] * 4)
@@ -435,6 +460,68 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     table1 = pd.read_csv(out / "table1.csv")
     assert set(table1["dataset"]) == set(frame["dataset"])
+
+
+def test_the_diagonal_variant_is_predict_with_the_diagonal_backbone(smoke):
+    """The recorded ``head_aware_diagonal`` variant (GD rows, deterministic) is what a user's
+    ``predict_head_aware`` on ``head_aware_kernel(..., backbone="diagonal")`` gives at the
+    row's η and m; it stores its error curve (promotable with the error targets)."""
+    from ntk_tt.sweep import _run
+
+    frame = read_table(smoke[0])
+    spec = spec_from_dict(json.loads((smoke[0] / "spec.json").read_text()))
+    task = spec.tasks()[0]
+    data = _run.load_task(task, spec)
+    hk = ntk_tt.head_aware_kernel(data.split, data.x, backbone="diagonal")
+    gd = frame[frame["optimizer"] == "gd"]
+    assert len(gd) >= 2
+    for r in gd.itertuples():
+        out = ntk_tt.predict_head_aware(hk, data.y, learning_rate=r.learning_rate,
+                                        momentum=r.momentum, steps=spec.steps)
+        np.testing.assert_allclose(r.var_head_aware_diagonal_loss, out.loss, rtol=2e-5)
+        np.testing.assert_allclose(r.var_head_aware_diagonal_error, out.error, atol=1e-6)
+    assert (frame["predictions_reused"] == "").all()
+
+
+def test_reused_predictions_are_the_earlier_sweeps_and_only_missing_variants_are_built(
+        smoke, tmp_path, monkeypatch):
+    """``--reuse-predictions``: a rerun into a new directory takes every variant the earlier
+    table has (same η, steps, label) without building its kernel, computes the one it lacks
+    (deleted here) and a variant whose label changed, and its rows equal the earlier ones."""
+    from ntk_tt.sweep import _predictions, _run
+
+    earlier = read_table(smoke[0])
+    lacking = earlier.drop(columns=[c for c in earlier.columns
+                                    if c.startswith("var_head_aware_diagonal_")])
+    lacking["var_traced_label"] = "an older traced variant"
+    (tmp_path / "before").mkdir()
+    lacking.to_parquet(tmp_path / "before" / "results.parquet")
+    built = []
+    variants = _predictions._variants
+
+    def counted(*args, **kwargs):
+        out = variants(*args, **kwargs)
+        built.append(set(out))
+        return out
+
+    monkeypatch.setattr(_run, "_variants", counted)
+    spec = spec_from_dict(json.loads((smoke[0] / "spec.json").read_text()))
+    _run.run_sweep(spec, tmp_path / "again", reuse_from=tmp_path / "before",
+                   reuse_predictions_from=tmp_path / "before", progress=lambda m: None)
+    ResultsTable(tmp_path / "again").consolidate()
+    assert built == [{"head_aware_diagonal", "traced"}]
+    again = read_table(tmp_path / "again").set_index("row_id").loc[earlier["row_id"]]
+    reused = sorted(set(_predictions.variant_names(spec)) - {"head_aware_diagonal", "traced"})
+    assert set(again["predictions_reused"]) == {",".join(reused)}
+    for name in _predictions.variant_names(spec):
+        assert list(again[f"var_{name}_outcome"]) == list(earlier[f"var_{name}_outcome"])
+        for col in (f"var_{name}_loss", f"var_{name}_T0.1"):
+            for a, b in zip(again[col], earlier[col], strict=True):
+                if name in reused:  # taken as stored
+                    np.testing.assert_array_equal(a, b)
+                else:  # computed again: deterministic up to float reassociation
+                    np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert (again["real_source"] == "reused").all()
 
 
 def test_a_report_of_a_sweep_not_finished_says_how_many_rows_are_missing(smoke, tmp_path):
@@ -621,7 +708,8 @@ def test_an_interrupt_dropped_by_a_callback_is_honoured_at_the_next_progress_lin
     module = experiment_script("sweep")
     state = {"signal": signal.SIGINT}  # what the guard's handler records
 
-    def sweep(spec, out, *, reuse_from=None, progress=print, finish=None):
+    def sweep(spec, out, *, reuse_from=None, reuse_predictions_from=None, progress=print,
+              finish=None):
         ResultsTable(out).write_row({"row_id": "done", "value": 1.0})
         progress("task: batch N: 1 rows written")
         raise AssertionError("the sweep went on after the interrupt")
@@ -797,6 +885,8 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--momenta", "1.5"], "SweepSpec.momenta (--momenta) must lie in [0, 1)"),
     (["--steps", "0"], "SweepSpec.steps (--steps) must be >= 1"),
     (["--reuse-real", "nowhere"], "--reuse-real 'nowhere' holds no results.parquet"),
+    (["--reuse-predictions", "nowhere"],
+     "--reuse-predictions 'nowhere' holds no results.parquet"),
     # a second fresh user: each was a traceback after spec.json and rows/ were written, or
     # (--primary) after the whole sweep had run
     (["--sketch-dims", "0"], "SweepSpec.sketch_dims (--sketch-dims) must be integers >= 1"),

@@ -1,6 +1,7 @@
 """A sweep task's kernels and predictions: the primary (isotropic head-aware) kernel and the
 exact Θ, the variants' kernels, η from κ̃, and one compiled ``jit(vmap)`` over (η, m) per
-predictor and batch size (``ntk_tt.sweep._run``)."""
+predictor and batch size (``ntk_tt.sweep._run``). A variant whose predictions are all reused
+from an earlier sweep (``ntk_tt.sweep._reuse``) has no kernel built."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ntk_tt
+from ntk_tt._options_predict import DIAGONAL_DIM
 from ntk_tt.dynamics._fspace import top_eigenvalue
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.kernels._head_aware import HeadAwareKernel, head_aware_kernel
@@ -125,36 +127,63 @@ def _kronecker(data: TaskData, theta, key):
         traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3))
 
 
-def variant_names(spec: SweepSpec) -> tuple[str, ...]:
-    """The names of the variants :func:`_variants` records for ``spec`` (for a model with a
-    ``head``), checked before a sweep's work (``--primary``)."""
-    return ("linear", "traced", "head_aware_kronecker",
-            *(f"sketch{d}" for d in spec.sketch_dims), *(("continuous",) * bool(spec.noise_dim)))
-
-
-def _variants(data: TaskData, spec: SweepSpec, key, theta, f0) -> dict[str, Variant]:
-    """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
-    Θ), the Kronecker head-aware model, one sketch per D', and the ODE/SDE on the exact Θ."""
-    n, c = f0.shape
-    out = {"linear": Variant(theta, "discrete recursion, exact kernel frozen at w0 (the "
-                             "primary before issue 9)", False),
-           "traced": Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
-                             "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C", False)}
-    kron = _kronecker(data, theta, key)
-    if kron is not None:
-        out["head_aware_kronecker"] = Variant(
-            kron, f"head-aware, Kronecker feature kernel, S from {MIXING_SAMPLES} inputs", False)
-    for d in spec.sketch_dims:
-        sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,
-                                 key=jax.random.fold_in(key, d))
-        out[f"sketch{d}"] = Variant(sk.kernel, f"discrete recursion, sketched kernel D'={d}",
-                                    False)
+def variant_labels(spec: SweepSpec) -> dict[str, str]:
+    """The variants :func:`_variants` records for ``spec`` (for a model with a ``head``; the
+    head-aware ones are dropped without one), name → label (the rows' ``var_<name>_label``: a
+    reused prediction must carry the same one). Checked before a sweep's work
+    (``--primary``)."""
+    out = {"linear": "discrete recursion, exact kernel frozen at w0 (the primary before "
+                     "issue 9)",
+           "traced": "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C",
+           "head_aware_kronecker": f"head-aware, Kronecker feature kernel, S from "
+                                   f"{MIXING_SAMPLES} inputs",
+           "head_aware_diagonal": f"head-aware, diagonal feature kernel (the blocks of the "
+                                  f"{DIAGONAL_DIM} leading principal directions)"}
+    out |= {f"sketch{d}": f"discrete recursion, sketched kernel D'={d}"
+            for d in spec.sketch_dims}
     if spec.noise_dim:
+        out["continuous"] = (f"GD: diffrax ODE (m via η/(1−m)); SGD: diffrax SDE, "
+                             f"{spec.num_paths} paths, noise sketch D'={spec.noise_dim}; exact "
+                             "kernel")
+    return out
+
+
+def variant_names(spec: SweepSpec) -> tuple[str, ...]:
+    """The names of :func:`variant_labels`."""
+    return tuple(variant_labels(spec))
+
+
+def _variants(data: TaskData, spec: SweepSpec, key, theta, f0,
+              names=None) -> dict[str, Variant]:
+    """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
+    Θ), the Kronecker head-aware model, the diagonal head-aware model
+    (``predict(backbone="diagonal")``'s kernel), one sketch per D', and the ODE/SDE on the
+    exact Θ; only those in ``names`` (None: all)."""
+    n, c = f0.shape
+    labels = variant_labels(spec)
+    names = set(labels if names is None else names)
+    out = {}
+    if "linear" in names:
+        out["linear"] = Variant(theta, labels["linear"], False)
+    if "traced" in names:
+        out["traced"] = Variant(theta.reshape(n, c, n, c).trace(axis1=1, axis2=3),
+                                labels["traced"], False)
+    if "head_aware_kronecker" in names and data.split is not None:
+        out["head_aware_kronecker"] = Variant(_kronecker(data, theta, key),
+                                              labels["head_aware_kronecker"], False)
+    if "head_aware_diagonal" in names and data.split is not None:
+        out["head_aware_diagonal"] = Variant(
+            head_aware_kernel(data.split, data.x, backbone="diagonal"),
+            labels["head_aware_diagonal"], False)
+    for d in spec.sketch_dims:
+        if f"sketch{d}" in names:
+            sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,
+                                     key=jax.random.fold_in(key, d))
+            out[f"sketch{d}"] = Variant(sk.kernel, labels[f"sketch{d}"], False)
+    if "continuous" in names and spec.noise_dim:
         noise = ntk_tt.noise_features(data.apply_fn, data.params, data.x, data.y,
                                       sketch_dim=spec.noise_dim, key=jax.random.fold_in(key, 1))
-        out["continuous"] = Variant(
-            theta, f"GD: diffrax ODE (m via η/(1−m)); SGD: diffrax SDE, {spec.num_paths} paths, "
-            f"noise sketch D'={spec.noise_dim}; exact kernel", True, noise)
+        out["continuous"] = Variant(theta, labels["continuous"], True, noise)
     return out
 
 

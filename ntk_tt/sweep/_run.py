@@ -3,14 +3,16 @@
 For each task with unfinished rows: build the primary predictor's kernel (the isotropic
 head-aware kernel of ``ntk_tt.predict_head_aware``, from the traced Θ) and the exact empirical
 NTK Θ once, and from Θ the variants' kernels (the Kronecker head-aware one, its mixing S from
-32 inputs, is the variant ``head_aware_kronecker``; the traced kernel, free), a sketch per
+32 inputs, is the variant ``head_aware_kronecker``, the diagonal one of
+``predict(backbone="diagonal")`` is ``head_aware_diagonal``; the traced kernel, free), a sketch per
 requested D'; read λ_max of Θ, turn every configuration's κ̃ into η, predict all configurations
 sharing a batch size with one compiled ``jit(vmap(...))`` over (η, m) per predictor (the
 frozen-kernel ``predict_from_kernel`` on Θ is the variant ``linear``, the primary before
 issue 9), fine-tune them for real through one compiled training step (vmapped over (η, m)
 except on CPU, see :func:`_finetune_group`) — or reuse the identical real run of an earlier
 sweep (``reuse``) — and write one row per configuration as soon as its batch size's
-fine-tunes have finished. Compile time is measured apart (ahead-of-time
+fine-tunes have finished (an earlier sweep's identical variant predictions can be reused too,
+``ntk_tt.sweep._reuse``). Compile time is measured apart (ahead-of-time
 ``lower().compile()``) and never counted in the prediction or fine-tuning wall times. The
 prediction wall time is the primary predictor's alone: its own kernel work (the traced Θ, not
 the exact one, which the variants need) and its solves. The task's data: ``_load``; its
@@ -30,7 +32,6 @@ import numpy as np
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import divergence
-from ntk_tt.kernels._head_aware import HeadAwareKernel
 from ntk_tt.sweep._errors import t_col
 from ntk_tt.sweep._figures import make_figures
 from ntk_tt.sweep._finetune import TaskData, _finetune_group
@@ -47,7 +48,16 @@ from ntk_tt.sweep._grid import (
 )
 from ntk_tt.sweep._load import _task_key, load_task
 from ntk_tt.sweep._outcomes import outcome_columns
-from ntk_tt.sweep._predictions import PRIMARY, _hyper, _kernel, _predict_group, _t_eps, _variants
+from ntk_tt.sweep._predictions import (
+    PRIMARY,
+    _hyper,
+    _kernel,
+    _predict_group,
+    _t_eps,
+    _variants,
+    variant_labels,
+)
+from ntk_tt.sweep._reuse import reusable_predictions, reusable_runs, reused_predictions
 from ntk_tt.sweep._summary import promote, summarize
 from ntk_tt.sweep._table import ResultsTable, read_rows, read_table
 from ntk_tt.sweep._targets import target_columns
@@ -74,38 +84,50 @@ def _curve_columns(prefix: str, loss, diverged, spiked_at, epsilons) -> dict:
 
 def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
              table: ResultsTable, *, progress: Callable[[str], None] = print,
-             reuse: dict | None = None) -> int:
+             reuse: dict | None = None, reuse_predictions: dict | None = None) -> int:
     """Predict and fine-tune every configuration of one task; write one row each.
 
     All predictions come first (one compiled vmap per batch size and predictor); then, per
     batch size, one real fine-tune of its configurations, whose rows are written as soon as it
     finishes. ``reuse`` maps row ids to the real runs of an earlier sweep
     (:func:`reusable_runs`); a configuration found there at the same learning rate reuses
-    its run instead of fine-tuning again. Returns the number of rows
+    its run instead of fine-tuning again; ``reuse_predictions`` maps row ids to an earlier
+    sweep's variant predictions (``_reuse.reusable_predictions``): a variant that every
+    configuration of a batch size has there (same η, steps and label) is taken from it, and
+    its kernel is built only if another batch size needs it. Returns the number of rows
     written.
     """
     key = _task_key(task)
     t0 = time.perf_counter()
     theta, f0, lam, hk, sec_kernel = _kernel(data, key)
-    # the variants' kernels are dispatched asynchronously: finish them before any prediction
-    # is timed (else the first timed solve waits for them: 6-7 s instead of 0.5 s at N = 750)
-    variants = jax.block_until_ready(_variants(data, spec, key, theta, f0))
-    primary = theta if hk is None else hk
     n, c = f0.shape
     groups: dict = {}
     for cfg in configs:
         groups.setdefault(cfg.batch_size, []).append(cfg)
+    labels = variant_labels(spec)
+    hyper = {b: _hyper(cfgs, lam, n) for b, cfgs in groups.items()}
+    reused = {b: reused_predictions(reuse_predictions, task, cfgs, hyper[b][0], spec.steps,
+                                    labels) for b, cfgs in groups.items()}
+    needed = {name for name in labels if any(name not in r for r in reused.values())}
+    # the variants' kernels are dispatched asynchronously: finish them before any prediction
+    # is timed (else the first timed solve waits for them: 6-7 s instead of 0.5 s at N = 750)
+    variants = jax.block_until_ready(_variants(data, spec, key, theta, f0, needed))
+    primary = theta if hk is None else hk
     preds, sec_predict, compile_s = {}, 0.0, 0.0
-    for b, cfgs in groups.items():
-        lrs, moms = _hyper(cfgs, lam, n)
+    for b in groups:
+        lrs, moms = hyper[b]
         kw = {"steps": spec.steps, "batch_size": b, "num_paths": spec.num_paths}
         main = _predict_group(primary, f0, data.y, key, lrs, moms, None, method="discrete",
                               **kw)
         var = {}
-        for name, v in variants.items():
-            method = ("ode" if b is None else "sde") if v.continuous else "discrete"
-            var[name] = _predict_group(v.kernel, f0, data.y, key, lrs, moms, v.noise,
-                                       method=method, **kw)
+        for name in labels:
+            if name in reused[b]:
+                var[name] = reused[b][name]
+            elif name in variants:
+                v = variants[name]
+                method = ("ode" if b is None else "sde") if v.continuous else "discrete"
+                var[name] = _predict_group(v.kernel, f0, data.y, key, lrs, moms, v.noise,
+                                           method=method, **kw)
         preds[b] = (main, var, lrs, moms)
         sec_predict += main[3]
         compile_s += main[4]
@@ -121,8 +143,7 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             "pred", loss_p, div_p, spike_p, kappa=kappas, momentum=moms, frozen=hk is None)
         for name, (vloss, vdiv, vspike, *_) in var.items():
             outs |= outcome_columns(f"var_{name}", vloss, vdiv, vspike, kappa=kappas,
-                                    momentum=moms, frozen=not isinstance(
-                                        variants[name].kernel, HeadAwareKernel))
+                                    momentum=moms, frozen=not name.startswith("head_aware"))
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
             if hk is None:
@@ -132,12 +153,15 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             row.update(target_columns(loss_r[i], loss_p[i], div_r[i], div_p[i], err_r[i],
                                       err_p[i]))
             row.update({k: v[i] for k, v in outs.items()})
-            for name, (vloss, vdiv, vspike, vsec, *_) in var.items():
+            for name, (vloss, vdiv, vspike, vsec, _, verr) in var.items():
                 row.update(_curve_columns(f"var_{name}", vloss[i], vdiv[i], vspike[i],
                                           spec.epsilons))
-                row[f"var_{name}_label"] = variants[name].label
+                row[f"var_{name}_label"] = labels[name]
                 row[f"var_{name}_seconds"] = vsec / len(cfgs)
                 row[f"var_{name}_loss"] = vloss[i]
+                if name.startswith("head_aware") and verr is not None:  # promotable
+                    row[f"var_{name}_error"] = verr[i]
+            row["predictions_reused"] = ",".join(sorted(reused[b]))
             row.update(
                 real_loss=loss_r[i], pred_loss=loss_p[i], real_source=source[i],
                 real_error=err_r[i], pred_error=err_p[i],
@@ -152,21 +176,6 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
         progress(f"{task.id}: batch {b or 'N'}: {len(cfgs)} rows written, "
                  f"{source.count('reused')} real runs reused ({time.perf_counter() - t0:.0f} s)")
     return written
-
-
-def reusable_runs(out) -> dict:
-    """Real runs of an earlier sweep directory ``out``, by row id: (loss curve, diverged,
-    compile seconds, learning rate, steps, error curve or None: tables before absolute
-    targets stored none). Real fine-tunes are deterministic given the task,
-    configuration and checkpoint (same data, head, batch order, η), so a rerun that changes
-    only the predictors need not train again. Their cost is measured again on this machine
-    (:func:`_real_runs`): the earlier run's seconds may come from another machine or load."""
-    frame = read_table(out)
-    cols = ["real_loss", "real_diverged", "seconds_compile_finetune", "learning_rate",
-            "steps"]
-    errors = frame["real_error"] if "real_error" in frame else [None] * len(frame)
-    return {r.row_id: (*(getattr(r, k) for k in cols), e)
-            for r, e in zip(frame.itertuples(), errors, strict=True)}
 
 
 def _real_runs(data, task, key, cfgs, lrs, moms, b, steps, reuse):
@@ -270,11 +279,14 @@ def _listed(value) -> str:
 
 def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskData] = load_task,
               progress: Callable[[str], None] = print, reuse_from=None,
-              finish: Callable[[dict], object] | None = None) -> dict:
+              reuse_predictions_from=None, finish: Callable[[dict], object] | None = None) -> dict:
     """Run (or resume) the grid into ``out``; finished rows are skipped, never recomputed.
 
     ``reuse_from``: an earlier sweep directory whose identical real runs are reused
     (:func:`reusable_runs`); rows record ``real_source`` ("fine-tuned" or "reused").
+    ``reuse_predictions_from``: an earlier sweep directory whose variants' predictions are
+    reused where identical (``ntk_tt.sweep._reuse``); rows record the reused variants'
+    names in ``predictions_reused`` (comma-separated, "" for none).
     ``finish``: the invocation's last step, given the counts once every row is written
     (``experiments/sweep.py``: the report); the invocation has finished when it returns.
 
@@ -304,6 +316,8 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
     _write_json(table.out / "spec.json", spec_to_dict(spec))
     done = table.done_ids()
     reuse = None if reuse_from is None else reusable_runs(reuse_from)
+    reuse_pred = (None if reuse_predictions_from is None
+                  else reusable_predictions(reuse_predictions_from))
     todo, skipped = plan(spec)
     runs_path = table.out / "runs.json"
     runs = _read_json(runs_path, [])
@@ -326,7 +340,7 @@ def run_sweep(spec: SweepSpec, out, *, loader: Callable[[Task, SweepSpec], TaskD
             present += len(configs) - len(left)
             if left:
                 written += run_task(task, left, spec, loader(task, spec), table,
-                                    progress=noted, reuse=reuse)
+                                    progress=noted, reuse=reuse, reuse_predictions=reuse_pred)
         counts = {"written": written, "already_present": present, "skipped": dict(skipped)}
         record(False)  # its seconds up to the report, still unfinished (even after kill -9)
         if finish is not None:

@@ -181,7 +181,9 @@ def breakdown(frame: pd.DataFrame) -> dict:
 def promote(frame: pd.DataFrame, variant: str, demoted: str) -> pd.DataFrame:
     """The table with the recorded variant ``variant`` as the primary prediction (the
     headline's "ntk") and the primary it replaces kept as the variant ``demoted``: a
-    relabelling of stored columns (T_ε, divergence, spike, curve), nothing recomputed.
+    relabelling of stored columns (T_ε, divergence, spike, curves), nothing recomputed; the
+    error curves too where the variant stored them (a head-aware variant since
+    ``head_aware_diagonal``), else the primary's are dropped (no error targets).
     Raises ValueError if ``variant`` is not in the table or ``demoted`` already is, or is
     "ntk", the headline's name of the primary (the demoted primary vanished from the report)."""
     if variant not in variants(frame):
@@ -198,6 +200,8 @@ def promote(frame: pd.DataFrame, variant: str, demoted: str) -> pd.DataFrame:
             out[f"var_{demoted}_{rest}"] = frame[f"pred_{rest}"]
             out[f"pred_{rest}"] = frame[col]
         out = out.drop(columns=col)
+    if f"{src}error" not in frame.columns:  # the primary's error curves are not the variant's
+        out = out.drop(columns=[c for c in ("pred_error",) if c in out.columns])
     out[f"var_{demoted}_label"] = (frame["pred_method"] + ", " + frame["pred_kernel"]
                                    + " (the sweep's primary)")
     out["pred_method"], out["pred_kernel"] = "promoted", variant

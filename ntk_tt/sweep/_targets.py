@@ -61,11 +61,11 @@ def target_columns(real_loss, pred_loss, real_diverged, pred_diverged, real_erro
 def _has_error_curves(frame: pd.DataFrame) -> str | None:
     """None when the frame's rows carry both error curves, else why the error targets are
     not computed."""
-    if not {"real_error", "pred_error"} <= set(frame.columns):
-        return "the table stores no error curves (a sweep before absolute targets)"
+    if {"real_error", "pred_error"} <= set(frame.columns):
+        return None
     if (frame["pred_method"] == "promoted").any():
         return "the primary was promoted from a variant, whose error curves are not stored"
-    return None
+    return "the table stores no error curves (a sweep before absolute targets)"
 
 
 def target_frame(frame: pd.DataFrame) -> pd.DataFrame:
