@@ -326,6 +326,17 @@ def test_paths_outcome_and_call_read_by_hand():
     assert [OUTCOMES[c] for c in np.asarray(said.outcome)] == ["unknown", "unknown",
                                                                "diverges", "diverges"]
     assert list(np.asarray(said.spike_step)) == [-1, 2, 2, 1]
+    # a feature-subspace kernel: its own "diverges" below KAPPA_MAX is a catapult, at or
+    # above it the κ rule calls "diverges"; its other calls are unchanged
+    own = Outcome(jnp.asarray([DIVERGES, DIVERGES, DIVERGES, CATAPULT, CONVERGES]),
+                  jnp.asarray([3, 3, 3, 2, -1]))
+    kappa = jnp.asarray([40.0, KAPPA_MAX * 0.999, KAPPA_MAX, 40.0, KAPPA_MAX])
+    said = call(own, kappa, jnp.zeros(5, bool), linearised_catapult=True)
+    assert [OUTCOMES[c] for c in np.asarray(said.outcome)] == [
+        "catapult", "catapult", "diverges", "catapult", "diverges"]
+    assert list(np.asarray(said.spike_step)) == [3, 3, 3, 2, -1]
+    plain = call(own, kappa, jnp.zeros(5, bool))
+    assert [OUTCOMES[c] for c in np.asarray(plain.outcome)][:3] == ["diverges"] * 3
 
 
 def test_outcomes_of_real_runs_and_the_calls_of_their_predictions(ce_mlp):

@@ -251,6 +251,27 @@ def test_outcomes_filled_for_the_rows_that_lack_them():
     assert list(out["pred_outcome"]) == ["converges"] * 3  # derived for every row
 
 
+def test_a_feature_subspace_predictors_diverging_curve_below_kappa_max_is_a_catapult():
+    """The sweep's calls, derived from stored curves: a diagonal / subspace kernel's (by its
+    label, or the primary's ``pred_kernel``) diverging curve is "catapult" below κ = 68 and
+    "diverges" at κ ≥ 68; the isotropic kernel's stays "diverges"."""
+    from ntk_tt.sweep._outcomes import with_outcomes
+    from ntk_tt.sweep._predictions import variant_labels
+
+    blown = np.r_[2.0, 5.0, 30.0, np.full(17, np.inf)]
+    label = variant_labels(SweepSpec(("flowers5",), (2,), (0,)))["head_aware_diagonal"]
+    frame = pd.DataFrame({
+        "real_loss": [blown] * 3, "real_diverged": True, "real_spiked_at": 2,
+        "pred_loss": [blown] * 3, "pred_diverged": True, "pred_spiked_at": 2,
+        "pred_method": "head_aware", "pred_kernel": ["isotropic", "diagonal", "subspace"],
+        "var_d_loss": [blown] * 3, "var_d_diverged": True, "var_d_spiked_at": 2,
+        "var_d_label": label, "var_d_T0.1": np.nan,
+        "kappa": [40.0, 40.0, 70.0], "momentum": 0.0})
+    out = with_outcomes(frame)
+    assert list(out["pred_outcome"]) == ["diverges", "catapult", "diverges"]
+    assert list(out["var_d_outcome"]) == ["catapult", "catapult", "diverges"]
+
+
 def test_per_task_cost_ratio_counts_every_row_the_prediction_time_covers():
     """A task's predictions are timed together, edge κ̃ rows with the rest
     (``task_seconds_predict``): its fine-tunes are summed over the same rows."""

@@ -81,7 +81,8 @@ from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 _summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
-                                                "frozen", "continuous", "kappa_rule"))
+                                                "frozen", "continuous", "kappa_rule",
+                                                "feature_subspace"))
 
 
 def check_run(optimizer, n: int, steps, method="discrete", noise_features=None,
@@ -152,13 +153,14 @@ def _paths(run, n: int, bs: int, steps: int, num_paths: int, key):
 
 
 def _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, size, loss, frozen,
-                     method="discrete"):
+                     method="discrete", feature_subspace=False):
     peak, ok = valid_hyperparameters(optimizer, steps)
     return _summary(fs, fts, y, y_test, size=size, lr=jnp.where(ok, peak, jnp.nan),
                     m=optimizer.momentum,
                     lams=lams, nesterov=optimizer.nesterov, loss=loss,
                     stochastic=fs.shape[0] > 1 or method == "sde", frozen=frozen,
-                    continuous=method in ("ode", "sde"), kappa_rule=optimizer.rule != "adam")
+                    continuous=method in ("ode", "sde"), kappa_rule=optimizer.rule != "adam",
+                    feature_subspace=feature_subspace)
 
 
 def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete", key=None,
@@ -310,4 +312,5 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
                   optimizer, steps=steps, key=key, a_h=a_h, a_h_test=a_h_test, loss=loss)
     fs, fts = _paths(run, n, bs, steps, num_paths, key)
     return _summarise_paths(fs, fts, y, y_test, optimizer, steps,
-                            initial_eigenvalues(base), n * c, loss, frozen=False)
+                            initial_eigenvalues(base), n * c, loss, frozen=False,
+                            feature_subspace=base.basis is not None)

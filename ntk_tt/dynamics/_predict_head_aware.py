@@ -335,4 +335,5 @@ def _head_core(hk, y, lr, m, key, y_test, *, steps, batch_size, nesterov, loss, 
                                loss=loss)
     size = hk.features.shape[0] * hk.head_kernel.shape[1]
     return _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov,
-                      loss=loss, stochastic=fs.shape[0] > 1)
+                      loss=loss, stochastic=fs.shape[0] > 1,
+                      feature_subspace=hk.basis is not None)

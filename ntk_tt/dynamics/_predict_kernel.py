@@ -337,14 +337,16 @@ def _mean_band(paths, stochastic):
 
 
 def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
-               frozen=False, continuous=False, kappa_rule=True):
+               frozen=False, continuous=False, kappa_rule=True, feature_subspace=False):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
     ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to. ``frozen``: the
     curves are of a frozen kernel (``predict_from_kernel``), whose cross-entropy T_ε beyond the
     stability edge is undefined (``BEYOND_EDGE``); ``continuous``: of the ODE/SDE (the call
     abstains beyond the edge for both, ``_divergence.cannot_diverge``). ``kappa_rule``: κ ≥
     ``KAPPA_MAX`` calls "diverges" whatever the curve (False for Adam, whose stability κ does
-    not measure: its call is its curve's)."""
+    not measure: its call is its curve's). ``feature_subspace``: a head-aware model with
+    ``hk.basis`` set (subspace / diagonal): its own "diverges" below ``KAPPA_MAX`` is
+    "catapult" (``_divergence.call``)."""
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
@@ -370,7 +372,7 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
     beyond = beyond_edge(kappa, m, nesterov, loss)
     said = call(paths_outcome(raw, loss_c), kappa if kappa_rule else jnp.zeros_like(kappa),
-                beyond & cannot_diverge(frozen, loss, continuous))
+                beyond & cannot_diverge(frozen, loss, continuous), feature_subspace and kappa_rule)
     if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there
         blind = beyond & ~diverged
         t_eps = jnp.where(blind, jnp.nan, t_eps)

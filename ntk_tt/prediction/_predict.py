@@ -195,8 +195,6 @@ def predict(
         schedule lets the backbone's weights move by more than 0.07 of their RMS (ρ = Σ η_t /
         rms(θ_0), in ``hyperparameters["weight_travel"]``): the real run can leave the
         linearised regime (``ntk_tt.dynamics._regime``).
-      BeyondEdgeWarning: ``backbone="subspace"`` or ``"diagonal"`` whose outcome is
-        "diverges": its call over-calls real catapults at large κ (``_result.OVERCALLS``).
       UserWarning: ``kernel="sketch"`` with D' > D, or D/2 < D' ≤ D with D ≥ N·C (the exact
         kernel is cheaper: :func:`ntk_tt.sketched_ntk`); ``subset`` of fewer than 4 samples
         per class (T_ε scatters between draws: :func:`ntk_tt.predict_from_subset`).

@@ -4,13 +4,12 @@ kernel predictor's result (T_ε per ε with the reasons it is undefined)."""
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from ntk_tt.dynamics._divergence import KAPPA_MAX, KAPPA_MAX_DIVERGED, OUTCOMES, Outcome
-from ntk_tt.dynamics._predict_kernel import EPSILONS, BeyondEdgeWarning
+from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._targets import curve_targets
 from ntk_tt.dynamics._training_time import (
@@ -47,7 +46,10 @@ class Prediction(NamedTuple):
       prediction: its weight travel ρ beyond ``_regime.UNKNOWN_TRAVEL`` = 1).
     outcome, spike_step: the call on the real run (``ntk_tt.dynamics._divergence.call``):
       "diverges" (the predicted curve diverged or spiked above 10·L_0, or κ ≥ 68, where the
-      real constant-η runs measured diverged; not for Adam), "unknown" (κ beyond the edge
+      real constant-η runs measured diverged; not for Adam; a feature-subspace kernel's,
+      ``backbone="subspace"`` or ``"diagonal"``, curve that diverges below κ = 68 is called
+      "catapult": its linearised backbone blows up where the real network self-stabilises,
+      ``_divergence.call``), "unknown" (κ beyond the edge
       and a predictor that cannot blow up there: frozen kernel with cross-entropy, or
       ODE/SDE; or an Adam prediction whose weight travel ρ exceeds
       ``_regime.UNKNOWN_TRAVEL`` = 1 and whose curve does not diverge), else "catapult" (the
@@ -233,43 +235,14 @@ def account_seconds(seconds: dict, whole: Stopwatch) -> dict:
     return out | {"compile": whole.compile_seconds, "total": out["setup"] + named}
 
 
-SUBSPACE_OVERCALLS = (
-    "backbone='subspace' calls this run \"diverges\" from its own predicted curve, and that "
-    "call over-calls at large κ: of the 33 real runs that spiked and recovered (catapults) at "
-    "κ̃ = 32–96 on the benchmark's edge rows it called 19 \"diverges\", the default backbone "
-    "4 (README, \"The feature kernel is the error\"); predict with backbone='isotropic' for "
-    "the outcome")
-
-
-DIAGONAL_OVERCALLS = (
-    "backbone='diagonal' calls this run \"diverges\" from its own predicted curve, and that "
-    "call over-calls at large κ: of the 94 real runs that spiked and recovered (catapults) on "
-    "the full preset's edge rows (κ̃ = 16–96, N = 50–750) it called 21 \"diverges\" (all at "
-    "κ̃ = 32–96), the default backbone 6 (README, \"The diagonal blocks, at the default's "
-    "cost\"); predict with backbone='isotropic' for the outcome")
-OVERCALLS = {"head_aware:subspace": SUBSPACE_OVERCALLS, "head_aware:diagonal": DIAGONAL_OVERCALLS}
-
-
-def warn_subspace_call(pred: Prediction, stacklevel: int) -> None:
-    """:data:`OVERCALLS` (:data:`SUBSPACE_OVERCALLS`, :data:`DIAGONAL_OVERCALLS`) as a
-    ``BeyondEdgeWarning`` when ``pred`` is a subspace or diagonal feature kernel's prediction
-    whose outcome is "diverges" from its curve (κ below ``KAPPA_MAX``, where the κ rule does
-    not decide)."""
-    said = OVERCALLS.get(str(pred.kernel))
-    if said and pred.outcome == "diverges" and pred.kappa < KAPPA_MAX:
-        warnings.warn(said, BeyondEdgeWarning, stacklevel=stacklevel + 1)
-
-
 def timed_prediction(fn):
     """Decorator: ``fn`` (:func:`ntk_tt.predict`) run under one ``Stopwatch``; its
-    :class:`Prediction`'s ``seconds`` completed by :func:`account_seconds`, and a subspace
-    prediction's divergence call flagged (:func:`warn_subspace_call`)."""
+    :class:`Prediction`'s ``seconds`` completed by :func:`account_seconds`."""
 
     @functools.wraps(fn)
     def timed(*args, **kwargs) -> Prediction:
         with Stopwatch() as whole:
             pred = fn(*args, **kwargs)
-        warn_subspace_call(pred, stacklevel=2)
         return pred._replace(seconds=account_seconds(pred.seconds, whole))
 
     return timed

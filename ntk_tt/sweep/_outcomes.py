@@ -14,6 +14,7 @@ before these columns get them from the stored curves (:func:`with_outcomes`).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
@@ -33,18 +34,28 @@ _own = jax.jit(outcome)  # one compilation per table shape instead of one per op
 
 
 @jax.jit
-def _called(loss, diverged, spiked_at, kappa, abstains):
-    return call(outcome(loss, diverged, spiked_at), kappa, abstains)
+def _called(loss, diverged, spiked_at, kappa, abstains, catapult):
+    said = call(outcome(loss, diverged, spiked_at), kappa, abstains)
+    linearised = call(outcome(loss, diverged, spiked_at), kappa, abstains, True)
+    return jax.tree.map(lambda a, b: jnp.where(catapult, b, a), said, linearised)
+
+
+FEATURE_SUBSPACE = ("diagonal feature kernel", "subspace feature kernel")
+"""What a variant's label says when it is a feature-subspace kernel, whose own "diverges"
+below κ = 68 is called "catapult" (``_divergence.call``'s ``linearised_catapult``); the
+primary's ``pred_kernel`` is then one of ``SUBSPACE_KERNELS``."""
+SUBSPACE_KERNELS = ("subspace", "diagonal")
 
 
 def outcome_columns(prefix: str, loss, diverged, spiked_at, *, kappa=None, momentum=0.0,
-                    frozen=False) -> dict:
+                    frozen=False, feature_subspace=False) -> dict:
     """``{prefix}_outcome`` (names of ``OUTCOMES``) and ``{prefix}_spike_step`` (ints, −1 for
     none), lists of R, of R rows' held loss curves (R, T + 1) with their ``diverged`` /
     ``spiked_at`` flags (R,): the real runs' own outcomes (``kappa`` None) or a predictor's
     calls at the rows' κ and momenta (R,). Cross-entropy: a ``frozen`` predictor (not
     head-aware; bool, broadcast), discrete or ODE/SDE, cannot blow up beyond the edge
-    (``_divergence.cannot_diverge``), so its call abstains there."""
+    (``_divergence.cannot_diverge``), so its call abstains there. A ``feature_subspace``
+    predictor's (bool, broadcast) own "diverges" below κ = 68 is "catapult"."""
     args = (np.asarray(loss, np.float32), np.asarray(diverged, bool),
             np.asarray(spiked_at, np.int32))
     if kappa is None:
@@ -54,7 +65,8 @@ def outcome_columns(prefix: str, loss, diverged, spiked_at, *, kappa=None, momen
         beyond = beyond_edge(kappa, momentum, False, "cross_entropy")
         blind = np.asarray(frozen, bool) & cannot_diverge(True, "cross_entropy", False)
         said = _called(*args, kappa.astype(np.float32), np.broadcast_to(beyond & blind,
-                                                                         kappa.shape))
+                                                                         kappa.shape),
+                       np.broadcast_to(np.asarray(feature_subspace, bool), kappa.shape))
     return {f"{prefix}_outcome": [OUTCOMES[int(c)] for c in np.asarray(said.outcome)],
             f"{prefix}_spike_step": [int(c) for c in np.asarray(said.spike_step)]}
 
@@ -86,10 +98,12 @@ def with_outcomes(frame: pd.DataFrame) -> pd.DataFrame:
         if not missing.any():
             continue
         rows = out[missing]
+        said = _describes(rows, p).str.lower()
         extra = {} if p == "real" else dict(
             kappa=rows["kappa"], momentum=rows["momentum"],
-            frozen=~_describes(rows, p).str.lower().str.contains(
-                "head_aware|head-aware").to_numpy())
+            frozen=~said.str.contains("head_aware|head-aware").to_numpy(),
+            feature_subspace=(rows["pred_kernel"].isin(SUBSPACE_KERNELS) if p == "ntk" else
+                              said.str.contains("|".join(FEATURE_SUBSPACE))).to_numpy())
         cols = outcome_columns(pre, np.stack(rows[f"{pre}_loss"]), rows[f"{pre}_diverged"],
                                rows[f"{pre}_spiked_at"], **extra)
         for name, values in cols.items():

@@ -47,7 +47,7 @@ from ntk_tt.sweep._grid import (
     spec_to_dict,
 )
 from ntk_tt.sweep._load import _task_key, load_task
-from ntk_tt.sweep._outcomes import outcome_columns
+from ntk_tt.sweep._outcomes import FEATURE_SUBSPACE, SUBSPACE_KERNELS, outcome_columns
 from ntk_tt.sweep._predictions import (
     PRIMARY,
     _hyper,
@@ -140,10 +140,13 @@ def run_task(task: Task, configs: list[Config], spec: SweepSpec, data: TaskData,
             data, task, key, cfgs, lrs, moms, b, spec.steps, reuse)
         kappas = np.asarray(lrs, np.float64) * lam / n  # the rows' κ (exact Θ)
         outs = outcome_columns("real", loss_r, div_r, spike_r) | outcome_columns(
-            "pred", loss_p, div_p, spike_p, kappa=kappas, momentum=moms, frozen=hk is None)
+            "pred", loss_p, div_p, spike_p, kappa=kappas, momentum=moms, frozen=hk is None,
+            feature_subspace=hk is not None and PRIMARY[1] in SUBSPACE_KERNELS)
         for name, (vloss, vdiv, vspike, *_) in var.items():
             outs |= outcome_columns(f"var_{name}", vloss, vdiv, vspike, kappa=kappas,
-                                    momentum=moms, frozen=not name.startswith("head_aware"))
+                                    momentum=moms, frozen=not name.startswith("head_aware"),
+                                    feature_subspace=any(s in labels[name]
+                                                         for s in FEATURE_SUBSPACE))
         for i, cfg in enumerate(cfgs):
             row = _row(task, cfg, b, n, c, lam, float(lrs[i]), spec)
             if hk is None:
