@@ -1,4 +1,6 @@
-"""Large N on a GPU (issue 26 item 5): the default predictor against real fine-tunes, one JSON.
+"""Large N on a GPU (issue 26 item 5): the head-aware predictor with the isotropic feature kernel
+(``ntk_tt.predict``'s default until session 34; the diagonal default's per-logit blocks are
+contracted on the host, not yet checked at this scale) against real fine-tunes, one JSON.
 
     bash experiments/gpu_check.sh                       # on a GPU machine (sets up, then this)
     python experiments/gpu_check.py --out X.json        # the work alone: N = 10,000 notMNIST
@@ -14,7 +16,7 @@ ends, so the file always holds what was done; a failing stage is recorded (its e
 traceback tail) and the stages that need it are skipped:
 
 * ``load``: checkpoint, data, task, images.
-* ``kernel``: the default (head-aware, isotropic) predictor's kernel
+* ``kernel``: the head-aware isotropic predictor's kernel
   ``ntk_tt.head_aware_kernel(split_head(model), x)``: the logit-summed N × N empirical NTK,
   the backbone features and k_b; ``kernel_repeat``: the same again for a steady time when it
   costs under a tenth of the budget left. Peak device memory (``memory_stats``
@@ -468,7 +470,7 @@ def main(argv=None) -> int:
                       "lr": a.lr, "momentum": 0.0,
                       "sgd_batch": a.sgd_batch or None, "num_paths": a.num_paths,
                       "seed": a.seed, "budget_seconds": a.budget, "tiny": a.tiny,
-                      "predictor": "head_aware:isotropic (ntk_tt.predict's default)",
+                      "predictor": "head_aware:isotropic (the default until session 34)",
                       "loss": "cross_entropy"},
            "stages": {}}
     r = Recorder(Path(a.out), t_start + a.budget, rec)

@@ -148,11 +148,12 @@ def _parser() -> argparse.ArgumentParser:
                    "--method/--kernel ask for what only linear has")
     q.add_argument("--backbone", default=d["backbone"],
                    choices=BACKBONES,
-                   help="head-aware feature kernel: isotropic k_b⊗I, kronecker k_b⊗S, exact "
+                   help="head-aware feature kernel (default: diagonal, isotropic with "
+                   "adam/adamw or --segments > 1): diagonal: the features' k = 5 leading "
+                   "principal directions, without the blocks between them, k blocks N² (the "
+                   "cost of Θ; not with adam/adamw); isotropic k_b⊗I, kronecker k_b⊗S, exact "
                    "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
-                   "leading principal directions, (N·k)² (not with --segments > 1), "
-                   "diagonal: the same without the blocks between directions, k = 5, k "
-                   "blocks N² (the cost of Θ; not with adam/adamw)")
+                   "leading principal directions, (N·k)² (not with --segments > 1)")
     q.add_argument("--subspace-dim", type=int, default=d["subspace_dim"], metavar="K",
                    help="with --backbone subspace / diagonal: its k feature directions "
                    "(default 16 / 5; cost grows as k² / k)")

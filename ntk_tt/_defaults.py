@@ -6,7 +6,7 @@ DEFAULTS = dict(checkpoint=None, dataset="flowers5", data_dir=None, split="train
                 learning_rate=0.002, batch_size=None, momentum=0.0, nesterov=False,
                 loss="cross_entropy", method="auto", kernel="exact", sketch_dim=None,
                 num_paths=32, seed=0, resize=True, head_scale=0.3, predictor="auto",
-                backbone="isotropic", subspace_dim=None, segments=1, subset=None,
+                backbone=None, subspace_dim=None, segments=1, subset=None,
                 subset_method="power_law",
                 loss_targets=(), error_targets=(), accuracy_targets=(),
                 # the optimiser (ntk_tt._options_optimizer): None = the default it describes

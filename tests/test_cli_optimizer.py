@@ -59,9 +59,14 @@ BEFORE_JAX = [
     (["--optimizer", "adam", "--kernel", "sketch"], "by the head-aware predictor only"),
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
-    (["--subspace-dim", "8"], "subspace_dim (--subspace-dim) sets the k of the subspace "
-                              "and diagonal backbones (backbone='subspace' or 'diagonal', "
-                              "--backbone) only, got backbone 'isotropic'"),
+    (["--subspace-dim", "8", "--segments", "2"],
+     "subspace_dim (--subspace-dim) sets the k of the subspace and diagonal backbones "
+     "(backbone='subspace' or 'diagonal', --backbone) only, got backbone 'isotropic'"),
+    (["--subspace-dim", "8", "--backbone", "isotropic"],
+     "subspace_dim (--subspace-dim) sets the k of the subspace and diagonal backbones "
+     "(backbone='subspace' or 'diagonal', --backbone) only, got backbone 'isotropic'"),
+    (["--subspace-dim", "8", "--predictor", "linear"],
+     "--subspace-dim 8 applies to the head-aware predictor only"),
     (["--backbone", "diagonal", "--segments", "2"],
      "backbone (--backbone) diagonal is not re-linearised"),
     (["--backbone", "diagonal", "--optimizer", "adamw"],

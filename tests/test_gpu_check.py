@@ -55,10 +55,12 @@ def test_tiny_run_matches_predict_and_the_initial_loss(tmp_path, monkeypatch, ca
                  str(LR), "--out", str(out))
     log = capsys.readouterr()
     assert code == 0, (log.out + log.err)[-3000:]
-    # the same task through the public API (the default predictor)
+    # the same task through the public API (the isotropic feature kernel the script measures,
+    # the default before session 34)
     apply_fn, params, x, y, *_, head = load_task(
         dataset="flowers5", num_classes=K, per_class=PER_CLASS, test_per_class=0, seed=0)
-    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=LR, steps=STEPS, head=head)
+    pred = ntk_tt.predict(apply_fn, params, x, y, learning_rate=LR, steps=STEPS, head=head,
+                          backbone="isotropic")
     loss0 = float(optax.softmax_cross_entropy_with_integer_labels(
         apply_fn(params, x), y).mean())
     print(f"gpu_check --tiny and the reference: {time.perf_counter() - t0:.1f} s")

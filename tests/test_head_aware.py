@@ -228,12 +228,16 @@ def test_errors(x64):
 
 def test_predict_head_aware_option(x64):
     """``predict(..., head=split_head(model))`` runs the head-aware model (default when a head
-    is given) and agrees with real optax training on the linear-backbone net; ``predictor=
-    "linear"`` still gives the frozen-kernel recursion."""
+    is given; its default feature kernel the diagonal one) and, with the isotropic feature
+    kernel, agrees with real optax training on the linear-backbone net (where that kernel is
+    exact); ``predictor="linear"`` still gives the frozen-kernel recursion."""
     model, x, y, xt, yt = _problem(False)
     apply_fn, params = ntk_tt.from_nnx(model)
     kw = dict(learning_rate=0.5, steps=STEPS, x_test=xt, y_test=yt)
-    pred = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), **kw)
+    default = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), **kw)
+    assert default.kernel == "head_aware:diagonal"
+    pred = ntk_tt.predict(apply_fn, params, x, y, head=split_head(model), backbone="isotropic",
+                          **kw)
     assert pred.kernel == "head_aware:isotropic"
     real = train_optax(apply_fn, params, x, y, _batches(None, N), jnp.concatenate([x, xt]),
                        0.5, 0.0, nesterov=False, loss="cross_entropy")

@@ -212,7 +212,7 @@ def test_bad_table_and_prediction_raise():
 
 
 def fake_prediction(kappa, momentum, batch_size, times, *, method="discrete",
-                    kernel="head_aware:isotropic", loss="cross_entropy", num_train=100,
+                    kernel="head_aware:diagonal", loss="cross_entropy", num_train=100,
                     steps=150):
     return Prediction(
         loss=None, error=None, loss_band=None, error_band=None, test_loss=None,
@@ -378,7 +378,11 @@ def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     fitted = ntk_tt.fit_intervals(table, 0.9)
     shipped = ntk_tt.default_calibrator()
     assert fitted.source["num_train"] == [50, 750] and fitted.source["steps"] == [150, 150]
-    assert shipped.to_json() == as_shipped(fitted)  # written with 6-decimal residuals
+    assert shipped.to_json() == fitted.to_json()  # written exactly since session 34
+    # the isotropic kernel's (the default before): the previous table's fit, 6 decimals
+    iso = ntk_tt.default_calibrator("isotropic")
+    assert iso.source["pred_kernel"] == ["isotropic"] and iso.source["residuals"] == 1080
+    assert all(round(v, 6) == v for g in iso.to_json()["groups"] for v in g["residuals"])
     pred = fake_prediction(0.4, 0.9, 100, {0.01: 140.0, 0.1: 60.0, 0.4: 20.0})
     out = ntk_tt.intervals(pred)
     for eps, t in pred.training_time["loss"].items():
@@ -400,7 +404,7 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
         with pytest.warns(CalibrationRangeWarning) as said:  # it said nothing of why
             out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
         why = ("no T_ε interval: the calibration table's residuals are of the "
-               "head_aware:isotropic predictor (method discrete, loss cross_entropy); this "
+               "head_aware:diagonal predictor (method discrete, loss cross_entropy); this "
                "prediction's kernel is ")
         assert out["loss"] == dict.fromkeys(times) and out["error"] == dict.fromkeys(times)
         assert len(out["warnings"]) == 1 and out["warnings"][0].startswith(why), out
@@ -410,7 +414,7 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
     pred = fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, kernel="exact")
     assert ntk_tt.intervals(pred, unnamed)["loss"][0.1] == unnamed.interval(40.0, 1.0, 0.1, "gd")
     with pytest.warns(CalibrationRangeWarning, match="residuals are of discrete-recursion "
-                      r"predictions .* kernel is head_aware:isotropic \(method discrete, "
+                      r"predictions .* kernel is head_aware:diagonal \(method discrete, "
                       r"loss mse\): fit"):
         out = ntk_tt.intervals(fake_prediction(1.0, 0.0, 100, {0.1: 40.0}, loss="mse"),
                                unnamed)

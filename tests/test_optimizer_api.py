@@ -68,8 +68,8 @@ def test_frozen_kernel_prediction_equals_finetune_of_a_linear_model():
 
 
 def test_head_aware_prediction_equals_finetune_of_a_linear_backbone():
-    """h = V x + c is linear in its weights: the head-aware recursion (default isotropic
-    feature kernel, K_h(i, j) = (x_i·x_j + 1)·I_F exactly here) is the network."""
+    """h = V x + c is linear in its weights: the head-aware recursion (the isotropic feature
+    kernel, K_h(i, j) = (x_i·x_j + 1)·I_F exactly here) is the network."""
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (N + 6, D))
     y = jax.random.randint(ky, (N + 6,), 0, C)
@@ -77,7 +77,7 @@ def test_head_aware_prediction_equals_finetune_of_a_linear_backbone():
     apply_fn, params = ntk_tt.from_nnx(model)
     opt, key = _sgdw(0.1), jax.random.key(2)
     pred = ntk_tt.predict(apply_fn, params, x[:N], y[:N], optimizer=opt, steps=T, key=key,
-                          num_paths=1, head=ntk_tt.split_head(model),
+                          num_paths=1, head=ntk_tt.split_head(model), backbone="isotropic",
                           x_test=x[N:], y_test=y[N:])
     run = ntk_tt.finetune(apply_fn, params, x[:N], y[:N], optimizer=opt, steps=T, key=key,
                           x_test=x[N:], y_test=y[N:], record_test_curves=True)
@@ -300,13 +300,16 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
     adamw = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 5, 20), weight_decay=0.1, batch_size=8)
     ak = ntk_tt.adam_head_aware_kernel(head, x, y, adamw, hk=hk)
     kw = dict(steps=20, key=key, num_paths=2, head=head)
-    for opt, kernel in ((_sgdw(0.3), hk), (adamw, hk), (adamw, ak)):
-        own = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, **kw)
+    dk = ntk_tt.head_aware_kernel(head, x, backbone="diagonal")  # SGD's default feature kernel
+    for opt, kernel, backbone in ((_sgdw(0.3), hk, "isotropic"), (_sgdw(0.3), dk, None),
+                                  (adamw, hk, None), (adamw, ak, None)):
+        own = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, backbone=backbone, **kw)
         reused = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=kernel, **kw)
         np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)
         np.testing.assert_array_equal(reused.error, own.error)
+        assert reused.kernel == own.kernel
     own = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, **kw)
-    reused = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, head_kernel=hk, **kw)
+    reused = ntk_tt.predict(apply_fn, params, x, y, learning_rate=0.3, head_kernel=dk, **kw)
     np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)
     for bad, opt, match in ((ntk_tt.head_aware_kernel(head, x[:16]), adamw, "N rows"),
                             (ak, ntk_tt.adamw(ntk_tt.warmup_cosine(1e-2, 5, 20),

@@ -128,7 +128,7 @@ def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch, backb
     assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == f"head_aware:{backbone}"
     np.testing.assert_allclose(row["pred_loss"], want.loss, rtol=1e-5)
     iso = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
-                         head=data.split, key=_task_key(TASK))
+                         head=data.split, key=_task_key(TASK), backbone="isotropic")
     assert np.max(np.abs(iso.loss - want.loss)) > 1e-4  # another kernel, another curve
 
 

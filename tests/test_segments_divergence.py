@@ -73,7 +73,7 @@ def test_diverging_segments_report_divergence_like_one_segment(monkeypatch, path
 
     def run(segments):
         return ntk_tt.predict(apply_fn, params, x, y, head=ntk_tt.split_head(model),
-                              segments=segments, steps=T, **kw)
+                              segments=segments, steps=T, backbone="isotropic", **kw)
 
     one = run(1)
     seen = _kernel_points(monkeypatch)

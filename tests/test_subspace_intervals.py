@@ -100,9 +100,12 @@ def test_a_subspace_prediction_gets_the_subspace_interval(optimizer):
     assert times and out["warnings"] == []
     for eps, t in times.items():
         assert out["loss"][eps] == pytest.approx(_brute_interval(t, eps, 150), rel=1e-6)
-    iso = ntk_tt.predict(apply_fn, params, x, y, **hyper, **kw)
-    assert "subspace_dim" not in iso.hyperparameters  # and it keeps the default's intervals
+    iso = ntk_tt.predict(apply_fn, params, x, y, backbone="isotropic", **hyper, **kw)
+    assert "subspace_dim" not in iso.hyperparameters  # and it keeps its own intervals
     assert ntk_tt.intervals(iso)["loss"] != out["loss"]
+    default = ntk_tt.predict(apply_fn, params, x, y, **hyper, **kw)  # the diagonal kernel: k=5
+    assert default.hyperparameters["subspace_dim"] == 5
+    assert ntk_tt.intervals(default)["loss"] not in (out["loss"], ntk_tt.intervals(iso)["loss"])
     # beyond the table's κ̃ the interval is an extrapolation, and said to be
     with pytest.warns(CalibrationRangeWarning) as said:
         far = ntk_tt.intervals(pred._replace(kappa=24.0))

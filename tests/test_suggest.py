@@ -501,6 +501,8 @@ def test_cli_says_when_its_choice_catapults(tmp_path, capsys):
     assert args.momentum == pytest.approx(s["momentum"], rel=1e-7)
     assert args.learning_rate == pytest.approx(s["learning_rate"], rel=1e-7)
     assert [float(v) for v in args.loss_targets] == pytest.approx([r["target"]["loss"]], rel=1e-7)
+    # suggest's feature kernel (isotropic) is not predict's default (diagonal): it is named
+    assert r["predictor"] == "head_aware:isotropic" and args.backbone == "isotropic"
     # the predictor suggest used, and Adam's β's to 8 digits (β₂ = 0.9999999 was printed 1)
     from ntk_tt.analysis._suggest_report import verify_command
 

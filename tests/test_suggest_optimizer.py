@@ -270,7 +270,8 @@ def test_the_refinement_keeps_the_warmup_below_steps():
     assert len(refined) and (refined.warmup <= 19.0).all() and (refined.warmup >= 1.0).all()
     assert s.found and s.refined and s.grid_best["steps"] == 8 and s.steps == 6
     assert 1.0 <= s.warmup < 19.0
-    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=20, head=head)
+    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=20, head=head,
+                       backbone="isotropic")  # suggest's feature kernel
     assert first_hit(p.loss, s.target) == s.steps
     assert np.allclose(np.asarray(p.loss), s.loss, rtol=1e-4, atol=1e-6)
 

@@ -256,10 +256,9 @@ def test_a_feature_subspace_predictors_diverging_curve_below_kappa_max_is_a_cata
     label, or the primary's ``pred_kernel``) diverging curve is "catapult" below κ = 68 and
     "diverges" at κ ≥ 68; the isotropic kernel's stays "diverges"."""
     from ntk_tt.sweep._outcomes import with_outcomes
-    from ntk_tt.sweep._predictions import variant_labels
 
     blown = np.r_[2.0, 5.0, 30.0, np.full(17, np.inf)]
-    label = variant_labels(SweepSpec(("flowers5",), (2,), (0,)))["head_aware_diagonal"]
+    label = "head-aware, diagonal feature kernel (k = 5)"  # a variant's label saying so
     frame = pd.DataFrame({
         "real_loss": [blown] * 3, "real_diverged": True, "real_spiked_at": 2,
         "pred_loss": [blown] * 3, "pred_diverged": True, "pred_spiked_at": 2,
@@ -483,24 +482,29 @@ def test_smoke_table_figures_and_summary_are_consistent(smoke):
     assert set(table1["dataset"]) == set(frame["dataset"])
 
 
-def test_the_diagonal_variant_is_predict_with_the_diagonal_backbone(smoke):
-    """The recorded ``head_aware_diagonal`` variant (GD rows, deterministic) is what a user's
-    ``predict_head_aware`` on ``head_aware_kernel(..., backbone="diagonal")`` gives at the
-    row's η and m; it stores its error curve (promotable with the error targets)."""
+def test_the_primary_is_predicts_default_and_the_isotropic_variant_its_kernel(smoke):
+    """The primary (GD rows, deterministic) is what a user's ``ntk_tt.predict`` gives by
+    default (the diagonal feature kernel) at the row's η and m, and the recorded
+    ``head_aware_isotropic`` variant is ``predict(..., backbone="isotropic")``; the variant
+    stores its error curve (promotable with the error targets)."""
     from ntk_tt.sweep import _run
 
     frame = read_table(smoke[0])
     spec = spec_from_dict(json.loads((smoke[0] / "spec.json").read_text()))
     task = spec.tasks()[0]
     data = _run.load_task(task, spec)
-    hk = ntk_tt.head_aware_kernel(data.split, data.x, backbone="diagonal")
     gd = frame[frame["optimizer"] == "gd"]
-    assert len(gd) >= 2
+    assert len(gd) >= 2 and (gd["pred_kernel"] == "diagonal").all()
     for r in gd.itertuples():
-        out = ntk_tt.predict_head_aware(hk, data.y, learning_rate=r.learning_rate,
-                                        momentum=r.momentum, steps=spec.steps)
-        np.testing.assert_allclose(r.var_head_aware_diagonal_loss, out.loss, rtol=2e-5)
-        np.testing.assert_allclose(r.var_head_aware_diagonal_error, out.error, atol=1e-6)
+        kw = dict(learning_rate=r.learning_rate, momentum=r.momentum, steps=spec.steps,
+                  head=data.split)
+        out = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, **kw)
+        assert out.kernel == "head_aware:diagonal"
+        np.testing.assert_allclose(r.pred_loss, out.loss, rtol=2e-5)
+        iso = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, backbone="isotropic",
+                             **kw)
+        np.testing.assert_allclose(r.var_head_aware_isotropic_loss, iso.loss, rtol=2e-5)
+        np.testing.assert_allclose(r.var_head_aware_isotropic_error, iso.error, atol=1e-6)
     assert (frame["predictions_reused"] == "").all()
 
 
@@ -513,7 +517,7 @@ def test_reused_predictions_are_the_earlier_sweeps_and_only_missing_variants_are
 
     earlier = read_table(smoke[0])
     lacking = earlier.drop(columns=[c for c in earlier.columns
-                                    if c.startswith("var_head_aware_diagonal_")])
+                                    if c.startswith("var_head_aware_isotropic_")])
     lacking["var_traced_label"] = "an older traced variant"
     (tmp_path / "before").mkdir()
     lacking.to_parquet(tmp_path / "before" / "results.parquet")
@@ -530,9 +534,9 @@ def test_reused_predictions_are_the_earlier_sweeps_and_only_missing_variants_are
     _run.run_sweep(spec, tmp_path / "again", reuse_from=tmp_path / "before",
                    reuse_predictions_from=tmp_path / "before", progress=lambda m: None)
     ResultsTable(tmp_path / "again").consolidate()
-    assert built == [{"head_aware_diagonal", "traced"}]
+    assert built == [{"head_aware_isotropic", "traced"}]
     again = read_table(tmp_path / "again").set_index("row_id").loc[earlier["row_id"]]
-    reused = sorted(set(_predictions.variant_names(spec)) - {"head_aware_diagonal", "traced"})
+    reused = sorted(set(_predictions.variant_names(spec)) - {"head_aware_isotropic", "traced"})
     assert set(again["predictions_reused"]) == {",".join(reused)}
     for name in _predictions.variant_names(spec):
         assert list(again[f"var_{name}_outcome"]) == list(earlier[f"var_{name}_outcome"])

@@ -69,7 +69,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
             num_kappas: int = NUM_KAPPAS, refine_steps: int = 8, temperature: float = 0.05,
             loss: str = "cross_entropy", key=None, num_paths: int = 8,
             seconds_per_step: Mapping | None = None, kernel: str = "exact",
-            backbone: str = "isotropic", top: int = 5, evaluate_beyond_edge: bool = False,
+            backbone: str | None = None, top: int = 5, evaluate_beyond_edge: bool = False,
             head_kernel=None, progress: bool = False, optimizer=None,
             warmups: Sequence | None = None, learning_rate_range: Sequence | None = None,
             kappa_eff_max: float | None = None) -> Suggestion:
@@ -119,7 +119,9 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         the mean over ``num_paths`` orders, path 0 = the order a real run with ``key`` uses).
       head: ``ntk_tt.split_head(model)`` for the head-aware predictor (the default when given);
         None = the frozen-kernel linear predictor. kernel: its Θ, "exact" (N·C×N·C) or "traced".
-      predictor: "auto", "head_aware" or "linear". backbone: head-aware feature kernel.
+      predictor: "auto", "head_aware" or "linear". backbone: head-aware feature kernel (None:
+        "isotropic", the kernel suggest's checks were measured with; ``predict``'s own default
+        is "diagonal" for the SGD family, so the report's ``verify:`` line names it).
       momenta: heavy-ball m of the grid, each in [0, 1) (default (0, 0.5, 0.9, 0.95)).
         kappa_range, num_kappas: the κ grid's (min, max) (default (0.05, 50)) and size.
       refine_steps: gradient evaluations of the refinement (0: none). temperature: τ of the
@@ -219,6 +221,7 @@ def suggest(apply_fn, params, x, y, *, target, steps, target_kind: str = "absolu
         raise ValueError("SGD batch sizes (B < N) are random: pass key=jax.random.key(seed).")
     head_aware = _check_predictor(predictor, head, backbone, "discrete", "exact", apply_fn,
                                   params, x)
+    backbone = "isotropic" if backbone is None else backbone  # suggest's (docstring)
     if optimizer is not None:
         from ntk_tt._options_suggest import WARMUPS
         from ntk_tt.analysis._suggest_optimizer import check_search

@@ -231,17 +231,21 @@ def _grid_text(cfg, size) -> str:
             f"warmups = {size['kappas'] * size['warmups']} configurations")
 
 
-def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
+def verify_command(cfg: dict, s: dict, n: int, target_loss: float,
+                   predictor: str | None = None) -> str:
     """The ``ntk-tt predict --verify`` command that fine-tunes the suggestion ``s`` for real on
     the task of ``cfg`` (flags where they differ from predict's defaults) up to T_max, with
     the target loss as ``--loss-target`` and the predictor suggest used: a fresh user typed
     the bare ``ntk-tt predict --verify`` the report named, which checked the default
     configuration instead. Numbers to 8 significant digits (β₂ = 0.9999999 printed as 1 was
     refused); a suggested warmup is rounded to whole steps (``--warmup`` takes an
-    integer)."""
+    integer). ``predictor``: the report's (e.g. "head_aware:isotropic"): a feature kernel
+    other than predict's default for the optimiser is passed as ``--backbone``."""
     import shlex
 
     from ntk_tt._defaults import DEFAULTS
+    from ntk_tt._options import BACKBONES
+    from ntk_tt._options_predict import default_backbone
 
     out = ["ntk-tt predict --verify"]
     for key, flag in (("dataset", "--dataset"), ("checkpoint", "--checkpoint"),
@@ -252,6 +256,11 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float) -> str:
             out.append(f"{flag} {shlex.quote(str(cfg[key]))}")
     if not cfg.get("resize", True):
         out.append("--no-resize")
+    kind, _, backbone = (predictor or "").partition(":")
+    adam = cfg.get("optimizer") in ("adam", "adamw")
+    if kind in ("head_aware", "head_aware_adam") and backbone in BACKBONES \
+            and backbone != default_backbone(adam):  # not "given" (a head_kernel)
+        out.append(f"--backbone {backbone}")
     out.append(f"-T {cfg['steps']}")
     if s["batch_size"] is not None and s["batch_size"] != n:
         out.append(f"-B {s['batch_size']} --num-paths {cfg['num_paths']}")
@@ -306,7 +315,7 @@ def format_suggestion(r: dict) -> str:
         f"step{'' if s['steps'] == 1 else 's'} to "
         f"target (first step with the raw predicted loss <= {tg['loss']:.4g}), "
         f"{s['seconds']:.3g} s of training")
-    lines.append(f"  verify: {verify_command(cfg, s, n, tg['loss'])}")
+    lines.append(f"  verify: {verify_command(cfg, s, n, tg['loss'], r['predictor'])}")
     if s.get("outcome") == "catapult":  # a fresh user: predict's 32 orders smoothed it away
         paths = ("" if s["batch_size"] is None or s["batch_size"] == n else
                  f" with --num-paths {cfg['num_paths']}, the batch orders this curve "

@@ -261,6 +261,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         projected = jax.tree_util.Partial(_Projected(feature_fn), z)
         ntk = empirical_ntk if backbone == "subspace" else diagonal_kernel
         kz = ntk(projected, bparams, x)
+        _check_finite(kz, f"{backbone} feature kernel's empirical NTK Θ(x, x)", computed=True)
         kzt = None if x_test is None else ntk(projected, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kz, None, h0t, kzt, z)
 
@@ -304,11 +305,10 @@ def backbone_kind(hk: HeadAwareKernel) -> str:
 
 def check_kernel_backbone(backbone: str, head_kernel) -> None:
     """ValueError when ``backbone`` names another feature kernel than the ``head_kernel``
-    given (a :class:`ntk_tt.HeadAwareKernel`, or an Adam kernel holding one, ``.hk``): the
-    kernel decides (a fresh user's find). The default "isotropic", a kernel of another type
-    (``check_head_kernel``'s to refuse) and a one-direction subspace / diagonal pass."""
+    given (a HeadAwareKernel, or an Adam kernel holding one, ``.hk``): the kernel decides. None
+    (the default), another type (``check_head_kernel`` refuses), k = 1 subspace / diagonal pass."""
     hk = getattr(head_kernel, "hk", head_kernel)
-    if backbone == "isotropic" or not isinstance(hk, HeadAwareKernel):
+    if backbone is None or not isinstance(hk, HeadAwareKernel):
         return
     kind = backbone_kind(hk)  # at k = 1 the subspace and diagonal kernels are one
     one = {kind, backbone} <= {"subspace", "diagonal"} and np.shape(hk.basis)[1] == 1

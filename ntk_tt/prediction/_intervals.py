@@ -63,7 +63,8 @@ MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
            for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"),
-                              ("subspace", "intervals_subspace.json"))}
+                              ("subspace", "intervals_subspace.json"),
+                              ("isotropic", "intervals_isotropic.json"))}
 
 
 def conformal_quantile(scores, q: float) -> float:
@@ -242,9 +243,12 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     Source: ntk_tt's own fits (README "Calibrated intervals for T_ε").
 
     Args:
-      rule: which predictor's. "sgd" (default): the default head-aware predictor's
-        (``ntk_tt/assets/intervals.json``), fitted on the constant-η benchmark table
-        ``experiments/results/sweep/results.parquet``; "adam": the fast AdamW predictor's
+      rule: which predictor's. "sgd" (default): the default head-aware predictor's (the
+        diagonal feature kernel, k = 5; ``ntk_tt/assets/intervals.json``), fitted on the
+        constant-η benchmark table ``experiments/results/sweep/results.parquet``;
+        "isotropic": the isotropic feature kernel's (the default before session 34,
+        ``backbone="isotropic"``; ``ntk_tt/assets/intervals_isotropic.json``), fitted on the
+        same table's earlier run; "adam": the fast AdamW predictor's
         (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
         benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
         "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k =
@@ -258,16 +262,16 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
       call's).
 
     Raises:
-      ValueError: ``rule`` not "sgd", "adam" or "subspace".
+      ValueError: ``rule`` not "sgd", "adam", "subspace" or "isotropic".
     """
     if not isinstance(rule, str) or rule not in _ASSETS:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
                          "default one, 'adam' the Adam/AdamW one, 'subspace' the subspace "
-                         f"backbone's), got {rule!r}.")
+                         f"backbone's, 'isotropic' the isotropic one's), got {rule!r}.")
     return copy.deepcopy(_shipped(rule))  # the caller's own: edits reach no later call
 
 
-@functools.lru_cache(maxsize=3)
+@functools.lru_cache(maxsize=4)
 def _shipped(rule: str) -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSETS[rule])
 
@@ -323,7 +327,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       prediction: from :func:`ntk_tt.predict`. calibrator: None = the shipped one of the
         prediction's predictor, :func:`default_calibrator` ``("adam")`` for the fast AdamW
         predictor (``kernel`` "head_aware_adam:..."), ``("subspace")`` for the subspace
-        feature kernel ("head_aware:subspace"), ``("sgd")`` otherwise.
+        feature kernel ("head_aware:subspace"), ``("isotropic")`` for the isotropic one
+        ("head_aware:isotropic"), ``("sgd")`` otherwise (the default diagonal one's).
       level: 1 − α, None = the calibrator's level (0.9 for the shipped ones).
 
     Returns:
@@ -334,7 +339,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       T_ε have no calibrated interval (None). All None when the prediction abstains (outcome
       "unknown": beyond the edge it can see, e.g. Adam's weight travel ρ > 1) or was not made by the
       predictor the residuals are of (:func:`calibrated_for`): the shipped calibrators' are the
-      default head-aware predictor's (``kernel`` "head_aware:isotropic"), the fast AdamW
+      default head-aware predictor's (``kernel`` "head_aware:diagonal"), the isotropic
+      feature kernel's ("head_aware:isotropic"), the fast AdamW
       predictor's ("head_aware_adam:isotropic") and the subspace one's ("head_aware:subspace"
       with ``hyperparameters["subspace_dim"]`` 16), discrete recursion, cross-entropy; not the
       frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given,
@@ -366,7 +372,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
     level = None if level is None else _check_level(level)
     tt = prediction.training_time
     rule = ("adam" if str(prediction.kernel).startswith("head_aware_adam:") else
-            "subspace" if prediction.kernel == "head_aware:subspace" else "sgd")
+            {"head_aware:subspace": "subspace",
+             "head_aware:isotropic": "isotropic"}.get(str(prediction.kernel), "sgd"))
     cal = default_calibrator(rule) if calibrator is None else calibrator
     if not calibrated_for(prediction, cal) or prediction.outcome in ("unknown", "diverges"):
         said = [_abstain_message(prediction, cal)]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
-from ntk_tt._options_predict import check_subspace_dim
+from ntk_tt._options_predict import check_no_subspace_dim, check_subspace_dim, default_backbone
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model, num_params
@@ -86,7 +86,7 @@ def predict(
     loss: str = "cross_entropy", method: str = "auto", kernel: str = "exact",
     sketch_dim: int | None = None, num_paths: int = 32, key: jax.Array | None = None,
     x_test=None, y_test=None, predictor: str = "auto", head=None,
-    backbone: str = "isotropic", segments: int = 1, subset: int | None = None,
+    backbone: str | None = None, segments: int = 1, subset: int | None = None,
     subset_method: str = "power_law", targets=None, optimizer=None, head_kernel=None,
     subspace_dim: int | None = None,
 ) -> Prediction:
@@ -105,11 +105,14 @@ def predict(
     kernel grows with the head as the real network's does, which the frozen Θ of
     ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
     ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
-    chooses the feature kernel ("isotropic", the default and the cheapest: K_h(i, j) =
-    k_b(i, j)·I_F with k_b from the logit-summed Θ; "kronecker": the same with a mixing S from
-    the feature kernel of 32 inputs; "exact": the (N·F)² feature kernel, small N only;
-    "subspace": the feature kernel exact on the features' k = min(16, F) leading principal
-    directions, (N·k)²); ``kernel``
+    chooses the feature kernel (None, the default: "diagonal" for the SGD family with one
+    segment, "isotropic" for Adam / AdamW and ``segments`` > 1,
+    ``ntk_tt._options_predict.default_backbone``; "diagonal": the feature kernel's blocks on
+    the features' k = 5 leading principal directions, without the blocks between them, at the
+    cost of the logit-summed Θ; "isotropic", the cheapest: K_h(i, j) = k_b(i, j)·I_F with k_b
+    from the logit-summed Θ; "kronecker": the same with a mixing S from the feature kernel of
+    32 inputs; "exact": the (N·F)² feature kernel, small N only; "subspace": the feature kernel
+    exact on the features' k = min(16, F) leading principal directions, (N·k)²); ``kernel``
     "exact" and "traced" give the same k_b (only the logit-summed Θ is needed).
 
     ``subset=N'`` predicts the MSE loss of full-batch GD on all N samples from the
@@ -230,7 +233,9 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
-    sub_k = check_subspace_dim(subspace_dim, backbone, head_kernel)
+    adam = getattr(optimizer, "rule", None) == "adam"
+    sub_k = check_subspace_dim(subspace_dim, default_backbone(adam, segments)
+                               if backbone is None else backbone, head_kernel)
     check_kernel_backbone(backbone, head_kernel)
     if is_traced((learning_rate, momentum)):
         raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
@@ -268,7 +273,7 @@ def predict(
             method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
             segments=segments, subset=subset, subset_method=subset_method, targets=targets,
-            head_kernel=head_kernel, subspace_dim=sub_k)
+            head_kernel=head_kernel, subspace_dim=None if subspace_dim is None else sub_k)
     momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n,  # subset=: its own Nesterov advice
@@ -292,6 +297,7 @@ def predict(
     head_aware = _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params,
                                   x)
     if not head_aware:
+        check_no_subspace_dim(subspace_dim)
         check_sketch_size(kernel, sketch_dim, params)
     if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) \
             or not 1 <= segments <= steps or (segments > 1 and not head_aware):
@@ -311,6 +317,8 @@ def predict(
     hyper = {"learning_rate": float(learning_rate), "momentum": float(momentum),
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
              "num_train": int(n), "num_classes": int(c), "loss": loss}
+    if backbone is None:  # the default feature kernel (a given head_kernel's is its own)
+        backbone = default_backbone(False, segments)
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 

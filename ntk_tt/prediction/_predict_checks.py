@@ -57,10 +57,11 @@ def _check_predictor(predictor, head, backbone, method, kernel, apply_fn, params
     """Validate the predictor options; True for the head-aware predictor."""
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}.")
-    if backbone not in BACKBONES:
-        raise ValueError(f"backbone must be one of {BACKBONES}, got {backbone!r}.")
+    if backbone is not None and backbone not in BACKBONES:  # None: the default
+        raise ValueError(f"backbone must be one of {BACKBONES} or None (the default), got "
+                         f"{backbone!r}.")
     if predictor == "linear" or (predictor == "auto" and head is None):
-        if backbone != "isotropic":  # it would be unused (the CLI refuses it too)
+        if backbone is not None:  # it would be unused (the CLI refuses it too)
             raise ValueError(f"backbone={backbone!r} sets the head-aware predictor's feature "
                              "kernel; the linear predictor (predictor='linear', or no head=) "
                              "has none: drop backbone, or pass head=ntk_tt.split_head(model).")

@@ -1,7 +1,8 @@
-"""A sweep task's kernels and predictions: the primary (isotropic head-aware) kernel and the
-exact Θ, the variants' kernels, η from κ̃, and one compiled ``jit(vmap)`` over (η, m) per
-predictor and batch size (``ntk_tt.sweep._run``). A variant whose predictions are all reused
-from an earlier sweep (``ntk_tt.sweep._reuse``) has no kernel built."""
+"""A sweep task's kernels and predictions: the primary kernel (the diagonal head-aware one,
+``ntk_tt.predict``'s default; isotropic before session 34) and the exact Θ, the variants'
+kernels, η from κ̃, and one compiled ``jit(vmap)`` over (η, m) per predictor and batch size
+(``ntk_tt.sweep._run``). A variant whose predictions are all reused from an earlier sweep
+(``ntk_tt.sweep._reuse``) has no kernel built."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import ntk_tt
-from ntk_tt._options_predict import DIAGONAL_DIM
 from ntk_tt.dynamics._fspace import top_eigenvalue
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
 from ntk_tt.kernels._head_aware import HeadAwareKernel, head_aware_kernel
@@ -22,7 +22,7 @@ from ntk_tt.sweep._grid import SweepSpec
 
 
 class Variant(NamedTuple):
-    """An extra prediction recorded beside the primary one (head-aware, isotropic feature
+    """An extra prediction recorded beside the primary one (head-aware, diagonal feature
     kernel); ``kernel`` is a :class:`HeadAwareKernel` for head-aware variants."""
 
     kernel: jax.Array | HeadAwareKernel
@@ -31,7 +31,7 @@ class Variant(NamedTuple):
     noise: jax.Array | None = None
 
 
-PRIMARY = ("head_aware", "isotropic")
+PRIMARY = ("head_aware", "diagonal")  # ntk_tt.predict's default (default_backbone)
 
 
 MIXING_SAMPLES = 32
@@ -79,13 +79,14 @@ _KERNEL_SHAPES: set = set()
 
 
 def _kernel(data: TaskData, key):
-    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the primary kernel (the isotropic
+    """Exact Θ (N·C, N·C), initial logits, λ_max(Θ), the primary kernel (the diagonal
     head-aware kernel; None without ``data.split``) and the wall time of the PRIMARY
     predictor's kernel work, in seconds.
 
-    The primary's kernel work is what a user of ``ntk_tt.predict_head_aware`` pays: the
-    logit-summed (traced) empirical NTK, the head-aware kernel built from it (backbone
-    features, k_b) and λ_max of its Θ_0 (``initial_eigenvalues``, what turns a κ̃ into η).
+    The primary's kernel work is what a user of ``ntk_tt.predict`` pays: the head-aware kernel
+    (for the diagonal one the features, their principal directions and the per-direction
+    blocks; for the isotropic one the logit-summed empirical NTK and k_b) and λ_max of its
+    Θ_0 (``initial_eigenvalues``, what turns a κ̃ into η).
     The exact Θ is computed apart, untimed: the variants need it and the grid's η comes from
     its λ_max (power iteration, as ``predict_from_kernel`` uses for κ), as in every sweep
     since issue 5, so that real runs stay comparable. Without a split the primary is the
@@ -100,7 +101,8 @@ def _kernel(data: TaskData, key):
         return theta, data.apply_fn(data.params, data.x), top_eigenvalue(theta)
 
     def primary():
-        traced = ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x, trace_logits=True)
+        traced = (ntk_tt.empirical_ntk(data.apply_fn, data.params, data.x, trace_logits=True)
+                  if PRIMARY[1] in ("isotropic", "kronecker") else None)
         hk = head_aware_kernel(data.split, data.x, backbone=PRIMARY[1], traced_kernel=traced)
         return hk, initial_eigenvalues(hk)[1]
 
@@ -137,8 +139,8 @@ def variant_labels(spec: SweepSpec) -> dict[str, str]:
            "traced": "discrete recursion, traced kernel (1/C)ΣcΘ ⊗ I_C",
            "head_aware_kronecker": f"head-aware, Kronecker feature kernel, S from "
                                    f"{MIXING_SAMPLES} inputs",
-           "head_aware_diagonal": f"head-aware, diagonal feature kernel (the blocks of the "
-                                  f"{DIAGONAL_DIM} leading principal directions)"}
+           "head_aware_isotropic": "head-aware, isotropic feature kernel (the primary before "
+                                   "session 34)"}
     out |= {f"sketch{d}": f"discrete recursion, sketched kernel D'={d}"
             for d in spec.sketch_dims}
     if spec.noise_dim:
@@ -156,9 +158,9 @@ def variant_names(spec: SweepSpec) -> tuple[str, ...]:
 def _variants(data: TaskData, spec: SweepSpec, key, theta, f0,
               names=None) -> dict[str, Variant]:
     """The frozen-kernel recursion on Θ (``linear``) and on the traced kernel (derived from
-    Θ), the Kronecker head-aware model, the diagonal head-aware model
-    (``predict(backbone="diagonal")``'s kernel), one sketch per D', and the ODE/SDE on the
-    exact Θ; only those in ``names`` (None: all)."""
+    Θ), the Kronecker and the isotropic head-aware models (their k_b from the logit trace
+    of Θ), one sketch per D', and the ODE/SDE on the exact Θ; only those in ``names`` (None:
+    all)."""
     n, c = f0.shape
     labels = variant_labels(spec)
     names = set(labels if names is None else names)
@@ -171,10 +173,11 @@ def _variants(data: TaskData, spec: SweepSpec, key, theta, f0,
     if "head_aware_kronecker" in names and data.split is not None:
         out["head_aware_kronecker"] = Variant(_kronecker(data, theta, key),
                                               labels["head_aware_kronecker"], False)
-    if "head_aware_diagonal" in names and data.split is not None:
-        out["head_aware_diagonal"] = Variant(
-            head_aware_kernel(data.split, data.x, backbone="diagonal"),
-            labels["head_aware_diagonal"], False)
+    if "head_aware_isotropic" in names and data.split is not None:
+        out["head_aware_isotropic"] = Variant(
+            head_aware_kernel(data.split, data.x, backbone="isotropic",
+                              traced_kernel=theta.reshape(n, c, n, c).trace(axis1=1, axis2=3)),
+            labels["head_aware_isotropic"], False)
     for d in spec.sketch_dims:
         if f"sketch{d}" in names:
             sk = ntk_tt.sketched_ntk(data.apply_fn, data.params, data.x, sketch_dim=d,

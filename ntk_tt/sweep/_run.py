@@ -1,10 +1,10 @@
 """Run the benchmark grid: one kernel per task, jit(vmap) predictions, real fine-tunes, rows.
 
-For each task with unfinished rows: build the primary predictor's kernel (the isotropic
-head-aware kernel of ``ntk_tt.predict_head_aware``, from the traced Θ) and the exact empirical
-NTK Θ once, and from Θ the variants' kernels (the Kronecker head-aware one, its mixing S from
-32 inputs, is the variant ``head_aware_kronecker``, the diagonal one of
-``predict(backbone="diagonal")`` is ``head_aware_diagonal``; the traced kernel, free), a sketch per
+For each task with unfinished rows: build the primary predictor's kernel (the diagonal
+head-aware kernel of ``ntk_tt.predict``'s default) and the exact empirical NTK Θ once, and from
+Θ the variants' kernels (the Kronecker head-aware one, its mixing S from 32 inputs, is the
+variant ``head_aware_kronecker``, the isotropic one, the primary before session 34, is
+``head_aware_isotropic``; the traced kernel, free), a sketch per
 requested D'; read λ_max of Θ, turn every configuration's κ̃ into η, predict all configurations
 sharing a batch size with one compiled ``jit(vmap(...))`` over (η, m) per predictor (the
 frozen-kernel ``predict_from_kernel`` on Θ is the variant ``linear``, the primary before
@@ -14,8 +14,8 @@ sweep (``reuse``) — and write one row per configuration as soon as its batch s
 fine-tunes have finished (an earlier sweep's identical variant predictions can be reused too,
 ``ntk_tt.sweep._reuse``). Compile time is measured apart (ahead-of-time
 ``lower().compile()``) and never counted in the prediction or fine-tuning wall times. The
-prediction wall time is the primary predictor's alone: its own kernel work (the traced Θ, not
-the exact one, which the variants need) and its solves. The task's data: ``_load``; its
+prediction wall time is the primary predictor's alone: its own kernel work (not the exact Θ,
+which the variants need) and its solves. The task's data: ``_load``; its
 kernels and predictions: ``_predictions``; its real fine-tunes: ``_finetune``.
 """
 

@@ -182,8 +182,8 @@ def promote(frame: pd.DataFrame, variant: str, demoted: str) -> pd.DataFrame:
     """The table with the recorded variant ``variant`` as the primary prediction (the
     headline's "ntk") and the primary it replaces kept as the variant ``demoted``: a
     relabelling of stored columns (T_ε, divergence, spike, curves), nothing recomputed; the
-    error curves too where the variant stored them (a head-aware variant since
-    ``head_aware_diagonal``), else the primary's are dropped (no error targets).
+    error curves too where the variant stored them (a head-aware variant since session 34),
+    else the primary's are dropped (no error targets).
     Raises ValueError if ``variant`` is not in the table or ``demoted`` already is, or is
     "ntk", the headline's name of the primary (the demoted primary vanished from the report)."""
     if variant not in variants(frame):
