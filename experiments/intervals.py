@@ -30,6 +30,7 @@ fitted leaving each set out; reported, not applied).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -37,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ntk_tt import fit_intervals
+from ntk_tt._options_predict import DIAGONAL_DIM
 from ntk_tt.prediction._intervals_fit import residuals
 from ntk_tt.sweep._errors import epsilons
 from ntk_tt.sweep._summary import promote
@@ -171,8 +173,10 @@ def main(argv=None) -> None:
         print(f"constant time-stretch left out: T_ε p95 {stretch['p95_as_predicted']:.1%} → "
               f"{stretch['p95_stretched']:.1%}, median {stretch['median_as_predicted']:.1%} → "
               f"{stretch['median_stretched']:.1%} (not applied)")
-    fit_intervals(frame, args.level, by=fit_by).save(out / f"calibrator{tag}.json",
-                                                      overwrite=True)  # a rerun replaces it
+    cal = fit_intervals(frame, args.level, by=fit_by)
+    if cal.source.get("pred_kernel") == ["diagonal"]:  # the sweep's primary: the default k
+        cal = dataclasses.replace(cal, source=cal.source | {"subspace_dim": DIAGONAL_DIM})
+    cal.save(out / f"calibrator{tag}.json", overwrite=True)  # a rerun replaces it
     with pd.option_context("display.width", 120):
         print(table[(table["held_out"] == "pooled") | (table["eps"] == "all")].to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))

@@ -197,10 +197,11 @@ def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
                          f"--optimizer {name} has no continuous-time predictor (Adam's "
                          "elementwise moments have no function-space flow); drop --method "
                          "(auto: the exact discrete recursion) or use --method discrete.")
-    if name != "sgd" and (o["predictor"] == "linear" or o["kernel"] == "sketch"):
+    given = [f for f, on in (("--predictor linear", o["predictor"] == "linear"),
+                             ("--kernel sketch", o["kernel"] == "sketch")) if on]
+    if name != "sgd" and given:  # only the flags given (a fresh user was told to drop both)
         raise ValueError(f"--optimizer {name} is predicted by the head-aware predictor only "
-                         "(Adam has no frozen-kernel form): drop --predictor linear and "
-                         "--kernel sketch.")
+                         f"(Adam has no frozen-kernel form): drop {' and '.join(given)}.")
 
 
 def _decay_end(o: dict[str, Any]) -> int:

@@ -33,7 +33,7 @@ DIAGONAL_DIM = 5  # the "diagonal" one's (README "Which predictor")
 ADAM_DIAGONAL = ("the fast Adam predictor has no diagonal feature kernel (its preconditioned "
                  "K_P is built for the isotropic, kronecker, exact and subspace backbones): "
                  "use backbone='subspace' (--backbone subspace) or Adam's default isotropic "
-                 "one (drop backbone).")
+                 "one (drop backbone, or build head_kernel with backbone='isotropic').")
 
 
 def default_backbone(adam: bool = False, segments=1) -> str:
@@ -260,6 +260,7 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                          f"{why} selects the linear predictor (only it has that option): drop "
                          f"{' and '.join(given)}, or drop {why}.")
     adam = o.get("optimizer") in ("adam", "adamw")
+    check_default_subspace_dim(o["subspace_dim"], o["backbone"], adam, seg)
     check_subspace_dim(o["subspace_dim"], o["backbone"] or default_backbone(adam, seg))
     if o["backbone"] == "diagonal" and o.get("optimizer") in ("adam", "adamw"):
         raise ValueError(ADAM_DIAGONAL)
@@ -267,6 +268,21 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
         raise ValueError(f"backbone (--backbone) {o['backbone']} is not re-linearised (its "
                          "feature basis would change at every segment): drop --segments, or "
                          "use --backbone isotropic, kronecker or exact.")
+
+
+DEFAULT_ISOTROPIC_K = (
+    "subspace_dim (--subspace-dim) sets the k of the diagonal and subspace feature kernels; "
+    "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one (the "
+    "diagonal one is refused there): pass backbone='subspace' (--backbone subspace; Adam "
+    "only, not with segments > 1), or drop subspace_dim.")
+
+
+def check_default_subspace_dim(subspace_dim, backbone, adam: bool, segments) -> None:
+    """ValueError for ``subspace_dim`` given with the default backbone where that default is
+    the isotropic kernel (Adam/AdamW, ``segments`` > 1): :data:`DEFAULT_ISOTROPIC_K`."""
+    if subspace_dim is not None and backbone is None \
+            and default_backbone(adam, segments) == "isotropic":
+        raise ValueError(DEFAULT_ISOTROPIC_K)
 
 
 def check_no_subspace_dim(subspace_dim) -> None:

@@ -55,13 +55,17 @@ BEFORE_JAX = [
     (["--optimizer", "adamw", "--schedule", "warmup-cosine", "--loss", "mse", "--subset",
       "100"], "subset (--subset) predicts --optimizer sgd only: --optimizer adamw's"),
     (["--optimizer", "adamw", "--segments", "2"], "segments (--segments) re-linearises"),
-    (["--optimizer", "adamw", "--predictor", "linear"], "by the head-aware predictor only"),
-    (["--optimizer", "adam", "--kernel", "sketch"], "by the head-aware predictor only"),
+    (["--optimizer", "adamw", "--predictor", "linear"],
+     "by the head-aware predictor only (Adam has no frozen-kernel form): drop --predictor "
+     "linear."),
+    (["--optimizer", "adam", "--kernel", "sketch"],
+     "by the head-aware predictor only (Adam has no frozen-kernel form): drop --kernel sketch."),
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
     (["--subspace-dim", "8", "--segments", "2"],
-     "subspace_dim (--subspace-dim) sets the k of the subspace and diagonal backbones "
-     "(backbone='subspace' or 'diagonal', --backbone) only, got backbone 'isotropic'"),
+     "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one"),
+    (["--subspace-dim", "8", "--optimizer", "adam"],
+     "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one"),
     (["--subspace-dim", "8", "--backbone", "isotropic"],
      "subspace_dim (--subspace-dim) sets the k of the subspace and diagonal backbones "
      "(backbone='subspace' or 'diagonal', --backbone) only, got backbone 'isotropic'"),

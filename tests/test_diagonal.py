@@ -3,6 +3,8 @@ against brute-force Jacobians, and the head-aware prediction on the diagonal ker
 optax training of a weight-space model where it is exact (each principal direction moved by
 its own copy of the backbone's weights)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,3 +117,16 @@ def test_predict_with_the_diagonal_backbone(x64):
 
     with pytest.raises(ValueError, match="no diagonal feature kernel"):
         check_options(dict(DEFAULTS, backbone="diagonal", optimizer="adamw"))
+    # subspace_dim where the default kernel is isotropic (Adam, segments) says so, and the
+    # linear predictor refuses it (a fresh user was told to choose a backbone it refuses)
+    from ntk_tt._options_predict import DEFAULT_ISOTROPIC_K
+
+    for extra in (dict(optimizer=ntk_tt.adamw(1e-3)), dict(learning_rate=0.2, segments=2)):
+        with pytest.raises(ValueError, match=re.escape(DEFAULT_ISOTROPIC_K)):
+            ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, head=split, subspace_dim=2,
+                           **extra)
+    with pytest.raises(ValueError, match=re.escape(DEFAULT_ISOTROPIC_K)):
+        check_options(dict(DEFAULTS, subspace_dim=2, optimizer="adamw"))
+    for extra in (dict(optimizer=ntk_tt.sgd(0.2)), dict(learning_rate=0.2)):
+        with pytest.raises(ValueError, match="the linear predictor .* has none"):
+            ntk_tt.predict(apply_fn, params, x, y, steps=STEPS, subspace_dim=2, **extra)

@@ -1,5 +1,6 @@
 """Conformal T_ε intervals (``prediction._intervals``): quantile rule, coverage, grouping, I/O."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -221,7 +222,8 @@ def fake_prediction(kappa, momentum, batch_size, times, *, method="discrete",
         kappa=kappa, beyond_edge=False, clamped=False, min_eigenvalue=0.0,
         method=method, kernel=kernel,
         hyperparameters={"momentum": momentum, "batch_size": batch_size,
-                         "num_train": num_train, "steps": steps, "loss": loss},
+                         "num_train": num_train, "steps": steps, "loss": loss}
+        | ({"subspace_dim": 5} if kernel == "head_aware:diagonal" else {}),  # the default k
         seconds={})
 
 
@@ -376,6 +378,7 @@ def test_shipped_calibrator_is_the_fit_on_the_committed_table():
     if primary["promoted_variant"]:  # the table's primary is not the default predictor
         table = promote(table, primary["promoted_variant"], primary["demoted_primary_as"])
     fitted = ntk_tt.fit_intervals(table, 0.9)
+    fitted = dataclasses.replace(fitted, source=fitted.source | {"subspace_dim": 5})  # k = 5
     shipped = ntk_tt.default_calibrator()
     assert fitted.source["num_train"] == [50, 750] and fitted.source["steps"] == [150, 150]
     assert shipped.to_json() == fitted.to_json()  # written exactly since session 34
@@ -398,14 +401,18 @@ def test_no_interval_for_a_predictor_the_residuals_are_not_of():
     shipped = ntk_tt.default_calibrator()
     assert shipped.source["pred_method"] == ["head_aware"]
     assert all(ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times))["loss"].values())
+    k3 = fake_prediction(0.4, 0.0, 100, times)  # the diagonal kernel with another k
+    k3 = k3._replace(hyperparameters=k3.hyperparameters | {"subspace_dim": 3})
+    with pytest.warns(CalibrationRangeWarning, match="with k = 3 feature directions"):
+        assert not any(ntk_tt.intervals(k3)["loss"].values())
     for other in (dict(kernel="exact"), dict(kernel="traced:subset150:power_law"),
                   dict(kernel="head_aware:isotropic:refresh4"), dict(method="ode"),
                   dict(loss="mse")):
         with pytest.warns(CalibrationRangeWarning) as said:  # it said nothing of why
             out = ntk_tt.intervals(fake_prediction(0.4, 0.0, 100, times, **other))
         why = ("no T_ε interval: the calibration table's residuals are of the "
-               "head_aware:diagonal predictor (method discrete, loss cross_entropy); this "
-               "prediction's kernel is ")
+               "head_aware:diagonal predictor with k = 5 feature directions (method "
+               "discrete, loss cross_entropy); this prediction's kernel is ")
         assert out["loss"] == dict.fromkeys(times) and out["error"] == dict.fromkeys(times)
         assert len(out["warnings"]) == 1 and out["warnings"][0].startswith(why), out
         assert [str(w.message) for w in said] == out["warnings"]

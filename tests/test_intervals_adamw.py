@@ -104,8 +104,8 @@ def test_adamw_interval_flags_a_peak_or_decay_outside_the_table():
         f"η = 0.0001–0.001 {TAIL}"]
     assert len(said) == 2 and out["loss"][0.1] is not None
     for bad in ("adamw", ["sgd"], {"rule": "adam"}, None):  # a list was a TypeError
-        with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'isotropic', "
-                                             r"'sgd', 'subspace'\]"):
+        with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'diagonal', "
+                                             r"'isotropic', 'sgd', 'subspace'\]"):
             ntk_tt.default_calibrator(bad)
 
 

@@ -192,7 +192,7 @@ def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
         adam = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.adam(eta), steps=T,
                               head=head)
         sgd = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.sgd(eta), steps=T,
-                             head=head)
+                             head=head, backbone="isotropic")  # Adam's kernel, Adam's κ
     assert adam.kappa == pytest.approx(100.0, rel=1e-4) and sgd.kappa == pytest.approx(100.0,
                                                                                      rel=1e-4)
     assert adam.hyperparameters["weight_travel"] < 0.1 and not adam.diverged

@@ -211,6 +211,13 @@ def test_a_feature_subspace_curve_that_diverges_below_kappa_max_is_called_a_cata
     assert pred.diverged and pred.kappa < 68 and pred.outcome == "catapult"
     assert pred.divergence == "no" and pred.spike_step is not None
     assert all(np.isnan(v) for v in pred.training_time["loss"].values())
+    from ntk_tt.prediction._result import LINEARISED_CATAPULT  # the reason says why
+
+    assert set(pred.training_time_reasons["loss"].values()) == {LINEARISED_CATAPULT}
+    with pytest.warns(CalibrationRangeWarning) as said:  # intervals were silent: []
+        out = ntk_tt.intervals(pred)
+    assert not any(out["loss"].values()) and out["warnings"]
+    assert out["warnings"][0].startswith("no T_ε interval") and len(said) == 1
     iso = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr, backbone="isotropic", **kw)
     assert iso.diverged and iso.outcome == "diverges"  # the isotropic kernel's own call
     far = ntk_tt.predict(apply_fn, params, x, y, learning_rate=lr * 3, backbone=backbone, **kw)

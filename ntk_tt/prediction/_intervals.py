@@ -40,6 +40,7 @@ import warnings
 import numpy as np
 
 from ntk_tt._options import a_type, file_path
+from ntk_tt._options_predict import NO_INTERVAL
 from ntk_tt._output_paths import require_folder
 from ntk_tt.prediction._intervals_checks import (  # noqa: F401 (_check_edges re-exported)
     KAPPA_EDGES,
@@ -56,13 +57,14 @@ from ntk_tt.prediction._intervals_range import (  # noqa: F401 (re-exported)
     prediction_messages,
     range_messages,
 )
-from ntk_tt.prediction._result import Prediction
+from ntk_tt.prediction._result import LINEARISED_CATAPULT, Prediction
 
 FORMAT = "ntk_tt.intervals/1"
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
 _ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
-           for rule, name in (("sgd", "intervals.json"), ("adam", "intervals_adamw.json"),
+           for rule, name in (("sgd", "intervals.json"), ("diagonal", "intervals.json"),
+                              ("adam", "intervals_adamw.json"),
                               ("subspace", "intervals_subspace.json"),
                               ("isotropic", "intervals_isotropic.json"))}
 
@@ -243,26 +245,20 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     Source: ntk_tt's own fits (README "Calibrated intervals for T_ε").
 
     Args:
-      rule: which predictor's. "sgd" (default): the default head-aware predictor's (the
-        diagonal feature kernel, k = 5; ``ntk_tt/assets/intervals.json``), fitted on the
-        constant-η benchmark table ``experiments/results/sweep/results.parquet``;
-        "isotropic": the isotropic feature kernel's (the default before session 34,
-        ``backbone="isotropic"``; ``ntk_tt/assets/intervals_isotropic.json``), fitted on the
-        same table's earlier run; "adam": the fast AdamW predictor's
-        (``ntk_tt/assets/intervals_adamw.json``), fitted on the AdamW rows of the optimiser
-        benchmark (``experiments/results/optimizers*``, ``experiments/intervals.py --family``);
-        "subspace": the head-aware predictor with ``backbone="subspace"`` and its default k =
-        16 (``ntk_tt/assets/intervals_subspace.json``), fitted on its main-grid predictions
-        (κ̃ ≤ 12) of the constant-η benchmark, two sweeps of unseen tasks and the optimiser
-        benchmark's SGD-momentum + warmup-cosine rows, grouped by ε
-        (``experiments/subspace_intervals.py``; README "Intervals").
+      rule: which predictor's (README "Calibrated intervals for T_ε"). "sgd" or "diagonal"
+        (default): the default one's (diagonal kernel, k = 5; ``assets/intervals.json``),
+        fitted on ``experiments/results/sweep/results.parquet``; "isotropic":
+        ``backbone="isotropic"``'s (``assets/intervals_isotropic.json``, that table's earlier
+        run); "adam": the fast AdamW predictor's (``assets/intervals_adamw.json``, the AdamW
+        rows of ``experiments/results/optimizers*``); "subspace": ``backbone="subspace"``'s
+        with k = 16 (``assets/intervals_subspace.json``, ``experiments/subspace_intervals.py``).
 
     Returns:
       An :class:`IntervalCalibrator`, the caller's own copy (editing it changes no later
       call's).
 
     Raises:
-      ValueError: ``rule`` not "sgd", "adam", "subspace" or "isotropic".
+      ValueError: ``rule`` not "sgd", "diagonal", "adam", "subspace" or "isotropic".
     """
     if not isinstance(rule, str) or rule not in _ASSETS:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
@@ -271,7 +267,7 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
     return copy.deepcopy(_shipped(rule))  # the caller's own: edits reach no later call
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=5)
 def _shipped(rule: str) -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSETS[rule])
 
@@ -393,6 +389,8 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
             unresolved = cal.group(kappa_eff, eps, opt, level)[1]
     said = (prediction_messages(cal.source, hp | {"kappa_eff": kappa_eff})
             if any(loss.values()) else [])
+    if prediction.outcome == "catapult" and prediction.diverged:  # a fresh user: no word why
+        said = [f"{NO_INTERVAL}: {LINEARISED_CATAPULT}"]
     if unresolved is not None:
         said.append(_level_message(cal.level if level is None else level, unresolved))
     for message in said:

@@ -14,7 +14,12 @@ import numpy as np
 
 from ntk_tt._options import KERNELS as KERNELS  # one list each, importable without JAX
 from ntk_tt._options import PREDICTORS as PREDICTORS
-from ntk_tt._options_predict import check_no_subspace_dim, check_subspace_dim, default_backbone
+from ntk_tt._options_predict import (
+    check_default_subspace_dim,
+    check_no_subspace_dim,
+    check_subspace_dim,
+    default_backbone,
+)
 from ntk_tt._options_targets import check_targets
 from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
 from ntk_tt.data._model import ApplyFn, check_model, num_params
@@ -234,8 +239,11 @@ def predict(
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
     adam = getattr(optimizer, "rule", None) == "adam"
-    sub_k = check_subspace_dim(subspace_dim, default_backbone(adam, segments)
-                               if backbone is None else backbone, head_kernel)
+    if head is not None and predictor != "linear":  # the linear one refuses it later
+        check_default_subspace_dim(subspace_dim, backbone, adam, segments)
+    sub_k = None if head is None or predictor == "linear" else check_subspace_dim(
+        subspace_dim, default_backbone(adam, segments) if backbone is None else backbone,
+        head_kernel)
     check_kernel_backbone(backbone, head_kernel)
     if is_traced((learning_rate, momentum)):
         raise ValueError("predict is eager (it builds the kernel, times its stages and checks "
@@ -273,7 +281,9 @@ def predict(
             method=method, kernel=kernel, sketch_dim=sketch_dim, num_paths=num_paths, key=key,
             x_test=x_test, y_test=y_test, predictor=predictor, head=head, backbone=backbone,
             segments=segments, subset=subset, subset_method=subset_method, targets=targets,
-            head_kernel=head_kernel, subspace_dim=None if subspace_dim is None else sub_k)
+            head_kernel=head_kernel,  # the linear predictor gets the user's, to refuse it
+            subspace_dim=None if subspace_dim is None else subspace_dim if sub_k is None
+            else sub_k)
     momentum, nesterov = 0.0 if momentum is None else momentum, flag(nesterov)
     bs = n if batch_size is None else batch_size
     check_hyper(learning_rate, momentum, steps, bs, n,  # subset=: its own Nesterov advice

@@ -153,6 +153,11 @@ class Prediction(NamedTuple):
                 "rate for a verdict")
 
 
+LINEARISED_CATAPULT = ("the linearised curve diverges below κ = 68, where the real run is called "
+                       "a catapult (it spikes and recovers, which the linearised backbone "
+                       "cannot follow): no training time")
+
+
 def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
     t_eps, codes = np.asarray(out.training_time), np.asarray(out.training_time_code)
     names = ("loss", "error")
@@ -165,6 +170,10 @@ def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
         return None if a is None else np.asarray(a) + 0.0
 
     at, spike = int(out.diverged_at), int(out.spiked_at)
+    said = outcome_fields(Outcome(out.outcome, out.spike_step))
+    if said["outcome"] == "catapult" and bool(out.diverged):  # a feature-subspace kernel's
+        reasons = {nm: {e: LINEARISED_CATAPULT if r == REASONS[DIVERGED] else r
+                        for e, r in per.items()} for nm, per in reasons.items()}
     return Prediction(
         loss=arr(out.loss), error=arr(out.error), loss_band=arr(out.loss_band),
         error_band=arr(out.error_band), test_loss=arr(out.test_loss),
@@ -173,8 +182,7 @@ def _to_prediction(out, method, kernel, hyper, seconds) -> Prediction:
         spiked_at=None if spike < 0 else spike,
         kappa=float(out.kappa), beyond_edge=bool(out.beyond_edge), clamped=bool(out.clamped),
         min_eigenvalue=float(out.min_eigenvalue), method=method, kernel=kernel,
-        hyperparameters=hyper, seconds=seconds,
-        **outcome_fields(Outcome(out.outcome, out.spike_step)),
+        hyperparameters=hyper, seconds=seconds, **said,
     )
 
 
