@@ -160,7 +160,7 @@ def call(own: Outcome, kappa: jax.Array, abstains: jax.Array,
       kappa: κ = η·λ_max(Θ)/N of the prediction (dimensionless).
       abstains: bool, κ is beyond the stability edge and the predictor's dynamics cannot blow
         up there (:func:`cannot_diverge`).
-      linearised_catapult: static bool, the predictor's own "diverges" below ``KAPPA_MAX`` is
+      linearised_catapult: bool (broadcast), the predictor's own "diverges" below ``KAPPA_MAX`` is
         called "catapult" (the feature-subspace kernels, ``backbone="subspace"`` or
         ``"diagonal"``: their linearised backbone blows up where the real network
         self-stabilises, the catapult phase of Lewkowycz et al. 2020. On the full preset's
@@ -173,9 +173,8 @@ def call(own: Outcome, kappa: jax.Array, abstains: jax.Array,
       else ``own``'s code; ``own``'s spike step.
     """
     kappa = jnp.asarray(kappa)
-    code = own.outcome
-    if linearised_catapult:
-        code = jnp.where((code == DIVERGES) & (kappa < KAPPA_MAX), CATAPULT, code)
+    code = jnp.where(jnp.asarray(linearised_catapult) & (own.outcome == DIVERGES)
+                     & (kappa < KAPPA_MAX), CATAPULT, own.outcome)
     diverges = (code == DIVERGES) | (kappa >= KAPPA_MAX)
     code = jnp.where(diverges, DIVERGES, jnp.where(abstains, ABSTAINS, code))
     return Outcome(code.astype(jnp.int32), own.spike_step)

@@ -14,7 +14,6 @@ before these columns get them from the stored curves (:func:`with_outcomes`).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
@@ -35,9 +34,7 @@ _own = jax.jit(outcome)  # one compilation per table shape instead of one per op
 
 @jax.jit
 def _called(loss, diverged, spiked_at, kappa, abstains, catapult):
-    said = call(outcome(loss, diverged, spiked_at), kappa, abstains)
-    linearised = call(outcome(loss, diverged, spiked_at), kappa, abstains, True)
-    return jax.tree.map(lambda a, b: jnp.where(catapult, b, a), said, linearised)
+    return call(outcome(loss, diverged, spiked_at), kappa, abstains, catapult)
 
 
 FEATURE_SUBSPACE = ("diagonal feature kernel", "subspace feature kernel")
