@@ -16,12 +16,15 @@ relabelling is applied to the table first.
     python experiments/intervals.py OPT_DIR [OPT_DIR ...] --family adamw_cosine [--out DIR]
 
 does the same for one optimiser family of the optimiser benchmark (``optimizer_sweep.py``
-tables, e.g. ``experiments/results/optimizers experiments/results/optimizers_750``; their
-rows pooled), grouped by the optimiser (gd / sgd) or pooled, since Adam's step has no κ̃:
-OUT/coverage_<family>.csv, OUT/calibrator_<family>.json (by optimiser, fitted on every
-set; ``ntk_tt/assets/intervals_adamw.json`` is the adamw_cosine one). The table's predictor
-``pred_kernel`` "head_aware_adam:isotropic" is recorded as ``Prediction.kernel`` reads it
-(method "head_aware_adam", kernel "isotropic"), κ̃ = κ/(1 − β₁) (unused by these groupings)
+tables, e.g. ``experiments/results/optimizers_adamw_diagonal
+experiments/results/optimizers_750_adamw_diagonal``; their rows pooled), grouped by the
+optimiser (gd / sgd) or pooled, since Adam's step has no κ̃: OUT/coverage_<family>.csv,
+OUT/calibrator_<family>.json (by optimiser, fitted on every set; ``ntk_tt/assets/
+intervals_adamw.json`` is the adamw_cosine one of those tables, ``intervals_adamw_isotropic
+.json`` of ``optimizers`` and ``optimizers_750``). The table's predictor ``pred_kernel``, e.g.
+"head_aware_adam:diagonal", is recorded as ``Prediction.kernel`` reads it (method
+"head_aware_adam", kernel "diagonal"; a diagonal one with k = 5, the default's),
+κ̃ = κ/(1 − β₁) (unused by these groupings)
 and the schedule as warmup_cosine (the benchmark's families are warmup + cosine). It also
 writes OUT/stretch_<family>.json (:func:`stretch_check`: T_ε p95 with a constant time-stretch
 fitted leaving each set out; reported, not applied).

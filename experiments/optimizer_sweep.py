@@ -97,9 +97,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, OptimSpec]:
     p.add_argument("--adam-decays", nargs="+", type=float, metavar="LAMBDA",
                    help="AdamW weight decays (default: the preset's; full: 0.01 0.1)")
     p.add_argument("--backbone", choices=BENCH_BACKBONES,
-                   help="feature kernel of the predictions (default isotropic, the default "
-                        "predictor; subspace: k = 16, both families; diagonal: k = 5, with "
-                        "--families sgdm_cosine)")
+                   help="feature kernel of the predictions, both families (default "
+                        "isotropic, the committed tables'; diagonal: k = 5, predict's default; "
+                        "subspace: k = 16)")
     p.add_argument("--report", action="store_true", help="only rebuild summary and figure")
     p.add_argument("--constant", help="the constant-η sweep directory to compare with")
     p.add_argument("--reuse-real", metavar="DIR",

@@ -149,9 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--backbone", default=d["backbone"],
                    choices=BACKBONES,
                    help="head-aware feature kernel (default: diagonal, isotropic with "
-                   "adam/adamw or --segments > 1): diagonal: the features' k = 5 leading "
-                   "principal directions, without the blocks between them, k blocks N² (the "
-                   "cost of Θ; not with adam/adamw); isotropic k_b⊗I, kronecker k_b⊗S, exact "
+                   "--segments > 1): diagonal: the features' k = 5 leading principal "
+                   "directions, without the blocks between them, k blocks N² (the cost of Θ; "
+                   "Adam's K_P in the same form); isotropic k_b⊗I, kronecker k_b⊗S, exact "
                    "(N·F)² (small N only), subspace: exact on the features' k = min(16, F) "
                    "leading principal directions, (N·k)² (not with --segments > 1)")
     q.add_argument("--subspace-dim", type=int, default=d["subspace_dim"], metavar="K",

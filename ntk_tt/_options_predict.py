@@ -30,19 +30,17 @@ from ntk_tt._output_paths import check_outputs, job_inputs
 
 SUBSPACE_DIM = 16  # the "subspace" feature kernel's k (README "Error budget", issue 26)
 DIAGONAL_DIM = 5  # the "diagonal" one's (README "Which predictor")
-ADAM_DIAGONAL = ("the fast Adam predictor has no diagonal feature kernel (its preconditioned "
-                 "K_P is built for the isotropic, kronecker, exact and subspace backbones): "
-                 "use backbone='subspace' (--backbone subspace) or Adam's default isotropic "
-                 "one (drop backbone, or build head_kernel with backbone='isotropic').")
 
 
-def default_backbone(adam: bool = False, segments=1) -> str:
+def default_backbone(segments=1) -> str:
     """The head-aware feature kernel that ``backbone=None`` (``predict``, ``ntk-tt predict``)
-    builds: "diagonal" (k = ``DIAGONAL_DIM``; since session 34: T_ε p95 13.8 / 21.5 % on the
-    full preset against the isotropic kernel's 22.7 / 23.0 %, at its kernel cost) for the SGD
-    family with one segment; "isotropic" for Adam / AdamW (the fast Adam predictor has no
-    diagonal K_P) and for ``segments`` > 1 (the diagonal basis is not re-linearised)."""
-    return "isotropic" if adam or segments != 1 else "diagonal"
+    builds: "diagonal" (k = ``DIAGONAL_DIM``) with one segment, for the SGD family (since
+    session 34: T_ε p95 13.8 / 21.5 % on the full preset against the isotropic kernel's
+    22.7 / 23.0 %, at its kernel cost) and for Adam / AdamW, whose K_P then takes the same
+    diagonal form (since session 35: AdamW T_ε p95 21.2 / 18.9 % at N = 250 against
+    35.7 / 32.1 %); "isotropic" for ``segments`` > 1 (the diagonal basis is not
+    re-linearised)."""
+    return "isotropic" if segments != 1 else "diagonal"
 # how ntk_tt.intervals' note for a prediction it gives no interval begins (the CLI prints that
 # note as a "note:" line, its range warnings as "warning:" lines)
 NO_INTERVAL = "no T_ε interval"
@@ -259,11 +257,8 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
         raise ValueError(f"{' and '.join(given)} {verb} to the head-aware predictor only, and "
                          f"{why} selects the linear predictor (only it has that option): drop "
                          f"{' and '.join(given)}, or drop {why}.")
-    adam = o.get("optimizer") in ("adam", "adamw")
-    check_default_subspace_dim(o["subspace_dim"], o["backbone"], adam, seg)
-    check_subspace_dim(o["subspace_dim"], o["backbone"] or default_backbone(adam, seg))
-    if o["backbone"] == "diagonal" and o.get("optimizer") in ("adam", "adamw"):
-        raise ValueError(ADAM_DIAGONAL)
+    check_default_subspace_dim(o["subspace_dim"], o["backbone"], seg)
+    check_subspace_dim(o["subspace_dim"], o["backbone"] or default_backbone(seg))
     if o["backbone"] in ("subspace", "diagonal") and seg != 1:
         raise ValueError(f"backbone (--backbone) {o['backbone']} is not re-linearised (its "
                          "feature basis would change at every segment): drop --segments, or "
@@ -271,17 +266,16 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
 
 
 DEFAULT_ISOTROPIC_K = (
-    "subspace_dim (--subspace-dim) sets the k of the diagonal and subspace feature kernels; "
-    "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one (the "
-    "diagonal one is refused there): pass backbone='subspace' (--backbone subspace; Adam "
-    "only, not with segments > 1), or drop subspace_dim.")
+    "subspace_dim (--subspace-dim) sets the k of the diagonal and subspace feature kernels, "
+    "which are not re-linearised; with segments > 1 (--segments) the default feature kernel "
+    "is the isotropic one: drop subspace_dim, or drop segments.")
 
 
-def check_default_subspace_dim(subspace_dim, backbone, adam: bool, segments) -> None:
+def check_default_subspace_dim(subspace_dim, backbone, segments) -> None:
     """ValueError for ``subspace_dim`` given with the default backbone where that default is
-    the isotropic kernel (Adam/AdamW, ``segments`` > 1): :data:`DEFAULT_ISOTROPIC_K`."""
+    the isotropic kernel (``segments`` > 1): :data:`DEFAULT_ISOTROPIC_K`."""
     if subspace_dim is not None and backbone is None \
-            and default_backbone(adam, segments) == "isotropic":
+            and default_backbone(segments) == "isotropic":
         raise ValueError(DEFAULT_ISOTROPIC_K)
 
 

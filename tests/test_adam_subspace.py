@@ -64,11 +64,14 @@ def test_subspace_preconditioned_kernel_against_brute_force(x64):
     np.testing.assert_allclose(full.drift.calibration, [1.0, 1.0], rtol=1e-8)
 
 
+@pytest.mark.parametrize("backbone", ["subspace", "diagonal"])
 @pytest.mark.parametrize("batch_size", [None, 5])
-def test_subspace_adam_equals_the_lifted_exact_kernels(x64, batch_size):
+def test_subspace_adam_equals_the_lifted_exact_kernels(x64, batch_size, backbone):
     """The recursion on (N·k)² kernels (gradient norms, drift, steps, AdamW's decay through
     a_h) equals the same recursion on the (N·F)² kernels (I ⊗ Z) K_Z (I ⊗ Zᵀ) with a_h Z Zᵀ,
-    training and held-out logits; at k = F it equals the exact kernels' prediction."""
+    training and held-out logits; at k = F it equals the exact kernels' prediction. The
+    diagonal kernels (K_Z's and K_P's blocks between directions zero) run the same recursion,
+    and differ from the full subspace kernels' (those blocks matter)."""
     _, split, x, y, xt, a_h, a_ht = _head_problem()
     opt = ntk_tt.adamw(ntk_tt.warmup_cosine(0.05, 3, T), weight_decay=0.1,
                        batch_size=batch_size)
@@ -78,13 +81,20 @@ def test_subspace_adam_equals_the_lifted_exact_kernels(x64, batch_size):
         return ntk_tt.head_aware_adam_trajectory(ak, y, opt, steps=T, key=key, a_h=a_h,
                                                  a_h_test=a_ht)
 
-    hk = ntk_tt.head_aware_kernel(split, x, xt, backbone="subspace", subspace_dim=K)
-    ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt, xt, backbone="subspace", hk=hk)
+    hk = ntk_tt.head_aware_kernel(split, x, xt, backbone=backbone, subspace_dim=K)
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt, xt, backbone=backbone, hk=hk)
     fs, fts = run(ak)
     zz = hk.basis @ hk.basis.T  # the decay's J_h θ_0 moves the features in span(Z) too
     lifted = run(ak._replace(hk=_lift(ak.hk), precond=_lift(ak.precond)), a_h @ zz, a_ht @ zz)
     np.testing.assert_allclose(fs, lifted[0], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(fts, lifted[1], rtol=1e-10, atol=1e-12)
+    if backbone == "diagonal":
+        sub = run(ntk_tt.adam_head_aware_kernel(split, x, y, opt, xt, backbone="subspace",
+                                                hk=ntk_tt.head_aware_kernel(
+                                                    split, x, xt, backbone="subspace",
+                                                    subspace_dim=K)))
+        assert np.max(np.abs(fs - sub[0])) > 1e-3
+        return
     exact = run(ntk_tt.adam_head_aware_kernel(split, x, y, opt, xt, backbone="exact"))
     assert np.max(np.abs(fs - exact[0])) > 1e-3  # the projection matters at k < F
     hk_f = ntk_tt.head_aware_kernel(split, x, xt, backbone="subspace", subspace_dim=FEAT)
@@ -94,26 +104,32 @@ def test_subspace_adam_equals_the_lifted_exact_kernels(x64, batch_size):
     np.testing.assert_allclose(every[1], exact[1], rtol=1e-8, atol=1e-10)
 
 
-def test_predict_with_adam_on_the_subspace_kernel(x64):
-    """predict(optimizer=adamw, backbone="subspace", subspace_dim=k): the curves of the kernel
-    built by hand, the label and the k recorded; no calibrated interval (none is fitted)."""
+@pytest.mark.parametrize("backbone", ["subspace", "diagonal"])
+def test_predict_with_adam_on_the_subspace_kernel(x64, backbone):
+    """predict(optimizer=adamw, backbone="subspace" or "diagonal", subspace_dim=k): the curves
+    of the kernel built by hand, the label and the k recorded; no calibrated interval (the
+    shipped AdamW calibrators are the diagonal kernel's at k = 5 and the isotropic one's)."""
     model, split, x, y, _, a_h, _ = _head_problem()
     opt = ntk_tt.adamw(ntk_tt.warmup_cosine(0.005, 3, T), weight_decay=0.1)  # ρ < 1
     apply_fn, params = ntk_tt.from_nnx(model)
     pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=split,
-                          backbone="subspace", subspace_dim=K)
-    assert pred.kernel == "head_aware_adam:subspace"
+                          backbone=backbone, subspace_dim=K)
+    assert pred.kernel == f"head_aware_adam:{backbone}"
     assert pred.hyperparameters["subspace_dim"] == K
-    hk = ntk_tt.head_aware_kernel(split, x, backbone="subspace", subspace_dim=K)
+    hk = ntk_tt.head_aware_kernel(split, x, backbone=backbone, subspace_dim=K)
     fs, _ = ntk_tt.head_aware_adam_trajectory(
-        ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone="subspace", hk=hk), y, opt,
+        ntk_tt.adam_head_aware_kernel(split, x, y, opt, backbone=backbone, hk=hk), y, opt,
         steps=T, a_h=a_h)
     want = jax.vmap(lambda f: mean_loss(f, y, "cross_entropy"))(fs)
     np.testing.assert_allclose(pred.loss, want, rtol=1e-8)
-    # the shipped AdamW calibrator's residuals are the isotropic predictor's: no interval
-    with pytest.warns(ntk_tt.CalibrationRangeWarning, match="head_aware_adam:subspace"):
+    with pytest.warns(ntk_tt.CalibrationRangeWarning, match=f"head_aware_adam:{backbone}"):
         bounds = ntk_tt.intervals(pred)
     assert all(v is None for v in bounds["loss"].values())
+    if backbone == "diagonal":  # a diagonal hk passed as head_kernel sets K_P's form
+        back = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=split,
+                              head_kernel=hk)
+        assert back.kernel == "head_aware_adam:diagonal"
+        np.testing.assert_allclose(back.loss, want, rtol=1e-8)
 
 
 def test_mismatched_subspace_kernels_are_refused(x64):

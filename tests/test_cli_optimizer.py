@@ -63,9 +63,7 @@ BEFORE_JAX = [
     (["--backbone", "subspace", "--segments", "2"],
      "backbone (--backbone) subspace is not re-linearised"),
     (["--subspace-dim", "8", "--segments", "2"],
-     "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one"),
-    (["--subspace-dim", "8", "--optimizer", "adam"],
-     "with Adam/AdamW or segments > 1 the default feature kernel is the isotropic one"),
+     "with segments > 1 (--segments) the default feature kernel is the isotropic one"),
     (["--subspace-dim", "8", "--backbone", "isotropic"],
      "subspace_dim (--subspace-dim) sets the k of the subspace and diagonal backbones "
      "(backbone='subspace' or 'diagonal', --backbone) only, got backbone 'isotropic'"),
@@ -73,8 +71,6 @@ BEFORE_JAX = [
      "--subspace-dim 8 applies to the head-aware predictor only"),
     (["--backbone", "diagonal", "--segments", "2"],
      "backbone (--backbone) diagonal is not re-linearised"),
-    (["--backbone", "diagonal", "--optimizer", "adamw"],
-     "the fast Adam predictor has no diagonal feature kernel"),
     # a fresh user: this refusal sent them to --predictor head_aware, which then refused
     # --kernel sketch; it now names what chose the linear predictor
     (["--backbone", "subspace", "--kernel", "sketch"],
@@ -200,7 +196,7 @@ def test_adamw_verify_run_is_predict_and_finetune_with_that_optimizer(task, adam
         np.testing.assert_array_equal(got_pred[name], np.asarray(getattr(pred, name), float))
         np.testing.assert_array_equal(got_real[name], np.asarray(getattr(run, name), float))
     assert got_real["loss"][-1] < 0.9 * got_real["loss"][0]  # it trained
-    assert r["predicted"]["kernel"] == "head_aware_adam:isotropic"
+    assert r["predicted"]["kernel"] == "head_aware_adam:diagonal"  # the default since session 35
 
 
 def test_adamw_run_records_and_names_its_optimizer(adamw_run):

@@ -18,7 +18,11 @@ from ntk_tt.prediction._result import Prediction
 from ntk_tt.training._optimizer_run import optimizer_hyperparameters
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TABLES = [ROOT / "experiments" / "results" / d for d in ("optimizers", "optimizers_750")]
+# the default (diagonal) and the isotropic fast AdamW predictors' tables (N = 250 and 750)
+TABLES = {"adam": [ROOT / "experiments" / "results" / d for d in (
+              "optimizers_adamw_diagonal", "optimizers_750_adamw_diagonal")],
+          "adam_isotropic": [ROOT / "experiments" / "results" / d for d in (
+              "optimizers", "optimizers_750")]}
 TAIL = "(the T_ε intervals are an extrapolation there: their coverage is not measured)"
 
 
@@ -32,11 +36,14 @@ def script():
     return intervals
 
 
-def adam_prediction(optimizer, times, *, kernel="head_aware_adam:isotropic", n=250, kappa=0.3):
+def adam_prediction(optimizer, times, *, kernel="head_aware_adam:diagonal", n=250, kappa=0.3):
     """A Prediction as ``ntk_tt.predict`` makes one for ``optimizer`` (its hyperparameters are
-    ``optimizer_hyperparameters``'), with the given loss-curve T_ε."""
+    ``optimizer_hyperparameters``'; the default diagonal kernel's k = 5), with the given
+    loss-curve T_ε."""
     hyper = optimizer_hyperparameters(optimizer, 150, n) | {
         "steps": 150, "num_train": n, "loss": "cross_entropy"}
+    if kernel.endswith(":diagonal"):
+        hyper["subspace_dim"] = 5
     return Prediction(
         loss=None, error=None, loss_band=None, error_band=None, test_loss=None,
         test_error=None, training_time={"loss": times, "error": dict(times)},
@@ -50,15 +57,21 @@ def adamw(peak=1e-3, decay=0.01, batch_size=50):
                         batch_size=batch_size)
 
 
-def test_shipped_adamw_calibrator_is_the_fit_on_the_committed_optimizer_tables(script):
-    frame = script.family_table(TABLES, "adamw_cosine")
+@pytest.mark.parametrize("rule,kernel", [("adam", "diagonal"), ("adam_isotropic", "isotropic")])
+def test_shipped_adamw_calibrator_is_the_fit_on_the_committed_optimizer_tables(script, rule,
+                                                                             kernel):
+    frame = script.family_table(TABLES[rule], "adamw_cosine")
     fitted = ntk_tt.fit_intervals(frame, 0.9, by=("optimizer",))
-    shipped = ntk_tt.default_calibrator("adam")
-    rounded = {g: tuple(round(v, 6) for v in r) for g, r in fitted.groups.items()}
-    assert shipped == dataclasses.replace(fitted, groups=rounded)  # the file's 6 decimals
+    shipped = ntk_tt.default_calibrator(rule)
+    if kernel == "diagonal":  # experiments/intervals.py records the default's k
+        fitted = dataclasses.replace(fitted, source=fitted.source | {"subspace_dim": 5})
+    assert shipped.groups.keys() == fitted.groups.keys()
+    for group, residuals in fitted.groups.items():  # the isotropic file kept 6 decimals
+        np.testing.assert_allclose(shipped.groups[group], residuals, rtol=0, atol=5e-7)
+    assert shipped == dataclasses.replace(fitted, groups=shipped.groups)
     src = shipped.source
     assert (src["pred_method"], src["pred_kernel"], src["schedule"]) == (
-        ["head_aware_adam"], ["isotropic"], ["warmup_cosine"])
+        ["head_aware_adam"], [kernel], ["warmup_cosine"])
     assert src["num_train"] == [250, 750] and src["weight_decay"] == [0.01, 0.1]
     assert src["learning_rate"] == pytest.approx([1e-4, 1e-3], rel=1e-6)
     # one residual log(real / predicted T_ε) per defined (row, ε) of the 96 rows
@@ -93,6 +106,16 @@ def test_an_adamw_prediction_gets_the_adamw_interval():
         other = ntk_tt.intervals(sgd_like)
     assert other["loss"][0.1] != out["loss"][0.1]
     assert ntk_tt.calibrated_for(pred, cal) and not ntk_tt.calibrated_for(sgd_like, cal)
+    # the isotropic Adam kernel's prediction gets its own calibrator's, another k none
+    iso = adam_prediction(adamw(), times, kernel="head_aware_adam:isotropic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationRangeWarning)
+        assert ntk_tt.intervals(iso)["loss"] == ntk_tt.intervals(
+            iso, ntk_tt.default_calibrator("adam_isotropic"))["loss"] != out["loss"]
+    assert not ntk_tt.calibrated_for(iso, cal)
+    other_k = pred._replace(hyperparameters=pred.hyperparameters | {"subspace_dim": 8})
+    with pytest.warns(CalibrationRangeWarning):
+        assert ntk_tt.intervals(other_k)["loss"] == {0.1: None, 0.4: None}
 
 
 def test_adamw_interval_flags_a_peak_or_decay_outside_the_table():
@@ -104,7 +127,8 @@ def test_adamw_interval_flags_a_peak_or_decay_outside_the_table():
         f"η = 0.0001–0.001 {TAIL}"]
     assert len(said) == 2 and out["loss"][0.1] is not None
     for bad in ("adamw", ["sgd"], {"rule": "adam"}, None):  # a list was a TypeError
-        with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'diagonal', "
+        with pytest.raises(ValueError, match=r"rule must be one of \['adam', 'adam_isotropic', "
+                                             r"'diagonal', "
                                              r"'isotropic', 'sgd', 'subspace'\]"):
             ntk_tt.default_calibrator(bad)
 

@@ -301,8 +301,10 @@ def test_a_reused_head_kernel_gives_the_prediction_that_builds_it():
     ak = ntk_tt.adam_head_aware_kernel(head, x, y, adamw, hk=hk)
     kw = dict(steps=20, key=key, num_paths=2, head=head)
     dk = ntk_tt.head_aware_kernel(head, x, backbone="diagonal")  # SGD's default feature kernel
+    dak = ntk_tt.adam_head_aware_kernel(head, x, y, adamw, hk=dk, backbone="diagonal")
     for opt, kernel, backbone in ((_sgdw(0.3), hk, "isotropic"), (_sgdw(0.3), dk, None),
-                                  (adamw, hk, None), (adamw, ak, None)):
+                                  (adamw, hk, "isotropic"), (adamw, ak, "isotropic"),
+                                  (adamw, dk, None), (adamw, dak, None)):  # Adam's default too
         own = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, backbone=backbone, **kw)
         reused = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, head_kernel=kernel, **kw)
         np.testing.assert_allclose(reused.loss, own.loss, rtol=1e-6)

@@ -103,17 +103,18 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
         reusable_real(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("backbone", ["subspace", "diagonal"])
-def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch, backbone):
-    """backbone="subspace" (or "diagonal"): the row's prediction is ``ntk_tt.predict(...,
-    backbone=...)`` of the same optimiser (η from the isotropic kernel's stored λ_max, so the
-    real run is the default benchmark's), labelled so. (The real run is stubbed.) The
-    diagonal kernel has no Adam form: with adamw_cosine the grid is refused."""
-    with pytest.raises(ValueError, match="'diagonal' predicts the SGD family only"):
-        dataclasses.replace(SPEC, backbone="diagonal")
-    spec = dataclasses.replace(SPEC, families=("sgdm_cosine",), sgd_kappas=(4.0,),
-                               sgd_decays=(5e-4,), backbone=backbone)
-    cfg = OptimConfig("sgdm_cosine", 4.0, 5e-4, None)
+@pytest.mark.parametrize("family,backbone", [("sgdm_cosine", "subspace"),
+                                             ("sgdm_cosine", "diagonal"),
+                                             ("adamw_cosine", "diagonal")])
+def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch, family, backbone):
+    """backbone="subspace" (or "diagonal", for AdamW too since session 35): the row's
+    prediction is ``ntk_tt.predict(..., backbone=...)`` of the same optimiser (η from the
+    isotropic kernel's stored λ_max, so the real run is the default benchmark's), labelled
+    so. (The real run is stubbed.)"""
+    spec = dataclasses.replace(SPEC, families=(family,), sgd_kappas=(4.0,), sgd_decays=(5e-4,),
+                               adam_peaks=(1e-3,), adam_decays=(0.01,), backbone=backbone)
+    cfg = (OptimConfig("sgdm_cosine", 4.0, 5e-4, None) if family == "sgdm_cosine"
+           else OptimConfig("adamw_cosine", 1e-3, 0.01, None))
     real = np.linspace(2.0, 0.2, 9)
     monkeypatch.setattr(ntk_tt, "finetune", lambda *a, **k: RealRun(
         real, real / 4, False, {"finetune": 1.0}))
@@ -125,7 +126,8 @@ def test_subspace_backbone_predicts_as_predict_does(tmp_path, monkeypatch, backb
     opt = spec.optimizer(cfg, row["lambda_max"], TASK.num_train)
     want = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
                           head=data.split, backbone=backbone, key=_task_key(TASK))
-    assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == f"head_aware:{backbone}"
+    label = "head_aware" if family == "sgdm_cosine" else "head_aware_adam"
+    assert row["row_id"] == row_id(TASK, cfg) and row["pred_kernel"] == f"{label}:{backbone}"
     np.testing.assert_allclose(row["pred_loss"], want.loss, rtol=1e-5)
     iso = ntk_tt.predict(data.apply_fn, data.params, data.x, data.y, optimizer=opt, steps=8,
                          head=data.split, key=_task_key(TASK), backbone="isotropic")

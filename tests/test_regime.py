@@ -150,7 +150,8 @@ def test_kernel_level_adam_calls_abstain_beyond_unit_travel_as_predict():
         opt = _adamw(head, factor)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ntk_tt.LinearRegimeWarning)
-            pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=head)
+            pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=T, head=head,
+                                  backbone="isotropic")  # ak's kernel
             kp = ntk_tt.predict_head_aware(ak, y, optimizer=opt, steps=T)
             sens = ntk_tt.sensitivities(ak, y, optimizer=opt, steps=T)
         np.testing.assert_allclose(np.asarray(kp.loss), pred.loss, rtol=1e-6)
@@ -192,7 +193,7 @@ def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
         adam = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.adam(eta), steps=T,
                               head=head)
         sgd = ntk_tt.predict(apply_fn, params, big, y, optimizer=ntk_tt.sgd(eta), steps=T,
-                             head=head, backbone="isotropic")  # Adam's kernel, Adam's κ
+                             head=head)  # the same default (diagonal) kernel: Adam's κ
     assert adam.kappa == pytest.approx(100.0, rel=1e-4) and sgd.kappa == pytest.approx(100.0,
                                                                                      rel=1e-4)
     assert adam.hyperparameters["weight_travel"] < 0.1 and not adam.diverged
@@ -201,7 +202,7 @@ def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
     assert adam.divergence_reason is None
     assert not sgd.diverged and sgd.outcome == "diverges" and "≥ 68" in sgd.divergence_reason
     # sensitivities(optimizer=) makes the same calls from the same kernels
-    ak = ntk_tt.adam_head_aware_kernel(head, big, y, ntk_tt.adam(eta))
+    ak = ntk_tt.adam_head_aware_kernel(head, big, y, ntk_tt.adam(eta), backbone="diagonal")
     s_adam = ntk_tt.sensitivities(ak, y, optimizer=ntk_tt.adam(eta), steps=T)
     assert OUTCOMES[int(s_adam.outcome)] == own and s_adam.divergence_reason is None
     hk = ntk_tt.head_aware_kernel(head, big)
@@ -211,9 +212,12 @@ def test_adam_calls_come_from_the_curve_not_the_constant_eta_kappa_rule():
         warnings.simplefilter("ignore")
         blown = ntk_tt.predict(apply_fn, params, x, y, optimizer=ntk_tt.adam(30.0), steps=T,
                                head=head)
-    assert blown.diverged and blown.hyperparameters["weight_travel"] > 1
+    assert blown.hyperparameters["weight_travel"] > 1 and max(blown.loss) > 10 * blown.loss[0]
     assert (blown.outcome, blown.divergence) == ("diverges", "yes")
-    assert blown.divergence_reason.startswith("the predicted loss diverged")
+    # the default (diagonal) curve spikes to 2,500·L_0 and falls back; the isotropic one's ends
+    # above L_0: either is the curve's own call, not an abstention
+    assert blown.divergence_reason.startswith(("the predicted loss diverged",
+                                               "the predicted loss spiked above 10·L_0"))
 
 
 def _adam_setup():

@@ -138,9 +138,10 @@ def test_adamw_suggestion_is_the_brute_force_argmin_of_predict():
     assert (grid.beyond_edge == (grid.weight_travel > 1)).all()
     assert grid.beyond_edge.any() and not grid.beyond_edge.all()
 
-    def predict_one(sched):
+    def predict_one(sched):  # suggest's feature kernel (isotropic), not predict's default
         o = ntk_tt.adamw(sched, 0.9, 0.99, weight_decay=1e-2)
-        return ntk_tt.predict(apply_fn, params, x, y, optimizer=o, steps=T, head=head)
+        return ntk_tt.predict(apply_fn, params, x, y, optimizer=o, steps=T, head=head,
+                              backbone="isotropic")
 
     for _, row in grid.iterrows():
         p = predict_one(ntk_tt.warmup_cosine(row.learning_rate, row.warmup, T))
@@ -310,7 +311,8 @@ def test_the_refinement_stays_in_the_learning_rate_range_asked_for():
     assert all(np.exp(t["log_learning_rate"]) <= 1e-2 * (1 + 1e-12) for t in s.refinement)
     assert s.found and s.refined and s.learning_rate == 1e-2
     assert (s.grid_best["steps"], s.steps, s.warmup) == (8, 7, 1.0)
-    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=12, head=head)
+    p = ntk_tt.predict(apply_fn, params, x, y, optimizer=s.optimizer, steps=12, head=head,
+                       backbone="isotropic")  # suggest's feature kernel
     assert first_hit(p.loss, s.target) == s.steps
 
 

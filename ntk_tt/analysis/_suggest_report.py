@@ -257,9 +257,8 @@ def verify_command(cfg: dict, s: dict, n: int, target_loss: float,
     if not cfg.get("resize", True):
         out.append("--no-resize")
     kind, _, backbone = (predictor or "").partition(":")
-    adam = cfg.get("optimizer") in ("adam", "adamw")
     if kind in ("head_aware", "head_aware_adam") and backbone in BACKBONES \
-            and backbone != default_backbone(adam):  # not "given" (a head_kernel)
+            and backbone != default_backbone():  # not "given" (a head_kernel)
         out.append(f"--backbone {backbone}")
     out.append(f"-T {cfg['steps']}")
     if s["batch_size"] is not None and s["batch_size"] != n:

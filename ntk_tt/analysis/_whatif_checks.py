@@ -17,12 +17,8 @@ from ntk_tt.analysis._whatif_optimizer import (
 )
 from ntk_tt.data._batches import path_batch_indices
 from ntk_tt.data._inputs import _check_finite, as_array, check_key, check_real
-from ntk_tt.dynamics._adam_head_aware import (
-    AdamKernel,
-    _check_precond,
-    _maybe_nonzero,
-    drift_in_dtype,
-)
+from ntk_tt.dynamics._adam_drift import drift_in_dtype
+from ntk_tt.dynamics._adam_head_aware import AdamKernel, _check_precond, _maybe_nonzero
 from ntk_tt.dynamics._checks import (
     check_adam_kernel,
     check_f0_shape,

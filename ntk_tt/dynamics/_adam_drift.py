@@ -44,7 +44,9 @@ N = 50 (flowers5, GD, AdamW warmup 10 + cosine, peak 1e-3, T = 40; real final lo
 exact Adam on the linearised network 0.27) λ_ref = 0 gave a final loss of 1.32 with a
 spurious catapult (2.0 → 4.1) for the exact K_P, 1.13 on the subspace kernel, 0.66 on the
 isotropic one (γ_0 = 0.025: its forms 40× off along g_0); λ_ref = 0.1 … 0.9 gave 0.14–0.16,
-0.19–0.20 and 0.12–0.14 (γ_0 = 0.64–1.01). So the exact and subspace K_P are built at
+0.19–0.20 and 0.12–0.14 (γ_0 = 0.64–1.01). So the exact, subspace and diagonal K_P (the
+last, session 35, by analogy before measuring; there λ_ref = 0 ends at 0.999, 1/2 at 0.11
+against the real 0.215: ``tests/test_adam_ref_profile.py``) are built at
 λ_ref = max(λ_B, :data:`MIN_REF_MIX`): v̄ = κ·w(λ_ref), unchanged where λ_B is larger. GD's
 first step is then exact in its loss decrease only (``min_ref_mix=0`` restores the exact
 first step). The isotropic and Kronecker K_P keep λ_B: with the floor the default's AdamW
@@ -85,6 +87,7 @@ from ntk_tt.dynamics._noise import (
     gradient_variance,
 )
 from ntk_tt.dynamics._predict_head_aware import _feature_kernel_dot
+from ntk_tt.kernels._diagonal import diagonal_kernel
 from ntk_tt.kernels._head_aware import HeadAwareKernel, _WithHead, feature_mixing
 from ntk_tt.kernels._ntk import empirical_ntk
 
@@ -99,7 +102,7 @@ MIN_REF_MIX = 0.5
 "Reference profile"). Not fitted: on the optimiser benchmark's 48 AdamW rows at N = 250 with
 ``backbone="subspace"`` the GD rows' T_ε p95 was 24.2 / 24.2 / 25.0 / 25.0 / 25.0 % for a
 floor of 0.1 / 0.3 / 0.5 / 0.6 / 0.9 (27.1 % without one); 1/2 is the middle of that flat
-range. The default for the exact and subspace K_P only (:func:`check_ref_mix`)."""
+range. The default for the exact, subspace and diagonal K_P only (:func:`check_ref_mix`)."""
 
 
 class DriftTable(NamedTuple):
@@ -121,13 +124,13 @@ class DriftTable(NamedTuple):
 
 
 def check_ref_mix(value, backbone: str, profile: str = "drift") -> float:
-    """``min_ref_mix`` as a float: None → :data:`MIN_REF_MIX` for the exact and subspace K_P,
-    0 for the isotropic and Kronecker ones (whose logit-summed forms the calibration already
-    corrects: README "The reference profile"). Raises ValueError unless a real number in
-    [0, 1] (Python, NumPy or JAX scalar) or None, or if given with ``profile="frozen"``
-    (whose v̄ has no mix)."""
+    """``min_ref_mix`` as a float: None → :data:`MIN_REF_MIX` for the exact, subspace and
+    diagonal K_P, 0 for the isotropic and Kronecker ones (whose logit-summed forms the
+    calibration already corrects: README "The reference profile"). Raises ValueError unless a
+    real number in [0, 1] (Python, NumPy or JAX scalar) or None, or if given with
+    ``profile="frozen"`` (whose v̄ has no mix)."""
     if value is None:
-        return MIN_REF_MIX if backbone in ("exact", "subspace") else 0.0
+        return MIN_REF_MIX if backbone in ("exact", "subspace", "diagonal") else 0.0
     if profile != "drift":
         raise ValueError(f"min_ref_mix sets the drifting profile's K_P (profile='drift'); "
                          f"profile={profile!r} has none: drop min_ref_mix or use "
@@ -243,6 +246,17 @@ def drift_factor(table: DriftTable, lam, lam_now):
     return ((1 - lam_now) * t0 + lam_now * t1) / ((1 - lam_now) * r0 / g0 + lam_now * r1 / g1)
 
 
+def drift_in_dtype(drift, dtype) -> DriftTable | None:
+    """``AdamKernel.drift`` checked (a :class:`DriftTable` or None: the frozen profile) and
+    cast to the predictor's dtype. Raises ValueError for anything else."""
+    if drift is None:
+        return None
+    if not isinstance(drift, DriftTable):
+        raise ValueError(f"ak.drift must be a DriftTable or None, got "
+                         f"{type(drift).__name__}: build ak with adam_head_aware_kernel.")
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), drift)
+
+
 def quadratic_form(hk: HeadAwareKernel, idx, q) -> jax.Array:
     """Σ_{i,j∈idx} q_iᵀ K_h(i, j) q_j for q (B, F): ‖J_hᵀ vec(Q)‖², Q = q on the rows idx
     (a subspace kernel: of q's part in span(Z), the features' only moving directions)."""
@@ -339,12 +353,13 @@ def precond_kernel(split, x, x_test, root, hk: HeadAwareKernel, backbone: str,
     feature_fn, bparams, w0, _ = split
     zeros = _zeros(bparams)
     pre_features = Partial(_Preconditioned(feature_fn), bparams, root)
-    if backbone in ("exact", "subspace"):
+    if backbone in ("exact", "subspace", "diagonal"):
         if hk.basis is not None:  # h Z, bound like W_0 below: one compiled program per network
             pre_features = Partial(_Preconditioned(feature_fn, with_head=True), bparams, root,
                                    hk.basis)
-        kp = empirical_ntk(pre_features, zeros, x)
-        kpt = None if x_test is None else empirical_ntk(pre_features, zeros, x_test, x)
+        ntk = diagonal_kernel if backbone == "diagonal" else empirical_ntk
+        kp = ntk(pre_features, zeros, x)
+        kpt = None if x_test is None else ntk(pre_features, zeros, x_test, x)
         return hk._replace(backbone=kp, backbone_test=kpt)
     mixing = jnp.eye(w0.shape[0], dtype=hk.features.dtype)
     if backbone == "kronecker":

@@ -45,7 +45,10 @@ with K_P built on a profile that mixes in the variance's (:mod:`ntk_tt.dynamics.
 :func:`adam_head_aware_kernel` builds K_P like the isotropic head-aware kernel: the wrapped
 backbone θ' ↦ feature_fn(θ_0 + θ'·P^{1/2}) has Jacobian J_h P^{1/2} at θ' = 0, and its
 logit-summed NTK through the head W_0 is k_P·tr(W_0ᵀ S W_0) (no head term), so k_P is read
-off one more logit-summed kernel per task ("exact": K_P (N·F)² itself).
+off one more logit-summed kernel per task ("exact": K_P (N·F)² itself; "subspace" on the plain
+kernel's basis Z; "diagonal", the default of ``predict`` since session 35: the k blocks
+z_aᵀ K_P z_a only, from the per-logit products of the network h Z, at the logit-summed
+kernel's cost).
 """
 
 from __future__ import annotations
@@ -59,12 +62,12 @@ import numpy as np
 
 from ntk_tt._optimizer import Optimizer
 from ntk_tt._options import BACKBONES
-from ntk_tt._options_predict import ADAM_DIAGONAL
 from ntk_tt._schedules import _concrete
 from ntk_tt.data._model import check_concrete
 from ntk_tt.dynamics._adam_drift import (
     DriftTable,
     check_ref_mix,
+    drift_in_dtype,
     drift_scale,
     drift_table,
     expected_norm0,
@@ -89,7 +92,6 @@ from ntk_tt.kernels._head_aware import (
 )
 
 PROFILES = ("drift", "frozen")
-_SAME_FORM = {"exact": ("exact",), "subspace": ("subspace",)}  # else one k_b ⊗ S form
 
 
 class AdamKernel(NamedTuple):
@@ -154,9 +156,10 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     per-sample gradients with ``profile="drift"``, all N for B < N with ``"frozen"``, none for
     frozen GD); then K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ in the form of ``backbone`` (as
     :func:`ntk_tt.head_aware_kernel`: "isotropic", "kronecker" with S_P from the
-    preconditioned feature kernel's diagonal blocks, "exact", or "subspace" on ``hk``'s basis Z,
-    k = 16 if built here), from one more empirical NTK (module docstring); with "drift" also
-    the weight-space table of :mod:`ntk_tt.dynamics._adam_drift`.
+    preconditioned feature kernel's diagonal blocks, "exact", "subspace" on ``hk``'s basis Z,
+    k = 16 if built here, or "diagonal", K_P's blocks z_aᵀ K_P z_a on Z only, k = 5 if built
+    here), from one more empirical NTK (module docstring); with "drift" also the weight-space
+    table of :mod:`ntk_tt.dynamics._adam_drift`.
 
     Source: ntk_tt's own (issue 27; METHOD.md §11, "Adam, approximate"), after the rescaled
     diagonal of Zancato et al. 2020 (arXiv 2008.12478), Sec. 4.
@@ -172,8 +175,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
       profile: "drift" (second-moment profile drifting along the run) or "frozen".
       variance_samples: per-sample gradients for σ² with "drift" (all N if fewer).
       min_ref_mix: with "drift", the smallest mix λ_ref of K_P's profile w(λ_ref), in [0, 1]
-        (None: :data:`~ntk_tt.dynamics._adam_drift.MIN_REF_MIX` for the "exact" and
-        "subspace" K_P, 0 for the others; 0 makes GD's first step exact but, with an exact
+        (None: :data:`~ntk_tt.dynamics._adam_drift.MIN_REF_MIX` for the "exact", "subspace"
+        and "diagonal" K_P, 0 for the others; 0 makes GD's first step exact but, with an exact
         K_P, unstable at small N: :mod:`ntk_tt.dynamics._adam_drift`, "Reference profile").
 
     Returns:
@@ -198,8 +201,6 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     for name, value, known in (("backbone", backbone, BACKBONES), ("profile", profile, PROFILES)):
         if value not in known:
             raise ValueError(f"{name} must be one of {known}, got {value!r}.")
-    if backbone == "diagonal":
-        raise ValueError(ADAM_DIAGONAL)
     if isinstance(variance_samples, bool) or not isinstance(variance_samples, int) \
             or variance_samples < 2:
         raise ValueError(f"variance_samples must be an int >= 2 (per-sample gradients for "
@@ -207,14 +208,11 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     min_ref_mix = check_ref_mix(min_ref_mix, backbone, profile)
     check_split(split)
     check_concrete("adam_head_aware_kernel", split=split, x=x, x_test=x_test, y=y, hk=hk)
-    if isinstance(hk, HeadAwareKernel) and backbone_kind(hk) == "diagonal":  # hk concrete
-        raise ValueError(ADAM_DIAGONAL)
     rms = backbone_rms(split[1])  # weight_rms, ρ's scale (NaN weights refused before the work)
     if hk is None:
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
-    elif not isinstance(hk, HeadAwareKernel) or backbone_kind(hk) not in _SAME_FORM.get(
-            backbone, ("isotropic", "kronecker")) or (hk.features_test is None) != (x_test is None):
+    elif not _same_form(hk, backbone) or (hk.features_test is None) != (x_test is None):
         raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs (x and "
                          "x_test), or None to build it here" + (": of an AdamKernel pass its "
                          ".hk." if isinstance(hk, AdamKernel) else "."))
@@ -239,6 +237,15 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
             hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
     return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y,
                       rms)
+
+
+def _same_form(hk, backbone: str) -> bool:
+    """Whether ``hk`` is a head-aware kernel of ``backbone``'s form (K_h's and K_P's agree)."""
+    if not isinstance(hk, HeadAwareKernel):
+        return False
+    kind = backbone_kind(hk)  # at k = 1 the subspace and diagonal kernels are one
+    one = {kind, backbone} <= {"subspace", "diagonal"} and np.shape(hk.basis)[1] == 1
+    return one or kind == backbone or {kind, backbone} <= {"isotropic", "kronecker"}
 
 
 @jax.jit
@@ -297,17 +304,6 @@ def check_l2_adam(optimizer) -> None:
         raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay "
                          "enters Adam's elementwise moments, which have no feature-space form; "
                          "use ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
-
-
-def drift_in_dtype(drift, dtype) -> DriftTable | None:
-    """``AdamKernel.drift`` checked (a :class:`DriftTable` or None: the frozen profile) and
-    cast to the predictor's dtype. Raises ValueError for anything else."""
-    if drift is None:
-        return None
-    if not isinstance(drift, DriftTable):
-        raise ValueError(f"ak.drift must be a DriftTable or None, got "
-                         f"{type(drift).__name__}: build ak with adam_head_aware_kernel.")
-    return jax.tree.map(lambda a: jnp.asarray(a, dtype), drift)
 
 
 def _check_precond(hp, hk: HeadAwareKernel) -> HeadAwareKernel:

@@ -62,11 +62,10 @@ from ntk_tt.prediction._result import LINEARISED_CATAPULT, Prediction
 FORMAT = "ntk_tt.intervals/1"
 MIN_COUNT = 20
 _FIELDS = ("kappa", "eps", "optimizer")
-_ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / name
-           for rule, name in (("sgd", "intervals.json"), ("diagonal", "intervals.json"),
-                              ("adam", "intervals_adamw.json"),
-                              ("subspace", "intervals_subspace.json"),
-                              ("isotropic", "intervals_isotropic.json"))}
+_ASSETS = {rule: pathlib.Path(__file__).resolve().parents[1] / "assets" / f"intervals{tail}.json"
+           for rule, tail in (("sgd", ""), ("diagonal", ""), ("adam", "_adamw"),
+                              ("adam_isotropic", "_adamw_isotropic"), ("subspace", "_subspace"),
+                              ("isotropic", "_isotropic"))}
 
 
 def conformal_quantile(scores, q: float) -> float:
@@ -249,25 +248,25 @@ def default_calibrator(rule: str = "sgd") -> IntervalCalibrator:
         (default): the default one's (diagonal kernel, k = 5; ``assets/intervals.json``),
         fitted on ``experiments/results/sweep/results.parquet``; "isotropic":
         ``backbone="isotropic"``'s (``assets/intervals_isotropic.json``, that table's earlier
-        run); "adam": the fast AdamW predictor's (``assets/intervals_adamw.json``, the AdamW
-        rows of ``experiments/results/optimizers*``); "subspace": ``backbone="subspace"``'s
+        run); "adam" / "adam_isotropic": the fast AdamW predictor's default (diagonal, k = 5)
+        / isotropic one's (``assets/intervals_adamw.json`` / ``intervals_adamw_isotropic.json``,
+        AdamW rows of ``experiments/results/optimizers*``); "subspace": ``backbone="subspace"``'s
         with k = 16 (``assets/intervals_subspace.json``, ``experiments/subspace_intervals.py``).
 
     Returns:
-      An :class:`IntervalCalibrator`, the caller's own copy (editing it changes no later
-      call's).
+      An :class:`IntervalCalibrator`, the caller's own copy (edits change no later call's).
 
     Raises:
-      ValueError: ``rule`` not "sgd", "diagonal", "adam", "subspace" or "isotropic".
+      ValueError: ``rule`` not one of those.
     """
     if not isinstance(rule, str) or rule not in _ASSETS:
         raise ValueError(f"rule must be one of {sorted(_ASSETS)} (the predictor: 'sgd' the "
                          "default one, 'adam' the Adam/AdamW one, 'subspace' the subspace "
-                         f"backbone's, 'isotropic' the isotropic one's), got {rule!r}.")
+                         f"backbone's, '*isotropic' the isotropic ones'), got {rule!r}.")
     return copy.deepcopy(_shipped(rule))  # the caller's own: edits reach no later call
 
 
-@functools.lru_cache(maxsize=5)
+@functools.lru_cache(maxsize=len(_ASSETS))
 def _shipped(rule: str) -> IntervalCalibrator:
     return IntervalCalibrator.load(_ASSETS[rule])
 
@@ -321,10 +320,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
 
     Args:
       prediction: from :func:`ntk_tt.predict`. calibrator: None = the shipped one of the
-        prediction's predictor, :func:`default_calibrator` ``("adam")`` for the fast AdamW
-        predictor (``kernel`` "head_aware_adam:..."), ``("subspace")`` for the subspace
-        feature kernel ("head_aware:subspace"), ``("isotropic")`` for the isotropic one
-        ("head_aware:isotropic"), ``("sgd")`` otherwise (the default diagonal one's).
+        prediction's predictor, :func:`default_calibrator` ``("adam_isotropic")`` for
+        "head_aware_adam:isotropic", ``("adam")`` for another fast AdamW prediction,
+        ``("subspace")`` / ``("isotropic")`` for "head_aware:subspace" / ":isotropic",
+        ``("sgd")`` otherwise (the default diagonal one's).
       level: 1 − α, None = the calibrator's level (0.9 for the shipped ones).
 
     Returns:
@@ -336,9 +335,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
       "unknown": beyond the edge it can see, e.g. Adam's weight travel ρ > 1) or was not made by the
       predictor the residuals are of (:func:`calibrated_for`): the shipped calibrators' are the
       default head-aware predictor's (``kernel`` "head_aware:diagonal"), the isotropic
-      feature kernel's ("head_aware:isotropic"), the fast AdamW
-      predictor's ("head_aware_adam:isotropic") and the subspace one's ("head_aware:subspace"
-      with ``hyperparameters["subspace_dim"]`` 16), discrete recursion, cross-entropy; not the
+      feature kernel's ("head_aware:isotropic"), the fast AdamW predictor's
+      ("head_aware_adam:diagonal" with k 5, "head_aware_adam:isotropic") and the subspace
+      one's ("head_aware:subspace" with ``hyperparameters["subspace_dim"]`` 16), discrete
+      recursion, cross-entropy; not the
       frozen-kernel, subset, ODE/SDE or MSE predictions'. "warnings": if an interval is given,
       one message per N, T or C (``hyperparameters`` "num_train", "steps", "num_classes")
       outside the calibration table's range (:meth:`IntervalCalibrator.range_warnings`), per
@@ -367,9 +367,10 @@ def intervals(prediction, calibrator: IntervalCalibrator | None = None,
                          f"path)) or None (the shipped one), got {a_type(calibrator)}.")
     level = None if level is None else _check_level(level)
     tt = prediction.training_time
-    rule = ("adam" if str(prediction.kernel).startswith("head_aware_adam:") else
-            {"head_aware:subspace": "subspace",
-             "head_aware:isotropic": "isotropic"}.get(str(prediction.kernel), "sgd"))
+    kernel = str(prediction.kernel)
+    rule = {"head_aware:subspace": "subspace", "head_aware:isotropic": "isotropic",
+            "head_aware_adam:isotropic": "adam_isotropic"}.get(
+        kernel, "adam" if kernel.startswith("head_aware_adam:") else "sgd")
     cal = default_calibrator(rule) if calibrator is None else calibrator
     if not calibrated_for(prediction, cal) or prediction.outcome in ("unknown", "diverges"):
         said = [_abstain_message(prediction, cal)]

@@ -110,8 +110,9 @@ def predict(
     kernel grows with the head as the real network's does, which the frozen Θ of
     ``predictor="linear"`` cannot follow (full benchmark: README). It needs the model split
     ``head = ntk_tt.split_head(model)`` and uses the exact discrete recursion; ``backbone``
-    chooses the feature kernel (None, the default: "diagonal" for the SGD family with one
-    segment, "isotropic" for Adam / AdamW and ``segments`` > 1,
+    chooses the feature kernel (None, the default: "diagonal" with one segment, for the SGD
+    family and Adam / AdamW alike (Adam's K_P in the same form), "isotropic" for ``segments``
+    > 1,
     ``ntk_tt._options_predict.default_backbone``; "diagonal": the feature kernel's blocks on
     the features' k = 5 leading principal directions, without the blocks between them, at the
     cost of the logit-summed Θ; "isotropic", the cheapest: K_h(i, j) = k_b(i, j)·I_F with k_b
@@ -238,11 +239,10 @@ def predict(
     """
     check_shorthand(optimizer, where="predict", learning_rate=learning_rate, momentum=momentum,
                     nesterov=nesterov, batch_size=batch_size)
-    adam = getattr(optimizer, "rule", None) == "adam"
     if head is not None and predictor != "linear":  # the linear one refuses it later
-        check_default_subspace_dim(subspace_dim, backbone, adam, segments)
+        check_default_subspace_dim(subspace_dim, backbone, segments)
     sub_k = None if head is None or predictor == "linear" else check_subspace_dim(
-        subspace_dim, default_backbone(adam, segments) if backbone is None else backbone,
+        subspace_dim, default_backbone(segments) if backbone is None else backbone,
         head_kernel)
     check_kernel_backbone(backbone, head_kernel)
     if is_traced((learning_rate, momentum)):
@@ -328,7 +328,7 @@ def predict(
              "nesterov": bool(nesterov), "batch_size": int(bs), "steps": int(steps),
              "num_train": int(n), "num_classes": int(c), "loss": loss}
     if backbone is None:  # the default feature kernel (a given head_kernel's is its own)
-        backbone = default_backbone(False, segments)
+        backbone = default_backbone(segments)
     if head_aware and segments > 1:
         from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
 

@@ -41,7 +41,7 @@ from functools import partial
 import jax
 
 from ntk_tt._options import _is_int, resolve_method
-from ntk_tt._options_predict import ADAM_DIAGONAL, check_no_subspace_dim, default_backbone
+from ntk_tt._options_predict import check_no_subspace_dim, default_backbone
 from ntk_tt.data._model import num_params
 from ntk_tt.dynamics._adam_head_aware import (
     AdamKernel,
@@ -141,13 +141,11 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
             "Adam has no frozen-kernel predictor (its elementwise moments have no "
             "function-space form): pass head=ntk_tt.split_head(model) for the fast head-aware "
             "Adam predictor, or use ntk_tt.linearised_reference(...) (exact, weight space).")
-    if adam and backbone == "diagonal" and head_kernel is None:  # before its kernel
-        raise ValueError(ADAM_DIAGONAL)
     if not head_aware:  # after Adam's refusal (a second probe was sent to another sketch)
         check_no_subspace_dim(subspace_dim)
         check_sketch_size(kernel, sketch_dim, params)
     if backbone is None:  # the default feature kernel (a given head_kernel's is its own)
-        backbone = default_backbone(adam, segments)
+        backbone = default_backbone(segments)
     decay = _maybe_nonzero(optimizer.weight_decay)
     if adam and decay and not optimizer.decoupled:
         raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay enters "

@@ -10,8 +10,8 @@ Two families of the optimisers people fine-tune with, each with the warmup-cosin
 * ``adamw_cosine``: AdamW (β = 0.9, 0.999, ε = 1e-8) at fixed peak learning rates.
 
 Each (task, family, peak, λ, B) is one row: ``ntk_tt.predict(..., optimizer=opt, head=...)``
-(the default head-aware predictor, isotropic backbone; the kernels built once per task and
-passed as ``head_kernel``; the Adam kernel once per batch size) against
+(the head-aware predictor, isotropic backbone unless ``backbone``; the kernels built once per
+task and passed as ``head_kernel``; the Adam kernel once per batch size) against
 ``ntk_tt.finetune(..., optimizer=opt)`` with the same key, so both see the same schedule and
 batch order. The tasks are the constant-η sweep's (:func:`ntk_tt.sweep._load.load_task`: the
 same classes, images and head for the same (dataset, n, seed)), so the two compare on equal
@@ -66,14 +66,14 @@ class OptimSpec:
     """The benchmark grid: tasks (datasets × per_class × seeds, K = ``classes``) × families
     (``families``, a subset of :data:`FAMILIES`, run in that order) × peaks × weight decays ×
     batch sizes (B ≥ N skipped), T = ``steps``. ``backbone``: the head-aware feature kernel
-    of the predictions, "isotropic" (the default predictor), "subspace" (k = 16; both
-    families, Adam's K_P on the same basis) or "diagonal" (k = 5; sgdm_cosine only); κ̃ is
-    set from the isotropic kernel's λ_max either way, so the real runs are the same.
+    of the predictions, "isotropic" (the committed tables' default; ``predict``'s default
+    is "diagonal" since sessions 34 / 35), "subspace" (k = 16) or "diagonal" (k = 5), both
+    families alike (Adam's K_P in the same form on the same basis); κ̃ is set from the
+    isotropic kernel's λ_max either way, so the real runs are the same.
 
     Raises:
       ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
-        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES` (or "diagonal"
-        with adamw_cosine, whose K_P has no diagonal form); a peak
+        not in :data:`FAMILIES`; ``backbone`` not in :data:`BENCH_BACKBONES`; a peak
         (``sgd_kappas``, ``adam_peaks``) not a finite number > 0; a weight decay not finite
         and >= 0; a batch size not None or an integer >= 1; ``per_class`` < 2; ``steps`` <
         1; ``sgd_momentum`` outside [0, 1); ``warmup_fraction`` outside [0, 1]; an ε outside
@@ -108,10 +108,6 @@ class OptimSpec:
         if self.backbone not in BENCH_BACKBONES:
             raise ValueError(f"OptimSpec.backbone must be one of {BENCH_BACKBONES}, got "
                              f"{self.backbone!r}.")
-        if self.backbone == "diagonal" and "adamw_cosine" in self.families:
-            raise ValueError("OptimSpec.backbone 'diagonal' predicts the SGD family only (the "
-                             "fast Adam predictor has no diagonal kernel): add --families "
-                             "sgdm_cosine.")
         if any(n < 2 for n in self.per_class):
             raise ValueError(f"OptimSpec.per_class must be integers >= 2, got {self.per_class}.")
         if self.steps < 1:
