@@ -234,7 +234,7 @@ def test_a_backbone_other_than_the_given_kernels_is_refused(x64):
     iso = head_aware_kernel(split, x)
     kw = dict(learning_rate=0.2, steps=STEPS, head=split)
     with pytest.raises(ValueError, match="backbone='subspace', but the head_kernel given is "
-                                         "a 'isotropic' kernel"):
+                                         "of the 'isotropic' form"):
         ntk_tt.predict(apply_fn, params, x, y, head_kernel=iso, backbone="subspace", **kw)
     assert ntk_tt.predict(apply_fn, params, x, y, head_kernel=iso, **kw).kernel == \
         "head_aware:isotropic"

@@ -368,3 +368,57 @@ def test_the_divergence_call_and_no_accuracy_without_held_out_data(x64):
     assert s.divergence == "no" and s.divergence_reason is None and s.training_time_reason \
         is None
     assert np.isfinite(float(s.gradients["test_accuracy"]["peak_learning_rate"]))
+
+
+@pytest.mark.parametrize("backbone", ["diagonal", "subspace"])
+def test_feature_basis_kernels_decay_and_call_as_predict(x64, backbone):
+    """A fresh user's finds: on a subspace / diagonal kernel, sensitivities and
+    divergence_boundary with weight decay ran the decay's J_h θ_0 unprojected (final loss 1e-4
+    to 3e-3 off predict's, whose features and decay move in span(Z) only), and a diagonal
+    curve that diverges below κ = 68 was "diverges" there where predict calls it "catapult".
+    Now: the values of head_aware_sgd / adam_trajectory (what predict runs) and predict's
+    calls, AdamW and SGD-momentum alike."""
+    from test_optimizers import _head_problem
+
+    from ntk_tt.dynamics._divergence import OUTCOMES, VERDICTS
+
+    _, split, x, y, _, a_h, _ = _head_problem()
+    hk = ntk_tt.head_aware_kernel(split, x, backbone=backbone, subspace_dim=3)
+    adamw = ntk_tt.adamw(1e-3, weight_decay=0.01)
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, adamw, backbone=backbone, hk=hk)
+    sgdw = ntk_tt.sgd(0.01, 0.9, weight_decay=0.01)
+    for kernel, opt, run in ((ak, adamw, ntk_tt.head_aware_adam_trajectory),
+                             (hk, sgdw, ntk_tt.head_aware_sgd_trajectory)):
+        want = ntk_tt.mean_loss(run(kernel, y, opt, steps=T, a_h=a_h)[0][-1], y,
+                                "cross_entropy")
+        s = ntk_tt.sensitivities(kernel, y, optimizer=opt, steps=T, a=a_h)
+        grid = ntk_tt.divergence_boundary(kernel, y, optimizer=opt, steps=T, a=a_h,
+                                          momenta=[float(opt.momentum)],
+                                          learning_rates=[float(opt.learning_rates(1)[0])])
+        np.testing.assert_allclose([float(s.final_loss), float(grid.final_loss[0, 0])],
+                                   float(want), rtol=1e-10)
+    for eta in (2.0, 4.0, 16.0):  # κ ≈ 10, 20 (its own curve diverges: "catapult"), 79
+        opt = ntk_tt.sgd(eta, 0.9)
+        p = ntk_tt.predict_head_aware(hk, y, optimizer=opt, steps=T)
+        s = ntk_tt.sensitivities(hk, y, optimizer=opt, steps=T)
+        assert int(s.outcome) == int(p.outcome) and s.divergence == VERDICTS[int(p.divergence)]
+        plain = ntk_tt.sensitivities(hk, y, learning_rate=eta, momentum=0.9, steps=T)
+        assert int(plain.outcome) == int(p.outcome)  # the constant-η form too
+        if eta == 4.0 and backbone == "diagonal":
+            assert bool(p.diverged) and OUTCOMES[int(p.outcome)] == "catapult"
+
+
+def test_an_adam_abstention_names_the_weight_travel(x64):
+    """Beyond ρ = 1 an Adam sensitivities call abstains as predict's does; its reason named
+    "κ = ... 0" (a fresh user's find) and now names the weight travel, as predict's."""
+    from test_optimizers import _head_problem
+
+    _, split, x, y, _, _, _ = _head_problem()
+    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(1e-3, 3, T), weight_decay=0.0)
+    ak = ntk_tt.adam_head_aware_kernel(split, x, y, opt)
+    far = ntk_tt.adamw(ntk_tt.warmup_cosine(2.0 * float(ak.weight_rms), 3, T),
+                       weight_decay=0.0)  # ρ > 1, its own curve not blown up (5×: it is)
+    with pytest.warns(ntk_tt.LinearRegimeWarning):
+        s = ntk_tt.sensitivities(ak, y, optimizer=far, steps=T)
+    assert s.divergence == "unknown"
+    assert s.divergence_reason.startswith("Adam's weight travel ρ = Σ η_t / rms(θ_0) > 1")

@@ -62,7 +62,7 @@ def _optimizer_grid_core(data, y, y_test, template, peaks, momenta, batches, tan
                                   learning_rate=_Rates(template.learning_rate.rates * peak))
         fs, fts = run_paths(kind, data, psd, y, opt, batches, tangents, traced=traced,
                             test_traced=test_traced, loss=loss)
-        pred = summarise_run(kind, fs, fts, y, y_test, opt, peak, psd, lams, loss=loss)
+        pred = summarise_run(kind, data, fs, fts, y, y_test, opt, peak, psd, lams, loss=loss)
         div, t, final, acc, kappa, edge, said = grid_cell(pred, epsilon, window,
                                                           is_blind(kind, loss, pred))
         return div, t, final, acc, kappa, edge & (kind != "adam"), said  # Adam: no edge

@@ -22,6 +22,7 @@ from ntk_tt.dynamics._predict_head_aware import (
     predict_head_aware,
 )
 from ntk_tt.dynamics._predict_kernel import _summarise, predict_from_kernel
+from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._training_time import (
     BEYOND_EDGE,
     CALLED_DIVERGES,
@@ -42,11 +43,16 @@ def divergence_verdict(outcome) -> str:
 
 def divergence_reason(outcome, diverged, kappa) -> str | None:
     """Why the verdict is "yes" though the predicted curve did not diverge (a spike above
-    10·L_0 or κ ≥ KAPPA_MAX), or why it is "unknown"; None otherwise."""
+    10·L_0 or κ ≥ KAPPA_MAX), or why it is "unknown"; None otherwise. ``kappa`` None: an Adam
+    call (κ is not its edge; it abstains beyond the weight travel ρ = 1 only)."""
     verdict = divergence_verdict(outcome)
+    if verdict == "unknown" and kappa is None:
+        return (f"Adam's weight travel ρ = Σ η_t / rms(θ_0) > {UNKNOWN_TRAVEL:g}: the backbone's "
+                "weights may move by more than their RMS, where real runs measured spiked or "
+                "were destroyed; lower the peak learning rate or the steps for a verdict")
     if verdict == "yes" and not bool(diverged):
         why = (f"κ = η·λ_max/N = {float(kappa):.3g} ≥ {KAPPA_MAX:g}, where the real runs "
-               "measured diverged" if float(kappa) >= KAPPA_MAX else
+               "measured diverged" if kappa is not None and float(kappa) >= KAPPA_MAX else
                "the predicted loss spiked above 10·L_0 (real runs that did were destroyed)")
         return why + (", though the predicted curve did not end above L_0 (README, "
                       "\"Diverged means\")")
@@ -328,7 +334,8 @@ def _sensitivity_core(data, y, y_test, lr, m, key, epsilon, temperature, acc_tem
     jac, (values, fs, fts) = jax.jacfwd(quantities, has_aux=True)(jnp.stack([lr, m]))
     size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
     pred = _summarise(fs, fts, y, y_test, size, lr, m, lams, nesterov=nesterov, loss=loss,
-                      stochastic=fs.shape[0] > 1, frozen=kind == "plain")
+                      stochastic=fs.shape[0] > 1, frozen=kind == "plain",
+                      feature_subspace=kind != "plain" and data.basis is not None)
     t_soft, t_hard, code, acc, soft, jac = settle(values, jac, pred, y_test, epsilon, window,
                                                   is_blind(kind, loss, pred))
     d_t = jac[0]

@@ -102,7 +102,7 @@ class OptimizerSensitivities(NamedTuple):
 
     divergence = property(verdict)
     divergence_reason = property(lambda self: divergence_reason(
-        self.outcome, self.diverged, 0.0 if "b1" in self.hyperparameters else self.kappa))
+        self.outcome, self.diverged, None if "b1" in self.hyperparameters else self.kappa))
     training_time_reason = property(training_time_reason)
 
 
@@ -174,14 +174,21 @@ def run_paths(kind, data, psd, y, optimizer, batches, tangents, *, traced, test_
     return jax.vmap(run)(batches)
 
 
-def summarise_run(kind, fs, fts, y, y_test, optimizer, peak, psd, lams, *, loss):
+def summarise_run(kind, data, fs, fts, y, y_test, optimizer, peak, psd, lams, *, loss):
     """``predict(optimizer=)``'s summary (a KernelPrediction) of :func:`run_paths`' logits,
-    κ = ``peak``·λ_max/N and the edge of the optimiser's momentum."""
+    κ = ``peak``·λ_max/N and the edge of the optimiser's momentum (a subspace / diagonal
+    kernel's own divergence below κ = 68 called "catapult", as ``predict``'s)."""
     size = psd.shape[0] if kind == "plain" else fs.shape[2] * fs.shape[3]  # Θ_0: N·C
     return _summarise(fs, fts, y, y_test, size, peak,
                       jnp.asarray(optimizer.momentum, fs.dtype), lams,
                       nesterov=optimizer.nesterov, loss=loss, stochastic=fs.shape[0] > 1,
-                      frozen=kind == "plain", kappa_rule=optimizer.rule != "adam")
+                      frozen=kind == "plain", kappa_rule=optimizer.rule != "adam",
+                      feature_subspace=has_basis(kind, data))
+
+
+def has_basis(kind, data) -> bool:
+    """Whether the head-aware kernel of ``data`` has a feature basis (subspace / diagonal)."""
+    return kind != "plain" and (data[0] if kind == "adam" else data).basis is not None
 
 
 @partial(jax.jit, static_argnames=("kind", "names", "warm", "traced", "test_traced", "loss",
@@ -216,7 +223,7 @@ def _optimizer_core(data, y, y_test, optimizer, batches, tangents, epsilon, temp
     if warm is not None:
         jac = jac.at[:, at].set(jnp.where(point[at] > 0, jac[:, at], jnp.nan))
     peak = jnp.max(optimizer.learning_rates(steps)).astype(dtype)
-    pred = summarise_run(kind, fs, fts, y, y_test, optimizer, peak, psd, lams, loss=loss)
+    pred = summarise_run(kind, data, fs, fts, y, y_test, optimizer, peak, psd, lams, loss=loss)
     settled = settle(values, jac, pred, y_test, epsilon, window, is_blind(kind, loss, pred))
     return (settled, pred.loss[-1], point, pred.diverged, pred.kappa, pred.beyond_edge,
             pred.outcome)

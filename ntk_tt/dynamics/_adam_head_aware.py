@@ -213,7 +213,8 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
         hk = head_aware_kernel(split, x, x_test, backbone=backbone,
                                mixing_samples=mixing_samples, key=key)
     elif not _same_form(hk, backbone) or (hk.features_test is None) != (x_test is None):
-        raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel of the same inputs (x and "
+        raise ValueError(f"hk must be the {backbone!r} HeadAwareKernel (head_aware_kernel(..., "
+                         f"backbone={backbone!r}): the form of K_P) of the same inputs (x and "
                          "x_test), or None to build it here" + (": of an AdamKernel pass its "
                          ".hk." if isinstance(hk, AdamKernel) else "."))
     else:

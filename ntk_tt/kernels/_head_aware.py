@@ -313,9 +313,9 @@ def check_kernel_backbone(backbone: str, head_kernel) -> None:
     kind = backbone_kind(hk)  # at k = 1 the subspace and diagonal kernels are one
     one = {kind, backbone} <= {"subspace", "diagonal"} and np.shape(hk.basis)[1] == 1
     if kind != backbone and not one:
-        raise ValueError(f"backbone={backbone!r}, but the head_kernel given is a {kind!r} "
-                         f"kernel (head_aware_kernel(..., backbone={kind!r})), which decides: "
-                         f"drop backbone, or build head_kernel with backbone={backbone!r}.")
+        raise ValueError(f"backbone={backbone!r}, but the head_kernel given is of the "
+                         f"{kind!r} form (built with backbone={kind!r}), which decides: drop "
+                         f"backbone, or build head_kernel with backbone={backbone!r}.")
 
 
 def _check_backbone_resolved(traced_kernel, kb, w0, mixing) -> None:
