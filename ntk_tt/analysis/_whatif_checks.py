@@ -304,9 +304,6 @@ def _prepare_optimizer(kernel, y, optimizer, *, steps, key, y_test, f0, kernel_t
     tangents = (check_tangent(a, n, cols, "a", dtype),
                 None if a_test is None else check_tangent(a_test, held.shape[0], cols, "a_test",
                                                           dtype))
-    basis = None if kind == "plain" else (data[0] if kind == "adam" else data).basis
-    if basis is not None:  # a subspace / diagonal kernel's features, and decay's, move in span(Z)
-        tangents = tuple(None if t is None else t @ basis @ basis.T for t in tangents)
     batches = (path_batch_indices(key, n, bs, steps, num_paths) if bs < n
                else jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (1, steps, n)))
     return _OptimizerProblem(kind, data, y, y_test, optimizer, batches, tangents,

@@ -79,7 +79,7 @@ from ntk_tt.dynamics._adam_drift import (
 )
 from ntk_tt.dynamics._checks import check_adam_kernel, check_kernel_inputs, check_labels
 from ntk_tt.dynamics._losses import LOSSES, check_loss, logit_residual
-from ntk_tt.dynamics._optim_head_aware import head_logits, validate_head
+from ntk_tt.dynamics._optim_head_aware import decay_in_span, head_logits, validate_head
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
 from ntk_tt.dynamics._regime import backbone_rms
@@ -326,6 +326,7 @@ def _maybe_nonzero(value) -> bool:
 def _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, *, loss, table=None):
     """Logits (T + 1, N, C) and held-out ones or None; ``table``: the drifting profile's
     (:class:`DriftTable`) or None (frozen: the scalar ρ)."""
+    a_h, a_h_test = decay_in_span(hk, a_h, a_h_test)
     steps, bsz = batches.shape
     n = hk.features.shape[0]
     dtype = hk.features.dtype

@@ -83,10 +83,17 @@ def validate_head(hk, y, optimizer, *, rules, where, loss, a_h, a_h_test):
         a_h_test = check_tangent(a_h_test, hk.features_test.shape[0], f, "a_h_test", dtype)
     else:
         a_h_test = None
-    if hk.basis is not None:  # a subspace kernel's features move in span(Z): so does decay's
-        a_h, a_h_test = (None if a is None else a @ hk.basis @ hk.basis.T
-                         for a in (a_h, a_h_test))
     return hk, y, a_h, a_h_test, with_decay
+
+
+def decay_in_span(hk: HeadAwareKernel, a_h, a_h_test):
+    """(a_h, a_h_test) as the recursions use them: a subspace / diagonal kernel's features
+    move in span(Z) only, so does the decay's J_h θ_0 (projected on Z Zᵀ); unchanged
+    without a basis. Every caller of the recursion cores gets it (``predict``, ``suggest``,
+    ``sensitivities``, ``divergence_boundary``)."""
+    if hk.basis is None:
+        return a_h, a_h_test
+    return tuple(None if a is None else a @ hk.basis @ hk.basis.T for a in (a_h, a_h_test))
 
 
 def head_aware_sgd_trajectory(hk: HeadAwareKernel, y, optimizer: Optimizer, *, steps: int,
@@ -161,6 +168,7 @@ def head_logits(hk: HeadAwareKernel, w, b, phi, phit):
 
 @partial(jax.jit, static_argnames="loss")
 def _head_sgd_core(hk, y, optimizer, batches, a_h, a_h_test, *, loss):
+    a_h, a_h_test = decay_in_span(hk, a_h, a_h_test)
     lrs = optimizer.learning_rates(batches.shape[0]).astype(hk.features.dtype)
     zf = jnp.zeros_like(hk.features)
     zt = None if hk.features_test is None else jnp.zeros_like(hk.features_test)
