@@ -189,7 +189,7 @@ def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
     recursion for Adam."""
     why = (f"--optimizer {name}" if name != "sgd" else f"--schedule {kind.replace('_', '-')}"
            if kind != "constant" else "--weight-decay")  # the first thing that is not it
-    if o["segments"] != 1 and name != "sgd":
+    if _is_int(o["segments"]) and o["segments"] > 1 and name != "sgd":  # 0, -1: the range
         raise ValueError(f"segments (--segments) re-linearises the SGD-family recursion "
                          f"only: drop it with {why}.")
     if name != "sgd" and resolve_method(o["method"]) != "discrete":

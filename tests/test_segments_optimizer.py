@@ -247,3 +247,14 @@ def test_cli_takes_segments_with_the_sgd_family_only():
     with pytest.raises(ValueError, match=r"segments \(--segments\) re-linearises the "
                        "SGD-family recursion only: drop it with --optimizer adamw"):
         check_optimizer_options(base | {"optimizer": "adamw"})
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_cli_adamw_with_segments_out_of_range_gets_the_range_error(bad):
+    """--optimizer adamw --segments 0 is the range error (what is wrong with the value), not
+    the advice to drop a re-linearisation that was never asked for."""
+    from ntk_tt._options_predict import check_predict_job
+
+    with pytest.raises(ValueError, match=r"segments \(--segments\) must be an integer in "
+                       rf"\[1, steps\], got {bad}"):
+        check_predict_job(DEFAULTS | {"segments": bad, "optimizer": "adamw"})
