@@ -2,7 +2,7 @@
 
     python experiments/suggest_check.py --corpus experiments/results/telemetry \\
         --out experiments/results/suggest [--fractions 0.5,0.7] [--per-class 10] \\
-        [--kappa-eff-max 12]
+        [--kappa-eff-max 12] [--backbone diagonal]
 
 For every corpus task with ``--per-class`` images per class (N = 50 at 10: 12 tasks), for each
 target fraction q: the target is the absolute mean training loss q·L_0 (L_0 = the corpus runs'
@@ -10,9 +10,10 @@ full-training-set loss at w0, the same for every run of the task); ``suggest`` r
 restricted to the task's batch sizes (GD and B = 10 at N = 50) and T_max = the corpus's 40
 steps, with the default grid (16 κ in [0.05, 50] × m ∈ {0, 0.5, 0.9, 0.95}), the head-aware
 predictor and 8 SGD paths (``--kappa-eff-max``: ``suggest(kappa_eff_max=)``, the effective
-κ̃ = κ/(1 − m) capped), measuring its own seconds per step; then the suggested
-configuration is fine-tuned for real once (``ntk_tt.finetune``, the task's data from
-``load_corpus_task`` and the batch order ``_run_key(task, 0)`` of the corpus's run seed 0).
+κ̃ = κ/(1 − m) capped; ``--backbone``: ``suggest(backbone=)``), measuring its own seconds
+per step; then the suggested configuration is fine-tuned for real once (``ntk_tt.finetune``,
+the task's data from ``load_corpus_task`` and the batch order ``_run_key(task, 0)`` of the
+corpus's run seed 0).
 
 Real time to target = (first step whose real full-training-set loss ≤ target) × seconds per
 step. Both sides use one clock per (task, B): the median of the corpus runs' measured seconds
@@ -85,7 +86,7 @@ def grid_rows(corpus: pathlib.Path, task_id: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["run_id"])
 
 
-def check_task(task, spec, corpus, fractions, num_paths, kappa_eff_max=None):
+def check_task(task, spec, corpus, fractions, num_paths, kappa_eff_max=None, backbone=None):
     import ntk_tt
     from ntk_tt.sweep._corpus import _run_key, load_corpus_task
 
@@ -125,7 +126,8 @@ def check_task(task, spec, corpus, fractions, num_paths, kappa_eff_max=None):
         s = ntk_tt.suggest(apply_fn, params, x, y, head=split, target=target,
                            target_kind="absolute", steps=steps,
                            batch_sizes=tuple(None if b == n else b for b in bs), key=key,
-                           num_paths=num_paths, kappa_eff_max=kappa_eff_max)
+                           num_paths=num_paths, kappa_eff_max=kappa_eff_max,
+                           backbone=backbone)
         seconds_suggest = time.perf_counter() - t1
         rec = dict(task_id=task.id, dataset=task.dataset, task_seed=task.seed, fraction=q,
                    initial_loss=l0, target=target, grid_runs=len(grid),
@@ -251,6 +253,8 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="*", help="only these task ids")
     p.add_argument("--kappa-eff-max", type=float, default=None,
                    help="suggest's cap on the effective κ̃ = κ/(1 − m) (default: none)")
+    p.add_argument("--backbone", choices=("isotropic", "diagonal", "subspace"), default=None,
+                   help="suggest's head-aware feature kernel (default: suggest's own)")
     p.add_argument("--replot", action="store_true",
                    help="only redraw the figure from --out's CSV and runs.json")
     p.add_argument("--verify-report", type=pathlib.Path,
@@ -281,7 +285,7 @@ def main(argv=None) -> int:
     recs, curves = [], []
     for task in tasks:
         for rec, cv in check_task(task, spec, args.corpus, fractions, args.num_paths,
-                                  args.kappa_eff_max):
+                                  args.kappa_eff_max, args.backbone):
             recs.append(rec)
             curves.append(cv)
     df = pd.DataFrame(recs)

@@ -83,6 +83,7 @@ from ntk_tt.dynamics._optim_head_aware import decay_in_span, head_logits, valida
 from ntk_tt.dynamics._optim_linear import check_optimizer, resolve_batches
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
 from ntk_tt.dynamics._regime import backbone_rms
+from ntk_tt.kernels._diagonal import solve_form
 from ntk_tt.kernels._head_aware import (
     HeadAwareKernel,
     backbone_kind,
@@ -295,7 +296,8 @@ def head_aware_adam_trajectory(ak: AdamKernel, y, optimizer: Optimizer, *, steps
     check_adam_kernel(ak, optimizer, optimizer.batch_size or hk.features.shape[0], "ak", loss,
                       y)
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
-    return _adam_core(hk, hp, y, optimizer, batches, a_h, a_h_test, loss=loss, table=table)
+    return _adam_core(solve_form(hk), solve_form(hp), y, optimizer, batches, a_h, a_h_test,
+                      loss=loss, table=table)
 
 
 def check_l2_adam(optimizer) -> None:

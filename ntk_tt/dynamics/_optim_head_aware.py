@@ -43,6 +43,7 @@ from ntk_tt.dynamics._optim_linear import (
     sgd_update,
 )
 from ntk_tt.dynamics._predict_head_aware import _backbone_step
+from ntk_tt.kernels._diagonal import solve_form
 from ntk_tt.kernels._head_aware import HeadAwareKernel, check_head_aware
 
 
@@ -128,7 +129,7 @@ def head_aware_sgd_trajectory(hk: HeadAwareKernel, y, optimizer: Optimizer, *, s
                                             where="head_aware_sgd_trajectory", loss=loss,
                                             a_h=a_h, a_h_test=a_h_test)
     batches = resolve_batches(optimizer, hk.features.shape[0], steps, key, batches)
-    return _head_sgd_core(hk, y, optimizer, batches, a_h, a_h_test, loss=loss)
+    return _head_sgd_core(solve_form(hk), y, optimizer, batches, a_h, a_h_test, loss=loss)
 
 
 def head_sgd_step(state: SgdHeadState, idx, lr, hk: HeadAwareKernel, y, optimizer, a_h,

@@ -70,7 +70,7 @@ from ntk_tt.dynamics._optim_linear import (
     sgd_trajectory,
     valid_hyperparameters,
 )
-from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues_once
 from ntk_tt.dynamics._predict_kernel import (
     KernelPrediction,
     _summarise,
@@ -312,5 +312,5 @@ def head_aware_prediction(hk, y, optimizer, *, steps, loss, key=None, num_paths=
                   optimizer, steps=steps, key=key, a_h=a_h, a_h_test=a_h_test, loss=loss)
     fs, fts = _paths(run, n, bs, steps, num_paths, key)
     return _summarise_paths(fs, fts, y, y_test, optimizer, steps,
-                            initial_eigenvalues(base), n * c, loss, frozen=False,
+                            initial_eigenvalues_once(base), n * c, loss, frozen=False,
                             feature_subspace=base.basis is not None)

@@ -71,3 +71,25 @@ def diagonal_kernel(apply_fn: ApplyFn, params: Any, x: Any, x2: Any = None) -> j
     k, n, n2 = blocks.shape
     eye = jnp.eye(k, dtype=blocks.dtype)
     return jnp.einsum("aij,ab->iajb", blocks, eye).reshape(n * k, n2 * k)
+
+
+def solve_form(hk):
+    """``hk`` as the head-aware recursions multiply it: a diagonal-form feature kernel K_Z
+    (``backbone="diagonal"``, k > 1: zero between different directions) as its k blocks,
+    ``backbone`` (k, N, N) and ``backbone_test`` (k, N_test, N), block a = K_Z[a::k, a::k]
+    (sample-major rows i·k + a); any other kernel, or one under a trace (``jax.jit`` /
+    ``vmap`` / ``grad`` over ``hk`` itself, whose values are unknown), is returned unchanged.
+    The same products: Σ_j K_Z(·, j) q_j then costs k·N² multiply-adds per step instead of
+    (N·k)² (k = 5 times fewer; at N = 750 about 16 times faster here, memory-bound).
+    Only the recursions' kernel dot (``_feature_kernel_dot``) and E‖g_0‖² read this form."""
+    from ntk_tt.kernels._head_aware import backbone_kind
+
+    if hk.basis is None or hk.mixing is not None or np.ndim(hk.backbone) != 2 \
+            or isinstance(hk.backbone, jax.core.Tracer) or backbone_kind(hk) != "diagonal":
+        return hk
+    k = np.shape(hk.basis)[1]
+
+    def blocks(kz):
+        return None if kz is None else jnp.stack([kz[a::k, a::k] for a in range(k)])
+
+    return hk._replace(backbone=blocks(hk.backbone), backbone_test=blocks(hk.backbone_test))
