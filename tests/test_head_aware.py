@@ -219,6 +219,14 @@ def test_errors(x64):
         predict_head_aware(bad, y, learning_rate=0.1, steps=3)
     with pytest.raises(ValueError, match="key"):
         predict_head_aware(hk, y, learning_rate=0.1, steps=3, batch_size=4)
+    # a held-out kernel of the wrong width gave numbers, silently (a fresh user's find)
+    _, x2, _, xt, yt = _problem(False)
+    for kind in ("isotropic", "diagonal"):
+        good = head_aware_kernel(split_head(model), x2, xt, backbone=kind)
+        bad = good._replace(backbone_test=good.backbone_test[:, :-1])
+        for opt in ({"learning_rate": 0.1}, {"optimizer": ntk_tt.sgd(0.1)}):
+            with pytest.raises(ValueError, match=r"backbone_test must be \(\d+, \d+\), got"):
+                predict_head_aware(bad, y, steps=3, y_test=yt, **opt)
     # a fresh user: y_test with a kernel built without x_test was ignored (test_loss None)
     said = r"^y_test given, but the kernel has no held-out features: build it with x_test"
     for opt in ({"learning_rate": 0.1}, {"optimizer": ntk_tt.sgd(0.1)}):

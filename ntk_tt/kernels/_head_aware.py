@@ -107,19 +107,15 @@ def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
 
 
 def head_kernel_part(h_rows: jax.Array, h_cols: jax.Array) -> jax.Array:
-    """The head's logit-summed NTK share Σ_c Θ_head = C·(h_i·h_j + 1) divided by C: (N_r, N_c).
-
-    Θ_head[(i, c), (j, c')] = δ_cc' (h_i·h_j + 1) (gradients wrt W and b).
-    """
+    """The head's logit-summed NTK share Σ_c Θ_head = C·(h_i·h_j + 1) divided by C: (N_r, N_c)
+    (Θ_head[(i, c), (j, c')] = δ_cc' (h_i·h_j + 1): the gradients with respect to W and b)."""
     return h_rows @ h_cols.T + 1.0
 
 
 def kronecker_backbone(traced_kernel: jax.Array, h_rows: jax.Array, h_cols: jax.Array,
                        head_kernel: jax.Array, mixing: jax.Array) -> jax.Array:
-    """k_b (N_r, N_c) from the logit-summed empirical NTK Σ_c Θ (N_r, N_c).
-
-    Σ_c Θ_b0 = Σ_c Θ − C·(H_r H_cᵀ + 1) and Σ_c Θ_b0 = k_b · tr(W_0ᵀ S W_0).
-    """
+    """k_b (N_r, N_c) from the logit-summed empirical NTK Σ_c Θ (N_r, N_c): Σ_c Θ_b0 =
+    Σ_c Θ − C·(H_r H_cᵀ + 1) and Σ_c Θ_b0 = k_b · tr(W_0ᵀ S W_0)."""
     c = head_kernel.shape[1]
     backbone = traced_kernel - c * head_kernel_part(h_rows, h_cols)
     return backbone / jnp.trace(head_kernel.T @ mixing @ head_kernel)
@@ -385,6 +381,10 @@ def check_head_aware(hk: HeadAwareKernel, n: int, c: int) -> None:
         raise ValueError(f"mixing must be (F, F) = ({f}, {f}), got {np.shape(hk.mixing)}.")
     if (hk.features_test is None) != (hk.backbone_test is None):
         raise ValueError("features_test and backbone_test go together (or neither).")
+    want = None if hk.features_test is None else (np.shape(hk.features_test)[0] * want[0] // n,
+                                                  want[1])  # held-out rows × training rows
+    if want is not None and np.shape(hk.backbone_test) != want:
+        raise ValueError(f"backbone_test must be {want}, got {np.shape(hk.backbone_test)}.")
 
 
 @dataclass(frozen=True)
