@@ -117,6 +117,7 @@ _EXPORTS = {
     "head_aware_sgd_trajectory": "ntk_tt.dynamics._optim_head_aware",
     "AdamKernel": "ntk_tt.dynamics._adam_head_aware",
     "adam_head_aware_kernel": "ntk_tt.dynamics._adam_head_aware",
+    "adam_kernel_for_batch": "ntk_tt.dynamics._adam_batch",
     "head_aware_adam_trajectory": "ntk_tt.dynamics._adam_head_aware",
     "ReferenceRun": "ntk_tt.prediction._linearised_reference",
     "linearised_reference": "ntk_tt.prediction._linearised_reference",

@@ -155,12 +155,12 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
     v̄ = g_0² + σ²(N − B)/(B(N − 1)) per backbone parameter (g_0 the full-batch gradient at
     θ_0, one backward pass; σ² the per-sample gradient variance: from ``variance_samples``
     per-sample gradients with ``profile="drift"``, all N for B < N with ``"frozen"``, none for
-    frozen GD); then K_P = J_h diag(1/(√v̄ + ε)) J_hᵀ in the form of ``backbone`` (as
-    :func:`ntk_tt.head_aware_kernel`: "isotropic", "kronecker" with S_P from the
-    preconditioned feature kernel's diagonal blocks, "exact", "subspace" on ``hk``'s basis Z,
-    k = 16 if built here, or "diagonal", K_P's blocks z_aᵀ K_P z_a on Z only, k = 5 if built
-    here), from one more empirical NTK (module docstring); with "drift" also the weight-space
-    table of :mod:`ntk_tt.dynamics._adam_drift`.
+    frozen GD); then K_P = J_h diag(1/(√v̄ + ε')) J_hᵀ (ε' = ε; ε√κ with "drift", K_P =
+    K(λ_ref)/√κ: batch sizes of one λ_ref share it, ``ntk_tt.adam_kernel_for_batch``) in the
+    form of ``backbone`` (:func:`ntk_tt.head_aware_kernel`'s; "kronecker" with S_P from the
+    preconditioned kernel's diagonal blocks, "subspace" (k = 16 if built here) and "diagonal"
+    (z_aᵀ K_P z_a only, k = 5) on ``hk``'s basis Z), from one more empirical NTK (module
+    docstring); with "drift" also the table of :mod:`ntk_tt.dynamics._adam_drift`.
 
     Source: ntk_tt's own (issue 27; METHOD.md §11, "Adam, approximate"), after the rescaled
     diagonal of Zancato et al. 2020 (arXiv 2008.12478), Sec. 4.
@@ -176,13 +176,12 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
       profile: "drift" (second-moment profile drifting along the run) or "frozen".
       variance_samples: per-sample gradients for σ² with "drift" (all N if fewer).
       min_ref_mix: with "drift", the smallest mix λ_ref of K_P's profile w(λ_ref), in [0, 1]
-        (None: :data:`~ntk_tt.dynamics._adam_drift.MIN_REF_MIX` for the "exact", "subspace"
-        and "diagonal" K_P, 0 for the others; 0 makes GD's first step exact but, with an exact
-        K_P, unstable at small N: :mod:`ntk_tt.dynamics._adam_drift`, "Reference profile").
+        (None: ``MIN_REF_MIX`` for the "exact", "subspace" and "diagonal" K_P, 0 for others;
+        0 makes GD's first step exact but an exact K_P unstable at small N: "Reference
+        profile" in :mod:`ntk_tt.dynamics._adam_drift`).
 
     Returns:
       :class:`AdamKernel` (``drift`` set with ``profile="drift"``; ``weight_rms`` split[1]'s).
-
     Raises:
       ValueError: not an Adam optimiser, L2 decay, B outside [1, N], unknown ``backbone`` or
         ``profile``, ``variance_samples`` not an int >= 2, ``min_ref_mix`` not a number in
@@ -231,12 +230,13 @@ def adam_head_aware_kernel(split, x, y, optimizer: Optimizer, x_test=None, *,
                                   min_ref_mix)
     else:
         vbar = frozen_profile(feature_fn, bparams, w0, b0, x, y, loss, bsz)
-    root = _root(vbar, optimizer.eps)
-    hp = precond_kernel(split, x, x_test, root, hk, backbone, mixing_samples, key)
+    # drift: ε·√κ, so K_P = K(λ_ref)/√κ exactly (one λ_ref, one kernel up to a scalar)
+    eps = optimizer.eps if table is None else optimizer.eps * jnp.sqrt(table.kappa)
+    hp = precond_kernel(split, x, x_test, _root(vbar, eps), hk, backbone, mixing_samples, key)
     if table is not None:  # the step's size from weight-space sums, not K_P's own forms
         q = logit_residual(hk.features @ w0 + b0, y, loss) @ w0.T
         table = table._replace(calibration=kernel_calibration(
-            hp, q, g0sq, sigma2, vbar, optimizer.eps).astype(table.grid.dtype))
+            hp, q, g0sq, sigma2, vbar, eps).astype(table.grid.dtype))
     return AdamKernel(hk, hp, bsz, table, _concrete(optimizer.eps), LOSSES.index(loss), y,
                       rms)
 
