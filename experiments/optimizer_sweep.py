@@ -25,8 +25,10 @@ table (with ``--constant DIR``: the constant-η sweep's results on the same task
         --families sgdm_cosine           # tasks of another seed: other classes, images, head
 
 ``--reuse-real DIR``: a row of DIR (``DIR/rows`` or ``DIR/results.parquet``) with the same row
-id and the same training (T, peak η, λ) supplies the real curves and fine-tune seconds, so
-only the predictions are recomputed (rows record ``real_source``).
+id and the same training (T, peak η, λ) supplies the real curves, so only the predictions are
+recomputed (rows record ``real_source``); the fine-tune seconds of the cost ratio are its
+training steps timed again in this run (``ntk_tt.step_time`` × T, 6 warm steps a row; rows
+record ``finetune_timing`` and the earlier ``seconds_finetune_recorded``).
 
 Ctrl-C (SIGTERM) ends it with one ``optimizer_sweep.py: interrupted`` (``terminated
 (SIGTERM)``) line saying how many finished rows are kept, exit status 130 (143); while it

@@ -65,10 +65,11 @@ def test_row_starts_at_the_real_initial_loss_and_resumes(tmp_path, loss0):
 
 def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path, monkeypatch,
                                                                         loss0):
-    """--reuse-real: an earlier row of the same id and training supplies the real curves and
-    fine-tune seconds (its stored prediction is ignored: the new one starts at the model's
-    initial loss); ``ntk_tt.finetune`` is never called. A row of another T, peak η or λ is
-    not reused."""
+    """--reuse-real: an earlier row of the same id and training supplies the real curves (its
+    stored prediction is ignored: the new one starts at the model's initial loss);
+    ``ntk_tt.finetune`` is never called, and the fine-tune seconds are ``ntk_tt.step_time``
+    (of this row's optimiser, batch size and key) × T measured now, the earlier 123 s kept
+    beside them. A row of another T, peak η or λ is not reused."""
     cfg = OptimConfig("adamw_cosine", 1e-3, 0.1, None)
     real = np.linspace(2.0, 0.2, 9)
     source = ResultsTable(tmp_path / "old")
@@ -82,14 +83,23 @@ def test_reuse_real_takes_the_earlier_run_and_recomputes_the_prediction(tmp_path
     def no_finetune(*args, **kwargs):
         raise AssertionError("finetune called although the real run is reused")
 
+    timed = []
+
+    def step_time(apply_fn, params, x, y, *, optimizer, key):
+        timed.append((optimizer.batch_size, key))
+        return 0.25
+
     monkeypatch.setattr(ntk_tt, "finetune", no_finetune)
+    monkeypatch.setattr(ntk_tt, "step_time", step_time)
     table = ResultsTable(tmp_path / "new")
     assert run_task(TASK, SPEC, table, reuse=reuse) == 1
     table.consolidate()
     row = read_table(tmp_path / "new").iloc[0]
     np.testing.assert_array_equal(row["real_loss"], real)
     np.testing.assert_array_equal(row["real_error"], real / 4)
-    assert row["seconds_finetune"] == 123.0 and row["real_source"] == "reused"
+    assert row["seconds_finetune"] == 0.25 * 8 and row["seconds_finetune_recorded"] == 123.0
+    assert row["real_source"] == "reused" and row["finetune_timing"] == "retimed"
+    assert len(timed) == 1 and timed[0][0] is None and timed[0][1] is not None
     for eps in (0.1, 0.4):
         assert row[f"real_T{eps:g}"] == ntk_tt.training_time(real, eps)
     assert row["pred_loss"][0] == pytest.approx(loss0, rel=1e-5)
@@ -173,6 +183,7 @@ def test_summary_against_a_hand_computation():
                        _frame([20.0, 20.0], [20.0, 30.0], "adamw_cosine", "gd", "t0")],
                       ignore_index=True).assign(
         real_source=["reused", "reused", "fine-tuned", None],  # None: a row from before
+        finetune_timing=["retimed", "recorded", "run", None],
         peak_setting=[4.0, 4.0, 1e-4, 1e-3])
     constant = pd.concat([_frame([10.0], [12.0], "constant", "gd", "t0"),
                           _frame([10.0], [30.0], "constant", "gd", "t0"),  # an edge row
@@ -199,6 +210,7 @@ def test_summary_against_a_hand_computation():
         4 * 30 / (2 + 4))  # the task's kernels: the largest running total, 2 s
     assert warm["cost"]["per_task_median_ratio"] == s["cost"]["per_task_median_ratio"]
     assert s["real_source"] == {"reused": 2, "fine-tuned": 2}
+    assert s["finetune_timing"] == {"retimed": 1, "recorded": 1, "run": 2}
     # identical predicted and real curves: every absolute target reached at the same step
     loss = s["families"]["all"]["absolute_targets"]["gd"]["loss"]
     assert loss["reach_agreement"] == 1.0 and loss["p95"] == 0.0

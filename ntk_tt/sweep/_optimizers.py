@@ -11,14 +11,18 @@ Two families of the optimisers people fine-tune with, each with the warmup-cosin
 
 Each (task, family, peak, λ, B) is one row: ``ntk_tt.predict(..., optimizer=opt, head=...)``
 (the head-aware predictor, isotropic backbone unless ``backbone``; the kernels built once per
-task and passed as ``head_kernel``; the Adam kernel once per batch size) against
+task and passed as ``head_kernel``; the Adam kernel once per batch size, or rescaled from
+another batch size's where they share its reference profile, ``ntk_tt.adam_kernel_for_batch``;
+the isotropic kernel only where it predicts or sets η; an AdamW row's ``lambda_max`` and
+``kappa`` are those of its prediction's Θ_0) against
 ``ntk_tt.finetune(..., optimizer=opt)`` with the same key, so both see the same schedule and
 batch order. The tasks are the constant-η sweep's (:func:`ntk_tt.sweep._load.load_task`: the
 same classes, images and head for the same (dataset, n, seed)), so the two compare on equal
 tasks. Rows are written one at a time (:class:`ntk_tt.sweep.ResultsTable`): an interrupted
-run resumes where it stopped. ``reuse`` (:func:`reusable_real`) takes the real curves and
-fine-tune seconds of an earlier run's identical rows, so that only the predictions are
-recomputed (fine-tunes are deterministic given the task, optimiser and key).
+run resumes where it stopped. ``reuse`` (:func:`reusable_real`) takes the real curves of an
+earlier run's identical rows, so that only the predictions are recomputed (fine-tunes are
+deterministic given the task, optimiser and key), and times their training steps again
+(``ntk_tt.step_time`` × steps) beside the predictions.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import jax
 import numpy as np
 
 import ntk_tt
-from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues
+from ntk_tt.dynamics._adam_batch import shares_reference
+from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues_once
 from ntk_tt.dynamics._regime import LinearRegimeWarning
 from ntk_tt.sweep._grid import SweepSpec, Task, check_batch_sizes, check_distinct, check_positive
 from ntk_tt.sweep._load import _task_key, load_task
@@ -68,8 +73,8 @@ class OptimSpec:
     batch sizes (B ≥ N skipped), T = ``steps``. ``backbone``: the head-aware feature kernel
     of the predictions, "isotropic" (the committed tables' default; ``predict``'s default
     is "diagonal" since sessions 34 / 35), "subspace" (k = 16) or "diagonal" (k = 5), both
-    families alike (Adam's K_P in the same form on the same basis); κ̃ is set from the
-    isotropic kernel's λ_max either way, so the real runs are the same.
+    families alike (Adam's K_P in the same form on the same basis); SGD-momentum's κ̃ is set
+    from the isotropic kernel's λ_max either way, so the real runs are the same.
 
     Raises:
       ValueError: empty ``datasets``, ``per_class``, ``seeds`` or ``families``, or a family
@@ -187,6 +192,30 @@ def _kernel_times(build, key) -> tuple:
     return out, cold, warm
 
 
+def _adam_kernel(data, opt, hk, backbone: str, shape, built) -> tuple:
+    """(AdamKernel for ``opt``, seconds, seconds without compilation): an earlier batch
+    size's kernel rescaled where they share K_P's reference profile
+    (``ntk_tt.adam_kernel_for_batch``), else built (:func:`_kernel_times`)."""
+    for ak in built:
+        if shares_reference(ak, opt.batch_size):
+            out, seconds = _timed(lambda a=ak: ntk_tt.adam_kernel_for_batch(a, opt.batch_size))
+            return out, seconds, seconds
+    return _kernel_times(lambda: ntk_tt.adam_head_aware_kernel(
+        data.split, data.x, data.y, opt, hk=hk, backbone=backbone), ("adam", *shape))
+
+
+def _retimed(run: RealRun, data, opt, steps: int, key) -> RealRun:
+    """A reused, finite run with ``seconds["finetune"]`` = ``ntk_tt.step_time`` × ``steps``
+    measured in this process (``finetune``'s own rule: warm steps × steps taken), so that the
+    cost ratio compares seconds taken side by side (a GD step at N = 750 timed 1.36 s in
+    session 37 where the committed table had recorded 0.35-0.45 s); the earlier table's
+    figure is kept as ``seconds["recorded"]``."""
+    per_step = ntk_tt.step_time(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
+                                key=key)
+    return run._replace(seconds={"finetune": per_step * steps,
+                                 "recorded": run.seconds["finetune"]})
+
+
 def _curve_times(curve, eps_list, diverged: bool) -> dict:
     """T_ε of one curve (``ntk_tt.training_time``: steps, NaN where undefined or diverged)."""
     out = {}
@@ -248,7 +277,9 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
     """Predict and fine-tune every row of ``task`` not yet in ``table``; returns how many rows
     were written. ``progress``: a callable given each finished row id (or None). ``reuse``:
     earlier rows by id (:func:`reusable_real`); a row of the same training supplies the real
-    curves and fine-tune seconds instead of a fine-tune (``real_source`` "reused")."""
+    curves instead of a fine-tune (``real_source`` "reused"), and its training steps are timed
+    again here (``finetune_timing`` "retimed": :func:`_retimed`; "recorded" for a diverged
+    one, whose steps taken are not known; "run" for a row fine-tuned here)."""
     done = table.done_ids()
     left = [c for c in spec.configs(task) if row_id(task, c) not in done]
     if not left:
@@ -257,24 +288,31 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
                                      seeds=(task.seed,), checkpoint=spec.checkpoint))
     n, key = task.num_train, _task_key(task)
     shape = (id(data.split[0]), data.x.shape)
-    hk, kernel_seconds, warm_seconds = _kernel_times(
-        lambda: ntk_tt.head_aware_kernel(data.split, data.x), ("head_aware", *shape))
-    lam = float(initial_eigenvalues(hk)[1])  # the isotropic kernel's λ_max sets κ̃ (η)
-    sgd_kernel = hk
+    kernel_seconds = warm_seconds = 0.0
+    lams = {}  # λ_max by family: the isotropic kernel's sets κ̃ (η) of SGD-momentum
+    sgd_kernel = None
+    if spec.backbone == "isotropic" or any(c.family == "sgdm_cosine" for c in left):
+        sgd_kernel, kernel_seconds, warm_seconds = _kernel_times(
+            lambda: ntk_tt.head_aware_kernel(data.split, data.x), ("head_aware", *shape))
+        lams["sgdm_cosine"] = float(initial_eigenvalues_once(sgd_kernel)[1])
     if spec.backbone != "isotropic":  # timed once: its projected features compile anew
         sgd_kernel, seconds = _timed(lambda: ntk_tt.head_aware_kernel(data.split, data.x,
                                                                      backbone=spec.backbone))
         kernel_seconds, warm_seconds = kernel_seconds + seconds, warm_seconds + seconds
+    if any(c.family == "adamw_cosine" for c in left):  # Θ_0 of the prediction's own kernel
+        (_, top), seconds = _timed(lambda: initial_eigenvalues_once(sgd_kernel))
+        lams["adamw_cosine"] = float(top)  # (predict reads it back: no second factorisation)
+        kernel_seconds, warm_seconds = kernel_seconds + seconds, warm_seconds + seconds
     adam_kernels: dict = {}
     for cfg in left:
+        lam = lams[cfg.family]
         opt = spec.optimizer(cfg, lam, n)
         kernel = sgd_kernel
         if cfg.family == "adamw_cosine":
             if cfg.batch_size not in adam_kernels:
-                adam_kernels[cfg.batch_size], s, w = _kernel_times(lambda o=opt: (
-                    ntk_tt.adam_head_aware_kernel(data.split, data.x, data.y, o, hk=sgd_kernel,
-                                                  backbone=spec.backbone)),
-                    ("adam", *shape))
+                built, s, w = _adam_kernel(data, opt, sgd_kernel, spec.backbone, shape,
+                                           adam_kernels.values())
+                adam_kernels[cfg.batch_size] = built
                 kernel_seconds, warm_seconds = kernel_seconds + s, warm_seconds + w
             kernel = adam_kernels[cfg.batch_size]
         with warnings.catch_warnings():  # the row records ρ (weight_travel) instead
@@ -284,12 +322,16 @@ def run_task(task: Task, spec: OptimSpec, table: ResultsTable, *, progress=None,
                                   num_paths=spec.num_paths if cfg.batch_size else 1,
                                   head_kernel=kernel)
         run = _reused((reuse or {}).get(row_id(task, cfg)), opt, spec)
-        source = "fine-tuned" if run is None else "reused"
+        source, timing = ("fine-tuned", "run") if run is None else ("reused", "recorded")
         if run is None:
             run = ntk_tt.finetune(data.apply_fn, data.params, data.x, data.y, optimizer=opt,
                                   steps=spec.steps, key=key)
+        elif not run.diverged:  # its seconds measured now, beside the predictions
+            run, timing = _retimed(run, data, opt, spec.steps, key), "retimed"
         table.write_row(_row(task, spec, cfg, opt, lam, pred, run, kernel_seconds)
-                        | {"real_source": source, "task_seconds_kernel_warm": warm_seconds})
+                        | {"real_source": source, "task_seconds_kernel_warm": warm_seconds,
+                           "finetune_timing": timing,
+                           "seconds_finetune_recorded": run.seconds.get("recorded", np.nan)})
         if progress is not None:
             progress(row_id(task, cfg))
     return len(left)

@@ -97,6 +97,9 @@ def summarize_optimizers(frame: pd.DataFrame, constant: pd.DataFrame | None = No
     if "real_source" in frame:  # --reuse-real: real runs taken from an earlier table
         out["real_source"] = {str(k): int(v) for k, v in
                               frame["real_source"].fillna("fine-tuned").value_counts().items()}
+    if "finetune_timing" in frame:  # "run", "retimed" (reused, timed here) or "recorded"
+        out["finetune_timing"] = {str(k): int(v) for k, v in
+                                  frame["finetune_timing"].fillna("run").value_counts().items()}
     if constant is not None:
         same = constant[constant["task_id"].isin(set(frame["task_id"]))]
         if "kappa_eff" in same:  # the main grid (κ̃ <= 12), not the edge rows
