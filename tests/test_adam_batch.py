@@ -103,5 +103,30 @@ def test_refusals(x64):
             ntk_tt.adam_kernel_for_batch(low, bad)
     with pytest.raises(ValueError, match="must be an AdamKernel"):
         ntk_tt.adam_kernel_for_batch(low.hk, 4)
+    edits = {"doubled κ": dict(drift=low.drift._replace(kappa=low.drift.kappa * 2)),
+             "NaN ν": dict(drift=low.drift._replace(noise=low.drift.noise * np.nan)),
+             "batch size 0": dict(batch_size=0), "batch size None": dict(batch_size=None)}
+    for edit in edits.values():  # an edited kernel is refused, not rescaled into a wrong one
+        with pytest.raises(ValueError, match="does not match its batch size"):
+            ntk_tt.adam_kernel_for_batch(low._replace(**edit), 4)
+    with pytest.raises(ValueError, match=r"batch size 16 .*adam_kernel_for_batch\(ak, 4\)"):
+        ntk_tt.head_aware_adam_trajectory(low, y, _adamw(4), steps=T, key=jax.random.key(0),
+                                          a_h=jnp.zeros_like(low.hk.features))
+    with pytest.raises(ValueError, match="must be the DriftTable"):
+        ntk_tt.adam_kernel_for_batch(low._replace(drift=tuple(low.drift)), 4)
     with pytest.raises(ValueError, match="outside jax.jit"):
         jax.jit(lambda k: ntk_tt.adam_kernel_for_batch(k, 4).precond.backbone)(low)
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["float64", "float32"])
+def test_a_kernel_above_its_floor_is_never_shared(wide):
+    """λ_B above the floor is λ_ref itself: the kernel serves no other batch size, whatever
+    the rounding of λ_B recomputed from ν (a helper's probe found it accepted for GD in
+    float32 when λ_ref was compared with λ_B instead of the stored floor)."""
+    with jax.enable_x64(wide):
+        _, split, x, y, _, _, _ = _head_problem()
+        for bsz in (1, 2, 3, 4):  # λ_B 0.6-0.9
+            ak = _kernel(split, x, y, None, bsz, "diagonal")
+            assert float(ak.drift.ref) > 0.5 == float(ak.drift.floor)
+            for other in (None, 12, 7):
+                assert not shares_reference(ak, other)

@@ -114,8 +114,8 @@ class DriftTable(NamedTuple):
     ref: λ_ref of the kernel K_P (scalar). kappa: ‖v̄‖₁/‖g_0‖² = 1 + c_BΣσ²/‖g_0‖², the
     factor between v̄ and w(λ_ref) (K(λ_ref) = √κ·K_P). calibration: (γ_0, γ_1) (2,), the
     weight-space sums over K_P's quadratic forms along g_0 and across it
-    (:func:`kernel_calibration`; ones: the kernel taken as exact). noise: Σσ²/‖g_0‖² (scalar:
-    κ and λ_B of any B, ``ntk_tt.adam_kernel_for_batch``).
+    (:func:`kernel_calibration`; ones: the kernel taken as exact). noise: Σσ²/‖g_0‖², floor:
+    ``min_ref_mix`` (scalars: κ, λ_B and λ_ref of any B, ``ntk_tt.adam_kernel_for_batch``).
     """
 
     grid: jax.Array
@@ -125,6 +125,7 @@ class DriftTable(NamedTuple):
     kappa: jax.Array
     calibration: jax.Array
     noise: jax.Array
+    floor: jax.Array
 
 
 def check_ref_mix(value, backbone: str, profile: str = "drift") -> float:
@@ -232,7 +233,7 @@ def _table(g0sq, sigma2, eps, c_b, min_ref) -> DriftTable:
     along, across = jax.lax.map(sums, grid)
     ref = jnp.maximum(noise / (big_g + noise), min_ref)
     return DriftTable(grid, along, across, ref, 1.0 + noise / big_g, jnp.ones(2, g2.dtype),
-                      total / big_g)
+                      total / big_g, jnp.asarray(min_ref, g2.dtype))
 
 
 def _on_grid(table: DriftTable, lam):

@@ -354,7 +354,9 @@ def check_adam_kernel(ak, optimizer, batch_size: int, name: str, loss: str | Non
     fix = "rebuild it with ntk_tt.adam_head_aware_kernel(..., optimizer) for this optimizer."
     if not isinstance(ak.batch_size, jax.core.Tracer) and ak.batch_size != batch_size:
         raise ValueError(f"{name} was built for batch size {ak.batch_size} (v̄ depends on B), "
-                         f"the optimizer's is {batch_size}: {fix}")
+                         f"the optimizer's is {batch_size}: {fix[:-1]}, or "
+                         f"ntk_tt.adam_kernel_for_batch({name}, {batch_size}) where it shares "
+                         "the reference profile.")
     built = None if ak.loss is None or isinstance(ak.loss, jax.core.Tracer) else LOSSES[ak.loss]
     if loss is not None and built is not None and built != loss:
         raise ValueError(f"{name} was built for loss={built!r} (v̄ holds that loss's "
