@@ -40,13 +40,14 @@ def test_minibatch_kernel_against_brute_force(x64, bsz):
     _, split, x, y, xt, _, _ = _head_problem()
     feature_fn, bparams, w0, b0 = split
 
-    def grad(rows):
-        g = jax.grad(lambda p: mean_loss(feature_fn(p, x[rows]) @ w0 + b0, y[rows],
-                                         "cross_entropy"))(bparams)
+    def grad(xs, ys):  # the mean loss's gradient over the rows xs, flattened
+        g = jax.grad(lambda p: mean_loss(feature_fn(p, xs) @ w0 + b0, ys, "cross_entropy"))(
+            bparams)
         return jnp.concatenate([leaf.reshape(-1) for leaf in jax.tree.leaves(g)])
 
-    g0 = grad(jnp.arange(N))
-    sigma2 = jnp.mean(jnp.stack([(grad(jnp.array([i])) - g0) ** 2 for i in range(N)]), 0)
+    g0 = grad(x, y)
+    per_sample = jax.vmap(lambda xi, yi: grad(xi[None], yi[None]))(x, y)  # (N, D)
+    sigma2 = jnp.mean((per_sample - g0) ** 2, 0)
     big_g, total = jnp.sum(g0**2), jnp.sum(sigma2)
     noise = (N - bsz) / (bsz * (N - 1)) * total
     lam_b, kappa = noise / (big_g + noise), 1.0 + noise / big_g
