@@ -85,7 +85,11 @@ def shares_reference(ak: AdamKernel, batch_size: int | None) -> bool:
     Raises:
       ValueError: as :func:`adam_kernel_for_batch`'s argument checks.
     """
-    ak, n, bsz = _checked(ak, batch_size)
+    return _shares(*_checked(ak, batch_size))
+
+
+def _shares(ak: AdamKernel, n: int, bsz: int) -> bool:
+    """:func:`shares_reference` for checked arguments."""
     if bsz == ak.batch_size:
         return True
     floor = float(ak.drift.floor)
@@ -116,7 +120,7 @@ def adam_kernel_for_batch(ak: AdamKernel, batch_size: int | None) -> AdamKernel:
         ``ntk_tt.adam_head_aware_kernel``).
     """
     ak, n, bsz = _checked(ak, batch_size)
-    if not shares_reference(ak, bsz):
+    if not _shares(ak, n, bsz):
         lam = _mix(ak.drift, n, bsz)[1]
         raise ValueError(
             f"batch size {bsz} needs K_P at another reference profile than ak's (batch size "
