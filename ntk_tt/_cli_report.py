@@ -246,6 +246,12 @@ def _g(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _kappa(value) -> str:
+    """κ = η·λ_max/N to 3 significant digits. The report holds a non-finite κ as None (JSON),
+    and its η is finite and > 0 and λ_max finite, so None is κ beyond float32's range."""
+    return "inf (η·λ_max overflows float32)" if value is None else f"{value:.3g}"
+
+
 def _prediction_only(r: dict, interrupted: bool) -> str:
     """The line of a report made before any real step was timed (``predict_task``'s
     ``on_prediction`` report, or its --verify JSON before the fine-tuning ended): what is
@@ -300,7 +306,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
         f"images: {'×'.join(map(str, t['image_shape']))} → "
         f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}{_sizes(pred)}, "
-        f"κ = η·λ_max/N = {_g(pred['kappa'])}"
+        f"κ = η·λ_max/N = {_kappa(pred['kappa'])}"
         f"{ADAM_KAPPA if str(pred['kernel']).startswith('head_aware_adam') else ''}; "
         f"{r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
@@ -315,7 +321,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
               if not (said_diverges and w.startswith(NO_INTERVAL))]
     if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
         # (a warning of the prediction says it better; a call of divergence has its own line)
-        lines.append(f"warning: κ = {_g(pred['kappa'])} is beyond the linearised model's "
+        lines.append(f"warning: κ = {_kappa(pred['kappa'])} is beyond the linearised model's "
                      "stability edge, where the real run may diverge or spike and recover "
                      "(there 18 of 174 benchmark runs and 151 of 384 corpus runs diverged, "
                      "README) and the predicted curve and T_ε are least reliable: check it "

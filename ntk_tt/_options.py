@@ -148,7 +148,7 @@ def _check_batch_sizes(batch_sizes, n: int) -> list[int | None]:
         b = None if b is None or b == n else int(b)
         if b in out:
             shown = ", ".join("N" if v is None else str(v) for v in batch_sizes)
-            why = f" (None and N = {n} are both full-batch GD)" if b is None else ""
+            why = f" (None, N and {n} all name full-batch GD here)" if b is None else ""
             raise ValueError(f"batch_sizes ({shown}) names a batch size twice{why}; give each "
                              "once.")
         out.append(b)

@@ -80,8 +80,9 @@ def check_optimizer_options(o: dict[str, Any]) -> None:
     adam = name != "sgd"
     for key, flag in _ADAM_ONLY.items():
         if o[key] is not None and not adam:
-            raise ValueError(f"{key} ({flag}) is Adam's: use it with --optimizer adam or adamw "
-                             "(SGD's momentum is -m), or drop it.")
+            sgd_twin = " (SGD's momentum is -m)" if key == "b1" else ""
+            raise ValueError(f"{key} ({flag}) is Adam's: use it with --optimizer adam or adamw"
+                             f"{sgd_twin}, or drop it.")
     if adam and (o["momentum"] != 0.0 or o["nesterov"]):
         raise ValueError(f"momentum (-m) and nesterov (--nesterov) are SGD's; --optimizer "
                          f"{name} takes β₁ as --b1 (default {ADAM_DEFAULTS['b1']}): drop them.")

@@ -465,6 +465,26 @@ def test_beyond_the_edge_the_warning_says_what_the_benchmark_measured():
     assert "effective κ̃" not in format_report(r)  # the edge's warning says more
 
 
+def test_a_kappa_beyond_float32_reads_inf():
+    """A fresh user: --lr 1e38 printed "κ = η·λ_max/N = n/a" and "κ = n/a is beyond the ...
+    edge". κ = η·λ_max/N of that η overflows float32 (a prediction's κ is inf), which the JSON
+    report holds as null; the text says so."""
+    import jax.numpy as jnp
+
+    from ntk_tt.prediction._job import _plain
+
+    x = jnp.linspace(-10.0, 10.0, 12).reshape(6, 2)  # λ_max/N ≈ 77: η·λ_max/N = inf
+    params = {"w": jnp.array([[1.0, -1.0], [0.5, 2.0]])}
+    pred = ntk_tt.predict(lambda p, v: v @ p["w"], params, x,
+                          jnp.array([0, 1, 0, 1, 0, 1]), learning_rate=1e38, steps=3)
+    assert np.isinf(float(pred.kappa)) and _plain(float(pred.kappa)) is None
+    r = fake_report(verify=False, pred_diverged=False, real_diverged=False)
+    r["predicted"] |= {"beyond_edge": True, "kappa": _plain(float(pred.kappa))}
+    text = format_report(r)
+    assert "κ = η·λ_max/N = inf (η·λ_max overflows float32)" in text
+    assert "warning: κ = inf (η·λ_max overflows float32) is beyond the linearised" in text
+
+
 @pytest.mark.parametrize("kappa,momentum,noted", [(0.9, 0.95, True), (0.9, 0.9, False),
                                                    (13.0, 0.0, True), (11.0, 0.0, False)])
 def test_an_effective_kappa_beyond_the_benchmark_grid_is_noted(kappa, momentum, noted):
@@ -1401,8 +1421,11 @@ BEFORE_JAX = [
     # a list flag given twice kept only its last list (-B 10 -B 10 ran B = 10 alone): now the
     # flags add up, as a comma does, so the repeat is seen
     (["suggest", "-B", "10", "-B", "N,10"], "(10, N, 10) names a batch size twice; give each"),
-    (["suggest", "-B", "N", "-B", "750"], "(N, 750) names a batch size twice (None and N = 750 "
-                                          "are both full-batch GD); give each once."),
+    (["suggest", "-B", "N", "-B", "750"], "(N, 750) names a batch size twice (None, N and 750 "
+                                          "all name full-batch GD here); give each once."),
+    # a fresh user: "(50, N, N) ... (None and N = 750 ...)" named a None they never typed
+    (["suggest", "-B", "50,N,n"], "(50, N, N) names a batch size twice (None, N and 750 all "
+                                  "name full-batch GD here)"),
     (["suggest", "-m", "0.9", "-m", "0,0.9"], "[0.9, 0.0, 0.9] names 0.9 twice"),
     (["suggest", "--optimizer", "adamw", "--warmups", "0", "--warmups", "0.2,0"],
      "warmups (--warmups) [0.0, 0.2, 0.0] names 0.0 twice; give each once."),

@@ -25,7 +25,11 @@ ROOT = str(Path(__file__).resolve().parents[1])  # on PYTHONPATH of the programs
 
 BEFORE_JAX = [
     (["--optimizer", "adam", "-m", "0.9"], "momentum (-m) and nesterov (--nesterov) are SGD's"),
-    (["--b1", "0.5"], "b1 (--b1) is Adam's: use it with --optimizer adam or adamw"),
+    (["--b1", "0.5"], "b1 (--b1) is Adam's: use it with --optimizer adam or adamw (SGD's "
+                      "momentum is -m), or drop it."),
+    # a fresh user: ε's refusal named SGD's momentum, which only β₁ has a twin in
+    (["--adam-eps", "1e-3"], "adam_eps (--adam-eps) is Adam's: use it with --optimizer adam or "
+                             "adamw, or drop it."),
     (["--optimizer", "adamw", "--b2", "1"], "b2 (--b2) must be a finite number in [0, 1)"),
     (["--optimizer", "adamw", "--adam-eps", "0"], "adam_eps (--adam-eps) must be a finite"),
     (["--schedule", "exponential"], "needs decay_rate (--decay-rate R in (0, 1]"),

@@ -343,7 +343,7 @@ GOOD = dict(target=0.5, target_kind="fraction", steps=10)
     (dict(steps=0), "steps (the budget T_max) must be an integer in [1, 10000]"),
     (dict(steps=10**9), "steps (the budget T_max) must be an integer in [1, 10000]"),
     (dict(batch_sizes=(None, 9)), "integers in [1, N = 8]"),
-    (dict(batch_sizes=(None, 8)), "None and N = 8 are both full-batch GD"),
+    (dict(batch_sizes=(None, 8)), "None, N and 8 all name full-batch GD here"),
     (dict(batch_sizes=()), "non-empty list"),
     (dict(batch_sizes=(4,)), "pass key=jax.random.key(seed)"),
     (dict(momenta=(0.0, 1.0)), "momenta entries must be in [0, 1)"),
@@ -401,7 +401,7 @@ def cli_no_work(monkeypatch):
     (["-B", "N,0"], "must be positive integers (mini-batch sizes B >= 1) or N (full-batch "
                     "GD), got 0 in 'N,0'"),
     (["-B", "N,751"], "must be N (full-batch GD) or integers in [1, N = K·n = 5·150 = 750]"),
-    (["-K", "2", "-n", "3", "-B", "N,6"], "both full-batch GD"),
+    (["-K", "2", "-n", "3", "-B", "N,6"], "all name full-batch GD here"),
     (["-m", "0,x"], "momenta (-m/--momenta) must be a comma-separated list of numbers"),
     (["-m", "0,1"], "momenta (-m/--momenta) entries must be in [0, 1)"),
     (["--kappa-min", "0"], "(--kappa-min, --kappa-max) must satisfy 0 < min <= max"),
@@ -553,7 +553,7 @@ def test_python_default_batch_sizes_leave_out_a_b_of_n_or_more(monkeypatch):
     assert default_batch_sizes(50) == (None,) and default_batch_sizes(51) == (None, 50)
     assert check_suggest_job({"num_classes": 5, "per_class": 10})["batch_sizes"] == (None,)
     assert check_suggest_job({"batch_sizes": None})["batch_sizes"] == (None, 50)  # N = 750
-    with pytest.raises(ValueError, match="both full-batch GD"):  # given explicitly: refused
+    with pytest.raises(ValueError, match="all name full-batch GD here"):  # given: refused
         check_suggest_job({"num_classes": 5, "per_class": 10, "batch_sizes": (None, 50)})
     seen = {}
 
