@@ -241,15 +241,14 @@ def steps_interval(lo: float | None, hi: float | None) -> str:
             f"{'∞' if hi is None else math.ceil(hi * (1 - 1e-6))}")
 
 
-def _g(value) -> str:
-    """A number to 3 significant digits, "n/a" where the report holds None (NaN in JSON)."""
-    return "n/a" if value is None else f"{value:.3g}"
+# a report's κ of None: the JSON holds a non-finite κ as None, and its η is finite and > 0
+# and λ_max finite, so None is κ beyond float32's range
+KAPPA_OVERFLOW = "inf (η·λ_max overflows float32)"
 
 
-def _kappa(value) -> str:
-    """κ = η·λ_max/N to 3 significant digits. The report holds a non-finite κ as None (JSON),
-    and its η is finite and > 0 and λ_max finite, so None is κ beyond float32's range."""
-    return "inf (η·λ_max overflows float32)" if value is None else f"{value:.3g}"
+def _g(value, none: str = "n/a") -> str:
+    """A number to 3 significant digits, ``none`` where the report holds None (NaN in JSON)."""
+    return none if value is None else f"{value:.3g}"
 
 
 def _prediction_only(r: dict, interrupted: bool) -> str:
@@ -306,7 +305,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
         f"images: {'×'.join(map(str, t['image_shape']))} → "
         f"{'×'.join(map(str, t['model_input_shape']))}, preprocessing: {t['preprocessing']}",
         f"prediction: method {pred['method']}, kernel {pred['kernel']}{_sizes(pred)}, "
-        f"κ = η·λ_max/N = {_kappa(pred['kappa'])}"
+        f"κ = η·λ_max/N = {_g(pred['kappa'], KAPPA_OVERFLOW)}"
         f"{ADAM_KAPPA if str(pred['kernel']).startswith('head_aware_adam') else ''}; "
         f"{r['seconds']['predict']:.1f} s "
         f"(compile {r['seconds']['predict_stages']['compile']:.1f} s apart)",
@@ -321,8 +320,9 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
               if not (said_diverges and w.startswith(NO_INTERVAL))]
     if pred.get("beyond_edge") and not noted and not _called_divergent(pred):
         # (a warning of the prediction says it better; a call of divergence has its own line)
-        lines.append(f"warning: κ = {_kappa(pred['kappa'])} is beyond the linearised model's "
-                     "stability edge, where the real run may diverge or spike and recover "
+        lines.append(f"warning: κ = {_g(pred['kappa'], KAPPA_OVERFLOW)} is beyond the "
+                     "linearised model's stability edge, where the real run may diverge or "
+                     "spike and recover "
                      "(there 18 of 174 benchmark runs and 151 of 384 corpus runs diverged, "
                      "README) and the predicted curve and T_ε are least reliable: check it "
                      "with --verify, or lower --lr")
