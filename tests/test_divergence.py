@@ -429,6 +429,52 @@ def test_invalid_traced_hyperparameters_are_nan_not_diverged(ce_mlp):
             run(0.0)
 
 
+def test_invalid_traced_data_is_nan_and_unknown_and_its_gradient_nan(ce_mlp):
+    """A fresh user's jit(vmap) over label sets read "diverges" for a set holding the label C,
+    and a NaN f0 or kernel read "diverges", a negated kernel "converges": eager calls refuse
+    all four. Traced, they are now NaN with code INVALID and outcome "unknown" (frozen kernel
+    and head-aware), the good entries beside them equal their eager calls, and jax.grad at an
+    invalid η is NaN, not the 0 of a flat spot, while a valid one matches central differences."""
+    from ntk_tt.dynamics._training_time import INVALID
+
+    model, apply_fn, params, x, y, _ = ce_mlp
+    kernel, f0 = ntk_tt.empirical_ntk(apply_fn, params, x), apply_fn(params, x)
+    c = f0.shape[1]
+    frozen = jax.jit(lambda k, f, yy: ntk_tt.predict_from_kernel(k, f, yy, learning_rate=0.5,
+                                                                   steps=20))
+    cases = {"label C": (kernel, f0, y.at[0].set(c)), "label -1": (kernel, f0, y.at[1].set(-1)),
+             "NaN f0": (kernel, f0.at[0, 0].set(jnp.nan), y),
+             "inf f0": (kernel, f0.at[2, 1].set(jnp.inf), y),
+             "NaN kernel": (kernel.at[0, 0].set(jnp.nan), f0, y),
+             "negated kernel": (-kernel, f0, y)}
+    for name, args in cases.items():
+        p = frozen(*args)
+        assert np.isnan(np.asarray(p.loss)).all() and np.isnan(float(p.kappa)), name
+        assert (np.asarray(p.training_time_code) == INVALID).all(), name
+        assert int(p.outcome) == 3 and not bool(p.diverged), name  # "unknown"
+        with pytest.raises(ValueError):
+            ntk_tt.predict_from_kernel(*args, learning_rate=0.5, steps=20)
+    good = frozen(kernel, f0, y)
+    assert (np.asarray(good.training_time_code) != INVALID).all()
+    np.testing.assert_allclose(good.loss, ntk_tt.predict_from_kernel(
+        kernel, f0, y, learning_rate=0.5, steps=20).loss, rtol=1e-5, atol=1e-6)
+    hk = ntk_tt.head_aware_kernel(ntk_tt.split_head(model), x)
+    labels = jnp.stack([y, y.at[0].set(c)])
+    swept = jax.jit(jax.vmap(lambda yy: ntk_tt.predict_head_aware(
+        hk, yy, learning_rate=0.5, steps=20)))(labels)
+    assert list(np.asarray(swept.outcome)) == [int(ntk_tt.predict_head_aware(
+        hk, y, learning_rate=0.5, steps=20).outcome), 3]
+    assert np.isfinite(swept.loss[0]).all() and np.isnan(swept.loss[1]).all()
+
+    def last(lr):
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=lr, steps=20).loss[-1]
+
+    assert np.isnan(float(jax.grad(last)(-0.1)))
+    h = 1e-3
+    np.testing.assert_allclose(float(jax.grad(last)(0.5)),
+                               (float(last(0.5 + h)) - float(last(0.5 - h))) / (2 * h), rtol=2e-2)
+
+
 def test_a_kappa_set_to_the_edge_is_at_it_whatever_the_last_bit():
     """The benchmark's κ̃ = 4, m = 0 rows sit on cross-entropy's edge 4: η·λ_max/N rounds a
     hair above or below it, and the frozen predictors' call flipped between its own outcome

@@ -19,7 +19,6 @@ import numpy as np
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
 from ntk_tt._options import resolve_method as resolve_method
-from ntk_tt._schedule_checks import rate_ok
 from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_key
 from ntk_tt.dynamics._checks import (
     _check_method_inputs,
@@ -47,6 +46,7 @@ from ntk_tt.dynamics._divergence import (
     verdict,
 )
 from ntk_tt.dynamics._fspace import as_operator, clamp_psd, curves, negative_significant
+from ntk_tt.dynamics._invalid import invalid, unless
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._ode import ode_trajectory
 from ntk_tt.dynamics._optim_linear import check_shorthand
@@ -93,7 +93,9 @@ class KernelPrediction(NamedTuple):
     training_time_code: int32 (2, 3), 0 = defined, else a key of ``_training_time.REASONS``
       (``CALLED_DIVERGES`` wherever ``outcome`` is "diverges" but the curve did not diverge).
     Under ``jit`` / ``vmap`` a traced η ≤ 0, NaN or inf, m ∉ [0, 1) or Nesterov's m = 0 is not
-    refused: that prediction's curves, κ, T_ε are NaN, code ``INVALID``, outcome "unknown".
+    refused, nor are traced labels outside [0, C), NaN or inf initial logits or a kernel whose
+    λ_max is NaN or negative: that prediction's curves, κ, T_ε are NaN (``jax.grad`` through
+    them too), code ``INVALID``, outcome "unknown".
 
     Source: ntk_tt's own container of :func:`predict_from_kernel`'s result (METHOD.md §2, §6).
     """
@@ -380,9 +382,9 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     called = (said.outcome == DIVERGES) & ~diverged  # a run called divergent: no T_ε
     t_eps = jnp.where(called, jnp.nan, t_eps)
     codes = jnp.where(called, CALLED_DIVERGES, codes).astype(jnp.int32)
-    # an invalid traced η or m (no eager check; Nesterov at m = 0): NaN, INVALID, "unknown"
-    bad = ~(rate_ok(lr) & (m >= 0) & (m < 1)) | (nesterov & (m == 0))
-    nan, none = partial(_unless, bad, jnp.nan), partial(_unless, bad, -1)
+    # traced η, m or data that the eager checks refuse: NaN, INVALID, "unknown"
+    bad = invalid(lr, m, nesterov, fs, fts, y, y_test, lam_max)
+    nan, none = partial(unless, bad, jnp.nan), partial(unless, bad, -1)
     return KernelPrediction(
         loss=nan(loss_c), error=nan(err_c), loss_band=nan(loss_band),
         error_band=nan(err_band), loss_paths=nan(loss_p), error_paths=nan(err_p),
@@ -390,11 +392,6 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
         diverged=diverged & ~bad, diverged_at=none(earliest(div.diverged_at)),
         spiked_at=none(earliest(div.spiked_at)), kappa=nan(kappa), beyond_edge=beyond & ~bad,
         min_eigenvalue=lam_min, clamped=negative_significant(lam_min, lam_max, size),
-        training_time=nan(t_eps), training_time_code=_unless(bad, INVALID, codes),
-        outcome=_unless(bad, 3, said.outcome), spike_step=none(said.spike_step),
+        training_time=nan(t_eps), training_time_code=unless(bad, INVALID, codes),
+        outcome=unless(bad, 3, said.outcome), spike_step=none(said.spike_step),
     )
-
-
-def _unless(bad, value, a):
-    """``a`` (None, or an array whose dtype is kept) with ``value`` wherever ``bad``."""
-    return None if a is None else jnp.where(bad, value, a).astype(a.dtype)

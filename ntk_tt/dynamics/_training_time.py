@@ -28,7 +28,7 @@ from ntk_tt._options import _describe, check_real
 OK, NON_FINITE, NOT_DECREASING, NOT_SETTLED, DIVERGED, BEYOND_EDGE, INVALID, CALLED_DIVERGES = \
     range(8)
 """The reason codes (ints 0-7) of a T_ε: ``OK`` defined, the others why it is not;
-``INVALID`` (6): a traced hyperparameter the eager checks would refuse (the T_ε is NaN)."""
+``INVALID`` (6): a traced hyperparameter or data the eager checks would refuse (NaN T_ε)."""
 REASONS = {
     OK: "defined: the first step of the smoothed curve within epsilon * (L_0 - L_T) of L_T",
     NON_FINITE: "curve has NaN or inf entries",
@@ -40,8 +40,9 @@ REASONS = {
                  "run converges; use head=split_head(model) or a smaller learning rate)",
     INVALID: "invalid hyperparameters under jit / vmap (a learning rate or schedule, "
              "momentum, Adam's b2 or eps, or weight decay that the eager checks refuse, or an "
-             "epsilon outside (0, 1)): traced values cannot be refused, so this prediction is "
-             "NaN; pass valid values",
+             "epsilon outside (0, 1)), or invalid data (labels outside [0, C), NaN or inf "
+             "initial logits, a kernel whose top eigenvalue is NaN or negative): traced values "
+             "cannot be refused, so this prediction is NaN; pass valid values",
     CALLED_DIVERGES: "predicted to diverge (the call on the real run is \"diverges\": the "
                      "predicted loss spiked above 10·L_0, or κ = η·λ_max/N ≥ 68, where the real "
                      "runs measured diverged; see divergence_reason): no training time, though "
