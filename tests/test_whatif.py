@@ -365,6 +365,25 @@ def test_a_bare_number_is_a_grid_of_one(mse_grid):
             np.testing.assert_array_equal(same.final_loss, one.final_loss)
 
 
+def test_divergence_boundary_under_a_callers_jit_is_one_clear_error(mse_grid):
+    """A fresh user's jax.jit over divergence_boundary's kernel ended in a raw
+    TracerArrayConversionError: it is eager (numpy grid, its own compiled sweep), and now
+    says so, naming the traced argument and the jittable functions, before any work."""
+    grid, p, _ = mse_grid
+
+    def boundary(kernel, lrs):
+        return ntk_tt.divergence_boundary(kernel, p["y"], f0=p["f0"], momenta=MOMENTA,
+                                          learning_rates=lrs, steps=300, loss="mse").boundary
+
+    with jax.enable_x64(True):
+        for traced, run in (("kernel", lambda k: boundary(k, grid.learning_rates)),
+                            ("learning_rates", lambda lrs: boundary(p["kernel"], lrs))):
+            arg = p["kernel"] if traced == "kernel" else jnp.asarray(grid.learning_rates)
+            with pytest.raises(ValueError, match=rf"cannot run under jax.jit, vmap or grad "
+                                                 rf"\({traced} traced\).*call it eagerly"):
+                jax.jit(run)(arg)
+
+
 def test_head_aware_grid_cells_equal_single_predictions(x64):
     """A HeadAwareKernel grid (cross-entropy, held-out data): cells equal predict_head_aware
     at the same (η, m), held-out accuracy included."""

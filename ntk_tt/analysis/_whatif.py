@@ -214,6 +214,19 @@ def _optimizer_only(where: str, **given) -> None:
                          "pass optimizer=ntk_tt.sgd(...) (weight decay, schedules) or drop them.")
 
 
+def _check_eager(**trees) -> None:
+    """ValueError when an argument of :func:`divergence_boundary` is traced: it returns a numpy
+    grid from its own compiled sweep, so it cannot run inside a caller's transformation."""
+    traced = [name for name, tree in trees.items()
+              if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(tree))]
+    if traced:
+        raise ValueError(
+            f"divergence_boundary cannot run under jax.jit, vmap or grad ({', '.join(traced)} "
+            "traced): it returns numpy arrays from its own compiled jit(vmap(vmap)) over the "
+            "grid; call it eagerly, or jit / vmap predict_from_kernel, predict_head_aware or "
+            "sensitivities over the hyperparameters instead.")
+
+
 def _boundary(lrs: np.ndarray, diverged: np.ndarray):
     """(boundary, inside, monotone) per row of ``diverged`` (G_m, G_η)."""
     inside = diverged.any(axis=1)
@@ -300,8 +313,12 @@ def divergence_boundary(
       (a ``(Θ, f0)`` pair passed as ``kernel`` included; with ``optimizer``: a schedule not
       finite and ≥ 0, never > 0 or whose warmup does not end before ``steps``; λ > 0 without
       ``a``; Adam without an AdamKernel, an AdamKernel with SGD or of another batch size,
-      Adam with L2 decay).
+      Adam with L2 decay); any argument traced by a caller's ``jax.jit`` / ``vmap`` / ``grad``
+      (the grid is numpy, computed by its own compiled sweep).
     """
+    _check_eager(kernel=kernel, y=y, momenta=momenta, learning_rates=learning_rates,
+                 y_test=y_test, f0=f0, kernel_test=kernel_test, f0_test=f0_test,
+                 optimizer=optimizer, a=a, a_test=a_test, epsilon=epsilon, key=key)
     if optimizer is not None:
         check_shorthand(optimizer, where="divergence_boundary", batch_size=batch_size,
                         nesterov=nesterov)
