@@ -27,6 +27,21 @@ def test_loss_values_match_their_definitions():
     assert float(_losses.error_rate(logits, y)) == 0.5  # second row: argmax 0 != 2
 
 
+def test_the_error_rate_is_float64_for_a_float64_network_and_float32_otherwise():
+    """A fresh user's float64 predictions had error curves of float32 values (1/60 read
+    0.01666666753590107): ``jnp.mean`` of booleans is float32 even under x64. The error rate is
+    now the exact count / N in float64 for float64 logits, float32 for float32, bfloat16 and
+    float16 ones."""
+    y = jnp.ones(60, jnp.int32).at[0].set(0)
+    with jax.enable_x64(True):
+        logits = jnp.zeros((60, 3), jnp.float64).at[:, 1].set(1.0)
+        err = _losses.error_rate(logits, y)
+        assert err.dtype == jnp.float64 and float(err) == 1 / 60
+        for low in (jnp.float32, jnp.bfloat16, jnp.float16):
+            err = _losses.error_rate(logits.astype(low), y)
+            assert err.dtype == jnp.float32 and float(err) == float(np.float32(1 / 60))
+
+
 def test_unknown_loss_raises():
     with pytest.raises(ValueError, match="loss must be one of"):
         _losses.check_loss("hinge")

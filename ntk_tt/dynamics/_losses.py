@@ -103,15 +103,16 @@ def error_rate(logits: jax.Array, y: jax.Array) -> jax.Array:
       y: integer class labels (N,), in [0, C).
 
     Returns:
-      The error rate, a scalar (shape ()) float array in [0, 1] (JAX's default float dtype,
-      float32 unless x64).
+      The error rate, a scalar (shape ()) float array in [0, 1]: float64 for float64 logits,
+      else float32 (``jnp.mean`` of booleans alone is float32 even under x64).
 
     Raises:
       ValueError: logits not a float (N, C) array; labels not integers of shape (N,);
         concrete labels outside [0, C) (a label no arg-max can equal).
     """
     logits, y = _checked(logits, y)
-    return jnp.mean(jnp.argmax(logits, axis=-1) != y)
+    dtype = jnp.promote_types(logits.dtype, jnp.float32)  # float64 kept, bf16/f16 → float32
+    return jnp.mean((jnp.argmax(logits, axis=-1) != y).astype(dtype))
 
 
 def logit_residual(logits: jax.Array, y: jax.Array, loss: str) -> jax.Array:
