@@ -256,7 +256,8 @@ def _warmup_smoothing(schedule, warmup_smoothing) -> float | None:
         return DEFAULT_WARMUP_SMOOTHING
     _check_scalar_in(warmup_smoothing, "warmup_smoothing", 0.0, None,
                      "it is the width in steps of the warmup relaxation (0 = the exact ramp), "
-                     "e.g. 1.0.", low_open=False)
+                     "e.g. 0.25, the default (a whole step can bias the derivative).",
+                     low_open=False)
     return float(warmup_smoothing)
 
 
