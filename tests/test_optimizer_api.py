@@ -67,6 +67,39 @@ def test_frozen_kernel_prediction_equals_finetune_of_a_linear_model():
     _check_same(pred, run, opt, 0.5)
 
 
+def test_a_schedule_that_ends_before_the_run_warns_once_at_the_users_call():
+    """A fresh user's warmup_cosine(0.1, 5, 10) run for 30 steps was accepted silently with
+    η = 0 over the last 20 updates (optax's convention: ``end`` from ``decay_steps`` on), which
+    change nothing: the real run's loss is flat there. predict and finetune now warn, once,
+    pointing at the caller's line; a schedule that ends at the run's last update or one before
+    it (one idle update) does not."""
+    import warnings
+
+    params, x, y = linear_problem(n=N, dtype=jnp.float32)
+    short = ntk_tt.sgd(ntk_tt.warmup_cosine(0.5, 2, 10), 0.0)
+    calls = {"predict": lambda opt: ntk_tt.predict(linear_apply, params, x, y, optimizer=opt,
+                                                   steps=T),
+             "finetune": lambda opt: ntk_tt.finetune(linear_apply, params, x, y, optimizer=opt,
+                                                     steps=T)}
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = call(short)
+        idle = [w for w in seen if "learning rate is 0" in str(w.message)]
+        assert [str(w.message) for w in idle] == [
+            f"the learning rate is 0 from step 10 on: the last {T - 10} of the {T} updates "
+            f"change nothing (a schedule built for 10 steps? give its decay steps = steps = "
+            f"{T})."], name
+        assert idle[0].filename == __file__, name
+        np.testing.assert_allclose(out.loss[10:], out.loss[10], rtol=1e-6)  # flat: no update
+        assert out.loss[10] < out.loss[0]
+        for decay in (T, T - 1):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                call(ntk_tt.sgd(ntk_tt.warmup_cosine(0.5, 2, decay), 0.0))
+            assert not [w for w in seen if "learning rate is 0" in str(w.message)], (name, decay)
+
+
 def test_head_aware_prediction_equals_finetune_of_a_linear_backbone():
     """h = V x + c is linear in its weights: the head-aware recursion (the isotropic feature
     kernel, K_h(i, j) = (x_i·x_j + 1)·I_F exactly here) is the network."""

@@ -26,6 +26,7 @@ Adam is elementwise in weight space and has no such closed form: see
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import jax
@@ -141,6 +142,21 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
         raise ValueError(f"the optimizer's learning rate is 0 at all {steps} steps; give a "
                          "schedule with a peak > 0.")
     return float(rates.max())
+
+
+def warn_idle_tail(optimizer: Optimizer, steps: int, stacklevel: int = 3) -> None:
+    """UserWarning (once, from the public entry point: ``ntk_tt.predict``, ``ntk_tt.finetune``)
+    when η_t = 0 over the last two or more of ``steps`` updates, which then change nothing:
+    most likely a schedule built for a shorter run (``warmup_cosine(peak, w, 10)`` run for 30
+    steps holds its end value 0 over the last 20). Call after :func:`check_learning_rates`;
+    ``stacklevel`` counts from this function to the user's call."""
+    rates = concrete_values(lambda: optimizer.learning_rates(int(steps)))
+    idle = int(steps) - 1 - int(np.flatnonzero(rates > 0)[-1])  # trailing updates at η = 0
+    if idle >= 2:
+        warnings.warn(f"the learning rate is 0 from step {steps - idle} on: the last {idle} of "
+                      f"the {steps} updates change nothing (a schedule built for "
+                      f"{steps - idle} steps? give its decay steps = steps = {steps}).",
+                      UserWarning, stacklevel=stacklevel)
 
 
 def concrete_values(compute) -> np.ndarray:

@@ -43,7 +43,7 @@ from ntk_tt.prediction._predict_checks import (
 )
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
-from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
+from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand, warn_idle_tail
 from ntk_tt.training._timing import timed_stage
 
 
@@ -250,8 +250,8 @@ def predict(
                          "the values), so learning_rate and momentum cannot be traced (jit / "
                          "vmap / grad): build the kernel once and sweep ntk_tt."
                          "predict_from_kernel or ntk_tt.predict_head_aware under jit(vmap).")
-    if optimizer is not None:
-        check_learning_rates(optimizer, steps)
+    if optimizer is not None and check_learning_rates(optimizer, steps) is not None:
+        warn_idle_tail(optimizer, steps, stacklevel=4)  # predict is wrapped (timed_prediction)
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")

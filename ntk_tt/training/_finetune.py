@@ -203,8 +203,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
         check_nesterov(nesterov, _concrete(momentum))
-    else:
-        optimizer_run.check_learning_rates(optimizer, steps)
+    elif optimizer_run.check_learning_rates(optimizer, steps) is not None:
+        optimizer_run.warn_idle_tail(optimizer, steps)
     check_key(key)
     x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)
