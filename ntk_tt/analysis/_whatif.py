@@ -59,6 +59,7 @@ from ntk_tt.analysis._whatif_core import (
 from ntk_tt.analysis._whatif_optimizer import OptimizerSensitivities, optimizer_sensitivities
 from ntk_tt.dynamics._checks import check_nesterov, flag
 from ntk_tt.dynamics._divergence import DIVERGES
+from ntk_tt.dynamics._optim_linear import is_traced
 from ntk_tt.dynamics._regime import abstain_beyond_travel, kernel_travel
 from ntk_tt.training._optimizer_run import check_shorthand
 
@@ -217,8 +218,7 @@ def _optimizer_only(where: str, **given) -> None:
 def _check_eager(**trees) -> None:
     """ValueError when an argument of :func:`divergence_boundary` is traced: it returns a numpy
     grid from its own compiled sweep, so it cannot run inside a caller's transformation."""
-    traced = [name for name, tree in trees.items()
-              if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(tree))]
+    traced = [name for name, tree in trees.items() if is_traced(tree)]
     if traced:
         raise ValueError(
             f"divergence_boundary cannot run under jax.jit, vmap or grad ({', '.join(traced)} "

@@ -110,7 +110,8 @@ def check_shorthand(optimizer, *, where: str, **shorthand) -> None:
     check_optimizer(optimizer, ("sgd", "adam"), where=where)
 
 
-def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
+def check_learning_rates(optimizer: Optimizer, steps: int,
+                         warn_stacklevel: int | None = None) -> float:
     """The largest η_t over ``steps`` updates, after one ValueError (before any work) when some
     η_t is not finite or < 0 (a user's callable schedule, or ``init``/``end`` < 0) or none is
     > 0, or when a warmup ends at or after the run's end (:func:`ntk_tt.dynamics._checks.
@@ -118,7 +119,11 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
     refuse such a schedule; a ValueError too for an optimizer with traced leaves (this check,
     and the callers' peak, need concrete values). Returns None, checking nothing, for
     ``steps`` that is not an int in [1, MAX_STEPS] (the callers' own step check says what is
-    wrong with it)."""
+    wrong with it). With ``warn_stacklevel`` (the public entry points, ``ntk_tt.predict`` and
+    ``ntk_tt.finetune``: frames from here to the user's call) a UserWarning when η_t = 0 over
+    the last two or more updates, which then change nothing: most likely a schedule built for
+    a shorter run (``warmup_cosine(peak, w, 10)`` run for 30 steps holds its end value 0 over
+    the last 20)."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not (
             1 <= steps <= MAX_STEPS):
         return None
@@ -141,22 +146,13 @@ def check_learning_rates(optimizer: Optimizer, steps: int) -> float:
     if not rates.max() > 0:
         raise ValueError(f"the optimizer's learning rate is 0 at all {steps} steps; give a "
                          "schedule with a peak > 0.")
-    return float(rates.max())
-
-
-def warn_idle_tail(optimizer: Optimizer, steps: int, stacklevel: int = 3) -> None:
-    """UserWarning (once, from the public entry point: ``ntk_tt.predict``, ``ntk_tt.finetune``)
-    when η_t = 0 over the last two or more of ``steps`` updates, which then change nothing:
-    most likely a schedule built for a shorter run (``warmup_cosine(peak, w, 10)`` run for 30
-    steps holds its end value 0 over the last 20). Call after :func:`check_learning_rates`;
-    ``stacklevel`` counts from this function to the user's call."""
-    rates = concrete_values(lambda: optimizer.learning_rates(int(steps)))
-    idle = int(steps) - 1 - int(np.flatnonzero(rates > 0)[-1])  # trailing updates at η = 0
-    if idle >= 2:
+    idle = steps - 1 - int(np.flatnonzero(rates > 0)[-1])  # trailing updates at η = 0
+    if warn_stacklevel is not None and idle >= 2:
         warnings.warn(f"the learning rate is 0 from step {steps - idle} on: the last {idle} of "
                       f"the {steps} updates change nothing (a schedule built for "
                       f"{steps - idle} steps? give its decay steps = steps = {steps}).",
-                      UserWarning, stacklevel=stacklevel)
+                      UserWarning, stacklevel=warn_stacklevel)
+    return float(rates.max())
 
 
 def concrete_values(compute) -> np.ndarray:

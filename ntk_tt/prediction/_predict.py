@@ -43,7 +43,7 @@ from ntk_tt.prediction._predict_checks import (
 )
 from ntk_tt.prediction._predict_subset import predict_subset
 from ntk_tt.prediction._result import Prediction, _to_prediction, timed_prediction, with_targets
-from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand, warn_idle_tail
+from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
 
 
@@ -199,7 +199,8 @@ def predict(
     Warns:
       UserWarning: ``x`` is uint8, raw image pixels most likely: a pre-trained model expects
         its pre-training normalisation (``ntk_tt.prepare_images``); unnormalised, κ is huge
-        and the run is called divergent.
+        and the run is called divergent. Also when the ``optimizer``'s η_t is 0 over the last
+        two or more updates (a schedule built for a shorter run: they change nothing).
       LinearRegimeWarning: (a :class:`BeyondEdgeWarning`) an Adam-family ``optimizer`` whose
         schedule lets the backbone's weights move by more than 0.07 of their RMS (ρ = Σ η_t /
         rms(θ_0), in ``hyperparameters["weight_travel"]``): the real run can leave the
@@ -250,8 +251,8 @@ def predict(
                          "the values), so learning_rate and momentum cannot be traced (jit / "
                          "vmap / grad): build the kernel once and sweep ntk_tt."
                          "predict_from_kernel or ntk_tt.predict_head_aware under jit(vmap).")
-    if optimizer is not None and check_learning_rates(optimizer, steps) is not None:
-        warn_idle_tail(optimizer, steps, stacklevel=4)  # predict is wrapped (timed_prediction)
+    if optimizer is not None:  # predict is wrapped (timed_prediction): 4 frames to the user
+        check_learning_rates(optimizer, steps, warn_stacklevel=4)
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")

@@ -167,6 +167,10 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
       values (``steps + 1`` finite entries) and ``params`` and the logits trajectories are
       those of the last finite step. ``seconds["finetune"]`` counts the steps taken.
 
+    Warns:
+      UserWarning: the ``optimizer``'s η_t is 0 over the last two or more updates (a schedule
+        built for a shorter run: they change nothing).
+
     Raises:
       ValueError: ``optimizer`` together with learning_rate, momentum, nesterov or
         batch_size, or neither optimizer nor learning_rate, an optimizer schedule whose
@@ -203,8 +207,8 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
         check_nesterov(nesterov, _concrete(momentum))
-    elif optimizer_run.check_learning_rates(optimizer, steps) is not None:
-        optimizer_run.warn_idle_tail(optimizer, steps)
+    else:
+        optimizer_run.check_learning_rates(optimizer, steps, warn_stacklevel=3)
     check_key(key)
     x = as_array(x, "x")
     n, c = check_model(apply_fn, params, x)

@@ -28,7 +28,6 @@ from ntk_tt.data._model import ApplyFn
 from ntk_tt.dynamics._losses import mean_loss
 from ntk_tt.dynamics._optim_linear import check_learning_rates as check_learning_rates
 from ntk_tt.dynamics._optim_linear import check_shorthand as check_shorthand
-from ntk_tt.dynamics._optim_linear import warn_idle_tail as warn_idle_tail
 from ntk_tt.training._steps import FineTuneState, _evaluate, advance
 
 
