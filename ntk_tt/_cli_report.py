@@ -327,7 +327,7 @@ def format_report(r: dict, *, interrupted: bool = False) -> str:
                      "README) and the predicted curve and T_ε are least reliable: check it "
                      "with --verify, or lower --lr")
     sgd = (r.get("optimizer") or {}).get("optimizer") == "sgd"  # Adam: κ does not size it
-    if sgd and not said_diverges and not pred.get("beyond_edge"):
+    if sgd and not said_diverges and not pred.get("beyond_edge") and pred["kappa"] is not None:
         from ntk_tt.analysis._suggest_report import TESTED_KAPPA, effective_kappa_note
 
         keff = pred["kappa"] / (1.0 - r["optimizer"]["momentum"])

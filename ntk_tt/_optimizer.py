@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ntk_tt._options import DECAY_RANGE, is_decay
 from ntk_tt._schedules import Schedule, _concrete, _number, _schedule
 
 RULES = ("sgd", "adam")
@@ -103,6 +104,16 @@ def _in_range(value, name, low, high, *, closed_low=True) -> jax.Array:
     if v is not None and not (((low <= v) if closed_low else (low < v)) and v < high):
         bound = "[" if closed_low else "("
         raise ValueError(f"{name} must be in {bound}{low}, {high}), got {v}.")
+    return leaf
+
+
+def _decay_rate(value, name) -> jax.Array:
+    """A momentum or Adam decay rate as a float leaf, its concrete input checked in
+    ``DECAY_RANGE`` (below 1 in float32 too); tracers and arrays pass."""
+    leaf = _number(value, name)
+    v = _concrete(value)
+    if v is not None and not is_decay(v):
+        raise ValueError(f"{name} must be in {DECAY_RANGE}, got {v}.")
     return leaf
 
 
@@ -188,11 +199,11 @@ def _make(rule, learning_rate, momentum, b2, eps, weight_decay, decoupled, neste
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}.")
     mom_name = "momentum" if rule == "sgd" else "b1"
-    momentum_leaf = _in_range(momentum, mom_name, 0.0, 1.0)
+    momentum_leaf = _decay_rate(momentum, mom_name)
     if nesterov and _concrete(momentum) == 0.0:
         raise ValueError("Nesterov needs momentum > 0: sgd(..., nesterov=True) with momentum 0 "
                          "is plain (S)GD; pass e.g. momentum=0.9 or drop nesterov=True.")
-    b2 = _in_range(b2, "b2", 0.0, 1.0)
+    b2 = _decay_rate(b2, "b2")
     eps = _in_range(eps, "eps", 0.0, np.inf, closed_low=False)
     weight_decay = _in_range(weight_decay, "weight_decay", 0.0, np.inf)
     with jax.ensure_compile_time_eval():  # constants stay concrete inside jit (tracers pass)

@@ -40,6 +40,17 @@ MAX_PATHS, MAX_KAPPAS = 4096, 1024
 HEAD_SCALES = (1e-6, 1e6)  # --head-scale: float32 weights overflow beyond, vanish below
 # η, κ, weight decay, ε, loss targets: at most MAX (inf in float32); η, ε at least TINY (1e-50 is 0)
 FLOAT32_MAX, FLOAT32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
+# m, β₁, β₂: below 1 in float32 too, where predictions and fine-tunes run (a fresh user's
+# -m 0.9999999999 is 1.0 there: NaN predictions, a crashed report, suggest's "m = 1")
+DECAY_MAX = 1.0 - 2.0**-24  # float32's largest number below 1
+DECAY_RANGE = f"[0, 1) and at most {DECAY_MAX:.8g} (float32's largest number below 1)"
+
+
+def is_decay(value) -> bool:
+    """Whether a concrete momentum or Adam decay rate (scalar or array) lies in
+    ``DECAY_RANGE``: nearer 1 it is 1.0 in float32."""
+    v = np.asarray(value, np.float64)
+    return bool(np.all(np.isfinite(v)) and np.all((v >= 0) & (v <= DECAY_MAX)))
 
 
 def _describe(value: Any) -> str:
@@ -162,9 +173,9 @@ def _check_momenta(momenta) -> list[float]:
     out = []
     for m in momenta:
         m = _real_scalar(m, "momenta entry")
-        if not 0.0 <= m < 1.0:
-            raise ValueError(f"momenta entries must be in [0, 1) (heavy ball; 0 = plain "
-                             f"(S)GD), got {m!r}.")
+        if not is_decay(m):
+            raise ValueError(f"momenta entries must be in {DECAY_RANGE} (heavy ball; 0 = "
+                             f"plain (S)GD), got {m!r}.")
         if m in out:
             raise ValueError(f"momenta {list(momenta)!r} names {m} twice; give each once.")
         out.append(m)

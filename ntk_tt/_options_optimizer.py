@@ -21,7 +21,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY, _is_int, _real_or_none, resolve_method
+from ntk_tt._options import (
+    DECAY_RANGE,
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    _is_int,
+    _real_or_none,
+    is_decay,
+    resolve_method,
+)
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "warmup_stable_decay", "exponential")
@@ -106,8 +114,8 @@ def _check_values(o: dict[str, Any]) -> None:
             ("end_lr", "--end-lr", lambda v: 0 <= v <= lr, f"in [0, --lr = {lr:g}]"),
             ("decay_rate", "--decay-rate", lambda v: 0 < v <= 1, "in (0, 1] (η_t = η·R^t)"),
             ("weight_decay", "--weight-decay", lambda v: 0 <= v <= FLOAT32_MAX, ">= 0" + top),
-            ("b1", "--b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-            ("b2", "--b2", lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("b1", "--b1", is_decay, f"in {DECAY_RANGE}"),
+            ("b2", "--b2", is_decay, f"in {DECAY_RANGE}"),
             ("adam_eps", "--adam-eps", lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
              f"> 0 (in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}], float32's normal range)")):
         if o[key] is None:

@@ -10,6 +10,7 @@ from typing import Any
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import (
     BACKBONES,
+    DECAY_RANGE,
     FLOAT32_MAX,
     FLOAT32_TINY,
     KERNELS,
@@ -22,6 +23,7 @@ from ntk_tt._options import (
     _real_or_none,
     check_head_scale,
     check_loss,
+    is_decay,
     resolve_method,
 )
 from ntk_tt._options_optimizer import check_optimizer_options
@@ -79,9 +81,9 @@ def check_options(o: dict[str, Any]) -> None:
                          f", {FLOAT32_MAX:.8g}], float32's normal range), got "
                          f"{o['learning_rate']!r}.")
     m = _real_or_none(o["momentum"])
-    if m is None or not 0.0 <= m < 1.0:
-        raise ValueError(f"momentum (-m) must be in [0, 1), got {o['momentum']!r}; use 0 for "
-                         "plain (S)GD.")
+    if m is None or not is_decay(m):
+        raise ValueError(f"momentum (-m) must be in {DECAY_RANGE}, got {o['momentum']!r}; use 0 "
+                         "for plain (S)GD.")
     check_optimizer_options(o)
     if o["nesterov"] and m == 0.0:
         raise ValueError("Nesterov needs momentum > 0: nesterov (--nesterov) with momentum "

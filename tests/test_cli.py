@@ -343,6 +343,8 @@ def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch)
     (["--lr", "-1"], "learning_rate (--lr) must be a finite number > 0"),
     (["--lr", "nan"], "learning_rate (--lr) must be a finite number > 0"),
     (["-m", "1"], "momentum (-m) must be in [0, 1)"),
+    # a fresh user: -m 0.9999999999 (1.0 in float32) crashed the report with a TypeError
+    (["-m", "0.9999999999"], "momentum (-m) must be in [0, 1) and at most 0.99999994"),
     (["-B", "0"], "batch_size (-B) must be an integer >= 1"),
     (["-K", "2", "-n", "3", "-B", "7"], "more than the N = K·n = 2·3 = 6 training images"),
     (["-T", "0"], "steps (-T) must be an integer >= 1"),

@@ -31,6 +31,12 @@ BEFORE_JAX = [
     (["--adam-eps", "1e-3"], "adam_eps (--adam-eps) is Adam's: use it with --optimizer adam or "
                              "adamw, or drop it."),
     (["--optimizer", "adamw", "--b2", "1"], "b2 (--b2) must be a finite number in [0, 1)"),
+    # a fresh user: --b2 0.99999999 (1.0 in float32) printed κ = inf, then blamed the data;
+    # --b1 0.99999999 was refused as SGD's "momentum"
+    (["--optimizer", "adamw", "--b2", "0.99999999"], "b2 (--b2) must be a finite number in "
+                                                     "[0, 1) and at most 0.99999994"),
+    (["--optimizer", "adamw", "--b1", "0.99999999"], "b1 (--b1) must be a finite number in "
+                                                     "[0, 1) and at most 0.99999994"),
     (["--optimizer", "adamw", "--adam-eps", "0"], "adam_eps (--adam-eps) must be a finite"),
     (["--schedule", "exponential"], "needs decay_rate (--decay-rate R in (0, 1]"),
     (["--schedule", "exponential", "--decay-rate", "1.5"],

@@ -253,6 +253,42 @@ def test_learning_rates_outside_float32s_normal_range_are_refused_or_nan_when_tr
     assert np.isnan(jax.jit(jax.grad(curve))(1e-40))
 
 
+def test_decay_rates_that_are_1_in_float32_are_refused_as_the_cli_refuses_them():
+    """A fresh user's momentum 1 − 1e-8 passed every check (< 1 in float64) and is 1.0 in
+    float32, where predictions and fine-tunes run: predict returned NaN everywhere, L_0
+    included, with outcome "unknown"; suggest recommended "m = 1"; AdamW's b2 = 0.99999999
+    gave κ = inf. m, β₁ and β₂ above 1 − 2⁻²⁴ (float32's largest number below 1) are refused
+    before any work, as the CLI refuses them; the bound itself passes, and its prediction is a
+    finite curve (heavy ball at m = 1 − 2⁻²⁴ on Θ = I: L_t falls), not NaN."""
+    params, x, y = linear_problem(n=N, dtype=jnp.float32)
+    kernel, f0 = jnp.eye(N), jnp.zeros((N, int(y.max()) + 1))
+    top, up = 1 - 2.0**-24, 1 - 2.0**-25  # up: the smallest number float32 rounds up to 1
+    assert np.float32(top) < 1 and np.float32(up) == 1 and np.float32(np.nextafter(up, 0)) < 1
+
+    def boom(p, xx):
+        raise AssertionError("the model was called")
+
+    def predict(m):
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=0.1, momentum=m, steps=8)
+
+    calls = {"momentum": (predict,
+                          lambda m: ntk_tt.finetune(boom, params, x, y, learning_rate=0.1,
+                                                    momentum=m, steps=3),
+                          lambda m: ntk_tt.sgd(0.1, m)),
+             "b1": (lambda b: ntk_tt.adamw(1e-3, b1=b),),
+             "b2": (lambda b: ntk_tt.adam(1e-3, b2=b), lambda b: ntk_tt.adamw(1e-3, b2=b))}
+    for name, fns in calls.items():
+        for fn in fns:
+            for v in (up, 1 - 1e-10, 1.0):
+                with pytest.raises(ValueError, match=rf"^{name} must be in \[0, 1\) and at most "
+                                                     r"0\.99999994 \(float32's largest"):
+                    fn(v)
+    assert float(ntk_tt.sgd(0.1, top).momentum) == np.float32(top)
+    assert float(ntk_tt.adamw(1e-3, b1=top, b2=top).b2) == np.float32(top)
+    edge = predict(top).loss
+    assert np.isfinite(edge).all() and edge[-1] < edge[0] - 0.02
+
+
 def test_an_integer_or_bfloat16_spectrum_is_read_as_numbers():
     """A fresh user: integer eigenvalues cast η = 0.1 to 0 (a NaN curve; with an optimiser a
     flat one), and a bfloat16 spectrum was refused as "not all numbers"; both now give the

@@ -347,6 +347,8 @@ GOOD = dict(target=0.5, target_kind="fraction", steps=10)
     (dict(batch_sizes=()), "non-empty list"),
     (dict(batch_sizes=(4,)), "pass key=jax.random.key(seed)"),
     (dict(momenta=(0.0, 1.0)), "momenta entries must be in [0, 1)"),
+    # a fresh user: 1 − 1e-10 is 1.0 in float32, and suggest recommended "m = 1"
+    (dict(momenta=(1 - 1e-10,)), "momenta entries must be in [0, 1) and at most 0.99999994"),
     (dict(momenta=0.9), "momenta must be a non-empty list"),
     (dict(kappa_range=(0.0, 5.0)), "kappa_range must satisfy 0 < min <= max"),
     (dict(kappa_range=(0.1, 1e300)), "kappa_range must satisfy 0 < min <= max <= 3.4028235e+38 "
@@ -404,6 +406,8 @@ def cli_no_work(monkeypatch):
     (["-K", "2", "-n", "3", "-B", "N,6"], "all name full-batch GD here"),
     (["-m", "0,x"], "momenta (-m/--momenta) must be a comma-separated list of numbers"),
     (["-m", "0,1"], "momenta (-m/--momenta) entries must be in [0, 1)"),
+    (["-m", "0.9999999999"], "momenta (-m/--momenta) entries must be in [0, 1) and at most "
+                             "0.99999994"),
     (["--kappa-min", "0"], "(--kappa-min, --kappa-max) must satisfy 0 < min <= max"),
     (["--num-kappas", "0"], "num_kappas (--num-kappas) must be an integer in [1, 1024]"),
     # a fresh user: 10⁵ κ asked JAX for 322 GB and ended in a traceback

@@ -890,7 +890,11 @@ def test_a_table_consolidated_before_any_row_resumes_and_a_damaged_one_is_one_li
     ({"edge_batch_sizes": (-3,)},
      "SweepSpec.edge_batch_sizes (--edge-batch-sizes) must be integers >= 1 or None"),
     ({"steps": 0}, "SweepSpec.steps (--steps) must be >= 1, got 0."),
-    ({"momenta": (1.0,)}, "SweepSpec.momenta (--momenta) must lie in [0, 1), got (1.0,)"),
+    ({"momenta": (1.0,)}, "SweepSpec.momenta (--momenta) must lie in [0, 1) and at most "
+                          "0.99999994 (float32's largest number below 1), got (1.0,)"),
+    # a fresh user: m = 1 − 1e-10 passed (< 1), and is 1.0 in float32
+    ({"edge_momenta": (1 - 1e-10,)}, "SweepSpec.edge_momenta (--edge-momenta) must lie in "
+                                     "[0, 1) and at most 0.99999994"),
     ({"seeds": ()}, "SweepSpec.seeds (--seeds) is empty"),
     ({"kappas": (), "etas": ()}, "give kappas (--kappas) and/or etas (--etas)"),
     ({"per_class": (0,)}, "SweepSpec.per_class (--per-class) must be integers >= 1"),
@@ -966,9 +970,10 @@ def test_spec_rejects_non_positive_learning_rates_and_bad_batch_sizes(kwargs, me
     (["--etas", "1e-50"], "SweepSpec.etas (--etas) must be finite numbers > 0"),
     (["--etas", "-1E-3"], "SweepSpec.etas (--etas) must be finite numbers > 0"),
     (["--edge-kappas", "-2.5e1"], "SweepSpec.edge_kappas (--edge-kappas) must be finite"),
-    (["--momenta", "-1e-2"], "(--momenta) must lie in [0, 1), got (-0.01,)"),
+    (["--momenta", "-1e-2"], "(--momenta) must lie in [0, 1) and at most 0.99999994 (float32's "
+                             "largest number below 1), got (-0.01,)"),
     (["--edge-kappas", "8", "--edge-momenta", "-1e-1"],
-     "(--edge-momenta) must lie in [0, 1), got (-0.1,)"),
+     "(--edge-momenta) must lie in [0, 1) and at most 0.99999994"),
     # a fresh user: --ste 6 was read as --steps 6 (ntk-tt refuses abbreviations)
     (["--ste", "6"], "error: unrecognized arguments: --ste 6"),
     # and a one-value flag given twice kept its last value (ntk-tt's parser refuses it now)

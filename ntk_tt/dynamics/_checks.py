@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._options import DECAY_RANGE, is_decay
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate
 from ntk_tt.data._batches import check_sizes
 from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_real
@@ -28,7 +29,8 @@ def check_num_paths(num_paths) -> None:
 
 
 def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -> None:
-    """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1),
+    """ValueErrors for η or m not a real scalar (a string included), η ≤ 0, m ∉ [0, 1) (or 1.0
+    in float32: ``DECAY_RANGE``),
     Nesterov with m = 0 (as ``ntk_tt.sgd``), steps not an int in [1, MAX_STEPS], B not an int
     in [1, N], either traced (:func:`ntk_tt.data._batches.check_sizes`; values checked when
     concrete)."""
@@ -42,10 +44,9 @@ def check_hyper(learning_rate, momentum, steps, batch_size, n, nesterov=False) -
     lr, m = _concrete(learning_rate), _concrete(momentum)
     if lr is not None and not is_rate(lr):
         raise ValueError(f"learning_rate must be finite and {RATE_RANGE}, got {learning_rate!r}.")
-    if m is not None and not np.all((m >= 0) & (m < 1)):
-        raise ValueError(
-            f"momentum must be in [0, 1), got {momentum!r}; use 0.0 for plain (S)GD."
-        )
+    if m is not None and not is_decay(m):
+        raise ValueError(f"momentum must be in {DECAY_RANGE}, got {momentum!r}; use 0.0 for "
+                         "plain (S)GD.")
     check_nesterov(nesterov, m)
     check_sizes(steps, batch_size, n)
 

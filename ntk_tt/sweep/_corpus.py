@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntk_tt._options import _is_int
+from ntk_tt._options import DECAY_RANGE, _is_int, is_decay
 
 CORPUS_VERSION = 1
 EPSILONS = (0.01, 0.1, 0.4)
@@ -81,8 +81,8 @@ class CorpusSpec:
                              f"key(2**32) is key(0): the same tasks again), got {self.seeds}.")
         if self.steps < 1:
             raise ValueError(f"CorpusSpec.steps must be >= 1, got {self.steps}.")
-        if any(not 0.0 <= m < 1.0 for m in self.momenta):
-            raise ValueError(f"momenta must lie in [0, 1), got {self.momenta}.")
+        if not all(is_decay(m) for m in self.momenta):
+            raise ValueError(f"momenta must lie in {DECAY_RANGE}, got {self.momenta}.")
         if any(not (k > 0 and math.isfinite(k)) for k in self.kappas):
             raise ValueError(f"kappas must be finite and > 0, got {self.kappas}.")
         for n, bs in zip(self.per_class, self.batch_sizes, strict=True):

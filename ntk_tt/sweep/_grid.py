@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ntk_tt._options import FLOAT32_MAX, FLOAT32_TINY
+from ntk_tt._options import DECAY_RANGE, FLOAT32_MAX, FLOAT32_TINY, is_decay
 from ntk_tt._output_paths import is_dataset_path
 
 
@@ -216,8 +216,8 @@ class SweepSpec:
                              f"pick the images and the batch order; jax.random.key(2**32) is "
                              f"key(0)), got {self.seeds}.")
         for name in ("momenta", "edge_momenta"):
-            if any(not 0.0 <= m < 1.0 for m in getattr(self, name)):
-                raise ValueError(f"{_field(name)} must lie in [0, 1), got "
+            if not all(is_decay(m) for m in getattr(self, name)):
+                raise ValueError(f"{_field(name)} must lie in {DECAY_RANGE}, got "
                                  f"{getattr(self, name)}.")
         if self.edge_kappas and not self.edge_momenta:
             raise ValueError(f"{_field('edge_momenta')} is empty; give at least one value "

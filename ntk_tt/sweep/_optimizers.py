@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 import ntk_tt
+from ntk_tt._options import DECAY_RANGE, is_decay
 from ntk_tt.dynamics._adam_batch import shares_reference
 from ntk_tt.dynamics._predict_head_aware import initial_eigenvalues_once
 from ntk_tt.dynamics._regime import LinearRegimeWarning
@@ -130,8 +131,8 @@ class OptimSpec:
         # also knows two names of one file)
         check_distinct("OptimSpec.per_class", self.per_class)
         check_batch_sizes("OptimSpec.batch_sizes", self.batch_sizes)
-        if not 0.0 <= self.sgd_momentum < 1.0:
-            raise ValueError(f"OptimSpec.sgd_momentum must lie in [0, 1), got "
+        if not is_decay(self.sgd_momentum):
+            raise ValueError(f"OptimSpec.sgd_momentum must lie in {DECAY_RANGE}, got "
                              f"{self.sgd_momentum}.")
         if not 0.0 <= self.warmup_fraction <= 1.0:
             raise ValueError(f"OptimSpec.warmup_fraction must lie in [0, 1], got "

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from ntk_tt._aot import compiled
 from ntk_tt._optimizer import Optimizer
+from ntk_tt._options import DECAY_RANGE, is_decay
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate
 from ntk_tt.data._batches import batch_indices, check_sizes
 from ntk_tt.data._inputs import _concrete, as_array, check_key
@@ -204,8 +205,9 @@ def finetune(apply_fn: ApplyFn, params: Any, x: Any, y: Any, *,
         if not is_rate(learning_rate):
             raise ValueError(f"learning_rate must be finite and {RATE_RANGE}, got "
                              f"{learning_rate}.")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}; use 0 for plain SGD.")
+        if not is_decay(momentum):
+            raise ValueError(f"momentum must be in {DECAY_RANGE}, got {momentum!r}; use 0.0 "
+                             "for plain (S)GD.")
         check_nesterov(nesterov, _concrete(momentum))
     else:
         optimizer_run.check_learning_rates(optimizer, steps, warn_stacklevel=3)
