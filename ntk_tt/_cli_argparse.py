@@ -40,3 +40,14 @@ class Parser(argparse.ArgumentParser):
             if isinstance(action, _Once):
                 action.given = None
         return super().parse_known_args(args, namespace)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after each option's help, except where X is None: those
+    options say in their help what leaving them out means (a fresh user read "default:
+    diagonal ... (default: None)" for --backbone)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)

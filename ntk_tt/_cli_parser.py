@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from ntk_tt._cli_argparse import NEGATIVE_NUMBER, Parser
+from ntk_tt._cli_argparse import NEGATIVE_NUMBER, DefaultsFormatter, Parser
 from ntk_tt._defaults import DEFAULTS
 from ntk_tt._options import BACKBONES
 from ntk_tt._options_optimizer import ADAM_DEFAULTS, ADAMW_WEIGHT_DECAY, OPTIMIZERS, SCHEDULES
@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command")
     q = sub.add_parser("predict", help="predict T_ε for a task (and --verify it for real)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsFormatter,
                        allow_abbrev=False)
     d = DEFAULTS
     _add_task_options(q, d)
@@ -204,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
                    "is given)")
     s = _suggest_parser(sub)
     o = sub.add_parser("outcome", help="predict how runs end from their first steps' telemetry",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsFormatter,
                        allow_abbrev=False)
     o.add_argument("runs", help="JSON Lines (or JSON, .gz too) file of runs: each a telemetry "
                    "row (ntk_tt.save_telemetry; a run in progress may hold fewer steps than "
@@ -299,7 +299,7 @@ def _suggest_parser(sub) -> argparse.ArgumentParser:
 
     q = sub.add_parser(
         "suggest", help="choose (η, m, B) minimising the predicted wall-clock time to a target "
-        "loss, without training", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "loss, without training", formatter_class=DefaultsFormatter,
         allow_abbrev=False,
         description="Predict the loss curve of every configuration of a grid of κ = η·λ_max/N "
         "× momenta × batch sizes from one kernel, refine the best by jax.grad, and print the "

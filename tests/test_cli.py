@@ -762,6 +762,15 @@ def test_every_predict_option_has_help_and_its_default_shown(capsys):
         assert f"{' '.join(action.help.split())} (default: {default})" in text, flag
     # given only with -B < N (refused with GD), so its default is the one used there
     assert "so 1 predicts that very run (default there: 32)" in text
+    # a fresh user read "default: diagonal ... (default: None)" for --backbone: an option left
+    # None says in its help what that means, and no command's help adds "(default: None)"
+    for command in sub.choices:
+        with pytest.raises(SystemExit):
+            main([command, "-h"])
+        said = " ".join(capsys.readouterr().out.split())
+        assert "(default: None)" not in said and "(default: " in said, command
+    none = [a for a in actions if a.default is None and a.option_strings]
+    assert len(none) > 10 and "--backbone" in [a.option_strings[-1] for a in none]
 
 
 def test_version_and_help_need_no_jax(tmp_path, capsys):
