@@ -313,6 +313,14 @@ def test_save_load_round_trip(tmp_path):
         out = back.predict(tele, rows[0]["prediction"], k=4)
     assert out["p_diverged"] == 0.9
     assert out["t_eps_0.1"] is None and out["t_eps_0.1_interval"] == [None, None]
+    # a fourth: a 1-step run was given T_0.1 = 0.58 steps; T_ε and its interval lie in [1, T]
+    for log_t, want in ((math.log(0.01), 1.0), (math.log(2.0), float(T)), (math.log(0.5), T / 2)):
+        sure = {t: np.array([log_t if t == "log_t_eps" else 0.1]) for t in TARGETS}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(back, "predict_features", lambda x, sure=sure: sure)
+            out = back.predict(tele, rows[0]["prediction"], k=4)
+        lo, hi = out["t_eps_0.1_interval"]
+        assert out["t_eps_0.1"] == pytest.approx(want) and 1.0 <= lo <= want <= hi <= T
     (tmp_path / "bad.json").write_text("{\"format_version\": 99}")
     with pytest.raises(ValueError, match="format version"):
         OutcomePredictor.load(tmp_path / "bad.json")

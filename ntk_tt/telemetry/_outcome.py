@@ -90,8 +90,9 @@ class OutcomePredictor:
 
         Returns a dict: ``test_accuracy`` with ``test_accuracy_interval`` (coverage
         ``info["level"]``), ``p_diverged``, ``p_failed``, ``p_above_median``, ``t_eps_0.1`` in steps
-        with its interval (None and [None, None] when ``p_diverged`` ≥ 0.5: a run expected to
-        diverge has no training time, as ``ntk-tt outcome`` says), ``observed_updates`` k and
+        with its interval, both within [1, T] (None and [None, None] when ``p_diverged`` ≥ 0.5:
+        a run expected to diverge has no training time, as ``ntk-tt outcome`` says),
+        ``observed_updates`` k and
         ``steps`` T, and ``out_of_domain``: the inputs outside the range of the corpus the predictor
         was fitted on (:func:`out_of_domain`; first ``loss_is_mse`` when the run's loss is not the
         fitting runs', :func:`loss_out_of_domain`; [] when none, None when the predictor keeps no
@@ -132,8 +133,14 @@ class OutcomePredictor:
 
         ha, ht = half("test_accuracy"), half("log_t_eps")
         acc = p["test_accuracy"]
+        # T_ε of a run is in [1, T] steps (its fitting target, log(max(T_ε, 1) / T), too): a
+        # fresh user's 1-step run was given T_0.1 = 0.58 steps
+        def within(t):
+            return min(max(t, 1.0), float(steps))
+
         t_eps = steps * math.exp(p["log_t_eps"])
-        band = [t_eps * math.exp(-ht), t_eps * math.exp(ht)]
+        band = [within(t_eps * math.exp(-ht)), within(t_eps * math.exp(ht))]
+        t_eps = within(t_eps)
         if p["diverged"] >= 0.5:  # expected to diverge: no training time
             t_eps, band = None, [None, None]
         return {
