@@ -104,7 +104,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     p.add_argument("--batch-sizes", nargs="+", type=batch_size, help="N (= GD) or integers")
     p.add_argument("--momenta", nargs="+", type=float)
     p.add_argument("--kappas", nargs="+", type=float, help="effective κ̃ values")
-    p.add_argument("--etas", nargs="+", type=float, help="fixed learning rates η")
+    p.add_argument("--etas", nargs="+", type=float,
+                   help="fixed learning rates η: rows beside those of --kappas when both are "
+                        "given; alone, in place of the preset's κ̃ rows")
     p.add_argument("--steps", type=int)
     p.add_argument("--sketch-dims", nargs="+", type=int)
     p.add_argument("--checkpoint", help="pre-trained checkpoint (default: the shipped one)")
@@ -130,6 +132,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, SweepSpec]:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepSpec)
                  if getattr(args, f.name, None) is not None}
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    if "etas" in overrides and "kappas" not in overrides:  # --etas 0.01 ran the κ̃ rows too
+        overrides["kappas"] = ()
     try:  # every check before anything is written
         spec = dataclasses.replace(spec, **overrides)  # SweepSpec checks its grid
         unused = [f"--{f}" for f in ("edge-momenta", "edge-batch-sizes")

@@ -991,6 +991,18 @@ def test_sweep_script_refuses_bad_grids_in_one_line_before_anything(tmp_path, ca
     assert not out.exists()
 
 
+def test_etas_alone_replace_the_presets_kappas_and_beside_kappas_add_to_them(tmp_path):
+    """A fresh user's --etas 0.01 also ran the preset's κ̃ rows (with --kappas 4 both are
+    asked for: the grid is their union)."""
+    module = experiment_script("sweep")
+    out = ["--out", str(tmp_path / "out"), "--smoke"]
+    spec = module.parse([*out, "--etas", "0.01"])[1]
+    assert spec.kappas == () and spec.etas == (0.01,)
+    spec = module.parse([*out, "--etas", "0.01", "--kappas", "2"])[1]
+    assert spec.kappas == (2.0,) and spec.etas == (0.01,)
+    assert module.parse(out)[1].kappas == (4.0,) and module.parse(out)[1].etas == ()
+
+
 @pytest.mark.parametrize("script", ["optimizer_sweep", "telemetry_corpus"])
 def test_the_other_scripts_refuse_abbreviations_and_bad_choices_in_one_line(script, capsys,
                                                                              monkeypatch):
