@@ -34,6 +34,20 @@ def test_same_key_same_sequence_and_gd_ignores_key():
     assert np.array_equal(gd1, gd2) and np.array_equal(gd1[2], np.arange(7))
 
 
+def test_an_nnx_rngs_for_a_key_is_one_clear_error():
+    """A fresh flax user's key=nnx.Rngs(0) was a raw TypeError (its attributes are streams,
+    so the key check read a stream for a dtype) in batch_indices, finetune, predict, ...;
+    the typed key an Rngs draws (rngs()) is accepted."""
+    from flax import nnx
+
+    rngs = nnx.Rngs(0)
+    for bad in (rngs, rngs.default):
+        with pytest.raises(ValueError, match=r"key must be a jax random key, got Rng\w+; pass "
+                                             r"key=jax.random.key\(seed\) \(an nnx.Rngs draws"):
+            ntk_tt.batch_indices(bad, 10, 5, 3)
+    assert ntk_tt.batch_indices(rngs(), 10, 5, 3).shape == (3, 5)
+
+
 @pytest.mark.parametrize(
     "n,b,steps,key,match",
     [

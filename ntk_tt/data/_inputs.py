@@ -89,7 +89,9 @@ def check_key(key: Any, name: str = "key") -> None:
     or a raw uint32 (2,) ``jax.random.PRNGKey(seed)`` (concrete or traced)."""
     if key is None:
         return
-    dtype = getattr(key, "dtype", None)
+    # an array's dtype only: flax's nnx.Rngs answers any attribute with a stream (a fresh user's
+    # key=nnx.Rngs(0) was a raw TypeError)
+    dtype = key.dtype if isinstance(key, (jax.Array, np.ndarray, np.generic)) else None
     if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         if np.shape(key) != ():
             raise ValueError(
@@ -107,8 +109,9 @@ def check_key(key: Any, name: str = "key") -> None:
     raise ValueError(
         f"{name} must be a jax random key, got {_describe(key)}"
         + (f" with dtype {dtype}" if dtype is not None else "")
-        + f"; pass {name}=jax.random.key(seed)."
-    )
+        + f"; pass {name}=jax.random.key(seed)"
+        + (" (an nnx.Rngs draws one when called: rngs())"
+           if type(key).__name__ in ("Rngs", "RngStream") else "") + ".")
 
 
 def _concrete(value):
