@@ -245,6 +245,10 @@ def test_a_cross_or_negated_kernel_is_refused_not_clamped(model):
     traced = theta.reshape(20, 3, 20, 3).trace(axis1=1, axis2=3)
     with pytest.raises(ValueError, match="negative diagonal entry"):
         ntk_tt.predict_from_kernel(-traced, f0, y, **kw)
+    # a fresh user's Θ = 0 gave a flat curve called "converges"
+    for zero in (0 * theta, 0 * traced):
+        with pytest.raises(ValueError, match="kernel is zero everywhere: no weight moves"):
+            ntk_tt.predict_from_kernel(zero, f0, y, **kw)
     noise = 1e-6 * float(jnp.max(theta)) * jax.random.normal(jax.random.key(3), theta.shape)
     ok = ntk_tt.predict_from_kernel(theta + noise, f0, y, **kw)
     ref = ntk_tt.predict_from_kernel(theta, f0, y, **kw)

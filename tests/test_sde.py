@@ -185,3 +185,18 @@ def test_gradient_variance_refuses_labels_outside_the_classes():
     for bad in (np.asarray(y) + c, np.full(len(y), -1), np.asarray(y) + 0.5):
         with pytest.raises(ValueError, match=rf"integer class labels in \[0, {c}\)"):
             ntk_tt.gradient_variance(linear_apply, params, x, bad)
+
+
+def test_non_finite_noise_features_are_refused_before_any_work():
+    """A fresh user's NaN noise features ran eagerly to NaN curves with code INVALID, whose
+    reason speaks of traced hyperparameters; they are refused as a NaN in Θ is. Zero features
+    (no noise) still run."""
+    n, c = 6, 2
+    kernel, f0, y = jnp.eye(n), jnp.zeros((n, c)), jnp.arange(n) % c
+    kw = dict(learning_rate=0.1, steps=3, method="sde", batch_size=3, key=jax.random.key(0))
+    for bad in (jnp.nan, jnp.inf):
+        feats = jnp.zeros((n * c, 4)).at[3, 1].set(bad)
+        with pytest.raises(ValueError, match="noise_features contains NaN or inf"):
+            ntk_tt.predict_from_kernel(kernel, f0, y, noise_features=feats, **kw)
+    ok = ntk_tt.predict_from_kernel(kernel, f0, y, noise_features=jnp.zeros((n * c, 4)), **kw)
+    assert np.isfinite(np.asarray(ok.loss)).all()

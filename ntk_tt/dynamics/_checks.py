@@ -60,7 +60,8 @@ def check_gram(kernel, name: str = "kernel") -> None:
     """ValueError when a concrete square ``kernel`` cannot be an empirical NTK Θ = J Jᵀ:
     asymmetric by more than ``GRAM_TOL`` of its largest entry (e.g. a cross kernel
     Θ(x, x2) of two input sets of one size), or with a diagonal entry below −``GRAM_TOL``
-    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ); integer kernels too. Traced kernels, and other
+    of it (Θ_ii = ‖∂f(x_i)/∂w‖² ≥ 0; e.g. −Θ), or zero everywhere (no weight moves an output:
+    a fresh user's Θ = 0 read "converges"); integer kernels too. Traced kernels, and other
     shapes (left to ``as_operator``), are not checked. Rows are compared in blocks."""
     kc = _concrete(kernel)
     if kc is None or kc.ndim != 2 or kc.shape[0] != kc.shape[1] or kc.size == 0 \
@@ -69,7 +70,10 @@ def check_gram(kernel, name: str = "kernel") -> None:
     kc = kc.astype(jnp.float32) if jnp.issubdtype(kc.dtype, jnp.integer) else kc  # no wrap
     scale = max(float(kc.max()), -float(kc.min()))  # max |Θ| without an N·C × N·C temporary
     if scale == 0.0:
-        return
+        raise ValueError(
+            f"{name} is zero everywhere: no weight moves any output at these inputs, so nothing "
+            "would train (the curve is flat). Pass the empirical NTK of the model's trainable "
+            "weights, e.g. ntk_tt.empirical_ntk(apply_fn, params, x).")
     side, rows = kc.shape[0], max(1, 2**22 // kc.shape[0])
     asym = max(float(np.max(np.abs(kc[r : r + rows] - kc[:, r : r + rows].T)))
                for r in range(0, side, rows))
@@ -101,6 +105,8 @@ def _check_method_inputs(method, loss, full_batch, key, noise_features, nc):
                 "ntk_tt.noise_features); got "
                 f"{None if noise_features is None else np.shape(noise_features)}."
             )
+        # a fresh user's NaN features ran to NaN curves read as "invalid under jit / vmap"
+        _check_finite(noise_features, "noise_features")
     if key is None and (method == "sde" or (method == "discrete" and not full_batch)):
         raise ValueError(
             f"method={method!r} with batch_size < N is random: pass key=jax.random.key(seed)."
