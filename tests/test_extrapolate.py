@@ -127,6 +127,11 @@ def test_bad_input_raises_value_error():
         ntk_tt.extrapolate_spectrum(kern, r, np.ones((10, 2)))
     with pytest.raises(ValueError, match="k0"):
         ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=21)
+    # a fresh user's k0 = K' (allowed) was refused as a fit_range they never gave
+    with pytest.raises(ValueError, match=r"k0 = K' = 20 leaves the default fit range .* take "
+                                         r"k0 <= 19, or pass fit_range"):
+        ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=20)
+
     with pytest.raises(ValueError, match="fit_range"):
         ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=2, fit_range=(5, 5))
     with pytest.raises(ValueError, match="> 0"):

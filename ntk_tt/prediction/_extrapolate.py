@@ -164,7 +164,8 @@ def extrapolate_spectrum(
       kernel_subset: Θ' on the N' subset samples, (N'·C, N'·C) or (N', N') traced.
       residual_subset: δy' = f0 − onehot(y) on the subset, (N', C).
       residual_full: δy on all N samples, (N, C), N ≥ N' (labels and one forward pass).
-      k0: first index of the power-law tails, integer in [1, K'] (K' = N'·C or N'); None =
+      k0: first index of the power-law tails, integer in [1, K'] (K' = N'·C or N'; at most
+        K' − 1 with the default ``fit_range``); None =
         min(100, K'/4) (the paper's 100, capped so the tail starts inside the subset's
         well-resolved part).
       fit_range: ``(lo, hi)`` inclusive 1-based indices of the fit; default (k0, K'/2): the
@@ -198,6 +199,10 @@ def extrapolate_spectrum(
     k0 = max(1, min(100, k_sub // 4)) if k0 is None else k0
     if isinstance(k0, bool) or not isinstance(k0, (int, np.integer)) or not 1 <= k0 <= k_sub:
         raise ValueError(f"k0 must be an integer in [1, K'] = [1, {k_sub}], got {k0!r}.")
+    if fit_range is None and k0 == k_sub:  # a fresh user's k0 = K' read as a bad fit_range
+        raise ValueError(f"k0 = K' = {k_sub} leaves the default fit range (k0, K'/2) one "
+                         f"eigenvalue, and a power law needs two: take k0 <= {k_sub - 1}, or "
+                         f"pass fit_range=(lo, hi) with 1 <= lo < hi <= {k_sub}.")
     fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
     _check_range(fit_range, k_sub)
     check_slope_correction(slope_correction)
