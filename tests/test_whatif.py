@@ -439,6 +439,17 @@ def test_plot_whatif_draws_no_boundary_where_the_grid_has_none(mse_grid):
     part = grid._replace(boundary_inside=np.array([True, False, True, True]))
     xs = ntk_tt.plot_whatif(part).axes[0].get_lines()[0].get_xdata()
     assert np.isnan(xs[1]) and np.array_equal(xs[[0, 2, 3]], grid.boundary[[0, 2, 3]])
+    # a second: a one-point grid that diverges has boundary NaN, inside True, and the legend
+    # named a boundary that was not drawn; cells of outcome "unknown" (beyond a frozen
+    # cross-entropy Θ's edge) were white, like cells with no T_ε, and unexplained
+    nan = grid._replace(boundary=np.full(len(MOMENTA), np.nan))
+    ax = ntk_tt.plot_whatif(nan).axes[0]
+    assert ax.get_lines() == [] and ax.get_legend() is None and "grey" in ax.get_title()
+    unknown = low._replace(outcome=np.full(low.diverged.shape, 3))  # OUTCOMES[3]: "unknown"
+    assert ntk_tt.OUTCOMES[3] == "unknown"
+    legend = ntk_tt.plot_whatif(unknown).axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "outcome unknown (beyond the predictor's edge)"]
 
 
 def _tiny():

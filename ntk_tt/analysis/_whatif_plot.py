@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ntk_tt.analysis._whatif_core import WhatIfGrid
-from ntk_tt.dynamics._divergence import DIVERGES
+from ntk_tt.dynamics._divergence import ABSTAINS, DIVERGES
 
 
 def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
@@ -17,11 +17,13 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     grid: ``grid_result.momentum_name``); colour: T_ε in optimiser steps
     (``grid_result.training_time``), cells predicted to diverge grey (``diverged`` or the
     call "diverges", as the boundary), cells where T_ε is otherwise undefined (flat, not
-    settled, beyond a frozen cross-entropy Θ's edge) left white; the boundary (per m, the
+    settled) left white, and cells whose outcome is "unknown" (beyond the predictor's edge,
+    e.g. a frozen cross-entropy Θ's) light grey with a legend entry; the boundary (per m, the
     largest grid η below the first diverging one) is drawn as a line with markers, with a
-    gap at a momentum where no grid η diverges (``boundary_inside`` False; no line, and the
-    title says so, when none does). Uses matplotlib's object API (no pyplot state, no
-    backend change); a new figure has a colour bar (unless no cell has a T_ε).
+    gap at a momentum where no grid η diverges (``boundary_inside`` False) or none lies below
+    the first (``boundary`` NaN; no line, and the title says so, when there is none). Uses
+    matplotlib's object API (no pyplot state, no backend change); a new figure has a colour
+    bar (unless no cell has a T_ε).
 
     Source: ntk_tt's own figure (issue 13; README "What-if"); what it shows is defined in
     METHOD.md §2 ("Divergence", the heavy-ball stability edge) and §6 (T_ε; Zancato et al.
@@ -72,21 +74,33 @@ def plot_whatif(grid_result: WhatIfGrid, ax: Any = None):
     if div.any():
         ax.pcolormesh(x_edges, y_edges, np.ma.masked_where(~div, np.ones(shape)),
                       cmap=ListedColormap(["0.7"]), shading="flat")
-    inside = np.asarray(grid_result.boundary_inside, bool)
-    if inside.any():  # a momentum with no diverging η has no boundary in the grid: a gap
-        b = np.where(inside, np.asarray(grid_result.boundary, float), np.nan)
-        ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
-                label="predicted divergence boundary")
+    handles = []
+    unknown = (said == ABSTAINS) & ~div  # a fresh user read these white cells as safe
+    if unknown.any():
+        from matplotlib.patches import Patch
+
+        ax.pcolormesh(x_edges, y_edges, np.ma.masked_where(~unknown, np.ones(shape)),
+                      cmap=ListedColormap(["0.88"]), shading="flat")
+        handles.append(Patch(facecolor="0.88", edgecolor="0.5",
+                             label="outcome unknown (beyond the predictor's edge)"))
+    # a momentum with no diverging η (or none below the first: a one-point grid) has no
+    # boundary in the grid: a gap
+    b = np.where(np.asarray(grid_result.boundary_inside, bool),
+                 np.asarray(grid_result.boundary, float), np.nan)
+    inside = np.isfinite(b)
+    if inside.any():
+        handles[:0] = ax.plot(b, ms, "o-", color="crimson", lw=2, ms=4,
+                              label="predicted divergence boundary")
     ax.set_xscale("log")
     ax.set_xlim(x_edges[0], x_edges[-1])
     ax.set_ylim(y_edges[0], y_edges[-1])
     ax.set_xlabel("learning rate η (log scale)")
     ax.set_ylabel(grid_result.momentum_name)
     ax.set_title(f"predicted T_{grid_result.epsilon:g} (loss, steps of {grid_result.steps}); "
-                 + ("grey: predicted to diverge" if inside.any() else
+                 + ("grey: predicted to diverge" if div.any() else
                     "no η of the grid is predicted to diverge"), fontsize=9)
-    if inside.any():
-        ax.legend(loc="lower left", fontsize=8)
+    if handles:
+        ax.legend(handles=handles, loc="lower left", fontsize=8)
     if new and np.isfinite(t).any():
         fig.colorbar(mesh, ax=ax, label="predicted T_ε (optimiser steps)")
     return fig
