@@ -86,6 +86,18 @@ def test_mismatched_params_tree_raises(x64):
         f_lin({"w1": params["w1"]}, x)
 
 
+def test_inputs_of_the_wrong_shape_are_one_clear_error():
+    """A fresh user's x of the wrong width was JAX's raw "dot_general requires contracting
+    dimensions" TypeError from f_lin (empirical_ntk already said what was wrong)."""
+    apply_fn, params, x = setup("mlp")
+    f_lin = ntk_tt.linearize(apply_fn, params)
+    wide = jnp.concatenate([x, x], axis=1)
+    with pytest.raises(ValueError, match=rf"apply_fn\(params0, x\) fails on x of shape "
+                                         rf"\({x.shape[0]}, {2 * x.shape[1]}\): .* input shape"):
+        f_lin(params, wide)
+    np.testing.assert_allclose(f_lin(params, x), apply_fn(params, x), rtol=1e-6)
+
+
 def test_mismatched_params_tree_is_described_not_dumped():
     """A fresh user: the message dumped both raw PyTreeDefs; it now gives the leaf counts and
     the first key paths that differ."""

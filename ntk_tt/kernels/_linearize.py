@@ -33,7 +33,8 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
       ValueError: ``apply_fn`` not a function (a flax module: use ``ntk_tt.from_nnx``), or
         ``params0`` not weights (None, a string, a module); (from ``f_lin``) if ``params``
         and ``params0`` have different tree structures (the message gives both leaf counts
-        and the first key paths that differ) or ``x`` is not an array.
+        and the first key paths that differ), ``x`` is not an array, or ``apply_fn`` fails
+        on ``x`` (e.g. a wrong feature size).
     """
     check_function(apply_fn)
     check_weights(params0, "params0")
@@ -44,7 +45,14 @@ def linearize(apply_fn: ApplyFn, params0: Any) -> ApplyFn:
             raise ValueError(_mismatch(params, params0))
         x = as_array(x, "x")
         delta = jax.tree.map(jnp.subtract, params, params0)
-        f0, jvp = jax.jvp(lambda p: apply_fn(p, x), (params0,), (delta,))
+        try:
+            f0, jvp = jax.jvp(lambda p: apply_fn(p, x), (params0,), (delta,))
+        except (TypeError, ValueError) as err:  # a fresh user's x of the wrong width: raw
+            why = str(err).strip().rstrip(".") or type(err).__name__  # dot_general's error
+            raise ValueError(
+                f"apply_fn(params0, x) fails on x of shape {x.shape}: {why}. Check that x has "
+                "the input shape the model was built for (the per-sample shape after the "
+                "batch axis), as for ntk_tt.empirical_ntk.") from err
         return f0 + jvp
 
     return f_lin
