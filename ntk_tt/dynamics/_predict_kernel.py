@@ -205,11 +205,12 @@ def predict_from_kernel(
         not a real number (a string included), a key that is not ``jax.random.key(seed)``,
         bad shapes (f0 not of the (N, C) shape the kernel and y imply: the message gives the
         expected and the given shape; f0 of shape (C, N) is said to be transposed), labels,
-        η ≤ 0 or not a scalar, m ∉ [0, 1) or 0 with Nesterov, B ∉ [1, N], steps or num_paths
-        < 1, non-finite Θ, f0, f0_test (the count given), ``a`` / ``a_test`` with NaN or inf,
-        unknown method or loss, missing key / noise features, a kernel that cannot be
-        Θ = J Jᵀ (asymmetric beyond 1e-3 of its largest entry, e.g. a cross kernel, or with a
-        negative diagonal entry; ``check_gram``) (value checks only when the arguments are
+        η ≤ 0 or not a scalar, m ∉ [0, 1) or above 1 − 2⁻²⁴ (1.0 in float32) or 0 with
+        Nesterov, B ∉ [1, N], steps or num_paths < 1, non-finite Θ, f0, f0_test (the count
+        given), ``a`` / ``a_test`` / ``noise_features`` with NaN or inf, unknown method or
+        loss, missing key / noise features, a kernel that cannot be Θ = J Jᵀ (asymmetric
+        beyond 1e-3 of its largest entry, e.g. a cross kernel, with a negative diagonal entry,
+        or zero everywhere; ``check_gram``) (value checks only when the arguments are
         concrete, i.e. not traced); ``optimizer`` with any of the four shorthand keywords (or
         neither), an Adam optimiser (no frozen-kernel form: use ``predict_head_aware``), a
         schedule that is never > 0 or whose warmup ends at or after ``steps`` (for the

@@ -43,6 +43,7 @@ from ntk_tt.prediction._spectrum_linalg import (
     _tail_exponent,
     check_rcond,
     check_slope_correction,
+    tail_start,
 )
 from ntk_tt.prediction._spectrum_sgd import (
     check_real_field,
@@ -196,15 +197,7 @@ def extrapolate_spectrum(
             f"{np.shape(residual_full)}."
         )
     k_sub = mat.shape[0]
-    k0 = max(1, min(100, k_sub // 4)) if k0 is None else k0
-    if isinstance(k0, bool) or not isinstance(k0, (int, np.integer)) or not 1 <= k0 <= k_sub:
-        raise ValueError(f"k0 must be an integer in [1, K'] = [1, {k_sub}], got {k0!r}.")
-    if fit_range is None and k0 == k_sub:  # a fresh user's k0 = K' read as a bad fit_range
-        raise ValueError(f"k0 = K' = {k_sub} leaves the default fit range (k0, K'/2) one "
-                         f"eigenvalue, and a power law needs two: take k0 <= {k_sub - 1}, or "
-                         f"pass fit_range=(lo, hi) with 1 <= lo < hi <= {k_sub}.")
-    fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
-    _check_range(fit_range, k_sub)
+    k0, fit_range = tail_start(k0, fit_range, k_sub)
     check_slope_correction(slope_correction)
     slope_correction = float(slope_correction)  # a 0-d jax array too (NumPy arithmetic below)
     for name, value in (("kernel_subset", mat), ("residual_subset", residual_subset),

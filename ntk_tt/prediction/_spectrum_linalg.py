@@ -78,6 +78,21 @@ def _check_range(fit_range, size):
         )
 
 
+def tail_start(k0, fit_range, k_sub: int) -> tuple[int, tuple[int, int]]:
+    """``extrapolate_spectrum``'s k0 (None: min(100, K'/4)) and fit range (None: (k0, K'/2)),
+    checked against K' = ``k_sub``."""
+    k0 = max(1, min(100, k_sub // 4)) if k0 is None else k0
+    if isinstance(k0, bool) or not isinstance(k0, (int, np.integer)) or not 1 <= k0 <= k_sub:
+        raise ValueError(f"k0 must be an integer in [1, K'] = [1, {k_sub}], got {k0!r}.")
+    if fit_range is None and k0 == k_sub:  # a fresh user's k0 = K' read as a bad fit_range
+        raise ValueError(f"k0 = K' = {k_sub} leaves the default fit range (k0, K'/2) one "
+                         f"eigenvalue, and a power law needs two: take k0 <= {k_sub - 1}, or "
+                         f"pass fit_range=(lo, hi) with 1 <= lo < hi <= {k_sub}.")
+    fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
+    _check_range(fit_range, k_sub)
+    return k0, fit_range
+
+
 def _tail_exponent(anchor, k0, size, target):
     """b with Σ_{k=k0}^{size} anchor·(k/k0)^(−b) = target, by bisection (the sum falls with b)."""
     logk = np.log(np.arange(k0, size + 1, dtype=np.float64) / k0)
