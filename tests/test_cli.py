@@ -1424,7 +1424,9 @@ BEFORE_JAX = [
      "end_lr (--end-lr) must be a finite number in [0, --lr = 0.002], got -0.001."),
     (["predict", "--lr", "-2.5e-3"], "learning_rate (--lr) must be a finite number > 0"),
     (["predict", "--optimizer", "adamw", "--b1", "-1e-1"], "b1 (--b1) must be a finite number "
-                                                          "in [0, 1), got -0.1."),
+                                                          "in [0, 1) and at most 0.99999994 "
+                                                          "(float32's largest number below 1), "
+                                                          "got -0.1."),
     (["outcome", "TMP", "--fraction", "-1e-3"], "--fraction must be in [0, 1], got -0.001."),
     # and --warmups 0.1,0.1 was kept once, silently, where -m 0.5,0.5 and -B N,N are refused
     (["suggest", "--optimizer", "adamw", "--warmups", "0.1,0.1"],
