@@ -207,7 +207,8 @@ def _check_predictor(o: dict[str, Any], name: str, kind: str) -> None:
                          "elementwise moments have no function-space flow); drop --method "
                          "(auto: the exact discrete recursion) or use --method discrete.")
     given = [f for f, on in (("--predictor linear", o["predictor"] == "linear"),
-                             ("--kernel sketch", o["kernel"] == "sketch")) if on]
+                             (f"--kernel {o['kernel']}", o["kernel"] in ("sketch", "traced")))
+             if on]
     if name != "sgd" and given:  # only the flags given (a fresh user was told to drop both)
         raise ValueError(f"--optimizer {name} is predicted by the head-aware predictor only "
                          f"(Adam has no frozen-kernel form): drop {' and '.join(given)}.")

@@ -218,12 +218,13 @@ def _check_subset_options(o: dict[str, Any], full_batch: bool) -> None:
 def resolve_predictor(o: dict[str, Any]) -> str:
     """The predictor the job runs: ``predictor`` unless "auto", which is the head-aware model
     (the best measured, README) except with options only the frozen-kernel linear predictor
-    has (``method`` other than auto/discrete, ``kernel="sketch"``, ``subset``)."""
+    has (``method`` other than auto/discrete, ``kernel`` "sketch" or "traced", ``subset``)."""
     if o["predictor"] != "auto":
         return o["predictor"]
     if o.get("subset") is not None:
         return "linear"
-    linear_only = resolve_method(o["method"]) != "discrete" or o["kernel"] == "sketch"
+    # (a fresh user's --kernel traced ran the head-aware predictor, which has no traced form)
+    linear_only = resolve_method(o["method"]) != "discrete" or o["kernel"] != "exact"
     return "linear" if linear_only else "head_aware"
 
 
@@ -238,13 +239,14 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
     if not _is_int(seg) or seg < 1 or (_is_int(steps) and seg > steps):
         raise ValueError(f"segments (--segments) must be an integer in [1, steps], got "
                          f"{seg!r}.")
-    if o["predictor"] == "head_aware" and (method != "discrete" or o["kernel"] == "sketch"):
+    if o["predictor"] == "head_aware" and (method != "discrete" or o["kernel"] != "exact"):
         got = " and ".join(g for g, bad in ((f"method {o['method']!r}", method != "discrete"),
-                                            (f"kernel {o['kernel']!r}", o["kernel"] == "sketch"))
+                                            (f"kernel {o['kernel']!r}", o["kernel"] != "exact"))
                            if bad)  # only what is wrong (naming 'exact' beside it misled)
         raise ValueError(f"the head-aware predictor (--predictor head_aware) uses the exact "
                          f"discrete recursion and the exact logit-summed kernel, got {got}; "
-                         "use --predictor linear for other methods or a sketch.")
+                         "use --predictor linear for other methods, a traced kernel or a "
+                         "sketch.")
     if resolve_predictor(o) == "linear" and (seg != 1 or o["backbone"] is not None
                                              or o["subspace_dim"] is not None):
         given = [f for f, on in ((f"--segments {seg}", seg != 1),
@@ -254,7 +256,7 @@ def _check_predictor_options(o: dict[str, Any], method: str) -> None:
                  if on]
         why = ("--predictor linear" if o["predictor"] == "linear" else "--subset"
                if o.get("subset") is not None else f"--method {o['method']}"
-               if method != "discrete" else "--kernel sketch")
+               if method != "discrete" else f"--kernel {o['kernel']}")
         verb = "applies" if len(given) == 1 else "apply"
         raise ValueError(f"{' and '.join(given)} {verb} to the head-aware predictor only, and "
                          f"{why} selects the linear predictor (only it has that option): drop "

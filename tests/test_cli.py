@@ -329,6 +329,11 @@ def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, cap
     (["--predictor", "head_aware", "--method", "sde"], "logit-summed kernel, got method 'sde'; "),
     (["--predictor", "head_aware", "--kernel", "sketch"], "kernel, got kernel 'sketch'; use"),
     (["--predictor", "head_aware", "--kernel", "sketch"], "use --predictor linear"),
+    # a fresh user's --kernel traced ran the head-aware predictor (it has no traced form)
+    (["--predictor", "head_aware", "--kernel", "traced"], "kernel, got kernel 'traced'; use "
+                                                          "--predictor linear"),
+    (["--kernel", "traced", "--backbone", "diagonal"], "--backbone diagonal applies to the "
+     "head-aware predictor only, and --kernel traced selects the linear predictor"),
     (["--predictor", "linear", "--segments", "3"], "applies to the head-aware predictor only"),
     (["--method", "ode", "--backbone", "exact"], "applies to the head-aware predictor only"),
     (["--segments", "0"], "segments (--segments) must be an integer in [1, steps]"),
@@ -337,6 +342,17 @@ def test_unwritable_output_paths_fail_before_any_work(args, match, tmp_path, cap
 def test_ignored_or_clamped_options_are_errors(args, match, capsys, monkeypatch):
     no_work(monkeypatch)
     assert match in one_error_line(args, capsys)
+
+
+def test_auto_takes_the_linear_predictor_for_a_traced_or_sketched_kernel():
+    """--kernel traced with the default --predictor auto ran the head-aware predictor (whose
+    kernel is always the exact logit-summed one) and reported kernel 'traced' in its JSON."""
+    from ntk_tt._options_predict import resolve_predictor
+
+    base = dict(predictor="auto", method="auto", kernel="exact", subset=None)
+    assert resolve_predictor(base) == "head_aware"
+    assert [resolve_predictor({**base, "kernel": k}) for k in ("traced", "sketch")] == [
+        "linear", "linear"]
 
 
 @pytest.mark.parametrize("args,match", [

@@ -87,6 +87,9 @@ BEFORE_JAX = [
      "--backbone subspace applies to the head-aware predictor only, and --kernel sketch selects "
      "the linear predictor (only it has that option): drop --backbone subspace, or drop "
      "--kernel sketch"),
+    (["--optimizer", "adamw", "--kernel", "traced"],
+     "--optimizer adamw is predicted by the head-aware predictor only (Adam has no frozen-kernel "
+     "form): drop --kernel traced."),
     (["--backbone", "subspace", "--subspace-dim", "0"],
      "subspace_dim (--subspace-dim) must be an int >= 1"),
 ]
