@@ -80,7 +80,7 @@ _EXPORTS = {
     "default_calibrator": "ntk_tt.prediction._intervals",
     "fit_intervals": "ntk_tt.prediction._intervals_fit",
     "intervals": "ntk_tt.prediction._intervals",
-    "BeyondEdgeWarning": "ntk_tt.dynamics._predict_kernel",
+    "BeyondEdgeWarning": "ntk_tt.dynamics._edge_warnings",
     "LinearRegimeWarning": "ntk_tt.dynamics._regime",
     "weight_travel": "ntk_tt.dynamics._regime",
     "calibrated_for": "ntk_tt.prediction._intervals",

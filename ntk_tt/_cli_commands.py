@@ -250,7 +250,7 @@ def _predict(args, parser, run: dict) -> int:
                           opts["overwrite"])
     except ValueError as err:
         parser.exit(2, f"ntk-tt: error: {err}\n")
-    from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+    from ntk_tt.dynamics._edge_warnings import BeyondEdgeWarning
     from ntk_tt.prediction._job import PACKAGE, predict_task
 
     def keep(early: dict) -> None:  # formatted now: an interruption only prints it

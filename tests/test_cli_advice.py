@@ -151,7 +151,8 @@ def test_cli_closed_form_momentum_warns_and_advises_discrete(task, tmp_path):
     """-m 0.5 --method closed_form at κ ≈ 1.67 (between the η/(1 − m) model's edge 2(1 − m) = 1
     and heavy ball's 2(1 + m) = 3): the API warns (BeyondEdgeWarning) and its curve diverges;
     the report prints that warning, keeps it in the JSON, and says to use --method discrete,
-    whose prediction converges (the old report said nothing and advised lowering --lr)."""
+    whose prediction converges (the old report said nothing and advised lowering --lr). Its
+    outcome is "unknown", not "diverges": the approximation cannot tell."""
     apply_fn, params, x, y, *_ = task
     lr, steps = 0.6, 20
     code, out, r = _cli(task, tmp_path, ["-T", str(steps), "--lr", str(lr), "-m", "0.5",
@@ -175,8 +176,12 @@ def test_cli_closed_form_momentum_warns_and_advises_discrete(task, tmp_path):
                       .replace("method='discrete'", "--method discrete")]
     assert "use --method discrete (exact heavy ball)" in warned[0]
     # the JSON keeps why there is no interval; the table's divergence line already says it
+    # and its call on the real run is "unknown" (it was "diverges"), saying why
+    assert r["predicted"]["outcome"] == closed.outcome == "unknown"
     assert r["predicted"]["interval_warnings"][0].startswith(
-        "no T_ε interval: the prediction calls divergence")
+        "no T_ε interval: the prediction abstains (outcome unknown: κ = η·λ_max/N = 1.67 ≥ "
+        "2(1 − m) = 1, where the closed form's GD model")
+
     assert not [ln for ln in lines if ln.startswith("note: no T_ε interval")]
     diverged = [ln for ln in lines if ln.startswith("prediction diverged at step")]
     assert len(diverged) == 1 and diverged[0].endswith("use --method discrete)"), diverged

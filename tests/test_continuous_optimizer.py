@@ -306,8 +306,8 @@ def test_bad_combinations_are_refused_before_work(prob, no_solve):
 def test_closed_form_with_momentum_warns_beyond_its_effective_edge():
     """A fresh user's finding: sgd(0.1, 0.9) at κ ≈ 0.87 — far below heavy ball's edge 3.8 —
     "diverged" with method="closed_form" (its η/(1 − m) GD model is unstable from 2(1 − m) =
-    0.2), while the exact recursion converges. The closed form now says so; below 2(1 − m)
-    it stays silent."""
+    0.2), while the exact recursion converges. The closed form now says so and its outcome
+    is "unknown" there (it was "diverges"); below 2(1 − m) it stays silent."""
     import warnings
 
     kx, ky = jax.random.split(jax.random.key(0))
@@ -324,6 +324,15 @@ def test_closed_form_with_momentum_warns_beyond_its_effective_edge():
         approx = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(eta, 0.9),
                                             method="closed_form", **common)
     assert approx.diverged  # the approximation's divergence, now flagged
+    # ... and no call on the real run: "unknown", not "diverges" (the exact recursion and
+    # the real network converge there); beyond heavy ball's own edge 2(1 + m) it diverges
+    assert ntk_tt.OUTCOMES[int(approx.outcome)] == "unknown" and int(approx.divergence) == 2
+    assert ntk_tt.OUTCOMES[int(exact.outcome)] == "converges"
+    with warnings.catch_warnings():  # heavy ball diverges too: a right call, no warning
+        warnings.simplefilter("error")
+        beyond = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(
+            4.0 * 12 / lam, 0.9), method="closed_form", **common)  # κ = 4 > 2(1 + m) = 3.8
+    assert beyond.beyond_edge and ntk_tt.OUTCOMES[int(beyond.outcome)] == "diverges"
     with pytest.warns(ntk_tt.BeyondEdgeWarning):  # the shorthand too
         ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=eta, momentum=0.9,
                                    method="closed_form", **common)

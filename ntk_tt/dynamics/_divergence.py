@@ -199,6 +199,19 @@ def beyond_edge(kappa, m, nesterov, loss):
     return kappa > stability_edge(m, nesterov, loss) * (1.0 + EDGE_RTOL)
 
 
+def effective_rate_abstains(said: Outcome, kappa: jax.Array, momentum: jax.Array,
+                            beyond: jax.Array) -> Outcome:
+    """The call of ``method="closed_form"`` with momentum m > 0: it runs GD with the effective
+    learning rate η/(1 − m) (Sec. 3.1), unstable from κ = 2(1 − m), while heavy ball is stable
+    up to 2(1 + m). Between (not ``beyond`` heavy ball's edge, κ < ``KAPPA_MAX``) its curve's
+    divergence is the approximation's, evidence of nothing about the real run: ABSTAINS there
+    (before, "diverges": a wrong call on runs the exact recursion and the network train on).
+    ``said``: :func:`call`'s result; arrays broadcast; pure and jittable."""
+    m = jnp.asarray(momentum)
+    zone = (m > 0) & (kappa >= 2.0 * (1.0 - m)) & ~beyond & (kappa < KAPPA_MAX)
+    return Outcome(jnp.where(zone, ABSTAINS, said.outcome).astype(jnp.int32), said.spike_step)
+
+
 def cannot_diverge(frozen: bool, loss: str, continuous: bool) -> bool:
     """Whether a predictor's dynamics cannot blow up beyond the stability edge: a frozen kernel
     (not head-aware) with cross-entropy (bounded gradient) or in continuous time (ODE/SDE: no

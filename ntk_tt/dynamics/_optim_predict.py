@@ -56,6 +56,7 @@ from ntk_tt.dynamics._checks import (
     solve_dtype_fields,
 )
 from ntk_tt.dynamics._closed_form import mse_schedule_closed_form
+from ntk_tt.dynamics._edge_warnings import warn_method_edges
 from ntk_tt.dynamics._fspace import clamp_psd
 from ntk_tt.dynamics._losses import check_loss
 from ntk_tt.dynamics._ode import ode_trajectory
@@ -75,13 +76,12 @@ from ntk_tt.dynamics._predict_kernel import (
     KernelPrediction,
     _summarise,
     predict_from_kernel,
-    warn_method_edges,
 )
 from ntk_tt.dynamics._sde import sde_paths
 from ntk_tt.kernels._head_aware import HeadAwareKernel
 
 _summary = jax.jit(_summarise, static_argnames=("size", "nesterov", "loss", "stochastic",
-                                                "frozen", "continuous", "kappa_rule",
+                                                "frozen", "method", "kappa_rule",
                                                 "feature_subspace"))
 
 
@@ -159,7 +159,7 @@ def _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, size, loss, fro
                     m=optimizer.momentum,
                     lams=lams, nesterov=optimizer.nesterov, loss=loss,
                     stochastic=fs.shape[0] > 1 or method == "sde", frozen=frozen,
-                    continuous=method in ("ode", "sde"), kappa_rule=optimizer.rule != "adam",
+                    method=method, kappa_rule=optimizer.rule != "adam",
                     feature_subspace=feature_subspace)
 
 

@@ -8,18 +8,16 @@ and shapes). Divergence, a non-PSD kernel, undefined T_ε, a bad traced η come 
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ntk_tt._options import MAX_STEPS as MAX_STEPS  # the names shared with the JAX-free checks
 from ntk_tt._options import METHODS as METHODS
 from ntk_tt._options import resolve_method as resolve_method
-from ntk_tt.data._inputs import _check_finite, _concrete, as_array, check_key
+from ntk_tt.data._inputs import _check_finite, as_array, check_key
 from ntk_tt.dynamics._checks import (
     _check_method_inputs,
     check_f0_shape,
@@ -40,11 +38,13 @@ from ntk_tt.dynamics._divergence import (
     cannot_diverge,
     divergence,
     earliest,
+    effective_rate_abstains,
     first_nonfinite,
     hold_from,
     paths_outcome,
     verdict,
 )
+from ntk_tt.dynamics._edge_warnings import warn_method_edges
 from ntk_tt.dynamics._fspace import as_operator, clamp_psd, curves, negative_significant
 from ntk_tt.dynamics._invalid import invalid, unless
 from ntk_tt.dynamics._losses import check_loss
@@ -81,7 +81,8 @@ class KernelPrediction(NamedTuple):
     outcome: int32 code of the call on the real run, ``_divergence.OUTCOMES[code]``
       (``_divergence.call``): 2 "diverges" (some path diverged or spiked above 10·L_0, or
       κ ≥ ``_divergence.KAPPA_MAX``), 3 "unknown" (κ beyond the edge for a predictor that
-      cannot blow up there: frozen kernel with cross-entropy, or ODE/SDE), else the mean
+      cannot blow up there: frozen kernel with cross-entropy, or ODE/SDE; the closed form
+      with m > 0 from κ = 2(1 − m), ``effective_rate_abstains``), else the mean
       curve's 1 "catapult" (it rises above its L_0) or 0 "converges". spike_step: int32, the
       first step above L_0 (of the earliest diverging path when it diverges), −1 if none.
     divergence (property): int32 verdict on the real run, ``_divergence.VERDICTS[code]``:
@@ -262,58 +263,6 @@ def predict_from_kernel(
     return out
 
 
-def warn_method_edges(out, method: str, momentum) -> None:
-    """The warnings of a prediction ``out`` whose ``method`` cannot show the real run's
-    instability (ODE/SDE beyond the edge; closed form with m beyond its η/(1 − m) model's)."""
-    if method in ("ode", "sde"):
-        _warn_beyond_edge(out.beyond_edge, out.kappa, method)
-    if method == "closed_form":
-        _warn_effective_edge(out.kappa, momentum)
-
-
-class BeyondEdgeWarning(UserWarning):
-    """A continuous-time (ODE/SDE) prediction at κ beyond the stability edge, or a closed form
-    with momentum beyond its effective-learning-rate model's own edge: its curve and T_ε are
-    not trustworthy. ``ntk-tt predict`` prints its own warning line instead.
-
-    Source: ntk_tt's own (the linear model's stability edge, METHOD.md §2, §3)."""
-
-
-def _warn_effective_edge(kappa, momentum) -> None:
-    """UserWarning when ``method="closed_form"`` with m > 0 (concrete values) is at κ ≥ 2(1 −
-    m): its GD model with η/(1 − m) (Sec. 3.1) is unstable there (q = κ/(1 − m) ≥ 2), while
-    heavy ball is stable up to 2(1 + m), so a predicted divergence is the approximation's."""
-    m, kappas = _concrete(momentum), _concrete(kappa)
-    if m is None or kappas is None or np.ndim(m) or not float(m) > 0:
-        return
-    m = float(m)
-    k = float(np.max(kappas))
-    if k >= 2 * (1 - m):
-        warnings.warn(
-            f"method='closed_form' with momentum m = {m:g} uses the effective learning rate "
-            f"η/(1 − m), a GD model that is unstable from κ = 2(1 − m) = {2 * (1 - m):.3g}; "
-            f"here κ = η·λ_max/N = {k:.4g} (heavy ball is stable up to 2(1 + m) = "
-            f"{2 * (1 + m):.3g}), so its curve and any divergence it predicts are the "
-            "approximation's: use method='discrete' (exact heavy ball).",
-            BeyondEdgeWarning, stacklevel=4)
-
-
-def _warn_beyond_edge(beyond_edge, kappa, method) -> None:
-    """UserWarning when a continuous-time prediction (concrete values) is beyond the
-    stability edge: the ODE/SDE has no step size, so it converges at any κ while the real
-    discrete run diverges or oscillates there, and nothing in its curve says so."""
-    flags, kappas = _concrete(beyond_edge), _concrete(kappa)
-    if flags is None or kappas is None or not np.any(flags):
-        return
-    warnings.warn(
-        f"κ = η·λ_max/N = {float(np.max(kappas[flags])):.4g} is beyond the linearised model's "
-        f"stability edge, where the real (discrete) run diverges or oscillates; method="
-        f"{method!r} integrates the continuous-time limit, which converges at any κ, so its "
-        "curve and T_ε are not trustworthy here (the result's beyond_edge is True). Lower the "
-        "learning rate, or use method='discrete', which reports the divergence.",
-        BeyondEdgeWarning, stacklevel=4)
-
-
 @partial(jax.jit, static_argnames=("traced", "test_traced", "method", "steps", "batch_size",
                                    "nesterov", "loss", "num_paths"))
 def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, traced,
@@ -331,7 +280,7 @@ def _core(mat, f0, y, lr, m, key, noise_features, test_mat, f0_test, y_test, *, 
     lams = lam_exact if lams is None else lams
     return _summarise(fs, fts, y, y_test, mat.shape[0], lr, m, lams, nesterov=nesterov, loss=loss,
                       stochastic=method == "sde" or fs.shape[0] > 1, frozen=True,
-                      continuous=method in ("ode", "sde"))
+                      method=method)
 
 
 def _mean_band(paths, stochastic):
@@ -340,16 +289,17 @@ def _mean_band(paths, stochastic):
 
 
 def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochastic,
-               frozen=False, continuous=False, kappa_rule=True, feature_subspace=False):
+               frozen=False, method="discrete", kappa_rule=True, feature_subspace=False):
     """Curves per path → divergence, hold past a non-finite loss → mean, band, κ, T_ε.
     ``size``: the side of the kernel that ``lams`` = (λ_min, λ_max) belong to. ``frozen``: the
     curves are of a frozen kernel (``predict_from_kernel``), whose cross-entropy T_ε beyond the
-    stability edge is undefined (``BEYOND_EDGE``); ``continuous``: of the ODE/SDE (the call
-    abstains beyond the edge for both, ``_divergence.cannot_diverge``). ``kappa_rule``: κ ≥
-    ``KAPPA_MAX`` calls "diverges" whatever the curve (False for Adam, whose stability κ does
-    not measure: its call is its curve's). ``feature_subspace``: a head-aware model with
-    ``hk.basis`` set (subspace / diagonal): its own "diverges" below ``KAPPA_MAX`` is
-    "catapult" (``_divergence.call``)."""
+    stability edge is undefined (``BEYOND_EDGE``); ``method``: "ode" / "sde" (the call abstains
+    beyond the edge, ``_divergence.cannot_diverge``), "closed_form" (with m > 0 it abstains
+    from 2(1 − m), ``_divergence.effective_rate_abstains``). ``kappa_rule``: κ ≥ ``KAPPA_MAX``
+    calls "diverges" whatever the curve (False for Adam, whose stability κ does not measure:
+    its call is its curve's). ``feature_subspace``: a head-aware model with ``hk.basis`` set
+    (subspace / diagonal): its own "diverges" below ``KAPPA_MAX`` is "catapult"."""
+
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)
@@ -375,7 +325,10 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     codes = jnp.where(diverged, DIVERGED, codes).astype(jnp.int32)
     beyond = beyond_edge(kappa, m, nesterov, loss)
     said = call(paths_outcome(raw, loss_c), kappa if kappa_rule else jnp.zeros_like(kappa),
-                beyond & cannot_diverge(frozen, loss, continuous), feature_subspace and kappa_rule)
+                beyond & cannot_diverge(frozen, loss, method in ("ode", "sde")),
+                feature_subspace and kappa_rule)
+    if method == "closed_form":
+        said = effective_rate_abstains(said, kappa, m, beyond)
     if frozen and loss == "cross_entropy":  # a bounded-gradient recursion: no evidence there
         blind = beyond & ~diverged
         t_eps = jnp.where(blind, jnp.nan, t_eps)

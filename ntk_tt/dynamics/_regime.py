@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ntk_tt._schedules import _concrete
-from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+from ntk_tt.dynamics._edge_warnings import BeyondEdgeWarning
 
 LINEAR_TRAVEL = 0.07
 """ρ above which an Adam prediction warns (:class:`LinearRegimeWarning`); README "Optimiser

@@ -25,7 +25,7 @@ import numpy as np
 
 from ntk_tt._options import a_type, is_real
 from ntk_tt._options_predict import NO_INTERVAL
-from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+from ntk_tt.dynamics._edge_warnings import BeyondEdgeWarning
 
 RANGES = (("num_train", "N", "training samples"), ("steps", "T", "steps"),
           ("num_classes", "C", "classes"))

@@ -22,7 +22,7 @@ from ntk_tt._output_paths import replaceable  # no JAX
 from ntk_tt.data._checkpoint import read_checked, restore
 from ntk_tt.data._data import load_dataset, prepare_images, sample_task
 from ntk_tt.data._model import from_nnx, num_params
-from ntk_tt.dynamics._predict_kernel import BeyondEdgeWarning
+from ntk_tt.dynamics._edge_warnings import BeyondEdgeWarning
 from ntk_tt.kernels._head_aware import split_head
 from ntk_tt.models import HEAD_SCALE, replace_head
 from ntk_tt.prediction._compare import compare, predicted_summary

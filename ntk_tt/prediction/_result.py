@@ -52,7 +52,9 @@ class Prediction(NamedTuple):
       ``_divergence.call``), "unknown" (κ beyond the edge
       and a predictor that cannot blow up there: frozen kernel with cross-entropy, or
       ODE/SDE; or an Adam prediction whose weight travel ρ exceeds
-      ``_regime.UNKNOWN_TRAVEL`` = 1 and whose curve does not diverge), else "catapult" (the
+      ``_regime.UNKNOWN_TRAVEL`` = 1 and whose curve does not diverge; or
+      ``method="closed_form"`` with m > 0 at 2(1 − m) ≤ κ ≤ 2(1 + m), where its η/(1 − m) GD
+      model is unstable and heavy ball is not, whatever its curve), else "catapult" (the
       predicted curve rises above L_0 and recovers) or "converges"; the first step above L_0
       (None if none). None only for a Prediction built by hand.
     divergence (property): the call as a verdict on the real run, "yes" (outcome
@@ -147,6 +149,12 @@ class Prediction(NamedTuple):
                     "RMS, where real runs measured spiked or were destroyed while the "
                     "linearised model's loss fell to 0; lower the peak learning rate or the "
                     "steps for a verdict")
+        m = self.hyperparameters.get("momentum") or 0.0
+        if self.method == "closed_form" and m > 0 and not self.beyond_edge:
+            return (f"κ = η·λ_max/N = {self.kappa:.3g} ≥ 2(1 − m) = {2 * (1 - m):.3g}, where "
+                    "the closed form's GD model with η/(1 − m) is unstable while heavy ball is "
+                    f"stable up to 2(1 + m) = {2 * (1 + m):.3g}: its curve cannot tell whether "
+                    "the real run diverges; use method='discrete' (exact heavy ball)")
         return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
                 "edge and the prediction did not diverge: the linearised model cannot tell "
                 "whether the real run diverges (README, \"Diverged means\"); lower the learning "
