@@ -180,7 +180,13 @@ def test_bad_table_and_prediction_raise():
                          (strings, r"column real_diverged must hold bools, got dtype (object|str)"),
                          (good.rename(columns={"real_T0.1": "real_T0_1"}),
                           r"column real_T0_1: its ε must be a decimal number in \(0, 1\)"),
-                         (good.rename(columns={"real_T0.1": "real_T1.5"}), r"real_T1\.5")):
+                         (good.rename(columns={"real_T0.1": "real_T1.5"}), r"real_T1\.5"),
+                         # a T_ε of 0 or inf was dropped without a word (session 41)
+                         (good.assign(**{"pred_T0.1": good["pred_T0.1"].where(
+                             good.index != 3, np.inf)}), r"column pred_T0.1 holds inf in row 3: "
+                          r"a T_ε is a finite number of steps > 0"),
+                         (good.assign(**{"real_T0.1": good["real_T0.1"].where(
+                             good.index != 0, 0.0)}), r"column real_T0.1 holds 0.0 in row 0")):
         with pytest.raises(ValueError, match=match):
             ntk_tt.fit_intervals(frame)
     cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(7), 10))

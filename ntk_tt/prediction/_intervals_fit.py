@@ -61,7 +61,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
       ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
         "optimizer", min_count < 1, kappa_edges not finite positive increasing numbers,
         columns missing, a ``real_T<ε>`` column whose ε is not in (0, 1), a kappa_eff that is
-        NaN or negative, diverged columns that are not bools, or no defined residual;
+        NaN or negative, a T_ε that is ≤ 0 or infinite (NaN is undefined: that row is
+        left out), diverged columns that are not bools, or no defined residual;
         ``frame`` not a pandas DataFrame.
     """
     import pandas as pd
@@ -94,6 +95,13 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     for c in ("real_diverged", "pred_diverged"):
         if frame[c].dtype.kind not in "biuf":  # strings: "False" is truthy
             raise ValueError(f"column {c} must hold bools, got dtype {frame[c].dtype}.")
+    for col in (f"{side}_T{e:g}" for e in eps_all for side in ("real", "pred")):
+        t = frame[col].to_numpy(float)
+        if (wrong := ~np.isnan(t) & ~(np.isfinite(t) & (t > 0))).any():  # was dropped silently
+            i = int(np.flatnonzero(wrong)[0])
+            raise ValueError(f"column {col} holds {t[i]} in row {i}: a T_ε is a finite number "
+                             "of steps > 0, NaN where undefined (as the sweep writes it); fix "
+                             "or drop that row.")
     bins = [kappa_bin(k, edges) for k in kappas]
     opts = frame["optimizer"].astype(str).to_numpy()
     groups: dict = {}
