@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ntk_tt.data._inputs import check_key
+
 _he = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 HEAD_SCALE = 0.3
 
@@ -155,8 +157,9 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
 
     Raises:
       ValueError: ``model`` has no linear ``head``, ``num_classes`` not an integer ≥ 2,
-        ``scale`` not a finite number > 0, or ``key`` not ``jax.random.key(seed)`` (or a
-        legacy ``jax.random.PRNGKey``).
+        ``scale`` not a finite number > 0, or ``key`` not one ``jax.random.key(seed)`` (or
+        a legacy ``jax.random.PRNGKey``, a uint32 (2,) array, jax or numpy), as every key.
+
     """
     head = getattr(model, "head", None)
     if not isinstance(head, nnx.Linear):
@@ -170,11 +173,11 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
     if not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite number > 0, got {scale!r}; 1 is flax's "
                          "LeCun-normal init.")
-    typed = isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    legacy = isinstance(key, jax.Array) and key.dtype == jnp.uint32 and key.shape == (2,)
-    if not (typed or legacy):
-        raise ValueError(f"key must be a jax.random key for the head's initialisation, e.g. "
-                         f"jax.random.key(0), got {key!r}.")
+    if key is None:
+        raise ValueError("key must be a jax.random key for the head's initialisation, e.g. "
+                         "key=jax.random.key(0), got None.")
+    check_key(key)  # the rule of every other key (a numpy uint32 (2,) was refused only here)
+    key = jnp.asarray(key)
     init = nnx.initializers.variance_scaling(float(scale) ** 2, "fan_in", "truncated_normal")
     new = nnx.clone(model)
     new.head = nnx.Linear(head.in_features, int(num_classes), kernel_init=init,

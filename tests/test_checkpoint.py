@@ -249,6 +249,16 @@ def test_replace_head_is_fresh_seeded_and_keeps_backbone():
     np.testing.assert_array_equal(a.stem.kernel[...], model.stem.kernel[...])
     with pytest.raises(ValueError, match="head"):
         ntk_tt.replace_head(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), 3, key=jax.random.key(0))
+    # a numpy uint32 (2,) key, accepted by every other function, was refused here alone
+    legacy = ntk_tt.replace_head(model, 5, key=np.asarray(jax.random.PRNGKey(1)))
+    np.testing.assert_array_equal(
+        legacy.head.kernel[...], ntk_tt.replace_head(model, 5, key=jax.random.PRNGKey(1)).head
+        .kernel[...])
+    for bad, match in ((None, "got None"), (nnx.Rngs(0), r"an nnx.Rngs draws one"),
+                       (jax.random.split(jax.random.key(0)), "got an array of 2 keys"),
+                       (3, "must be a jax random key")):
+        with pytest.raises(ValueError, match=match):
+            ntk_tt.replace_head(model, 5, key=bad)
 
 
 def test_no_batch_dependence_in_small_resnet_and_frozen_bn_in_resnet18():
