@@ -321,9 +321,16 @@ def test_save_checkpoint_refuses_a_meta_that_does_not_rebuild_the_model(tmp_path
         with pytest.raises(ValueError, match=said):
             ntk_tt.save_checkpoint(tmp_path / "ck", bad_model, meta)
         assert not (tmp_path / "ck").exists()
-    ntk_tt.save_checkpoint(tmp_path / "ck", five, META | {"num_classes": 5})
+    # the shipped meta's 10 CIFAR class_names were kept beside num_classes 5 (session 41)
+    with pytest.raises(ValueError, match=r"class_names has 3 names but num_classes is 5 .*"
+                                         r"replace_head\): set meta\['class_names'\]"):
+        ntk_tt.save_checkpoint(tmp_path / "ck", five, META | {"num_classes": 5,
+                                                              "class_names": ["a", "b", "c"]})
+    assert not (tmp_path / "ck").exists()
+    ntk_tt.save_checkpoint(tmp_path / "ck", five, META | {"num_classes": 5,
+                                                          "class_names": list("abcde")})
     back, meta = ntk_tt.load_checkpoint(tmp_path / "ck")
-    assert meta["num_classes"] == 5
+    assert meta["num_classes"] == 5 and meta["class_names"] == list("abcde")
     for a, b in zip(leaves(five), leaves(back), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

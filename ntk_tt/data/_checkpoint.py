@@ -298,6 +298,7 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
         buildable or without the model's arrays and shapes (e.g. the old meta after
         ``replace_head``; other input channels name input_shape and those the model takes),
         or unable to take one input of meta's input_shape (shrunk to nothing: NaN logits);
+        an optional ``class_names`` list whose length is not num_classes;
         ``path`` a file, in a missing folder, a folder holding other files, or a checkpoint
         without ``overwrite=True`` (:func:`check_save_path`); all before anything is written.
     """
@@ -332,6 +333,10 @@ def save_checkpoint(path: str | os.PathLike, model: nnx.Module, meta: dict[str, 
                          "saving.") from None
     meta.pop("weights_sha256", None)  # replaced below by this model's
     _check_meta(None, meta, "fix meta before saving")
+    if isinstance(names := meta.get("class_names"), list) and len(names) != meta["num_classes"]:
+        raise ValueError(f"meta's class_names has {len(names)} names but num_classes is "
+                         f"{meta['num_classes']} (e.g. the pre-trained meta after replace_head):"
+                         " set meta['class_names'] to the new classes' names, or drop it.")
     state = nnx.to_pure_dict(nnx.state(model))
     rebuilt = _check_meta_builds(meta, state)
     # of the arrays as load_checkpoint reads them back: in the rebuilt model's dtypes (a
