@@ -1,0 +1,44 @@
+"""``experiments/kernel_evolution.py`` refuses bad arguments in one line before any kernel is
+built (a fresh user's ``--kappas -1`` and ``--momenta 1.0`` built the kernel and trained for
+real, then failed with a traceback about a learning rate they never passed)."""
+
+import re
+
+import pytest
+from _scripts import experiment_script, refused
+
+ke = experiment_script("kernel_evolution")
+BASE = ["--datasets", "flowers5", "--per-class", "10", "--kappas", "12", "--momenta", "0",
+        "--steps", "10", "--checkpoints", "0", "10", "--subset", "10"]
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--kappas", "-1"], r"kappas \(--kappas\) must be finite numbers > 0"),
+    (["--momenta", "1.0"], r"momenta \(--momenta\) must lie in \[0, 1\)"),
+    (["--per-class", "0"], r"per_class \(--per-class\) must be integers >= 1"),
+    (["--steps", "0"], r"steps \(--steps\) must be >= 1"),
+    (["--datasets", "nosuch"], r"--datasets nosuch: not a target set here; known: .*flowers5"),
+    (["--subset", "1000"], r"--subset must be in \[1, N\] = \[1, 50\]"),
+    (["--feature-kernel-kappas", "7"], r"must be among --kappas \[12.0\]"),
+    (["--checkpoints", "0", "-3", "10"], r"include 0 and lie in \[0, --steps\] = \[0, 10\]"),
+
+    (["--checkpoints", "5", "10"], r"--checkpoints must include 0"),
+])
+def test_bad_arguments_are_one_line_before_any_work(extra, said, capsys, monkeypatch):
+    monkeypatch.setattr(ke, "run_dataset", lambda *a: pytest.fail("work began"))
+    line = refused(ke, BASE + extra, capsys)
+    assert line.startswith("kernel_evolution.py: error: ")
+    assert re.search(said, line), line
+
+
+def test_the_default_feature_kernel_kappas_are_those_of_the_grid():
+    """--kappas 12 alone: the default K_h,T runs are κ̃ = 12's (4 is not in the grid), not an
+    error; the arguments of the committed run keep 4 and 12."""
+    args = ke.argparse.Namespace(datasets=["flowers5"], per_class=10, seed=0, kappas=[12.0],
+                                 momenta=[0.0], steps=10, checkpoints=[0, 10], subset=10,
+                                 feature_kernel_kappas=None)
+    ke.check_args(None, args)
+    assert args.feature_kernel_kappas == [12.0]
+    args.kappas, args.feature_kernel_kappas = [1.0, 4.0, 12.0], None
+    ke.check_args(None, args)
+    assert args.feature_kernel_kappas == [4.0, 12.0]
