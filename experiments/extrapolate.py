@@ -30,7 +30,39 @@ def _ints(text):
     return [int(v) for v in text.split(",")]
 
 
-def main() -> None:
+def check_args(p: argparse.ArgumentParser, a) -> list[float]:
+    """Every argument before any work, one ``extrapolate: error:`` line (a fresh user's
+    --per-class -1 was blamed on N', and --kappas 0 failed after the kernel was built);
+    returns the κ values."""
+
+    def fail(msg):
+        p.exit(2, f"extrapolate: error: {msg}\n")
+
+    if a.dataset not in ntk_tt.known_datasets():
+        fail(f"--dataset {a.dataset}: not a target set here; known: "
+             f"{', '.join(ntk_tt.known_datasets())} (the shared ones need ../shared/data or "
+             "$NTK_TT_DATA_DIR).")
+    for flag, v, low in (("--classes", a.classes, 2), ("--per-class", a.per_class, 2),
+                         ("--steps", a.steps, 1)):
+        if v < low:
+            fail(f"{flag} must be an integer >= {low}, got {v}.")
+    try:
+        kappas = [float(v) for v in a.kappas.split(",")]
+    except ValueError:
+        fail(f"--kappas must be comma-separated numbers, got {a.kappas!r}.")
+    if not all(np.isfinite(kappas)) or min(kappas) <= 0:
+        fail(f"--kappas must be finite numbers > 0 (κ = η·λ_max/N), got {a.kappas}.")
+    if min(a.seeds) < 0:
+        fail(f"--seeds must be integers >= 0, got {a.seeds}.")
+    k, n = a.classes, a.classes * a.per_class
+    for n_sub in a.subsets:
+        if n_sub % k or not k <= n_sub < n:
+            fail(f"N' = {n_sub} (--subsets) must be a multiple of K = {k} (--classes) in "
+                 f"[K, N) = [{k}, {n}) (N = --classes × --per-class).")
+    return kappas
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="experiments/results/extrapolate/mnist_test.csv")
     p.add_argument("--dataset", default="mnist_test")
@@ -40,13 +72,9 @@ def main() -> None:
     p.add_argument("--seeds", type=_ints, default=[0, 1], help="subset draws")
     p.add_argument("--kappas", default="0.25,1.0", help="κ = η·λ_max/N values")
     p.add_argument("--steps", type=int, default=150)
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    kappas = check_args(p, a)
     k = a.classes
-    for n_sub in a.subsets:
-        if n_sub % k or not k <= n_sub < k * a.per_class:
-            raise SystemExit(f"extrapolate: error: N' = {n_sub} must be a multiple of K = {k} "
-                             f"below N = {k * a.per_class}")
-    kappas = [float(v) for v in a.kappas.split(",")]
     model, meta = ntk_tt.load_checkpoint()
     model = ntk_tt.replace_head(model, k, key=jax.random.key(1))
     apply_fn, params = ntk_tt.from_nnx(model)

@@ -413,8 +413,17 @@ def summary(a, out: Path) -> None:
 
 
 def main(argv=None) -> None:
-    a = _parser().parse_args(argv)
+    p = _parser()
+    a = p.parse_args(argv)
+    from ntk_tt.data._data import known_datasets
+
+    wanted = a.datasets.split(",") if a.part == "750" else ["notmnist", "mnist_test"]
+    if not a.summary_only and (missing := [d for d in wanted if d not in known_datasets()]):
+        p.exit(2, f"subset_check.py: error: target sets {', '.join(missing)} are not here "
+                  f"(known: {', '.join(known_datasets())}); the shared ones need ../shared/data"
+                  " or $NTK_TT_DATA_DIR.\n")
     out = Path(a.out)
+
     out.mkdir(parents=True, exist_ok=True)
     if not a.summary_only:
         t0 = time.perf_counter()

@@ -1,6 +1,8 @@
-"""``experiments/kernel_evolution.py`` refuses bad arguments in one line before any kernel is
-built (a fresh user's ``--kappas -1`` and ``--momenta 1.0`` built the kernel and trained for
-real, then failed with a traceback about a learning rate they never passed)."""
+"""``experiments/kernel_evolution.py`` and ``extrapolate.py`` refuse bad arguments in one line
+before any kernel is built (a fresh user's ``--kappas -1`` and ``--momenta 1.0`` built the
+kernel and trained for real, then failed with a traceback about a learning rate they never
+passed; extrapolate's ``--per-class -1`` was blamed on N', its ``--kappas 0`` failed after the
+kernel)."""
 
 import re
 
@@ -8,6 +10,7 @@ import pytest
 from _scripts import experiment_script, refused
 
 ke = experiment_script("kernel_evolution")
+ex = experiment_script("extrapolate")
 BASE = ["--datasets", "flowers5", "--per-class", "10", "--kappas", "12", "--momenta", "0",
         "--steps", "10", "--checkpoints", "0", "10", "--subset", "10"]
 
@@ -42,3 +45,30 @@ def test_the_default_feature_kernel_kappas_are_those_of_the_grid():
     args.kappas, args.feature_kernel_kappas = [1.0, 4.0, 12.0], None
     ke.check_args(None, args)
     assert args.feature_kernel_kappas == [4.0, 12.0]
+
+
+EX_BASE = ["--out", "unused.csv", "--dataset", "flowers5", "--classes", "5", "--per-class",
+           "20", "--subsets", "25", "--seeds", "1", "--kappas", "1", "--steps", "20"]
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--per-class", "-1"], r"--per-class must be an integer >= 2, got -1"),
+    (["--kappas", "0"], r"--kappas must be finite numbers > 0 .*got 0"),
+    (["--kappas", "1,x"], r"--kappas must be comma-separated numbers"),
+    (["--steps", "0"], r"--steps must be an integer >= 1"),
+    (["--seeds", "-2"], r"--seeds must be integers >= 0"),
+    (["--dataset", "nosuch"], r"--dataset nosuch: not a target set here; known: .*flowers5"),
+    (["--subsets", "23"], r"N' = 23 \(--subsets\) must be a multiple of K = 5 .*\[5, 100\)"),
+    (["--subsets", "100"], r"N' = 100 .*\[5, 100\)"),
+])
+def test_extrapolate_refuses_bad_arguments_before_any_work(extra, said, capsys, monkeypatch):
+    monkeypatch.setattr(ex.ntk_tt, "load_checkpoint", lambda *a: pytest.fail("work began"))
+    line = refused(ex, EX_BASE + extra, capsys)
+    assert line.startswith("extrapolate: error: ") and re.search(said, line), line
+
+
+def test_subset_check_names_missing_target_sets_before_any_work(capsys, tmp_path):
+    sc = experiment_script("subset_check")
+    line = refused(sc, ["--datasets", "flowers5,nosuch", "--out", str(tmp_path / "o")], capsys)
+    assert line.startswith("subset_check.py: error: target sets nosuch are not here (known: ")
+    assert not (tmp_path / "o").exists()
