@@ -589,6 +589,18 @@ def test_raw_uint8_pixels_are_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.1, steps=3)
+    # predict_from_subset said nothing (a fresh user: κ = 4,853, "training diverged")
+    kw = dict(subset_size=4, learning_rate=1e-4, steps=3, key=jax.random.key(0))
+    labels = jnp.arange(8) % 2
+    with pytest.warns(UserWarning, match=r"x is uint8, raw image pixels most likely") as got:
+        ntk_tt.predict_from_subset(linear_apply, params, raw, labels, **kw)
+    assert any(w.filename == __file__ for w in got if "uint8" in str(w.message))
+    with warnings.catch_warnings(record=True) as got:  # (N' = 4 warns of its small subset)
+        warnings.simplefilter("always")
+        ntk_tt.predict_from_subset(linear_apply, params, x, labels, **kw)
+    assert got and not [w for w in got if "uint8" in str(w.message)]
+
+
 
 
 @pytest.mark.parametrize("kwargs,message", [

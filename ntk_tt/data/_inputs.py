@@ -10,6 +10,7 @@ the terminal).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,18 @@ def check_key(key: Any, name: str = "key") -> None:
         + f"; pass {name}=jax.random.key(seed)"
         + (" (an nnx.Rngs draws one when called: rngs())"
            if type(key).__name__ in ("Rngs", "RngStream") else "") + ".")
+
+
+def warn_raw_pixels(x, stacklevel: int) -> None:
+    """UserWarning when the model inputs ``x`` are uint8: raw image pixels most likely, which
+    make κ huge (a fresh user's raw pixels were "diverges at κ = 17,398"). ``stacklevel``: of
+    the caller's frame, as ``warnings.warn`` counts it there."""
+
+    if np.dtype(x.dtype) == np.uint8:
+        warnings.warn("x is uint8, raw image pixels most likely: normalise them as in "
+                      "pre-training first (ntk_tt.prepare_images(images, input_shape, mean=, "
+                      "std=)); unnormalised inputs make κ huge.", UserWarning,
+                      stacklevel=stacklevel + 1)
 
 
 def _concrete(value):

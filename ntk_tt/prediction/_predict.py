@@ -6,7 +6,6 @@ SGD noise (SDE only) → ``predict_from_kernel`` → T_ε per ε with reasons. E
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -21,7 +20,13 @@ from ntk_tt._options_predict import (
     default_backbone,
 )
 from ntk_tt._options_targets import check_targets
-from ntk_tt.data._inputs import _check_finite, as_array, at_least_float32, check_key
+from ntk_tt.data._inputs import (
+    _check_finite,
+    as_array,
+    at_least_float32,
+    check_key,
+    warn_raw_pixels,
+)
 from ntk_tt.data._model import ApplyFn, check_model, num_params
 from ntk_tt.dynamics._checks import (
     check_head_kernel,
@@ -256,10 +261,7 @@ def predict(
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
-    if x.dtype == np.uint8:  # a second fresh user: raw pixels were "diverges at κ = 17,398"
-        warnings.warn("x is uint8, raw image pixels most likely: normalise them as in "
-                      "pre-training first (ntk_tt.prepare_images(images, input_shape, mean=, "
-                      "std=)); unnormalised inputs make κ huge.", UserWarning, stacklevel=3)
+    warn_raw_pixels(x, stacklevel=3)
     # bfloat16 / float16 params and inputs: Θ and f0 in float32 (README, "Dtypes")
     params, x, head = at_least_float32((params, x, head))
     n, c = check_model(apply_fn, params, x)

@@ -23,7 +23,7 @@ import numpy as np
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt._options import _is_int
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate
-from ntk_tt.data._inputs import as_array, check_real
+from ntk_tt.data._inputs import as_array, check_real, warn_raw_pixels
 from ntk_tt.data._model import ApplyFn, check_concrete, check_model
 from ntk_tt.dynamics._checks import check_labels
 from ntk_tt.dynamics._divergence import beyond_edge, divergence
@@ -247,7 +247,8 @@ def predict_from_subset(
       NTKMemoryError: the subset (or cross) kernel does not fit (``empirical_ntk``).
 
     Warns:
-      UserWarning: before any kernel work, fewer than 4 samples per class (N' = K: one each;
+      UserWarning: ``x`` is uint8 (raw pixels most likely, as ``ntk_tt.predict`` warns).
+        Before any kernel work, fewer than 4 samples per class (N' = K: one each;
         "the subset of N' = ... samples holds ... of each of the K = ... classes: ... use N'
         >= 4·K"): spectrum and T_ε scatter widely between draws (off by a median 35–85 %, up
         to 750 %, on small test tasks; ``STABLE_PER_CLASS``); the prediction is still made.
@@ -285,6 +286,7 @@ def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps
     _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
                    forward_block_size)
     warn_small_subset(int(subset_size), k)  # after every refusal, before any kernel work
+    warn_raw_pixels(x, stacklevel=3)  # as predict warns (a fresh user's raw pixels: κ 4,853)
     idx = balanced_subset(y, int(subset_size), key)
     return _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=learning_rate,
                                steps=int(steps), method=method, k0=k0, fit_range=fit_range,
