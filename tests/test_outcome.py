@@ -434,6 +434,14 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("steps", "40", "'steps' must be an int >= 1"),
     ("learning_rate", None, "'learning_rate' must be a finite number > 0"),
     ("momentum", "0.9", r"'momentum' must be a finite number in \[0, 1\)"),
+    # a fresh user (session 41): η = 1e300 was read as a run's and predicted to diverge;
+    # runs record float32 values: η in float32's normal range, m below its 1
+    ("learning_rate", 1e300, r"'learning_rate' must be a finite number > 0, in \[1\.1754944e-38"
+                             r", 3\.4028235e\+38\] \(float32's normal range\), got 1e\+300"),
+    ("learning_rate", 1e-50, r"'learning_rate' must be a finite number > 0, in .* got 1e-50"),
+    ("momentum", 1 - 1e-10, r"'momentum' must be a finite number in \[0, 1\) and at most "
+                            r"0\.99999994"),
+
     ("batch_size", True, "'batch_size' must be an int >= 1"),
     ("num_classes", 1, r"'num_classes' must be an int >= 2 \(a classifier has at least two"),
     ("loss_name", "hinge", "'loss_name' must be"),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from test_outcome import _corpus, _telemetry
 
+import ntk_tt
 from ntk_tt.telemetry._outcome import fit_outcome
 from ntk_tt.telemetry._telemetry import Telemetry, check_telemetry, truncate
 
@@ -226,3 +227,30 @@ def test_outcome_cli_widens_the_t_eps_interval_outwards_as_predict_does(tmp_path
     assert lo != math.floor(lo) and hi != math.ceil(hi)  # fractional: rounding would show
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "loss T_0.1" in ln)
     assert line.endswith(f"(90 % interval {math.floor(lo)}–{math.ceil(hi)})"), (line, lo, hi)
+
+
+def test_strings_of_numbers_and_what_load_refuses_are_refused_by_the_api_too(tmp_path):
+    """A fresh user (session 41): a Telemetry whose loss was an array of strings was
+    predicted on (from_dict refuses strings in a row), and save_telemetry wrote an all-NaN
+    loss that load_telemetry and ``ntk-tt outcome`` then refused. Now check_telemetry refuses
+    non-numeric arrays, and save_telemetry refuses what load_telemetry would, writing
+    nothing."""
+    base = _base()
+    for field in ("loss", "grad_norm", "test_loss"):
+        text = dataclasses.replace(base, **{field: np.asarray(getattr(base, field)).astype(str)})
+        with pytest.raises(ValueError, match=rf"telemetry field '{field}' must be an array of "
+                                             r"numbers, got dtype <U"):
+            check_telemetry(text)
+    with pytest.raises(ValueError, match="'snapshot_steps' must be an array of whole step"):
+        check_telemetry(dataclasses.replace(base, snapshot_steps=np.asarray(
+            base.snapshot_steps, float)))
+    out = tmp_path / "runs.jsonl"
+    nan_loss = _with(base, loss=np.full(T + 1, np.nan))
+    with pytest.raises(ValueError, match=r"^item 1 of runs: telemetry field 'loss' must be "
+                                         r"finite .* Nothing was written\.$"):
+        ntk_tt.save_telemetry(out, [base, nan_loss])
+    with pytest.raises(ValueError, match=r"^runs: telemetry field 'loss' must be finite"):
+        ntk_tt.save_telemetry(out, nan_loss)
+    assert not out.exists()
+    ntk_tt.save_telemetry(out, [base])
+    assert ntk_tt.load_telemetry(out)[0].loss[0] == base.loss[0]

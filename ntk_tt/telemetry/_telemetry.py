@@ -224,6 +224,14 @@ def check_telemetry(telemetry: Telemetry) -> None:
     """
     kw = {f.name: getattr(telemetry, f.name) for f in dataclasses.fields(telemetry)}
     kw = {k: v.item() if isinstance(v, np.generic) else v for k, v in kw.items()}
+    for k in _PER_STEP + _PER_UPDATE + _SNAPSHOT + ("snapshot_steps",):
+        dtype = np.asarray(kw[k]).dtype  # strings of numbers were read as numbers
+        if dtype.kind not in "fiu" or (k == "snapshot_steps" and dtype.kind == "f"
+                                       and np.size(kw[k])):
+
+            raise ValueError(f"telemetry field {k!r} must be an array of "
+                             + ("whole step numbers" if k == "snapshot_steps" else "numbers")
+                             + f", got dtype {dtype}, as a Telemetry row refuses it.")
     _check_scalars(kw)
     _check_lengths(kw)
     _check_values(kw)
@@ -261,7 +269,9 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
     Raises:
       ValueError: ``path`` is not a str or os.PathLike (e.g. a number, or the arguments
         swapped; its type named); ``runs`` is not a Telemetry or a sequence of them (the first
-        other item's index and type named) or an empty sequence; ``path``'s folder does not
+        other item's index and type named) or an empty sequence; a run that
+        :func:`load_telemetry` would refuse (:func:`check_telemetry`, e.g. a NaN loss; its
+        index named); ``path``'s folder does not
         exist; ``path`` exists and ``overwrite`` is not True. Nothing is written then.
     """
     path = file_path(path, "telemetry", "save_telemetry('runs.jsonl', [run.telemetry]); nothing "
@@ -276,6 +286,12 @@ def save_telemetry(path: str | Path, runs: Telemetry | Sequence[Telemetry], *,
                              f"{where} is {a_type(r)}. Nothing was written.")
     if not runs:  # an empty file would only be refused later, by ntk-tt outcome
         raise ValueError("save_telemetry got no runs (an empty sequence); nothing was written.")
+    for i, r in enumerate(runs):  # what load_telemetry would refuse (a NaN loss was written)
+        try:
+            check_telemetry(r)
+        except ValueError as err:
+            raise ValueError(f"{f'item {i} of runs' if many else 'runs'}: {err} Nothing was "
+                             "written.") from None
     require_folder(path, "telemetry")
     if path.exists() and overwrite is not True:
         raise ValueError(f"telemetry path {path} exists; pass overwrite=True to replace it, or "

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ntk_tt._options import FLOAT32_MAX
+from ntk_tt._options import DECAY_RANGE, FLOAT32_MAX, FLOAT32_TINY, is_decay
 
 _SCALARS = ("learning_rate", "momentum", "nesterov", "batch_size", "steps", "num_train",
             "num_classes", "loss_name", "snr_samples", "stopped_at")
@@ -158,12 +158,14 @@ def _check_scalars(kw: dict) -> None:
             or kw["stopped_at"] < -1:
         raise ValueError(f"telemetry field 'stopped_at' must be an int >= -1, got "
                          f"{kw['stopped_at']!r}.")
-    for k, ok in (("learning_rate", lambda v: v > 0), ("momentum", lambda v: 0 <= v < 1)):
+    # the run's float32 values (a probe's learning rate 1e300 was read as a real run's)
+    for k, ok, rng in (("learning_rate", lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
+                        f"> 0, in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (float32's normal "
+                        "range)"), ("momentum", is_decay, f"in {DECAY_RANGE}")):
         v = kw[k]
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
                 or not ok(v):
-            raise ValueError(f"telemetry field {k!r} must be a finite number "
-                             f"{'> 0' if k == 'learning_rate' else 'in [0, 1)'}, got {v!r}.")
+            raise ValueError(f"telemetry field {k!r} must be a finite number {rng}, got {v!r}.")
     if not isinstance(kw["nesterov"], bool):
         raise ValueError(f"telemetry field 'nesterov' must be true or false, got "
                          f"{kw['nesterov']!r}.")
