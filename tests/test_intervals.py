@@ -190,6 +190,14 @@ def test_bad_table_and_prediction_raise():
         with pytest.raises(ValueError, match=match):
             ntk_tt.fit_intervals(frame)
     cal = ntk_tt.fit_intervals(synthetic(np.random.default_rng(7), 10))
+    # a fresh user fitted 5 rows and got (0, T) from every interval without a word
+    few = synthetic(np.random.default_rng(7), 10).iloc[:5]
+    n = sum(len(v) for v in ntk_tt.fit_intervals(few, 0.5).groups.values())
+    assert 0 < n < 19
+    with pytest.warns(ntk_tt.CalibrationRangeWarning, match=rf"fit_intervals on 5 rows: level "
+                                                            rf"0\.9 needs more residuals .*"
+                                                            rf"\({n}, all pooled\)"):
+        ntk_tt.fit_intervals(few)
     with pytest.raises(ValueError, match="positive"):
         cal.interval(0.0, 1.0, 0.1, "gd")
     with pytest.raises(ValueError, match="takes a Prediction from ntk_tt.predict, got "

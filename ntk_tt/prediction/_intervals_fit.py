@@ -5,6 +5,7 @@ the residuals log(real T_ε / predicted T_ε) of its rows, grouped as the module
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 
@@ -17,7 +18,11 @@ from ntk_tt.prediction._intervals import (
     _check_level,
     kappa_bin,
 )
-from ntk_tt.prediction._intervals_range import rule_source
+from ntk_tt.prediction._intervals_range import (
+    CalibrationRangeWarning,
+    _level_message,
+    rule_source,
+)
 
 _EPS = re.compile(r"0?\.\d+|\d+(\.\d*)?(e-?\d+)?")  # a column's ε as the sweep writes it (:g)
 
@@ -56,6 +61,10 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
 
     Returns:
       :class:`IntervalCalibrator` holding every defined residual, grouped.
+
+    Warns:
+      CalibrationRangeWarning: fewer residuals than ``level`` needs for a finite bound even
+        pooled (level > 1 − 2/(n + 1)): every interval at that level is (0, T).
 
     Raises:
       ValueError: level not in (0, 1), ``by`` not distinct fields of "kappa", "eps",
@@ -119,6 +128,10 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
               **{f: [int(v.min()), int(v.max())] for f in ("num_train", "steps", "num_classes")
                  if f in frame.columns for v in [frame[f].to_numpy(float)[used]]},
               **rule_source(frame, used)}
+    if level > 1 - 2 / (source["residuals"] + 1):  # its every interval (0, T) (a fresh user)
+        warnings.warn(f"fit_intervals on {len(frame)} rows: "
+                      f"{_level_message(level, source['residuals'])}; fit on a larger sweep "
+                      "table.", CalibrationRangeWarning, stacklevel=2)
     return IntervalCalibrator(level=level, by=by, min_count=min_count, kappa_edges=edges,
                               groups={k: tuple(sorted(v)) for k, v in groups.items()},
                               source=source)
