@@ -198,6 +198,8 @@ def test_bad_table_and_prediction_raise():
                                                             rf"0\.9 needs more residuals .*"
                                                             rf"\({n}, all pooled\)"):
         ntk_tt.fit_intervals(few)
+    assert ntk_tt.fit_intervals(good, by="kappa").by == ("kappa",)  # not ('k', 'a', 'p', ...)
+
     with pytest.raises(ValueError, match="positive"):
         cal.interval(0.0, 1.0, 0.1, "gd")
     with pytest.raises(ValueError, match="takes a Prediction from ntk_tt.predict, got "

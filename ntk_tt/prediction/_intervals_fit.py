@@ -55,7 +55,9 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
         ``weight_decay``, ``nesterov``, ``decoupled`` (absent: "constant", 0, False, True),
         recorded in ``source``.
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
-        "eps", "optimizer" (() = pooled). min_count: fewest residuals for a group to be used
+        "eps", "optimizer" (() = pooled; one name alone is one field). min_count: fewest
+        residuals for a group to be used
+
         (else the next coarser one; the pooled group, the last resort, whatever its count).
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
 
@@ -81,7 +83,8 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
                          f" (pd.read_parquet('.../results.parquet')), got {type(frame).__name__}.")
     level = _check_level(level)
     edges = _check_edges(kappa_edges)
-    by = tuple(by)
+    by = (by,) if isinstance(by, str) else tuple(by)  # by="kappa" was read as its letters
+
     if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
         raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
     if not isinstance(min_count, int) or min_count < 1:
