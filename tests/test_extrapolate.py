@@ -134,6 +134,13 @@ def test_bad_input_raises_value_error():
 
     with pytest.raises(ValueError, match="fit_range"):
         ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), k0=2, fit_range=(5, 5))
+    # a fresh user (session 41): "too many values to unpack", and an empty kernel blamed on k0
+    for bad in ((1, 2, 3), 5, "ab"):
+        with pytest.raises(ValueError, match=r"fit_range must be two integers \(lo, hi\), got"):
+            ntk_tt.extrapolate_spectrum(kern, r, np.ones((40, 2)), fit_range=bad)
+    with pytest.raises(ValueError, match=r"kernel_subset and its residual hold no samples \("
+                                         r"residual of shape \(0, 5\)\)"):
+        ntk_tt.extrapolate_spectrum(np.zeros((0, 0)), np.zeros((0, 5)), np.zeros((0, 5)))
     with pytest.raises(ValueError, match="> 0"):
         ntk_tt.fit_power_law(np.array([1.0, 0.5, 0.0]), (1, 3))
     with pytest.raises(ValueError, match="kernel_cross"):
@@ -152,8 +159,11 @@ def test_an_asymmetric_kernel_is_refused_as_predict_from_kernel_does():
     kern, _ = _power_law_kernel(20, 1.0, 1.0, jax.random.key(0))
     bad = kern + 10 * np.triu(np.ones_like(kern))
     r = np.ones((20, 2))
-    with pytest.raises(ValueError, match="kernel_subset is not symmetric.*Θ\\(x, x\\)"):
+    with pytest.raises(ValueError, match="kernel_subset is not symmetric.*Θ\\(x, x\\)") as err:
         ntk_tt.extrapolate_spectrum(bad, r, np.ones((40, 2)))
+    # it named kernel_test (with f0_test and y_test), which extrapolate_spectrum has not
+    assert "kernel_test" not in str(err.value) and "nystrom_spectrum's kernel_cross" in str(
+        err.value)
     with pytest.raises(ValueError, match="kernel_subset is not symmetric"):
         ntk_tt.extrapolate_spectrum(bad, r, r)  # N = N': the subset's own spectrum
     with pytest.raises(ValueError, match="kernel is not symmetric"):

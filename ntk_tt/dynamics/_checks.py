@@ -56,7 +56,9 @@ GRAM_TOL = 1e-3
 blockwise Θ = J Jᵀ (~1e-6), far below the asymmetry of a cross kernel."""
 
 
-def check_gram(kernel, name: str = "kernel") -> None:
+def check_gram(kernel, name: str = "kernel",
+               cross: str = "a cross kernel Θ(x_test, x) goes in kernel_test (with f0_test and "
+                            "y_test)") -> None:
     """ValueError when a concrete square ``kernel`` cannot be an empirical NTK Θ = J Jᵀ:
     asymmetric by more than ``GRAM_TOL`` of its largest entry (e.g. a cross kernel
     Θ(x, x2) of two input sets of one size), or with a diagonal entry below −``GRAM_TOL``
@@ -80,9 +82,8 @@ def check_gram(kernel, name: str = "kernel") -> None:
     if asym > GRAM_TOL * scale:
         raise ValueError(
             f"{name} is not symmetric: max |Θ − Θᵀ| = {asym:.3g} against max |Θ| = "
-            f"{scale:.3g}. The dynamics need the training kernel Θ(x, x) = J Jᵀ; a cross "
-            "kernel Θ(x_test, x) goes in kernel_test (with f0_test and y_test), and "
-            "empirical_ntk(apply_fn, params, x) without x2 gives Θ(x, x).")
+            f"{scale:.3g}. The dynamics need the training kernel Θ(x, x) = J Jᵀ; {cross}, "
+            "and empirical_ntk(apply_fn, params, x) without x2 gives Θ(x, x).")
     low = float(np.min(np.diagonal(kc)))
     if low < -GRAM_TOL * scale:
         raise ValueError(

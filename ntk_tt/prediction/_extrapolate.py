@@ -96,7 +96,8 @@ def kernel_spectrum(kernel, residual) -> Spectrum:
                          f"{np.shape(residual)}.")
     mat, traced = _operator(kernel, residual, "kernel")
     _check_finite("kernel", mat)
-    check_gram(kernel)
+    check_gram(kernel, cross="a cross kernel Θ(x, x_subset) goes in nystrom_spectrum's "
+               "kernel_cross")
     _check_finite("residual", residual)
     n = np.shape(residual)[0]
     lam, p = _eig(mat, np.asarray(residual, np.float64), traced)
@@ -203,7 +204,8 @@ def extrapolate_spectrum(
     for name, value in (("kernel_subset", mat), ("residual_subset", residual_subset),
                         ("residual_full", residual_full)):
         _check_finite(name, value)
-    check_gram(kernel_subset, "kernel_subset")
+    check_gram(kernel_subset, "kernel_subset", "a cross kernel Θ(x, x_subset) goes in "
+               "nystrom_spectrum's kernel_cross, not here")
     n = np.shape(residual_full)[0]
     if n == n_sub:
         return kernel_spectrum(kernel_subset, residual_subset)

@@ -25,6 +25,9 @@ def _operator(kernel, residual, name):
             f"{np.shape(residual)}."
         )
     n, c = np.shape(residual)
+    if n == 0:  # an empty kernel was blamed on k0, which the user never passed
+        raise ValueError(f"{name} and its residual hold no samples (residual of shape "
+                         f"{np.shape(residual)}): pass the kernel of at least 2 samples.")
     shape = tuple(np.shape(kernel))
     if shape == (n * c, n * c):
         return np.asarray(kernel, np.float64), False
@@ -67,7 +70,10 @@ def _eig(mat, residual, traced):
 
 
 def _check_range(fit_range, size):
-    lo, hi = fit_range
+    try:  # (1, 2, 3) was "too many values to unpack"
+        lo, hi = fit_range
+    except (TypeError, ValueError):
+        raise ValueError(f"fit_range must be two integers (lo, hi), got {fit_range!r}.") from None
     for v in (lo, hi):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise ValueError(f"fit_range must be two integers (lo, hi), got {fit_range!r}.")
@@ -88,9 +94,10 @@ def tail_start(k0, fit_range, k_sub: int) -> tuple[int, tuple[int, int]]:
         raise ValueError(f"k0 = K' = {k_sub} leaves the default fit range (k0, K'/2) one "
                          f"eigenvalue, and a power law needs two: take k0 <= {k_sub - 1}, or "
                          f"pass fit_range=(lo, hi) with 1 <= lo < hi <= {k_sub}.")
-    fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else tuple(fit_range)
+    fit_range = (k0, max(k0 + 1, k_sub // 2)) if fit_range is None else fit_range
     _check_range(fit_range, k_sub)
-    return k0, fit_range
+    return k0, tuple(fit_range)
+
 
 
 def _tail_exponent(anchor, k0, size, target):
