@@ -611,3 +611,22 @@ def test_a_tight_memory_limit_takes_fewer_logits_before_fewer_samples(x64, monke
     np.testing.assert_allclose(
         theta, jnp.einsum("icjc->ij", brute_ntk(apply_fn, params, x).reshape(n, c, n, c)),
         rtol=1e-10)
+
+
+def test_x2_samples_of_another_shape_are_refused():
+    """A fresh user (session 41): a 16×16 x2 beside 32×32 x gave a kernel without a word (a
+    model that pools over space takes any image size). Θ(x, x2) pairs samples of one input
+    space: x2's per-sample shape must be x's, in every kernel function."""
+    def pooled(p, x):  # global average pooling, then a linear head: any H × W
+        return jnp.tanh(x @ p["c"]).mean(axis=(1, 2)) @ p["w"]
+
+    params = {"c": jnp.ones((3, 4)) / 3, "w": jnp.ones((4, 2)) / 4}
+    x = jax.random.normal(jax.random.key(0), (4, 8, 8, 3))
+    x2 = jax.random.normal(jax.random.key(1), (3, 4, 4, 3))
+    assert pooled(params, x2).shape == (3, 2)  # the model itself takes it
+    said = r"x2's samples have shape \(4, 4, 3\), x's \(8, 8, 3\): Θ\(x, x2\) pairs samples"
+    for fn in (ntk_tt.empirical_ntk, ntk_tt.sharded_empirical_ntk):
+        with pytest.raises(ValueError, match=said):
+            fn(pooled, params, x, x2)
+    assert ntk_tt.empirical_ntk(pooled, params, x, x2[:, :, :, :].repeat(2, 1).repeat(
+        2, 2)).shape == (8, 6)

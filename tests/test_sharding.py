@@ -56,7 +56,7 @@ def test_traced_arguments_are_refused_in_one_line_before_any_work(monkeypatch):
     def no_work(*args, **kwargs):
         raise AssertionError("kernel work started")
 
-    monkeypatch.setattr(sharding, "check_model", no_work)
+    monkeypatch.setattr(sharding, "pair_shapes", no_work)
     for name, call in (
             ("x", lambda: jax.jit(lambda xx: ntk_tt.sharded_empirical_ntk(apply_fn, params,
                                                                           xx))(x)),

@@ -88,16 +88,31 @@ def _block_jacobian(fn, params, xs: np.ndarray, chunk: int, cot, buf):
 
 def checked_inputs(name: str, apply_fn, params, x, x2, block_size):
     """``(x, x2, (N, C), N2)`` as arrays after the input checks of :func:`ntk_tt.empirical_ntk`
-    (concrete inputs, ``block_size``, ``check_model`` on both, one C), before any work."""
+    (concrete inputs, ``block_size``, ``check_model`` on both, one C, one sample shape),
+    before any work."""
     check_concrete(name, takes="predict_from_kernel", params=params, x=x, x2=x2)
     check_block_size(block_size)
     x = as_array(x, "x")
     x2 = None if x2 is None else as_array(x2, "x2")
+    (n, c), n2 = pair_shapes(apply_fn, params, x, x2)
+    return x, x2, (n, c), n2
+
+
+def pair_shapes(apply_fn, params, x, x2) -> tuple[tuple[int, int], int]:
+    """``((N, C), N2)`` of a kernel Θ(x, x2) after ``check_model`` on both: one C, and x2's
+    samples of x's shape (a fresh user's 16×16 x2 beside 32×32 x gave a kernel without a word:
+    a convolutional model takes any image size)."""
     n, c = check_model(apply_fn, params, x)
-    n2, c2 = (n, c) if x2 is None else check_model(apply_fn, params, x2, name="x2")
+    if x2 is None:
+        return (n, c), n
+    n2, c2 = check_model(apply_fn, params, x2, name="x2")
+    if np.shape(x2)[1:] != np.shape(x)[1:]:
+        raise ValueError(f"x2's samples have shape {np.shape(x2)[1:]}, x's {np.shape(x)[1:]}: "
+                         "Θ(x, x2) pairs samples of one input space; prepare both alike "
+                         "(ntk_tt.prepare_images with the same input_shape).")
     if c2 != c:
         raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
-    return x, x2, (n, c), n2
+    return (n, c), n2
 
 
 def block_pairs(plan, params, xr: np.ndarray, xc: np.ndarray, symmetric: bool):

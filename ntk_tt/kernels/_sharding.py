@@ -19,8 +19,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ntk_tt.data._model import ApplyFn, check_concrete, check_model
-from ntk_tt.kernels._blocks import check_trace_logits
+from ntk_tt.data._model import ApplyFn, check_concrete
+from ntk_tt.kernels._blocks import check_trace_logits, pair_shapes
 from ntk_tt.kernels._structured import contract, structured_jacobian
 
 
@@ -106,7 +106,8 @@ def sharded_empirical_ntk(
 
     Raises:
       ValueError: ``trace_logits`` not True or False; bad x / x2 / params / ``apply_fn``
-        output (``check_model``), x2 giving a different number of logits, a mesh that is
+        output (``check_model``), x2 giving a different number of logits or with samples of
+        another shape than x's, a mesh that is
         not a 1-D ``Mesh``, or a traced ``params`` / ``x`` / ``x2`` (called under
         ``jax.jit``, ``vmap`` or ``grad``: it pads and places concrete arrays), before any work.
     """
@@ -114,11 +115,8 @@ def sharded_empirical_ntk(
                    x2=x2)
     trace_logits = check_trace_logits(trace_logits)
     mesh = _check_mesh(mesh)
-    n, c = check_model(apply_fn, params, x)
+    (n, c), n2 = pair_shapes(apply_fn, params, x, x2)
     symmetric = x2 is None
-    n2, c2 = (n, c) if symmetric else check_model(apply_fn, params, x2, name="x2")
-    if c2 != c:
-        raise ValueError(f"apply_fn gives C={c} logits on x but C={c2} on x2; use one model.")
     d = mesh.shape[mesh.axis_names[0]]
     rows = NamedSharding(mesh, P(mesh.axis_names[0]))
     xs = _padded(x, d, rows)
