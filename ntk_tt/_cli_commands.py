@@ -19,6 +19,10 @@ _JOB_ARGS = ("verify", "figure_path", "json_path", "progress", "overwrite")  # n
 # told "ntk_tt.replace_head" and "predictor='linear'" by ntk-tt predict)
 _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_tt.replace_head)",
                "give --head-scale nearer 1"), ("backbone='exact'", "--backbone exact"),
+              ("Use backbone='subspace'", "Use --backbone subspace"),
+              ("or the default 'diagonal', or fewer samples", "or the default diagonal, or "
+               "fewer samples (-n)"),
+
               ("predictor='linear'", "--predictor linear"),
               ("allow resizing (resize=True, drop --no-resize)", "drop --no-resize"),
               ("widen kappa_range", "widen --kappa-min/--kappa-max"),

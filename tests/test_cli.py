@@ -1720,3 +1720,21 @@ def test_python_advice_in_a_job_error_is_said_as_flags():
     assert cli_terms("choose a lower target (or target_kind='fraction' with a value in "
                      "(0, 1)).") == ("choose a lower target (or --target-kind fraction with a "
                                      "value in (0, 1)).")
+
+
+def test_an_exact_feature_kernel_too_large_for_memory_is_one_line_in_the_cli(
+        tmp_path, capsys, monkeypatch):
+    """--backbone exact at the main job's N = 750 ran 15 minutes at 21 of 23 GB without a
+    word; its refusal (head_aware_kernel's NTKMemoryError, before any Jacobian) is one
+    ``ntk-tt: error:`` line in the CLI's flags. A limit of 1 MB stands for the small machine."""
+    monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", "1e6")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(["--dataset", grey_digits(tmp_path), "-K", "2", "-n", "3", "-T", "4",
+                 "--backbone", "exact", "--figure", ""], capsys)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1
+    assert err[0].startswith("ntk-tt: error: --backbone exact needs the (384, 384) feature "
+                             "kernel K_h and its held-out cross kernel (256, 384)")
+    assert err[0].endswith("Use --backbone subspace (K_h exact on the features' k leading "
+                           "directions, its measured substitute) or the default diagonal, or "
+                           "fewer samples (-n).")

@@ -393,3 +393,31 @@ def test_head_too_small_to_read_k_b_off_theta_is_refused():
         head_aware_kernel(split_head(model), jnp.ones((N, D + 1), jnp.float32))
     with pytest.raises(ValueError, match="HeadAwareKernel"):
         predict_head_aware(np.eye(N * C), y, learning_rate=0.1, steps=3)
+
+
+def test_an_exact_feature_kernel_beyond_half_the_memory_is_refused_before_any_work(
+        monkeypatch):
+    """The main job's N = 750 with --backbone exact (K_h 48,000², 12.3 GB with its held-out
+    part) peaked at 21.2 GB of a 23 GB machine and ran 15 minutes without output. Now
+    head_aware_kernel refuses, before any Jacobian, exact kernels needing more than half the
+    available memory: here K_h (N·F)² and the cross kernel (N_t·F × N·F) in float32 bytes
+    against a limit set just below and just above twice that."""
+    import ntk_tt.kernels._ntk as ntk_module
+
+    model, x, _, xt, _ = _problem(True)
+    x, xt = x.astype(jnp.float32), xt.astype(jnp.float32)
+    nnx.update(model, jax.tree.map(lambda a: a.astype(jnp.float32), nnx.state(model)))
+    need = 4 * (N * F) * (N * F + len(xt) * F)
+    real = ntk_module.empirical_ntk
+    monkeypatch.setattr(ntk_module, "empirical_ntk",
+                        lambda *a, **k: pytest.fail("kernel work began"))
+    monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", str(2 * need - 1))
+    with pytest.raises(ntk_tt.NTKMemoryError, match=rf"backbone='exact' needs the \({N * F}, "
+                                                    rf"{N * F}\) feature kernel K_h and its "
+                                                    rf"held-out cross kernel \({len(xt) * F}, "
+                                                    rf"{N * F}\).*backbone='subspace'"):
+        head_aware_kernel(split_head(model), x, xt, backbone="exact")
+    monkeypatch.setattr(ntk_module, "empirical_ntk", real)
+    monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", str(2 * need + 10**6))  # the guard's own share
+    hk = head_aware_kernel(split_head(model), x, xt, backbone="exact")
+    assert hk.backbone.shape == (N * F, N * F) and hk.backbone_test.shape == (len(xt) * F, N * F)

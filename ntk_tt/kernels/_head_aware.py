@@ -94,11 +94,10 @@ def split_head(model: nnx.Module) -> tuple[Any, Any, jax.Array, jax.Array]:
                          "without a bias (use_bias=False); the head-aware predictor needs W "
                          "and b: build it with use_bias=True (ntk_tt.replace_head does).")
     if not isinstance(head, nnx.Linear):
-        raise ValueError(
-            f"split_head (the head-aware predictor) needs a model whose classifier is an "
-            f"nnx.Linear attribute `head` with a bias, got {type(model).__name__}; name the "
-            "classifier layer `head` (ntk_tt.replace_head makes one)."
-        )
+        raise ValueError(f"split_head (the head-aware predictor) needs a model whose "
+                         f"classifier is an nnx.Linear attribute `head` with a bias, got "
+                         f"{type(model).__name__}; name the classifier layer `head` "
+                         "(ntk_tt.replace_head makes one).")
     body = nnx.clone(model)
     body.head = _Identity()
     feature_fn, backbone_params = from_nnx(body)
@@ -177,9 +176,8 @@ def check_split(split) -> None:
     """ValueError unless ``split`` is a 4-tuple (or list) as :func:`split_head` returns."""
     if not isinstance(split, tuple | list) or len(split) != 4:
         size = f" of length {len(split)}" if isinstance(split, tuple | list) else ""
-        raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, "
-                         "backbone_params, head_kernel, head_bias), got "
-                         f"{type(split).__name__}{size}.")
+        raise ValueError("split must be ntk_tt.split_head(model): (feature_fn, backbone_params, "
+                         f"head_kernel, head_bias), got {type(split).__name__}{size}.")
 
 
 def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
@@ -226,10 +224,11 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
         traced argument (no ``jax.jit``, ``vmap`` or ``grad`` over the kernel's
         construction), or (Kronecker and isotropic) a zero head or one so small that Θ's
         backbone share is below 10·eps of its largest entry: k_b would be 0/0 or rounding
-        noise.
+        noise. NTKMemoryError: "exact" with K_h (and its test part) over half the memory.
     """
     from ntk_tt.data._inputs import _check_finite
     from ntk_tt.kernels._diagonal import diagonal_kernel
+    from ntk_tt.kernels._memory import check_feature_kernel_fits
     from ntk_tt.kernels._ntk import empirical_ntk
 
     if backbone not in BACKBONES:
@@ -249,6 +248,7 @@ def head_aware_kernel(split, x, x_test=None, *, backbone: str = "isotropic",
     h0t = None if x_test is None else feature_fn(bparams, x_test)
     n, f = h0.shape
     if backbone == "exact":
+        check_feature_kernel_fits(n * f, 0 if h0t is None else h0t.shape[0] * f, h0.itemsize)
         kh = empirical_ntk(feature_fn, bparams, x)
         kht = None if x_test is None else empirical_ntk(feature_fn, bparams, x_test, x)
         return HeadAwareKernel(h0, w0, b0, kh, None, h0t, kht)
