@@ -1724,7 +1724,7 @@ def test_python_advice_in_a_job_error_is_said_as_flags():
 
 def test_an_exact_feature_kernel_too_large_for_memory_is_one_line_in_the_cli(
         tmp_path, capsys, monkeypatch):
-    """--backbone exact at the main job's N = 750 ran 15 minutes at 21 of 23 GB without a
+    """--backbone exact at the main job's N = 750 ran 15 minutes at 20 of 23 GiB without a
     word; its refusal (head_aware_kernel's NTKMemoryError, before any Jacobian) is one
     ``ntk-tt: error:`` line in the CLI's flags. A limit of 1 MB stands for the small machine."""
     monkeypatch.setenv("NTK_TT_MEMORY_LIMIT", "1e6")

@@ -397,8 +397,8 @@ def test_head_too_small_to_read_k_b_off_theta_is_refused():
 
 def test_an_exact_feature_kernel_beyond_half_the_memory_is_refused_before_any_work(
         monkeypatch):
-    """The main job's N = 750 with --backbone exact (K_h 48,000², 12.3 GB with its held-out
-    part) peaked at 21.2 GB of a 23 GB machine and ran 15 minutes without output. Now
+    """The main job's N = 750 with --backbone exact (K_h 48,000², 11.4 GiB with its held-out
+    part) peaked at 20.2 GiB of a 23 GiB machine and ran 15 minutes without output. Now
     head_aware_kernel refuses, before any Jacobian, exact kernels needing more than half the
     available memory: here K_h (N·F)² and the cross kernel (N_t·F × N·F) in float32 bytes
     against a limit set just below and just above twice that."""

@@ -109,7 +109,7 @@ def check_feature_kernel_fits(rows: int, test_rows: int, itemsize: int) -> None:
     kernels, K_h (N·F, N·F) and its held-out cross kernel (N_test·F, N·F) (``rows`` = N·F,
     ``test_rows`` = N_test·F), need more than half of :func:`available_memory`: the predictor
     then works on them, and each ``empirical_ntk`` call checks only its own kernel (the main
-    job's N = 750, F = 64: 12.3 GB of kernels on a 23 GB machine peaked at 21.2 GB and ran
+    job's N = 750, F = 64: 11.4 GiB of kernels on a 23 GiB machine peaked at 20.2 GiB and ran
     15 minutes without output before it was stopped)."""
     need = itemsize * rows * (rows + test_rows)
     have = available_memory()
