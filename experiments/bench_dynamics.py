@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import pandas as pd
 
 import ntk_tt
+from ntk_tt.dynamics._fspace import top_eigenvalue
 
 N, C, T, B, PATHS, SKETCH = 750, 5, 150, 50, 32, 256
 
@@ -30,7 +31,7 @@ def problem(key):
     f0 = 0.1 * jax.random.normal(kf, (N, C))
     y = jax.random.randint(ky, (N,), 0, C)
     feats = 0.05 * jax.random.normal(kg, (N * C, SKETCH))
-    lr = 0.5 * N / float(ntk_tt.dynamics._fspace.top_eigenvalue(kernel))  # κ = 0.5
+    lr = 0.5 * N / float(top_eigenvalue(kernel))  # κ = 0.5
     return kernel, f0, y, feats, lr
 
 
