@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ntk_tt.data._inputs import check_key
+from ntk_tt._keys import check_key
 
 _he = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
 HEAD_SCALE = 0.3

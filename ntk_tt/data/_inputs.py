@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._keys import check_key as check_key  # models.py (base) checks keys too
 from ntk_tt._options import _describe, a_type
 from ntk_tt._options import check_real as check_real  # importable without JAX
 
@@ -83,36 +84,6 @@ def at_least_float32(tree: Any) -> Any:
         return leaf
 
     return jax.tree.map(up, tree)
-
-
-def check_key(key: Any, name: str = "key") -> None:
-    """ValueError unless ``key`` is None, a single typed ``jax.random.key(seed)`` (shape ())
-    or a raw uint32 (2,) ``jax.random.PRNGKey(seed)`` (concrete or traced)."""
-    if key is None:
-        return
-    # an array's dtype only: flax's nnx.Rngs answers any attribute with a stream (a fresh user's
-    # key=nnx.Rngs(0) was a raw TypeError)
-    dtype = key.dtype if isinstance(key, (jax.Array, np.ndarray, np.generic)) else None
-    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        if np.shape(key) != ():
-            raise ValueError(
-                f"{name} must be a single jax random key, got an array of {np.size(key)} keys "
-                f"(shape {np.shape(key)}, e.g. from jax.random.split); pass one of them, "
-                f"e.g. {name}=keys[0], or jax.vmap over the keys.")
-        return
-    if dtype is not None and jnp.dtype(dtype) == jnp.uint32 and np.shape(key) == (2,):
-        return
-    if dtype is not None and jnp.dtype(dtype) == jnp.uint32 and np.shape(key)[-1:] == (2,):
-        raise ValueError(
-            f"{name} must be a single jax random key, got {np.size(key) // 2} raw keys (shape "
-            f"{np.shape(key)}, e.g. from jax.random.split(jax.random.PRNGKey(seed))); pass "
-            f"one of them, e.g. {name}=keys[0], or jax.vmap over the keys.")
-    raise ValueError(
-        f"{name} must be a jax random key, got {_describe(key)}"
-        + (f" with dtype {dtype}" if dtype is not None else "")
-        + f"; pass {name}=jax.random.key(seed)"
-        + (" (an nnx.Rngs draws one when called: rngs())"
-           if type(key).__name__ in ("Rngs", "RngStream") else "") + ".")
 
 
 def warn_raw_pixels(x, stacklevel: int) -> None:
