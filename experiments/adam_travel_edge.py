@@ -23,6 +23,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _args import output_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import OUTCOMES, outcome
@@ -35,6 +36,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
+    output_file(ap, args.out, "--out")  # it writes after the whole loop
     model, meta = ntk_tt.load_checkpoint()
     model = ntk_tt.replace_head(model, 5, key=jax.random.key(1))
     apply_fn, params = ntk_tt.from_nnx(model)

@@ -29,6 +29,7 @@ import time
 
 import jax
 import pandas as pd
+from _args import at_least, fail, output_file  # experiments/_args.py, beside this script
 from sweep import PRESETS  # experiments/sweep.py, beside this script
 
 import ntk_tt
@@ -58,6 +59,11 @@ def main(argv=None) -> None:
     p.add_argument("--per-class", type=int, default=150)
     p.add_argument("--csv", help="also write the table here")
     a = p.parse_args(argv)
+    output_file(p, a.csv, "--csv")  # before the kernels and the fine-tunes
+    if a.dataset not in ntk_tt.known_datasets():
+        fail(p, f"--dataset {a.dataset}: not a target set here; known: "
+                f"{', '.join(ntk_tt.known_datasets())}.")
+    at_least(p, "--per-class", a.per_class, 1, integer=True)
     # the full preset's grid, paths and steps on this one task (its edge κ̃ rows need
     # N <= 250, so a task of 5 x 150 has the 18 configurations)
     spec = dataclasses.replace(PRESETS["full"], datasets=(a.dataset,),

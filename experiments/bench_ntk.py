@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import at_least, output_file, positive  # experiments/_args.py, beside this script
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data"
@@ -276,6 +277,9 @@ def main(argv=None):
         sizes = [0]
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    output_file(ap, args.csv, "--csv")  # it writes after every measurement
+    at_least(ap, "--pretrain-steps", args.pretrain_steps, 0, integer=True)
+    positive(ap, "--timeout", args.timeout)
     if any(v < 5 or v % 5 for v in sizes):
         ap.error(f"--sizes takes a comma list of multiples of 5, got {args.sizes!r}")
     import pandas as pd
@@ -283,7 +287,13 @@ def main(argv=None):
     sizes = sizes or ([60, 150] if args.quick else [60, 150, 750])
     sketch_dims = [256, 1024] if args.quick else [256, 1024, 4096]
     if args.sketch_dims is not None:
-        sketch_dims = [int(v) for v in args.sketch_dims.split(",") if v]
+        try:
+            sketch_dims = [int(v) for v in args.sketch_dims.split(",") if v]
+        except ValueError:
+            sketch_dims = [0]
+        if any(v < 1 for v in sketch_dims):
+            ap.error(f"--sketch-dims takes a comma list of integers >= 1 (or ''), got "
+                     f"{args.sketch_dims!r}")
     try:
         nt_impls = tuple(int(v) for v in args.nt_impls.split(",") if v)
     except ValueError:

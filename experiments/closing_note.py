@@ -18,6 +18,7 @@ import time
 import jax
 import numpy as np
 import pandas as pd
+from _args import at_least, output_file, positive  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._predict_kernel import STATIC
@@ -26,12 +27,15 @@ from ntk_tt.prediction._job import DEFAULTS, load_task
 CONFIGS = [(None, 0.0), (None, 0.9), (50, 0.0), (50, 0.9), (100, 0.0), (100, 0.9)]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="experiments/results/closing_note.csv")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--lr", type=float, default=DEFAULTS["learning_rate"])
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    output_file(p, a.out, "--out")  # before the kernel, the predictions and the fine-tunes
+    at_least(p, "--steps", a.steps, 1, integer=True)
+    positive(p, "--lr", a.lr)
     apply_fn, params, x, y, _, _, info, _ = load_task()
     t0 = time.perf_counter()
     kernel = jax.block_until_ready(ntk_tt.empirical_ntk(apply_fn, params, x))

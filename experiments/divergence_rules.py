@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _args import fail, output_file  # experiments/_args.py, beside this script
 
 from ntk_tt import read_corpus
 from ntk_tt.dynamics._divergence import DIVERGES, KAPPA_MAX, Outcome, call, outcome
@@ -174,6 +176,11 @@ def main(argv=None) -> None:
     p.add_argument("--corpus", default="experiments/results/telemetry/corpus.jsonl.gz")
     p.add_argument("--out", help="also write the table as CSV")
     args = p.parse_args(argv)
+    output_file(p, args.out, "--out")  # before reading and scoring
+    for flag, path in (("--sweep", args.sweep), ("--corpus", args.corpus)):
+        if not Path(path).exists():
+            fail(p, f"{flag} {path}: no such file or folder (the committed ones are the "
+                    "defaults; run from the repository's root).")
     corpus, rows = corpus_frame(args.corpus)
     frame = pd.concat([corpus, sweep_frame(args.sweep)], ignore_index=True)
     table = score_table(frame, rows)

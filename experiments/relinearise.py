@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _args import at_least, fail, output_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
@@ -67,6 +69,10 @@ def main(argv=None) -> None:
     p.add_argument("--backbone", default="isotropic", choices=("isotropic", "kronecker"),
                    help="--head-aware's feature kernel (default isotropic, the default's)")
     a = p.parse_args(argv)
+    output_file(p, a.csv, "--csv")  # before the first row's kernels
+    at_least(p, "--segments", a.segments, 1, integer=True)
+    if not Path(a.table).is_dir():
+        fail(p, f"--table {a.table}: no such folder (a sweep's output folder).")
     table = read_table(a.table).set_index("row_id")
     missing = [r for r in a.rows if r not in table.index]
     if missing:

@@ -2,6 +2,7 @@
 the one error line of a command they refuse."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,10 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
 def experiment_script(name: str):
-    """``experiments/<name>.py`` loaded as a module (not run)."""
+    """``experiments/<name>.py`` loaded as a module (not run), its folder on ``sys.path`` as
+    when run (the scripts import their neighbours, e.g. ``_args``)."""
+    if str(EXPERIMENTS) not in sys.path:
+        sys.path.append(str(EXPERIMENTS))
     spec = importlib.util.spec_from_file_location(f"{name}_script", EXPERIMENTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -72,3 +72,40 @@ def test_subset_check_names_missing_target_sets_before_any_work(capsys, tmp_path
     line = refused(sc, ["--datasets", "flowers5,nosuch", "--out", str(tmp_path / "o")], capsys)
     assert line.startswith("subset_check.py: error: target sets nosuch are not here (known: ")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name, argv, work", [
+    ("closing_note", ["--out", "{nodir}/x.csv"], "load_task"),
+    ("bench_cost", ["--csv", "{nodir}/x.csv"], "load_task"),
+    ("divergence_rules", ["--out", "{nodir}/x.csv"], "corpus_frame"),
+    ("adam_travel_edge", ["--out", "{nodir}/x.json"], "warmup_cosine"),
+    ("relinearise", ["row", "--csv", "{nodir}/x.csv"], "read_table"),
+    ("bench_ntk", ["--csv", "{nodir}/x.csv", "--nets", "cnn"], "pretrain"),
+])
+def test_an_output_in_a_missing_folder_is_refused_before_the_work(name, argv, work, tmp_path,
+                                                                  capsys, monkeypatch):
+    """A fresh user's closing_note.py --out into a missing folder built its kernel, predicted
+    and fine-tuned for 73 s, then failed in pandas and lost everything; five more scripts
+    wrote only at the end. Now the folder is checked first."""
+    module = experiment_script(name)
+    target = module.ntk_tt if work == "warmup_cosine" else module
+    monkeypatch.setattr(target, work, lambda *a, **k: pytest.fail("work began"))
+    nodir = tmp_path / "nodir"
+    line = refused(module, [a.format(nodir=nodir) for a in argv], capsys)
+    flag = "--out" if "--out" in argv else "--csv"  # (prog is pytest's here, the script's run)
+    assert line.split(": error: ")[1] == (f"{flag} path "
+                    f"'{nodir}/x.{'json' if name == 'adam_travel_edge' else 'csv'}': folder "
+                    f"'{nodir}' does not exist; create it first or choose another path.")
+
+
+def test_closing_note_checks_steps_and_learning_rate_before_the_kernel(capsys, monkeypatch,
+                                                                        tmp_path):
+    """--steps 0 and --lr -1 failed after the kernel (50 s), and the jitted predictor took
+    η = −1 without a word (traced values are not refused: NaN)."""
+    module = experiment_script("closing_note")
+    monkeypatch.setattr(module, "load_task", lambda *a, **k: pytest.fail("work began"))
+    out = ["--out", str(tmp_path / "x.csv")]
+    assert refused(module, out + ["--steps", "0"], capsys).endswith(
+        ": error: --steps must be integers >= 1, got 0.")
+    assert refused(module, out + ["--lr", "-1"], capsys).endswith(
+        ": error: --lr must be finite numbers > 0, got -1.0.")

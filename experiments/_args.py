@@ -1,0 +1,48 @@
+"""Argument checks the experiment scripts share: a bad argument is one ``<script>: error:``
+line and exit status 2, before any work (a fresh user's run of closing_note.py into a missing
+folder built its kernel, predicted and fine-tuned for 73 s, then lost everything)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from ntk_tt._output_paths import require_folder
+
+
+def fail(parser: argparse.ArgumentParser, message: str):
+    """Exit 2 with ``<prog>: error: message`` (one line, no usage block)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def output_file(parser: argparse.ArgumentParser, path, flag: str) -> None:
+    """``path`` (None: not asked for) names a file in an existing folder, not a directory."""
+    if path is None:
+        return
+    try:
+        require_folder(path, flag)
+    except ValueError as err:
+        fail(parser, str(err))
+
+
+def at_least(parser: argparse.ArgumentParser, flag: str, values, low: float, *,
+             integer: bool = False) -> None:
+    """Every one of ``values`` (a number or a list) is finite and ≥ ``low``."""
+    for v in values if isinstance(values, (list, tuple)) else [values]:
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= low):
+            kind = "integers" if integer else "finite numbers"
+            fail(parser, f"{flag} must be {kind} >= {low:g}, got {v!r}.")
+
+
+def positive(parser: argparse.ArgumentParser, flag: str, values) -> None:
+    """Every one of ``values`` is a finite number > 0 (learning rates, κ values)."""
+    for v in values if isinstance(values, (list, tuple)) else [values]:
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            fail(parser, f"{flag} must be finite numbers > 0, got {v!r}.")
+
+
+def selected(parser: argparse.ArgumentParser, rows, what: str) -> None:
+    """At least one row matched the selection (a selection of none exited 0 silently)."""
+    if not rows:
+        fail(parser, f"no {what} matches these options; see --help for the values the "
+                     "grid holds.")
