@@ -16,6 +16,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _args import at_least, fail, positive  # experiments/_args.py, beside this script
 from flax import nnx
 from tqdm import tqdm
 
@@ -23,7 +24,7 @@ from ntk_tt import load_checkpoint, load_dataset, prepare_images, save_checkpoin
 from ntk_tt.data._checkpoint import ARCHITECTURES, check_save_path
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint at --out")
@@ -36,20 +37,36 @@ def main() -> None:
     p.add_argument("--arch", default="SmallResNet", choices=("SmallResNet", "ResNet18"))
     p.add_argument("--widths", default="16,32,64", help="SmallResNet stage widths")
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     try:  # before training: a folder that cannot take the checkpoint fails now, not at the end
         check_save_path(a.out, a.overwrite)
     except ValueError as err:
-        p.exit(2, f"{p.prog}: error: {err}\n")
+        fail(p, str(err))
+    # a fresh user's --lr -1 trained and saved a checkpoint; --epochs 0, --batch-size 0 and
+    # --widths 16,abc were tracebacks after the data loaded
+    at_least(p, "--epochs", a.epochs, 1, integer=True)
+    at_least(p, "--batch-size", a.batch_size, 1, integer=True)
+    positive(p, "--lr", a.lr)
+    try:
+        widths = tuple(int(w) for w in a.widths.split(","))
+    except ValueError:
+        widths = (0,)
+    if min(widths) < 1:
+        fail(p, f"--widths takes a comma list of integers >= 1, got {a.widths!r}.")
     t0 = time.time()
-    train = load_dataset(a.dataset, split="train", data_dir=a.data_dir)
-    test = load_dataset(a.test_dataset, split="test", data_dir=a.data_dir)
+    try:
+        train = load_dataset(a.dataset, split="train", data_dir=a.data_dir)
+        test = load_dataset(a.test_dataset, split="test", data_dir=a.data_dir)
+    except ValueError as err:
+        fail(p, str(err))
+    if len(train.images) < a.batch_size:
+        fail(p, f"--batch-size {a.batch_size} exceeds the {len(train.images)} training images "
+                f"of {a.dataset}.")
     shape = (32, 32, 3)
     raw = train.images.astype(np.float32) / 255.0
     mean, std = raw.mean(axis=(0, 1, 2)), raw.std(axis=(0, 1, 2))
     x = np.asarray(prepare_images(train.images, shape, mean=mean, std=std))
     x_test = prepare_images(test.images, shape, mean=mean, std=std)
-    widths = tuple(int(w) for w in a.widths.split(","))
     kwargs = {"widths": list(widths)} if a.arch == "SmallResNet" else {}
     model = ARCHITECTURES[a.arch](len(train.class_names), rngs=nnx.Rngs(a.seed), **kwargs)
     steps_per_epoch = len(x) // a.batch_size

@@ -109,3 +109,29 @@ def test_closing_note_checks_steps_and_learning_rate_before_the_kernel(capsys, m
         ": error: --steps must be integers >= 1, got 0.")
     assert refused(module, out + ["--lr", "-1"], capsys).endswith(
         ": error: --lr must be finite numbers > 0, got -1.0.")
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--lr", "-1"], "--lr must be finite numbers > 0, got -1.0."),
+    (["--epochs", "0"], "--epochs must be integers >= 1, got 0."),
+    (["--batch-size", "0"], "--batch-size must be integers >= 1, got 0."),
+    (["--widths", "16,abc"], "--widths takes a comma list of integers >= 1, got '16,abc'."),
+])
+def test_pretrain_refuses_bad_hyperparameters_before_loading_data(extra, said, tmp_path,
+                                                                   capsys, monkeypatch):
+    """A fresh user's --lr -1 trained and saved a checkpoint (exit 0); --epochs 0 and
+    --batch-size 0 were optax / ZeroDivision tracebacks after the data loaded."""
+    module = experiment_script("pretrain")
+    monkeypatch.setattr(module, "load_dataset", lambda *a, **k: pytest.fail("work began"))
+    line = refused(module, ["--out", str(tmp_path / "ck"), *extra], capsys)
+    assert line.split(": error: ")[1] == said
+    assert not (tmp_path / "ck").exists()
+
+
+def test_pretrain_names_an_unknown_data_set_and_a_batch_larger_than_it(tmp_path, capsys):
+    module = experiment_script("pretrain")
+    line = refused(module, ["--out", str(tmp_path / "ck"), "--dataset", "nosuch"], capsys)
+    assert "nosuch" in line.split(": error: ")[1]
+    line = refused(module, ["--out", str(tmp_path / "ck"), "--dataset", "flowers5",
+                            "--test-dataset", "flowers5", "--batch-size", "100000"], capsys)
+    assert line.split(": error: ")[1].startswith("--batch-size 100000 exceeds the ")
