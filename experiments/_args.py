@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 from ntk_tt._output_paths import require_folder
 
@@ -41,8 +43,11 @@ def positive(parser: argparse.ArgumentParser, flag: str, values) -> None:
             fail(parser, f"{flag} must be finite numbers > 0, got {v!r}.")
 
 
-def selected(parser: argparse.ArgumentParser, rows, what: str) -> None:
-    """At least one row matched the selection (a selection of none exited 0 silently)."""
-    if not rows:
-        fail(parser, f"no {what} matches these options; see --help for the values the "
-                     "grid holds.")
+def no_rows(frame, what: str) -> None:
+    """Exit 2 with one ``<script>: error:`` line when a selection of a committed table is
+    empty (a fresh user's --per-class 7 exited 0 without a word, some leaving an empty file):
+    ``what`` names the options, e.g. "--per-class [7]"."""
+    if len(frame) == 0:
+        sys.stderr.write(f"{Path(sys.argv[0]).name}: error: no row of the committed table has "
+                         f"{what}: pick values of its grid.\n")
+        raise SystemExit(2)

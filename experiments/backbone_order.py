@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
+from _args import fail, output_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import OUTCOMES, outcome
@@ -153,6 +154,10 @@ def select_rows(table: pd.DataFrame, a) -> list[str]:
         return list(a.rows)
     want = {f"b{a.batch}-m{m:g}-kappa{k:g}" for m in a.momenta for k in a.kappas}
     sel = table[table["per_class"].isin(a.per_class) & table["config_id"].isin(want)]
+    if sel.empty:  # a fresh user's --kappas -1 exited 0 without a word
+        raise SystemExit(f"backbone_order.py: error: no row of {a.table} has --per-class "
+                         f"{a.per_class}, --batch {a.batch}, --momenta {a.momenta} and "
+                         f"--kappas {a.kappas}: pick values of its grid.")
     return sorted(sel.index)
 
 
@@ -265,7 +270,10 @@ def main(argv=None) -> None:
     p.add_argument("--report", action="store_true")
     p.add_argument("--summary", default=None, help="with --report: write the summary JSON")
     a = p.parse_args(argv)
+    if a.summary and not a.report:  # it was ignored, and the whole run started
+        fail(p, "--summary writes the report's summary: it needs --report.")
     if not a.report:
+        output_file(p, a.out, "--out")
         run(a)
         return
     summary = report(a)

@@ -33,6 +33,7 @@ import time
 import error_budget as eb
 import numpy as np
 import pandas as pd
+from _args import no_rows  # experiments/_args.py, beside this script
 from feature_shrinkage import _t as times
 from feature_shrinkage import pending_tasks, print_groups
 from kernel_growth import grown_curve
@@ -61,6 +62,7 @@ def collect(path: str, per_class, edge: bool = False) -> None:
     df = pd.read_parquet(eb.SWEEP)
     df = df[((df.kappa_eff >= 13) if edge else (df.kappa_eff < 13))
             & df.per_class.isin(per_class)]
+    no_rows(df, f"--per-class {list(per_class)}" + (" and --edge" if edge else ""))
     with open(path, "a") as out:
         for group, task, data in pending_tasks(path, df):
             t0 = time.perf_counter()

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from _args import no_rows  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import HeadState, initial_state
@@ -71,6 +72,7 @@ def main(argv=None) -> None:
     df = pd.read_parquet(eb.SWEEP)
     df = df[(df.per_class == a.per_class) & (df.optimizer == "gd")
             & np.isclose(df.kappa_eff.to_numpy()[:, None], np.array(a.kappas)).any(1)]
+    no_rows(df, f"--per-class {a.per_class} and --kappas {a.kappas} among its GD rows")
     with open(a.out, "a") as out:
         for data, hk0, group in eb.task_kernels(df):
             for row in group.itertuples():

@@ -38,6 +38,7 @@ import error_budget as eb
 import jax
 import jax.numpy as jnp
 import pandas as pd
+from _args import no_rows  # experiments/_args.py, beside this script
 from feature_shrinkage import pending_tasks, print_groups
 from feature_subspace import write_rows
 
@@ -81,6 +82,7 @@ def kernels(split, x) -> tuple[dict, float]:
 def collect(path: str, per_class) -> None:
     df = pd.read_parquet(eb.SWEEP)
     df = df[(df.kappa_eff < 13) & df.per_class.isin(per_class)]
+    no_rows(df, f"--per-class {list(per_class)}")
     with open(path, "a") as out:
         for group, task, data in pending_tasks(path, df):
             kern, seconds = kernels(data.split, data.x)

@@ -135,3 +135,30 @@ def test_pretrain_names_an_unknown_data_set_and_a_batch_larger_than_it(tmp_path,
     line = refused(module, ["--out", str(tmp_path / "ck"), "--dataset", "flowers5",
                             "--test-dataset", "flowers5", "--batch-size", "100000"], capsys)
     assert line.split(": error: ")[1].startswith("--batch-size 100000 exceeds the ")
+
+
+@pytest.mark.parametrize("name, argv, said", [
+    ("feature_subspace", ["--per-class", "-5"],
+     "no row of the committed table has --per-class [-5]: pick values of its grid."),
+    ("subspace_bases", ["--per-class", "0"],
+     "no row of the committed table has --per-class [0]: pick values of its grid."),
+    ("state_split", ["--per-class", "7"], "no row of the committed table has --per-class 7 "
+     "and --kappas [4.0, 12.0] among its GD rows: pick values of its grid."),
+    ("subspace_preset", ["--per-class", "7"], "has --per-class [7]: pick values of its grid."),
+    ("subspace_preset", ["--json", "{tmp}/s.json"],
+     "--json writes the report's figures: it needs --report."),
+    ("backbone_order", ["--summary", "{tmp}/s.json"],
+     "--summary writes the report's summary: it needs --report."),
+])
+def test_a_selection_of_nothing_or_a_report_option_without_report_is_refused(
+        name, argv, said, tmp_path, capsys):
+    """A fresh user's --per-class 7 or --kappas -1 exited 0 without a word (some scripts
+    leaving an empty --out file), and --summary / --json without --report were ignored while
+    the whole default run started. Now one line, exit 2, and no --out file."""
+    module = experiment_script(name)
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(SystemExit) as ended:
+        module.main(["--out", str(out), *[a.format(tmp=tmp_path) for a in argv]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1 and err[0].endswith(said), err
+    assert not out.exists()
