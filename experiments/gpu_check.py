@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -57,6 +58,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from ntk_tt._options_source import SHARED_FILES, VENDORED_FILES
 
 HERE = Path(__file__).resolve().parent
 NOTMNIST = "notmnist_sample_test.npz"
@@ -113,6 +116,10 @@ def resolve_data(arg: str | None) -> str:
     if arg:
         if arg.endswith(".npz") and not Path(arg).is_file():
             _fail(f"--data {arg}: no such file.")
+        names = {**VENDORED_FILES, **SHARED_FILES}  # JAX-free: a short name, known before work
+        if not arg.endswith(".npz") and "/" not in arg and arg not in names:
+            _fail(f"--data {arg}: unknown dataset; the short names are {', '.join(names)}, or "
+                  "pass an .npz file.")
         return arg
     env = os.environ.get("NTK_TT_DATA_DIR")
     places = [HERE / "data", *([Path(env)] if env else []), HERE.parents[1] / "shared" / "data"]
@@ -136,13 +143,16 @@ def parse(argv=None) -> argparse.Namespace:
     checks = [(a.classes >= 2, f"--classes must be >= 2, got {a.classes}"),
               (a.per_class >= 1, f"--per-class must be >= 1, got {a.per_class}"),
               (a.steps >= 1, f"--steps must be >= 1, got {a.steps}"),
-              (a.kappa > 0, f"--kappa must be > 0, got {a.kappa}"),
-              (a.lr is None or a.lr > 0, f"--lr must be > 0, got {a.lr}"),
+              (math.isfinite(a.kappa) and a.kappa > 0,  # inf ran 12 s to 4 failed stages
+               f"--kappa must be a finite number > 0, got {a.kappa}"),
+              (a.lr is None or (math.isfinite(a.lr) and a.lr > 0),
+               f"--lr must be a finite number > 0, got {a.lr}"),
               (0 <= a.sgd_batch < n, f"--sgd-batch must be in [1, N = {n}) or 0 (no SGD row), "
                                      f"got {a.sgd_batch}"),
               (a.num_paths >= 1, f"--num-paths must be >= 1, got {a.num_paths}"),
               (a.sweep >= 0, f"--sweep must be >= 0, got {a.sweep}"),
-              (a.budget > 0, f"--budget must be > 0 seconds, got {a.budget}")]
+              (math.isfinite(a.budget) and a.budget > 0,
+               f"--budget must be a finite number > 0 of seconds, got {a.budget}")]
     for ok, msg in checks:
         if not ok:
             _fail(msg + ".")

@@ -125,8 +125,15 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
         (["--data", str(tmp_path / "none.npz")], "none.npz: no such file"),
         (["--tiny", "--data", "flowers5", "--classes", "5", "--sgd-batch", "50"],
          "--sgd-batch must be in [1, N = 20) or 0"),
-        (["--tiny", "--data", "flowers5", "--lr", "-1"], "--lr must be > 0"),
+        (["--tiny", "--data", "flowers5", "--lr", "-1"], "--lr must be a finite number > 0"),
+        # a fresh user (session 41): κ̃ = inf ran 12 s to four failed stages, and an unknown
+        # name wrote the JSON of a failed load stage before its error line
+        (["--tiny", "--data", "flowers5", "--kappa", "inf"],
+         "--kappa must be a finite number > 0, got inf"),
+        (["--tiny", "--data", "bogus"], "--data bogus: unknown dataset; the short names are "
+                                        "flowers5, cifar10_source"),
     ]:
+
         t0 = time.perf_counter()
         done = _run(tmp_path, *args, "--out", str(out))
         assert done.returncode == 2, done.stderr
