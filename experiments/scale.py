@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -83,6 +84,21 @@ def _parser():
 
 def _fail(msg):
     raise SystemExit(f"scale.py: error: {msg}")
+
+
+def _check_dataset(name: str) -> None:
+    """A short name known here, or an .npz file, with K = 10 classes (read from its labels)."""
+    from ntk_tt.data._data import known_datasets, load_dataset
+
+    if not name.endswith(".npz") and name not in known_datasets():
+        _fail(f"--dataset {name}: not a target set here; known: "
+              f"{', '.join(known_datasets())}, or an .npz path.")
+    try:
+        classes = len(load_dataset(name).class_names)
+    except ValueError as err:
+        _fail(f"--dataset {name}: {err}")
+    if classes < K:
+        _fail(f"--dataset {name} has {classes} classes; scale.py samples K = {K}.")
 
 
 def _case_name(dataset, n, method, subset):
@@ -288,6 +304,21 @@ def _summary(a, out: Path) -> None:
 
 def main(argv=None) -> None:
     a = _parser().parse_args(argv)
+    # a fresh user's --lr -1, --steps 0, --per-class 0 / '' and a 5-class --dataset failed in
+    # the child (after a pilot, config.json written) or blamed --subset
+    if not a.per_class or min(a.per_class) < 1:
+        _fail(f"--per-class takes a comma list of integers >= 1, got {a.per_class}.")
+    if a.full_per_class is not None and a.full_per_class and min(a.full_per_class) < 1:
+        _fail(f"--full-per-class takes integers >= 1 (or '' for none), got {a.full_per_class}.")
+    if a.lr is not None and not (math.isfinite(a.lr) and a.lr > 0):
+        _fail(f"--lr must be a finite number > 0, got {a.lr}.")
+    if a.steps < 1:
+        _fail(f"--steps must be an integer >= 1, got {a.steps}.")
+    if a.case is None:  # the parent; its children load the set anyway
+        _check_dataset(a.dataset)
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file; give a folder (it holds config.json and cases/).")
     if a.subset % K or a.subset < K:
         _fail(f"--subset N' = {a.subset} must be a positive multiple of the {K} classes.")
     methods = a.methods.split(",")
@@ -296,9 +327,8 @@ def main(argv=None) -> None:
     for pc in a.per_class:
         if not a.subset < K * pc:
             _fail(f"--subset N' = {a.subset} must be below N = {K}·{pc} = {K * pc}.")
-    if not a.kappas or not all(k > 0 for k in a.kappas):
-        _fail("--kappas must be positive numbers.")
-    out = Path(a.out)
+    if not a.kappas or not all(math.isfinite(k) and k > 0 for k in a.kappas):
+        _fail("--kappas must be finite positive numbers.")
     (out / "cases").mkdir(parents=True, exist_ok=True)
     if a.case is not None:  # child process: one case, with η given
         pc, method = a.case.split(":")

@@ -162,3 +162,28 @@ def test_a_selection_of_nothing_or_a_report_option_without_report_is_refused(
     err = capsys.readouterr().err.strip().splitlines()
     assert ended.value.code == 2 and len(err) == 1 and err[0].endswith(said), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--lr", "-1"], "--lr must be a finite number > 0, got -1.0."),
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan."),
+    (["--steps", "0"], "--steps must be an integer >= 1, got 0."),
+    (["--per-class", ""], "--per-class takes a comma list of integers >= 1, got []."),
+    (["--per-class", "0"], "--per-class takes a comma list of integers >= 1, got [0]."),
+    (["--dataset", "flowers5"], "--dataset flowers5 has 5 classes; scale.py samples K = 10."),
+    (["--dataset", "bogus"], "--dataset bogus: not a target set here; known: "),
+])
+def test_scale_checks_its_arguments_before_the_pilot_and_config(extra, said, tmp_path,
+                                                                 monkeypatch):
+    """A fresh user's --lr -1 and --steps 0 wrote config.json (after a 16 s pilot for the
+    latter) and failed in the child process with two tracebacks; --per-class 0 was blamed on
+    --subset; a 5-class --dataset failed in the child."""
+    module = experiment_script("scale")
+    monkeypatch.setattr(module, "_pilot_lr", lambda *a: pytest.fail("work began"))
+    out = tmp_path / "sc"
+    base = ["--out", str(out), "--per-class", "20", "--subset", "100", "--methods", "nystrom",
+            "--full-per-class", ""]
+    with pytest.raises(SystemExit) as ended:
+        module.main(base + extra)
+    assert str(ended.value.code).startswith(f"scale.py: error: {said}"), ended.value.code
+    assert not out.exists()
