@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
+from _args import at_least, fail  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.prediction._head_aware_refresh import predict_head_aware_refreshed
@@ -32,13 +34,21 @@ def main(argv=None) -> None:
     p.add_argument("per_class", type=int)
     p.add_argument("configs", nargs="+")
     p.add_argument("--segments", type=int, default=4)
-    p.add_argument("--backbone", default="kronecker")
+    p.add_argument("--backbone", default="kronecker", choices=("isotropic", "kronecker", "exact"))
     p.add_argument("--table", default="experiments/results/sweep")
     a = p.parse_args(argv)
+    # a fresh user's --segments 0 failed after the data and a first prediction, a config id
+    # not in the table was a KeyError after the data loaded
+    at_least(p, "--segments", a.segments, 1, integer=True)
+    if not Path(a.table).is_dir():
+        fail(p, f"--table {a.table}: no such folder (a sweep's output folder).")
+    table = read_table(a.table).set_index("row_id")
     task = Task(a.dataset, a.per_class, 0)
+    if missing := [c for c in a.configs if f"{task.id}__{c}" not in table.index]:
+        fail(p, f"rows not in {a.table}: {', '.join(f'{task.id}__{c}' for c in missing)} "
+                "(configuration ids such as bN-m0-kappa12 of a task it holds).")
     data = load_task(task, SweepSpec(datasets=(a.dataset,), per_class=(a.per_class,),
                                      seeds=(0,)))
-    table = read_table(a.table).set_index("row_id")
     key = _task_key(task)
 
     def t(curve, eps):

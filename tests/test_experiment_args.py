@@ -7,7 +7,7 @@ kernel)."""
 import re
 
 import pytest
-from _scripts import experiment_script, refused
+from _scripts import EXPERIMENTS, experiment_script, refused
 
 ke = experiment_script("kernel_evolution")
 ex = experiment_script("extrapolate")
@@ -187,3 +187,18 @@ def test_scale_checks_its_arguments_before_the_pilot_and_config(extra, said, tmp
         module.main(base + extra)
     assert str(ended.value.code).startswith(f"scale.py: error: {said}"), ended.value.code
     assert not out.exists()
+
+
+def test_evolving_check_checks_segments_and_rows_before_loading_the_task(capsys, monkeypatch):
+    """--segments 0 failed after the data and a one-segment prediction (26 s), a config id
+    not in the table was a KeyError after the data loaded."""
+    module = experiment_script("evolving_check")
+    monkeypatch.setattr(module, "load_task", lambda *a, **k: pytest.fail("work began"))
+    table = ["--table", str(EXPERIMENTS / "results" / "sweep")]
+    line = refused(module, ["flowers5_300pc", "50", "bN-m0-kappa1", "--segments", "0", *table],
+                   capsys)
+    assert line.endswith(": error: --segments must be integers >= 1, got 0.")
+    line = refused(module, ["flowers5", "10", "bogus_cfg", *table], capsys)
+    assert line.endswith(f": error: rows not in {table[1]}: "
+                         "flowers5-k5-n10-s0__bogus_cfg (configuration ids such as "
+                         "bN-m0-kappa12 of a task it holds).")
