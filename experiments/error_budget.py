@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
+from _args import at_least, fail, no_rows  # experiments/_args.py, beside this script
 from kernel_evolution import _jit_eval, _jit_step  # the same jitted step and loss
 
 import ntk_tt
@@ -179,7 +180,8 @@ def select_rows(args) -> pd.DataFrame:
     df = df[np.isclose(df.kappa_eff.to_numpy()[:, None], np.array(args.kappas)).any(1)]
     if args.configs:
         keep = df.config_id.map(lambda c: any(c.startswith(p + "-") for p in args.configs))
-        df = df[keep]
+        df = df[keep.astype(bool)]  # an empty object-dtype mask selected columns, not rows
+
     return df.sort_values(["num_train", "dataset", "config_id"])
 
 
@@ -325,7 +327,7 @@ def report(out: pathlib.Path) -> None:
     print(table(frame).round(3).to_string())
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--report", action="store_true")
@@ -337,8 +339,22 @@ def main() -> None:
                    help="config id prefixes (batch and momentum), e.g. bN-m0 b50-m0.9")
     p.add_argument("--orders", type=int, default=3, help="real batch orders for SGD rows")
     p.add_argument("--steps", type=int, default=None, help="override T (smoke runs only)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    # a fresh user's --datasets bogus / --kappas -1 were a KeyError, an --out file a
+    # NotADirectoryError, --report on a missing folder a pandas error, --steps -5 a traceback
+    # after the kernel
+    if args.out.exists() and not args.out.is_dir():
+        fail(p, f"--out {args.out} is a file; give a folder (it holds rows/ and the table).")
+    if args.report and not (args.out / "rows").is_dir():
+        fail(p, f"--report reads {args.out / 'rows'}, which does not exist: run without "
+                "--report first.")
+    if args.steps is not None:
+        at_least(p, "--steps", args.steps, 1, integer=True)
+    at_least(p, "--orders", args.orders, 1, integer=True)
     if not args.report:
+        no_rows(select_rows(args), f"--datasets {args.datasets}, --per-class "
+                                   f"{args.per_class}, --kappas {args.kappas} and --configs "
+                                   f"{args.configs}")
         collect(args.out, args)
     report(args.out)
 

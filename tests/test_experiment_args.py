@@ -202,3 +202,24 @@ def test_evolving_check_checks_segments_and_rows_before_loading_the_task(capsys,
     assert line.endswith(f": error: rows not in {table[1]}: "
                          "flowers5-k5-n10-s0__bogus_cfg (configuration ids such as "
                          "bN-m0-kappa12 of a task it holds).")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--datasets", "bogus"], "no row of the committed table has --datasets ['bogus'], "),
+    (["--kappas", "-1"], "--kappas [-1.0] and --configs"),
+    (["--steps", "-5"], "--steps must be integers >= 1, got -5."),
+    (["--report"], "rows, which does not exist: run without --report first."),
+])
+def test_error_budget_checks_its_arguments_before_any_work(argv, said, tmp_path, capsys,
+                                                           monkeypatch):
+    """--datasets bogus and --kappas -1 were a KeyError (an empty selection read as columns),
+    --steps -5 a traceback after the kernel, --report on a missing folder a pandas error."""
+    module = experiment_script("error_budget")
+    monkeypatch.setattr(module, "collect", lambda *a: pytest.fail("work began"))
+    out = tmp_path / "eb"
+    line = refused(module, ["--out", str(out), *argv], capsys)
+    assert said in line.split(": error: ")[1], line
+    assert not out.exists()
+    (tmp_path / "file").write_text("")
+    line = refused(module, ["--out", str(tmp_path / "file")], capsys)
+    assert line.endswith("file is a file; give a folder (it holds rows/ and the table).")
