@@ -7,9 +7,10 @@ random 64 × 64 × 3 inputs. Prints the block size chosen, the peak RSS rise dur
 kernel (polled, experiments/_rss.py) and the limit, or the ``NTKMemoryError`` line.
 """
 
-import sys
+import argparse
 
 import jax
+from _args import at_least  # experiments/_args.py, beside this script
 from _rss import PeakRSS
 
 import ntk_tt
@@ -32,8 +33,12 @@ def model():
     return apply_fn, params, jax.random.normal(jax.random.key(1), (64, 64, 64, 3))
 
 
-def main():
-    limit = float(sys.argv[1]) if len(sys.argv) > 1 else 64e6
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("limit", nargs="?", type=float, default=64e6,
+                   help="memory_limit in bytes (default 64e6)")
+    limit = p.parse_args(argv).limit  # a bare sys.argv read: --help was a float() traceback
+    at_least(p, "LIMIT_BYTES", limit, 1)
     apply_fn, params, x = model()
     jax.block_until_ready(apply_fn(params, x[:2]))
     try:
