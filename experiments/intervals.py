@@ -57,9 +57,13 @@ def family_table(dirs, family: str) -> pd.DataFrame:
     """The rows of ``family`` in the optimiser-benchmark tables of ``dirs``, in the columns
     ``fit_intervals`` reads (module docstring)."""
     frame = pd.concat([pd.read_parquet(pathlib.Path(d) / "results.parquet") for d in dirs])
+    if "family" not in frame.columns:  # the constant-η sweep's table: a KeyError
+        raise SystemExit(f"intervals.py: error: {dirs} hold no optimiser-benchmark table "
+                         "(no family column): --family is for optimizer_sweep.py's folders.")
     frame = frame[frame["family"] == family].reset_index(drop=True)
+
     if frame.empty:
-        raise SystemExit(f"no {family!r} row in {dirs}")
+        raise SystemExit(f"intervals.py: error: no {family!r} row in {dirs}")
     method, kernel = zip(*(k.split(":", 1) for k in frame["pred_kernel"]), strict=True)
     return frame.assign(pred_method=method, pred_kernel=kernel, schedule="warmup_cosine",
                         nesterov=False, kappa_eff=frame["kappa"] / (1 - frame["momentum"]))
@@ -154,12 +158,20 @@ def main(argv=None) -> None:
         check_out(args.out)
     except ValueError as err:
         p.exit(2, f"{p.prog}: error: {err}\n")
+    if not 0 < args.level < 1:  # 1.5 and nan were fit_intervals' traceback after the reading
+        p.exit(2, f"{p.prog}: error: --level must be a number in (0, 1), e.g. 0.9; got "
+                  f"{args.level}.\n")
+    if missing := [d for d in args.sweep_dir if not (pathlib.Path(d) / "results.parquet")
+                   .is_file()]:
+        p.exit(2, f"{p.prog}: error: no results.parquet in {', '.join(missing)}: give a "
+                  "sweep's output folder.\n")
     if args.family:
         frame, groupings, tag = family_table(args.sweep_dir, args.family), FAMILY_GROUPINGS, \
             f"_{args.family}"
         fit_by = ("optimizer",)
     elif len(args.sweep_dir) > 1:
-        raise SystemExit("give one sweep directory (several only with --family)")
+        raise SystemExit("intervals.py: error: give one sweep directory (several only with "
+                         "--family)")
     else:
         frame, groupings, tag, fit_by = read_table(args.sweep_dir[0]), GROUPINGS, "", ("kappa",)
         summary = pathlib.Path(args.sweep_dir[0]) / "summary.json"

@@ -668,3 +668,19 @@ def test_leave_one_set_out_script_refuses_an_unusable_out_before_reading(tmp_pat
     assert err.split(": error: ", 1)[1] == (f"'{tmp_path / 'file' / 'out'}' is inside "
                    f"{tmp_path / 'file'}, which is not a directory; give --out a directory "
                    "path (created if missing).")
+
+
+def test_leave_one_set_out_script_refuses_a_bad_level_and_a_missing_table_in_one_line(
+        tmp_path, capsys):
+    """A fresh user (session 41): --level 1.5 / nan were fit_intervals' traceback after the
+    table was read, a missing sweep folder a pandas traceback."""
+    script = experiment_script("intervals")
+    sweep = str(ROOT / "experiments" / "results" / "sweep")
+    out = ["--out", str(tmp_path / "out")]
+    for level in ("1.5", "nan"):
+        err = refused(script, [sweep, "--level", level, *out], capsys)
+        assert err.split(": error: ", 1)[1] == (f"--level must be a number in (0, 1), e.g. "
+                                                f"0.9; got {float(level)}.")
+    err = refused(script, [str(tmp_path / "none"), *out], capsys)
+    assert err.split(": error: ", 1)[1] == (f"no results.parquet in {tmp_path / 'none'}: give "
+                                            "a sweep's output folder.")
