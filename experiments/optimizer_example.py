@@ -20,12 +20,13 @@ import time
 
 import jax
 import numpy as np
+from _args import at_least, fail  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.prediction._job import load_task
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peak", type=float, default=1e-3, help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=10, help="warmup steps")
@@ -33,12 +34,24 @@ def main() -> None:
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--batch-size", type=int, default=20, help="B (0: full batch, N)")
     ap.add_argument("--per-class", type=int, default=20)
-    a = ap.parse_args()
-
+    a = ap.parse_args(argv)
+    # before the data (a fresh user's bad values were library tracebacks after it loaded,
+    # in the library's names: "decay_steps (0.0) must be >= warmup (10.0)")
+    at_least(ap, "--steps", a.steps, 1, integer=True)
+    at_least(ap, "--per-class", a.per_class, 1, integer=True)
+    at_least(ap, "--batch-size", a.batch_size, 0, integer=True)
+    if not 0 <= a.warmup < a.steps:
+        fail(ap, f"--warmup must be in [0, --steps) = [0, {a.steps}), got {a.warmup}.")
+    if a.batch_size > 5 * a.per_class:
+        fail(ap, f"--batch-size {a.batch_size} exceeds N = 5 × --per-class = "
+                 f"{5 * a.per_class} (0 is full batch).")
+    try:
+        opt = ntk_tt.adamw(ntk_tt.warmup_cosine(a.peak, a.warmup, a.steps),
+                           weight_decay=a.weight_decay, batch_size=a.batch_size or None)
+    except ValueError as err:
+        fail(ap, f"{err} (--peak {a.peak}, --weight-decay {a.weight_decay})")
     apply_fn, params, x, y, _, _, info, head = load_task(
         dataset="flowers5", num_classes=5, per_class=a.per_class, test_per_class=0, seed=0)
-    opt = ntk_tt.adamw(ntk_tt.warmup_cosine(a.peak, a.warmup, a.steps),
-                       weight_decay=a.weight_decay, batch_size=a.batch_size or None)
     key = jax.random.key(0)
     t0 = time.perf_counter()
     pred = ntk_tt.predict(apply_fn, params, x, y, optimizer=opt, steps=a.steps, head=head,

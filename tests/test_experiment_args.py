@@ -223,3 +223,20 @@ def test_error_budget_checks_its_arguments_before_any_work(argv, said, tmp_path,
     (tmp_path / "file").write_text("")
     line = refused(module, ["--out", str(tmp_path / "file")], capsys)
     assert line.endswith("file is a file; give a folder (it holds rows/ and the table).")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--steps", "0"], "--steps must be integers >= 1, got 0."),
+    (["--peak", "-1"], "peak must be > 0"),
+    (["--per-class", "0"], "--per-class must be integers >= 1, got 0."),
+    (["--batch-size", "-3"], "--batch-size must be integers >= 0, got -3."),
+    (["--warmup", "200", "--steps", "10"], "--warmup must be in [0, --steps) = [0, 10), got 200."),
+    (["--batch-size", "500"], "--batch-size 500 exceeds N = 5 × --per-class = 100"),
+])
+def test_optimizer_example_checks_its_arguments_before_loading_data(argv, said, capsys,
+                                                                    monkeypatch):
+    """Every bad value was a library traceback after the data loaded, in the library's names
+    ("decay_steps (0.0) must be >= warmup (10.0)" for --steps 0)."""
+    module = experiment_script("optimizer_example")
+    monkeypatch.setattr(module, "load_task", lambda *a, **k: pytest.fail("work began"))
+    assert said in refused(module, argv, capsys).split(": error: ")[1]
