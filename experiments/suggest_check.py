@@ -48,6 +48,7 @@ import sys
 import time
 
 import numpy as np
+from _args import at_least, fail, positive  # experiments/_args.py, beside this script
 
 
 def first_hit(curve, target) -> float:
@@ -261,6 +262,14 @@ def main(argv=None) -> int:
                    help="only fine-tune the suggestion and grid best of this ntk-tt suggest "
                    "--json report (default task options)")
     args = p.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        fail(p, f"--out {args.out} is a file; give a folder.")
+    if args.verify_report and not args.verify_report.is_file():  # a FileNotFoundError
+        fail(p, f"--verify-report {args.verify_report}: no such file (an ntk-tt suggest "
+                "--json report).")
+    if args.replot and not (args.out / "suggest_check.csv").is_file():
+        fail(p, f"--replot reads {args.out / 'suggest_check.csv'}, which does not exist: run "
+                "without --replot first.")
     if args.verify_report:
         args.out.mkdir(parents=True, exist_ok=True)
         verify_report(args.verify_report, args.out)
@@ -279,7 +288,21 @@ def main(argv=None) -> int:
     spec = load_spec(args.corpus)
     tasks = [t for t in spec.tasks() if t.per_class == args.per_class
              and (not args.tasks or t.id in args.tasks)]
-    fractions = [float(f) for f in args.fractions.split(",")]
+    # a fresh user's --per-class 7 wrote an empty table then failed in pandas; --num-paths 0,
+    # --fractions 1.5 and --kappa-eff-max -1 were library tracebacks after --out was made
+    if not tasks:
+        fail(p, f"no task of {args.corpus} has --per-class {args.per_class}"
+                + (f" and --tasks {args.tasks}" if args.tasks else "") + ": pick one it holds "
+                f"({sorted({t.per_class for t in spec.tasks()})}).")
+    try:
+        fractions = [float(f) for f in args.fractions.split(",")]
+    except ValueError:
+        fractions = [math.nan]
+    if not all(0 < q < 1 for q in fractions):
+        fail(p, f"--fractions takes numbers in (0, 1) (targets q·L_0), got {args.fractions!r}.")
+    at_least(p, "--num-paths", args.num_paths, 1, integer=True)
+    if args.kappa_eff_max is not None:
+        positive(p, "--kappa-eff-max", args.kappa_eff_max)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     recs, curves = [], []

@@ -240,3 +240,23 @@ def test_optimizer_example_checks_its_arguments_before_loading_data(argv, said, 
     module = experiment_script("optimizer_example")
     monkeypatch.setattr(module, "load_task", lambda *a, **k: pytest.fail("work began"))
     assert said in refused(module, argv, capsys).split(": error: ")[1]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--per-class", "7"], "no task of "),
+    (["--num-paths", "0"], "--num-paths must be integers >= 1, got 0."),
+    (["--fractions", "1.5"], "--fractions takes numbers in (0, 1) (targets q·L_0), got '1.5'."),
+    (["--kappa-eff-max", "-1"], "--kappa-eff-max must be finite numbers > 0, got -1.0."),
+    (["--replot"], "suggest_check.csv, which does not exist: run without --replot first."),
+    (["--verify-report", "/nonexistent.json"], "--verify-report /nonexistent.json: no such"),
+])
+def test_suggest_check_checks_its_arguments_before_any_work(argv, said, tmp_path, capsys,
+                                                            monkeypatch):
+    """--per-class 7 wrote an empty table and failed in pandas; the others were library
+    tracebacks after --out was created."""
+    module = experiment_script("suggest_check")
+    monkeypatch.setattr(module, "check_task", lambda *a, **k: pytest.fail("work began"))
+    out = tmp_path / "sg"
+    corpus = ["--corpus", str(EXPERIMENTS / "results" / "telemetry")]
+    assert said in refused(module, ["--out", str(out), *corpus, *argv], capsys)
+    assert not out.exists()
