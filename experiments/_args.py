@@ -51,3 +51,14 @@ def no_rows(frame, what: str) -> None:
         sys.stderr.write(f"{Path(sys.argv[0]).name}: error: no row of the committed table has "
                          f"{what}: pick values of its grid.\n")
         raise SystemExit(2)
+
+
+def rows_file(parser: argparse.ArgumentParser, path, report: bool) -> None:
+    """A script's JSON-lines ``--out``: with ``--report`` a file that exists (a missing one was
+    a traceback: max() of an empty sequence, a KeyError), else a file in an existing folder,
+    not a directory (an IsADirectoryError, or a missing folder, after the first row's work)."""
+    if not report:
+        output_file(parser, path, "--out")
+    elif not Path(path).is_file():
+        fail(parser, f"--report reads --out {path}, which is not a file: run without --report "
+                     "first.")

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
-from _args import fail, output_file  # experiments/_args.py, beside this script
+from _args import fail, rows_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import OUTCOMES, outcome
@@ -270,12 +270,15 @@ def main(argv=None) -> None:
     p.add_argument("--report", action="store_true")
     p.add_argument("--summary", default=None, help="with --report: write the summary JSON")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.summary and not a.report:  # it was ignored, and the whole run started
         fail(p, "--summary writes the report's summary: it needs --report.")
     if not a.report:
-        output_file(p, a.out, "--out")
+        if not pathlib.Path(a.table).is_dir():  # a traceback from the table reader
+            fail(p, f"--table {a.table}: no such folder (a sweep's output folder).")
         run(a)
         return
+
     summary = report(a)
     text = json.dumps(summary, indent=1)
     if a.summary:

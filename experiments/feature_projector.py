@@ -28,6 +28,7 @@ import json
 import error_budget as eb
 import numpy as np
 import pandas as pd
+from _args import rows_file  # experiments/_args.py, beside this script
 from feature_shrinkage import EPS, RULES, _errors, leave_one_set_out, pending_tasks, print_groups
 from feature_shrinkage import _t as times
 from kernel_growth import grown_curve
@@ -87,6 +88,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--report", action="store_true")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         report(a.out)
     else:

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from _args import rows_file  # experiments/_args.py, beside this script
 from kernel_growth import grown_curve
 
 import ntk_tt
@@ -180,6 +181,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--report", action="store_true")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         report(a.out)
     else:

@@ -33,7 +33,7 @@ import time
 import error_budget as eb
 import numpy as np
 import pandas as pd
-from _args import no_rows  # experiments/_args.py, beside this script
+from _args import no_rows, rows_file  # experiments/_args.py, beside this script
 from feature_shrinkage import _t as times
 from feature_shrinkage import pending_tasks, print_groups
 from kernel_growth import grown_curve
@@ -126,6 +126,7 @@ def main(argv=None) -> None:
     p.add_argument("--edge", action="store_true", help="the edge rows (κ̃ >= 16): outcomes")
     p.add_argument("--report", action="store_true")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         report(a.out)
     else:

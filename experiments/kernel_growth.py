@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from _args import rows_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.data._batches import path_batch_indices
@@ -140,6 +141,7 @@ def main(argv=None) -> None:
     p.add_argument("--report", action="store_true")
     p.add_argument("--sgd", action="store_true", help="the minibatch rows too")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         report(a.out)
     else:

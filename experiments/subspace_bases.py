@@ -38,7 +38,7 @@ import error_budget as eb
 import jax
 import jax.numpy as jnp
 import pandas as pd
-from _args import no_rows  # experiments/_args.py, beside this script
+from _args import no_rows, rows_file  # experiments/_args.py, beside this script
 from feature_shrinkage import pending_tasks, print_groups
 from feature_subspace import write_rows
 
@@ -95,6 +95,7 @@ def main(argv=None) -> None:
     p.add_argument("--per-class", type=int, nargs="+", default=[10, 50])
     p.add_argument("--report", action="store_true")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         rows = [json.loads(line) for line in open(a.out)]
         print(f"{len(rows)} rows; |T̂_ε − T_ε|/T_ε pooled over ε ∈ {{0.1, 0.4}}")

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
-from _args import fail, output_file  # experiments/_args.py, beside this script
+from _args import fail, rows_file  # experiments/_args.py, beside this script
 from feature_shrinkage import pending_tasks
 
 import ntk_tt
@@ -218,12 +218,12 @@ def main(argv=None) -> None:
     p.add_argument("--backbone", choices=BACKBONES, default="subspace",
                    help="the feature kernel beside the default (rows record it)")
     a = p.parse_args(argv)
+    rows_file(p, a.out, a.report)  # before any work
     if a.report:
         report(a.out, a.json, a.table)
         return
     if a.json:  # it was ignored, and the whole run started
         fail(p, "--json writes the report's figures: it needs --report.")
-    output_file(p, a.out, "--out")
     if not (read_table(a.table).per_class.isin(a.per_class)).any():  # exited 0 silently
         fail(p, f"no row of {a.table} has --per-class {a.per_class}: pick values of its grid.")
     collect(a.out, a.per_class, a.table, a.backbone)

@@ -260,3 +260,25 @@ def test_suggest_check_checks_its_arguments_before_any_work(argv, said, tmp_path
     corpus = ["--corpus", str(EXPERIMENTS / "results" / "telemetry")]
     assert said in refused(module, ["--out", str(out), *corpus, *argv], capsys)
     assert not out.exists()
+
+
+ROW_SCRIPTS = ("feature_projector", "feature_shrinkage", "feature_subspace", "kernel_growth",
+               "subspace_preset", "subspace_bases", "backbone_order")
+
+
+@pytest.mark.parametrize("name", ROW_SCRIPTS)
+def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
+    """--report on a missing --out was a traceback (max() of an empty sequence, a KeyError),
+    an --out that is a directory an IsADirectoryError, one in a missing folder an error after
+    the first row's work."""
+    module = experiment_script(name)
+    missing = tmp_path / "none.jsonl"
+    line = refused(module, ["--out", str(missing), "--report"], capsys)
+    assert line.endswith(f": error: --report reads --out {missing}, which is not a file: run "
+                         "without --report first.")
+    line = refused(module, ["--out", str(tmp_path)], capsys)
+    assert line.endswith(f": error: --out path '{tmp_path}' is a directory; give a file name "
+                         "inside it.")
+    line = refused(module, ["--out", str(tmp_path / "no" / "rows.jsonl")], capsys)
+    assert line.endswith(f"folder '{tmp_path / 'no'}' does not exist; create it first or "
+                         "choose another path.")
