@@ -62,3 +62,26 @@ def rows_file(parser: argparse.ArgumentParser, path, report: bool) -> None:
     elif not Path(path).is_file():
         fail(parser, f"--report reads --out {path}, which is not a file: run without --report "
                      "first.")
+
+
+def out_dir(parser: argparse.ArgumentParser, path) -> None:
+    """A script's ``--out`` folder (created if missing): not an existing file (a
+    FileExistsError or NotADirectoryError traceback)."""
+    if Path(path).exists() and not Path(path).is_dir():
+        fail(parser, f"--out {path} is a file; give a folder (created if missing).")
+
+
+def known_sets(parser: argparse.ArgumentParser, names, flag: str) -> None:
+    """Every one of ``names`` is a target set loadable here (``ntk_tt.known_datasets()``)."""
+    from ntk_tt import known_datasets
+
+    if unknown := [d for d in names if d not in known_datasets()]:
+        fail(parser, f"{flag} {' '.join(unknown)}: not a target set here; known: "
+                     f"{', '.join(known_datasets())} (the shared ones need ../shared/data or "
+                     "$NTK_TT_DATA_DIR).")
+
+
+def folder(parser: argparse.ArgumentParser, path, flag: str, what: str) -> None:
+    """An input folder that must exist (a traceback from its reader)."""
+    if not Path(path).is_dir():
+        fail(parser, f"{flag} {path}: no such folder ({what}).")

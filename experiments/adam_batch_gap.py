@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
+from _args import known_sets, out_dir  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics import _adam_head_aware as aha
@@ -801,7 +802,10 @@ def parse_args(argv=None):
                    help=f"every AdamW row at N = 250 (default: {' '.join(BENCH_TARGETS)})")
     p.add_argument("--out", type=pathlib.Path, default=OUT, metavar="DIR",
                    help=f"output directory (default {OUT})")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    out_dir(p, args.out)  # an existing file, or an unknown --benchmark name, were tracebacks
+    known_sets(p, args.benchmark or (), "--benchmark")
+    return args
 
 
 def cli(argv=None):

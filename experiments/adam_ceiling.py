@@ -41,6 +41,7 @@ import sys
 import time
 
 import numpy as np
+from _args import at_least, folder, known_sets, out_dir  # experiments/_args.py, beside this script
 
 from ntk_tt.sweep._load import _task_key
 from ntk_tt.sweep._optimizers import OptimSpec, row_id
@@ -133,6 +134,10 @@ def main(argv=None):
     ap.add_argument("--table", default="experiments/results/optimizers",
                     help="the optimiser-benchmark folder holding those rows")
     args = ap.parse_args(argv)
+    out_dir(ap, args.out)  # these were tracebacks, after an empty --out folder was made
+    known_sets(ap, args.datasets, "datasets")
+    at_least(ap, "--per-class", args.per_class, 1, integer=True)
+    folder(ap, args.table, "--table", "an optimiser-benchmark folder")
     args.out.mkdir(parents=True, exist_ok=True)
     spec = OptimSpec(datasets=tuple(args.datasets), per_class=(args.per_class,))
     rows = stored(args.table)

@@ -42,6 +42,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _args import folder, known_sets, out_dir  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics import _adam_head_aware as aha
@@ -131,6 +132,10 @@ def main(argv=None):
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/adam_path_form"))
     ap.add_argument("--decompose", type=pathlib.Path, metavar="GAP_DIR")
     args = ap.parse_args(argv)
+    out_dir(ap, args.out)  # these were tracebacks, after an empty --out folder was made
+    known_sets(ap, args.datasets, "datasets")
+    if args.decompose:
+        folder(ap, args.decompose, "--decompose", "adam_batch_gap.py's output folder")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.decompose:
         res = decompose(args.decompose)

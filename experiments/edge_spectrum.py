@@ -42,6 +42,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--table", default="experiments/results/sweep")
     a = p.parse_args(argv)
+    if not (pathlib.Path(a.table) / "results.parquet").is_file():  # a pyarrow traceback
+        p.exit(2, f"{p.prog}: error: --table {a.table}: no results.parquet there (a sweep's "
+                  "output folder).\n")
     df = pd.read_parquet(pathlib.Path(a.table) / "results.parquet")
     print(f"{'task':28} {'tr/λ_max':>8} {'n > λ_max/24':>12}  κ̃ = 96, m = 0: B real/called")
     for task_id, group in df.groupby("task_id"):

@@ -257,7 +257,10 @@ def main(argv=None) -> int:
         check_out(args.out)
     except ValueError as err:
         p.exit(2, f"{p.prog}: error: {err}\n")
-    rows = read_corpus(args.corpus)
+    try:  # a missing corpus was a traceback
+        rows = read_corpus(args.corpus)
+    except ValueError as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = evaluate(rows, progress=lambda s: print(s, flush=True))

@@ -43,7 +43,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("corpus")
     args = p.parse_args(argv)
-    rows = read_corpus(args.corpus)
+    try:  # a missing corpus was a traceback
+        rows = read_corpus(args.corpus)
+    except ValueError as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")
     for name in ("outcome_telemetry.json.gz", "outcome_ntk.json.gz"):
         path = ASSETS / name
         with gzip.open(path, "rt", encoding="utf-8") as fh:

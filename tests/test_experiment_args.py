@@ -282,3 +282,31 @@ def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
     line = refused(module, ["--out", str(tmp_path / "no" / "rows.jsonl")], capsys)
     assert line.endswith(f"folder '{tmp_path / 'no'}' does not exist; create it first or "
                          "choose another path.")
+
+
+@pytest.mark.parametrize("name, argv, said", [
+    ("adam_ceiling", ["bogus"], "datasets bogus: not a target set here; known: "),
+    ("adam_ceiling", ["--per-class", "0"], "--per-class must be integers >= 1, got 0."),
+    ("adam_ceiling", ["--table", "/nonexistent"], "--table /nonexistent: no such folder"),
+    ("adam_ceiling", ["--out", "{file}"], "is a file; give a folder (created if missing)."),
+    ("adam_path_form", ["bogus"], "datasets bogus: not a target set here"),
+    ("adam_path_form", ["--decompose", "/nonexistent"], "--decompose /nonexistent: no such"),
+    ("adam_batch_gap", ["--benchmark", "bogus"], "--benchmark bogus: not a target set here"),
+    ("adam_batch_gap", ["--out", "{file}"], "is a file; give a folder (created if missing)."),
+    ("edge_spectrum", ["--table", "/nonexistent"], "--table /nonexistent: no results.parquet"),
+    ("outcome", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not exist"),
+    ("outcome_domain", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not"),
+])
+def test_names_and_paths_are_one_line_before_any_work(name, argv, said, tmp_path, capsys):
+    """Wrong names and paths were tracebacks, and three scripts made an empty --out folder
+    first."""
+    module = experiment_script(name)
+    (tmp_path / "file").write_text("")
+    argv = [a.format(file=tmp_path / "file") for a in argv]
+    out = [] if "--out" in argv or name in ("edge_spectrum", "outcome_domain") else [
+        "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as ended:
+        (module.parse_args if name == "adam_batch_gap" else module.main)([*argv, *out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "out").exists()
