@@ -21,6 +21,7 @@ from functools import partial
 
 import jax
 import numpy as np
+from _args import at_least, known_sets  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.kernels._head_aware import feature_basis
@@ -43,6 +44,9 @@ def main(argv=None) -> None:
     ap.add_argument("--datasets", nargs="+", default=list(TARGETS))
     ap.add_argument("--repeats", type=int, default=2, help="calls per task and way")
     a = ap.parse_args(argv)
+    at_least(ap, "--repeats", a.repeats, 1, integer=True)  # 0 printed "nan" and exited 0
+    at_least(ap, "--per-class", a.per_class, 1, integer=True)
+    known_sets(ap, a.datasets, "--datasets")
     rows = []
     for ds in a.datasets:
         task = Task(ds, a.per_class, 0)

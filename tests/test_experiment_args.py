@@ -296,14 +296,17 @@ def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
     ("edge_spectrum", ["--table", "/nonexistent"], "--table /nonexistent: no results.parquet"),
     ("outcome", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not exist"),
     ("outcome_domain", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not"),
+    ("subspace_compile", ["--repeats", "0"], "--repeats must be integers >= 1, got 0."),
 ])
+
 def test_names_and_paths_are_one_line_before_any_work(name, argv, said, tmp_path, capsys):
     """Wrong names and paths were tracebacks, and three scripts made an empty --out folder
     first."""
     module = experiment_script(name)
     (tmp_path / "file").write_text("")
     argv = [a.format(file=tmp_path / "file") for a in argv]
-    out = [] if "--out" in argv or name in ("edge_spectrum", "outcome_domain") else [
+    out = [] if "--out" in argv or name in ("edge_spectrum", "outcome_domain",
+                                            "subspace_compile") else [
         "--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as ended:
         (module.parse_args if name == "adam_batch_gap" else module.main)([*argv, *out])
