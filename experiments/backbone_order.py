@@ -278,7 +278,6 @@ def main(argv=None) -> None:
             fail(p, f"--table {a.table}: no such folder (a sweep's output folder).")
         run(a)
         return
-
     summary = report(a)
     text = json.dumps(summary, indent=1)
     if a.summary:

@@ -181,7 +181,6 @@ def select_rows(args) -> pd.DataFrame:
     if args.configs:
         keep = df.config_id.map(lambda c: any(c.startswith(p + "-") for p in args.configs))
         df = df[keep.astype(bool)]  # an empty object-dtype mask selected columns, not rows
-
     return df.sort_values(["num_train", "dataset", "config_id"])
 
 

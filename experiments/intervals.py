@@ -61,7 +61,6 @@ def family_table(dirs, family: str) -> pd.DataFrame:
         raise SystemExit(f"intervals.py: error: {dirs} hold no optimiser-benchmark table "
                          "(no family column): --family is for optimizer_sweep.py's folders.")
     frame = frame[frame["family"] == family].reset_index(drop=True)
-
     if frame.empty:
         raise SystemExit(f"intervals.py: error: no {family!r} row in {dirs}")
     method, kernel = zip(*(k.split(":", 1) for k in frame["pred_kernel"]), strict=True)

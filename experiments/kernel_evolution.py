@@ -423,7 +423,6 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 
 
 def main(argv=None):
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["cifar10_test", "flowers5_300pc"])
     ap.add_argument("--per-class", type=int, default=50)
@@ -441,7 +440,6 @@ def main(argv=None):
     ap.add_argument("--out", default="experiments/results/kernel_evolution")
     args = ap.parse_args(argv)
     check_args(ap, args)
-
     args.checkpoints = sorted(set(args.checkpoints))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

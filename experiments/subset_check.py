@@ -423,7 +423,6 @@ def main(argv=None) -> None:
                   f"(known: {', '.join(known_datasets())}); the shared ones need ../shared/data"
                   " or $NTK_TT_DATA_DIR.\n")
     out = Path(a.out)
-
     out.mkdir(parents=True, exist_ok=True)
     if not a.summary_only:
         t0 = time.perf_counter()

@@ -22,7 +22,6 @@ _CLI_TERMS = (("initialise the head with non-zero weights of ordinary size (ntk_
               ("Use backbone='subspace'", "Use --backbone subspace"),
               ("or the default 'diagonal', or fewer samples", "or the default diagonal, or "
                "fewer samples (-n)"),
-
               ("predictor='linear'", "--predictor linear"),
               ("allow resizing (resize=True, drop --no-resize)", "drop --no-resize"),
               ("widen kappa_range", "widen --kappa-min/--kappa-max"),

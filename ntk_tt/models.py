@@ -159,7 +159,6 @@ def replace_head(model: nnx.Module, num_classes: int, *, key: jax.Array,
       ValueError: ``model`` has no linear ``head``, ``num_classes`` not an integer ≥ 2,
         ``scale`` not a finite number > 0, or ``key`` not one ``jax.random.key(seed)`` (or
         a legacy ``jax.random.PRNGKey``, a uint32 (2,) array, jax or numpy), as every key.
-
     """
     head = getattr(model, "head", None)
     if not isinstance(head, nnx.Linear):

@@ -1664,7 +1664,6 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
     assert shipped.read_bytes() == b"the shipped predictor"
 
 
-
 def test_no_output_lands_in_the_shipped_assets_or_the_checkpoint_read(tmp_path, capsys,
                                                                       monkeypatch):
     """A fresh user: --json on the vendored .npz (the default dataset, named by its short

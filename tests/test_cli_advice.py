@@ -181,7 +181,6 @@ def test_cli_closed_form_momentum_warns_and_advises_discrete(task, tmp_path):
     assert r["predicted"]["interval_warnings"][0].startswith(
         "no T_ε interval: the prediction abstains (outcome unknown: κ = η·λ_max/N = 1.67 ≥ "
         "2(1 − m) = 1, where the closed form's GD model")
-
     assert not [ln for ln in lines if ln.startswith("note: no T_ε interval")]
     diverged = [ln for ln in lines if ln.startswith("prediction diverged at step")]
     assert len(diverged) == 1 and diverged[0].endswith("use --method discrete)"), diverged

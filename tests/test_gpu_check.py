@@ -133,7 +133,6 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
         (["--tiny", "--data", "bogus"], "--data bogus: unknown dataset; the short names are "
                                         "flowers5, cifar10_source"),
     ]:
-
         t0 = time.perf_counter()
         done = _run(tmp_path, *args, "--out", str(out))
         assert done.returncode == 2, done.stderr

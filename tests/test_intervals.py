@@ -199,7 +199,6 @@ def test_bad_table_and_prediction_raise():
                                                             rf"\({n}, all pooled\)"):
         ntk_tt.fit_intervals(few)
     assert ntk_tt.fit_intervals(good, by="kappa").by == ("kappa",)  # not ('k', 'a', 'p', ...)
-
     with pytest.raises(ValueError, match="positive"):
         cal.interval(0.0, 1.0, 0.1, "gd")
     with pytest.raises(ValueError, match="takes a Prediction from ntk_tt.predict, got "
@@ -656,7 +655,6 @@ def test_report_records_and_the_cli_prints_the_range_warning():
     assert all(f"warning: {w}" in lines for w in said)
     r["predicted"]["interval_warnings"] = []
     assert not any("calibration table" in ln for ln in format_report(r).splitlines())
-
 
 
 def test_leave_one_set_out_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):

@@ -441,7 +441,6 @@ def test_outcome_cli_prints_and_writes_json(tmp_path, capsys):
     ("learning_rate", 1e-50, r"'learning_rate' must be a finite number > 0, in .* got 1e-50"),
     ("momentum", 1 - 1e-10, r"'momentum' must be a finite number in \[0, 1\) and at most "
                             r"0\.99999994"),
-
     ("batch_size", True, "'batch_size' must be an int >= 1"),
     ("num_classes", 1, r"'num_classes' must be an int >= 2 \(a classifier has at least two"),
     ("loss_name", "hinge", "'loss_name' must be"),
@@ -724,7 +723,6 @@ def test_outcome_json_is_standard_json():
     assert got == [{"high": "inf", "low": "-inf", "by": None, "x": [1.5, 2],
                     "name": "grad_max"}]
     json.dumps(got, allow_nan=False)
-
 
 
 def test_ablation_script_refuses_an_unusable_out_before_reading(tmp_path, capsys):

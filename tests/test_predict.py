@@ -601,8 +601,6 @@ def test_raw_uint8_pixels_are_warned_about():
     assert got and not [w for w in got if "uint8" in str(w.message)]
 
 
-
-
 @pytest.mark.parametrize("kwargs,message", [
     (dict(batch_size=4), "batch_size=4 < N = 12 draws minibatch orders: pass key="),
     (dict(kernel="sketch"), "kernel='sketch' draws sketch directions: pass key="),

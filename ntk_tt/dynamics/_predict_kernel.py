@@ -299,7 +299,6 @@ def _summarise(fs, fts, y, y_test, size, lr, m, lams, *, nesterov, loss, stochas
     calls "diverges" whatever the curve (False for Adam, whose stability κ does not measure:
     its call is its curve's). ``feature_subspace``: a head-aware model with ``hk.basis`` set
     (subspace / diagonal): its own "diverges" below ``KAPPA_MAX`` is "catapult"."""
-
     n = fs.shape[2]
     loss_p, err_p = jax.vmap(lambda f: curves(f, y, loss))(fs)
     div = divergence(loss_p)

@@ -339,7 +339,6 @@ def empirical_ntk(
         ``block_size`` ≤ 0, ``trace_logits`` not True / False (e.g. the string "yes"),
         ``x2`` giving a different number of logits or with samples of another shape than
         ``x``'s, or a traced ``params`` / ``x`` / ``x2``
-
         (called under ``jax.jit``, ``vmap`` or ``grad``), before any work.
       NTKMemoryError: (a ``MemoryError`` and ``ValueError``) when Θ, the Jacobian blocks and
         the activations of one chunk (at ``block_size``, or at 1 when automatic) exceed the

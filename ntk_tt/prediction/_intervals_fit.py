@@ -57,7 +57,6 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
       level: the default 1 − α in (0, 1). by: grouping fields, finest first, from "kappa",
         "eps", "optimizer" (() = pooled; one name alone is one field). min_count: fewest
         residuals for a group to be used
-
         (else the next coarser one; the pooled group, the last resort, whatever its count).
       kappa_edges: finite, positive (κ̃ > 0), strictly increasing κ̃ bin edges.
 
@@ -84,7 +83,6 @@ def fit_intervals(frame, level: float = 0.9, *, by=("kappa",), min_count: int = 
     level = _check_level(level)
     edges = _check_edges(kappa_edges)
     by = (by,) if isinstance(by, str) else tuple(by)  # by="kappa" was read as its letters
-
     if not set(by) <= set(_FIELDS) or len(set(by)) != len(by):
         raise ValueError(f"by must be distinct fields of {_FIELDS}, got {by!r}.")
     if not isinstance(min_count, int) or min_count < 1:

@@ -99,7 +99,6 @@ def tail_start(k0, fit_range, k_sub: int) -> tuple[int, tuple[int, int]]:
     return k0, tuple(fit_range)
 
 
-
 def _tail_exponent(anchor, k0, size, target):
     """b with Σ_{k=k0}^{size} anchor·(k/k0)^(−b) = target, by bisection (the sum falls with b)."""
     logk = np.log(np.arange(k0, size + 1, dtype=np.float64) / k0)
