@@ -333,6 +333,12 @@ def test_closed_form_with_momentum_warns_beyond_its_effective_edge():
         beyond = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(
             4.0 * 12 / lam, 0.9), method="closed_form", **common)  # κ = 4 > 2(1 + m) = 3.8
     assert beyond.beyond_edge and ntk_tt.OUTCOMES[int(beyond.outcome)] == "diverges"
+    # Nesterov's own edge 2(1 + m)/(1 + 2m) = 1.36 is named (heavy ball's 3.8 was printed)
+    with pytest.warns(ntk_tt.BeyondEdgeWarning, match=r"Nesterov is stable up to 2\(1 \+ m\)/"
+                                                      r"\(1 \+ 2m\) = 1\.36\)"):
+        nest = ntk_tt.predict_from_kernel(theta, f0, y, optimizer=ntk_tt.sgd(
+            eta, 0.9, nesterov=True), method="closed_form", **common)
+    assert ntk_tt.OUTCOMES[int(nest.outcome)] == "unknown" and not nest.beyond_edge
     with pytest.warns(ntk_tt.BeyondEdgeWarning):  # the shorthand too
         ntk_tt.predict_from_kernel(theta, f0, y, learning_rate=eta, momentum=0.9,
                                    method="closed_form", **common)

@@ -9,15 +9,24 @@ import warnings
 import numpy as np
 
 from ntk_tt.data._inputs import _concrete
+from ntk_tt.dynamics._divergence import stability_edge
 
 
-def warn_method_edges(out, method: str, momentum) -> None:
+def edge_words(m: float, nesterov: bool) -> str:
+    """Where exact momentum on MSE is stable, in words: heavy ball up to 2(1 + m), Nesterov up
+    to 2(1 + m)/(1 + 2m) (``_divergence.stability_edge``)."""
+    edge = stability_edge(m, nesterov, "mse")
+    return (f"Nesterov is stable up to 2(1 + m)/(1 + 2m) = {edge:.3g}" if nesterov else
+            f"heavy ball is stable up to 2(1 + m) = {edge:.3g}")
+
+
+def warn_method_edges(out, method: str, momentum, nesterov: bool = False) -> None:
     """The warnings of a prediction ``out`` whose ``method`` cannot show the real run's
     instability (ODE/SDE beyond the edge; closed form with m beyond its η/(1 − m) model's)."""
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
     if method == "closed_form":
-        _warn_effective_edge(out.kappa, momentum, out.beyond_edge)
+        _warn_effective_edge(out.kappa, momentum, out.beyond_edge, bool(nesterov))
 
 
 class BeyondEdgeWarning(UserWarning):
@@ -28,7 +37,7 @@ class BeyondEdgeWarning(UserWarning):
     Source: ntk_tt's own (the linear model's stability edge, METHOD.md §2, §3)."""
 
 
-def _warn_effective_edge(kappa, momentum, beyond_edge) -> None:
+def _warn_effective_edge(kappa, momentum, beyond_edge, nesterov: bool) -> None:
     """UserWarning when ``method="closed_form"`` with m > 0 (concrete values) is at 2(1 − m) ≤
     κ, not beyond heavy ball's edge 2(1 + m): its GD model with η/(1 − m) (Sec. 3.1) is
     unstable there (q = κ/(1 − m) ≥ 2) while heavy ball is stable, so its curve is the
@@ -43,8 +52,8 @@ def _warn_effective_edge(kappa, momentum, beyond_edge) -> None:
         warnings.warn(
             f"method='closed_form' with momentum m = {m:g} uses the effective learning rate "
             f"η/(1 − m), a GD model that is unstable from κ = 2(1 − m) = {2 * (1 - m):.3g}; "
-            f"here κ = η·λ_max/N = {float(within.max()):.4g} (heavy ball is stable up to "
-            f"2(1 + m) = {2 * (1 + m):.3g}), so its curve and any divergence it predicts are "
+            f"here κ = η·λ_max/N = {float(within.max()):.4g} ({edge_words(m, nesterov)}), so "
+            "its curve and any divergence it predicts are "
             "the approximation's and its outcome is \"unknown\": use method='discrete' (exact "
             "heavy ball).",
             BeyondEdgeWarning, stacklevel=4)

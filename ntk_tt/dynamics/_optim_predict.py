@@ -230,7 +230,7 @@ def kernel_prediction(kernel, f0, y, optimizer, *, steps, loss, method="discrete
         steps=steps, batch_size=bs, loss=loss, num_paths=num_paths)
     out = _summarise_paths(fs, fts, y, y_test, optimizer, steps, lams, mat.shape[0], loss,
                            frozen=True, method=method)
-    warn_method_edges(out, method, optimizer.momentum)
+    warn_method_edges(out, method, optimizer.momentum, optimizer.nesterov)
     return out
 
 

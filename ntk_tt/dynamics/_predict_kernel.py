@@ -259,7 +259,7 @@ def predict_from_kernel(
                 key, noise_features, test_mat, f0_test, y_test, traced=traced,
                 test_traced=test_traced, method=method, steps=steps, batch_size=batch_size,
                 nesterov=nesterov, loss=loss, num_paths=num_paths)
-    warn_method_edges(out, method, momentum)
+    warn_method_edges(out, method, momentum, nesterov)
     return out
 
 

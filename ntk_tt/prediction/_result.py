@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ntk_tt.dynamics._divergence import KAPPA_MAX, KAPPA_MAX_DIVERGED, OUTCOMES, Outcome
+from ntk_tt.dynamics._edge_warnings import edge_words
 from ntk_tt.dynamics._predict_kernel import EPSILONS
 from ntk_tt.dynamics._regime import UNKNOWN_TRAVEL
 from ntk_tt.dynamics._targets import curve_targets
@@ -152,9 +153,10 @@ class Prediction(NamedTuple):
         m = self.hyperparameters.get("momentum") or 0.0
         if self.method == "closed_form" and m > 0 and not self.beyond_edge:
             return (f"κ = η·λ_max/N = {self.kappa:.3g} ≥ 2(1 − m) = {2 * (1 - m):.3g}, where "
-                    "the closed form's GD model with η/(1 − m) is unstable while heavy ball is "
-                    f"stable up to 2(1 + m) = {2 * (1 + m):.3g}: its curve cannot tell whether "
-                    "the real run diverges; use method='discrete' (exact heavy ball)")
+                    "the closed form's GD model with η/(1 − m) is unstable while "
+                    f"{edge_words(m, bool(self.hyperparameters.get('nesterov')))}: its curve "
+                    "cannot tell whether the real run diverges; use method='discrete' (exact "
+                    "momentum)")
         return (f"κ = η·λ_max/N = {self.kappa:.3g} is beyond the linearised model's stability "
                 "edge and the prediction did not diverge: the linearised model cannot tell "
                 "whether the real run diverges (README, \"Diverged means\"); lower the learning "
