@@ -599,6 +599,11 @@ def test_raw_uint8_pixels_are_warned_about():
         warnings.simplefilter("always")
         ntk_tt.predict_from_subset(linear_apply, params, x, labels, **kw)
     assert got and not [w for w in got if "uint8" in str(w.message)]
+    with warnings.catch_warnings(record=True) as got:  # predict(subset=) warns once, not twice
+        warnings.simplefilter("always")
+        ntk_tt.predict(linear_apply, params, raw, labels, loss="mse", subset=4, steps=3,
+                       learning_rate=1e-4, key=jax.random.key(0))
+    assert [w.filename for w in got if "uint8" in str(w.message)] == [__file__]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -612,3 +617,23 @@ def test_missing_key_names_only_the_random_source_that_applies(kwargs, message):
     params, x, y = linear_problem(12)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         ntk_tt.predict(linear_apply, params, x, y, learning_rate=0.1, steps=3, **kwargs)
+
+
+def test_held_out_samples_of_another_shape_are_refused_before_any_kernel(monkeypatch):
+    """A fresh user (session 41): a model that pools over space took 4×4 held-out images
+    beside 8×8 training ones with the sketch kernel without a word, and with the exact
+    kernel failed after Θ(x, x) naming an x2 they never passed."""
+    import ntk_tt.kernels._ntk as ntk_module
+
+    def pooled(p, x):
+        return jnp.tanh(x @ p["c"]).mean(axis=(1, 2)) @ p["w"]
+
+    params = {"c": jnp.ones((3, 4)) / 3, "w": jax.random.normal(jax.random.key(2), (4, 2))}
+    x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
+    xt = jax.random.normal(jax.random.key(1), (4, 4, 4, 3))
+    y, yt = jnp.arange(6) % 2, jnp.arange(4) % 2
+    monkeypatch.setattr(ntk_module, "empirical_ntk", lambda *a, **k: pytest.fail("work began"))
+    for kw in (dict(learning_rate=0.1), dict(optimizer=ntk_tt.sgd(0.1))):
+        with pytest.raises(ValueError, match=r"x_test's samples have shape \(4, 4, 3\), x's "
+                                             r"\(8, 8, 3\): prepare the held-out inputs"):
+            ntk_tt.predict(pooled, params, x, y, x_test=xt, y_test=yt, steps=3, **kw)

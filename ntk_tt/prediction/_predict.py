@@ -52,14 +52,20 @@ from ntk_tt.training._optimizer_run import check_learning_rates, check_shorthand
 from ntk_tt.training._timing import timed_stage
 
 
-def check_test(apply_fn, params, x_test, y_test, c):
-    """The held-out inputs (float32 at least) checked with their labels, or None."""
+def check_test(apply_fn, params, x_test, y_test, c, x=None):
+    """The held-out inputs (float32 at least) checked with their labels, or None; with the
+    training inputs ``x``, samples of x's shape (a pooling model took others without a word,
+    or failed after Θ(x, x) naming x2)."""
     if (x_test is None) != (y_test is None):
         raise ValueError("pass x_test and y_test together (or neither).")
     if x_test is not None:
         x_test = at_least_float32(as_array(x_test, "x_test"))
         nt, _ = check_model(apply_fn, params, x_test, name="x_test")
         check_labels(y_test, nt, c, name="y_test")
+        if x is not None and np.shape(x_test)[1:] != np.shape(x)[1:]:
+            raise ValueError(f"x_test's samples have shape {np.shape(x_test)[1:]}, x's "
+                             f"{np.shape(x)[1:]}: prepare the held-out inputs as the training "
+                             "ones (ntk_tt.prepare_images with the same input_shape).")
     return x_test
 
 
@@ -219,7 +225,7 @@ def predict(
         neither optimizer nor learning_rate), an optimizer schedule whose warmup ends at or
         after ``steps`` (η_t never reaches its peak), bad model output or inputs (x, y, x_test,
         y_test not arrays: nested lists of numbers are converted, anything else refused;
-        complex x or x_test), ``apply_fn``
+        complex x or x_test; x_test's samples of another shape than x's), ``apply_fn``
         coupling the samples of a batch, η or m not a real number (a string included), a key
         that is not ``jax.random.key(seed)``, labels not matching N or C or (training
         labels, C ≥ 2) of one class only, η ≤ 0, num_paths < 1,
@@ -317,7 +323,7 @@ def predict(
         raise ValueError(
             f"segments must be an int in [1, steps] and > 1 only with the head-aware "
             f"predictor, got {segments!r}.")
-    x_test = check_test(apply_fn, params, x_test, y_test, c)
+    x_test = check_test(apply_fn, params, x_test, y_test, c, x)
     check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test, head, x)
     # the default D' for the SDE noise is capped at the model's D (a larger sketch costs more
     # than the exact J·diag(σ_w) it estimates); kernel="sketch" above D was refused above

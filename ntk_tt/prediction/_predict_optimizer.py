@@ -151,7 +151,7 @@ def predict_with_optimizer(apply_fn, params, x, y, optimizer, *, shape, steps, l
         raise ValueError("the fast Adam predictor needs decoupled weight decay: L2 decay enters "
                          "Adam's elementwise moments, which have no feature-space form; use "
                          "ntk_tt.adamw(...), or ntk_tt.linearised_reference for L2.")
-    x_test = check_test(apply_fn, params, x_test, y_test, c)
+    x_test = check_test(apply_fn, params, x_test, y_test, c, x)
     check_head_kernel(head_kernel, head_aware and segments == 1, n, x_test, head, x)
     if isinstance(head_kernel, AdamKernel):
         if not adam:
