@@ -5,6 +5,8 @@ schedule's η_t, momentum and Nesterov; weight decay, B < N and Adam are refused
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ntk_tt.dynamics._divergence import call, outcome
@@ -105,9 +107,11 @@ def predict_subset(apply_fn, params, x, y, subset, subset_method, *, learning_ra
     check_subset_key(key, who=WHO)  # predict's names, before predict_from_subset's checks
     check_subset_size(subset, y, name="subset", full="drop subset")
     try:
-        sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
-                                 learning_rate=learning_rate, steps=steps,
-                                 method=subset_method, key=key, optimizer=optimizer)
+        with warnings.catch_warnings():  # predict has warned of uint8 inputs already
+            warnings.filterwarnings("ignore", "x is uint8", UserWarning)
+            sp = predict_from_subset(apply_fn, params, x, y, subset_size=subset,
+                                     learning_rate=learning_rate, steps=steps,
+                                     method=subset_method, key=key, optimizer=optimizer)
     except PowerLawFitError as err:
         raise ValueError(
             f"{WHO}: the power-law extrapolation of the N' = {subset} subset's spectrum failed "
