@@ -18,8 +18,9 @@ def fail(parser: argparse.ArgumentParser, message: str):
 
 
 def output_file(parser: argparse.ArgumentParser, path, flag: str) -> None:
-    """``path`` (None: not asked for) names a file in an existing folder, not a directory."""
-    if path is None:
+    """``path`` (None or "": not asked for) names a file in an existing folder, not a
+    directory."""
+    if not path:
         return
     try:
         require_folder(path, flag)

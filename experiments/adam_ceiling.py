@@ -135,9 +135,9 @@ def main(argv=None):
                     help="the optimiser-benchmark folder holding those rows")
     args = ap.parse_args(argv)
     out_dir(ap, args.out)  # these were tracebacks, after an empty --out folder was made
-    known_sets(ap, args.datasets, "datasets")
     at_least(ap, "--per-class", args.per_class, 1, integer=True)
     folder(ap, args.table, "--table", "an optimiser-benchmark folder")
+    known_sets(ap, args.datasets, "datasets")
     args.out.mkdir(parents=True, exist_ok=True)
     spec = OptimSpec(datasets=tuple(args.datasets), per_class=(args.per_class,))
     rows = stored(args.table)

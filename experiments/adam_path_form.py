@@ -133,9 +133,10 @@ def main(argv=None):
     ap.add_argument("--decompose", type=pathlib.Path, metavar="GAP_DIR")
     args = ap.parse_args(argv)
     out_dir(ap, args.out)  # these were tracebacks, after an empty --out folder was made
-    known_sets(ap, args.datasets, "datasets")
-    if args.decompose:
+    if args.decompose:  # reads adam_batch_gap.py's files only: no target set needed
         folder(ap, args.decompose, "--decompose", "adam_batch_gap.py's output folder")
+    else:
+        known_sets(ap, args.datasets, "datasets")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.decompose:
         res = decompose(args.decompose)

@@ -16,6 +16,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import pandas as pd
+from _args import output_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._fspace import top_eigenvalue
@@ -58,6 +59,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="optional CSV path for the table")
     args = parser.parse_args()
+    output_file(parser, args.out, "--out")  # written after every method's timing
     key = jax.random.key(0)
     kernel, f0, y, feats, lr = problem(key)
     rows = []

@@ -38,7 +38,8 @@ def check_args(p: argparse.ArgumentParser, a) -> list[float]:
     def fail(msg):
         p.exit(2, f"extrapolate: error: {msg}\n")
 
-    if a.dataset not in ntk_tt.known_datasets():
+    if not a.dataset.endswith(".npz") and "/" not in a.dataset \
+            and a.dataset not in ntk_tt.known_datasets():  # (an .npz path or TFDS name loads)
         fail(f"--dataset {a.dataset}: not a target set here; known: "
              f"{', '.join(ntk_tt.known_datasets())} (the shared ones need ../shared/data or "
              "$NTK_TT_DATA_DIR).")

@@ -35,7 +35,7 @@ def model():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("limit", nargs="?", type=float, default=64e6,
+    p.add_argument("limit", nargs="?", type=float, default=64e6, metavar="LIMIT_BYTES",
                    help="memory_limit in bytes (default 64e6)")
     limit = p.parse_args(argv).limit  # a bare sys.argv read: --help was a float() traceback
     at_least(p, "LIMIT_BYTES", limit, 1)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
-from _args import no_rows  # experiments/_args.py, beside this script
+from _args import no_rows, rows_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._predict_head_aware import HeadState, initial_state
@@ -69,6 +69,7 @@ def main(argv=None) -> None:
     p.add_argument("--kappas", type=float, nargs="+", default=[4.0, 12.0])
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    rows_file(p, a.out, False)  # a missing folder was a FileNotFoundError
     df = pd.read_parquet(eb.SWEEP)
     df = df[(df.per_class == a.per_class) & (df.optimizer == "gd")
             & np.isclose(df.kappa_eff.to_numpy()[:, None], np.array(a.kappas)).any(1)]

@@ -286,9 +286,10 @@ def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
 
 @pytest.mark.parametrize("name, argv, said", [
     ("adam_ceiling", ["bogus"], "datasets bogus: not a target set here; known: "),
-    ("adam_ceiling", ["--per-class", "0"], "--per-class must be integers >= 1, got 0."),
-    ("adam_ceiling", ["--table", "/nonexistent"], "--table /nonexistent: no such folder"),
-    ("adam_ceiling", ["--out", "{file}"], "is a file; give a folder (created if missing)."),
+    # (the data-set-free cases name a vendored set: no ../shared/data needed)
+    ("adam_ceiling", ["flowers5", "--per-class", "0"], "--per-class must be integers >= 1, got"),
+    ("adam_ceiling", ["flowers5", "--table", "/nonexistent"], "--table /nonexistent: no such"),
+    ("adam_ceiling", ["flowers5", "--out", "{file}"], "is a file; give a folder (created if"),
     ("adam_path_form", ["bogus"], "datasets bogus: not a target set here"),
     ("adam_path_form", ["--decompose", "/nonexistent"], "--decompose /nonexistent: no such"),
     ("adam_batch_gap", ["--benchmark", "bogus"], "--benchmark bogus: not a target set here"),
