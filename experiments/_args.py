@@ -31,17 +31,21 @@ def output_file(parser: argparse.ArgumentParser, path, flag: str) -> None:
 def at_least(parser: argparse.ArgumentParser, flag: str, values, low: float, *,
              integer: bool = False) -> None:
     """Every one of ``values`` (a number or a list) is finite and ≥ ``low``."""
-    for v in values if isinstance(values, (list, tuple)) else [values]:
+    many = isinstance(values, (list, tuple))
+    for v in values if many else [values]:
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= low):
-            kind = "integers" if integer else "finite numbers"
+            kind = ("integers" if many else "an integer") if integer else (
+                "finite numbers" if many else "a finite number")
             fail(parser, f"{flag} must be {kind} >= {low:g}, got {v!r}.")
 
 
 def positive(parser: argparse.ArgumentParser, flag: str, values) -> None:
     """Every one of ``values`` is a finite number > 0 (learning rates, κ values)."""
-    for v in values if isinstance(values, (list, tuple)) else [values]:
+    many = isinstance(values, (list, tuple))
+    for v in values if many else [values]:
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            fail(parser, f"{flag} must be finite numbers > 0, got {v!r}.")
+            fail(parser, f"{flag} must be {'finite numbers' if many else 'a finite number'} "
+                         f"> 0, got {v!r}.")
 
 
 def no_rows(frame, what: str) -> None:

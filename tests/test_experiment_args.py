@@ -106,15 +106,15 @@ def test_closing_note_checks_steps_and_learning_rate_before_the_kernel(capsys, m
     monkeypatch.setattr(module, "load_task", lambda *a, **k: pytest.fail("work began"))
     out = ["--out", str(tmp_path / "x.csv")]
     assert refused(module, out + ["--steps", "0"], capsys).endswith(
-        ": error: --steps must be integers >= 1, got 0.")
+        ": error: --steps must be an integer >= 1, got 0.")
     assert refused(module, out + ["--lr", "-1"], capsys).endswith(
-        ": error: --lr must be finite numbers > 0, got -1.0.")
+        ": error: --lr must be a finite number > 0, got -1.0.")
 
 
 @pytest.mark.parametrize("extra, said", [
-    (["--lr", "-1"], "--lr must be finite numbers > 0, got -1.0."),
-    (["--epochs", "0"], "--epochs must be integers >= 1, got 0."),
-    (["--batch-size", "0"], "--batch-size must be integers >= 1, got 0."),
+    (["--lr", "-1"], "--lr must be a finite number > 0, got -1.0."),
+    (["--epochs", "0"], "--epochs must be an integer >= 1, got 0."),
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0."),
     (["--widths", "16,abc"], "--widths takes a comma list of integers >= 1, got '16,abc'."),
 ])
 def test_pretrain_refuses_bad_hyperparameters_before_loading_data(extra, said, tmp_path,
@@ -197,7 +197,7 @@ def test_evolving_check_checks_segments_and_rows_before_loading_the_task(capsys,
     table = ["--table", str(EXPERIMENTS / "results" / "sweep")]
     line = refused(module, ["flowers5_300pc", "50", "bN-m0-kappa1", "--segments", "0", *table],
                    capsys)
-    assert line.endswith(": error: --segments must be integers >= 1, got 0.")
+    assert line.endswith(": error: --segments must be an integer >= 1, got 0.")
     line = refused(module, ["flowers5", "10", "bogus_cfg", *table], capsys)
     assert line.endswith(f": error: rows not in {table[1]}: "
                          "flowers5-k5-n10-s0__bogus_cfg (configuration ids such as "
@@ -207,7 +207,7 @@ def test_evolving_check_checks_segments_and_rows_before_loading_the_task(capsys,
 @pytest.mark.parametrize("argv, said", [
     (["--datasets", "bogus"], "no row of the committed table has --datasets ['bogus'], "),
     (["--kappas", "-1"], "--kappas [-1.0] and --configs"),
-    (["--steps", "-5"], "--steps must be integers >= 1, got -5."),
+    (["--steps", "-5"], "--steps must be an integer >= 1, got -5."),
     (["--report"], "rows, which does not exist: run without --report first."),
 ])
 def test_error_budget_checks_its_arguments_before_any_work(argv, said, tmp_path, capsys,
@@ -226,10 +226,10 @@ def test_error_budget_checks_its_arguments_before_any_work(argv, said, tmp_path,
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--steps", "0"], "--steps must be integers >= 1, got 0."),
+    (["--steps", "0"], "--steps must be an integer >= 1, got 0."),
     (["--peak", "-1"], "peak must be > 0"),
-    (["--per-class", "0"], "--per-class must be integers >= 1, got 0."),
-    (["--batch-size", "-3"], "--batch-size must be integers >= 0, got -3."),
+    (["--per-class", "0"], "--per-class must be an integer >= 1, got 0."),
+    (["--batch-size", "-3"], "--batch-size must be an integer >= 0, got -3."),
     (["--warmup", "200", "--steps", "10"], "--warmup must be in [0, --steps) = [0, 10), got 200."),
     (["--batch-size", "500"], "--batch-size 500 exceeds N = 5 × --per-class = 100"),
 ])
@@ -244,9 +244,9 @@ def test_optimizer_example_checks_its_arguments_before_loading_data(argv, said, 
 
 @pytest.mark.parametrize("argv, said", [
     (["--per-class", "7"], "no task of "),
-    (["--num-paths", "0"], "--num-paths must be integers >= 1, got 0."),
+    (["--num-paths", "0"], "--num-paths must be an integer >= 1, got 0."),
     (["--fractions", "1.5"], "--fractions takes numbers in (0, 1) (targets q·L_0), got '1.5'."),
-    (["--kappa-eff-max", "-1"], "--kappa-eff-max must be finite numbers > 0, got -1.0."),
+    (["--kappa-eff-max", "-1"], "--kappa-eff-max must be a finite number > 0, got -1.0."),
     (["--replot"], "suggest_check.csv, which does not exist: run without --replot first."),
     (["--verify-report", "/nonexistent.json"], "--verify-report /nonexistent.json: no such"),
 ])
@@ -287,7 +287,7 @@ def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
 @pytest.mark.parametrize("name, argv, said", [
     ("adam_ceiling", ["bogus"], "datasets bogus: not a target set here; known: "),
     # (the data-set-free cases name a vendored set: no ../shared/data needed)
-    ("adam_ceiling", ["flowers5", "--per-class", "0"], "--per-class must be integers >= 1, got"),
+    ("adam_ceiling", ["flowers5", "--per-class", "0"], "--per-class must be an integer >= 1, got"),
     ("adam_ceiling", ["flowers5", "--table", "/nonexistent"], "--table /nonexistent: no such"),
     ("adam_ceiling", ["flowers5", "--out", "{file}"], "is a file; give a folder (created if"),
     ("adam_path_form", ["bogus"], "datasets bogus: not a target set here"),
@@ -297,7 +297,7 @@ def test_a_rows_file_is_checked_before_any_work(name, tmp_path, capsys):
     ("edge_spectrum", ["--table", "/nonexistent"], "--table /nonexistent: no results.parquet"),
     ("outcome", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not exist"),
     ("outcome_domain", ["/nonexistent.jsonl.gz"], "corpus '/nonexistent.jsonl.gz' does not"),
-    ("subspace_compile", ["--repeats", "0"], "--repeats must be integers >= 1, got 0."),
+    ("subspace_compile", ["--repeats", "0"], "--repeats must be an integer >= 1, got 0."),
 ])
 
 def test_names_and_paths_are_one_line_before_any_work(name, argv, said, tmp_path, capsys):
