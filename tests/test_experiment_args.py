@@ -24,7 +24,6 @@ BASE = ["--datasets", "flowers5", "--per-class", "10", "--kappas", "12", "--mome
     (["--subset", "1000"], r"--subset must be in \[1, N\] = \[1, 50\]"),
     (["--feature-kernel-kappas", "7"], r"must be among --kappas \[12.0\]"),
     (["--checkpoints", "0", "-3", "10"], r"include 0 and lie in \[0, --steps\] = \[0, 10\]"),
-
     (["--checkpoints", "5", "10"], r"--checkpoints must include 0"),
 ])
 def test_bad_arguments_are_one_line_before_any_work(extra, said, capsys, monkeypatch):

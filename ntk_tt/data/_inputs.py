@@ -90,7 +90,6 @@ def warn_raw_pixels(x, stacklevel: int) -> None:
     """UserWarning when the model inputs ``x`` are uint8: raw image pixels most likely, which
     make κ huge (a fresh user's raw pixels were "diverges at κ = 17,398"). ``stacklevel``: of
     the caller's frame, as ``warnings.warn`` counts it there."""
-
     if np.dtype(x.dtype) == np.uint8:
         warnings.warn("x is uint8, raw image pixels most likely: normalise them as in "
                       "pre-training first (ntk_tt.prepare_images(images, input_shape, mean=, "

@@ -228,7 +228,6 @@ def check_telemetry(telemetry: Telemetry) -> None:
         dtype = np.asarray(kw[k]).dtype  # strings of numbers were read as numbers
         if dtype.kind not in "fiu" or (k == "snapshot_steps" and dtype.kind == "f"
                                        and np.size(kw[k])):
-
             raise ValueError(f"telemetry field {k!r} must be an array of "
                              + ("whole step numbers" if k == "snapshot_steps" else "numbers")
                              + f", got dtype {dtype}, as a Telemetry row refuses it.")
