@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 
 from ntk_tt.data._inputs import _concrete
-from ntk_tt.dynamics._divergence import stability_edge
+from ntk_tt.dynamics._divergence import ABSTAINS, stability_edge
 
 
 def edge_words(m: float, nesterov: bool) -> str:
@@ -26,7 +26,7 @@ def warn_method_edges(out, method: str, momentum, nesterov: bool = False) -> Non
     if method in ("ode", "sde"):
         _warn_beyond_edge(out.beyond_edge, out.kappa, method)
     if method == "closed_form":
-        _warn_effective_edge(out.kappa, momentum, out.beyond_edge, bool(nesterov))
+        _warn_effective_edge(out.kappa, out.outcome, momentum, bool(nesterov))
 
 
 class BeyondEdgeWarning(UserWarning):
@@ -37,17 +37,17 @@ class BeyondEdgeWarning(UserWarning):
     Source: ntk_tt's own (the linear model's stability edge, METHOD.md §2, §3)."""
 
 
-def _warn_effective_edge(kappa, momentum, beyond_edge, nesterov: bool) -> None:
-    """UserWarning when ``method="closed_form"`` with m > 0 (concrete values) is at 2(1 − m) ≤
-    κ, not beyond heavy ball's edge 2(1 + m): its GD model with η/(1 − m) (Sec. 3.1) is
-    unstable there (q = κ/(1 − m) ≥ 2) while heavy ball is stable, so its curve is the
-    approximation's and its outcome "unknown" (``_divergence.effective_rate_abstains``).
-    Beyond 2(1 + m) heavy ball diverges too and the call "diverges" is right: no warning."""
-    m, kappas, flags = _concrete(momentum), _concrete(kappa), _concrete(beyond_edge)
-    if m is None or kappas is None or flags is None or np.ndim(m) or not float(m) > 0:
+def _warn_effective_edge(kappa, outcome, momentum, nesterov: bool) -> None:
+    """UserWarning when ``method="closed_form"`` with m > 0 (concrete values) called
+    "unknown": at 2(1 − m) ≤ κ, not beyond the exact recursion's edge, its GD model with
+    η/(1 − m) (Sec. 3.1) is unstable (q = κ/(1 − m) ≥ 2) while momentum is stable, so its
+    curve is the approximation's (the zone is ``_divergence.effective_rate_abstains``'s, read
+    from ``outcome``). Beyond the edge the call "diverges" is right: no warning."""
+    m, kappas, codes = _concrete(momentum), _concrete(kappa), _concrete(outcome)
+    if m is None or kappas is None or codes is None or np.ndim(m) or not float(m) > 0:
         return
     m = float(m)
-    within = np.asarray(kappas)[(np.asarray(kappas) >= 2 * (1 - m)) & ~np.asarray(flags)]
+    within = np.asarray(kappas)[np.asarray(codes) == ABSTAINS]
     if within.size:
         warnings.warn(
             f"method='closed_form' with momentum m = {m:g} uses the effective learning rate "
