@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
+from _args import fail, known_sets  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._fspace import mean_grad, top_eigenvalue
@@ -392,38 +393,32 @@ def summarise(frame: pd.DataFrame, wall: float, args) -> dict:
 def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Every argument, before any kernel is built (a fresh user's --kappas -1 and --momenta
     1.0 built the kernel and trained, then failed on a learning rate never passed): one
-    ``kernel_evolution.py: error:`` line, exit 2."""
-
-    def fail(msg: str):
-        ap.exit(2, f"kernel_evolution.py: error: {msg}\n")
-
+    ``kernel_evolution.py: error:`` line, exit 2 (``experiments/_args.py``)."""
     try:  # κ̃, m, per-class count, steps and seed by the sweep's own rules
         SweepSpec(datasets=tuple(args.datasets), per_class=(args.per_class,),
                   seeds=(args.seed,), kappas=tuple(args.kappas), momenta=tuple(args.momenta),
                   steps=args.steps)
     except ValueError as err:
-        fail(str(err).replace("SweepSpec.", ""))
-    if unknown := [d for d in args.datasets if d not in ntk_tt.known_datasets()]:
-        fail(f"--datasets {' '.join(unknown)}: not a target set here; known: "
-             f"{', '.join(ntk_tt.known_datasets())} (the shared ones need ../shared/data or "
-             "$NTK_TT_DATA_DIR).")
+        fail(ap, str(err).replace("SweepSpec.", ""))
+    known_sets(ap, args.datasets, "--datasets")
     if args.feature_kernel_kappas is None:  # the default: those of 4 and 12 in the grid
         args.feature_kernel_kappas = [k for k in (4.0, 12.0) if k in args.kappas]
     if not set(args.feature_kernel_kappas) <= set(args.kappas):
-        fail(f"--feature-kernel-kappas {args.feature_kernel_kappas} must be among --kappas "
+        fail(ap, f"--feature-kernel-kappas {args.feature_kernel_kappas} must be among --kappas "
              f"{args.kappas} (they pick runs of the grid).")
     n = Task(args.datasets[0], args.per_class, args.seed).num_train
     if not 1 <= args.subset <= n:
-        fail(f"--subset must be in [1, N] = [1, {n}] (N = 5 classes × --per-class), got "
+        fail(ap, f"--subset must be in [1, N] = [1, {n}] (N = 5 classes × --per-class), got "
              f"{args.subset}.")
     if 0 not in args.checkpoints or not 0 <= min(args.checkpoints) <= max(
             args.checkpoints) <= args.steps:
-        fail(f"--checkpoints must include 0 and lie in [0, --steps] = [0, {args.steps}], got "
+        fail(ap, f"--checkpoints must include 0 and lie in [0, --steps] = [0, {args.steps}], got "
              f"{args.checkpoints}.")
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="kernel_evolution.py",  # its name when imported too
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["cifar10_test", "flowers5_300pc"])
     ap.add_argument("--per-class", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
