@@ -227,7 +227,11 @@ def _small_subset_warnings(call):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         call()
-    return [str(w.message) for w in caught if "the subset of N'" in str(w.message)]
+    said = [w for w in caught if "the subset of N'" in str(w.message)]
+    # at the user's line (this file), however deep in the package: predict(subset=) named
+    # its own _predict_subset.py
+    assert all(w.filename == __file__ for w in said), [w.filename for w in said]
+    return [str(w.message) for w in said]
 
 
 @pytest.mark.parametrize("per", [1, 2, 3, 4])
@@ -259,8 +263,14 @@ def test_a_subset_of_fewer_than_4_per_class_warns_before_the_kernel(per, monkeyp
         with pytest.raises(AssertionError, match="kernel work started"):
             ntk_tt.predict(apply_fn, params, x, y, loss="mse", subset=n_sub, **kw)
 
+    def predict_optimizer():
+        with pytest.raises(AssertionError, match="kernel work started"):
+            ntk_tt.predict(apply_fn, params, x, y, loss="mse", subset=n_sub, steps=10,
+                           key=jax.random.key(0), optimizer=ntk_tt.sgd(0.01))
+
     assert _small_subset_warnings(from_subset) == expected
     assert _small_subset_warnings(predict) == expected  # once: not again inside
+    assert _small_subset_warnings(predict_optimizer) == expected
 
     def refused():  # a refusal comes alone, without the warning
         with pytest.raises(ValueError, match="learning_rate must be a finite scalar > 0"):

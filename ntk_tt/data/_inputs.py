@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._frames import user_stacklevel
 from ntk_tt._keys import check_key as check_key  # models.py (base) checks keys too
 from ntk_tt._options import _describe, a_type
 from ntk_tt._options import check_real as check_real  # importable without JAX
@@ -86,15 +87,15 @@ def at_least_float32(tree: Any) -> Any:
     return jax.tree.map(up, tree)
 
 
-def warn_raw_pixels(x, stacklevel: int) -> None:
+def warn_raw_pixels(x) -> None:
     """UserWarning when the model inputs ``x`` are uint8: raw image pixels most likely, which
-    make κ huge (a fresh user's raw pixels were "diverges at κ = 17,398"). ``stacklevel``: of
-    the caller's frame, as ``warnings.warn`` counts it there."""
+    make κ huge (a fresh user's raw pixels were "diverges at κ = 17,398"); it names the user's
+    line (:func:`ntk_tt._frames.user_stacklevel`)."""
     if np.dtype(x.dtype) == np.uint8:
         warnings.warn("x is uint8, raw image pixels most likely: normalise them as in "
                       "pre-training first (ntk_tt.prepare_images(images, input_shape, mean=, "
                       "std=)); unnormalised inputs make κ huge.", UserWarning,
-                      stacklevel=stacklevel + 1)
+                      stacklevel=user_stacklevel())
 
 
 def _concrete(value):

@@ -267,7 +267,7 @@ def predict(
     check_loss(loss)
     check_key(key)
     x = as_array(x, "x")
-    warn_raw_pixels(x, stacklevel=3)
+    warn_raw_pixels(x)
     # bfloat16 / float16 params and inputs: Θ and f0 in float32 (README, "Dtypes")
     params, x, head = at_least_float32((params, x, head))
     n, c = check_model(apply_fn, params, x)

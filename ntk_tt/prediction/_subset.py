@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntk_tt._frames import user_stacklevel
 from ntk_tt._options import SUBSET_METHODS as SUBSET_METHODS  # importable without JAX
 from ntk_tt._options import _is_int
 from ntk_tt._schedule_checks import RATE_RANGE, is_rate
@@ -104,7 +105,8 @@ with N' (power law median / worst 0.67 / 7.5 at 2 per class, 0.33 / 1.25 at 4, 0
 
 def warn_small_subset(subset_size: int, k: int) -> None:
     """UserWarning for fewer than :data:`STABLE_PER_CLASS` samples of each of the ``k``
-    classes (naming no argument: it serves ``predict_from_subset`` and ``predict``)."""
+    classes (naming no argument: it serves ``predict_from_subset`` and ``predict``), at the
+    user's line whichever of them was called."""
     if (per := subset_size // k) < STABLE_PER_CLASS:
         warnings.warn(
             f"the subset of N' = {subset_size} samples holds {per} of each of the K = {k} "
@@ -113,7 +115,7 @@ def warn_small_subset(subset_size: int, k: int) -> None:
             "test tasks at 1 to 3 per class: T_ε off by a median 35 to 85 % and by up to "
             "750 %, once divergence called for a κ = 1 run); take it as a rough guess, or "
             f"use N' >= {STABLE_PER_CLASS * k} ({STABLE_PER_CLASS} per class) or more.",
-            UserWarning, stacklevel=4)
+            UserWarning, stacklevel=user_stacklevel())
 
 
 def balanced_subset(y, subset_size: int, key: jax.Array) -> np.ndarray:
@@ -286,7 +288,7 @@ def _validated_predict(apply_fn, params, x, y, subset_size, learning_rate, steps
     _check_options(method, k0, fit_range, slope_correction, rcond, subset_size,
                    forward_block_size)
     warn_small_subset(int(subset_size), k)  # after every refusal, before any kernel work
-    warn_raw_pixels(x, stacklevel=3)  # as predict warns (a fresh user's raw pixels: κ 4,853)
+    warn_raw_pixels(x)  # as predict warns (a fresh user's raw pixels: κ 4,853)
     idx = balanced_subset(y, int(subset_size), key)
     return _predict_on_indices(apply_fn, params, x, y, idx, learning_rate=learning_rate,
                                steps=int(steps), method=method, k0=k0, fit_range=fit_range,
