@@ -1,7 +1,9 @@
-"""SDE for SGD (eq. 1, Sec. 4): zero noise, diffusion covariance, band vs exact SGD, rescaling."""
+"""SDE for SGD (eq. 1, Sec. 4): zero noise, diffusion covariance, band vs exact SGD, rescaling,
+derivatives."""
 
 from functools import partial
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ from _dynamics_helpers import brute_ntk, jacobian, linear_apply, linear_problem
 
 import ntk_tt
 from ntk_tt.dynamics._losses import mean_loss
-from ntk_tt.dynamics._sde import diffusion_scale, sde_paths
+from ntk_tt.dynamics._sde import diffusion_scale, sde_paths, step_increments
 
 STATIC = ("steps", "batch_size", "method", "num_paths", "loss")
 
@@ -61,10 +63,10 @@ def test_zero_noise_sde_is_discrete_gd():
     np.testing.assert_allclose(sde.loss_paths, jnp.broadcast_to(gd.loss, (2, 41)), rtol=1e-10)
 
 
-def test_sde_derivatives_are_forward_mode_as_documented():
-    """README and predict_from_kernel say the SDE takes jax.jacfwd, not jax.grad (a fresh
-    user's jax.grad ended in diffrax's error): dL_T/dη by jacfwd equals the central
-    difference of the same paths (same key), and jax.grad raises diffrax's reverse-mode error."""
+def test_sde_takes_jax_grad_and_jacfwd_and_both_are_the_central_difference():
+    """A fresh user's jax.grad through the SDE ended in diffrax's reverse-mode error (the
+    Brownian path was UnsafeBrownianPath with ForwardMode): dL_T/dη by jax.grad and by
+    jax.jacfwd both equal the central difference of the same paths (same key)."""
     params, x, y, kernel, f0, lam = _problem(16, 6)
     feats = 0.01 * jnp.ones((f0.size, 8))
 
@@ -76,8 +78,20 @@ def test_sde_derivatives_are_forward_mode_as_documented():
     lr, h = 0.5 * 16 / lam, 1e-5
     central = (final_loss(lr + h) - final_loss(lr - h)) / (2 * h)
     np.testing.assert_allclose(jax.jacfwd(final_loss)(lr), central, rtol=1e-5)
-    with pytest.raises(ValueError, match="Reverse-mode differentiation does not work"):
-        jax.grad(final_loss)(lr)
+    np.testing.assert_allclose(jax.grad(final_loss)(lr), central, rtol=1e-5)
+
+
+def test_the_sde_draws_the_increments_unsafe_brownian_path_gives_euler():
+    """The increments drawn up front are the numbers diffrax's UnsafeBrownianPath gives over
+    [k, k + 1], which the solve queried until session 42 (so earlier predictions stand), and
+    a step's time an ulp off still reads that step's increment."""
+    key, steps, dim = jax.random.key(3), 7, 4
+    path = diffrax.UnsafeBrownianPath(shape=jax.ShapeDtypeStruct((dim,), jnp.float32), key=key)
+    direct = np.stack([path.evaluate(float(k), float(k) + 1.0) for k in range(steps)])
+    drawn = step_increments(key, steps, dim, jnp.float32)
+    np.testing.assert_array_equal(drawn.increments, direct)
+    assert [float(drawn.evaluate(jnp.float32(k) + 1e-6, None)[0]) for k in range(steps)] \
+        == list(direct[:, 0])  # a time an ulp off the step reads that step
 
 
 def test_gradient_variance_matches_brute_force():

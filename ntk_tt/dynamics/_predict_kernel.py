@@ -189,7 +189,7 @@ def predict_from_kernel(
         ``optimizer`` with weight decay λ ≠ 0 only.
       loss: "cross_entropy" or "mse" (mean over samples).
       method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
-        η/(1 − m)), "sde" (diffrax, SGD noise; ``jax.jacfwd``, not ``jax.grad``), "auto".
+        η/(1 − m)), "sde" (diffrax, SGD noise; ``jax.grad`` and ``jax.jacfwd`` alike), "auto".
       key: jax.random key for the SDE's Brownian paths or the discrete SGD batch orders:
         seed 0 uses ``batch_indices(key, N, B, steps)``, a real run's with the same key.
       noise_features: (N·C, D') SDE noise features J·diag(σ_w)·P/√D'.

@@ -21,13 +21,17 @@
       df = −η'(t) [Θ ∇_f L(f) + λ' p] dt + (η'(t)/√B) · ρ · s(f) · G dW'.
 
 Solver choice: Euler–Maruyama (as in the paper) with a constant step dt = 1, so the mean
-path is exactly the discrete GD recursion and every save time is a grid point. The Brownian
-motion is ``UnsafeBrownianPath`` with ``ForwardMode`` adjoint: fixed-step Euler queries each
-increment once, and the alternative ``VirtualBrownianTree`` was measured ~14× slower here for a
-300-step solve (diffrax issue #517). Consequence: forward-mode differentiation only
-(``jax.jacfwd``), not ``jax.grad``, through the SDE; use the discrete SGD recursion for reverse
-mode. With dt = 1 the drift is evaluated at the integer steps, so η'(k) is the schedule's η_k
-of step k and the B = N path is the discrete recursion with η_k/(1 − m). Held-out logits are
+path is exactly the discrete GD recursion and every save time is a grid point. Fixed-step
+Euler queries each Brownian increment once, over [k, k + 1]: they are drawn up front, as
+diffrax's ``UnsafeBrownianPath`` draws them (the same numbers), and read back by step
+(:class:`StepIncrements`), since ``UnsafeBrownianPath`` itself refuses reverse mode and the
+alternative ``VirtualBrownianTree`` was measured ~14× slower here for a 300-step solve (diffrax
+issue #517). With ``DirectAdjoint`` both ``jax.grad`` and ``jax.jacfwd`` go through the solve
+(until session 42 it was ``ForwardMode``: ``jax.jacfwd`` only, and ``jax.grad`` ended in
+diffrax's error). With dt = 1 the drift is evaluated at the integer steps, so η'(k) is the
+schedule's η_k of step k and the B = N path is the discrete recursion with η_k/(1 − m) (the
+step's time is rounded to its integer: ``DirectAdjoint``'s times can be an ulp off, which a
+piecewise-constant schedule's corner would notice). Held-out logits are
 driven by the noisy training gradient (no noise of their own):
 f_test,k+1 = f_test,k − η'(k) [Θ(x_test, x) ∇_f L(f_k) + λ' p_test,k].
 """
@@ -41,6 +45,34 @@ import jax.numpy as jnp
 from ntk_tt._schedules import Schedule
 from ntk_tt.dynamics._fspace import mean_grad, theta_dot
 from ntk_tt.dynamics._ode import effective_rate, rate_at, with_decay
+
+
+class StepIncrements(diffrax.AbstractPath):
+    """The Brownian increments of unit steps, W(k + 1) − W(k) = ``increments[k]`` (steps, D'),
+    as a diffrax path that fixed-step (dt = 1) Euler queries over [k, k + 1]; unlike
+    ``UnsafeBrownianPath`` it is an ordinary array, so reverse mode goes through it."""
+
+    increments: jax.Array
+
+    @property
+    def t0(self):
+        return 0
+
+    @property
+    def t1(self):
+        return self.increments.shape[0]
+
+    def evaluate(self, t0, t1=None, left=True):
+        del t1, left  # always [k, k + 1]: the solve's constant step
+        return self.increments[jnp.round(t0).astype(jnp.int32)]
+
+
+def step_increments(key, steps: int, dim: int, dtype) -> StepIncrements:
+    """The increments ``UnsafeBrownianPath(key)`` gives fixed-step Euler over [k, k + 1], k < steps
+    (the numbers the SDE used before they were drawn up front)."""
+    path = diffrax.UnsafeBrownianPath(shape=jax.ShapeDtypeStruct((dim,), dtype), key=key)
+    ks = jnp.arange(steps, dtype=dtype)
+    return StepIncrements(jax.vmap(lambda k: path.evaluate(k, k + 1.0))(ks))
 
 
 def diffusion_scale(learning_rate, momentum, batch_size: int, n: int):
@@ -60,17 +92,17 @@ def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_s
     g_mat = noise_features.reshape(n, c, -1)
 
     def drift(t, f, args):
-        eta = effective_rate(learning_rate, momentum, t, f0.dtype)
+        eta = effective_rate(learning_rate, momentum, jnp.round(t), f0.dtype)
         return -eta * with_decay(theta_dot(*op, mean_grad(f, y, loss)), lam, f, f0, a)
 
     def diffusion(t, f, args):
-        scale = diffusion_scale(rate_at(learning_rate, t, f0.dtype), momentum, batch_size, n)
+        scale = diffusion_scale(rate_at(learning_rate, jnp.round(t), f0.dtype), momentum,
+                                batch_size, n)
         s = jnp.where(rescale, jnp.linalg.norm(mean_grad(f, y, loss)) / g0_norm, 1.0)
         return (scale * s) * g_mat
 
     # increments in f0's dtype: by default they are the default float (float64 under x64)
-    noise = jax.ShapeDtypeStruct((noise_features.shape[1],), f0.dtype)
-    brownian = diffrax.UnsafeBrownianPath(shape=noise, key=key)
+    brownian = step_increments(key, steps, noise_features.shape[1], f0.dtype)
     terms = diffrax.MultiTerm(diffrax.ODETerm(drift), diffrax.ControlTerm(diffusion, brownian))
     sol = diffrax.diffeqsolve(
         terms,
@@ -80,7 +112,7 @@ def sde_path(op, f0, y, noise_features, key, *, learning_rate, momentum, batch_s
         dt0=1.0,
         y0=f0,
         saveat=diffrax.SaveAt(ts=jnp.arange(steps + 1, dtype=f0.dtype)),
-        adjoint=diffrax.ForwardMode(),
+        adjoint=diffrax.DirectAdjoint(),  # jax.grad and jax.jacfwd alike
         max_steps=steps + 1,
         throw=False,
     )
