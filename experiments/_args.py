@@ -17,6 +17,13 @@ def fail(parser: argparse.ArgumentParser, message: str):
     parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
+def exit_error(prog: str, message: str):
+    """:func:`fail` where no parser is at hand: ``<prog>: error: message`` on stderr, exit 2
+    (``raise SystemExit(message)`` exited 1, not argparse's 2 for a usage error)."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    raise SystemExit(2)
+
+
 def output_file(parser: argparse.ArgumentParser, path, flag: str) -> None:
     """``path`` (None or "": not asked for) names a file in an existing folder, not a
     directory."""

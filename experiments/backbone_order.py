@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
-from _args import fail, rows_file  # experiments/_args.py, beside this script
+from _args import exit_error, fail, rows_file  # experiments/_args.py, beside this script
 
 import ntk_tt
 from ntk_tt.dynamics._divergence import OUTCOMES, outcome
@@ -149,15 +149,14 @@ def select_rows(table: pd.DataFrame, a) -> list[str]:
     if a.rows:
         missing = [r for r in a.rows if r not in table.index]
         if missing:
-            raise SystemExit(f"backbone_order.py: error: rows not in {a.table}: "
-                             f"{', '.join(missing)}")
+            exit_error("backbone_order.py", f"rows not in {a.table}: {', '.join(missing)}")
         return list(a.rows)
     want = {f"b{a.batch}-m{m:g}-kappa{k:g}" for m in a.momenta for k in a.kappas}
     sel = table[table["per_class"].isin(a.per_class) & table["config_id"].isin(want)]
     if sel.empty:  # a fresh user's --kappas -1 exited 0 without a word
-        raise SystemExit(f"backbone_order.py: error: no row of {a.table} has --per-class "
-                         f"{a.per_class}, --batch {a.batch}, --momenta {a.momenta} and "
-                         f"--kappas {a.kappas}: pick values of its grid.")
+        exit_error("backbone_order.py", f"no row of {a.table} has --per-class {a.per_class}, "
+                   f"--batch {a.batch}, --momenta {a.momenta} and --kappas {a.kappas}: pick "
+                   "values of its grid.")
     return sorted(sel.index)
 
 
@@ -233,7 +232,7 @@ def report(a) -> dict:
     by κ̃ (and N, m, optimiser); outcome agreement with the real run."""
     d = frame(a)
     if d.empty:
-        raise SystemExit(f"backbone_order.py: error: no rows in {a.out}: run it first.")
+        exit_error("backbone_order.py", f"no rows in {a.out}: run it first.")
     conv = d[~d["real_outcome"].isin(["diverges"])]
 
     def stats(sub):

@@ -39,6 +39,7 @@ import pathlib
 
 import numpy as np
 import pandas as pd
+from _args import exit_error  # experiments/_args.py, beside this script
 
 from ntk_tt import fit_intervals
 from ntk_tt._options_predict import DIAGONAL_DIM
@@ -58,11 +59,11 @@ def family_table(dirs, family: str) -> pd.DataFrame:
     ``fit_intervals`` reads (module docstring)."""
     frame = pd.concat([pd.read_parquet(pathlib.Path(d) / "results.parquet") for d in dirs])
     if "family" not in frame.columns:  # the constant-η sweep's table: a KeyError
-        raise SystemExit(f"intervals.py: error: {dirs} hold no optimiser-benchmark table "
-                         "(no family column): --family is for optimizer_sweep.py's folders.")
+        exit_error("intervals.py", f"{dirs} hold no optimiser-benchmark table (no family "
+                   "column): --family is for optimizer_sweep.py's folders.")
     frame = frame[frame["family"] == family].reset_index(drop=True)
     if frame.empty:
-        raise SystemExit(f"intervals.py: error: no {family!r} row in {dirs}")
+        exit_error("intervals.py", f"no {family!r} row in {dirs}")
     method, kernel = zip(*(k.split(":", 1) for k in frame["pred_kernel"]), strict=True)
     return frame.assign(pred_method=method, pred_kernel=kernel, schedule="warmup_cosine",
                         nesterov=False, kappa_eff=frame["kappa"] / (1 - frame["momentum"]))
@@ -169,8 +170,7 @@ def main(argv=None) -> None:
             f"_{args.family}"
         fit_by = ("optimizer",)
     elif len(args.sweep_dir) > 1:
-        raise SystemExit("intervals.py: error: give one sweep directory (several only with "
-                         "--family)")
+        p.exit(2, f"{p.prog}: error: give one sweep directory (several only with --family)\n")
     else:
         frame, groupings, tag, fit_by = read_table(args.sweep_dir[0]), GROUPINGS, "", ("kappa",)
         summary = pathlib.Path(args.sweep_dir[0]) / "summary.json"

@@ -83,7 +83,9 @@ def _parser():
 
 
 def _fail(msg):
-    raise SystemExit(f"scale.py: error: {msg}")
+    from _args import exit_error  # experiments/_args.py, beside this script
+
+    exit_error("scale.py", msg)
 
 
 def _check_dataset(name: str) -> None:

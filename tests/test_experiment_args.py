@@ -148,6 +148,8 @@ def test_pretrain_names_an_unknown_data_set_and_a_batch_larger_than_it(tmp_path,
      "--json writes the report's figures: it needs --report."),
     ("backbone_order", ["--summary", "{tmp}/s.json"],
      "--summary writes the report's summary: it needs --report."),
+    ("backbone_order", ["--kappas", "-1"], "--kappas [-1.0]: pick values of its grid."),
+    ("backbone_order", ["bogus_row"], ": bogus_row"),
 ])
 def test_a_selection_of_nothing_or_a_report_option_without_report_is_refused(
         name, argv, said, tmp_path, capsys):
@@ -173,10 +175,10 @@ def test_a_selection_of_nothing_or_a_report_option_without_report_is_refused(
     (["--dataset", "bogus"], "--dataset bogus: not a target set here; known: "),
 ])
 def test_scale_checks_its_arguments_before_the_pilot_and_config(extra, said, tmp_path,
-                                                                 monkeypatch):
+                                                                 monkeypatch, capsys):
     """A fresh user's --lr -1 and --steps 0 wrote config.json (after a 16 s pilot for the
     latter) and failed in the child process with two tracebacks; --per-class 0 was blamed on
-    --subset; a 5-class --dataset failed in the child."""
+    --subset; a 5-class --dataset failed in the child. One line, exit status 2 (it was 1)."""
     module = experiment_script("scale")
     monkeypatch.setattr(module, "_pilot_lr", lambda *a: pytest.fail("work began"))
     out = tmp_path / "sc"
@@ -184,7 +186,9 @@ def test_scale_checks_its_arguments_before_the_pilot_and_config(extra, said, tmp
             "--full-per-class", ""]
     with pytest.raises(SystemExit) as ended:
         module.main(base + extra)
-    assert str(ended.value.code).startswith(f"scale.py: error: {said}"), ended.value.code
+    err = capsys.readouterr().err.splitlines()
+    assert ended.value.code == 2 and len(err) == 1, (ended.value.code, err)
+    assert err[0].startswith(f"scale.py: error: {said}"), err
     assert not out.exists()
 
 

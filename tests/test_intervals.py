@@ -682,3 +682,18 @@ def test_leave_one_set_out_script_refuses_a_bad_level_and_a_missing_table_in_one
     err = refused(script, [str(tmp_path / "none"), *out], capsys)
     assert err.split(": error: ", 1)[1] == (f"no results.parquet in {tmp_path / 'none'}: give "
                                             "a sweep's output folder.")
+
+
+def test_leave_one_set_out_script_refuses_family_misuse_with_status_2(tmp_path, capsys):
+    """--family on the constant-η sweep's folder, an unknown family, and two folders without
+    --family exited with status 1 (``SystemExit(message)``); now argparse's 2, one line."""
+    script = experiment_script("intervals")
+    results = ROOT / "experiments" / "results"
+    out = ["--out", str(tmp_path / "out")]
+    err = refused(script, [str(results / "sweep"), "--family", "adamw_cosine", *out], capsys)
+    assert "hold no optimiser-benchmark table (no family column)" in err
+    err = refused(script, [str(results / "optimizers"), "--family", "bogus", *out], capsys)
+    assert err.split(": error: ", 1)[1].startswith("no 'bogus' row in ")
+    err = refused(script, [str(results / "sweep"), str(results / "sweep"), *out], capsys)
+    assert err.split(": error: ", 1)[1] == ("give one sweep directory (several only with "
+                                            "--family)")

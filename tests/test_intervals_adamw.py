@@ -153,7 +153,7 @@ def test_no_interval_for_an_abstaining_prediction_and_numpy_levels():
     assert _interval(report, "loss", "0.4") == "17–42"  # widened outwards
 
 
-def test_family_mode_of_the_leave_one_set_out_script(script, tmp_path):
+def test_family_mode_of_the_leave_one_set_out_script(script, tmp_path, capsys):
     """``experiments/intervals.py DIR --family F`` on a synthetic optimiser-benchmark table:
     only F's rows, the groupings by ε and optimiser, the calibrator by optimiser with the
     table's predictor and rule recorded."""
@@ -188,5 +188,9 @@ def test_family_mode_of_the_leave_one_set_out_script(script, tmp_path):
     assert all(abs(v + 0.1) < 0.05 for v in stretch["shift_log_by_held_out"].values())
     assert stretch["cases"] == 3 * 24 * 2  # the adamw rows × ε ∈ {0.1, 0.4}
     assert stretch["median_stretched"] < stretch["median_as_predicted"]
-    with pytest.raises(SystemExit, match="no 'adam' row"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
         script.main([str(tmp_path / "opt"), "--family", "adam", "--out", str(tmp_path)])
+    assert ended.value.code == 2  # argparse's status for a usage error, one line
+    assert capsys.readouterr().err == (f"intervals.py: error: no 'adam' row in "
+                                       f"{[str(tmp_path / 'opt')]}\n")
