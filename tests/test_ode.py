@@ -55,3 +55,21 @@ def test_cross_entropy_ode_is_the_small_eta_limit_of_gd(problem):
     gaps = jnp.max(jnp.abs(ode - gd), axis=1) / gd[:, 0]
     assert float(gaps[0]) < 0.02
     assert float(gaps[0] / gaps[1]) > 1.7
+
+
+def test_the_ode_takes_jax_grad_and_not_jacfwd_as_documented(problem):
+    """README (a fresh user's probe found it said "jax.jacfwd through every method"): the
+    ODE's dL_T/dη by jax.grad is the central difference; jax.jacfwd meets diffrax's default
+    adjoint, a custom_vjp, and raises JAX's error."""
+    kernel, f0, y, lr = problem
+
+    def final_loss(eta):
+        return ntk_tt.predict_from_kernel(kernel, f0, y, learning_rate=eta, steps=10,
+                                          method="ode").loss[-1]
+
+    with jax.enable_x64(True):
+        h = 1e-5 * lr
+        central = (final_loss(0.5 * lr + h) - final_loss(0.5 * lr - h)) / (2 * h)
+        np.testing.assert_allclose(jax.grad(final_loss)(0.5 * lr), central, rtol=1e-4)
+        with pytest.raises(TypeError, match="custom_vjp"):
+            jax.jacfwd(final_loss)(0.5 * lr)

@@ -189,7 +189,9 @@ def predict_from_kernel(
         ``optimizer`` with weight decay λ ≠ 0 only.
       loss: "cross_entropy" or "mse" (mean over samples).
       method: "discrete" (exact recursion), "closed_form" (MSE + GD), "ode" (diffrax, m via
-        η/(1 − m)), "sde" (diffrax, SGD noise; ``jax.grad`` and ``jax.jacfwd`` alike), "auto".
+        η/(1 − m); SGD's mean flow, the GD curve whatever ``batch_size``; ``jax.grad``, not
+        ``jax.jacfwd``: diffrax's default adjoint is a ``custom_vjp``), "sde" (diffrax, SGD
+        noise; ``jax.grad`` and ``jax.jacfwd`` alike), "auto".
       key: jax.random key for the SDE's Brownian paths or the discrete SGD batch orders:
         seed 0 uses ``batch_indices(key, N, B, steps)``, a real run's with the same key.
       noise_features: (N·C, D') SDE noise features J·diag(σ_w)·P/√D'.
@@ -216,7 +218,8 @@ def predict_from_kernel(
         neither), an Adam optimiser (no frozen-kernel form: use ``predict_head_aware``), a
         schedule that is never > 0 or whose warmup ends at or after ``steps`` (for the
         continuous methods a callable that fails at real t), ``noise_features`` without
-        "sde", weight decay without ``a`` (``a_test``), ``a`` without ``optimizer``.
+        "sde", weight decay without ``a`` (``a_test``), ``a`` without ``optimizer``;
+        "closed_form" with cross-entropy or B < N.
 
     Warns:
       BeyondEdgeWarning: (a UserWarning) ``method`` "ode" or "sde" with κ beyond the stability
