@@ -12,16 +12,16 @@ from pathlib import Path
 from ntk_tt._output_paths import require_folder
 
 
-def fail(parser: argparse.ArgumentParser, message: str):
-    """Exit 2 with ``<prog>: error: message`` (one line, no usage block)."""
-    parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
 def exit_error(prog: str, message: str):
-    """:func:`fail` where no parser is at hand: ``<prog>: error: message`` on stderr, exit 2
-    (``raise SystemExit(message)`` exited 1, not argparse's 2 for a usage error)."""
+    """Exit 2 with ``<prog>: error: message`` on stderr (one line, no usage block; ``raise
+    SystemExit(message)`` exited 1, not argparse's 2 for a usage error)."""
     sys.stderr.write(f"{prog}: error: {message}\n")
     raise SystemExit(2)
+
+
+def fail(parser: argparse.ArgumentParser, message: str):
+    """:func:`exit_error` under ``parser``'s name."""
+    exit_error(parser.prog, message)
 
 
 def output_file(parser: argparse.ArgumentParser, path, flag: str) -> None:

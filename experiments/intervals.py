@@ -39,7 +39,7 @@ import pathlib
 
 import numpy as np
 import pandas as pd
-from _args import exit_error  # experiments/_args.py, beside this script
+from _args import exit_error, fail  # experiments/_args.py, beside this script
 
 from ntk_tt import fit_intervals
 from ntk_tt._options_predict import DIAGONAL_DIM
@@ -170,7 +170,7 @@ def main(argv=None) -> None:
             f"_{args.family}"
         fit_by = ("optimizer",)
     elif len(args.sweep_dir) > 1:
-        p.exit(2, f"{p.prog}: error: give one sweep directory (several only with --family)\n")
+        fail(p, "give one sweep directory (several only with --family)")
     else:
         frame, groupings, tag, fit_by = read_table(args.sweep_dir[0]), GROUPINGS, "", ("kappa",)
         summary = pathlib.Path(args.sweep_dir[0]) / "summary.json"

@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ntk_tt._defaults import DEFAULTS as DEFAULTS  # experiments import it from here
+from ntk_tt._frames import PACKAGE_DIR
 from ntk_tt._options_optimizer import constant_sgd, describe_optimizer  # no JAX
 from ntk_tt._options_predict import check_predict_job, resolve_predictor  # no JAX
 from ntk_tt._options_targets import job_targets  # no JAX
@@ -127,7 +128,7 @@ def _report(o, verify, info, body, pred, run, status) -> dict[str, Any]:
     return report
 
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(PACKAGE_DIR).resolve()
 
 
 def reported(w: warnings.WarningMessage) -> bool:
